@@ -1,0 +1,17 @@
+"""Cost-model fit errors against the measured H200 tables."""
+
+from __future__ import annotations
+
+from moelab.bench.core import Figure
+from moelab.costmodel import AttentionModel, MoEStepModel
+
+
+def run(quick: bool = False) -> list[Figure]:
+    moe = MoEStepModel.h200()
+    attn = AttentionModel.h200()
+    return [
+        Figure("costmodel", "costmodel_moe_median_abs_err_pct", moe.report.median_abs_err_pct, "%", "<= 10",
+               f"{len(moe.report.measured)} measured MoE-layer points, 5 shapes, {moe.method}"),
+        Figure("costmodel", "costmodel_attn_median_abs_err_pct", attn.report.median_abs_err_pct, "%", "<= 10",
+               f"{len(attn.report.measured)} measured attention points"),
+    ]

@@ -1,0 +1,115 @@
+"""The ``moelab`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from moelab import __version__
+
+# Sub-commands implemented next to the code they drive; each module has ``main(argv) -> int``.
+DELEGATED = {
+    "train-tiny-moe": ("moelab.models.train", "train the project's tiny MoE (corpus, tokenizer, model)"),
+    "calibrate": ("moelab.capture.calibrate", "measure step costs on this machine's GPU (or --smoke on CPU)"),
+    "serve-router": ("moelab.serving.proxy", "HTTP router proxy in front of OpenAI-compatible vLLM servers"),
+}
+
+
+def _cmd_notebooks(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from moelab.notebooks import available_notebooks, notebook_parameters, parse_params, resolve, run_notebook
+
+    if args.action == "list":
+        for name in available_notebooks():
+            print(name)
+        return 0
+    names = resolve(args.names)
+    params = parse_params(args.params or [])
+    out = Path(args.out)
+    # a --params entry applies to every selected notebook that has that parameter
+    known = {name: notebook_parameters(name) for name in names}
+    unused = sorted(set(params) - {k for p in known.values() for k in p})
+    if unused:
+        raise ValueError(f"no selected notebook has parameter(s) {unused}")
+    runs = []
+    with tqdm(names, desc="notebooks", unit="nb") as bar:
+        for name in bar:
+            bar.set_postfix_str(name)
+            runs.append(run_notebook(name, {k: v for k, v in params.items() if k in known[name]}, out))
+    print(f"\n{'notebook':<28}{'status':<8}{'seconds':>9}  output")
+    for r in runs:
+        print(f"{r.name:<28}{'ok' if r.ok else 'FAILED':<8}{r.seconds:>9.1f}  {r.output}" + (f"\n    {r.error}" if r.error else ""))
+    print(f"figures: {out / 'figures'}")
+    return 0 if all(r.ok for r in runs) else 1
+
+
+def _cmd_lab(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from moelab.notebooks import notebooks_dir
+
+    cmd = [sys.executable, "-m", "jupyter", "lab", f"--notebook-dir={notebooks_dir()}"] + (["--no-browser"] if args.no_browser else [])
+    return subprocess.call(cmd)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from moelab._io import atomic_write_json
+    from moelab.bench import run_suites
+
+    figures = run_suites(args.suites, quick=args.quick)
+    print(f"{'figure':<44}{'value':>14}  {'unit':<8}{'goal':<10}{'met':<6}note")
+    for f in figures:
+        met = {True: "yes", False: "NO", None: "-"}[f.met]
+        print(f"{f.name:<44}{f.value:>14.4g}  {f.unit:<8}{f.goal:<10}{met:<6}{f.note}")
+    if args.json:
+        atomic_write_json(args.json, [f.as_dict() for f in figures])
+        print(f"wrote {args.json}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="moelab", description="moelab: MoE LLM serving research lab")
+    parser.add_argument("--version", action="version", version=f"moelab {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    nb = sub.add_parser("notebooks", help="list or run the lab's notebooks headless (papermill)")
+    nb.add_argument("action", choices=["run", "list"])
+    nb.add_argument("names", nargs="*", help="notebook names or unique prefixes (default: all)")
+    nb.add_argument("--params", "-p", nargs="*", metavar="K=V", help="papermill parameters, e.g. n_requests=200")
+    nb.add_argument("--out", default="runs", help="folder for executed notebooks; figures go to OUT/figures")
+    nb.set_defaults(func=_cmd_notebooks)
+
+    lab = sub.add_parser("lab", help="open JupyterLab on notebooks/")
+    lab.add_argument("--no-browser", action="store_true")
+    lab.set_defaults(func=_cmd_lab)
+
+    bench = sub.add_parser("bench", help="run benchmarks and print their figures")
+    bench.add_argument("suites", nargs="*", help="suites (default: all)")
+    bench.add_argument("--json", help="also write the figures to this JSON file")
+    bench.add_argument("--quick", action="store_true", help="smaller sizes (for smoke tests)")
+    bench.set_defaults(func=_cmd_bench)
+
+    for name, (_, help_text) in DELEGATED.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:
+        module = importlib.import_module(DELEGATED[argv[0]][0])
+        return int(module.main(argv[1:]) or 0)
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,19 @@
+"""Step-latency models fitted from measured tables: data in, a predictor out, with its fit error.
+
+The measured H200 tables (``data/calibration/h200/``) and any GPU's ``moelab calibrate`` output have
+the same columns, so every model here is fitted, never typed in.
+"""
+
+from moelab.costmodel.fit import FitReport, LinearFit, fit_linear
+from moelab.costmodel.models import (
+    MOE_SHAPES,
+    AttentionModel,
+    DenseVerifyModel,
+    MoEShape,
+    MoEStepModel,
+)
+
+__all__ = [
+    "FitReport", "LinearFit", "fit_linear",
+    "MOE_SHAPES", "AttentionModel", "DenseVerifyModel", "MoEShape", "MoEStepModel",
+]

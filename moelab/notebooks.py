@@ -1,0 +1,97 @@
+"""Run the lab's notebooks headless with papermill (``moelab notebooks run``)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moelab.datasets import repo_root
+
+
+def notebooks_dir() -> Path:
+    return repo_root() / "notebooks"
+
+
+def available_notebooks() -> list[str]:
+    """Notebook names (file stems) in ``notebooks/``."""
+    return sorted(p.stem for p in notebooks_dir().glob("*.ipynb"))
+
+
+def resolve(names: list[str] | None) -> list[str]:
+    """Expand names or unique prefixes (``03`` -> ``03_afd_ratio``); all when empty."""
+    have = available_notebooks()
+    if not names:
+        return have
+    out = []
+    for name in names:
+        name = Path(name).stem
+        matches = [n for n in have if n == name] or [n for n in have if n.startswith(name)]
+        if len(matches) != 1:
+            raise ValueError(f"notebook must be one of {have} (or a unique prefix); got {name!r}")
+        out.append(matches[0])
+    return out
+
+
+def parse_params(pairs: list[str]) -> dict[str, Any]:
+    """``["k=v", ...]`` -> dict, values parsed as Python literals when they are ones (else strings)."""
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"--params entries must look like name=value; got {pair!r}")
+        try:
+            params[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            params[key] = raw
+    return params
+
+
+def notebook_parameters(name: str) -> dict[str, Any]:
+    """The names and defaults of a notebook's ``parameters`` cell."""
+    import nbformat
+
+    nb = nbformat.read(notebooks_dir() / f"{name}.ipynb", as_version=4)
+    for cell in nb.cells:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            tree = ast.parse(cell.source)
+            return {t.id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                    for t in node.targets if isinstance(t, ast.Name)}
+    return {}
+
+
+@dataclass(frozen=True)
+class NotebookRun:
+    name: str
+    seconds: float
+    output: Path
+    ok: bool
+    error: str = ""
+
+
+def run_notebook(name: str, params: dict[str, Any], out_dir: Path, *, timeout_s: int = 1200) -> NotebookRun:
+    """Execute one notebook with papermill into ``out_dir``; figures go to ``out_dir/figures``
+    unless ``figures_dir`` is given as a parameter."""
+    import papermill as pm
+
+    known = notebook_parameters(name)
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise ValueError(f"notebook {name} has no parameter(s) {unknown}; its parameters are {sorted(known)}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    output = out_dir / f"{name}.ipynb"
+    env_before = os.environ.get("MOELAB_FIGURES")
+    os.environ.setdefault("MOELAB_FIGURES", str(out_dir / "figures"))
+    t0 = time.perf_counter()
+    try:
+        pm.execute_notebook(str(notebooks_dir() / f"{name}.ipynb"), str(output), parameters=params,
+                            cwd=str(notebooks_dir()), progress_bar=False, execution_timeout=timeout_s, kernel_name="python3")
+        return NotebookRun(name, time.perf_counter() - t0, output, True)
+    except Exception as exc:  # papermill re-raises the cell's error; report it per notebook
+        return NotebookRun(name, time.perf_counter() - t0, output, False, str(exc).strip().splitlines()[-1][:300])
+    finally:
+        if env_before is None:
+            os.environ.pop("MOELAB_FIGURES", None)

@@ -1,0 +1,64 @@
+"""Per-request latency metrics (TTFT, TPOT, end-to-end) and load-imbalance measures."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+def percentiles(x: np.ndarray, qs: Sequence[float] = (50, 95, 99)) -> dict[str, float]:
+    """``{"p50": ..., "p95": ..., ...}`` of ``x`` (NaN when ``x`` is empty)."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return {f"p{q:g}": float("nan") for q in qs}
+    return {f"p{q:g}": float(v) for q, v in zip(qs, np.percentile(x, qs))}
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    """Run-level latency and throughput figures (milliseconds, tokens/s)."""
+
+    n_requests: int
+    tpot_ms_p50: float
+    tpot_ms_p95: float
+    tpot_ms_p99: float
+    ttft_ms_p50: float
+    ttft_ms_p95: float
+    ttft_ms_p99: float
+    e2e_s_p50: float
+    throughput_tok_s: float
+    makespan_s: float
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def summarize_requests(
+    arrival_s: np.ndarray,
+    first_token_s: np.ndarray,
+    finish_s: np.ndarray,
+    output_len: np.ndarray,
+) -> LatencySummary:
+    """Summarise finished requests. TPOT = (finish - first token) / (output_len - 1) for requests
+    with more than one token; TTFT = first token - arrival; throughput = tokens / makespan."""
+    arrival = np.asarray(arrival_s, np.float64)
+    first = np.asarray(first_token_s, np.float64)
+    finish = np.asarray(finish_s, np.float64)
+    out = np.asarray(output_len, np.int64)
+    multi = out > 1
+    tpot = (finish[multi] - first[multi]) / (out[multi] - 1) * 1e3
+    ttft = (first - arrival) * 1e3
+    tp, tt = percentiles(tpot), percentiles(ttft)
+    makespan = float(finish.max() - arrival.min()) if finish.size else 0.0
+    return LatencySummary(
+        int(arrival.size), tp["p50"], tp["p95"], tp["p99"], tt["p50"], tt["p95"], tt["p99"],
+        percentiles(finish - arrival, (50,))["p50"], float(out.sum() / makespan) if makespan > 0 else float("nan"), makespan,
+    )
+
+
+def imbalance(loads: np.ndarray) -> np.ndarray:
+    """Barrier idle work ``G*max - sum`` of worker loads (last axis = workers)."""
+    loads = np.asarray(loads, dtype=np.float64)
+    return loads.shape[-1] * loads.max(axis=-1) - loads.sum(axis=-1)
