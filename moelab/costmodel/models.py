@@ -37,8 +37,7 @@ MOE_SHAPES: dict[str, MoEShape] = {
 
 
 def _moe_features(shape: MoEShape, B: np.ndarray, D: np.ndarray) -> np.ndarray:
-    B = np.asarray(B, dtype=np.float64)
-    D = np.asarray(D, dtype=np.float64)
+    B, D = np.broadcast_arrays(np.asarray(B, dtype=np.float64), np.asarray(D, dtype=np.float64))
     # fixed launch cost | weight bytes of the distinct experts | per-expert kernel overhead | token FLOPs
     flops = 2.0 * B * shape.top_k * 3 * shape.hidden * shape.ffn
     return np.stack([np.ones_like(B * D), D * shape.expert_bytes / 1e9, D, flops / 1e12], axis=-1)

@@ -1,0 +1,60 @@
+"""Bundled calibration tables, fitted component models, public-data loader."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moelab import datasets
+from moelab.costmodel import AttentionModel, DenseVerifyModel, MoEStepModel
+
+
+def test_moe_model_fits_measured_points_and_orders_by_experts():
+    model = MoEStepModel.h200()
+    assert model.report.median_abs_err_pct < 10
+    t = model.predict_ms("qwen3-30b-a3b", 256, np.array([8, 128]))
+    assert t[1] > 4 * t[0]  # the physical fact behind ELDR: distinct experts dominate
+    with pytest.raises(ValueError, match="D must be in"):
+        model.predict_ms("qwen3-30b-a3b", 8, 129)
+    with pytest.raises(ValueError, match="shape must be one of"):
+        model.predict_ms("gpt-5", 8, 8)
+    with pytest.raises(ValueError, match="method must be one of"):
+        MoEStepModel.from_table(datasets.load_calibration("h200", "moe_step"), "magic")
+
+
+def test_attention_and_verify_models():
+    attn = AttentionModel.h200()
+    assert attn.report.median_abs_err_pct < 10
+    kv = AttentionModel.kv_bytes(np.array([512, 8192 * 256]))  # one short request vs a full batch
+    small, big = attn.predict_ms(kv)
+    assert small == pytest.approx(attn.floor_ms, rel=0.5) and big > 10 * small
+    verify = DenseVerifyModel.h200()
+    rel = verify.relative_cost("llama2-7b", [1, 16, 28])
+    assert rel[0] == 1.0 and 1.0 < rel[1] < rel[2] < 1.3
+    with pytest.raises(ValueError, match="q must be in"):
+        verify.predict_ms("llama2-7b", 1000)
+
+
+def test_calibration_loader_errors():
+    with pytest.raises(ValueError, match="gpu must be one of"):
+        datasets.load_calibration("tpu")
+    with pytest.raises(ValueError, match="table must be one of"):
+        datasets.load_calibration("h200", "nope")
+
+
+def test_public_loaders_read_local_copy(public_data):
+    sb = datasets.load_spec_bench()
+    assert len(sb) == 480 and set(sb["category"]) == set(datasets.SPEC_BENCH_CATEGORIES)
+    assert (sb["category"] == "mt_bench").sum() == 80
+    assert {"model", "rate_rps", "eldr"} <= set(datasets.load_eldr_results().columns)
+    counts = datasets.load_routing_counts("olmoe")
+    assert "expert_counts" in counts
+    with pytest.raises(ValueError, match="name must be one of"):
+        datasets.public_path("imagenet")
+
+
+def test_missing_local_only_data_says_where_to_get_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("MOELAB_PUBLIC_DATA", str(tmp_path))
+    monkeypatch.setenv("MOELAB_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(FileNotFoundError, match="MOELAB_PUBLIC_DATA"):
+        datasets.public_path("eldr-results")

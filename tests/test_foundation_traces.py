@@ -1,0 +1,92 @@
+"""RequestTrace and ExpertTrace: construction, validation, views, files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from moelab.traces import ExpertTrace, Geometry, RequestTrace, load_azure_trace
+
+
+def _toy_trace(seed: int = 0, n: int = 6, L: int = 3, E: int = 8, k: int = 2) -> ExpertTrace:
+    rng = np.random.default_rng(seed)
+    geo = Geometry(L, E, k, "toy")
+    prompts = [rng.integers(0, 100, size=rng.integers(3, 9)) for _ in range(n)]
+    prefill_ids = [np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in p]) for p in prompts]
+    counts = np.zeros((n, L, E), np.int32)
+    for i, ids in enumerate(prefill_ids):
+        for layer in range(L):
+            counts[i, layer] = np.bincount(ids[:, layer].ravel(), minlength=E)
+    decode = [np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in range(rng.integers(2, 6))]) for _ in range(n)]
+    return ExpertTrace.from_requests(request_ids=[f"r{i}" for i in range(n)], domains=["a", "b"] * (n // 2),
+                                     prompt_tokens=prompts, prefill_counts=counts, decode_ids=decode, geometry=geo,
+                                     prefill_ids=prefill_ids, provenance={"backend": "synthetic-test"})
+
+
+def test_expert_trace_views():
+    t = _toy_trace()
+    assert len(t) == 6 and t.prefill_counts.sum(axis=2).tolist() == [[len(t.prompt(i)) * 2] * 3 for i in range(6)]
+    prof = t.decode_profiles()
+    assert prof.shape == (6, 3, 8)
+    assert np.array_equal(prof.sum(axis=(1, 2)), t.decode_lens * 3 * 2)
+    # distinct experts of a batch at step 0 equals a brute-force set count
+    idx = np.array([0, 2, 4])
+    want = [len({int(e) for i in idx for e in t.decode(i)[0, layer]}) for layer in range(3)]
+    assert t.distinct_experts(idx, 0).tolist() == want
+    sub = t.subset([4, 1])
+    assert sub.request_ids == ["r4", "r1"] and np.array_equal(sub.decode(0), t.decode(4))
+    assert np.array_equal(sub.prefill_topk(1), t.prefill_topk(1))
+
+
+def test_expert_trace_roundtrip_and_foreign_files(tmp_path):
+    t = _toy_trace()
+    path = t.save(tmp_path / "trace")
+    back = ExpertTrace.load(path)
+    assert back.request_ids == t.request_ids and back.geometry == t.geometry
+    assert np.array_equal(back.decode_ids, t.decode_ids) and np.array_equal(back.prefill_ids, t.prefill_ids)
+    (tmp_path / "other.npz").write_bytes(b"PK")
+    with pytest.raises(ValueError, match="sidecar"):
+        ExpertTrace.load(tmp_path / "other.npz")
+    (tmp_path / "other.json").write_text('{"format": "something-else"}')
+    with pytest.raises(ValueError, match="not a moelab ExpertTrace"):
+        ExpertTrace.load(tmp_path / "other.npz")
+
+
+def test_expert_trace_rejects_bad_shapes():
+    t = _toy_trace()
+    with pytest.raises(ValueError, match="prefill_counts must have shape"):
+        ExpertTrace(t.request_ids, t.domains, t.prompt_tokens, t.prompt_offsets, t.prefill_counts[:, :2],
+                    t.decode_ids, t.decode_offsets, t.geometry)
+    with pytest.raises(ValueError, match="top_k"):
+        Geometry(2, 4, 5)
+
+
+def test_request_trace_filters_are_counted():
+    tr = RequestTrace(np.array([0.0, 1.0, 2.0]), np.array([10, 20, 30]), np.array([5, 2000, 7]))
+    kept = tr.filter_lengths(max_output=1000)
+    assert len(kept) == 2 and kept.dropped == {"output_len>1000": 1}
+    assert kept.scale_rate(2.0).arrival_s.tolist() == [0.0, 1.0]
+    with pytest.raises(ValueError, match="factor"):
+        tr.scale_rate(0)
+    with pytest.raises(ValueError, match="missing column"):
+        RequestTrace.from_frame(pd.DataFrame({"arrival_s": [0.0], "prompt_len": [3]}))
+    with pytest.raises(ValueError, match="prompt_len must hold integers >= 1"):
+        RequestTrace(np.array([0.0]), np.array([0]), np.array([3]))
+    backlog = tr.resample(50, seed=1, all_at_zero=True)
+    assert len(backlog) == 50 and backlog.arrival_s.max() == 0.0
+
+
+def test_request_trace_csv_negative_lengths(tmp_path):
+    p = tmp_path / "t.csv"
+    pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_len": [3, -1], "output_len": [4, 5]}).to_csv(p, index=False)
+    with pytest.raises(ValueError, match="negative"):
+        RequestTrace.from_csv(p)
+
+
+def test_azure_trace_loads_from_local_copy(public_data):
+    conv = load_azure_trace("conv")
+    assert len(conv) + conv.dropped["zero_length"] == 19366
+    assert 3000 < conv.duration_s < 3700 and conv.prompt_len.min() >= 1
+    with pytest.raises(ValueError, match="kind must be one of"):
+        load_azure_trace("chat")
