@@ -23,6 +23,10 @@ def public_data() -> Path:
     return Path(root)
 
 
+# Static figures are written as HTML in tests; PNG export starts a browser per figure (seconds each).
+os.environ.setdefault("MOELAB_PNG", "0")
+
+
 @pytest.fixture(autouse=True)
 def _figures_to_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv("MOELAB_FIGURES", str(tmp_path / "figures"))

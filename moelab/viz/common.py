@@ -16,6 +16,7 @@ PALETTE = {
     "theory": "#1f77b4", "simulation": "#d62728",
 }
 FIGURES_ENV = "MOELAB_FIGURES"
+PNG_ENV = "MOELAB_PNG"  # "0": HTML only (fast, for CI); "1": PNG required; unset: PNG when a Chromium exists
 
 
 def figures_dir(out_dir: str | os.PathLike | None = None) -> Path:
@@ -40,10 +41,12 @@ def _chromium() -> str | None:
 
 
 def save_figure(fig: Any, name: str, out_dir: str | os.PathLike | None = None, *, png: bool | None = None) -> dict[str, Path]:
-    """Write ``fig`` as a self-contained HTML file (always) and a PNG (when kaleido finds a Chromium;
-    ``png=True`` makes a missing Chromium an error). Returns the written paths."""
+    """Write ``fig`` as an HTML file (always) and a PNG (when kaleido finds a Chromium; ``png=True``
+    or ``$MOELAB_PNG=1`` makes a failed export an error, ``$MOELAB_PNG=0`` skips it). Returns the paths."""
     out = figures_dir(out_dir)
     written = {"html": atomic_write_text(out / f"{name}.html", fig.to_html(include_plotlyjs="cdn", full_html=True))}
+    if png is None and os.environ.get(PNG_ENV) in ("0", "1"):
+        png = os.environ[PNG_ENV] == "1"
     want_png = png if png is not None else _chromium() is not None
     if want_png:
         try:
