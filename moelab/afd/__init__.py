@@ -1,0 +1,17 @@
+"""AFD sizing: the optimal Attention/FFN ratio of an rA-1F bundle, in closed form and simulated."""
+
+from moelab.afd.theory import (
+    AFDCoefficients,
+    expected_decode_load,
+    idle_ratios,
+    mean_token_load,
+    optimal_ratio,
+    ratio_terms,
+    stage_times,
+    throughput_per_instance,
+)
+
+__all__ = [
+    "AFDCoefficients", "expected_decode_load", "idle_ratios", "mean_token_load", "optimal_ratio",
+    "ratio_terms", "stage_times", "throughput_per_instance",
+]

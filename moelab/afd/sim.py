@@ -1,0 +1,274 @@
+"""A discrete-event simulator of an rA-1F AFD bundle under continuous batching.
+
+Token dynamics. Each attention instance holds ``microbatches`` groups of B slots. Every decode step
+each slot emits one token; its request then ends with probability p = 1/(1+mu_D) and the slot is
+refilled at once with a new request (prompt drawn around mu_P, decode age 0), so decode lengths are
+geometric with mean mu_D and slots stay full. A slot's KV load is prompt + age, and an instance's load
+is the sum over its slots, so loads differ between instances and fluctuate from step to step.
+The loads of all steps are built at once from renewal times (bincount + cumsum), not slot by slot.
+
+Timing. A microbatch step flows through four single-server stages in order: attention on all r
+instances (each instance works through its microbatches FIFO at ``a_A*T_i + b_A`` times its speed
+factor; the microbatch moves on when its slowest instance finishes - the straggler barrier), the
+A->F transfer ``t_C(B)``, the FFN ``t_F(rB)`` and the F->A transfer ``t_C(B)``. Microbatch j's next
+step may start only after its previous step has come back. With ``microbatches >= 3`` the stages
+overlap, so the long-run cycle approaches the slowest stage - the theory's ``tau = max(t_A, t_C, t_F)``
+- and the simulation adds what theory averages away: stragglers and load fluctuations.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+from moelab._validate import check_array, check_int, check_real, rng_from
+from moelab.afd.theory import (
+    DEFAULT_REQUESTS,
+    AFDCoefficients,
+    _coeffs,
+    idle_ratios,
+    optimal_ratio,
+    termination_prob,
+    throughput_per_instance,
+)
+
+
+@dataclass(frozen=True)
+class AFDSimResult:
+    """What one simulated run measured. Times are in the coefficients' unit."""
+
+    r: int
+    B: int
+    steps: int
+    microbatches: int
+    throughput_per_instance: float  # tokens per time unit per instance (r attention + 1 FFN)
+    attention_idle: float  # share of attention-instance time spent waiting
+    ffn_idle: float  # share of FFN time spent waiting
+    makespan: float
+    tokens: int
+    mean_attention_time: float  # mean per-instance attention stage time
+    mean_straggler_time: float  # mean of the per-microbatch max over instances
+    ffn_time: float
+    comm_time: float
+    mean_token_load: float  # KV tokens per instance per microbatch, averaged over the run
+    unit: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _slot_loads(n_groups: int, B: int, K: int, p: float, prompt_draw, rng: np.random.Generator) -> np.ndarray:
+    """KV-token load of each of ``n_groups`` groups of B slots at steps 0..K-1 -> array (n_groups, K)."""
+    n_slots = n_groups * B
+    loads = np.zeros((n_groups, K))
+    age_drop = np.zeros(n_groups * K)  # sum of renewal gaps at each (group, step): what the ages lose
+    prompt_jump = np.zeros(n_groups * K)  # prompt change of the refilled slots at each (group, step)
+    first_prompts = prompt_draw(n_slots)
+    loads += first_prompts.reshape(n_groups, B).sum(axis=1)[:, None]
+    # renewal times of every slot: gaps ~ Geometric(p) on {1,2,...} (survive each step w.p. 1-p)
+    expected = K * p
+    n_cols = max(4, int(expected + 6 * math.sqrt(expected) + 8))
+    slot = np.arange(n_slots)
+    start = np.zeros(n_slots, dtype=np.int64)
+    prompt = first_prompts
+    active = slot
+    while active.size:
+        gaps = rng.geometric(p, size=(active.size, n_cols)) if p < 1 else np.ones((active.size, n_cols), np.int64)
+        times = start[active, None] + np.cumsum(gaps, axis=1)
+        new_prompts = prompt_draw(active.size * n_cols).reshape(active.size, n_cols)
+        prev_prompts = np.concatenate([prompt[active, None], new_prompts[:, :-1]], axis=1)
+        inside = times < K
+        group = (active // B)[:, None].repeat(n_cols, axis=1)
+        flat = group[inside] * K + times[inside]
+        age_drop += np.bincount(flat, weights=gaps[inside], minlength=n_groups * K)
+        prompt_jump += np.bincount(flat, weights=(new_prompts - prev_prompts)[inside], minlength=n_groups * K)
+        start[active] = times[:, -1]
+        prompt[active] = new_prompts[:, -1]
+        active = active[times[:, -1] < K]
+    steps = np.arange(K, dtype=np.float64)
+    # sum of ages = B*k - (sum of current start times); both jumps accumulate over steps
+    loads += B * steps[None, :] - np.cumsum(age_drop.reshape(n_groups, K), axis=1)
+    loads += np.cumsum(prompt_jump.reshape(n_groups, K), axis=1)
+    return loads
+
+
+def _prompt_sampler(mu_P: float, prompt_cv: float, prompt_lengths: np.ndarray | None, rng: np.random.Generator):
+    if prompt_lengths is not None:
+        # a measured length distribution (e.g. a request trace), rescaled to mean mu_P
+        scaled = prompt_lengths * (mu_P / prompt_lengths.mean())
+        return lambda n: rng.choice(scaled, size=n)
+    if prompt_cv == 0 or mu_P == 0:
+        return lambda n: np.full(n, mu_P)
+    shape = 1.0 / prompt_cv**2
+    return lambda n: rng.gamma(shape, mu_P / shape, size=n)
+
+
+def _pipeline(attn: np.ndarray, t_C: float, t_F: float, m: int) -> float:
+    """Makespan of the four-stage pipeline; ``attn`` is (jobs, r) attention times in job order."""
+    r = attn.shape[1]
+    free = np.zeros(r)  # when each attention instance is next free
+    back = [0.0] * m  # when each microbatch's previous step returned from the FFN
+    c1 = c2 = c3 = 0.0  # completion of the previous job at A->F, FFN, F->A
+    for j in range(attn.shape[0]):
+        mb = j % m
+        free = np.maximum(free, back[mb]) + attn[j]
+        c1 = max(free.max(), c1) + t_C
+        c2 = max(c1, c2) + t_F
+        c3 = max(c2, c3) + t_C
+        back[mb] = c3
+    return c3
+
+
+def simulate(r: int, B: int, mu_P: float, mu_D: float, *, steps: int | None = None, requests: float | None = None,
+             coeffs: AFDCoefficients | None = None, microbatches: int = 3, prompt_cv: float = 0.5,
+             speed_cv: float = 0.0, prompt_lengths: np.ndarray | None = None, seed: int | None = 0) -> AFDSimResult:
+    """Simulate an rA-1F bundle and measure throughput per instance and idle ratios.
+
+    Parameters
+    ----------
+    r : int
+        Attention instances (>= 1).
+    B : int
+        Request slots per attention instance and microbatch (>= 1).
+    mu_P, mu_D : float
+        Mean prompt length (>= 0) and mean geometric decode length (>= 0), tokens.
+    steps, requests : optional
+        Horizon: ``steps`` decode steps, or ``requests`` per slot group (``K = N/(B p)`` steps, the
+        theory's horizon). Give at most one; default ``requests=10_000``.
+    coeffs : AFDCoefficients, optional
+        Stage latencies (paper's Ascend fit by default).
+    microbatches : int
+        Microbatches in flight per instance (>= 1); 3 lets attention, transfers and FFN overlap.
+    prompt_cv : float
+        Coefficient of variation of the gamma-distributed prompt lengths (0 = all equal to mu_P).
+    speed_cv : float
+        Spread of fixed per-instance speed factors (lognormal, mean 1): slow instances, not only
+        heavy ones. 0 = identical hardware.
+    prompt_lengths : array, optional
+        Resample prompt lengths from this measured distribution (rescaled to mean ``mu_P``).
+    seed : int, optional
+        Seed; equal seeds give equal results.
+    """
+    c = _coeffs(coeffs)
+    r = check_int("r", r, low=1)
+    B = check_int("B", B, low=1)
+    mu_P = check_real("mu_P", mu_P, low=0)
+    mu_D = check_real("mu_D", mu_D, low=0)
+    m = check_int("microbatches", microbatches, low=1)
+    prompt_cv = check_real("prompt_cv", prompt_cv, low=0)
+    speed_cv = check_real("speed_cv", speed_cv, low=0)
+    if prompt_lengths is not None:
+        prompt_lengths = check_array("prompt_lengths", prompt_lengths, ndim=1, low=0, dtype=np.float64)
+        if prompt_lengths.size == 0 or prompt_lengths.mean() <= 0:
+            raise ValueError("prompt_lengths must be a non-empty array with a positive mean")
+    p = termination_prob(mu_D)
+    if steps is not None and requests is not None:
+        raise ValueError("give steps or requests, not both")
+    if steps is not None:
+        K = check_int("steps", steps, low=1)
+    else:
+        N = DEFAULT_REQUESTS if requests is None else check_real("requests", requests, low=0, low_open=True)
+        K = max(1, round(N / (B * p)))
+    rng = rng_from(seed)
+
+    loads = _slot_loads(m * r, B, K, p, _prompt_sampler(mu_P, prompt_cv, prompt_lengths, rng), rng)
+    speed = np.ones(r)
+    if speed_cv > 0:
+        sigma = math.sqrt(math.log1p(speed_cv**2))
+        speed = rng.lognormal(-sigma**2 / 2, sigma, size=r)
+    # job order: step k, microbatch mb -> row k*m + mb; columns are instances
+    attn = ((c.a_A * loads + c.b_A).reshape(m, r, K) * speed[None, :, None]).transpose(2, 0, 1).reshape(K * m, r)
+    t_C = c.a_C * B + c.b_C
+    t_F = c.a_F * r * B + c.b_F
+    makespan = _pipeline(np.ascontiguousarray(attn), t_C, t_F, m)
+    jobs = K * m
+    tokens = jobs * r * B
+    return AFDSimResult(
+        r=r, B=B, steps=K, microbatches=m,
+        throughput_per_instance=tokens / ((r + 1) * makespan),
+        attention_idle=1.0 - attn.sum() / (r * makespan),
+        ffn_idle=1.0 - jobs * t_F / makespan,
+        makespan=makespan, tokens=tokens,
+        mean_attention_time=float(attn.mean()), mean_straggler_time=float(attn.max(axis=1).mean()),
+        ffn_time=t_F, comm_time=t_C, mean_token_load=float(loads.mean()), unit=c.unit,
+    )
+
+
+R_SWEEP = (1, 2, 4, 8, 16, 24, 32)
+
+
+def sweep(r_values=R_SWEEP, B: int = 256, mu_P: float = 100, mu_D: float = 500, *, requests: float | None = None,
+          coeffs: AFDCoefficients | None = None, seed: int | None = 0, **sim_kwargs) -> pd.DataFrame:
+    """Theory vs simulation for each r: throughput per instance and idle ratios (one row per r).
+
+    Each r gets its own seed derived from ``seed`` so rows are independent and reproducible."""
+    r_arr = check_array("r_values", r_values, ndim=1, low=1).astype(np.int64)
+    if r_arr.size == 0:
+        raise ValueError("r_values must hold at least one r >= 1")
+    N = DEFAULT_REQUESTS if requests is None else requests
+    theory = throughput_per_instance(r_arr.astype(np.float64), B, mu_P, mu_D, N, coeffs)
+    idle = idle_ratios(r_arr.astype(np.float64), B, mu_P, mu_D, N, coeffs)
+    seeds = np.random.SeedSequence(seed).spawn(r_arr.size) if seed is not None else [None] * r_arr.size
+    rows = []
+    for i, r in enumerate(r_arr.tolist()):
+        rng = np.random.default_rng(seeds[i]) if seeds[i] is not None else None
+        res = simulate(r, B, mu_P, mu_D, requests=N, coeffs=coeffs, seed=rng, **sim_kwargs)
+        rows.append({
+            "r": r, "theory_throughput": float(theory[i]), "sim_throughput": res.throughput_per_instance,
+            "theory_attention_idle": float(idle["attention"][i]), "theory_ffn_idle": float(idle["ffn"][i]),
+            "sim_attention_idle": res.attention_idle, "sim_ffn_idle": res.ffn_idle,
+            "sim_straggler_time": res.mean_straggler_time, "sim_attention_time": res.mean_attention_time,
+            "ffn_time": res.ffn_time,
+        })
+    df = pd.DataFrame(rows)
+    df["sim_vs_theory_pct"] = 100 * (df["sim_throughput"] / df["theory_throughput"] - 1)
+    return df
+
+
+def idle_crossing(df: pd.DataFrame, prefix: str = "sim") -> float | None:
+    """The r where the attention and FFN idle curves cross (linear interpolation between rows);
+    None when they do not cross inside the swept range."""
+    r = df["r"].to_numpy(np.float64)
+    diff = (df[f"{prefix}_attention_idle"] - df[f"{prefix}_ffn_idle"]).to_numpy()
+    for i in range(len(r) - 1):
+        if diff[i] == 0:
+            return float(r[i])
+        if diff[i] * diff[i + 1] < 0:
+            return float(r[i] + (r[i + 1] - r[i]) * diff[i] / (diff[i] - diff[i + 1]))
+    return float(r[-1]) if diff[-1] == 0 else None
+
+
+@dataclass(frozen=True)
+class OptimumCheck:
+    """Simulated optimum vs the closed-form r*."""
+
+    r_star: float
+    r_sim: int  # integer r with the highest simulated throughput
+    gap_pct: float  # 100*|r_sim - r*|/r*
+    coarse: pd.DataFrame  # the sweep over R_SWEEP
+    fine: pd.DataFrame  # the integer sweep around the coarse optimum
+
+
+def simulated_optimum(B: int = 256, mu_P: float = 100, mu_D: float = 500, *, requests: float | None = None,
+                      coeffs: AFDCoefficients | None = None, r_values=R_SWEEP, seed: int | None = 0,
+                      **sim_kwargs) -> OptimumCheck:
+    """Locate the simulated optimum: the coarse sweep ``r_values``, then every integer between the
+    best coarse point's neighbours (r is a count of instances, so the optimum is an integer)."""
+    N = DEFAULT_REQUESTS if requests is None else requests
+    r_star = optimal_ratio(B, mu_P, mu_D, N, coeffs)
+    coarse = sweep(r_values, B, mu_P, mu_D, requests=N, coeffs=coeffs, seed=seed, **sim_kwargs)
+    best = int(coarse["sim_throughput"].to_numpy().argmax())
+    rs = coarse["r"].to_numpy()
+    lo, hi = rs[max(best - 1, 0)], rs[min(best + 1, len(rs) - 1)]
+    inner = [x for x in range(int(lo), int(hi) + 1) if x not in set(rs.tolist())]
+    fine = sweep(inner, B, mu_P, mu_D, requests=N, coeffs=coeffs, seed=None if seed is None else seed + 1,
+                 **sim_kwargs) if inner else coarse.iloc[:0]
+    both = pd.concat([coarse, fine]).sort_values("r").reset_index(drop=True)
+    r_sim = int(both.loc[both["sim_throughput"].idxmax(), "r"])
+    return OptimumCheck(r_star, r_sim, 100 * abs(r_sim - r_star) / r_star, coarse, both)
+
+
+__all__ = ["R_SWEEP", "AFDSimResult", "OptimumCheck", "idle_crossing", "simulate", "simulated_optimum", "sweep"]

@@ -1,0 +1,229 @@
+"""Closed-form sizing of an rA-1F Attention/FFN-disaggregated bundle (Lyu et al., arXiv 2601.21351).
+
+r attention instances hold B request slots each; one FFN instance serves the aggregated r*B tokens.
+Stage latencies are linear: ``t_A(T) = a_A*T + b_A`` (T = KV tokens one instance attends over),
+``t_F(rB) = a_F*r*B + b_F`` and ``t_C(B) = a_C*B + b_C``; with pipelined microbatches the cycle time
+is the slowest stage, ``tau = max(t_A, t_C, t_F)``, and every cycle emits r*B tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from moelab._validate import check_array, check_int, check_real
+
+# Requests each attention instance serves when the caller does not say (the paper's finite horizon).
+DEFAULT_REQUESTS = 10_000
+
+
+@dataclass(frozen=True)
+class AFDCoefficients:
+    """The six linear stage-latency coefficients of an AFD bundle.
+
+    Parameters
+    ----------
+    a_A, b_A : float
+        Attention time per cached token and fixed attention time (one instance, one microbatch).
+    a_F, b_F : float
+        FFN time per aggregated token and fixed FFN time (weight reads, launches).
+    a_C, b_C : float
+        Communication time per token of one instance's batch and fixed link latency.
+    unit : str
+        Time unit of every coefficient: ``"cycles"`` for the paper's Ascend-910C fit (the default
+        constructor), ``"ms"`` for GPU calibrations (:meth:`from_calibration`).
+    source : str
+        Provenance note shown in notebooks.
+    """
+
+    a_A: float = 0.00165
+    b_A: float = 50.0
+    a_F: float = 0.083
+    b_F: float = 100.0
+    a_C: float = 0.022
+    b_C: float = 20.0
+    unit: str = "cycles"
+    source: str = "paper's Ascend-910C fit (Lyu et al. 2026)"
+
+    def __post_init__(self) -> None:
+        for name in ("a_A", "b_A", "b_F", "a_C", "b_C"):
+            object.__setattr__(self, name, check_real(name, getattr(self, name), low=0))
+        # a_F > 0: with a free per-token FFN cost the bundle would want infinitely many instances
+        object.__setattr__(self, "a_F", check_real("a_F", self.a_F, low=0, low_open=True))
+
+    @classmethod
+    def paper(cls) -> AFDCoefficients:
+        """The paper's Ascend-910C fit (units: cycles) — the same as ``AFDCoefficients()``."""
+        return cls()
+
+    @classmethod
+    def from_calibration(cls, gpu: str = "h200", shape: str = "qwen3-30b-a3b", **kwargs) -> AFDCoefficients:
+        """Coefficients fitted from measured GPU tables (units: ms per *model* step); see
+        :func:`moelab.afd.calibration.coefficients_from_tables` for the keyword arguments and for what
+        stands in for the (unmeasured) communication term."""
+        from moelab.afd.calibration import coefficients_from_tables
+
+        return coefficients_from_tables(gpu, shape, **kwargs)
+
+    def as_dict(self) -> dict[str, float | str]:
+        return asdict(self)
+
+    def replace(self, **changes: float | str) -> AFDCoefficients:
+        """A copy with some coefficients changed (validated again)."""
+        return AFDCoefficients(**{**asdict(self), **changes})
+
+
+def _coeffs(coeffs: AFDCoefficients | None) -> AFDCoefficients:
+    if coeffs is None:
+        return AFDCoefficients()
+    if not isinstance(coeffs, AFDCoefficients):
+        raise ValueError(f"coeffs must be an AFDCoefficients or None; got {type(coeffs).__name__}")
+    return coeffs
+
+
+def _workload(B: int, mu_P: float, mu_D: float, N: float | None) -> tuple[int, float, float, float | None]:
+    B = check_int("B", B, low=1)
+    mu_P = check_real("mu_P", mu_P, low=0)
+    mu_D = check_real("mu_D", mu_D, low=0)
+    if N is not None:
+        N = check_real("N", N, low=0, low_open=True)
+    return B, mu_P, mu_D, N
+
+
+def termination_prob(mu_D: float) -> float:
+    """Per-step termination probability p of a geometric decode length with mean ``mu_D=(1-p)/p``."""
+    mu_D = check_real("mu_D", mu_D, low=0)
+    return 1.0 / (1.0 + mu_D)
+
+
+def horizon_steps(B: int, mu_D: float, N: float) -> float:
+    """Decode steps ``K = N/(B p)`` in which B slots serve N requests on average."""
+    B, _, mu_D, N = _workload(B, 0.0, mu_D, N)
+    return N / (B * termination_prob(mu_D))
+
+
+def expected_decode_load(k: np.ndarray | int, B: int, mu_D: float) -> np.ndarray:
+    """``E[D_k] = B*mu_D*(1-(1-p)^k)``: decode tokens held by B slots after k steps from empty."""
+    k = check_array("k", k, low=0).astype(np.float64)
+    B, _, mu_D, _ = _workload(B, 0.0, mu_D, None)
+    p = termination_prob(mu_D)
+    return B * mu_D * -np.expm1(k * np.log1p(-p)) if p < 1 else np.full_like(k, B * mu_D)
+
+
+def mean_token_load(B: int, mu_P: float, mu_D: float, N: float | None = None) -> float:
+    """Horizon-average KV tokens per attention instance, ``Tbar``.
+
+    ``Tbar = B*[mu_P + mu_D*(1 - (1-(1-p)^K)/(p K))]`` over ``K = N/(B p)`` steps; ``B*(mu_P+mu_D)``
+    when ``N is None`` (infinite horizon).
+    """
+    B, mu_P, mu_D, N = _workload(B, mu_P, mu_D, N)
+    p = termination_prob(mu_D)
+    if N is None or p >= 1.0:  # p rounds to 1 for vanishing mu_D: no decode load builds up
+        return B * (mu_P + mu_D)
+    K = N / (B * p)
+    transient = -np.expm1(K * np.log1p(-p)) / (p * K)  # (1-(1-p)^K)/(pK): share of the horizon still filling up
+    return float(B * (mu_P + mu_D * (1.0 - transient)))
+
+
+@dataclass(frozen=True)
+class RatioTerms:
+    """The three candidates of ``r* = max(r_A, r_C, r_peak)`` and the stage times behind them."""
+
+    r_A: float
+    r_C: float
+    r_peak: float
+    t_A: float
+    t_C: float
+    token_load: float
+
+    @property
+    def r_star(self) -> float:
+        return max(self.r_A, self.r_C, self.r_peak)
+
+    @property
+    def binding(self) -> str:
+        """Which candidate sets r*: ``"attention"``, ``"communication"`` or ``"ffn_peak"``."""
+        return ("attention", "communication", "ffn_peak")[int(np.argmax([self.r_A, self.r_C, self.r_peak]))]
+
+
+def ratio_terms(B: int, mu_P: float, mu_D: float, N: float | None = None,
+                coeffs: AFDCoefficients | None = None) -> RatioTerms:
+    """``r_A = (a_A*Tbar + b_A - b_F)/(a_F B)``, ``r_C = (tbar_C - b_F)/(a_F B)``,
+    ``r_peak = sqrt(b_F/(a_F B))`` (see :func:`optimal_ratio`)."""
+    c = _coeffs(coeffs)
+    B, mu_P, mu_D, N = _workload(B, mu_P, mu_D, N)
+    load = mean_token_load(B, mu_P, mu_D, N)
+    t_A = c.a_A * load + c.b_A
+    t_C = c.a_C * B + c.b_C
+    scale = c.a_F * B
+    return RatioTerms((t_A - c.b_F) / scale, (t_C - c.b_F) / scale, float(np.sqrt(c.b_F / scale)), t_A, t_C, load)
+
+
+def optimal_ratio(B: int, mu_P: float, mu_D: float, N: float | None = None,
+                  coeffs: AFDCoefficients | None = None) -> float:
+    """The throughput-optimal number of attention instances per FFN instance, ``r*``.
+
+    Parameters
+    ----------
+    B : int
+        Request slots per attention instance (>= 1).
+    mu_P, mu_D : float
+        Mean prompt length and mean (geometric) decode length in tokens (>= 0).
+    N : float, optional
+        Requests served per attention instance (the finite horizon); ``None`` means N -> inf.
+    coeffs : AFDCoefficients, optional
+        Stage-latency coefficients; the paper's Ascend fit by default.
+
+    Returns
+    -------
+    float
+        ``r* = max(r_A, r_C, r_peak)``: below r_A attention is the bottleneck, and adding attention
+        instances past r_peak lowers per-instance throughput once the FFN is the bottleneck.
+    """
+    return ratio_terms(B, mu_P, mu_D, N, coeffs).r_star
+
+
+def _ratios(r: np.ndarray | float) -> np.ndarray:
+    arr = np.asarray(r, dtype=np.float64)
+    if not np.all(np.isfinite(arr)) or (arr.size and arr.min() <= 0):
+        raise ValueError(f"r must be > 0 (attention instances per FFN instance); got {r!r}")
+    return arr
+
+
+def stage_times(r: np.ndarray | float, B: int, mu_P: float, mu_D: float, N: float | None = None,
+                coeffs: AFDCoefficients | None = None) -> dict[str, np.ndarray]:
+    """Mean stage times ``t_A, t_C, t_F(r)`` and the cycle ``tau = max(...)`` for each r."""
+    c = _coeffs(coeffs)
+    r = _ratios(r)
+    terms = ratio_terms(B, mu_P, mu_D, N, c)
+    t_F = c.a_F * r * B + c.b_F
+    t_A = np.full_like(r, terms.t_A)
+    t_C = np.full_like(r, terms.t_C)
+    return {"t_A": t_A, "t_C": t_C, "t_F": t_F, "tau": np.maximum(np.maximum(t_A, t_C), t_F)}
+
+
+def throughput_per_instance(r: np.ndarray | float, B: int, mu_P: float, mu_D: float, N: float | None = None,
+                            coeffs: AFDCoefficients | None = None) -> np.ndarray | float:
+    """Tokens per time unit per instance of an rA-1F bundle, ``r*B / ((r+1) * tau(r))``.
+
+    Attention-bound it is ``(B/tbar_A) * r/(r+1)``; FFN-bound ``rB/((r+1)(a_F r B + b_F))``.
+    Returns a float for scalar ``r``, else an array shaped like ``r``.
+    """
+    st = stage_times(r, B, mu_P, mu_D, N, coeffs)
+    r_arr = _ratios(r)
+    out = r_arr * int(B) / ((r_arr + 1.0) * st["tau"])
+    return float(out) if np.ndim(r) == 0 else out
+
+
+def idle_ratios(r: np.ndarray | float, B: int, mu_P: float, mu_D: float, N: float | None = None,
+                coeffs: AFDCoefficients | None = None) -> dict[str, np.ndarray]:
+    """Theoretical idle shares per cycle: attention ``1 - t_A/tau`` and FFN ``1 - t_F/tau``."""
+    st = stage_times(r, B, mu_P, mu_D, N, coeffs)
+    return {"attention": 1.0 - st["t_A"] / st["tau"], "ffn": 1.0 - st["t_F"] / st["tau"]}
+
+
+__all__ = [
+    "DEFAULT_REQUESTS", "AFDCoefficients", "RatioTerms", "expected_decode_load", "horizon_steps", "idle_ratios",
+    "mean_token_load", "optimal_ratio", "ratio_terms", "stage_times", "termination_prob", "throughput_per_instance",
+]

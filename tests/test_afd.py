@@ -1,0 +1,177 @@
+"""AFD sizing: the paper's check values, the closed form's internal consistency, the simulator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import moelab.afd as afd
+from moelab.afd.sim import _slot_loads, idle_crossing, simulate, simulated_optimum, sweep
+from moelab.afd.theory import expected_decode_load, mean_token_load, ratio_terms
+
+# (B, mu_P, mu_D) -> r* at N = 10,000, from the spec (the paper's check values)
+CHECK_VALUES = [((256, 100, 500), 9.3), ((128, 100, 500), 7.08), ((512, 100, 500), 10.3),
+                ((256, 100, 100), 2.17), ((256, 500, 500), 17.25)]
+
+
+@pytest.mark.parametrize(("args", "expected"), CHECK_VALUES)
+def test_check_values(args, expected):
+    assert afd.optimal_ratio(*args, N=10_000) == pytest.approx(expected, abs=0.1)
+
+
+def test_mu_D_100_is_peak_bound():
+    terms = ratio_terms(256, 100, 100, 10_000)
+    assert terms.binding == "ffn_peak"
+    assert terms.r_star == pytest.approx(np.sqrt(100 / (0.083 * 256)))
+
+
+def test_infinite_horizon_limit():
+    assert mean_token_load(256, 100, 500) == 256 * 600
+    assert afd.optimal_ratio(256, 100, 500, N=1e9) == pytest.approx(afd.optimal_ratio(256, 100, 500), rel=1e-5)
+    # a short horizon holds the slots in the filling transient: less load, fewer attention instances
+    assert afd.optimal_ratio(256, 100, 500, N=500) < afd.optimal_ratio(256, 100, 500, N=10_000)
+
+
+def test_throughput_curve_peaks_at_r_star():
+    for args in [a for a, _ in CHECK_VALUES]:
+        r = np.linspace(0.2, 40, 40_000)
+        f = afd.throughput_per_instance(r, *args, N=10_000)
+        assert r[f.argmax()] == pytest.approx(afd.optimal_ratio(*args, N=10_000), abs=0.01)
+
+
+def test_theory_idle_curves_cross_at_r_A():
+    r = np.linspace(1, 32, 3101)
+    idle = afd.idle_ratios(r, 256, 100, 500, N=10_000)
+    cross = r[np.argmin(np.abs(idle["attention"] - idle["ffn"]))]
+    assert cross == pytest.approx(ratio_terms(256, 100, 500, 10_000).r_A, abs=0.02)
+
+
+def test_scalar_and_array_throughput():
+    assert isinstance(afd.throughput_per_instance(4, 256, 100, 500), float)
+    assert afd.throughput_per_instance(np.array([1.0, 2.0]), 256, 100, 500).shape == (2,)
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"B": 0}, "B"), ({"B": 2.5}, "B"), ({"mu_P": -1}, "mu_P"), ({"mu_D": -0.5}, "mu_D"),
+    ({"N": 0}, "N"), ({"N": float("nan")}, "N"), ({"coeffs": "paper"}, "coeffs"),
+])
+def test_optimal_ratio_rejects_bad_input(kwargs, name):
+    args = {"B": 256, "mu_P": 100, "mu_D": 500, "N": 10_000, **kwargs}
+    with pytest.raises(ValueError, match=name):
+        afd.optimal_ratio(**args)
+
+
+@pytest.mark.parametrize("r", [0, -1, float("inf"), [1.0, 0.0]])
+def test_throughput_rejects_bad_r(r):
+    with pytest.raises(ValueError, match="r must be > 0"):
+        afd.throughput_per_instance(r, 256, 100, 500)
+
+
+@pytest.mark.parametrize(("field", "value"), [("a_F", 0.0), ("a_A", -1e-3), ("b_F", float("inf")), ("a_C", -1)])
+def test_coefficients_reject_bad_values(field, value):
+    with pytest.raises(ValueError, match=field):
+        afd.AFDCoefficients().replace(**{field: value})
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"r": 0}, "r"), ({"B": 0}, "B"), ({"microbatches": 0}, "microbatches"), ({"prompt_cv": -0.1}, "prompt_cv"),
+    ({"speed_cv": -1}, "speed_cv"), ({"steps": 0}, "steps"), ({"requests": -5}, "requests"),
+    ({"steps": 10, "requests": 10}, "steps or requests"), ({"prompt_lengths": np.array([])}, "prompt_lengths"),
+    ({"seed": -1}, "seed"),
+])
+def test_simulate_rejects_bad_input(kwargs, name):
+    args = {"r": 2, "B": 8, "mu_P": 10, "mu_D": 20, "steps": 50, **kwargs}
+    if "requests" in kwargs and "steps" not in kwargs:
+        args.pop("steps")
+    with pytest.raises(ValueError, match=name):
+        simulate(**args)
+
+
+def test_slot_load_dynamics_match_expected_decode_load():
+    rng = np.random.default_rng(3)
+    B, K, mu_D, groups = 64, 1500, 300.0, 300
+    loads = _slot_loads(groups, B, K, 1 / (1 + mu_D), lambda n: np.full(n, 50.0), rng)
+    k = np.array([0, 1, 50, 300, 900, 1499])
+    expected = B * 50 + expected_decode_load(k, B, mu_D)
+    se = loads[:, k].std(axis=0) / np.sqrt(groups) + 1e-9
+    z = (loads[:, k].mean(axis=0) - expected) / se
+    assert loads[:, 0] == pytest.approx(B * 50)
+    assert np.all(np.abs(z[1:]) < 4.5), z
+
+
+def test_simulation_is_reproducible_and_seed_sensitive():
+    a = simulate(4, 32, 50, 100, steps=400, seed=7)
+    b = simulate(4, 32, 50, 100, steps=400, seed=7)
+    c = simulate(4, 32, 50, 100, steps=400, seed=8)
+    assert a == b
+    assert a.makespan != c.makespan
+
+
+def test_simulated_load_matches_horizon_average():
+    res = simulate(4, 256, 100, 500, requests=10_000, seed=1)
+    assert res.mean_token_load == pytest.approx(mean_token_load(256, 100, 500, 10_000), rel=0.01)
+
+
+def test_simulated_optimum_within_10pct_of_r_star():
+    check = simulated_optimum(256, 100, 500, requests=10_000, seed=0)
+    assert check.r_star == pytest.approx(9.32, abs=0.01)
+    assert check.gap_pct <= 10.0, (check.r_sim, check.r_star)
+    sim_cross = idle_crossing(check.fine)
+    assert sim_cross is not None and abs(sim_cross - check.r_star) / check.r_star <= 0.10
+    # the simulator never beats the stage-bottleneck bound by more than noise
+    assert np.all(check.fine["sim_throughput"] <= check.fine["theory_throughput"] * 1.005)
+
+
+def test_stragglers_and_pipelining_matter():
+    base = simulate(4, 128, 100, 300, requests=2000, seed=2)
+    slow = simulate(4, 128, 100, 300, requests=2000, seed=2, speed_cv=0.3)
+    serial = simulate(4, 128, 100, 300, requests=2000, seed=2, microbatches=1)
+    assert slow.throughput_per_instance < base.throughput_per_instance
+    assert slow.mean_straggler_time > base.mean_straggler_time
+    # one microbatch in flight: attention, transfers and FFN run back to back
+    assert serial.throughput_per_instance < 0.8 * base.throughput_per_instance
+    assert serial.attention_idle > base.attention_idle
+
+
+def test_sweep_columns_and_prompt_trace_resampling():
+    df = sweep([1, 3], 64, 100, 200, requests=500, seed=0, prompt_lengths=np.array([10.0, 1000.0]))
+    assert list(df["r"]) == [1, 3]
+    assert {"theory_throughput", "sim_throughput", "sim_attention_idle", "sim_ffn_idle"} <= set(df.columns)
+
+
+def test_h200_calibration():
+    c = afd.AFDCoefficients.from_calibration("h200")
+    assert c.unit == "ms" and "ASSUMED" in c.source
+    assert c.a_F > 0 and c.b_F > 0 and c.a_A > 0
+    terms = ratio_terms(256, 100, 500, 10_000, c)
+    # on the H200 the MoE FFN's fixed weight read dominates: r* is the FFN peak, not attention
+    assert terms.binding == "ffn_peak"
+    assert 1 < terms.r_star < 50
+    with pytest.raises(ValueError, match="shape"):
+        afd.AFDCoefficients.from_calibration("h200", "olmoe-1b-7b")
+    with pytest.raises(ValueError, match="link_GBps"):
+        afd.AFDCoefficients.from_calibration("h200", link_GBps=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(B=st.integers(1, 2048), mu_P=st.floats(0, 4000), mu_D=st.floats(0, 4000),
+       N=st.one_of(st.none(), st.floats(1, 1e6)))
+def test_r_star_at_least_r_peak_and_is_the_argmax(B, mu_P, mu_D, N):
+    terms = ratio_terms(B, mu_P, mu_D, N)
+    assert terms.r_star >= terms.r_peak
+    f_star = afd.throughput_per_instance(terms.r_star, B, mu_P, mu_D, N)
+    others = afd.throughput_per_instance(np.geomspace(0.01, 1000, 200), B, mu_P, mu_D, N)
+    assert np.all(others <= f_star * (1 + 1e-9))
+
+
+@settings(max_examples=60, deadline=None)
+@given(B=st.integers(1, 1024), mu_P=st.floats(0, 2000), mu_D=st.floats(0, 2000), d=st.floats(1, 500),
+       N=st.floats(10, 1e5))
+def test_r_star_monotone_in_lengths_and_horizon(B, mu_P, mu_D, d, N):
+    r0 = afd.optimal_ratio(B, mu_P, mu_D, N)
+    assert afd.optimal_ratio(B, mu_P + d, mu_D, N) >= r0 - 1e-9
+    assert afd.optimal_ratio(B, mu_P, mu_D + d, N) >= r0 - 1e-9
+    assert afd.optimal_ratio(B, mu_P, mu_D, N * 2) >= r0 - 1e-9
+    assert mean_token_load(B, mu_P, mu_D, N) <= mean_token_load(B, mu_P, mu_D) + 1e-6
