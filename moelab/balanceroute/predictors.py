@@ -1,0 +1,241 @@
+"""Remaining-length predictors for BR-H.
+
+Each predictor answers, for active requests with prompt length ``s``, ``age`` tokens generated so far
+and (for the oracle) the true output length: the probability ``p_fin`` that the request finishes
+within the next ``H`` steps and the mean remaining length ``mu_rem`` given that it does. BR-H turns
+them into the truncated remaining length ``c = (1 - p_fin) * (H + 1) + p_fin * mu_rem`` (the number
+of projected steps, h = 0..H, the request is expected to stay).
+
+* :class:`OraclePredictor` — true lengths (an upper bound, not deployable).
+* :class:`SurvivalPredictor` — the empirical output-length distribution conditioned on ``O > age``.
+* :class:`ExactMatchPredictor` — the same per prompt key (Azure traces carry no text, so the key is
+  the prompt length), falling back to Survival when a key has fewer than ``min_count`` samples.
+* :class:`LearnedPredictor` — scikit-learn gradient-boosted finish-within-H classifier and
+  remaining-length regressor on (prompt length, age), tabulated on a grid for fast lookup.
+
+All are fitted on a training part of a trace that is disjoint from the simulated part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moelab._validate import check_int, rng_from
+from moelab.traces import RequestTrace
+
+
+class Predictor:
+    """Base class: ``fit(train, horizon)`` then ``predict(prompt_len, age, prompt_key, output_len)``."""
+
+    name = "predictor"
+    horizon: int = 0
+
+    def fit(self, train: RequestTrace | None, horizon: int) -> Predictor:
+        self.horizon = check_int("horizon", horizon, low=0)
+        return self
+
+    def predict(self, prompt_len: np.ndarray, age: np.ndarray, prompt_key: np.ndarray | None = None,
+                output_len: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(p_fin, mu_rem)`` per request: P(finish within H more steps) and E[remaining | finish]."""
+        raise NotImplementedError
+
+    def truncated_remaining(self, prompt_len: np.ndarray, age: np.ndarray, prompt_key: np.ndarray | None = None,
+                            output_len: np.ndarray | None = None) -> np.ndarray:
+        """``c = (1 - p_fin) * (H + 1) + p_fin * mu_rem``: projected steps the request stays (h = 0..H)."""
+        p, mu = self.predict(prompt_len, age, prompt_key, output_len)
+        return (1.0 - p) * (self.horizon + 1) + p * mu
+
+
+class OraclePredictor(Predictor):
+    """True remaining lengths (needs ``output_len``)."""
+
+    name = "oracle"
+
+    def predict(self, prompt_len, age, prompt_key=None, output_len=None):
+        if output_len is None:
+            raise ValueError("the oracle predictor needs output_len (true lengths) of the active requests")
+        rem = np.asarray(output_len, np.float64) - np.asarray(age, np.float64)
+        fin = rem <= self.horizon
+        return fin.astype(np.float64), np.where(fin, rem, 0.0)
+
+
+def _conditional(sorted_out: np.ndarray, prefix: np.ndarray, lo: np.ndarray, hi: np.ndarray, start: np.ndarray,
+                 stop: np.ndarray, age: np.ndarray, horizon: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For segments ``[start, stop)`` of a sorted array: n(O > age), P(O <= age+H | O > age) and
+    E[O - age | age < O <= age+H] — all via searchsorted on the segment bounds (``lo``/``hi`` are
+    the positions of ``age`` and ``age + H``)."""
+    n_alive = stop - lo
+    n_fin = hi - lo
+    s = prefix[hi] - prefix[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = np.where(n_alive > 0, n_fin / np.maximum(n_alive, 1), 0.0)
+        mu = np.where(n_fin > 0, s / np.maximum(n_fin, 1) - age, 0.0)
+    return n_alive, p, mu
+
+
+@dataclass
+class SurvivalPredictor(Predictor):
+    """Empirical output-length distribution of the training trace, conditioned on ``O > age``.
+    A request older than every training sample is assumed to keep running (``p_fin = 0``)."""
+
+    name = "survival"
+    sorted_out: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def fit(self, train: RequestTrace | None, horizon: int) -> SurvivalPredictor:
+        super().fit(train, horizon)
+        if train is None or len(train) == 0:
+            raise ValueError("the survival predictor needs a non-empty training trace")
+        self.sorted_out = np.sort(train.output_len.astype(np.float64))
+        self._prefix = np.concatenate([[0.0], np.cumsum(self.sorted_out)])
+        return self
+
+    def predict(self, prompt_len, age, prompt_key=None, output_len=None):
+        age = np.asarray(age, np.float64)
+        lo = np.searchsorted(self.sorted_out, age, side="right")
+        hi = np.searchsorted(self.sorted_out, age + self.horizon, side="right")
+        n = np.full(age.shape, self.sorted_out.size)
+        _, p, mu = _conditional(self.sorted_out, self._prefix, lo, hi, np.zeros_like(n), n, age, self.horizon)
+        return p, mu
+
+
+@dataclass
+class ExactMatchPredictor(Predictor):
+    """Per-prompt-key empirical CDF of output lengths, with :class:`SurvivalPredictor` as fallback
+    for keys seen fewer than ``min_count`` times or with no sample still alive at this age."""
+
+    name = "exact_match"
+    min_count: int = 3
+
+    def fit(self, train: RequestTrace | None, horizon: int) -> ExactMatchPredictor:
+        super().fit(train, horizon)
+        self.min_count = check_int("min_count", self.min_count, low=1)
+        if train is None or len(train) == 0:
+            raise ValueError("the exact-match predictor needs a non-empty training trace")
+        key = train.prompt_key if train.prompt_key is not None else train.prompt_len
+        self.fallback = SurvivalPredictor().fit(train, horizon)
+        order = np.lexsort((train.output_len, key))
+        self.keys_sorted = np.asarray(key)[order]
+        self.out_sorted = train.output_len[order].astype(np.float64)
+        self.uniq, self.starts, counts = np.unique(self.keys_sorted, return_index=True, return_counts=True)
+        self.stops = self.starts + counts
+        self._prefix = np.concatenate([[0.0], np.cumsum(self.out_sorted)])
+        # composite sort key so one searchsorted finds positions inside each key's segment
+        self._rank_of_row = np.repeat(np.arange(self.uniq.size), counts)
+        self._span = float(self.out_sorted.max() + 2 * horizon + 2)
+        self._composite = self._rank_of_row * self._span + self.out_sorted
+        return self
+
+    def predict(self, prompt_len, age, prompt_key=None, output_len=None):
+        key = np.asarray(prompt_len if prompt_key is None else prompt_key)
+        age = np.asarray(age, np.float64)
+        p, mu = self.fallback.predict(prompt_len, age)
+        pos = np.searchsorted(self.uniq, key)
+        pos = np.minimum(pos, self.uniq.size - 1)
+        known = self.uniq[pos] == key
+        known &= (self.stops[pos] - self.starts[pos]) >= self.min_count
+        if not known.any():
+            return p, mu
+        r, a = pos[known], np.minimum(age[known], self._span - self.horizon - 2)
+        lo = np.searchsorted(self._composite, r * self._span + a, side="right")
+        hi = np.searchsorted(self._composite, r * self._span + a + self.horizon, side="right")
+        n_alive, pk, muk = _conditional(self.out_sorted, self._prefix, lo, hi, self.starts[r], self.stops[r], a,
+                                        self.horizon)
+        use = n_alive > 0
+        idx = np.flatnonzero(known)[use]
+        p, mu = p.copy(), mu.copy()
+        p[idx], mu[idx] = pk[use], muk[use]
+        return p, mu
+
+
+def sample_decode_states(trace: RequestTrace, horizon: int, per_request: int = 4,
+                         seed: int | None = 0) -> dict[str, np.ndarray]:
+    """Training/test rows for the learned predictor: ``per_request`` ages drawn uniformly from each
+    request's decode (0 .. output_len-1), with features (prompt_len, age) and labels
+    ``finish`` (remaining <= H) and ``remaining``."""
+    rng = rng_from(seed)
+    rows = np.repeat(np.arange(len(trace)), per_request)
+    out = trace.output_len[rows]
+    age = np.floor(rng.random(rows.size) * out).astype(np.int64)
+    remaining = out - age
+    return {"prompt_len": trace.prompt_len[rows].astype(np.float64), "age": age.astype(np.float64),
+            "finish": remaining <= horizon, "remaining": remaining.astype(np.float64)}
+
+
+@dataclass
+class LearnedPredictor(Predictor):
+    """Gradient-boosted (scikit-learn) finish-within-H classifier + remaining-length regressor on the
+    features known at admission and during decode: prompt length and age (tokens generated).
+
+    For speed inside the simulation the fitted models are evaluated once on a grid (``prompt_bins``
+    quantile bins of prompt length x every age up to ``max_age``) and looked up; the AUC / MAE in
+    :meth:`evaluate` are those of the lookup, i.e. of what the router actually uses.
+    """
+
+    name = "learned"
+    prompt_bins: int = 48
+    max_age: int = 2048
+    seed: int = 0
+
+    def fit(self, train: RequestTrace | None, horizon: int) -> LearnedPredictor:
+        from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+
+        super().fit(train, horizon)
+        if train is None or len(train) < 20:
+            raise ValueError("the learned predictor needs a training trace of at least 20 requests")
+        rows = sample_decode_states(train, horizon, seed=self.seed)
+        X = np.stack([rows["prompt_len"], rows["age"]], axis=1)
+        y = rows["finish"]
+        if y.all() or not y.any():
+            raise ValueError("training rows have a single finish-within-H class; use a longer trace or another H")
+        clf = HistGradientBoostingClassifier(max_iter=150, learning_rate=0.1, random_state=self.seed).fit(X, y)
+        reg = HistGradientBoostingRegressor(max_iter=150, learning_rate=0.1, random_state=self.seed)
+        reg.fit(X[y], rows["remaining"][y])
+        # tabulate on (prompt bin representative, age) so lookups cost one index per request
+        edges = np.unique(np.quantile(train.prompt_len, np.linspace(0, 1, self.prompt_bins + 1)))
+        self.edges = edges[1:-1]
+        reps = np.array([np.median(train.prompt_len[self._bin(train.prompt_len) == b])
+                         if np.any(self._bin(train.prompt_len) == b) else edges[min(b, edges.size - 1)]
+                         for b in range(self.edges.size + 1)])
+        ages = np.arange(self.max_age + 1, dtype=np.float64)
+        grid = np.stack([np.repeat(reps, ages.size), np.tile(ages, reps.size)], axis=1)
+        shape = (reps.size, ages.size)
+        self.p_table = clf.predict_proba(grid)[:, 1].reshape(shape)
+        self.mu_table = np.clip(reg.predict(grid), 1.0, max(horizon, 1)).reshape(shape)
+        return self
+
+    def _bin(self, prompt_len: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.edges, np.asarray(prompt_len), side="right")
+
+    def predict(self, prompt_len, age, prompt_key=None, output_len=None):
+        b = self._bin(prompt_len)
+        a = np.minimum(np.asarray(age, np.int64), self.max_age)
+        return self.p_table[b, a], self.mu_table[b, a]
+
+    def evaluate(self, test: RequestTrace, seed: int | None = 1) -> dict[str, float]:
+        """AUC of the finish-within-H classifier and MAE (tokens) of the remaining-length regressor
+        on requests that finish within H, on a held-out trace; also the same for the base rate."""
+        from sklearn.metrics import roc_auc_score
+
+        rows = sample_decode_states(test, self.horizon, seed=seed)
+        p, mu = self.predict(rows["prompt_len"], rows["age"])
+        fin = rows["finish"]
+        auc = float(roc_auc_score(fin, p)) if 0 < fin.sum() < fin.size else float("nan")
+        mae = float(np.mean(np.abs(mu[fin] - rows["remaining"][fin]))) if fin.any() else float("nan")
+        mae_mean = float(np.mean(np.abs(rows["remaining"][fin].mean() - rows["remaining"][fin]))) if fin.any() else float("nan")
+        return {"auc": auc, "mae_tokens": mae, "mae_constant_tokens": mae_mean, "n_test_rows": int(fin.size),
+                "finish_rate": float(fin.mean())}
+
+
+PREDICTORS: dict[str, type[Predictor]] = {
+    "oracle": OraclePredictor, "survival": SurvivalPredictor, "exact_match": ExactMatchPredictor,
+    "learned": LearnedPredictor,
+}
+
+
+def make_predictor(name: str, train: RequestTrace | None, horizon: int, **kwargs) -> Predictor:
+    """Build and fit a predictor by name (``oracle`` needs no training trace)."""
+    if name not in PREDICTORS:
+        raise ValueError(f"predictor must be one of {sorted(PREDICTORS)}; got {name!r}")
+    return PREDICTORS[name](**kwargs).fit(train, horizon)
