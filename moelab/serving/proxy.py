@@ -1,0 +1,555 @@
+"""``moelab serve-router``: an asyncio HTTP proxy that routes OpenAI-compatible requests across N
+vLLM servers with moelab's routers (round_robin, random, jsq, p2c, least_kv, eldr, ...).
+
+Why a proxy: the routers in :mod:`moelab.routing` were written against a simulated cluster; this puts
+the same objects (``Router.route(RequestBatch, ClusterView)``) in front of live servers. The proxy
+keeps its own view of every backend — requests in flight, KV tokens they hold (prompt + requested
+output tokens, an upper bound), whether it is up — and answers with a routing decision per request.
+
+Behaviour, in plain words:
+
+* ``POST /v1/completions`` and ``/v1/chat/completions`` are routed; the response (JSON or a
+  ``"stream": true`` server-sent-event stream) is relayed as the backend sends it.
+* Each backend takes at most ``max_inflight`` requests; beyond that requests wait in a bounded queue
+  (``max_queue``, ``queue_timeout_s``) and get HTTP 503 when it is full or the wait runs out.
+* A backend that refuses connections, drops one before answering, or answers 5xx is marked down and
+  the request is retried on another backend (at most ``retries`` times). A streaming response that
+  breaks after bytes reached the client cannot be replayed: the client connection is closed and the
+  error counted. A health loop (``GET /health`` every ``health_interval_s``) brings backends back.
+* ``GET /metrics`` (Prometheus text) and ``GET /metrics.json`` expose per-backend load, in-flight
+  counts, routing decisions (per backend and the most recent ones) and errors; ``GET /health``.
+* It binds to loopback only (the lab's setting) and never imports torch or vLLM.
+
+ELDR needs each request's prefill expert counts. The method used here is a *prefill pass*: a
+signature service (:func:`moelab.capture.vllm_backend.serve_prefill_counts`, a vLLM engine with
+moelab's capture hooks) runs the prompt's prefill and returns its per-layer expert counts; the proxy
+turns them into a signature (:class:`~moelab.serving.signatures.ELDRSignatureClient`) and the ELDR
+router picks the decode server. True prefill->decode KV transfer needs a GPU KV connector; on CPU
+the decode server recomputes the prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import itertools
+import json
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from moelab._validate import check_int, check_real
+from moelab.routing import ClusterView, RequestBatch, Router, make_router
+from moelab.serving.http import (
+    HTTPError,
+    Request,
+    ResponseHead,
+    error_body,
+    http_json,
+    iter_body,
+    open_backend,
+    read_request,
+    render_response,
+    split_url,
+)
+
+ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions")
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade"}
+
+
+class SignatureSource(Protocol):
+    """Anything that turns a request payload into a routing signature (``None``: no signature)."""
+
+    async def signature(self, payload: dict[str, Any]) -> np.ndarray | None: ...
+
+
+@dataclass
+class Backend:
+    """The proxy's view of one vLLM server."""
+
+    index: int
+    url: str
+    up: bool = True
+    in_flight: int = 0
+    kv_tokens: int = 0
+    routed: int = 0
+    completed: int = 0
+    failed: int = 0
+    marked_down: int = 0
+    last_error: str = ""
+    host: str = field(init=False)
+    port: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.host, self.port = split_url(self.url)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _prompt_len(payload: dict[str, Any]) -> int:
+    """Prompt size in tokens if the client sent token ids, else UTF-8 bytes / 4 (a rough token
+    estimate used only for load accounting; routing by load needs relative sizes, not exact ones)."""
+    if "messages" in payload:
+        text = "".join(str(m.get("content", "")) for m in payload["messages"] if isinstance(m, dict))
+        return max(1, len(text.encode()) // 4)
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    return max(1, len(str(prompt).encode()) // 4)
+
+
+def validate_payload(path: str, payload: Any) -> dict[str, Any]:
+    """Reject malformed OpenAI requests with HTTP 400 before they reach a backend."""
+    if not isinstance(payload, dict):
+        raise HTTPError(400, "request body must be a JSON object")
+    if path == "/v1/chat/completions":
+        msgs = payload.get("messages")
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and "role" in m for m in msgs):
+            raise HTTPError(400, "'messages' must be a non-empty list of {role, content} objects")
+    else:
+        prompt = payload.get("prompt")
+        ok = (isinstance(prompt, str) and prompt) or (isinstance(prompt, list) and prompt
+                                                     and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt))
+        if not ok:
+            raise HTTPError(400, "'prompt' must be a non-empty string or a non-empty list of token ids "
+                                 "(batched prompts are not routed: send one request per prompt)")
+    for key in ("max_tokens", "max_completion_tokens"):
+        if key in payload and (not isinstance(payload[key], int) or isinstance(payload[key], bool) or payload[key] < 1):
+            raise HTTPError(400, f"'{key}' must be a positive integer; got {payload[key]!r}")
+    if "stream" in payload and not isinstance(payload["stream"], bool):
+        raise HTTPError(400, f"'stream' must be true or false; got {payload['stream']!r}")
+    return payload
+
+
+class RouterProxy:
+    """Route OpenAI-compatible requests across loopback vLLM servers with a moelab :class:`Router`.
+
+    Parameters
+    ----------
+    backends : list of str
+        Server URLs, ``http://127.0.0.1:PORT``.
+    router : str or Router
+        A name for :func:`moelab.routing.make_router` or a router object.
+    host, port : str, int
+        Where to listen (loopback only; port 0 picks a free one).
+    max_inflight : int
+        Requests in flight per backend before requests queue at the proxy.
+    max_queue : int
+        Requests that may wait for a slot; more get HTTP 503 at once.
+    queue_timeout_s, connect_timeout_s, response_timeout_s, client_timeout_s : float
+        Wait for a slot; connect to a backend; backend silent (first byte or between chunks);
+        receiving a client's request.
+    retries : int
+        Further backends tried after a failed attempt.
+    health_interval_s : float
+        Period of the ``GET /health`` loop over backends.
+    signature_source : SignatureSource, optional
+        Gives each request its routing signature (ELDR).
+    max_body_bytes : int
+        Largest accepted request body.
+    decisions_kept : int
+        Recent routing decisions kept for ``/metrics.json``.
+    """
+
+    def __init__(self, backends: list[str], router: str | Router = "jsq", *, host: str = "127.0.0.1", port: int = 0,
+                 max_inflight: int = 32, max_queue: int = 256, queue_timeout_s: float = 60.0, connect_timeout_s: float = 3.0,
+                 response_timeout_s: float = 120.0, client_timeout_s: float = 30.0, retries: int = 2,
+                 health_interval_s: float = 2.0, signature_source: SignatureSource | None = None,
+                 max_body_bytes: int = 1 << 20, decisions_kept: int = 200, seed: int = 0) -> None:
+        if not backends:
+            raise ValueError("backends must list at least one server URL")
+        if not _is_loopback(host):
+            raise ValueError(f"host must be a loopback address (127.0.0.1, ::1, localhost); got {host!r}")
+        self.backends = [Backend(i, url.rstrip("/")) for i, url in enumerate(backends)]
+        for b in self.backends:
+            if not _is_loopback(b.host):
+                raise ValueError(f"backend URLs must be on loopback; got {b.url!r}")
+        self.router = make_router(router, seed=seed) if isinstance(router, str) else router
+        self.router.reset(len(self.backends))
+        self.host, self.port = host, check_int("port", port, low=0, high=65535)
+        self.max_inflight = check_int("max_inflight", max_inflight, low=1)
+        self.max_queue = check_int("max_queue", max_queue, low=0)
+        self.queue_timeout_s = check_real("queue_timeout_s", queue_timeout_s, low=0, low_open=True)
+        self.connect_timeout_s = check_real("connect_timeout_s", connect_timeout_s, low=0, low_open=True)
+        self.response_timeout_s = check_real("response_timeout_s", response_timeout_s, low=0, low_open=True)
+        self.client_timeout_s = check_real("client_timeout_s", client_timeout_s, low=0, low_open=True)
+        self.retries = check_int("retries", retries, low=0)
+        self.health_interval_s = check_real("health_interval_s", health_interval_s, low=0, low_open=True)
+        self.max_body_bytes = check_int("max_body_bytes", max_body_bytes, low=1)
+        self.signature_source = signature_source
+        self.waiting = 0
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=check_int("decisions_kept", decisions_kept, low=1))
+        self.status_counts: dict[int, int] = {}
+        self.retried = 0
+        self.rejected_queue_full = 0
+        self.timed_out_in_queue = 0
+        self._ids = itertools.count()
+        self._slot_freed = asyncio.Condition()
+        self._server: asyncio.base_events.Server | None = None
+        self._health_task: asyncio.Task | None = None
+        self._route_lock = asyncio.Lock()
+        self._t0 = time.monotonic()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> tuple[str, int]:
+        """Start listening and the health loop; returns the bound ``(host, port)``."""
+        self._server = await asyncio.start_server(self._handle, self.host, self.port, limit=64 * 1024)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._health_task = asyncio.create_task(self._health_loop())
+        return self.host, self.port
+
+    async def stop(self) -> None:
+        """Stop listening and the health loop."""
+        if self._health_task:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        if self._server:
+            self._server.close()
+            await self._server.wait_closed()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def _health_loop(self) -> None:
+        while True:
+            await self.check_health()
+            await asyncio.sleep(self.health_interval_s)
+
+    async def check_health(self) -> None:
+        """``GET /health`` every backend once (bounded by ``connect_timeout_s``) and update ``up``."""
+        async def probe(b: Backend) -> None:
+            try:
+                status, _ = await http_json(b.url, "GET", "/health", timeout_s=self.connect_timeout_s)
+                healthy = status == 200
+            except (OSError, asyncio.TimeoutError, ConnectionError):
+                healthy = False
+            if healthy and not b.up:
+                b.up = True
+                async with self._slot_freed:
+                    self._slot_freed.notify_all()
+            elif not healthy and b.up:
+                self._mark_down(b, "health check failed")
+
+        await asyncio.gather(*(probe(b) for b in self.backends))
+
+    def _mark_down(self, b: Backend, reason: str) -> None:
+        if b.up:
+            b.marked_down += 1
+        b.up = False
+        b.last_error = reason
+
+    # ------------------------------------------------------------------ routing
+    def view(self) -> ClusterView:
+        """The cluster as the router sees it: down backends have no free slot."""
+        active = np.array([b.in_flight for b in self.backends])
+        free = np.array([(self.max_inflight - b.in_flight) if b.up else 0 for b in self.backends])
+        return ClusterView(active, np.array([b.kv_tokens for b in self.backends]), np.maximum(free, 0),
+                           time_s=time.monotonic() - self._t0)
+
+    async def _acquire(self, rid: int, prompt_len: int, kv: int, signature: np.ndarray | None,
+                       exclude: set[int]) -> Backend:
+        """Pick a backend with the router, waiting in the bounded queue for a free slot."""
+        deadline = time.monotonic() + self.queue_timeout_s
+        queued = False
+        try:
+            while True:
+                async with self._route_lock:
+                    view = self.view()
+                    for i in exclude:
+                        view.free_slots[i] = 0
+                    if not any(b.up for b in self.backends if b.index not in exclude):
+                        raise HTTPError(503, "no backend is up" + (" (all failed for this request)" if exclude else ""))
+                    batch = RequestBatch(np.array([prompt_len]), signature=None if signature is None else signature[None, :])
+                    w = int(self.router.route(batch, view)[0]) if view.free_slots.max() > 0 else -1
+                    if w >= 0:
+                        b = self.backends[w]
+                        b.in_flight += 1
+                        b.kv_tokens += kv
+                        b.routed += 1
+                        self.decisions.append({"request": rid, "backend": w, "router": self.router.name,
+                                               "t_s": round(view.time_s, 4), "in_flight": view.active.tolist(),
+                                               "kv_tokens": view.kv_tokens.tolist(), "prompt_len": prompt_len})
+                        return b
+                    if not queued:
+                        if self.waiting >= self.max_queue:
+                            self.rejected_queue_full += 1
+                            raise HTTPError(503, f"proxy queue is full ({self.max_queue} requests waiting)")
+                        self.waiting += 1
+                        queued = True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.timed_out_in_queue += 1
+                    raise HTTPError(503, f"no backend slot freed within queue_timeout_s={self.queue_timeout_s:g}")
+                async with self._slot_freed:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._slot_freed.wait(), min(left, self.health_interval_s))
+        finally:
+            if queued:
+                self.waiting -= 1
+
+    async def _release(self, b: Backend, kv: int, ok: bool) -> None:
+        b.in_flight -= 1
+        b.kv_tokens -= kv
+        if ok:
+            b.completed += 1
+        else:
+            b.failed += 1
+        async with self._slot_freed:
+            self._slot_freed.notify_all()
+
+    # ------------------------------------------------------------------ request handling
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        status = 500
+        try:
+            try:
+                req = await read_request(reader, max_body_bytes=self.max_body_bytes, timeout_s=self.client_timeout_s)
+                if req is None:
+                    return
+                status = await self._dispatch(req, writer)
+            except HTTPError as exc:
+                status = exc.status
+                writer.write(render_response(exc.status, error_body(exc.message, exc.status)))
+            except Exception as exc:  # a bug must answer 500, never hang the client
+                status = 500
+                writer.write(render_response(500, error_body(f"proxy error: {type(exc).__name__}: {exc}", 500)))
+            with contextlib.suppress(ConnectionError, OSError):
+                await writer.drain()
+        finally:
+            self.status_counts[status] = self.status_counts.get(status, 0) + 1
+            writer.close()
+            with contextlib.suppress(ConnectionError, OSError):
+                await writer.wait_closed()
+
+    async def _dispatch(self, req: Request, writer: asyncio.StreamWriter) -> int:
+        if req.method == "GET" and req.path == "/health":
+            up = sum(b.up for b in self.backends)
+            status = 200 if up else 503
+            writer.write(render_response(status, json.dumps({"backends_up": up, "backends": len(self.backends)}).encode()))
+            return status
+        if req.method == "GET" and req.path == "/metrics":
+            writer.write(render_response(200, self.prometheus().encode(), "text/plain; version=0.0.4"))
+            return 200
+        if req.method == "GET" and req.path == "/metrics.json":
+            writer.write(render_response(200, json.dumps(self.metrics()).encode()))
+            return 200
+        if req.method == "GET" and req.path == "/v1/models":
+            for b in self.backends:
+                if b.up:
+                    with contextlib.suppress(OSError, asyncio.TimeoutError, ConnectionError):
+                        status, data = await http_json(b.url, "GET", "/v1/models", timeout_s=self.connect_timeout_s)
+                        writer.write(render_response(status, json.dumps(data).encode()))
+                        return status
+            raise HTTPError(503, "no backend is up")
+        if req.path in ROUTED_PATHS:
+            if req.method != "POST":
+                raise HTTPError(405, f"{req.path} takes POST")
+            return await self._proxy(req, writer)
+        raise HTTPError(404, f"unknown path {req.path!r}; routed: {list(ROUTED_PATHS)}, also GET /health, /metrics, "
+                             "/metrics.json, /v1/models")
+
+    async def _proxy(self, req: Request, writer: asyncio.StreamWriter) -> int:
+        payload = validate_payload(req.path, req.json())
+        rid = next(self._ids)
+        prompt_len = _prompt_len(payload)
+        kv = prompt_len + int(payload.get("max_tokens") or payload.get("max_completion_tokens") or 16)
+        signature = None
+        if self.signature_source is not None:
+            try:
+                signature = await self.signature_source.signature(payload)
+            except (OSError, asyncio.TimeoutError, ConnectionError, ValueError) as exc:
+                raise HTTPError(502, f"signature service failed: {type(exc).__name__}: {exc}") from None
+        tried: set[int] = set()
+        last_error = ""
+        for _attempt in range(self.retries + 1):
+            try:
+                b = await self._acquire(rid, prompt_len, kv, signature, tried)
+            except HTTPError as exc:
+                if tried and exc.status == 503:
+                    raise HTTPError(502, f"every backend tried failed; last error: {last_error}") from None
+                raise
+            tried.add(b.index)
+            ok = False
+            try:
+                status, ok, retryable, last_error = await self._forward(b, req, writer, stream=bool(payload.get("stream")))
+            finally:
+                await self._release(b, kv, ok)
+            if not retryable:
+                return status
+            self.retried += 1
+        raise HTTPError(502, f"request failed on {len(tried)} backend(s) ({self.retries} retries); last error: {last_error}")
+
+    async def _forward(self, b: Backend, req: Request, writer: asyncio.StreamWriter, *, stream: bool
+                       ) -> tuple[int, bool, bool, str]:
+        """One attempt on backend ``b``: returns ``(status, ok, retryable, error)``.
+
+        Non-streaming responses are buffered whole, so a backend dying mid-response is retried;
+        streams are relayed as they arrive and can only be retried before their first byte."""
+        try:
+            r, w, head = await open_backend(b.host, b.port, "POST", req.path, req.body,
+                                            connect_timeout_s=self.connect_timeout_s, head_timeout_s=self.response_timeout_s)
+        except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
+            msg = f"backend {b.index} ({b.url}): {type(exc).__name__}: {exc}"
+            self._mark_down(b, msg)
+            return 502, False, True, msg
+        sent_any = False
+        try:
+            if head.status >= 500:
+                body = b"".join([c async for c in iter_body(r, head, self.response_timeout_s)])
+                msg = f"backend {b.index} answered {head.status}: {body[:200]!r}"
+                self._mark_down(b, msg)
+                return head.status, False, True, msg
+            out_head = self._client_head(head)
+            if stream:
+                writer.write(out_head)
+                sent_any = True
+                async for chunk in iter_body(r, head, self.response_timeout_s):
+                    writer.write(chunk)
+                    await writer.drain()
+            else:
+                body = b"".join([c async for c in iter_body(r, head, self.response_timeout_s)])
+                writer.write(out_head + body)
+                sent_any = True
+            await writer.drain()
+            return head.status, head.status < 400, False, ""
+        except (OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
+            msg = f"backend {b.index} ({b.url}) broke mid-response: {type(exc).__name__}: {exc}"
+            self._mark_down(b, msg)
+            if sent_any:  # part of a stream reached the client: close it, the client sees an incomplete stream
+                writer.transport.abort()
+                return 502, False, False, msg
+            return 502, False, True, msg
+        finally:
+            w.close()
+
+    @staticmethod
+    def _client_head(head: ResponseHead) -> bytes:
+        lines = [f"HTTP/1.1 {head.status} {head.reason}"]
+        lines += [f"{k}: {v}" for k, v in head.headers if k not in HOP_BY_HOP]
+        lines.append("Connection: close")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    # ------------------------------------------------------------------ metrics
+    def metrics(self) -> dict[str, Any]:
+        """Per-backend load and counters, queue state and the most recent routing decisions."""
+        return {
+            "router": self.router.name,
+            "uptime_s": round(time.monotonic() - self._t0, 3),
+            "waiting": self.waiting, "max_queue": self.max_queue, "max_inflight": self.max_inflight,
+            "retried": self.retried, "rejected_queue_full": self.rejected_queue_full,
+            "timed_out_in_queue": self.timed_out_in_queue,
+            "responses_by_status": {str(k): v for k, v in sorted(self.status_counts.items())},
+            "backends": [{"index": b.index, "url": b.url, "up": b.up, "in_flight": b.in_flight, "kv_tokens": b.kv_tokens,
+                          "routed": b.routed, "completed": b.completed, "failed": b.failed, "marked_down": b.marked_down,
+                          "last_error": b.last_error} for b in self.backends],
+            "recent_decisions": list(self.decisions),
+        }
+
+    def prometheus(self) -> str:
+        """The metrics in Prometheus' text exposition format."""
+        lines = []
+
+        def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+            lines.append(f"# HELP moelab_proxy_{name} {help_text}")
+            lines.append(f"# TYPE moelab_proxy_{name} {kind}")
+            lines.extend(f"moelab_proxy_{name}{labels} {value:g}" for labels, value in samples)
+
+        def per_backend(attr: str) -> list[tuple[str, float]]:
+            return [(f'{{backend="{b.index}",url="{b.url}"}}', float(getattr(b, attr))) for b in self.backends]
+
+        family("backend_up", "gauge", "1 if the backend is considered up", per_backend("up"))
+        family("backend_in_flight", "gauge", "requests in flight on the backend", per_backend("in_flight"))
+        family("backend_kv_tokens", "gauge", "prompt + requested output tokens of in-flight requests", per_backend("kv_tokens"))
+        family("routed_total", "counter", "routing decisions per backend", per_backend("routed"))
+        family("backend_completed_total", "counter", "requests completed per backend", per_backend("completed"))
+        family("backend_failed_total", "counter", "failed attempts per backend", per_backend("failed"))
+        family("backend_marked_down_total", "counter", "times the backend was marked down", per_backend("marked_down"))
+        family("queue_waiting", "gauge", "requests waiting for a backend slot", [("", float(self.waiting))])
+        family("retries_total", "counter", "attempts retried on another backend", [("", float(self.retried))])
+        family("rejected_total", "counter", "requests rejected because the queue was full or timed out",
+               [('{reason="queue_full"}', float(self.rejected_queue_full)), ('{reason="queue_timeout"}', float(self.timed_out_in_queue))])
+        family("responses_total", "counter", "responses by HTTP status",
+               [(f'{{code="{k}"}}', float(v)) for k, v in sorted(self.status_counts.items())])
+        return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------- command line
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="moelab serve-router", description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", "-b", action="append", required=True, metavar="URL",
+                   help="an OpenAI-compatible vLLM server, e.g. http://127.0.0.1:8001 (repeat for each)")
+    p.add_argument("--router", default="jsq", help="round_robin, random, jsq, p2c, least_kv, eldr, ... (default jsq)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-inflight", type=int, default=32, help="requests in flight per backend")
+    p.add_argument("--max-queue", type=int, default=256)
+    p.add_argument("--queue-timeout", type=float, default=60.0)
+    p.add_argument("--connect-timeout", type=float, default=3.0)
+    p.add_argument("--response-timeout", type=float, default=120.0)
+    p.add_argument("--retries", type=int, default=2)
+    p.add_argument("--health-interval", type=float, default=2.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--signature-url", help="ELDR: the prefill-count service (moelab.capture.vllm_backend serve-counts)")
+    p.add_argument("--eldr-calibration", help="ELDR: an ExpertTrace (.npz) of calibration requests to fit signatures + centroids")
+    p.add_argument("--tau", type=float, default=0.1, help="ELDR locality band width")
+    return p
+
+
+def build_proxy(args: argparse.Namespace) -> RouterProxy:
+    """A :class:`RouterProxy` from parsed command-line arguments."""
+    source = None
+    router: str | Router = args.router
+    if args.router == "eldr":
+        if not (args.signature_url and args.eldr_calibration):
+            raise ValueError("--router eldr needs --signature-url and --eldr-calibration")
+        from moelab.serving.signatures import ELDRSignatureClient, fit_eldr_router
+
+        from moelab.traces import ExpertTrace
+
+        calib = ExpertTrace.load(args.eldr_calibration)
+        router, builder = fit_eldr_router(calib, n_workers=len(args.backend), tau=args.tau, seed=args.seed)
+        source = ELDRSignatureClient(args.signature_url, builder)
+    return RouterProxy(args.backend, router, host=args.host, port=args.port, max_inflight=args.max_inflight,
+                       max_queue=args.max_queue, queue_timeout_s=args.queue_timeout, connect_timeout_s=args.connect_timeout,
+                       response_timeout_s=args.response_timeout, retries=args.retries,
+                       health_interval_s=args.health_interval, signature_source=source, seed=args.seed)
+
+
+async def _serve(proxy: RouterProxy) -> None:
+    host, port = await proxy.start()
+    print(f"moelab serve-router: {proxy.router.name} over {len(proxy.backends)} backend(s) on http://{host}:{port}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await proxy.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``moelab serve-router``."""
+    args = build_parser().parse_args(argv)
+    try:
+        proxy = build_proxy(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(proxy))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
