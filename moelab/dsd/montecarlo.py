@@ -1,0 +1,91 @@
+"""Monte-Carlo simulation of one client's speculative rounds, to check every closed form.
+
+Each round the drafter proposes ``gamma`` tokens; the target accepts each with probability ``alpha``
+until the first rejection (the accepted length follows the truncated geometric law) and adds one
+token of its own, so a round emits ``accepted + 1`` tokens. A round's time depends on the mode:
+``ar`` one step ``t_ar`` per token; ``colocated`` ``gamma*t_d + t_v``; ``dsd_sync``
+``gamma*t_a + RTT + t_v``; ``dsd_pipelined`` ``max(gamma*t_a, RTT) + t_v`` (the next block is drafted
+while the round trip is in flight). RTT jitters per round, uniform in ``rtt*(1 +- rtt_jitter)``.
+Latency per token is the renewal-reward ratio sum(time)/sum(tokens), with a delta-method CI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from moelab._validate import check_choice, check_int, check_real, rng_from
+from moelab.dsd.theory import MODES, latency_per_token
+
+
+@dataclass(frozen=True)
+class MCResult:
+    """One Monte-Carlo run: latency per token with its standard error, and what the rounds did."""
+
+    mode: str
+    rounds: int
+    latency_per_token: float
+    std_err: float
+    tokens_per_round: float
+    tokens_per_round_se: float
+    closed_form: float  # :func:`latency_per_token` at the same parameters
+
+    @property
+    def z(self) -> float:
+        """(measured - closed form) / standard error; |z| < 3 means agreement at 99.7%."""
+        return (self.latency_per_token - self.closed_form) / self.std_err if self.std_err > 0 else 0.0
+
+    def ci(self, level_z: float = 1.96) -> tuple[float, float]:
+        return self.latency_per_token - level_z * self.std_err, self.latency_per_token + level_z * self.std_err
+
+
+def accepted_lengths(alpha: float, gamma: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Accepted draft tokens of ``n`` rounds: per-token Bernoulli(alpha) trials up to the first
+    rejection, capped at ``gamma`` (the truncated geometric law)."""
+    accept = rng.random((n, gamma)) < alpha
+    return np.cumprod(accept, axis=1).sum(axis=1)
+
+
+def jittered_rtt(rtt: float, jitter: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Per-round RTTs, uniform in ``rtt*(1 +- jitter)`` (mean ``rtt``)."""
+    if jitter == 0 or rtt == 0:
+        return np.full(n, rtt)
+    return rtt * (1.0 + jitter * rng.uniform(-1.0, 1.0, size=n))
+
+
+def simulate_rounds(mode: str, *, alpha: float = 0.0, gamma: int = 1, t_ar: float | None = None,
+                    t_d: float | None = None, t_v: float | None = None, t_a: float | None = None,
+                    rtt: float | None = None, rtt_jitter: float = 0.0, rounds: int = 20_000,
+                    seed: int | None = 0) -> MCResult:
+    """Simulate ``rounds`` speculative rounds of one client (``ar``: ``rounds`` single-token steps).
+
+    Parameters are those of :func:`moelab.dsd.latency_per_token`, plus ``rounds`` (>= 2) and ``seed``.
+    """
+    check_choice("mode", mode, MODES)
+    rounds = check_int("rounds", rounds, low=2)
+    jitter = check_real("rtt_jitter", rtt_jitter, low=0, high=1)
+    closed = float(latency_per_token(mode, alpha=alpha, gamma=gamma, t_ar=t_ar, t_d=t_d, t_v=t_v, t_a=t_a,
+                                     rtt=rtt, rtt_jitter=jitter))
+    rng = rng_from(seed)
+    if mode == "ar":
+        tokens = np.ones(rounds)
+        times = np.full(rounds, float(t_ar))
+    else:
+        t_v = t_ar if t_v is None else t_v
+        tokens = accepted_lengths(float(alpha), int(gamma), rounds, rng) + 1.0
+        if mode == "colocated":
+            times = np.full(rounds, gamma * t_d + t_v)
+        else:
+            rtts = jittered_rtt(float(rtt), jitter, rounds, rng)
+            draft = gamma * t_a
+            times = (draft + rtts if mode == "dsd_sync" else np.maximum(draft, rtts)) + t_v
+    ratio = times.sum() / tokens.sum()
+    # delta method for a ratio of means: Var(T - R*X) / (n * mean(X)^2)
+    resid = times - ratio * tokens
+    se = float(np.sqrt(resid.var(ddof=1) / rounds) / tokens.mean())
+    tok_se = float(tokens.std(ddof=1) / np.sqrt(rounds))
+    return MCResult(mode, rounds, float(ratio), se, float(tokens.mean()), tok_se, closed)
+
+
+__all__ = ["MCResult", "accepted_lengths", "jittered_rtt", "simulate_rounds"]

@@ -1,0 +1,197 @@
+"""Event-driven simulation of one cloud server serving C speculative-decoding clients.
+
+The server is one FIFO worker that runs one round's work at a time (batching is not modelled,
+as in the paper's capacity argument). Each client runs rounds back to back (a closed loop):
+
+- ``colocated``: the client's round is one server job of ``gamma*t_d + t_v`` (draft, then verify);
+  its tokens stream out and the next round is queued at once.
+- ``dsd``: the client drafts ``gamma*t_a`` on its own edge device, sends the block (half an RTT),
+  the server verifies it (``t_v``), the verdict returns (the other half), and the next round starts.
+  While a client drafts or waits on the network the server verifies other clients' blocks: this
+  cross-client overlap is where DSD's capacity comes from.
+
+A round emits ``accepted + 1`` tokens (truncated geometric law). The per-client rate is tokens per
+unit time averaged over clients after a warm-up. :func:`max_clients` searches the largest C whose
+per-client rate still meets a target, and :func:`capacity_ratio` compares the two modes.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from moelab._validate import check_choice, check_int, check_real, rng_from
+from moelab.dsd.montecarlo import accepted_lengths, jittered_rtt
+from moelab.dsd.theory import capacity_gain, expected_tokens
+
+SERVER_MODES = ("colocated", "dsd")
+
+
+@dataclass(frozen=True)
+class ServerResult:
+    """One multi-client run."""
+
+    mode: str
+    clients: int
+    per_client_rate: float  # tokens per time unit per client (mean over clients)
+    server_utilisation: float  # busy share of the server over the measured window
+    rounds: int
+
+
+@dataclass(frozen=True)
+class _Setup:
+    alpha: float
+    gamma: int
+    t_d: float
+    t_v: float
+    t_a: float
+    rtt: float
+    rtt_jitter: float
+
+
+def _setup(alpha, gamma, t_d, t_v, t_a, rtt, rtt_jitter) -> _Setup:
+    alpha = check_real("alpha", alpha, low=0, high=1, high_open=True)
+    return _Setup(alpha, check_int("gamma", gamma, low=1), check_real("t_d", t_d, low=0),
+                  check_real("t_v", t_v, low=0, low_open=True), check_real("t_a", t_a, low=0),
+                  check_real("rtt", rtt, low=0), check_real("rtt_jitter", rtt_jitter, low=0, high=1))
+
+
+def _run(mode: str, clients: int, s: _Setup, horizon: float, warmup: float, rng: np.random.Generator) -> ServerResult:
+    work = s.gamma * s.t_d + s.t_v if mode == "colocated" else s.t_v
+    edge = 0.0 if mode == "colocated" else s.gamma * s.t_a
+    n_draw = 4096
+    acc = accepted_lengths(s.alpha, s.gamma, n_draw, rng)
+    rtts = jittered_rtt(s.rtt, s.rtt_jitter, n_draw, rng)
+    used = 0
+    events: list[tuple[float, int, int]] = []  # (time, client, kind): 0 = job reaches server
+    # stagger the first rounds so clients do not arrive in lock-step
+    for c in range(clients):
+        heapq.heappush(events, (edge * rng.random() + (rtts[c % n_draw] / 2 if mode == "dsd" else 0.0), c, 0))
+    tokens = np.zeros(clients)
+    server_free = 0.0
+    busy = 0.0
+    rounds = 0
+    while events:
+        t, c, _ = heapq.heappop(events)
+        if t >= horizon:
+            break
+        start = max(t, server_free)
+        server_free = start + work
+        busy += max(0.0, min(server_free, horizon) - max(start, warmup))
+        if used + 2 > n_draw:  # refill the pre-drawn randomness
+            acc = accepted_lengths(s.alpha, s.gamma, n_draw, rng)
+            rtts = jittered_rtt(s.rtt, s.rtt_jitter, n_draw, rng)
+            used = 0
+        done = server_free
+        if mode == "dsd":
+            back = done + rtts[used] / 2  # verdict reaches the edge
+            nxt = back + edge + rtts[used + 1] / 2  # next block drafted and sent
+        else:
+            back = nxt = done
+        if warmup <= back < horizon:
+            tokens[c] += acc[used] + 1
+            rounds += 1
+        used += 2
+        heapq.heappush(events, (nxt, c, 0))
+    window = horizon - warmup
+    return ServerResult(mode, clients, float(tokens.mean() / window), busy / window, rounds)
+
+
+def serve(mode: str, clients: int, *, alpha: float, gamma: int, t_d: float, t_v: float, t_a: float = 0.0,
+          rtt: float = 0.0, rtt_jitter: float = 0.0, rounds_per_client: int = 200, seed: int | None = 0) -> ServerResult:
+    """Simulate ``clients`` closed-loop clients on one server and measure the per-client token rate.
+
+    Parameters
+    ----------
+    mode : ``"colocated"`` or ``"dsd"`` (synchronous DSD).
+    clients : int
+        Concurrent clients (>= 1).
+    alpha, gamma, t_d, t_v, t_a, rtt, rtt_jitter
+        As in :func:`moelab.dsd.latency_per_token` (``t_v > 0``).
+    rounds_per_client : int
+        Length of the run, in unloaded rounds of one client (>= 10); the first 10% is warm-up.
+    seed : int, optional
+        Seed; equal seeds give equal results.
+    """
+    check_choice("mode", mode, SERVER_MODES)
+    clients = check_int("clients", clients, low=1)
+    rpc = check_int("rounds_per_client", rounds_per_client, low=10)
+    s = _setup(alpha, gamma, t_d, t_v, t_a, rtt, rtt_jitter)
+    unloaded = s.gamma * s.t_d + s.t_v if mode == "colocated" else s.gamma * s.t_a + s.rtt + s.t_v
+    # saturated, every client waits for the other clients' work too
+    work = s.gamma * s.t_d + s.t_v if mode == "colocated" else s.t_v
+    horizon = rpc * max(unloaded, clients * work)
+    return _run(mode, clients, s, horizon, 0.1 * horizon, rng_from(seed))
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Largest client count meeting a per-client rate target, integer and interpolated."""
+
+    mode: str
+    target_rate: float
+    max_clients: int
+    clients_interp: float  # where the per-client rate crosses the target, linearly interpolated
+    rates: dict[int, float]  # measured per-client rate of every client count tried
+
+
+def max_clients(mode: str, target_rate: float, *, alpha: float, gamma: int, t_d: float, t_v: float,
+                t_a: float = 0.0, rtt: float = 0.0, rtt_jitter: float = 0.0, rounds_per_client: int = 200,
+                max_c: int = 4096, seed: int | None = 0) -> Capacity:
+    """Search the largest C with per-client rate >= ``target_rate`` (doubling, then bisection; every
+    C is simulated with the same seed so the measured rate is a smooth function of C)."""
+    target_rate = check_real("target_rate", target_rate, low=0, low_open=True)
+    max_c = check_int("max_c", max_c, low=1)
+    rates: dict[int, float] = {}
+
+    def rate(c: int) -> float:
+        if c not in rates:
+            rates[c] = serve(mode, c, alpha=alpha, gamma=gamma, t_d=t_d, t_v=t_v, t_a=t_a, rtt=rtt,
+                             rtt_jitter=rtt_jitter, rounds_per_client=rounds_per_client, seed=seed).per_client_rate
+        return rates[c]
+
+    if rate(1) < target_rate:
+        raise ValueError(f"target_rate must be at most one unloaded client's rate ({rates[1]:.4g}); got {target_rate:g}")
+    lo, hi = 1, 2
+    while hi <= max_c and rate(hi) >= target_rate:
+        lo, hi = hi, hi * 2
+    if hi > max_c:
+        raise ValueError(f"max_c must be larger: {max_c} clients still meet target_rate={target_rate:g}")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if rate(mid) >= target_rate else (lo, mid)
+    r_lo, r_hi = rate(lo), rate(lo + 1)
+    frac = (r_lo - target_rate) / (r_lo - r_hi) if r_lo > r_hi else 0.0
+    return Capacity(mode, target_rate, lo, lo + float(np.clip(frac, 0, 1)), dict(sorted(rates.items())))
+
+
+@dataclass(frozen=True)
+class CapacityComparison:
+    colocated: Capacity
+    dsd: Capacity
+    measured_ratio: float  # interpolated DSD clients / co-located clients
+    predicted_ratio: float  # 1 + gamma*t_d/t_v
+
+
+def capacity_ratio(*, alpha: float, gamma: int, t_d: float, t_v: float, t_a: float, rtt: float,
+                   rtt_jitter: float = 0.0, target_fraction: float = 0.1, rounds_per_client: int = 200,
+                   seed: int | None = 0) -> CapacityComparison:
+    """Measure how many more clients DSD sustains than co-located SD at the same per-client rate.
+
+    The target rate is ``target_fraction`` (in (0, 1]) of the slower mode's unloaded per-client rate,
+    so both modes can meet it and the server is saturated at the limit."""
+    frac = check_real("target_fraction", target_fraction, low=0, high=1, low_open=True)
+    s = _setup(alpha, gamma, t_d, t_v, t_a, rtt, rtt_jitter)
+    E = float(expected_tokens(s.alpha, s.gamma))
+    slowest_round = max(s.gamma * s.t_d + s.t_v, s.gamma * s.t_a + s.rtt + s.t_v)
+    target = frac * E / slowest_round
+    kw = {"alpha": alpha, "gamma": gamma, "t_d": t_d, "t_v": t_v, "t_a": t_a, "rtt": rtt, "rtt_jitter": rtt_jitter,
+          "rounds_per_client": rounds_per_client, "seed": seed}
+    col = max_clients("colocated", target, **kw)
+    dsd = max_clients("dsd", target, **kw)
+    return CapacityComparison(col, dsd, dsd.clients_interp / col.clients_interp, float(capacity_gain(gamma, t_d, t_v)))
+
+
+__all__ = ["SERVER_MODES", "Capacity", "CapacityComparison", "ServerResult", "capacity_ratio", "max_clients", "serve"]

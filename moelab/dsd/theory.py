@@ -1,0 +1,183 @@
+"""Closed forms for edge-cloud (distributed) speculative decoding (Lyu et al., arXiv 2606.25091).
+
+Notation: ``gamma`` draft length, ``alpha`` i.i.d. per-token acceptance probability, ``t_d`` draft
+time per token on the server, ``t_a`` draft time per token on the edge, ``t_v`` one verification pass
+of the target (about one decode step ``t_ar``: verification is memory-bound), ``rtt`` the edge-cloud
+round trip. All times share one unit (ms in the notebooks). Functions broadcast over numpy arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from moelab._validate import check_choice, check_int, check_real
+
+MODES = ("ar", "colocated", "dsd_sync", "dsd_pipelined")
+
+
+def _arr(name: str, value, *, low: float = 0.0, high: float | None = None, high_open: bool = False):
+    """Validate a scalar or array parameter; returns a float for scalars."""
+    if value is None:
+        raise ValueError(f"{name} is required here (a real number >= {low:g})")
+    if np.ndim(value) == 0:
+        return check_real(name, value, low=low, high=high, high_open=high_open)
+    arr = np.asarray(value, dtype=np.float64)
+    bad = ~np.isfinite(arr) | (arr < low)
+    if high is not None:
+        bad |= (arr >= high) if high_open else (arr > high)
+    if bad.any():
+        hi = "inf)" if high is None else f"{high:g}{')' if high_open else ']'}"
+        raise ValueError(f"{name} must be in [{low:g}, {hi} everywhere; got {arr[bad].ravel()[0]!r}")
+    return arr
+
+
+def _alpha(alpha):
+    return _arr("alpha", alpha, low=0.0, high=1.0, high_open=True)
+
+
+def _gamma(gamma) -> int:
+    return check_int("gamma", gamma, low=1)
+
+
+def expected_tokens(alpha, gamma: int):
+    """Expected tokens per speculative round, ``(1 - alpha^(gamma+1)) / (1 - alpha)`` (Leviathan et al.).
+
+    Parameters
+    ----------
+    alpha : float or array
+        Per-token acceptance probability in [0, 1).
+    gamma : int
+        Draft length (>= 1).
+
+    Returns
+    -------
+    float or array
+        Between 1 (alpha = 0) and gamma + 1; tends to ``1/(1-alpha)`` as gamma grows.
+    """
+    a = _alpha(alpha)
+    g = _gamma(gamma)
+    return (1.0 - np.power(a, g + 1)) / (1.0 - a)
+
+
+def _expected_max(c, rtt, jitter):
+    """``E[max(c, R)]`` for ``R ~ Uniform(rtt*(1-j), rtt*(1+j))`` (the jitter law of the simulators)."""
+    if np.all(np.asarray(jitter) == 0):
+        return np.maximum(c, rtt)
+    lo, hi = rtt * (1 - jitter), rtt * (1 + jitter)
+    c, lo, hi = np.broadcast_arrays(np.asarray(c, float), np.asarray(lo, float), np.asarray(hi, float))
+    width = np.where(hi > lo, hi - lo, 1.0)
+    inside = (c * (c - lo) + (hi**2 - c**2) / 2) / width
+    out = np.where(c <= lo, (lo + hi) / 2, np.where(c >= hi, c, inside))
+    return out if out.ndim else float(out)
+
+
+def latency_per_token(mode: str, *, alpha=None, gamma: int | None = None, t_ar=None, t_d=None, t_v=None, t_a=None,
+                      rtt=None, rtt_jitter: float = 0.0):
+    """Mean latency per output token of one request under ``mode``.
+
+    - ``ar``: cloud autoregressive decoding, ``t_ar``.
+    - ``colocated``: draft and target on the server, ``(gamma*t_d + t_v) / E``.
+    - ``dsd_sync``: draft on the edge, one round trip per round, ``(gamma*t_a + rtt + t_v) / E``.
+    - ``dsd_pipelined``: the edge keeps drafting the next block during the round trip, which hides
+      the round trip while ``rtt <= gamma*t_a``: ``(max(gamma*t_a, rtt) + t_v) / E``.
+
+    Parameters
+    ----------
+    mode : str
+        One of :data:`MODES`.
+    alpha, gamma : acceptance in [0, 1) and draft length >= 1 (all modes but ``ar``).
+    t_ar, t_d, t_v, t_a, rtt : times >= 0, needed by the mode as above; ``t_v`` defaults to ``t_ar``.
+    rtt_jitter : float
+        Relative half-width ``j`` in [0, 1] of a uniform RTT jitter, ``U(rtt(1-j), rtt(1+j))``. Only the
+        pipelined form depends on it (through ``E[max(gamma*t_a, RTT)]``); the others are linear in RTT.
+    """
+    check_choice("mode", mode, MODES)
+    jitter = check_real("rtt_jitter", rtt_jitter, low=0, high=1)
+    if mode == "ar":
+        return _arr("t_ar", t_ar)
+    if t_v is None and t_ar is not None:
+        t_v = t_ar
+    t_v = _arr("t_v", t_v)
+    E = expected_tokens(alpha, _gamma(gamma))
+    if mode == "colocated":
+        return (gamma * _arr("t_d", t_d) + t_v) / E
+    draft = gamma * _arr("t_a", t_a)
+    rtt = _arr("rtt", rtt)
+    if mode == "dsd_sync":
+        return (draft + rtt + t_v) / E
+    return (_expected_max(draft, rtt, jitter) + t_v) / E
+
+
+def rtt_breakeven(alpha, gamma: int, t_ar, t_a):
+    """Largest RTT at which synchronous DSD beats cloud AR (with ``t_v = t_ar``):
+    ``(E - 1)*t_ar - gamma*t_a``. A negative value means DSD never beats AR at these settings."""
+    E = expected_tokens(alpha, gamma)
+    return (E - 1.0) * _arr("t_ar", t_ar) - gamma * _arr("t_a", t_a)
+
+
+def breakeven_table(alphas=(0.5, 0.7, 0.85, 0.9), t_ars=(100, 50, 30, 20), gamma: int = 5, t_a: float = 10.0,
+                    *, decimals: int | None = 0) -> pd.DataFrame:
+    """RTT break-even (rows ``t_ar``, columns ``alpha``), rounded to ``decimals``; NaN (blank) where
+    negative, i.e. where DSD never beats cloud AR."""
+    alphas = np.asarray(alphas, dtype=np.float64)
+    rows = {}
+    for t_ar in t_ars:
+        value = np.asarray(rtt_breakeven(alphas, gamma, t_ar, t_a), dtype=np.float64)
+        value = np.where(value < 0, np.nan, value)
+        rows[t_ar] = np.round(value, decimals) if decimals is not None else value
+    table = pd.DataFrame.from_dict(rows, orient="index", columns=[f"{a:g}" for a in alphas])
+    table.index.name = "t_ar"
+    table.columns.name = "alpha"
+    return table
+
+
+def pipelined_window(gamma: int, t_a):
+    """RTT below which pipelined DSD hides the round trip (and can match co-located SD): ``gamma*t_a``."""
+    return _gamma(gamma) * _arr("t_a", t_a)
+
+
+def capacity_gain(gamma: int, t_d, t_v):
+    """Clients a saturated server sustains under DSD relative to co-located SD at equal per-client
+    rate: ``1 + gamma*t_d/t_v`` (co-located spends ``gamma*t_d + t_v`` per round, DSD only ``t_v``)."""
+    g = _gamma(gamma)
+    t_d = _arr("t_d", t_d)
+    t_v = _arr("t_v", t_v)
+    if np.any(np.asarray(t_v) == 0):
+        raise ValueError("t_v must be > 0 (a verification pass takes time)")
+    return 1.0 + g * t_d / t_v
+
+
+def leviathan_speedup(alpha, gamma: int, c):
+    """Co-located speed-up over AR, ``E / (gamma*c + 1)`` with cost ratio ``c = t_d/t_v`` (>= 0)."""
+    return expected_tokens(alpha, gamma) / (gamma * _arr("c", c) + 1.0)
+
+
+def optimal_gamma(alpha: float, c: float, gamma_max: int = 32) -> int:
+    """The draft length in ``1..gamma_max`` that maximises :func:`leviathan_speedup`."""
+    gamma_max = check_int("gamma_max", gamma_max, low=1)
+    speedups = [leviathan_speedup(alpha, g, c) for g in range(1, gamma_max + 1)]
+    return int(np.argmax(speedups)) + 1
+
+
+def best_mode(*, alpha, rtt, gamma: int, t_ar, t_a, t_d=None, t_v=None, modes=MODES, rtt_jitter: float = 0.0):
+    """Index into ``modes`` of the lowest-latency mode at each (alpha, rtt) (arrays broadcast).
+    Ties go to the earlier mode, i.e. to the simpler deployment in :data:`MODES` order."""
+    modes = list(modes)
+    for m in modes:
+        check_choice("modes", m, MODES)
+    if not modes:
+        raise ValueError(f"modes must list at least one of {list(MODES)}")
+    alpha, rtt = np.broadcast_arrays(np.asarray(alpha, float), np.asarray(rtt, float))
+    lat = [np.broadcast_to(latency_per_token(m, alpha=alpha, gamma=gamma, t_ar=t_ar, t_d=t_d, t_v=t_v, t_a=t_a,
+                                             rtt=rtt, rtt_jitter=rtt_jitter), alpha.shape) for m in modes]
+    stacked = np.stack(lat)
+    # tolerance so exact ties (e.g. pipelined == co-located inside the window) are not decided by rounding
+    best = stacked.min(axis=0)
+    return np.argmax(stacked <= best * (1 + 1e-12), axis=0)
+
+
+__all__ = [
+    "MODES", "best_mode", "breakeven_table", "capacity_gain", "expected_tokens", "latency_per_token",
+    "leviathan_speedup", "optimal_gamma", "pipelined_window", "rtt_breakeven",
+]

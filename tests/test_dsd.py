@@ -1,0 +1,186 @@
+"""DSD limits: the spec's break-even table, closed forms vs Monte-Carlo, multi-client capacity."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import moelab.dsd as dsd
+from moelab.dsd.montecarlo import accepted_lengths
+
+# the spec's check table (gamma=5, t_a=10 ms): RTT_max in ms, None = blank (DSD never beats AR)
+SPEC_TABLE = {
+    100: {0.5: 47, 0.7: 144, 0.85: 265, 0.9: 319},
+    50: {0.5: None, 0.7: 47, 0.85: 108, 0.9: 134},
+    30: {0.5: None, 0.7: 8, 0.85: 45, 0.9: 61},
+    20: {0.5: None, 0.7: None, 0.85: 13, 0.9: 24},
+}
+
+
+def test_breakeven_table_exact():
+    table = dsd.breakeven_table(alphas=(0.5, 0.7, 0.85, 0.9), t_ars=(100, 50, 30, 20), gamma=5, t_a=10)
+    for t_ar, row in SPEC_TABLE.items():
+        for alpha, expected in row.items():
+            got = table.loc[t_ar, f"{alpha:g}"]
+            if expected is None:
+                assert math.isnan(got), (t_ar, alpha, got)
+                assert dsd.rtt_breakeven(alpha, 5, t_ar, 10) < 0
+            else:
+                assert got == expected, (t_ar, alpha, got)
+
+
+def test_breakeven_is_where_sync_dsd_ties_ar():
+    rtt = dsd.rtt_breakeven(0.85, 5, 50, 10)
+    at = dsd.latency_per_token("dsd_sync", alpha=0.85, gamma=5, t_ar=50, t_a=10, rtt=rtt)
+    assert at == pytest.approx(50)
+    assert dsd.latency_per_token("dsd_sync", alpha=0.85, gamma=5, t_ar=50, t_a=10, rtt=rtt - 1) < 50
+    assert dsd.latency_per_token("dsd_sync", alpha=0.85, gamma=5, t_ar=50, t_a=10, rtt=rtt + 1) > 50
+
+
+def test_expected_tokens_edges():
+    assert dsd.expected_tokens(0.0, 5) == 1.0
+    assert dsd.expected_tokens(0.5, 1) == pytest.approx(1.5)
+    assert dsd.expected_tokens(0.999999, 4) == pytest.approx(5, rel=1e-4)
+
+
+def test_capacity_gain_spec_example():
+    assert dsd.capacity_gain(5, 10, 50) == pytest.approx(2.0)
+
+
+def test_optimal_gamma_maximises_speedup():
+    g = dsd.optimal_gamma(0.8, 0.05, 30)
+    s = [dsd.leviathan_speedup(0.8, k, 0.05) for k in range(1, 31)]
+    assert s[g - 1] == max(s) and 1 < g < 30
+
+
+def test_colocated_beats_sync_when_server_can_host_both():
+    rtt = np.linspace(0.1, 300, 50)
+    alpha = np.linspace(0, 0.95, 20)[:, None]
+    col = dsd.latency_per_token("colocated", alpha=alpha, gamma=5, t_d=10, t_v=50)
+    sync = dsd.latency_per_token("dsd_sync", alpha=alpha, gamma=5, t_a=10, t_v=50, rtt=rtt)
+    assert np.all(col < sync)
+
+
+def test_pipelined_matches_colocated_only_inside_window():
+    kw = {"alpha": 0.8, "gamma": 5, "t_a": 10, "t_v": 50}
+    window = dsd.pipelined_window(5, 10)
+    col = dsd.latency_per_token("colocated", alpha=0.8, gamma=5, t_d=10, t_v=50)
+    assert dsd.latency_per_token("dsd_pipelined", rtt=window * 0.5, **kw) == pytest.approx(col)
+    assert dsd.latency_per_token("dsd_pipelined", rtt=window * 1.5, **kw) > col
+    modes = dsd.best_mode(alpha=0.8, rtt=np.array([10.0, 100.0]), gamma=5, t_ar=50, t_a=10, t_d=10)
+    assert [dsd.MODES[i] for i in modes] == ["colocated", "colocated"]
+    no_col = ("ar", "dsd_sync", "dsd_pipelined")
+    modes = dsd.best_mode(alpha=np.array([0.9, 0.9, 0.1]), rtt=np.array([10.0, 400.0, 10.0]), gamma=5, t_ar=50,
+                          t_a=10, modes=no_col)
+    assert [no_col[i] for i in modes] == ["dsd_pipelined", "ar", "ar"]
+
+
+@pytest.mark.parametrize("mode", dsd.MODES)
+@pytest.mark.parametrize(("alpha", "rtt", "jitter"), [(0.6, 20.0, 0.0), (0.85, 45.0, 0.5), (0.9, 150.0, 0.3)])
+def test_monte_carlo_agrees_with_closed_form(mode, alpha, rtt, jitter):
+    res = dsd.simulate_rounds(mode, alpha=alpha, gamma=5, t_ar=50, t_d=8, t_a=10, rtt=rtt, rtt_jitter=jitter,
+                              rounds=20_000, seed=11)
+    lo, hi = res.ci(3.29)  # 99.9% interval
+    assert lo <= res.closed_form <= hi, (res.latency_per_token, res.closed_form, res.z)
+    if mode != "ar":
+        E = dsd.expected_tokens(alpha, 5)
+        assert abs(res.tokens_per_round - E) <= 3.29 * res.tokens_per_round_se
+
+
+def test_truncated_geometric_law():
+    rng = np.random.default_rng(0)
+    a = accepted_lengths(0.7, 4, 200_000, rng)
+    law = np.array([0.7**k * 0.3 for k in range(4)] + [0.7**4])
+    freq = np.bincount(a, minlength=5) / a.size
+    assert np.allclose(freq, law, atol=4e-3)
+
+
+def test_monte_carlo_reproducible():
+    a = dsd.simulate_rounds("dsd_sync", alpha=0.7, gamma=4, t_a=10, t_v=40, rtt=50, rtt_jitter=0.2, rounds=500, seed=3)
+    b = dsd.simulate_rounds("dsd_sync", alpha=0.7, gamma=4, t_a=10, t_v=40, rtt=50, rtt_jitter=0.2, rounds=500, seed=3)
+    assert a == b
+
+
+@pytest.mark.parametrize(("gamma", "t_d", "t_v"), [(5, 10, 50), (4, 5, 40)])
+def test_multi_client_capacity_ratio(gamma, t_d, t_v):
+    cmp = dsd.capacity_ratio(alpha=0.8, gamma=gamma, t_d=t_d, t_v=t_v, t_a=t_d, rtt=60, rtt_jitter=0.3, seed=0)
+    assert cmp.predicted_ratio == pytest.approx(1 + gamma * t_d / t_v)
+    assert cmp.measured_ratio == pytest.approx(cmp.predicted_ratio, rel=0.05)
+    assert cmp.dsd.max_clients > cmp.colocated.max_clients
+
+
+def test_server_unloaded_rate_matches_single_client_latency():
+    res = dsd.serve("dsd", 1, alpha=0.8, gamma=5, t_d=10, t_v=50, t_a=10, rtt=50, rounds_per_client=2000, seed=1)
+    latency = dsd.latency_per_token("dsd_sync", alpha=0.8, gamma=5, t_a=10, t_v=50, rtt=50)
+    assert res.per_client_rate == pytest.approx(1 / latency, rel=0.03)
+
+
+@pytest.mark.parametrize(("call", "name"), [
+    (lambda: dsd.expected_tokens(1.0, 5), "alpha"),
+    (lambda: dsd.expected_tokens(-0.1, 5), "alpha"),
+    (lambda: dsd.expected_tokens(np.array([0.5, 1.2]), 5), "alpha"),
+    (lambda: dsd.expected_tokens(0.5, 0), "gamma"),
+    (lambda: dsd.expected_tokens(0.5, 2.5), "gamma"),
+    (lambda: dsd.latency_per_token("cloud", t_ar=1), "mode"),
+    (lambda: dsd.latency_per_token("ar", t_ar=-1), "t_ar"),
+    (lambda: dsd.latency_per_token("dsd_sync", alpha=0.5, gamma=3, t_a=1, t_v=1, rtt=-5), "rtt"),
+    (lambda: dsd.latency_per_token("dsd_sync", alpha=0.5, gamma=3, t_a=1, t_v=1), "rtt"),
+    (lambda: dsd.latency_per_token("colocated", alpha=0.5, gamma=3, t_v=1), "t_d"),
+    (lambda: dsd.latency_per_token("dsd_pipelined", alpha=0.5, gamma=3, t_a=1, t_v=1, rtt=1, rtt_jitter=2), "rtt_jitter"),
+    (lambda: dsd.rtt_breakeven(0.5, 5, -1, 10), "t_ar"),
+    (lambda: dsd.rtt_breakeven(0.5, 5, 10, float("nan")), "t_a"),
+    (lambda: dsd.capacity_gain(5, 10, 0), "t_v"),
+    (lambda: dsd.capacity_gain(0, 10, 5), "gamma"),
+    (lambda: dsd.simulate_rounds("ar", t_ar=1, rounds=1), "rounds"),
+    (lambda: dsd.serve("dsd", 0, alpha=0.5, gamma=2, t_d=1, t_v=1), "clients"),
+    (lambda: dsd.serve("dsd_sync", 1, alpha=0.5, gamma=2, t_d=1, t_v=1), "mode"),
+    (lambda: dsd.max_clients("dsd", 1e6, alpha=0.5, gamma=2, t_d=1, t_v=1), "target_rate"),
+    (lambda: dsd.best_mode(alpha=0.5, rtt=1, gamma=2, t_ar=1, t_a=1, modes=("ar", "edge")), "modes"),
+])
+def test_bad_input_names_parameter(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+@settings(max_examples=80, deadline=None)
+@given(alpha=st.floats(0, 0.99), gamma=st.integers(1, 40))
+def test_expected_tokens_bounds_and_monotone(alpha, gamma):
+    E = dsd.expected_tokens(alpha, gamma)
+    assert 1 - 1e-12 <= E <= min(gamma + 1, 1 / (1 - alpha)) + 1e-9
+    assert dsd.expected_tokens(alpha, gamma + 1) >= E - 1e-12
+    assert dsd.expected_tokens(min(alpha + 0.005, 0.995), gamma) >= E - 1e-12
+
+
+@settings(max_examples=40, deadline=None)
+@given(alpha=st.floats(0, 0.95))
+def test_expected_tokens_limit(alpha):
+    assert dsd.expected_tokens(alpha, 2000) == pytest.approx(1 / (1 - alpha), rel=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(alpha=st.floats(0, 0.98), gamma=st.integers(1, 12), t_ar=st.floats(1, 200), t_a=st.floats(0, 50),
+       rtt=st.floats(0, 500), d=st.floats(0.1, 100))
+def test_latency_monotone_in_rtt_and_breakeven_consistent(alpha, gamma, t_ar, t_a, rtt, d):
+    kw = {"alpha": alpha, "gamma": gamma, "t_ar": t_ar, "t_a": t_a}
+    for mode in ("dsd_sync", "dsd_pipelined"):
+        assert dsd.latency_per_token(mode, rtt=rtt + d, **kw) >= dsd.latency_per_token(mode, rtt=rtt, **kw) - 1e-9
+    # pipelining never hurts
+    assert dsd.latency_per_token("dsd_pipelined", rtt=rtt, **kw) <= dsd.latency_per_token("dsd_sync", rtt=rtt, **kw) + 1e-9
+    be = dsd.rtt_breakeven(alpha, gamma, t_ar, t_a)
+    beats = dsd.latency_per_token("dsd_sync", rtt=rtt, **kw) < t_ar
+    if abs(rtt - be) > 1e-6 * max(1.0, abs(be)):
+        assert beats == (rtt < be)
+    # more acceptance only helps: break-even grows with alpha
+    assert dsd.rtt_breakeven(min(alpha + 0.01, 0.99), gamma, t_ar, t_a) >= be - 1e-9
+
+
+@settings(max_examples=40, deadline=None)
+@given(gamma=st.integers(1, 16), t_d=st.floats(0, 100), t_v=st.floats(0.1, 200))
+def test_capacity_gain_at_least_one_and_linear(gamma, t_d, t_v):
+    g = dsd.capacity_gain(gamma, t_d, t_v)
+    assert g >= 1
+    assert dsd.capacity_gain(gamma, 2 * t_d, t_v) - 1 == pytest.approx(2 * (g - 1), abs=1e-9)
