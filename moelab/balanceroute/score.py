@@ -86,6 +86,19 @@ def best_subset(sizes: np.ndarray, max_count: int, target: float) -> tuple[np.nd
         below = np.flatnonzero(fits)[np.argmax(sizes[fits])]
         above = np.flatnonzero(~fits)
         return np.array([below]), (above[np.argmin(sizes[above])][None] if above.size else empty)
+    # Exact pruning before the bitset search: an item larger than tgt can only appear in an "above"
+    # subset, and the single smallest such item beats every subset containing one; among equal sizes
+    # at most k copies can be used.
+    fits = np.flatnonzero(sizes <= tgt)
+    fits = fits[np.argsort(sizes[fits], kind="stable")]
+    fs = sizes[fits]
+    first_of_size = np.searchsorted(fs, fs, side="left")
+    fits = np.sort(fits[np.arange(fs.size) - first_of_size < k])
+    over = np.flatnonzero(sizes > tgt)
+    keep = np.concatenate([fits, over[[int(np.argmin(sizes[over]))]]]) if over.size else fits
+    if keep.size < n:
+        below, above = best_subset(sizes[keep], k, tgt)
+        return keep[below], keep[above]
     limit = tgt + int(sizes.max())  # the smallest sum above tgt is at most tgt + max size
     mask = (1 << (limit + 1)) - 1
     reach = [1] + [0] * k
