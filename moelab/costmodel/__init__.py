@@ -4,6 +4,13 @@ The measured H200 tables (``data/calibration/h200/``) and any GPU's ``moelab cal
 the same columns, so every model here is fitted, never typed in.
 """
 
+from moelab.costmodel.decode_layer import (
+    LAYER_SHAPES,
+    MODEL_LAYERS,
+    DecodeLayerModel,
+    DecodeStepModel,
+    LayerShape,
+)
 from moelab.costmodel.fit import FitReport, LinearFit, fit_linear
 from moelab.costmodel.models import (
     MOE_SHAPES,
@@ -15,5 +22,6 @@ from moelab.costmodel.models import (
 
 __all__ = [
     "FitReport", "LinearFit", "fit_linear",
+    "LAYER_SHAPES", "MODEL_LAYERS", "DecodeLayerModel", "DecodeStepModel", "LayerShape",
     "MOE_SHAPES", "AttentionModel", "DenseVerifyModel", "MoEShape", "MoEStepModel",
 ]

@@ -1,0 +1,163 @@
+"""Signature cache co-indexed with a prefix-caching KV cache.
+
+Every KV block carries the expert histogram ``[L, E]`` of the prompt tokens it holds (small
+unsigned ints). A request's block table lists its blocks; its signature counts are the SUM over all
+of them — cached blocks included — so with prefix caching (prefill computes only the uncached
+suffix) the signature still equals what a full prefill gives.
+
+Like vLLM's prefix caching: only FULL blocks are shareable, keyed by a SHA-256 chain over the
+prompt's token blocks (a block's key covers every token before it); a request's partial last block
+is private. Blocks whose reference count drops to zero stay cached and are evicted least-recently
+used first when a new block is needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from moelab._validate import check_array, check_int
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Outcome of admitting one request: its block table, and how many prompt tokens were served
+    from cache vs computed (only the computed tokens' routing ids were read)."""
+
+    blocks: tuple[int, ...]
+    cached_tokens: int
+    computed_tokens: int
+
+
+class SignatureCache:
+    """Per-KV-block expert histograms with block tables, prefix reuse and LRU eviction.
+
+    Parameters
+    ----------
+    block_size : tokens per KV block (>= 1)
+    num_layers, num_experts : geometry of the histograms
+    capacity_blocks : KV blocks available (>= 1)
+    """
+
+    def __init__(self, block_size: int, num_layers: int, num_experts: int, capacity_blocks: int) -> None:
+        self.block_size = check_int("block_size", block_size, low=1)
+        self.num_layers = check_int("num_layers", num_layers, low=1)
+        self.num_experts = check_int("num_experts", num_experts, low=1)
+        self.capacity = check_int("capacity_blocks", capacity_blocks, low=1)
+        dtype = np.uint16 if self.block_size < np.iinfo(np.uint16).max else np.uint32  # an expert counts <= block_size
+        self.hist = np.zeros((self.capacity, self.num_layers, self.num_experts), dtype=dtype)
+        self.refcount = np.zeros(self.capacity, dtype=np.int64)
+        self._free = list(range(self.capacity - 1, -1, -1))
+        self._key_of: dict[int, bytes] = {}
+        self._block_of: dict[bytes, int] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; oldest first
+        self.tables: dict[str, tuple[int, ...]] = {}
+        self.hits = 0
+        self.evictions = 0
+
+    # ------------------------------------------------------------------ internals
+    def _alloc(self) -> int:
+        if self._free:
+            return self._free.pop()
+        if not self._evictable:
+            raise RuntimeError(f"KV cache full: all {self.capacity} blocks are referenced by running requests")
+        b, _ = self._evictable.popitem(last=False)
+        del self._block_of[self._key_of.pop(b)]
+        self.evictions += 1
+        return b
+
+    def _ref(self, b: int) -> None:
+        self.refcount[b] += 1
+        self._evictable.pop(b, None)
+
+    def _histogram(self, ids: np.ndarray) -> np.ndarray:
+        flat = (np.arange(self.num_layers)[None, :, None] * self.num_experts + ids).ravel()
+        counts = np.bincount(flat, minlength=self.num_layers * self.num_experts)
+        return counts.reshape(self.num_layers, self.num_experts)
+
+    # ------------------------------------------------------------------ API
+    def admit(self, request_id: str, prompt_tokens: np.ndarray, prefill_ids: np.ndarray) -> Admission:
+        """Admit a request: reuse cached full blocks of its prefix, compute the rest.
+
+        ``prefill_ids`` [P, L, k] are the routing ids a full prefill would produce; only the rows of
+        the uncached suffix are read (that is all a prefix-cached prefill computes)."""
+        if request_id in self.tables:
+            raise ValueError(f"request_id {request_id!r} is already admitted")
+        tokens = check_array("prompt_tokens", prompt_tokens, ndim=1).astype(np.int64)
+        ids = np.asarray(prefill_ids)
+        if ids.ndim != 3 or ids.shape[:2] != (tokens.size, self.num_layers):
+            raise ValueError(f"prefill_ids must have shape (P={tokens.size}, L={self.num_layers}, k); got {ids.shape}")
+        bs = self.block_size
+        n_full = tokens.size // bs
+        keys, h = [], hashlib.sha256()
+        for i in range(n_full):
+            h.update(tokens[i * bs:(i + 1) * bs].tobytes())
+            keys.append(h.copy().digest())
+        table: list[int] = []
+        hit = 0
+        while hit < n_full and keys[hit] in self._block_of:  # prefix reuse stops at the first miss
+            b = self._block_of[keys[hit]]
+            self._ref(b)
+            table.append(b)
+            hit += 1
+        self.hits += hit
+        try:
+            for i in range(hit, -(-tokens.size // bs)):
+                seg = ids[i * bs:(i + 1) * bs]
+                if seg.size and (seg.min() < 0 or seg.max() >= self.num_experts):
+                    raise ValueError(f"prefill_ids must be expert ids in [0, {self.num_experts - 1}]")
+                b = self._alloc()
+                self.hist[b] = self._histogram(seg)
+                self._ref(b)
+                table.append(b)
+                if i < n_full:  # full blocks become shareable; the partial last block stays private
+                    self._key_of[b] = keys[i]
+                    self._block_of[keys[i]] = b
+        except BaseException:
+            self._release_blocks(table)
+            raise
+        self.tables[request_id] = tuple(table)
+        return Admission(tuple(table), hit * bs, tokens.size - hit * bs)
+
+    def _release_blocks(self, blocks: list[int] | tuple[int, ...]) -> None:
+        for b in blocks:
+            self.refcount[b] -= 1
+            if self.refcount[b] == 0:
+                if b in self._key_of:
+                    self._evictable[b] = None  # stays cached until evicted
+                else:
+                    self._free.append(b)
+
+    def release(self, request_id: str) -> None:
+        """The request finished: drop its references (shareable blocks stay cached, evictable)."""
+        if request_id not in self.tables:
+            raise ValueError(f"request_id {request_id!r} is not admitted")
+        self._release_blocks(self.tables.pop(request_id))
+
+    def counts(self, request_id: str) -> np.ndarray:
+        """The request's prefill expert counts ``[L, E]``: the sum over its block table."""
+        if request_id not in self.tables:
+            raise ValueError(f"request_id {request_id!r} is not admitted")
+        return self.hist[list(self.tables[request_id])].sum(axis=0, dtype=np.int64)
+
+    @property
+    def cached_blocks(self) -> int:
+        return len(self._block_of)
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free) + len(self._evictable)
+
+
+def full_prefill_counts(prefill_ids: np.ndarray, num_experts: int) -> np.ndarray:
+    """Expert counts ``[L, E]`` of a full prefill from its per-token top-k ids ``[P, L, k]``."""
+    ids = np.asarray(prefill_ids, dtype=np.int64)
+    L = ids.shape[1]
+    flat = (np.arange(L)[None, :, None] * num_experts + ids).ravel()
+    return np.bincount(flat, minlength=L * num_experts).reshape(L, num_experts)
+
+
+__all__ = ["Admission", "SignatureCache", "full_prefill_counts"]

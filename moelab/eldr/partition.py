@@ -1,0 +1,161 @@
+"""Offline partition of signatures into one cluster per decode worker: balanced spherical K-means.
+
+k-means++ seeding on cosine distance, then alternate (a) assignment and (b) centroid = normalised
+mean of members. The balanced variant gives every cluster ``ceil(N/K)`` slots and solves the
+capacity-constrained assignment exactly with ``scipy.optimize.linear_sum_assignment`` on the
+``N x (K*cap)`` cost ``1 - X C^T`` (each cluster's column repeated ``cap`` times); "vanilla"
+assigns each point to its nearest centroid. Online, :class:`OnlineRefitter` refits on a sliding window
+of recent signatures and re-aligns the new centroids to the workers by Hungarian matching.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from moelab._validate import check_array, check_int, check_real, rng_from
+
+
+@dataclass(frozen=True)
+class KMeansResult:
+    """``centroids`` [K, d] (unit rows), ``labels`` [N], iterations run, mean cosine similarity of
+    points to their centroid, and whether the labels stopped changing."""
+
+    centroids: np.ndarray
+    labels: np.ndarray
+    n_iter: int
+    mean_similarity: float
+    converged: bool
+    balanced: bool
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.bincount(self.labels, minlength=self.centroids.shape[0])
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def kmeans_pp(X: np.ndarray, K: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ seeding with cosine distance ``1 - x.c`` (seeded)."""
+    n = X.shape[0]
+    idx = [int(rng.integers(n))]
+    dist = np.maximum(1.0 - X @ X[idx[0]], 0.0)
+    for _ in range(1, K):
+        total = dist.sum()
+        nxt = int(rng.choice(n, p=dist / total)) if total > 0 else int(rng.integers(n))
+        idx.append(nxt)
+        dist = np.minimum(dist, np.maximum(1.0 - X @ X[nxt], 0.0))
+    return X[idx].copy()
+
+
+def balanced_assign(sim: np.ndarray, cap: int) -> np.ndarray:
+    """Optimal assignment maximising total similarity with at most ``cap`` points per cluster."""
+    n, K = sim.shape
+    if cap * K < n:
+        raise ValueError(f"cap must be >= ceil(N/K)={math.ceil(n / K)}; got {cap}")
+    cost = np.repeat(1.0 - sim, cap, axis=1)  # cluster j owns columns j*cap .. (j+1)*cap-1
+    rows, cols = linear_sum_assignment(cost)
+    labels = np.empty(n, dtype=np.int64)
+    labels[rows] = cols // cap
+    return labels
+
+
+def spherical_kmeans(
+    X: np.ndarray,
+    K: int,
+    *,
+    balanced: bool = True,
+    max_iter: int = 50,
+    seed: int | np.random.Generator | None = 0,
+    init: np.ndarray | None = None,
+) -> KMeansResult:
+    """Spherical K-means on unit rows of ``X`` [N, d]; ``balanced`` caps clusters at ``ceil(N/K)``.
+
+    ``init`` [K, d] replaces k-means++ seeding (used by online refits)."""
+    X = _unit(check_array("X", X, ndim=2, dtype=np.float64))
+    n = X.shape[0]
+    K = check_int("K", K, low=1, high=n)
+    max_iter = check_int("max_iter", max_iter, low=1)
+    rng = rng_from(seed)
+    if init is None:
+        C = kmeans_pp(X, K, rng)
+    else:
+        C = _unit(check_array("init", init, shape=(K, X.shape[1]), dtype=np.float64))
+    cap = math.ceil(n / K)
+    labels = np.full(n, -1, dtype=np.int64)
+    converged = False
+    n_iter = 0
+    for _ in range(max_iter):
+        n_iter += 1
+        sim = X @ C.T
+        new = balanced_assign(sim, cap) if balanced else np.argmax(sim, axis=1)
+        if np.array_equal(new, labels):
+            converged = True
+            break
+        labels = new
+        sums = np.zeros_like(C)
+        np.add.at(sums, labels, X)
+        empty = np.linalg.norm(sums, axis=1) == 0
+        if empty.any():  # vanilla only: re-seed an empty cluster with the worst-served point
+            worst = np.argsort(sim[np.arange(n), labels])[: int(empty.sum())]
+            sums[empty] = X[worst]
+        C = _unit(sums)
+    sim = np.einsum("nd,nd->n", X, C[labels])
+    return KMeansResult(C, labels, n_iter, float(sim.mean()), converged, balanced)
+
+
+def align_centroids(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Permute ``new`` centroids so row ``j`` is the one most similar to ``old[j]`` overall
+    (Hungarian matching on ``-old @ new.T``): workers keep their locality across refits."""
+    old = np.asarray(old, dtype=np.float64)
+    new = np.asarray(new, dtype=np.float64)
+    if old.shape != new.shape:
+        raise ValueError(f"new centroids must have the shape of the old ones {old.shape}; got {new.shape}")
+    rows, cols = linear_sum_assignment(-(old @ new.T))
+    out = np.empty_like(new)
+    out[rows] = new[cols]
+    return out
+
+
+class OnlineRefitter:
+    """Refit centroids on the signatures seen in the last ``window_s`` seconds, every ``every_s``.
+
+    :meth:`observe` records signatures; :meth:`maybe_refit` returns re-aligned centroids when a
+    refit is due and the window holds at least ``min_points`` signatures (else None)."""
+
+    def __init__(self, window_s: float = 5.0, every_s: float = 5.0, *, min_points: int = 64, balanced: bool = True,
+                 max_iter: int = 10, seed: int = 0) -> None:
+        self.window_s = check_real("window_s", window_s, low=0, low_open=True)
+        self.every_s = check_real("every_s", every_s, low=0, low_open=True)
+        self.min_points = check_int("min_points", min_points, low=1)
+        self.balanced = balanced
+        self.max_iter = check_int("max_iter", max_iter, low=1)
+        self.rng = rng_from(seed)
+        self._buf: deque[tuple[float, np.ndarray]] = deque()
+        self._last = 0.0
+        self.n_refits = 0
+
+    def observe(self, time_s: float, signatures: np.ndarray) -> None:
+        for row in np.atleast_2d(signatures):
+            self._buf.append((float(time_s), row))
+        while self._buf and self._buf[0][0] < time_s - self.window_s:
+            self._buf.popleft()
+
+    def maybe_refit(self, time_s: float, centroids: np.ndarray) -> np.ndarray | None:
+        K = centroids.shape[0]
+        if time_s - self._last < self.every_s or len(self._buf) < max(self.min_points, K):
+            return None
+        self._last = time_s
+        X = np.stack([row for _, row in self._buf])
+        res = spherical_kmeans(X, K, balanced=self.balanced, max_iter=self.max_iter, seed=self.rng, init=centroids)
+        self.n_refits += 1
+        return align_centroids(centroids, res.centroids)
+
+
+__all__ = ["KMeansResult", "OnlineRefitter", "align_centroids", "balanced_assign", "kmeans_pp", "spherical_kmeans"]

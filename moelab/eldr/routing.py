@@ -1,0 +1,139 @@
+"""ELDR's locality-band router and the domain-label oracle, on the shared :class:`Router` interface.
+
+ELDR: ``s_j = c_j . v`` for the request's unit signature ``v`` and worker ``j``'s centroid ``c_j``;
+band = ``{j : s_j >= max_j s_j - tau}`` (among workers with a free slot); route to the least-loaded
+worker in the band (fewest in-flight = running + waiting requests; seeded random tie-break).
+``tau = 0`` is pure locality; ``tau >= 2`` puts every worker in the band (cosines lie in [-1, 1]),
+i.e. plain JSQ.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moelab._validate import check_array, check_int, check_real
+from moelab.eldr.partition import OnlineRefitter, spherical_kmeans
+from moelab.routing.base import UNASSIGNED, ClusterView, RequestBatch, Router
+
+
+class ELDRRouter(Router):
+    """Locality-band routing over one centroid per decode worker.
+
+    Parameters
+    ----------
+    centroids : [K, d] unit centroids (row j belongs to worker j), or None to set later with
+        :meth:`set_centroids` / :meth:`fit`
+    tau : band width (>= 0), default 0.1
+    seed : tie-break seed
+    refit : an :class:`OnlineRefitter` to refit centroids on recent signatures (optional)
+    """
+
+    name = "eldr"
+
+    def __init__(self, centroids: np.ndarray | None = None, tau: float = 0.1, seed: int | None = 0,
+                 refit: OnlineRefitter | None = None) -> None:
+        super().__init__(seed)
+        self.tau = check_real("tau", tau, low=0)
+        self.refit = refit
+        self.centroids: np.ndarray | None = None
+        if centroids is not None:
+            self.set_centroids(centroids)
+
+    def set_centroids(self, centroids: np.ndarray) -> ELDRRouter:
+        C = check_array("centroids", centroids, ndim=2, dtype=np.float64)
+        if C.shape[0] < 1:
+            raise ValueError("centroids must have K >= 1 rows (one per worker)")
+        self.centroids = C / np.maximum(np.linalg.norm(C, axis=1, keepdims=True), 1e-12)
+        self._ct = np.ascontiguousarray(self.centroids.T)
+        return self
+
+    def fit(self, signatures: np.ndarray, n_workers: int, *, balanced: bool = True, seed: int = 0) -> ELDRRouter:
+        """Set centroids by (balanced) spherical K-means of calibration ``signatures`` into ``n_workers``."""
+        n_workers = check_int("n_workers", n_workers, low=1)
+        self.set_centroids(spherical_kmeans(signatures, n_workers, balanced=balanced, seed=seed).centroids)
+        return self.reset(n_workers)
+
+    @property
+    def dim(self) -> int:
+        if self.centroids is None:
+            raise ValueError("ELDRRouter has no centroids; pass centroids= or call fit(signatures, n_workers)")
+        return int(self.centroids.shape[1])
+
+    def reset(self, n_workers: int, seed: int | None = None) -> Router:
+        super().reset(n_workers, seed)
+        if self.centroids is not None and self.centroids.shape[0] != self.n_workers:
+            raise ValueError(f"n_workers must equal the number of centroids ({self.centroids.shape[0]}); got {n_workers}")
+        return self
+
+    def route(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
+        """Vectorised over workers: one matrix product for the batch's similarities, then per request
+        a masked band and a masked argmin (no Python loop over workers)."""
+        if self.n_workers != view.n_workers:
+            if self.n_workers != 0:
+                raise ValueError(f"view has {view.n_workers} workers but the router was reset for {self.n_workers}")
+            self.reset(view.n_workers)
+        sig = batch.signature
+        if sig is None:
+            raise ValueError("signature is required by the ELDR router (RequestBatch.signature)")
+        if sig.shape[1] != self.dim:
+            raise ValueError(f"signature must have dimension {self.dim} (the centroids'); got {sig.shape[1]}")
+        if self.refit is not None:
+            self.refit.observe(view.time_s, sig)
+            new = self.refit.maybe_refit(view.time_s, self.centroids)
+            if new is not None:
+                self.set_centroids(new)
+        S = sig @ self._ct
+        load = view.active + view.waiting
+        free = view.free_slots.copy()
+        out = np.full(len(batch), UNASSIGNED, dtype=np.int64)
+        for i in range(len(batch)):
+            open_ = free > 0
+            if not open_.any():
+                break
+            s = np.where(open_, S[i], -np.inf)
+            score = np.where(s >= s.max() - self.tau, load, np.iinfo(np.int64).max)
+            best = np.flatnonzero(score == score.min())
+            w = int(best[0]) if best.size == 1 else int(best[self.rng.integers(best.size)])
+            out[i] = w
+            load[w] += 1
+            free[w] -= 1
+        return out
+
+    def __repr__(self) -> str:
+        k = None if self.centroids is None else self.centroids.shape[0]
+        return f"ELDRRouter(K={k}, tau={self.tau}, seed={self.seed}, refit={self.refit is not None})"
+
+
+class DomainOracleRouter(Router):
+    """Route by the ground-truth domain label: workers are split into ``n_domains`` fixed contiguous
+    groups (as equal as possible; domain ``d`` -> worker ``d mod K`` when there are more domains
+    than workers), JSQ inside the group with a seeded random tie-break."""
+
+    name = "domain_oracle"
+
+    def __init__(self, n_domains: int = 1, seed: int | None = 0) -> None:
+        super().__init__(seed)
+        self.n_domains = check_int("n_domains", n_domains, low=1)
+
+    def reset(self, n_workers: int, seed: int | None = None) -> Router:
+        super().reset(n_workers, seed)
+        groups = np.zeros((self.n_domains, n_workers), dtype=bool)
+        if self.n_domains <= n_workers:
+            for d, members in enumerate(np.array_split(np.arange(n_workers), self.n_domains)):
+                groups[d, members] = True
+        else:
+            groups[np.arange(self.n_domains), np.arange(self.n_domains) % n_workers] = True
+        self._groups = groups
+        return self
+
+    def _choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
+        if batch.domain is None:
+            raise ValueError("domain is required by the domain_oracle router (RequestBatch.domain)")
+        d = int(batch.domain[i])
+        if not 0 <= d < self.n_domains:
+            raise ValueError(f"domain must be an integer code in [0, n_domains={self.n_domains}); got {d}")
+        in_group = self._groups[d] & open_
+        return self._argmin_tiebreak(view.active + view.waiting, in_group if in_group.any() else open_)
+
+
+__all__ = ["DomainOracleRouter", "ELDRRouter"]

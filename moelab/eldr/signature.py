@@ -1,0 +1,237 @@
+"""Request signatures: what a request's prefill says about the experts its decode will use.
+
+A signature is built from the prefill expert counts ``C[l, e]`` (prompt tokens whose top-k picked
+expert ``e`` in layer ``l``):
+
+* ``count_idf`` (default): ``x = C * idf`` with ``idf[l,e] = log((N+1) / (#{requests with C[l,e]>0} + 1))``
+  fitted on ``N`` calibration requests, restricted to a greedy Spearman layer mask;
+* ``count``: raw counts, all layers;
+* ``gate_prob``: router probabilities summed over prompt tokens (``ExpertTrace.prefill_probs``), all layers.
+
+Then ``v = flatten(x[mask]) / ||.||_2``. The layer mask is chosen by forward-greedy selection that
+maximises the Spearman correlation between pairwise cosine distances of prefill signatures (chosen
+layers only) and of decode profiles over random request pairs; the greedy prefix at which the
+correlation peaks is kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from moelab._validate import check_choice, check_int, rng_from
+from moelab.traces import ExpertTrace
+
+KINDS = ("count_idf", "count", "gate_prob")
+
+
+def _sample_pairs(n: int, n_pairs: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Random distinct request pairs (i != j), with replacement across pairs."""
+    if n < 2:
+        raise ValueError(f"need at least 2 requests to compare pairs; got {n}")
+    a = rng.integers(0, n, size=n_pairs)
+    b = (a + rng.integers(1, n, size=n_pairs)) % n
+    return a, b
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks along the last axis (ties broken by position; distances are continuous)."""
+    r = np.empty_like(x, dtype=np.float64)
+    idx = np.argsort(x, axis=-1, kind="stable")
+    np.put_along_axis(r, idx, np.broadcast_to(np.arange(x.shape[-1], dtype=np.float64), x.shape), axis=-1)
+    return r
+
+
+def _cos_dist(X: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    na = np.linalg.norm(X[a], axis=1)
+    nb = np.linalg.norm(X[b], axis=1)
+    return 1.0 - np.einsum("pd,pd->p", X[a], X[b]) / np.maximum(na * nb, 1e-12)
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+    rx, ry = _ranks(x), _ranks(y)
+    rx -= rx.mean()
+    ry -= ry.mean()
+    return float(rx @ ry / np.sqrt((rx @ rx) * (ry @ ry)))
+
+
+def decode_recall(prefill: np.ndarray, decode: np.ndarray) -> float:
+    """Recall of decode experts from the prefill signal: per (request, layer), predict the
+    ``m`` experts with the largest prefill value, ``m`` = number of distinct experts the decode used;
+    recall = predicted-and-used / used, over all requests and layers."""
+    prefill = np.asarray(prefill, dtype=np.float64)
+    used = np.asarray(decode) > 0
+    order = np.argsort(-prefill, axis=-1, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(prefill.shape[-1]), order.shape), axis=-1)
+    predicted = rank < used.sum(axis=-1, keepdims=True)
+    return float((predicted & used).sum() / max(used.sum(), 1))
+
+
+def predictability(prefill: np.ndarray, decode: np.ndarray, *, n_pairs: int = 30000, seed: int = 0) -> dict[str, float]:
+    """Prefill->decode predictability of ``[N, L, E]`` prefill signals vs decode profiles: Spearman
+    rho between pairwise cosine distances (``n_pairs`` random pairs) and :func:`decode_recall`."""
+    prefill = np.asarray(prefill, dtype=np.float64)
+    decode = np.asarray(decode, dtype=np.float64)
+    if prefill.shape != decode.shape or prefill.ndim != 3:
+        raise ValueError(f"prefill and decode must both have shape (N, L, E); got {prefill.shape} and {decode.shape}")
+    n_pairs = check_int("n_pairs", n_pairs, low=10)
+    a, b = _sample_pairs(prefill.shape[0], n_pairs, rng_from(seed))
+    n = prefill.shape[0]
+    rho = _spearman(_cos_dist(prefill.reshape(n, -1), a, b), _cos_dist(decode.reshape(n, -1), a, b))
+    return {"rho": rho, "recall": decode_recall(prefill, decode), "n_pairs": n_pairs}
+
+
+def greedy_layer_mask(
+    prefill: np.ndarray,
+    decode: np.ndarray,
+    *,
+    n_pairs: int = 30000,
+    patience: int = 6,
+    seed: int = 0,
+) -> tuple[np.ndarray, list[float], list[int]]:
+    """Forward-greedy layer selection maximising the Spearman correlation between pairwise cosine
+    distances of ``prefill`` (restricted to the chosen layers) and of ``decode`` profiles.
+
+    Greedy stops after ``patience`` additions without a new best (the curve has peaked). Returns the
+    boolean mask of the best greedy prefix, the correlation after each addition, and the order."""
+    prefill = np.asarray(prefill, dtype=np.float64)
+    decode = np.asarray(decode, dtype=np.float64)
+    n, L, _ = prefill.shape
+    n_pairs = check_int("n_pairs", n_pairs, low=10)
+    patience = check_int("patience", patience, low=1)
+    a, b = _sample_pairs(n, n_pairs, rng_from(seed))
+    target = _ranks(_cos_dist(decode.reshape(n, -1), a, b))
+    target -= target.mean()
+    target /= np.linalg.norm(target)
+    # per-layer pair dot products and squared norms: cosines of any layer subset are sums of these
+    dots = np.einsum("ple,ple->lp", prefill[a], prefill[b])
+    sq = np.einsum("nle,nle->ln", prefill, prefill)
+    sqa, sqb = sq[:, a], sq[:, b]
+    chosen: list[int] = []
+    curve: list[float] = []
+    cur_d = np.zeros(n_pairs)
+    cur_a = np.zeros(n_pairs)
+    cur_b = np.zeros(n_pairs)
+    remaining = list(range(L))
+    best, since_best = -np.inf, 0
+    centre = (n_pairs - 1) / 2.0
+    scale = np.sqrt(((np.arange(n_pairs) - centre) ** 2).sum())
+    while remaining:
+        rem = np.array(remaining)
+        cos = (cur_d + dots[rem]) / np.maximum(np.sqrt((cur_a + sqa[rem]) * (cur_b + sqb[rem])), 1e-12)
+        r = _ranks(1.0 - cos) - centre  # rank ties are broken by position; a permutation has a fixed norm
+        corr = (r @ target) / scale
+        j = int(np.argmax(corr))
+        layer = remaining.pop(j)
+        chosen.append(layer)
+        curve.append(float(corr[j]))
+        cur_d, cur_a, cur_b = cur_d + dots[layer], cur_a + sqa[layer], cur_b + sqb[layer]
+        if curve[-1] > best:
+            best, since_best = curve[-1], 0
+        else:
+            since_best += 1
+            if since_best >= patience:
+                break
+    k_best = int(np.argmax(curve)) + 1
+    mask = np.zeros(L, dtype=bool)
+    mask[chosen[:k_best]] = True
+    return mask, curve, chosen
+
+
+class SignatureBuilder:
+    """Fit on calibration requests, then turn any request's prefill into a unit signature vector.
+
+    Parameters
+    ----------
+    kind : ``"count_idf"`` (default), ``"count"`` or ``"gate_prob"``
+    layer_mask : ``"greedy"``, ``"all"``, a boolean array of length L, or None (greedy for
+        ``count_idf``, all layers for the ablations)
+    n_pairs : request pairs for the greedy Spearman selection (paper: 30,000)
+    seed : pair sampling seed
+    """
+
+    def __init__(self, kind: str = "count_idf", layer_mask: Any = None, *, n_pairs: int = 30000, seed: int = 0) -> None:
+        self.kind = check_choice("kind", kind, KINDS)
+        if layer_mask is None:
+            layer_mask = "greedy" if kind == "count_idf" else "all"
+        if isinstance(layer_mask, str):
+            check_choice("layer_mask", layer_mask, ("greedy", "all"))
+        self.layer_mask_spec = layer_mask
+        self.n_pairs = check_int("n_pairs", n_pairs, low=10)
+        self.seed = seed
+        self.idf: np.ndarray | None = None
+        self.mask: np.ndarray | None = None
+        self.curve: list[float] = []
+        self.shape: tuple[int, int] | None = None
+
+    # ------------------------------------------------------------------ inputs
+    def _signal(self, trace: ExpertTrace) -> np.ndarray:
+        if self.kind == "gate_prob":
+            if trace.prefill_probs is None:
+                raise ValueError("kind='gate_prob' needs a trace with prefill_probs (summed router probabilities)")
+            return trace.prefill_probs.astype(np.float64)
+        return trace.prefill_counts.astype(np.float64)
+
+    def _weighted(self, signal: np.ndarray) -> np.ndarray:
+        return signal * self.idf if self.kind == "count_idf" else signal
+
+    # ------------------------------------------------------------------ fit / transform
+    def fit(self, trace: ExpertTrace) -> SignatureBuilder:
+        """Fit idf weights and the layer mask on calibration requests (decode profiles from ``trace``)."""
+        if trace.n_requests < 2:
+            raise ValueError(f"trace must hold at least 2 calibration requests; got {trace.n_requests}")
+        sig = self._signal(trace)
+        n, L, E = sig.shape
+        self.shape = (L, E)
+        df = (trace.prefill_counts > 0).sum(axis=0)
+        self.idf = np.log((n + 1.0) / (df + 1.0))
+        spec = self.layer_mask_spec
+        if isinstance(spec, str) and spec == "greedy":
+            self.mask, self.curve, _ = greedy_layer_mask(self._weighted(sig), trace.decode_profiles(),
+                                                         n_pairs=self.n_pairs, seed=self.seed)
+        elif isinstance(spec, str):
+            self.mask = np.ones(L, dtype=bool)
+        else:
+            mask = np.asarray(spec, dtype=bool)
+            if mask.shape != (L,) or not mask.any():
+                raise ValueError(f"layer_mask must be a boolean array of length num_layers={L} with a True entry")
+            self.mask = mask
+        return self
+
+    @property
+    def dim(self) -> int:
+        """Signature dimension (chosen layers x experts)."""
+        self._check_fitted()
+        return int(self.mask.sum()) * self.shape[1]
+
+    def _check_fitted(self) -> None:
+        if self.mask is None or self.shape is None:
+            raise ValueError("SignatureBuilder is not fitted; call fit(calibration_trace) first")
+
+    def transform(self, signal: np.ndarray | ExpertTrace) -> np.ndarray:
+        """Unit signatures ``[N, dim]`` from prefill signals ``[N, L, E]`` (or ``[L, E]``, or a trace)."""
+        self._check_fitted()
+        if isinstance(signal, ExpertTrace):
+            signal = self._signal(signal)
+        x = np.asarray(signal, dtype=np.float64)
+        x = x[None] if x.ndim == 2 else x
+        if x.ndim != 3 or x.shape[1:] != self.shape:
+            raise ValueError(f"signal must have shape (N, L, E) with (L, E)={self.shape}; got {np.shape(signal)}")
+        v = self._weighted(x)[:, self.mask].reshape(x.shape[0], -1)
+        return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+
+    def report(self, trace: ExpertTrace, n_pairs: int | None = None) -> dict[str, float]:
+        """Prefill->decode rho (the signature's layers vs whole decode profiles) and decode-expert recall."""
+        self._check_fitted()
+        sig = self._weighted(self._signal(trace))
+        dec = trace.decode_profiles()
+        n = sig.shape[0]
+        a, b = _sample_pairs(n, check_int("n_pairs", n_pairs or self.n_pairs, low=10), rng_from(self.seed))
+        rho = _spearman(_cos_dist(sig[:, self.mask].reshape(n, -1), a, b), _cos_dist(dec.reshape(n, -1), a, b))
+        return {"rho": rho, "recall": decode_recall(sig, dec), "layers_kept": int(self.mask.sum()),
+                "num_layers": self.shape[0]}
+
+
+__all__ = ["KINDS", "SignatureBuilder", "decode_recall", "greedy_layer_mask", "predictability"]

@@ -1,0 +1,288 @@
+"""A realistic-scale SYNTHETIC routing workload for real MoE geometries (e.g. Qwen3-30B-A3B: 48 x 128, top-8).
+
+No GPU trace of a 30B MoE fits this project, so the workload is generated — and says so in its
+provenance (``backend: "synthetic"``). What is *not* invented:
+
+* **Per-domain structure, fitted from real routing counts.** :func:`fit_domain_spread` reads the real
+  per-domain expert-selection counts of OLMoE-1B-7B (``moelab.datasets.load_routing_counts``; layers
+  0, 7, 15) and measures, per depth, the spread of global expert popularity (``sigma_global``, std of
+  ``log(p_e * E)``) and of the domain deviation from it (``sigma_domain``, std of ``log(f_d,e / p_e)``).
+  The generator interpolates both over depth for any layer count.
+* **Per-request variation and prefill->decode drift** are calibrated (:func:`calibrate`) so that the
+  two statistics the paper reports come out in its ranges: prefill->decode Spearman rho (0.70-0.92)
+  and the same-domain distinct-expert reduction (17-21%). Both are measured on the generated trace by
+  :func:`workload_stats`, never typed in.
+
+Generative model (all logits in Gumbel units, per layer ``l`` and expert ``e``)::
+
+    domain  d : a_d[l,e] = s * (sigma_global(l) * g[l,e] + domain_scale * sigma_domain(l) * z_d[l,e])
+    request r : b_r = a_d + s * request_sigma * z_r      (prefill routing logits)
+    decode    : c_r = b_r + s * drift_sigma * z'_r       (the generated text drifts from the prompt)
+
+``s`` (``sharpness``) sets how peaked one request's routing is relative to the per-token Gumbel noise.
+    token top-k: Gumbel top-k of the logits (exact, distinct experts per token)
+
+Decode tokens use exact Gumbel top-k. Prefill counts (hundreds of tokens per request) use
+``Multinomial(P*k, pi/k)`` where ``pi`` are the per-expert inclusion probabilities of a top-k draw,
+approximated by ``1-(1-p)^m`` with ``m`` solved so that ``sum(pi) = k`` — an approximation, stated here.
+Summed router probabilities (``prefill_probs``, the ``gate_prob`` signal) are ``P * softmax(logits)``
+(the expectation over the prompt's tokens). Each domain has a shared system prompt (``prefix_tokens``) whose expert histogram is identical for every
+request of the domain, so prefix caching has something to hit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from moelab._validate import check_int, check_real, rng_from
+from moelab.traces import ExpertTrace, Geometry, default_provenance
+
+OLMOE_DOMAINS = ("arxiv", "book", "c4", "github", "wikipedia")
+
+
+@dataclass(frozen=True)
+class DomainSpread:
+    """Per-depth spreads fitted from real counts: ``depth`` in [0, 1] (layer / (L-1)), ``sigma_global``,
+    ``sigma_domain`` (same length), and the source they came from."""
+
+    depth: np.ndarray
+    sigma_global: np.ndarray
+    sigma_domain: np.ndarray
+    source: str
+
+    def at(self, num_layers: int) -> tuple[np.ndarray, np.ndarray]:
+        """Both spreads linearly interpolated to ``num_layers`` layers."""
+        x = np.linspace(0.0, 1.0, num_layers) if num_layers > 1 else np.zeros(1)
+        return np.interp(x, self.depth, self.sigma_global), np.interp(x, self.depth, self.sigma_domain)
+
+
+def fit_domain_spread(model: str = "olmoe") -> DomainSpread:
+    """Measure expert-popularity and domain-deviation spreads from the real per-domain counts
+    (OLMoE-1B-7B: 64 experts, layers 0/7/15; Mixtral-8x7B: 8 experts, layers 0/7/15)."""
+    from moelab.datasets import load_routing_counts
+
+    counts = load_routing_counts(model)["expert_counts"]
+    n_layers_src = {"olmoe": 16, "mixtral": 32}[model]
+    domains = [d for d in OLMOE_DOMAINS if d in counts]
+    layers = sorted({k for d in domains for k in counts[d]}, key=lambda s: int(s.removeprefix("layer")))
+    num_experts = 1 + max(int(e) for d in domains for k in counts[d] for e in counts[d][k])
+    depth, sg, sd = [], [], []
+    for key in layers:
+        F = np.array([[counts[d][key].get(str(e), 0) for e in range(num_experts)] for d in domains], dtype=np.float64)
+        eps = 0.5 / F.sum(axis=1, keepdims=True)  # half a count: keeps log finite for an expert never picked
+        F /= F.sum(axis=1, keepdims=True)
+        p = F.mean(axis=0)
+        depth.append(int(key.removeprefix("layer")) / (n_layers_src - 1))
+        sg.append(float(np.std(np.log(p * num_experts))))
+        sd.append(float(np.std(np.log((F + eps) / p))))
+    return DomainSpread(np.array(depth), np.array(sg), np.array(sd), f"{model} routing counts, layers {layers}")
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Parameters of the synthetic workload (see the module docstring for the model).
+
+    ``domain_scale = 1`` keeps the domain spread measured on the real counts. The default
+    ``request_sigma`` is what :func:`calibrate` returns for the Qwen3-30B-A3B geometry (reproducible:
+    ``calibrate(SyntheticConfig())``; measured there: rho 0.81, same-domain reduction 20.2% at B=32)."""
+
+    num_layers: int = 48
+    num_experts: int = 128
+    top_k: int = 8
+    model_name: str = "qwen3-30b-a3b"
+    n_domains: int = 8
+    sharpness: float = 2.0
+    domain_scale: float = 1.0
+    request_sigma: float = 1.3
+    drift_sigma: float = 0.5
+    prompt_len_mean: int = 600
+    prefix_tokens: int = 128
+    decode_tokens: int = 32
+
+    def validate(self) -> SyntheticConfig:
+        check_int("num_layers", self.num_layers, low=1)
+        check_int("num_experts", self.num_experts, low=2)
+        check_int("top_k", self.top_k, low=1, high=self.num_experts - 1)
+        check_int("n_domains", self.n_domains, low=1)
+        check_real("sharpness", self.sharpness, low=0, low_open=True)
+        check_real("domain_scale", self.domain_scale, low=0)
+        check_real("request_sigma", self.request_sigma, low=0)
+        check_real("drift_sigma", self.drift_sigma, low=0)
+        check_int("prompt_len_mean", self.prompt_len_mean, low=1)
+        check_int("prefix_tokens", self.prefix_tokens, low=0, high=self.prompt_len_mean)
+        check_int("decode_tokens", self.decode_tokens, low=1)
+        return self
+
+    @property
+    def geometry(self) -> Geometry:
+        return Geometry(self.num_layers, self.num_experts, self.top_k, f"{self.model_name} (synthetic)")
+
+
+@dataclass(frozen=True, eq=False)
+class SyntheticWorkload:
+    """A generated trace plus what it was generated from.
+
+    ``prefix_counts`` [N, L, E]: the part of each request's prefill counts that comes from its
+    domain's shared system prompt (what a prefix-cache hit skips)."""
+
+    trace: ExpertTrace
+    prefix_counts: np.ndarray
+    config: SyntheticConfig
+    spread: DomainSpread
+    extra: dict = field(default_factory=dict)
+
+
+def _gumbel_topk(logits: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Exact top-k without replacement (Gumbel trick) along the last axis; returns int16 ids."""
+    u = rng.random(logits.shape, dtype=np.float32)
+    keys = logits.astype(np.float32) - np.log(-np.log(u + np.float32(1e-12)) + np.float32(1e-12))
+    return np.argpartition(-keys, k - 1, axis=-1)[..., :k].astype(np.int16)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    p = np.exp(x - x.max(axis=-1, keepdims=True))
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def _inclusion(logits: np.ndarray, k: int) -> np.ndarray:
+    """Per-expert inclusion probabilities of a top-k draw, ``1-(1-p)^m`` with ``m`` set so they sum to k."""
+    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    lo = np.full(p.shape[:-1] + (1,), float(k))
+    hi = np.full_like(lo, 64.0 * k)
+    for _ in range(40):  # bisection on m, vectorised over rows
+        m = 0.5 * (lo + hi)
+        s = (1.0 - (1.0 - p) ** m).sum(axis=-1, keepdims=True)
+        lo, hi = np.where(s < k, m, lo), np.where(s < k, hi, m)
+    pi = 1.0 - (1.0 - p) ** (0.5 * (lo + hi))
+    return pi / pi.sum(axis=-1, keepdims=True)
+
+
+def generate(
+    n_requests: int,
+    config: SyntheticConfig | None = None,
+    *,
+    spread: DomainSpread | None = None,
+    seed: int = 0,
+) -> SyntheticWorkload:
+    """Generate ``n_requests`` synthetic requests (domains assigned round-robin, shuffled).
+
+    Returns an :class:`ExpertTrace` (prefill counts, decode top-k ids, prompt tokens with a shared
+    per-domain prefix) wrapped in a :class:`SyntheticWorkload`."""
+    n = check_int("n_requests", n_requests, low=1)
+    cfg = (config or SyntheticConfig()).validate()
+    spread = spread or fit_domain_spread("olmoe")
+    rng = rng_from(seed)
+    L, E, k = cfg.num_layers, cfg.num_experts, cfg.top_k
+    sg, sd = spread.at(L)
+    glob = sg[:, None] * rng.standard_normal((L, E))
+    dom_logits = glob[None] + cfg.domain_scale * sd[None, :, None] * rng.standard_normal((cfg.n_domains, L, E))
+    dom_logits *= cfg.sharpness
+    domain = rng.permutation(np.arange(n) % cfg.n_domains)
+    names = [OLMOE_DOMAINS[d] if d < len(OLMOE_DOMAINS) else f"domain{d}" for d in range(cfg.n_domains)]
+
+    # shared system prompt of each domain: fixed tokens and a fixed expert histogram
+    P0 = cfg.prefix_tokens
+    prefix_tok = rng.integers(0, 32000, size=(cfg.n_domains, P0), dtype=np.int32)
+    prefix_hist = rng.multinomial(P0 * k, _inclusion(dom_logits, k)) if P0 else np.zeros((cfg.n_domains, L, E), np.int64)
+
+    suffix_len = np.maximum(1, rng.poisson(max(cfg.prompt_len_mean - P0, 1), size=n))
+    prefill = np.empty((n, L, E), dtype=np.int32)
+    probs = np.empty((n, L, E), dtype=np.float32)
+    decode_ids = np.empty((n * cfg.decode_tokens, L, k), dtype=np.int16)
+    chunk = max(1, int(2_000_000 // (cfg.decode_tokens * L * E)))  # bounds the Gumbel buffer to ~8 MB
+    for s in range(0, n, chunk):
+        idx = np.arange(s, min(n, s + chunk))
+        req = dom_logits[domain[idx]] + cfg.sharpness * cfg.request_sigma * rng.standard_normal((idx.size, L, E))
+        pre = rng.multinomial(suffix_len[idx, None] * k, _inclusion(req, k))
+        prefill[idx] = pre + prefix_hist[domain[idx]]
+        # summed router probabilities (the gate_prob signal): prompt tokens x softmax of their logits
+        probs[idx] = suffix_len[idx, None, None] * _softmax(req) + P0 * _softmax(dom_logits[domain[idx]])
+        dec = req + cfg.sharpness * cfg.drift_sigma * rng.standard_normal((idx.size, L, E))
+        tok = _gumbel_topk(np.broadcast_to(dec[:, None], (idx.size, cfg.decode_tokens, L, E)), k, rng)
+        decode_ids[s * cfg.decode_tokens:(s + idx.size) * cfg.decode_tokens] = tok.reshape(-1, L, k)
+
+    prompt_len = P0 + suffix_len
+    offsets = np.concatenate([[0], np.cumsum(prompt_len)])
+    tokens = rng.integers(0, 32000, size=int(offsets[-1]), dtype=np.int32)
+    if P0:
+        rows = offsets[:-1, None] + np.arange(P0)[None]
+        tokens[rows] = prefix_tok[domain]
+    prov = default_provenance("synthetic", cfg.model_name, generator="moelab.eldr.workload.generate", seed=seed,
+                              config={k_: getattr(cfg, k_) for k_ in cfg.__dataclass_fields__}, spread_source=spread.source)
+    trace = ExpertTrace(
+        [f"syn-{i}" for i in range(n)], [names[d] for d in domain], tokens, offsets.astype(np.int64), prefill,
+        decode_ids, np.arange(n + 1, dtype=np.int64) * cfg.decode_tokens, cfg.geometry, prov, prefill_probs=probs,
+    )
+    return SyntheticWorkload(trace, prefix_hist[domain].astype(np.int32), cfg, spread)
+
+
+def distinct_reduction(trace: ExpertTrace, batch: int = 32, n_batches: int = 200, seed: int = 0) -> dict[str, float]:
+    """Same-domain distinct-expert reduction: mean distinct experts per layer of one decode step of
+    ``batch`` requests drawn from one domain vs drawn from the whole mix; reduction = 1 - same/mixed."""
+    batch = check_int("batch", batch, low=1)
+    n_batches = check_int("n_batches", n_batches, low=1)
+    rng = rng_from(seed)
+    codes, names = trace.domain_codes()
+    members = [np.flatnonzero(codes == d) for d in range(len(names))]
+    members = [m for m in members if m.size >= batch]
+    if not members:
+        raise ValueError(f"batch must be <= the size of some domain; got {batch}")
+    mixed, same = [], []
+    for _ in range(n_batches):
+        steps = rng.integers(0, 1 << 20, size=batch)
+        mixed.append(trace.distinct_experts(rng.choice(trace.n_requests, batch, replace=False), steps).mean())
+        dom = members[rng.integers(len(members))]
+        same.append(trace.distinct_experts(rng.choice(dom, batch, replace=False), steps).mean())
+    m, s = float(np.mean(mixed)), float(np.mean(same))
+    return {"distinct_mixed": m, "distinct_same_domain": s, "reduction_pct": 100.0 * (1.0 - s / m), "batch": batch}
+
+
+def workload_stats(trace: ExpertTrace, *, batch: int = 32, n_pairs: int = 20000, seed: int = 0) -> dict[str, float]:
+    """The two calibration targets measured on a trace: prefill->decode Spearman rho (raw counts, all
+    layers, cosine distances over random pairs) and the same-domain distinct-expert reduction."""
+    from moelab.eldr.signature import predictability
+
+    rho = predictability(trace.prefill_counts.astype(np.float64), trace.decode_profiles(), n_pairs=n_pairs, seed=seed)
+    return {"rho": rho["rho"], "recall": rho["recall"], **distinct_reduction(trace, batch=batch, seed=seed)}
+
+
+PAPER_RHO = (0.70, 0.92)
+PAPER_REDUCTION_PCT = (17.0, 21.0)
+
+
+def calibrate(
+    config: SyntheticConfig | None = None,
+    *,
+    n_requests: int = 512,
+    request_sigmas: tuple[float, ...] = (1.0, 1.3, 1.6),
+    domain_scales: tuple[float, ...] = (1.0,),
+    batch: int = 32,
+    seed: int = 0,
+) -> tuple[SyntheticConfig, list[dict]]:
+    """Grid search: the (request_sigma, domain_scale) whose generated workload lands in the paper's
+    rho range and is closest to the middle of its distinct-expert reduction range (by default only
+    ``request_sigma`` moves; the domain spread stays as measured on the real counts). Returns the chosen
+    config and every grid point's measured statistics."""
+    base = (config or SyntheticConfig()).validate()
+    spread = fit_domain_spread("olmoe")
+    rows = []
+    for rs in request_sigmas:
+        for ds in domain_scales:
+            cfg = replace(base, request_sigma=rs, domain_scale=ds)
+            stats = workload_stats(generate(n_requests, cfg, spread=spread, seed=seed).trace, batch=batch, seed=seed)
+            rows.append({"request_sigma": rs, "domain_scale": ds, **stats})
+    mid = 0.5 * sum(PAPER_REDUCTION_PCT)
+
+    def score(r: dict) -> float:
+        in_rho = PAPER_RHO[0] <= r["rho"] <= PAPER_RHO[1]
+        return abs(r["reduction_pct"] - mid) + (0 if in_rho else 100)
+
+    best = min(rows, key=score)
+    return replace(base, request_sigma=best["request_sigma"], domain_scale=best["domain_scale"]), rows
+
+
+__all__ = ["PAPER_REDUCTION_PCT", "PAPER_RHO", "DomainSpread", "SyntheticConfig", "SyntheticWorkload", "calibrate",
+           "distinct_reduction", "fit_domain_spread", "generate", "workload_stats"]

@@ -1,0 +1,323 @@
+"""ELDR: signatures, balanced K-means, routers, signature cache, simulator, synthetic workload."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moelab.costmodel import DecodeStepModel, LayerShape, MoEShape
+from moelab.eldr.cache import SignatureCache, full_prefill_counts
+from moelab.eldr.partition import align_centroids, balanced_assign, spherical_kmeans
+from moelab.eldr.routing import DomainOracleRouter, ELDRRouter
+from moelab.eldr.signature import SignatureBuilder, decode_recall, greedy_layer_mask, predictability
+from moelab.eldr.sim import DecodeRequests, pack_expert_bits, poisson_requests, simulate
+from moelab.eldr.workload import SyntheticConfig, distinct_reduction, fit_domain_spread, generate
+from moelab.routing import ClusterView, RequestBatch, make_router
+from moelab.traces import ExpertTrace, Geometry
+
+SMALL = SyntheticConfig(num_layers=6, num_experts=32, top_k=4, model_name="small", n_domains=4,
+                        prompt_len_mean=80, prefix_tokens=16, decode_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def small_workload():
+    import os
+    from pathlib import Path
+
+    if not Path(os.environ.get("MOELAB_PUBLIC_DATA", "/nonexistent")).is_dir():
+        pytest.skip("public data not available")
+    return generate(240, SMALL, seed=3)
+
+
+def small_cost(num_layers: int = 6, num_experts: int = 32, top_k: int = 4) -> DecodeStepModel:
+    shape = LayerShape(512, 8, 2, 64, MoEShape(512, 256, num_experts, top_k), vocab=1000)
+    return DecodeStepModel.h200(shape=shape, num_layers=num_layers)
+
+
+# ---------------------------------------------------------------- signatures
+
+def test_signature_idf_and_unit_norm(small_workload):
+    tr = small_workload.trace
+    sb = SignatureBuilder("count_idf", "all").fit(tr)
+    n = tr.n_requests
+    df = (tr.prefill_counts > 0).sum(axis=0)
+    assert np.allclose(sb.idf, np.log((n + 1) / (df + 1)))
+    v = sb.transform(tr)
+    assert v.shape == (n, sb.dim) == (n, SMALL.num_layers * SMALL.num_experts)
+    assert np.allclose(np.linalg.norm(v, axis=1), 1.0)
+    x = tr.prefill_counts[0] * sb.idf
+    assert np.allclose(v[0], x.ravel() / np.linalg.norm(x))
+
+
+def test_signature_greedy_mask_and_report(small_workload):
+    tr = small_workload.trace
+    sb = SignatureBuilder(n_pairs=2000).fit(tr)
+    assert sb.mask.dtype == bool and 1 <= sb.mask.sum() <= SMALL.num_layers
+    assert sb.curve[int(np.argmax(sb.curve))] == max(sb.curve)
+    rep = sb.report(tr, n_pairs=2000)
+    assert -1 <= rep["rho"] <= 1 and 0 <= rep["recall"] <= 1
+    # the kept prefix is the best greedy prefix: its correlation is the peak of the curve
+    mask, curve, order = greedy_layer_mask(tr.prefill_counts * sb.idf, tr.decode_profiles(), n_pairs=2000)
+    assert mask[order[int(np.argmax(curve))]] and mask.sum() == int(np.argmax(curve)) + 1
+
+
+def test_signature_gate_prob_and_count(small_workload):
+    tr = small_workload.trace
+    for kind in ("count", "gate_prob"):
+        sb = SignatureBuilder(kind).fit(tr)
+        assert sb.mask.all() and np.allclose(np.linalg.norm(sb.transform(tr), axis=1), 1)
+
+
+def test_signature_bad_input(small_workload):
+    tr = small_workload.trace
+    with pytest.raises(ValueError, match="kind"):
+        SignatureBuilder("tfidf")
+    with pytest.raises(ValueError, match="not fitted"):
+        SignatureBuilder().transform(tr.prefill_counts)
+    sb = SignatureBuilder("count").fit(tr)
+    with pytest.raises(ValueError, match="signal must have shape"):
+        sb.transform(np.ones((2, SMALL.num_layers, SMALL.num_experts + 1)))
+    with pytest.raises(ValueError, match="layer_mask"):
+        SignatureBuilder("count", np.zeros(SMALL.num_layers, bool)).fit(tr)
+
+
+def test_predictability_perfect_and_recall():
+    rng = np.random.default_rng(0)
+    x = rng.poisson(3.0, size=(50, 3, 10)).astype(float)
+    assert predictability(x, x, n_pairs=500)["rho"] == pytest.approx(1.0)
+    assert decode_recall(x, x) == pytest.approx(1.0)
+    assert decode_recall(-x, (x > 4).astype(float)) < 0.5  # inverted prefill predicts the wrong experts
+
+
+# ---------------------------------------------------------------- balanced K-means
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(2, 60), k=st.integers(1, 9), d=st.integers(2, 6), seed=st.integers(0, 10_000))
+def test_balanced_kmeans_never_exceeds_capacity(n, k, d, seed):
+    k = min(k, n)
+    X = np.random.default_rng(seed).standard_normal((n, d))
+    res = spherical_kmeans(X, k, balanced=True, seed=seed, max_iter=10)
+    assert res.sizes.max() <= math.ceil(n / k)
+    assert res.sizes.sum() == n
+    assert np.allclose(np.linalg.norm(res.centroids, axis=1), 1.0)
+
+
+def test_balanced_assign_is_optimal_small():
+    import itertools
+
+    rng = np.random.default_rng(1)
+    sim = rng.random((5, 2))
+    labels = balanced_assign(sim, cap=3)
+    best = max((lab for lab in itertools.product(range(2), repeat=5) if max(np.bincount(lab, minlength=2)) <= 3),
+               key=lambda lab: sim[np.arange(5), lab].sum())
+    assert sim[np.arange(5), labels].sum() == pytest.approx(sim[np.arange(5), best].sum())
+
+
+def test_vanilla_kmeans_can_be_unbalanced_and_align():
+    rng = np.random.default_rng(2)
+    X = np.concatenate([rng.normal([5, 0, 0], 0.1, (40, 3)), rng.normal([0, 5, 0], 0.1, (4, 3))])
+    van = spherical_kmeans(X, 2, balanced=False, seed=0)
+    bal = spherical_kmeans(X, 2, balanced=True, seed=0)
+    assert sorted(van.sizes) == [4, 40] and bal.sizes.max() == 22
+    C = bal.centroids
+    assert np.allclose(align_centroids(C, C[::-1]), C)
+    with pytest.raises(ValueError, match="K"):
+        spherical_kmeans(X, 0)
+
+
+# ---------------------------------------------------------------- routers
+
+def _view(load, free=None):
+    load = np.asarray(load)
+    return ClusterView(load, np.zeros_like(load), np.full(load.size, 100) if free is None else free)
+
+
+def test_eldr_band_tau_zero_and_large():
+    C = np.eye(4)
+    sig = np.array([[0.9, 0.5, 0.0, 0.0]])
+    r = ELDRRouter(C, tau=0.0)
+    assert r.route(RequestBatch([10], sig), _view([9, 0, 0, 0]))[0] == 0  # pure locality ignores load
+    r = ELDRRouter(C, tau=0.5)
+    assert r.route(RequestBatch([10], sig), _view([9, 0, 0, 0]))[0] == 1  # band {0,1}: least loaded
+    r = ELDRRouter(C, tau=2.0)  # everything in the band: JSQ
+    assert r.route(RequestBatch([10], sig), _view([9, 3, 1, 2]))[0] == 2
+    # full workers are skipped; a batch updates the load as it goes
+    r = ELDRRouter(C, tau=0.0)
+    out = r.route(RequestBatch([1, 1, 1], np.repeat(sig, 3, 0)), _view([0, 0, 0, 0], free=np.array([2, 5, 5, 5])))
+    assert list(out) == [0, 0, 1]
+
+
+def test_eldr_bad_input_and_registry():
+    with pytest.raises(ValueError, match="tau"):
+        ELDRRouter(np.eye(2), tau=-0.1)
+    r = make_router("eldr", centroids=np.eye(3), tau=0.1)
+    assert isinstance(r, ELDRRouter)
+    with pytest.raises(ValueError, match="signature must have dimension 3"):
+        r.route(RequestBatch([1], np.ones((1, 4))), _view([0, 0, 0]))
+    with pytest.raises(ValueError, match="signature is required"):
+        r.route(RequestBatch([1]), _view([0, 0, 0]))
+    with pytest.raises(ValueError, match="n_workers"):
+        r.reset(4)
+    with pytest.raises(ValueError, match="router must be one of"):
+        make_router("eldr_plus")
+    with pytest.raises(ValueError, match="n_workers"):
+        ELDRRouter(np.eye(2)).reset(0)
+
+
+def test_domain_oracle_groups():
+    r = make_router("domain_oracle", n_domains=2)
+    assert isinstance(r, DomainOracleRouter)
+    out = [int(r.route(RequestBatch([1], domain=[1]), _view([0, 0, 0, 0]))[0]) for _ in range(3)]
+    assert set(out) <= {2, 3}
+    with pytest.raises(ValueError, match="domain"):
+        r.route(RequestBatch([1], domain=[5]), _view([0, 0, 0, 0]))
+
+
+# ---------------------------------------------------------------- signature cache
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_cached_signature_equals_full_prefill(data):
+    """Random prompts sharing random prefixes, random block sizes, evictions: the signature from
+    the block table (cached blocks included) equals the full-prefill signature exactly."""
+    L, E, k = 3, 8, 2
+    block = data.draw(st.integers(1, 6), label="block_size")
+    capacity = data.draw(st.integers(12, 40), label="capacity")
+    cache = SignatureCache(block, L, E, capacity)
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000), label="seed"))
+    # routing is a deterministic function of the prefix (causal attention): ids of token i depend on tokens[:i+1]
+    def route_ids(tokens: np.ndarray) -> np.ndarray:
+        h = np.cumsum(tokens * 2654435761 % 9973) % 1_000_003
+        return ((h[:, None, None] * (np.arange(L)[None, :, None] + 1) * (np.arange(k)[None, None, :] + 7)) % E).astype(np.int16)
+
+    stems = [rng.integers(0, 50, size=rng.integers(0, 12)) for _ in range(3)]
+    live: list[str] = []
+    for i in range(data.draw(st.integers(1, 12), label="n_requests")):
+        stem = stems[rng.integers(len(stems))]
+        tokens = np.concatenate([stem, rng.integers(0, 50, size=rng.integers(1, 10))]).astype(np.int64)
+        ids = route_ids(tokens)
+        need = -(-tokens.size // block)
+        while live and cache.free_blocks < need:  # finish requests so blocks can be evicted
+            cache.release(live.pop(0))
+        if cache.free_blocks < need:
+            continue
+        # the cached part of the prompt is never read: poison it after seeing what would hit
+        adm = cache.admit(f"r{i}", tokens, ids)
+        assert np.array_equal(cache.counts(f"r{i}"), full_prefill_counts(ids, E))
+        assert adm.cached_tokens + adm.computed_tokens == tokens.size
+        live.append(f"r{i}")
+        if data.draw(st.booleans(), label="release"):
+            cache.release(live.pop(0))
+    for rid in live:
+        assert cache.counts(rid).sum() == cache.hist[list(cache.tables[rid])].astype(np.int64).sum()
+
+
+def test_cache_reuses_prefix_without_reading_it():
+    L, E = 2, 4
+    cache = SignatureCache(2, L, E, 8)
+    tokens = np.arange(5)
+    ids = np.zeros((5, L, 1), np.int16)
+    ids[:, :, 0] = np.array([0, 1, 2, 3, 0])[:, None]
+    a = cache.admit("a", tokens, ids)
+    assert a.cached_tokens == 0 and len(a.blocks) == 3
+    poisoned = ids.copy()
+    poisoned[:4] = 3  # the first two full blocks are cached: these rows must not be read
+    b = cache.admit("b", tokens, poisoned)
+    assert b.cached_tokens == 4 and b.blocks[:2] == a.blocks[:2] and b.blocks[2] != a.blocks[2]
+    assert np.array_equal(cache.counts("b"), full_prefill_counts(ids, E))
+    cache.release("a")
+    cache.release("b")
+    assert cache.cached_blocks == 2 and cache.free_blocks == 8
+    with pytest.raises(ValueError, match="not admitted"):
+        cache.counts("a")
+    full = SignatureCache(1, L, E, 2)
+    full.admit("x", np.arange(2), ids[:2])
+    with pytest.raises(RuntimeError, match="full"):
+        full.admit("y", np.arange(10, 12), ids[:2])
+    assert full.free_blocks == 0 and "y" not in full.tables
+
+
+# ---------------------------------------------------------------- simulator
+
+def _tiny_trace() -> ExpertTrace:
+    g = Geometry(2, 8, 2, "tiny")
+    dec = [np.array([[[0, 1], [2, 3]], [[0, 1], [2, 3]]]), np.array([[[4, 5], [6, 7]], [[0, 5], [2, 7]]])]
+    counts = np.array([[[2, 2, 0, 0, 0, 0, 0, 0], [0, 0, 2, 2, 0, 0, 0, 0]],
+                       [[0, 0, 0, 0, 2, 2, 0, 0], [0, 0, 0, 0, 0, 0, 2, 2]]])
+    return ExpertTrace.from_requests(request_ids=["a", "b"], domains=["x", "y"], prompt_tokens=[np.arange(2), np.arange(2)],
+                                     prefill_counts=counts, decode_ids=dec, geometry=g)
+
+
+def test_simulator_matches_hand_computation():
+    tr = _tiny_trace()
+    cost = small_cost(2, 8, 2)
+    bits = pack_expert_bits(tr)
+    assert np.bitwise_count(bits).sum(axis=2).max() == 2
+    reqs = DecodeRequests(np.array([0.0, 0.0]), np.array([2, 2]), np.array([3, 3]), np.array([0, 1]), np.array([0, 0]),
+                          np.array([0, 1]))
+    res = simulate(tr, reqs, make_router("round_robin"), cost, n_workers=1)
+    st = res.steps
+    assert list(st["batch"]) == [1, 2, 2, 1]  # the second request joins at the first step boundary
+    # distinct experts of each step agree with ExpertTrace.distinct_experts
+    assert st["sum_distinct"].iloc[1] == tr.distinct_experts(np.array([0, 1]), np.array([1, 0])).sum()
+    assert st["sum_distinct"].iloc[2] == tr.distinct_experts(np.array([0, 1]), np.array([2, 1])).sum()
+    ms = cost.step_ms(1, st["sum_distinct"].iloc[0], 2)
+    assert st["step_ms"].iloc[0] == pytest.approx(float(ms))
+    assert np.allclose(st["step_ms"], cost.step_ms(st["batch"], st["sum_distinct"], [2, 5, 7, 4]))
+    assert res.first_token_s[0] == pytest.approx(st["step_ms"].iloc[0] / 1e3)
+    assert res.finish_s[0] == pytest.approx(st["step_ms"].iloc[:3].sum() / 1e3)
+    assert np.isfinite(res.finish_s).all()
+
+
+def test_simulator_bad_input(small_workload):
+    tr = small_workload.trace
+    reqs = poisson_requests(tr, rate=10, n_requests=20, output_len=8)
+    with pytest.raises(ValueError, match="geometry"):
+        simulate(tr, reqs, make_router("jsq"), small_cost(6, 64, 4), n_workers=2)
+    with pytest.raises(ValueError, match="n_workers"):
+        simulate(tr, reqs, make_router("jsq"), small_cost(), n_workers=0)
+    with pytest.raises(ValueError, match="signatures"):
+        simulate(tr, reqs, make_router("jsq"), small_cost(), n_workers=2, signatures=np.ones((3, 4)))
+    with pytest.raises(ValueError, match="rate"):
+        poisson_requests(tr, rate=0, n_requests=5)
+
+
+def test_eldr_reduces_distinct_experts(small_workload):
+    from moelab.eldr.experiments import gains, prepare, rate_sweep
+
+    setup = prepare(small_workload.trace, small_cost(), 4, n_pairs=2000, prefix_counts=small_workload.prefix_counts)
+    df = rate_sweep(setup, rates=(600.0,), routers=("jsq", "round_robin", "eldr", "domain_oracle"), n_requests=400,
+                    output_len=64)
+    g = gains(df)
+    assert len(g) == 1
+    row = df.set_index("router")
+    assert row.loc["eldr", "distinct_per_layer_step"] < row.loc["jsq", "distinct_per_layer_step"]
+    assert row.loc["domain_oracle", "distinct_per_layer_step"] < row.loc["jsq", "distinct_per_layer_step"]
+    assert (df["n_requests"] == 400).all()
+
+
+# ---------------------------------------------------------------- workload
+
+def test_synthetic_workload_shape_and_labels(small_workload):
+    tr = small_workload.trace
+    assert tr.provenance["backend"] == "synthetic" and "synthetic" in tr.geometry.model_name
+    assert np.array_equal(tr.prefill_counts.sum(axis=2), np.repeat(tr.prompt_lens[:, None] * SMALL.top_k, 6, axis=1))
+    dec = tr.decode_ids
+    assert all(len(np.unique(row)) == SMALL.top_k for row in dec[:50].reshape(-1, SMALL.top_k))
+    assert (small_workload.prefix_counts <= tr.prefill_counts).all()
+    red = distinct_reduction(tr, batch=8, n_batches=40)
+    assert red["distinct_same_domain"] < red["distinct_mixed"]
+
+
+def test_domain_spread_from_real_counts(public_data):
+    sp = fit_domain_spread("olmoe")
+    assert sp.depth[0] == 0 and sp.depth[-1] == 1
+    assert (sp.sigma_domain > 0.3).all() and sp.sigma_domain[-1] > sp.sigma_domain[0]
+    sg, sd = sp.at(48)
+    assert sg.shape == sd.shape == (48,)
+    with pytest.raises(ValueError, match="n_requests"):
+        generate(0, SMALL)
