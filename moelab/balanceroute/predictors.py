@@ -189,20 +189,25 @@ class LearnedPredictor(Predictor):
         y = rows["finish"]
         if y.all() or not y.any():
             raise ValueError("training rows have a single finish-within-H class; use a longer trace or another H")
-        clf = HistGradientBoostingClassifier(max_iter=150, learning_rate=0.1, random_state=self.seed).fit(X, y)
-        reg = HistGradientBoostingRegressor(max_iter=150, learning_rate=0.1, random_state=self.seed)
-        reg.fit(X[y], rows["remaining"][y])
+        from threadpoolctl import threadpool_limits
+
+        # one OpenMP thread: on a shared, busy machine spinning worker threads cost far more than they give
+        with threadpool_limits(limits=1):
+            clf = HistGradientBoostingClassifier(max_iter=150, learning_rate=0.1, random_state=self.seed).fit(X, y)
+            reg = HistGradientBoostingRegressor(max_iter=150, learning_rate=0.1, random_state=self.seed)
+            reg.fit(X[y], rows["remaining"][y])
         # tabulate on (prompt bin representative, age) so lookups cost one index per request
         edges = np.unique(np.quantile(train.prompt_len, np.linspace(0, 1, self.prompt_bins + 1)))
         self.edges = edges[1:-1]
-        reps = np.array([np.median(train.prompt_len[self._bin(train.prompt_len) == b])
-                         if np.any(self._bin(train.prompt_len) == b) else edges[min(b, edges.size - 1)]
+        bins = self._bin(train.prompt_len)
+        reps = np.array([np.median(train.prompt_len[bins == b]) if np.any(bins == b) else edges[min(b, edges.size - 1)]
                          for b in range(self.edges.size + 1)])
         ages = np.arange(self.max_age + 1, dtype=np.float64)
         grid = np.stack([np.repeat(reps, ages.size), np.tile(ages, reps.size)], axis=1)
         shape = (reps.size, ages.size)
-        self.p_table = clf.predict_proba(grid)[:, 1].reshape(shape)
-        self.mu_table = np.clip(reg.predict(grid), 1.0, max(horizon, 1)).reshape(shape)
+        with threadpool_limits(limits=1):
+            self.p_table = clf.predict_proba(grid)[:, 1].reshape(shape)
+            self.mu_table = np.clip(reg.predict(grid), 1.0, max(horizon, 1)).reshape(shape)
         return self
 
     def _bin(self, prompt_len: np.ndarray) -> np.ndarray:

@@ -1,0 +1,281 @@
+"""BalanceRoute: exact subset search, F-score, projections, routers, predictors, DP simulator, bad input."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from moelab.balanceroute import experiments as ex
+from moelab.balanceroute.cost import StepCost
+from moelab.balanceroute.predictors import (
+    ExactMatchPredictor,
+    LearnedPredictor,
+    OraclePredictor,
+    SurvivalPredictor,
+    make_predictor,
+)
+from moelab.balanceroute.routers import BR0, BRH
+from moelab.balanceroute.score import best_subset, discounts, f_argmax, f_score, projected_loads
+from moelab.balanceroute.sim import simulate
+from moelab.routing import ClusterView, RequestBatch, make_router
+from moelab.traces import RequestTrace
+
+COST = StepCost(fixed_ms=10.0, n_layers=2, floor_ms=0.01, base_ms=0.0, ms_per_gb=1.0, kv_bytes_per_token=1e6)
+
+
+def synthetic_trace(n: int = 400, seed: int = 0, rate: float = 200.0) -> RequestTrace:
+    """Synthetic: heavy-tailed prompts, outputs loosely tied to prompts, Poisson arrivals."""
+    rng = np.random.default_rng(seed)
+    prompt = np.clip(rng.lognormal(6.5, 0.9, n), 8, 8000).astype(int)
+    output = np.clip(rng.lognormal(4.0, 0.8, n) * (1 + prompt / 4000), 1, 900).astype(int)
+    arrival = np.cumsum(rng.exponential(1 / rate, n))
+    return RequestTrace(arrival - arrival[0], prompt, output, prompt, "synthetic")
+
+
+# ------------------------------------------------------------------ score.py
+@pytest.mark.parametrize("seed", range(30))
+def test_best_subset_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 9))
+    sizes = rng.integers(1, 60, n)
+    k = int(rng.integers(1, 5))
+    target = float(rng.integers(0, 150))
+    sums = {0}
+    for c in range(1, min(k, n) + 1):
+        sums |= {int(sizes[list(s)].sum()) for s in itertools.combinations(range(n), c)}
+    want_below = max(s for s in sums if s <= target)
+    above = [s for s in sums if s > target]
+    below, up = best_subset(sizes, k, target)
+    assert len(below) <= k and len(up) <= k
+    assert len(set(below.tolist())) == len(below)
+    assert int(sizes[below].sum()) == want_below
+    if above:
+        assert int(sizes[up].sum()) == min(above)
+    else:
+        assert up.size == 0
+
+
+def test_f_score_is_br0_at_h0_and_argmax_is_the_margin():
+    d = discounts(0, 1.0)
+    m = np.array([500.0])
+    ds = np.array([0, 250, 500, 600])
+    np.testing.assert_allclose(f_score(ds, m, d, 1.0, 8.0), ds - 8 * np.maximum(ds - 500, 0))
+    assert f_argmax(m, d, 1.0, 8.0) == 500.0
+    # BR-H: the maximiser of the concave score is where a dense grid peaks
+    margins = np.array([300.0, 100.0, 800.0, 50.0])
+    dh = discounts(3, 0.8)
+    grid = np.arange(0, 1500, dtype=float)
+    assert f_argmax(margins, dh, 1.0, 4.0) == grid[np.argmax(f_score(grid, margins, dh, 1.0, 4.0))]
+
+
+def test_projected_loads_match_a_loop():
+    rng = np.random.default_rng(1)
+    G, H, n = 3, 6, 25
+    worker = rng.integers(0, G, n)
+    work = rng.integers(10, 100, n).astype(float)
+    rem = rng.uniform(0, 10, n)
+    want = np.zeros((G, H + 1))
+    for i in range(n):
+        for h in range(H + 1):
+            if h < np.ceil(rem[i]):
+                want[worker[i], h] += work[i] + h
+    np.testing.assert_allclose(projected_loads(G, H, worker, work, rem), want)
+
+
+# ------------------------------------------------------------------ routers
+def test_routers_respect_free_slots_and_mark_waiting():
+    rng = np.random.default_rng(2)
+    for _trial in range(20):
+        G = int(rng.integers(1, 6))
+        free = rng.integers(0, 4, G)
+        view = ClusterView(rng.integers(0, 5, G), rng.integers(0, 5000, G), free)
+        batch = RequestBatch(rng.integers(1, 3000, int(rng.integers(1, 40))))
+        for r in (BR0(window=16), BRH(horizon=0, predictor="oracle")):
+            r.reset(G)
+            out = r.route(batch, view)
+            assert out.shape == (len(batch),)
+            assert np.all(np.bincount(out[out >= 0], minlength=G) <= free)
+            # work-conserving enough: every worker with a free slot gets at least one request when any wait
+            if len(batch) >= free.sum():
+                assert np.all(np.bincount(out[out >= 0], minlength=G)[free > 0] >= 1)
+
+
+def test_br0_fills_the_margin_exactly():
+    # worker 1 has a 1000-token margin and 2 free slots; 600 + 400 fills it exactly
+    view = ClusterView(np.array([5, 3]), np.array([5000, 4000]), np.array([0, 2]))
+    batch = RequestBatch(np.array([900, 600, 700, 400, 950]))
+    out = BR0().reset(2).route(batch, view)
+    assert sorted(np.flatnonzero(out == 1).tolist()) == [1, 3]
+
+
+def test_brh_h0_equals_br0():
+    tr = synthetic_trace(300)
+    a = simulate(tr, BR0(window=64), 4, 8, COST)
+    b = simulate(tr, BRH(horizon=0, gamma=1.0, beta=None, window=64), 4, 8, COST)
+    np.testing.assert_array_equal(a.admit_s, b.admit_s)
+    assert a.summary["avg_imbalance"] == b.summary["avg_imbalance"]
+
+
+def test_starvation_guard_admits_a_giant_request():
+    # one huge prompt among many small ones: it must still be served
+    n = 200
+    prompt = np.full(n, 50)
+    prompt[0] = 20_000
+    tr = RequestTrace(np.zeros(n), prompt, np.full(n, 20), None, "synthetic")
+    res = simulate(tr, BR0(window=32, max_wait_steps=30), 2, 4, COST)
+    assert np.isfinite(res.finish_s).all()
+
+
+# ------------------------------------------------------------------ simulator
+def test_simulator_hand_computed_single_worker():
+    # G=1, B=1: request 0 (prompt 10, 2 tokens) then request 1 (prompt 20, 1 token), both at t=0
+    cost = StepCost(fixed_ms=1.0, n_layers=1, floor_ms=0.0, base_ms=0.0, ms_per_gb=1e3, kv_bytes_per_token=1e3)
+    tr = RequestTrace(np.zeros(2), np.array([10, 20]), np.array([2, 1]), None, "synthetic")
+    res = simulate(tr, make_router("round_robin"), 1, 1, cost, warmup_frac=0.0)
+    # step loads: 10, 11 (request 0), then 20 (request 1); step ms = 1 + load * 1e3 B * 1e3 ms/GB / 1e9
+    np.testing.assert_array_equal(res.steps["max_load"], [10, 11, 20])
+    np.testing.assert_allclose(res.steps["step_ms"], [1.01, 1.011, 1.02])
+    t = np.cumsum([1.01, 1.011, 1.02]) / 1e3
+    np.testing.assert_allclose(res.finish_s, [t[1], t[2]])
+    np.testing.assert_allclose(res.first_token_s, [t[0], t[2]])
+    np.testing.assert_allclose(res.admit_s, [0.0, t[1]])
+    assert res.summary["avg_imbalance"] == 0.0  # one worker is never imbalanced
+
+
+def test_simulator_invariants_and_metrics():
+    tr = synthetic_trace(500)
+    G, B = 4, 8
+    res = simulate(tr, make_router("jsq"), G, B, COST)
+    st = res.steps
+    assert st["n_active"].max() <= G * B
+    assert st["n_active"].sum() == tr.output_len.sum()  # one token per active request per step
+    assert np.all(res.admit_s >= tr.arrival_s - 1e-12)
+    assert np.all(res.first_token_s > res.admit_s) and np.all(res.finish_s >= res.first_token_s)
+    assert np.all(G * st["max_load"] - st["sum_load"] >= 0)
+    s = res.summary
+    for key in ("avg_imbalance", "avg_max_minus_min", "idle_fraction", "throughput_tok_s", "tpot_ms_p50",
+                "tpot_ms_p95", "queue_s_mean", "queue_s_p95", "decision_ms_p50"):
+        assert np.isfinite(s[key]), key
+    assert 0 <= s["idle_fraction"] < 1
+    assert s["tpot_ms_p95"] >= s["tpot_ms_p50"] >= COST.fixed_ms
+
+
+def test_simulation_is_seeded():
+    tr = synthetic_trace(200)
+    a = simulate(tr, make_router("random", seed=0), 4, 8, COST, seed=3)
+    b = simulate(tr, make_router("random", seed=0), 4, 8, COST, seed=3)
+    np.testing.assert_array_equal(a.finish_s, b.finish_s)
+
+
+def test_br0_and_brh_beat_request_count_baselines_on_synthetic_trace():
+    tr = synthetic_trace(1500, rate=400.0)
+    imb = {name: simulate(tr, r, 4, 16, COST).summary["avg_imbalance"]
+           for name, r in {"jsq": make_router("jsq"), "round_robin": make_router("round_robin"),
+                           "br0": BR0(), "brh": BRH()}.items()}
+    best = min(imb["jsq"], imb["round_robin"])
+    assert imb["br0"] < 0.6 * best
+    assert imb["brh"] < 0.6 * best
+
+
+def test_every_baseline_runs_in_the_dp_simulator():
+    tr = synthetic_trace(150)
+    for name in ex.BASELINES:
+        res = simulate(tr, make_router(name), 3, 4, COST)
+        assert np.isfinite(res.finish_s).all(), name
+
+
+# ------------------------------------------------------------------ predictors
+def test_oracle_and_survival_predictors():
+    tr = RequestTrace(np.arange(6.0), np.full(6, 10), np.array([5, 10, 20, 30, 40, 100]), None, "synthetic")
+    o = OraclePredictor().fit(None, 10)
+    p, mu = o.predict(np.full(2, 10), np.array([0, 0]), output_len=np.array([5, 30]))
+    np.testing.assert_allclose(p, [1, 0])
+    np.testing.assert_allclose(mu, [5, 0])
+    s = SurvivalPredictor().fit(tr, 10)
+    p, mu = s.predict(np.array([10]), np.array([8]))
+    # alive after 8 tokens: 10, 20, 30, 40, 100; finishing by 18: only 10 (remaining 2)
+    np.testing.assert_allclose(p, [1 / 5])
+    np.testing.assert_allclose(mu, [2.0])
+    c = s.truncated_remaining(np.array([10]), np.array([8]))
+    np.testing.assert_allclose(c, (1 - 0.2) * 11 + 0.2 * 2)
+
+
+def test_exact_match_uses_per_key_stats_with_fallback():
+    key = np.array([1, 1, 1, 2, 3, 3, 3])
+    out = np.array([4, 6, 8, 500, 200, 300, 400])
+    tr = RequestTrace(np.arange(7.0), np.full(7, 10), out, key, "synthetic")
+    em = ExactMatchPredictor(min_count=3).fit(tr, 10)
+    p, mu = em.predict(np.full(2, 10), np.array([0, 0]), prompt_key=np.array([1, 2]))
+    assert p[0] == 1.0 and mu[0] == pytest.approx(6.0)  # key 1: all finish within 10
+    fb_p, _ = SurvivalPredictor().fit(tr, 10).predict(np.array([10]), np.array([0]))
+    assert p[1] == pytest.approx(fb_p[0])  # key 2 has one sample -> survival fallback
+
+
+def test_learned_predictor_beats_constant_on_synthetic_trace():
+    # synthetic: output length mostly set by the prompt length, so the features carry signal
+    rng = np.random.default_rng(4)
+    prompt = rng.integers(10, 2000, 1000)
+    output = np.maximum(1, prompt // 8 + rng.integers(-5, 6, 1000))
+    tr = RequestTrace(np.arange(1000.0), prompt, output, None, "synthetic")
+    train, test = ex.split_trace(tr, 0.5)
+    lp = LearnedPredictor(max_age=512).fit(train, 16)
+    q = lp.evaluate(test)
+    assert q["auc"] > 0.7
+    assert q["mae_tokens"] < q["mae_constant_tokens"]
+
+
+# ------------------------------------------------------------------ bad input
+def test_bad_parameters_raise_clear_errors():
+    tr = synthetic_trace(20)
+    with pytest.raises(ValueError, match="G must be"):
+        simulate(tr, BR0(), 0, 4, COST)
+    with pytest.raises(ValueError, match="slots must be"):
+        simulate(tr, BR0(), 2, 0, COST)
+    with pytest.raises(ValueError, match="horizon must be"):
+        BRH(horizon=-1)
+    for gamma in (0.0, 1.5):
+        with pytest.raises(ValueError, match="gamma must be"):
+            BRH(gamma=gamma)
+    with pytest.raises(ValueError, match="predictor"):
+        BRH(predictor="survival")
+    with pytest.raises(ValueError, match="predictor must be one of"):
+        make_predictor("nope", tr, 4)
+    with pytest.raises(ValueError, match="slots must be"):
+        StepCost.h200(0)
+
+
+def test_bad_traces_raise_and_filters_count(tmp_path):
+    with pytest.raises(ValueError, match="missing column"):
+        RequestTrace.from_frame(pd.DataFrame({"arrival_s": [0.0], "prompt_len": [3]}))
+    bad = tmp_path / "neg.csv"
+    pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_len": [5, -2], "output_len": [3, 4]}).to_csv(bad, index=False)
+    with pytest.raises(ValueError, match="negative"):
+        RequestTrace.from_csv(bad)
+    tr = RequestTrace(np.arange(4.0), np.full(4, 10), np.array([5, 2000, 30, 1500]), None, "synthetic")
+    kept = tr.filter_lengths(max_output=1000)
+    assert len(kept) == 2 and kept.dropped == {"output_len>1000": 2}
+
+
+def test_step_cost_from_h200_tables():
+    c = StepCost.h200(72)
+    assert c.fixed_ms > 0 and "moe_step.csv" in c.note
+    loads = np.array([0, 1e4, 1e5, 1e6])
+    ms = c.step_ms(loads)
+    assert np.all(np.diff(ms) >= 0) and ms[-1] > ms[0]
+    assert c.step_ms_scalar(1e5) == pytest.approx(float(c.step_ms(1e5)))
+
+
+def test_real_trace_small_run(public_data):
+    trace = ex.load_trace("conv")
+    assert trace.dropped.get("output_len>1000") == 0
+    train, sim = ex.split_trace(trace, 0.3)
+    assert len(train) + len(sim) == len(trace)
+    cost = StepCost.h200(16)
+    tr, factor = ex.arrival_trace(sim, 4, 16, cost, n_requests=600)
+    assert factor > 1
+    df, _ = ex.run_lineup(tr, ex.lineup(("jsq", "round_robin", "br0"), ex.BRParams()), 4, 16, cost)
+    red = ex.reductions(df).set_index("router")
+    assert red.loc["br0", "imbalance_reduction_pct"] > 30
