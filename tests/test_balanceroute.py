@@ -279,3 +279,13 @@ def test_real_trace_small_run(public_data):
     df, _ = ex.run_lineup(tr, ex.lineup(("jsq", "round_robin", "br0"), ex.BRParams()), 4, 16, cost)
     red = ex.reductions(df).set_index("router")
     assert red.loc["br0", "imbalance_reduction_pct"] > 30
+
+
+def test_any_csv_with_the_three_columns(tmp_path):
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"arrival_s": [0.0, 0.5, 1.0], "prompt_len": [100, 200, 300],
+                  "output_len": [10, 2000, 30]}).to_csv(path, index=False)
+    tr = ex.load_trace(path=str(path))
+    assert len(tr) == 2 and tr.dropped["output_len>1000"] == 1
+    res = simulate(tr, BR0(), 2, 2, COST)
+    assert res.steps["imbalance"].ge(0).all() and res.steps["idle_fraction"].between(0, 1).all()

@@ -35,10 +35,12 @@ BFIO_ANCHOR = {"jsq_avg_imbalance": 1.88e5, "bfio_h0_avg_imbalance": 3.11e4, "re
 
 
 def load_trace(kind: str = "conv", *, max_output: int | None = 1000, nrows: int | None = None,
-               year: int = 2023) -> RequestTrace:
-    """An Azure trace with the paper's output filter (``max_output``); dropped rows are counted in
-    ``trace.dropped``."""
-    trace = load_azure_trace(kind, year, nrows=nrows)
+               year: int = 2023, path: str | None = None) -> RequestTrace:
+    """An Azure trace (``kind`` 'conv'/'code', ``year`` 2023 local/public or 2024 week-long by URL,
+    ``nrows`` first rows) or, with ``path``, any CSV with ``arrival_s, prompt_len, output_len`` (or
+    the Azure columns); the paper's output filter ``max_output`` is applied and dropped rows are
+    counted in ``trace.dropped``."""
+    trace = RequestTrace.from_csv(path) if path is not None else load_azure_trace(kind, year, nrows=nrows)
     return trace.filter_lengths(max_output=max_output) if max_output is not None else trace
 
 

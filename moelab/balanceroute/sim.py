@@ -11,8 +11,10 @@ Model (one loop iteration = one decode step):
 4. Requests that produced their ``output_len`` tokens leave, freeing their slots.
 
 When nothing is active or waiting the clock jumps to the next arrival. Per step the simulator
-records time, step length, ``max``/``min``/``sum`` of loads, active and waiting counts and the wall
-time of the routing call; per request, admission, first-token and finish times.
+records time, step length, ``max``/``min``/``sum`` of loads, imbalance ``G*max - sum``, ``max - min``,
+barrier idle fraction ``(G*max - sum) / (G*max)``, active / waiting / admitted counts and the wall time
+of the routing call; per request, admission, first-token and finish times. Run-level figures
+(:attr:`SimResult.summary`) add output throughput, TPOT p50/p95 and queueing delay.
 """
 
 from __future__ import annotations
@@ -223,7 +225,11 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
             slot_w[done] = 0
             slot_gen[done] = 0
         step += 1
-    res = SimResult(getattr(router, "name", type(router).__name__), G, B, pd.DataFrame(cols), admit, first, finish,
-                    trace)
+    steps = pd.DataFrame(cols)
+    steps["imbalance"] = G * steps["max_load"] - steps["sum_load"]
+    steps["max_minus_min"] = steps["max_load"] - steps["min_load"]
+    steps["idle_fraction"] = np.where(steps["max_load"] > 0,
+                                      steps["imbalance"] / (G * steps["max_load"].clip(lower=1)), 0.0)
+    res = SimResult(getattr(router, "name", type(router).__name__), G, B, steps, admit, first, finish, trace)
     res.summary = _summarise(res, warmup_frac)
     return res
