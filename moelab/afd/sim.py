@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from moelab._validate import check_array, check_int, check_real, rng_from
+from moelab._validate import check_array, check_int, check_real
 from moelab.afd.theory import (
     DEFAULT_REQUESTS,
     AFDCoefficients,
@@ -60,50 +60,59 @@ class AFDSimResult:
         return asdict(self)
 
 
-def _slot_loads(n_groups: int, B: int, K: int, p: float, prompt_draw, rng: np.random.Generator) -> np.ndarray:
-    """KV-token load of each of ``n_groups`` groups of B slots at steps 0..K-1 -> array (n_groups, K)."""
-    n_slots = n_groups * B
-    loads = np.zeros((n_groups, K))
-    age_drop = np.zeros(n_groups * K)  # sum of renewal gaps at each (group, step): what the ages lose
-    prompt_jump = np.zeros(n_groups * K)  # prompt change of the refilled slots at each (group, step)
-    first_prompts = prompt_draw(n_slots)
-    loads += first_prompts.reshape(n_groups, B).sum(axis=1)[:, None]
+def _group_loads(B: int, K: int, p: float, prompt_draw, rng: np.random.Generator) -> np.ndarray:
+    """KV-token load of one group of B slots at steps 0..K-1 (length-K array)."""
+    age_drop = np.zeros(K)  # sum of renewal gaps at each step: what the ages lose when slots refill
+    prompt_jump = np.zeros(K)  # prompt change of the refilled slots at each step
+    prompt = prompt_draw(rng, B)
+    first = float(prompt.sum())
     # renewal times of every slot: gaps ~ Geometric(p) on {1,2,...} (survive each step w.p. 1-p)
     expected = K * p
     n_cols = max(4, int(expected + 6 * math.sqrt(expected) + 8))
-    slot = np.arange(n_slots)
-    start = np.zeros(n_slots, dtype=np.int64)
-    prompt = first_prompts
-    active = slot
+    start = np.zeros(B, dtype=np.int64)
+    active = np.arange(B)
     while active.size:
         gaps = rng.geometric(p, size=(active.size, n_cols)) if p < 1 else np.ones((active.size, n_cols), np.int64)
         times = start[active, None] + np.cumsum(gaps, axis=1)
-        new_prompts = prompt_draw(active.size * n_cols).reshape(active.size, n_cols)
+        new_prompts = prompt_draw(rng, active.size * n_cols).reshape(active.size, n_cols)
         prev_prompts = np.concatenate([prompt[active, None], new_prompts[:, :-1]], axis=1)
         inside = times < K
-        group = (active // B)[:, None].repeat(n_cols, axis=1)
-        flat = group[inside] * K + times[inside]
-        age_drop += np.bincount(flat, weights=gaps[inside], minlength=n_groups * K)
-        prompt_jump += np.bincount(flat, weights=(new_prompts - prev_prompts)[inside], minlength=n_groups * K)
+        age_drop += np.bincount(times[inside], weights=gaps[inside], minlength=K)
+        prompt_jump += np.bincount(times[inside], weights=(new_prompts - prev_prompts)[inside], minlength=K)
         start[active] = times[:, -1]
         prompt[active] = new_prompts[:, -1]
         active = active[times[:, -1] < K]
-    steps = np.arange(K, dtype=np.float64)
     # sum of ages = B*k - (sum of current start times); both jumps accumulate over steps
-    loads += B * steps[None, :] - np.cumsum(age_drop.reshape(n_groups, K), axis=1)
-    loads += np.cumsum(prompt_jump.reshape(n_groups, K), axis=1)
-    return loads
+    return first + B * np.arange(K, dtype=np.float64) - np.cumsum(age_drop) + np.cumsum(prompt_jump)
 
 
-def _prompt_sampler(mu_P: float, prompt_cv: float, prompt_lengths: np.ndarray | None, rng: np.random.Generator):
+def _slot_loads(n_groups: int, B: int, K: int, p: float, prompt_draw, rngs) -> np.ndarray:
+    """Loads of ``n_groups`` groups of B slots -> (n_groups, K). ``rngs`` is one Generator per group
+    (or one shared Generator)."""
+    if isinstance(rngs, np.random.Generator):
+        rngs = [rngs] * n_groups
+    return np.stack([_group_loads(B, K, p, prompt_draw, rngs[g]) for g in range(n_groups)])
+
+
+def _prompt_sampler(mu_P: float, prompt_cv: float, prompt_lengths: np.ndarray | None):
+    """``draw(rng, n)`` -> n prompt lengths."""
     if prompt_lengths is not None:
         # a measured length distribution (e.g. a request trace), rescaled to mean mu_P
         scaled = prompt_lengths * (mu_P / prompt_lengths.mean())
-        return lambda n: rng.choice(scaled, size=n)
+        return lambda rng, n: rng.choice(scaled, size=n)
     if prompt_cv == 0 or mu_P == 0:
-        return lambda n: np.full(n, mu_P)
+        return lambda rng, n: np.full(n, float(mu_P))
     shape = 1.0 / prompt_cv**2
-    return lambda n: rng.gamma(shape, mu_P / shape, size=n)
+    return lambda rng, n: rng.gamma(shape, mu_P / shape, size=n)
+
+
+def _entropy(seed: int | np.random.Generator | None) -> int:
+    """One integer that seeds every random stream of a run."""
+    if isinstance(seed, np.random.Generator):
+        return int(seed.integers(2**63))
+    if seed is None:
+        return int(np.random.SeedSequence().entropy % 2**63)
+    return check_int("seed", seed, low=0)
 
 
 def _pipeline(attn: np.ndarray, t_C: float, t_F: float, m: int) -> float:
@@ -172,13 +181,16 @@ def simulate(r: int, B: int, mu_P: float, mu_D: float, *, steps: int | None = No
     else:
         N = DEFAULT_REQUESTS if requests is None else check_real("requests", requests, low=0, low_open=True)
         K = max(1, round(N / (B * p)))
-    rng = rng_from(seed)
-
-    loads = _slot_loads(m * r, B, K, p, _prompt_sampler(mu_P, prompt_cv, prompt_lengths, rng), rng)
+    entropy = _entropy(seed)
+    # common random numbers: the slot group of (microbatch mb, instance i) draws from its own stream
+    # keyed by (mb, i), so instance i sees the same requests at every r and curves over r are smooth
+    rngs = [np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(mb, i))) for mb in range(m) for i in range(r)]
+    loads = _slot_loads(m * r, B, K, p, _prompt_sampler(mu_P, prompt_cv, prompt_lengths), rngs)
     speed = np.ones(r)
     if speed_cv > 0:
         sigma = math.sqrt(math.log1p(speed_cv**2))
-        speed = rng.lognormal(-sigma**2 / 2, sigma, size=r)
+        speed = np.array([np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(1_000_000, i)))
+                          .lognormal(-sigma**2 / 2, sigma) for i in range(r)])
     # job order: step k, microbatch mb -> row k*m + mb; columns are instances
     attn = ((c.a_A * loads + c.b_A).reshape(m, r, K) * speed[None, :, None]).transpose(2, 0, 1).reshape(K * m, r)
     t_C = c.a_C * B + c.b_C
@@ -204,18 +216,18 @@ def sweep(r_values=R_SWEEP, B: int = 256, mu_P: float = 100, mu_D: float = 500, 
           coeffs: AFDCoefficients | None = None, seed: int | None = 0, **sim_kwargs) -> pd.DataFrame:
     """Theory vs simulation for each r: throughput per instance and idle ratios (one row per r).
 
-    Each r gets its own seed derived from ``seed`` so rows are independent and reproducible."""
+    Every r runs with the same seed: common random numbers (see :func:`simulate`), so the curve over
+    r is smooth and its argmax is not decided by seed noise."""
     r_arr = check_array("r_values", r_values, ndim=1, low=1).astype(np.int64)
     if r_arr.size == 0:
         raise ValueError("r_values must hold at least one r >= 1")
     N = DEFAULT_REQUESTS if requests is None else requests
     theory = throughput_per_instance(r_arr.astype(np.float64), B, mu_P, mu_D, N, coeffs)
     idle = idle_ratios(r_arr.astype(np.float64), B, mu_P, mu_D, N, coeffs)
-    seeds = np.random.SeedSequence(seed).spawn(r_arr.size) if seed is not None else [None] * r_arr.size
+    entropy = _entropy(seed)
     rows = []
     for i, r in enumerate(r_arr.tolist()):
-        rng = np.random.default_rng(seeds[i]) if seeds[i] is not None else None
-        res = simulate(r, B, mu_P, mu_D, requests=N, coeffs=coeffs, seed=rng, **sim_kwargs)
+        res = simulate(r, B, mu_P, mu_D, requests=N, coeffs=coeffs, seed=entropy, **sim_kwargs)
         rows.append({
             "r": r, "theory_throughput": float(theory[i]), "sim_throughput": res.throughput_per_instance,
             "theory_attention_idle": float(idle["attention"][i]), "theory_ffn_idle": float(idle["ffn"][i]),
@@ -246,10 +258,30 @@ class OptimumCheck:
     """Simulated optimum vs the closed-form r*."""
 
     r_star: float
+    r_star_int: int  # the integer r the closed form rates best (r is a count of instances)
     r_sim: int  # integer r with the highest simulated throughput
-    gap_pct: float  # 100*|r_sim - r*|/r*
+    r_sim_interp: float  # vertex of the parabola through r_sim and its neighbours (sub-integer estimate)
     coarse: pd.DataFrame  # the sweep over R_SWEEP
     fine: pd.DataFrame  # the integer sweep around the coarse optimum
+
+    @property
+    def gap_pct(self) -> float:
+        """100*|r_sim - r*|/r* (integer simulated optimum; at least the distance of r* to an integer)."""
+        return 100 * abs(self.r_sim - self.r_star) / self.r_star
+
+    @property
+    def interp_gap_pct(self) -> float:
+        """100*|r_sim_interp - r*|/r*."""
+        return 100 * abs(self.r_sim_interp - self.r_star) / self.r_star
+
+
+def _vertex(r: np.ndarray, f: np.ndarray, i: int) -> float:
+    """Sub-integer argmax: the vertex of the parabola through points i-1, i, i+1 (clipped to them)."""
+    if i == 0 or i == len(r) - 1:
+        return float(r[i])
+    x, y = r[i - 1:i + 2].astype(float), f[i - 1:i + 2]
+    a, b, _ = np.polyfit(x, y, 2)
+    return float(np.clip(-b / (2 * a), x[0], x[2])) if a < 0 else float(r[i])
 
 
 def simulated_optimum(B: int = 256, mu_P: float = 100, mu_D: float = 500, *, requests: float | None = None,
@@ -264,11 +296,14 @@ def simulated_optimum(B: int = 256, mu_P: float = 100, mu_D: float = 500, *, req
     rs = coarse["r"].to_numpy()
     lo, hi = rs[max(best - 1, 0)], rs[min(best + 1, len(rs) - 1)]
     inner = [x for x in range(int(lo), int(hi) + 1) if x not in set(rs.tolist())]
-    fine = sweep(inner, B, mu_P, mu_D, requests=N, coeffs=coeffs, seed=None if seed is None else seed + 1,
+    fine = sweep(inner, B, mu_P, mu_D, requests=N, coeffs=coeffs, seed=_entropy(seed) if seed is None else seed,
                  **sim_kwargs) if inner else coarse.iloc[:0]
     both = pd.concat([coarse, fine]).sort_values("r").reset_index(drop=True)
-    r_sim = int(both.loc[both["sim_throughput"].idxmax(), "r"])
-    return OptimumCheck(r_star, r_sim, 100 * abs(r_sim - r_star) / r_star, coarse, both)
+    i = int(both["sim_throughput"].to_numpy().argmax())
+    r_all = both["r"].to_numpy()
+    r_star_int = int(r_all[int(both["theory_throughput"].to_numpy().argmax())])
+    return OptimumCheck(r_star, r_star_int, int(r_all[i]), _vertex(r_all, both["sim_throughput"].to_numpy(), i),
+                        coarse, both)
 
 
 __all__ = ["R_SWEEP", "AFDSimResult", "OptimumCheck", "idle_crossing", "simulate", "simulated_optimum", "sweep"]

@@ -223,7 +223,22 @@ def idle_ratios(r: np.ndarray | float, B: int, mu_P: float, mu_D: float, N: floa
     return {"attention": 1.0 - st["t_A"] / st["tau"], "ffn": 1.0 - st["t_F"] / st["tau"]}
 
 
+def ratio_table(B_values=(64, 128, 256, 512), mu_P_values=(100, 500, 2000), mu_D_values=(100, 500, 1000),
+                N: float | None = DEFAULT_REQUESTS, coeffs: AFDCoefficients | None = None):
+    """r* and its binding term for every combination of B, mu_P and mu_D (one row each)."""
+    import pandas as pd
+
+    rows = []
+    for B in B_values:
+        for mu_P in mu_P_values:
+            for mu_D in mu_D_values:
+                t = ratio_terms(B, mu_P, mu_D, N, coeffs)
+                rows.append({"B": int(B), "mu_P": float(mu_P), "mu_D": float(mu_D), "r_star": t.r_star,
+                             "r_A": t.r_A, "r_peak": t.r_peak, "binding": t.binding})
+    return pd.DataFrame(rows)
+
+
 __all__ = [
-    "DEFAULT_REQUESTS", "AFDCoefficients", "RatioTerms", "expected_decode_load", "horizon_steps", "idle_ratios",
+    "DEFAULT_REQUESTS", "ratio_table", "AFDCoefficients", "RatioTerms", "expected_decode_load", "horizon_steps", "idle_ratios",
     "mean_token_load", "optimal_ratio", "ratio_terms", "stage_times", "termination_prob", "throughput_per_instance",
 ]
