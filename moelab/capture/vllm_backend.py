@@ -26,15 +26,18 @@ token ``t`` when it is fed back as input. To record ``T`` of them vLLM generates
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from moelab._validate import check_int
+from moelab.models.vllm_engine import make_engine, require_vllm
 from moelab.traces import ExpertTrace, Geometry, default_provenance
 
 _ATTR = "_moelab_expert_recorder"
+_ENGINE_LOCK = threading.RLock()  # one engine call at a time (the signature service runs in a thread)
 _LAYER_RE = re.compile(r"layers\.(\d+)\.")
 
 
@@ -193,6 +196,20 @@ def remove_hooks(engine: Any) -> None:
     engine.collective_rpc(_remove)
 
 
+def _resolve_path(model: Any) -> str:
+    """``"tiny-moe"`` -> the bundled model folder; anything else unchanged."""
+    if str(model) in ("tiny-moe", "moelab-tiny-moe"):
+        from moelab.models.tiny_moe import TINY_MOE_PATH
+
+        return str(TINY_MOE_PATH)
+    return str(model)
+
+
+def _eos_ids(engine: Any) -> set[int]:
+    eos = engine.llm_engine.model_config.hf_config.eos_token_id
+    return set(eos if isinstance(eos, (list, tuple)) else [eos]) if eos is not None else set()
+
+
 def _model_name(engine: Any) -> str:
     try:
         return str(engine.llm_engine.model_config.model)
@@ -202,37 +219,46 @@ def _model_name(engine: Any) -> str:
 
 def capture_vllm(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int, *,
                  request_ids: Sequence[str] | None = None, domains: Sequence[str] | None = None,
-                 tokenizer: Any = None, add_special_tokens: bool = True, ignore_eos: bool = True,
-                 with_probs: bool = True, progress: bool = True, **engine_kwargs: Any) -> ExpertTrace:
+                 tokenizer: Any = None, add_special_tokens: bool = False, stop_at_eos: bool = False,
+                 with_probs: bool = True, keep_prefill_ids: bool = True, model_name: str | None = None,
+                 progress: bool = True, **engine_kwargs: Any) -> ExpertTrace:
     """Capture prefill expert counts and greedy-decode top-k ids of ``prompts`` through vLLM.
+
+    Same semantics as the HF backend (:func:`moelab.capture.hf.capture_hf`), so the two traces are
+    comparable token for token.
 
     Parameters
     ----------
     model : str, path or vllm.LLM
-        A model folder / hub id (an in-process engine is made with :func:`make_engine` and
-        ``engine_kwargs``) or an engine to reuse (hooks are installed once and stay).
+        A model folder / hub id / ``"tiny-moe"`` (an in-process engine is made with
+        :func:`moelab.models.vllm_engine.make_engine` and ``engine_kwargs``) or an engine to reuse
+        (hooks are installed once and stay; prefix caching must be off).
     prompts : list of str or of token-id lists
-        Strings are tokenized with the model's Hugging Face tokenizer (as the HF backend does), so
-        both backends see identical token ids.
+        Strings are tokenized with the model's tokenizer without special tokens (as the HF backend
+        does); token ids are used as they are.
     max_new_tokens : int
-        Generated tokens per request whose routing is recorded (``T``).
+        Greedy tokens generated per request whose routing is recorded (``T``).
     request_ids, domains : list of str, optional
         Default ``"r0", "r1", ...`` and ``"unknown"``.
     tokenizer : optional
-        A Hugging Face tokenizer for string prompts (default: the model folder's).
-    ignore_eos : bool
-        Generate exactly ``T`` tokens (default) instead of stopping at end-of-sequence.
-    with_probs : bool
-        Also record router probabilities summed over prompt tokens (``prefill_probs``).
+        A Hugging Face tokenizer for string prompts (default: the engine's).
+    add_special_tokens : bool
+        Add BOS etc. when tokenizing strings (default False, as the HF backend).
+    stop_at_eos : bool
+        Stop a request after it generates end-of-sequence (that token's own decode step is still
+        recorded, as in the HF backend). Default: exactly ``T`` tokens.
+    with_probs, keep_prefill_ids : bool
+        Record router probabilities summed over prompt tokens; keep per-token prefill ids.
+    model_name : str, optional
+        Name recorded in the geometry and provenance.
     progress : bool
         vLLM's progress bar.
 
     Returns
     -------
-    ExpertTrace with ``prefill_ids``, ``decode_tokens`` and (if asked) ``prefill_probs``.
+    ExpertTrace with ``prefill_counts``, ``decode_ids``, ``decode_tokens`` (+ ``prefill_ids``,
+    ``prefill_probs``).
     """
-    from moelab.models.vllm_engine import make_engine, require_vllm
-
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1)
     n = len(prompts)
     if n == 0:
@@ -241,37 +267,78 @@ def capture_vllm(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], m
     domains = ["unknown"] * n if domains is None else [str(d) for d in domains]
     if len(request_ids) != n or len(domains) != n:
         raise ValueError(f"request_ids and domains must have one entry per prompt ({n})")
-    vllm = require_vllm()
-    engine = model if _is_engine(model) else make_engine(model, **engine_kwargs)
+    require_vllm()
+    engine = model if _is_engine(model) else make_engine(_resolve_path(model), **engine_kwargs)
     token_lists = _tokenize(engine, prompts, tokenizer, add_special_tokens)
+    # always generate past EOS (the EOS token's own decode step must be fed and recorded), then cut
+    info, prefill_ids, decode_ids, probs, gen = _capture(engine, token_lists, max_new_tokens, ignore_eos=True,
+                                                         with_probs=with_probs, progress=progress, labels=request_ids)
+    if stop_at_eos:
+        eos = _eos_ids(engine)
+        for i, g in enumerate(gen):
+            hit = [t for t, tok in enumerate(g[:max_new_tokens]) if tok in eos]
+            if hit:
+                decode_ids[i] = decode_ids[i][: hit[0] + 1]
+    L, k, E = info["num_layers"], info["top_k"], info["num_experts"]
+    counts = np.zeros((n, L, E), np.int32)
+    for i in range(n):
+        counts[i] = _histogram(prefill_ids[i], E)
+    name = model_name or _model_name(engine)
+    return ExpertTrace.from_requests(
+        request_ids=request_ids, domains=domains, prompt_tokens=[np.asarray(t) for t in token_lists],
+        prefill_counts=counts, decode_ids=decode_ids,
+        geometry=Geometry(L, E, k, name, tuple(f"layers.{lid}.mlp" for lid in info["layer_ids"])),
+        provenance=default_provenance("vllm", name, method="moelab hooks (MoERunner capture_fn, GateLinear, runner batch layout)",
+                                      max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos, greedy=True,
+                                      decode_semantics="decode_ids[t] = routing of the forward whose input is decode_tokens[t]"),
+        prefill_ids=prefill_ids if keep_prefill_ids else None, prefill_probs=probs.astype(np.float32) if with_probs else None,
+        decode_tokens=[np.asarray(g[: len(decode_ids[i])]) for i, g in enumerate(gen)],
+    )
+
+
+def _histogram(ids: np.ndarray, num_experts: int) -> np.ndarray:
+    """``[P, L, k]`` expert ids -> ``[L, E]`` counts."""
+    L = ids.shape[1]
+    flat = (np.arange(L)[None, :, None] * num_experts + ids).ravel()
+    return np.bincount(flat, minlength=L * num_experts).reshape(L, num_experts).astype(np.int32)
+
+
+def _capture(engine: Any, token_lists: list[list[int]], max_new_tokens: int, *, ignore_eos: bool, with_probs: bool,
+             progress: bool, labels: Sequence[str]) -> tuple[dict[str, Any], list[np.ndarray], list[np.ndarray], np.ndarray, list[list[int]]]:
+    """Run the requests with the hooks on; per request: prefill ids ``[P, L, k]``, decode ids
+    ``[T', L, k]`` (``T' <= max_new_tokens``; fewer only if generation stopped early), summed router
+    probabilities ``[L, E]`` and generated token ids."""
+    vllm = require_vllm()
+    info = install_hooks(engine)
+    L, k, E = info["num_layers"], info["top_k"], info["num_experts"]
+    n = len(token_lists)
     max_len = engine.llm_engine.model_config.max_model_len
     too_long = [i for i, t in enumerate(token_lists) if len(t) + max_new_tokens + 1 > max_len]
     if too_long:
         raise ValueError(f"prompts {too_long[:5]} plus max_new_tokens+1={max_new_tokens + 1} exceed the engine's "
                          f"max_model_len={max_len}")
-    info = install_hooks(engine)
-    L, k, E = info["num_layers"], info["top_k"], info["num_experts"]
     params = vllm.SamplingParams(max_tokens=max_new_tokens + 1, temperature=0.0, ignore_eos=ignore_eos)
-    engine.collective_rpc(_set_enabled, args=(True,))
-    try:
-        outputs = engine.generate([{"prompt_token_ids": t} for t in token_lists], params, use_tqdm=progress)
-    finally:
-        engine.collective_rpc(_set_enabled, args=(False,))
-    drained = engine.collective_rpc(_drain)[0]
+    with _ENGINE_LOCK:
+        engine.collective_rpc(_set_enabled, args=(True,))
+        try:
+            outputs = engine.generate([{"prompt_token_ids": t} for t in token_lists], params, use_tqdm=progress)
+        finally:
+            engine.collective_rpc(_set_enabled, args=(False,))
+            drained = engine.collective_rpc(_drain)[0]
     if drained["errors"]:
         raise RuntimeError("vLLM capture hooks missed layers: " + "; ".join(drained["errors"][:3]))
     external = {str(o.request_id): i for i, o in enumerate(outputs)}
     gen = [list(o.outputs[0].token_ids) for o in outputs]
     plen = np.array([len(t) for t in token_lists], dtype=np.int64)
-    # decode records we expect: generated tokens that were fed back, at most T per request
+    # decode rows we expect: generated tokens that were fed back, at most T per request
     dlen = np.minimum(np.array([max(len(g) - 1, 0) for g in gen], dtype=np.int64), max_new_tokens)
-
     prefill_ids = [np.full((plen[i], L, k), -1, np.int32) for i in range(n)]
     decode_ids = [np.full((dlen[i], L, k), -1, np.int32) for i in range(n)]
     probs = np.zeros((n, L, E), np.float64)
     for rec in drained["records"]:
         owners = np.full(rec["qsl"][-1], -1, np.int64)
         for j, rid in enumerate(rec["req_ids"]):
+            # the engine-internal id is "<external id>-<8 random chars>"
             owners[rec["qsl"][j]:rec["qsl"][j + 1]] = external.get(rid.rsplit("-", 1)[0], external.get(rid, -1))
         for i in np.unique(owners[owners >= 0]):
             rows = np.flatnonzero(owners == i)
@@ -282,24 +349,23 @@ def capture_vllm(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], m
                 probs[i] += rec["probs"][rows[pre]].sum(axis=0)
             dec = ~pre & (pos - plen[i] < dlen[i])
             decode_ids[i][pos[dec] - plen[i]] = rec["ids"][rows[dec]]
-    missing = [request_ids[i] for i in range(n) if (prefill_ids[i] < 0).any() or (decode_ids[i] < 0).any()]
+    missing = [labels[i] for i in range(n) if (prefill_ids[i] < 0).any() or (decode_ids[i] < 0).any()]
     if missing:
         raise RuntimeError(f"vLLM capture lost tokens of requests {missing[:5]}: was prefix caching enabled on this "
                            "engine (cached prefixes are not recomputed)? make one with moelab.models.vllm_engine.make_engine")
-    counts = np.zeros((n, L, E), np.int32)
-    for i in range(n):
-        flat = (np.arange(L)[None, :, None] * E + prefill_ids[i]).ravel()
-        counts[i] = np.bincount(flat, minlength=L * E).reshape(L, E)
-    name = _model_name(engine)
-    return ExpertTrace.from_requests(
-        request_ids=request_ids, domains=domains, prompt_tokens=[np.asarray(t) for t in token_lists],
-        prefill_counts=counts, decode_ids=decode_ids,
-        geometry=Geometry(L, E, k, name, tuple(f"layers.{lid}.mlp" for lid in info["layer_ids"])),
-        provenance=default_provenance("vllm", name, method="moelab hooks (MoERunner capture_fn, GateLinear, runner batch layout)",
-                                      max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, greedy=True),
-        prefill_ids=prefill_ids, prefill_probs=probs.astype(np.float32) if with_probs else None,
-        decode_tokens=[np.asarray(g[: dlen[i]]) for i, g in enumerate(gen)],
-    )
+    return info, prefill_ids, decode_ids, probs, gen
+
+
+def prefill_counts(engine: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *, tokenizer: Any = None,
+                   add_special_tokens: bool = True) -> np.ndarray:
+    """Prefill expert counts ``[N, L, E]`` of ``prompts`` (one prefill pass each; no decode recorded).
+
+    This is how ELDR signatures are obtained for live routing: a prefill pass on an engine with
+    moelab's hooks (see :func:`serve_prefill_counts`)."""
+    token_lists = _tokenize(engine, prompts, tokenizer, add_special_tokens)
+    info, prefill_ids, _, _, _ = _capture(engine, token_lists, 0, ignore_eos=True, with_probs=False, progress=False,
+                                          labels=[str(i) for i in range(len(token_lists))])
+    return np.stack([_histogram(p, info["num_experts"]) for p in prefill_ids])
 
 
 def _tokenize(engine: Any, prompts: Sequence[Any], tokenizer: Any, add_special_tokens: bool) -> list[list[int]]:
@@ -317,3 +383,135 @@ def _tokenize(engine: Any, prompts: Sequence[Any], tokenizer: Any, add_special_t
             raise ValueError(f"prompts[{i}] has no tokens")
         out.append(ids)
     return out
+
+
+# ---------------------------------------------------------------------- prefill-count service (for ELDR routing)
+class PrefillCountServer:
+    """A small HTTP service that answers a prompt's prefill expert counts, for ELDR routing.
+
+    ``POST /v1/prefill_counts`` with ``{"prompt": "..." | [token ids]}`` or ``{"messages": [...]}``
+    (chat template applied as vLLM's chat endpoint does) returns ``{"counts": [[...]] (L x E),
+    "prompt_tokens": P, "geometry": {...}}``; ``GET /health``. Loopback only; one prefill at a time
+    (the engine is shared). Runs in a background thread of the process that owns the engine.
+
+    In a PD-disaggregated deployment this is the prefill side: it computes the prompt (and its
+    expert counts); the decode server the router picks recomputes the prompt on CPU, because moving
+    the KV cache between servers needs a GPU KV connector.
+    """
+
+    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, *, max_body_bytes: int = 1 << 20) -> None:
+        import http.server
+
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError(f"host must be a loopback address; got {host!r}")
+        self.engine = engine
+        self.info = install_hooks(engine)
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            timeout = 30  # seconds a client may take to send its request
+
+            def log_message(self, *args: Any) -> None:  # quiet: the proxy logs decisions
+                pass
+
+            def _send(self, status: int, obj: Any) -> None:
+                import json
+
+                body = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                if self.path == "/health":
+                    self._send(200, {"status": "ok", **{k: server.info[k] for k in ("num_layers", "num_experts", "top_k")}})
+                else:
+                    self._send(404, {"error": {"message": f"unknown path {self.path!r}"}})
+
+            def do_POST(self) -> None:  # noqa: N802
+                import json
+
+                if self.path != "/v1/prefill_counts":
+                    return self._send(404, {"error": {"message": f"unknown path {self.path!r}; POST /v1/prefill_counts"}})
+                try:
+                    length = int(self.headers.get("Content-Length", "-1"))
+                    if not 0 < length <= max_body_bytes:
+                        return self._send(411 if length < 0 else 413, {"error": {"message": "bad Content-Length"}})
+                    payload = json.loads(self.rfile.read(length))
+                    counts, n_tok = server.counts(payload)
+                except (ValueError, TypeError, KeyError) as exc:
+                    return self._send(400, {"error": {"message": str(exc)}})
+                except Exception as exc:  # engine failure: answer, never hang the caller
+                    return self._send(500, {"error": {"message": f"{type(exc).__name__}: {exc}"}})
+                self._send(200, {"counts": counts.tolist(), "prompt_tokens": n_tok,
+                                 "geometry": {k: server.info[k] for k in ("num_layers", "num_experts", "top_k")}})
+
+        self.httpd = http.server.HTTPServer((host, port), Handler)
+        self.host, self.port = host, int(self.httpd.server_address[1])
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def counts(self, payload: Any) -> tuple[np.ndarray, int]:
+        """Prefill counts ``[L, E]`` and prompt length of one OpenAI-style payload."""
+        if not isinstance(payload, dict):
+            raise ValueError("request body must be a JSON object")
+        if "messages" in payload:
+            tok = self.engine.get_tokenizer()
+            if not getattr(tok, "chat_template", None):
+                raise ValueError("this model's tokenizer has no chat template: send 'prompt' instead of 'messages'")
+            ids = list(tok.apply_chat_template(payload["messages"], add_generation_prompt=True, tokenize=True))
+        else:
+            prompt = payload.get("prompt")
+            if not (isinstance(prompt, str) and prompt) and not (isinstance(prompt, list) and prompt
+                                                                 and all(isinstance(t, int) for t in prompt)):
+                raise ValueError("'prompt' must be a non-empty string or list of token ids")
+            ids = _tokenize(self.engine, [prompt], None, True)[0]
+        return prefill_counts(self.engine, [ids])[0], len(ids)
+
+    def start(self) -> PrefillCountServer:
+        """Serve in a daemon thread; returns self."""
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m moelab.capture.vllm_backend serve-counts --model DIR [--port P]``: the prefill-count
+    service ELDR routing in ``moelab serve-router --router eldr --signature-url ...`` asks."""
+    import argparse
+    import time
+
+    p = argparse.ArgumentParser(prog="python -m moelab.capture.vllm_backend")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve-counts", help="serve prefill expert counts over HTTP (loopback)")
+    s.add_argument("--model", required=True)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8100)
+    s.add_argument("--max-model-len", type=int, default=2048)
+    args = p.parse_args(argv)
+    engine = make_engine(args.model, max_model_len=args.max_model_len)
+    server = PrefillCountServer(engine, args.host, args.port).start()
+    print(f"prefill-count service for {args.model} on {server.url}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -65,12 +65,16 @@ def require_vllm() -> Any:
     """Import and return the ``vllm`` module, or raise :class:`VLLMUnavailableError` saying why.
 
     Sets the environment for an in-process engine first (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so
-    moelab's hooks run in this process), unless the caller set it."""
+    moelab's hooks run in this process; ``VLLM_CPU_OMP_THREADS_BIND=nobind``), unless the caller
+    set it."""
     ok, why = vllm_status()
     if not ok:
         raise VLLMUnavailableError(why)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # vllm-cpu pins the process's OpenMP threads to cores by default; an in-process engine shares its
+    # process (a notebook kernel, a test run) with other work, so leave thread placement to the OS
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     import vllm
 
     return vllm
@@ -186,7 +190,10 @@ def generate(engine: Any, prompts: list[str] | list[list[int]], max_new_tokens: 
         ``temperature=0`` is greedy decoding (token for token what transformers' greedy gives on
         float32 CPU).
     seed : int
-        Per-request sampling seeds are ``seed + i`` so results do not depend on batching.
+        Per-request sampling seeds are ``seed + i`` so results do not depend on batching. Not on the
+        CPU build: vllm-cpu 0.32 crashes when a seeded request's prefill is chunked ("CPU Generator
+        does not use offset"), so there sampling draws from the engine's generator (seeded by
+        :func:`make_engine`'s ``seed``: reproducible for a fresh engine and the same requests).
     ignore_eos : bool
         Keep generating past the end-of-sequence token (fixed-length outputs).
 
@@ -202,8 +209,93 @@ def generate(engine: Any, prompts: list[str] | list[list[int]], max_new_tokens: 
     vllm = require_vllm()
     if isinstance(engine, (str, os.PathLike)):
         engine = make_engine(engine, seed=seed)
-    params = [vllm.SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed + i,
-                                  ignore_eos=ignore_eos) for i in range(len(inputs))]
+    per_request_seed = temperature > 0 and not is_cpu_platform()
+    params = [vllm.SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                  seed=seed + i if per_request_seed else None, ignore_eos=ignore_eos)
+              for i in range(len(inputs))]
     outputs = engine.generate(inputs, params, use_tqdm=progress)
     return [Generation(list(o.prompt_token_ids or []), list(o.outputs[0].token_ids), o.outputs[0].text,
                        o.outputs[0].finish_reason) for o in outputs]
+
+
+# ---------------------------------------------------------------------- OpenAI-compatible servers
+def server_command(model: str | os.PathLike, port: int, *, host: str = "127.0.0.1", max_model_len: int = 1024,
+                   max_num_seqs: int = 16, dtype: str | None = None, seed: int = 0, extra_args: tuple[str, ...] = ()) -> list[str]:
+    """The command line of one OpenAI-compatible vLLM server (``python -m vllm.entrypoints.openai.api_server``;
+    the ``vllm`` console script refuses to start under the ``vllm-cpu`` distribution name)."""
+    import sys
+
+    port = check_int("port", port, low=1, high=65535)
+    if dtype is None:
+        import torch
+
+        dtype = "auto" if torch.cuda.is_available() else "float32"
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host,
+            "--port", str(port), "--dtype", dtype, "--max-model-len", str(check_int("max_model_len", max_model_len, low=16)),
+            "--max-num-seqs", str(check_int("max_num_seqs", max_num_seqs, low=1)), "--seed", str(seed),
+            "--enforce-eager", "--no-enable-prefix-caching", "--distributed-executor-backend", "uni", *extra_args]
+
+
+def launch_server(model: str | os.PathLike, port: int, *, log_path: str | os.PathLike | None = None,
+                  threads: int | None = None, kv_cache_gib: float = 1.0, **kwargs: Any) -> Any:
+    """Start one vLLM server in the background (its own process group) and return the ``Popen``.
+
+    On CPU the engine runs inside the API-server process (no engine-core or worker processes, which
+    saves two ~20 s imports), with ``threads`` OpenMP threads and a ``kv_cache_gib`` KV cache. Wait
+    for it with :func:`wait_healthy`; stop it with :func:`stop_server`."""
+    import subprocess
+
+    ok, why = vllm_status()
+    if not ok:
+        raise VLLMUnavailableError(why)
+    _check_model_dir(str(model))
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind",
+               VLLM_CPU_KVCACHE_SPACE=f"{check_real('kv_cache_gib', kv_cache_gib, low=0, low_open=True):g}")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(check_int("threads", threads, low=1))
+    out = open(log_path, "wb") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115 (owned by the child)
+    try:
+        return subprocess.Popen(server_command(model, port, **kwargs), stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    finally:
+        if log_path is not None:
+            out.close()
+
+
+def wait_healthy(url: str, proc: Any = None, *, timeout_s: float = 300.0) -> float:
+    """Poll ``url/health`` until it answers 200; returns the seconds waited. Raises ``RuntimeError``
+    if ``proc`` exits first and ``TimeoutError`` after ``timeout_s``."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    timeout_s = check_real("timeout_s", timeout_s, low=0, low_open=True)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"vLLM server for {url} exited with code {proc.returncode} before it became healthy")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return time.monotonic() - t0
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"vLLM server {url} not healthy within {timeout_s:g} s")
+
+
+def stop_server(proc: Any, *, timeout_s: float = 15.0) -> None:
+    """Terminate a server from :func:`launch_server` (its whole process group), killing it if needed."""
+    import signal
+    import subprocess
+
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout_s)
+    except ProcessLookupError:
+        pass

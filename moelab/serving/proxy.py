@@ -517,7 +517,6 @@ def build_proxy(args: argparse.Namespace) -> RouterProxy:
         if not (args.signature_url and args.eldr_calibration):
             raise ValueError("--router eldr needs --signature-url and --eldr-calibration")
         from moelab.serving.signatures import ELDRSignatureClient, fit_eldr_router
-
         from moelab.traces import ExpertTrace
 
         calib = ExpertTrace.load(args.eldr_calibration)

@@ -1,0 +1,57 @@
+"""ELDR signatures for live routing: prefill counts from the prefill-count service -> unit vector.
+
+The proxy never runs the model: it asks :class:`moelab.capture.vllm_backend.PrefillCountServer`
+(an engine with moelab's capture hooks) for a prompt's per-layer expert counts over HTTP, and turns
+them into a signature with a :class:`moelab.eldr.SignatureBuilder` fitted on calibration requests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from moelab._validate import check_int, check_real
+from moelab.routing import Router
+from moelab.serving.http import http_json
+from moelab.traces import ExpertTrace
+
+
+def fit_eldr_router(calibration: ExpertTrace, n_workers: int, *, tau: float = 0.1, kind: str = "count_idf",
+                    balanced: bool = True, seed: int = 0) -> tuple[Router, Any]:
+    """Fit ELDR on calibration requests: signature builder + balanced spherical K-means centroids
+    (one per decode server). Returns ``(router, builder)``."""
+    from moelab.eldr import SignatureBuilder
+    from moelab.routing import make_router
+
+    n_workers = check_int("n_workers", n_workers, low=1)
+    if calibration.n_requests < max(2, n_workers):
+        raise ValueError(f"calibration must hold at least max(2, n_workers={n_workers}) requests; got {calibration.n_requests}")
+    builder = SignatureBuilder(kind, seed=seed).fit(calibration)
+    router = make_router("eldr", tau=check_real("tau", tau, low=0), seed=seed)
+    router.fit(builder.transform(calibration), n_workers, balanced=balanced, seed=seed)
+    return router, builder
+
+
+class ELDRSignatureClient:
+    """Signature source for :class:`~moelab.serving.proxy.RouterProxy`: one prefill pass per request
+    on the prefill-count service at ``url``, then ``builder.transform``."""
+
+    def __init__(self, url: str, builder: Any, *, timeout_s: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.builder = builder
+        self.timeout_s = check_real("timeout_s", timeout_s, low=0, low_open=True)
+        self.requests = 0
+
+    async def counts(self, payload: dict[str, Any]) -> np.ndarray:
+        """The prompt's prefill counts ``[L, E]``."""
+        body = {k: payload[k] for k in ("prompt", "messages") if k in payload}
+        status, data = await http_json(self.url, "POST", "/v1/prefill_counts", body, timeout_s=self.timeout_s)
+        if status != 200 or not isinstance(data, dict) or "counts" not in data:
+            msg = data.get("error", {}).get("message") if isinstance(data, dict) else str(data)[:200]
+            raise ValueError(f"prefill-count service answered {status}: {msg}")
+        self.requests += 1
+        return np.asarray(data["counts"], dtype=np.float64)
+
+    async def signature(self, payload: dict[str, Any]) -> np.ndarray:
+        return self.builder.transform(await self.counts(payload))[0]
