@@ -189,3 +189,11 @@ def test_r_star_monotone_in_lengths_and_horizon(B, mu_P, mu_D, d, N):
     assert afd.optimal_ratio(B, mu_P, mu_D + d, N) >= r0 - 1e-9
     assert afd.optimal_ratio(B, mu_P, mu_D, N * 2) >= r0 - 1e-9
     assert mean_token_load(B, mu_P, mu_D, N) <= mean_token_load(B, mu_P, mu_D) + 1e-6
+
+
+def test_batched_sweep_equals_separate_runs():
+    from moelab.afd.sim import _simulate_many
+
+    batch = _simulate_many([1, 3, 6], 32, 80, 150, steps=300, seed=4, speed_cv=0.2)
+    for res in batch:
+        assert res == simulate(res.r, 32, 80, 150, steps=300, seed=4, speed_cv=0.2)

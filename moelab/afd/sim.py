@@ -115,18 +115,33 @@ def _entropy(seed: int | np.random.Generator | None) -> int:
     return check_int("seed", seed, low=0)
 
 
-def _pipeline(attn: np.ndarray, t_C: float, t_F: float, m: int) -> float:
-    """Makespan of the four-stage pipeline; ``attn`` is (jobs, r) attention times in job order."""
-    r = attn.shape[1]
-    free = np.zeros(r)  # when each attention instance is next free
-    back = [0.0] * m  # when each microbatch's previous step returned from the FFN
-    c1 = c2 = c3 = 0.0  # completion of the previous job at A->F, FFN, F->A
+def _pipeline(attn: np.ndarray, r_values: np.ndarray, t_C: float, t_F: np.ndarray, m: int) -> np.ndarray:
+    """Makespans of the four-stage pipeline for several bundle sizes at once.
+
+    ``attn`` is (jobs, r_max) attention times in job order; row ``q`` of the batch uses the first
+    ``r_values[q]`` instances and FFN time ``t_F[q]``. Every row carries all r_max instance clocks,
+    but only the first r count in the barrier, so the extra columns never influence a row's result.
+    """
+    n = len(r_values)
+    last = np.asarray(r_values) - 1
+    rows = np.arange(n)
+    free = np.zeros((n, attn.shape[1]))  # when each attention instance is next free, per bundle size
+    back = np.zeros((m, n))  # when each microbatch's previous step returned from the FFN
+    c1 = np.zeros(n)  # completion of the previous job at A->F, FFN, F->A
+    c2 = np.zeros(n)
+    c3 = np.zeros(n)
+    mx = np.maximum
     for j in range(attn.shape[0]):
         mb = j % m
-        free = np.maximum(free, back[mb]) + attn[j]
-        c1 = max(free.max(), c1) + t_C
-        c2 = max(c1, c2) + t_F
-        c3 = max(c2, c3) + t_C
+        mx(free, back[mb][:, None], out=free)
+        free += attn[j]
+        barrier = np.maximum.accumulate(free, axis=1)[rows, last]  # slowest of the first r instances
+        mx(barrier, c1, out=c1)
+        c1 += t_C
+        mx(c1, c2, out=c2)
+        c2 += t_F
+        mx(c2, c3, out=c3)
+        c3 += t_C
         back[mb] = c3
     return c3
 
@@ -161,8 +176,18 @@ def simulate(r: int, B: int, mu_P: float, mu_D: float, *, steps: int | None = No
     seed : int, optional
         Seed; equal seeds give equal results.
     """
+    return _simulate_many([check_int("r", r, low=1)], B, mu_P, mu_D, steps=steps, requests=requests, coeffs=coeffs,
+                          microbatches=microbatches, prompt_cv=prompt_cv, speed_cv=speed_cv,
+                          prompt_lengths=prompt_lengths, seed=seed)[0]
+
+
+def _simulate_many(r_values, B, mu_P, mu_D, *, steps=None, requests=None, coeffs=None, microbatches=3,
+                   prompt_cv=0.5, speed_cv=0.0, prompt_lengths=None, seed=0) -> list[AFDSimResult]:
+    """:func:`simulate` for several r at once. Under common random numbers instance i's requests do
+    not depend on r, so one set of loads and one pass of the pipeline serve every r: each result is
+    exactly what a separate :func:`simulate` call returns."""
     c = _coeffs(coeffs)
-    r = check_int("r", r, low=1)
+    r_arr = np.array([check_int("r", r, low=1) for r in r_values], dtype=np.int64)
     B = check_int("B", B, low=1)
     mu_P = check_real("mu_P", mu_P, low=0)
     mu_D = check_real("mu_D", mu_D, low=0)
@@ -182,31 +207,41 @@ def simulate(r: int, B: int, mu_P: float, mu_D: float, *, steps: int | None = No
         N = DEFAULT_REQUESTS if requests is None else check_real("requests", requests, low=0, low_open=True)
         K = max(1, round(N / (B * p)))
     entropy = _entropy(seed)
+    r_max = int(r_arr.max())
     # common random numbers: the slot group of (microbatch mb, instance i) draws from its own stream
     # keyed by (mb, i), so instance i sees the same requests at every r and curves over r are smooth
-    rngs = [np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(mb, i))) for mb in range(m) for i in range(r)]
-    loads = _slot_loads(m * r, B, K, p, _prompt_sampler(mu_P, prompt_cv, prompt_lengths), rngs)
-    speed = np.ones(r)
+    rngs = [np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(mb, i)))
+            for mb in range(m) for i in range(r_max)]
+    loads = _slot_loads(m * r_max, B, K, p, _prompt_sampler(mu_P, prompt_cv, prompt_lengths), rngs)
+    speed = np.ones(r_max)
     if speed_cv > 0:
         sigma = math.sqrt(math.log1p(speed_cv**2))
         speed = np.array([np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(1_000_000, i)))
-                          .lognormal(-sigma**2 / 2, sigma) for i in range(r)])
+                          .lognormal(-sigma**2 / 2, sigma) for i in range(r_max)])
     # job order: step k, microbatch mb -> row k*m + mb; columns are instances
-    attn = ((c.a_A * loads + c.b_A).reshape(m, r, K) * speed[None, :, None]).transpose(2, 0, 1).reshape(K * m, r)
+    attn = np.ascontiguousarray(((c.a_A * loads + c.b_A).reshape(m, r_max, K) * speed[None, :, None])
+                                .transpose(2, 0, 1).reshape(K * m, r_max))
     t_C = c.a_C * B + c.b_C
-    t_F = c.a_F * r * B + c.b_F
-    makespan = _pipeline(np.ascontiguousarray(attn), t_C, t_F, m)
+    t_F = c.a_F * r_arr * B + c.b_F
+    makespans = _pipeline(attn, r_arr, t_C, t_F, m)
     jobs = K * m
-    tokens = jobs * r * B
-    return AFDSimResult(
-        r=r, B=B, steps=K, microbatches=m,
-        throughput_per_instance=tokens / ((r + 1) * makespan),
-        attention_idle=1.0 - attn.sum() / (r * makespan),
-        ffn_idle=1.0 - jobs * t_F / makespan,
-        makespan=makespan, tokens=tokens,
-        mean_attention_time=float(attn.mean()), mean_straggler_time=float(attn.max(axis=1).mean()),
-        ffn_time=t_F, comm_time=t_C, mean_token_load=float(loads.mean()), unit=c.unit,
-    )
+    busy = np.cumsum(attn.sum(axis=0))  # total attention work of the first r instances
+    straggler = np.maximum.accumulate(attn, axis=1).mean(axis=0)  # mean barrier time with r instances
+    group_load = loads.reshape(m, r_max, K).mean(axis=(0, 2))
+    out = []
+    for q, r in enumerate(r_arr.tolist()):
+        makespan = float(makespans[q])
+        tokens = jobs * r * B
+        out.append(AFDSimResult(
+            r=r, B=B, steps=K, microbatches=m,
+            throughput_per_instance=tokens / ((r + 1) * makespan),
+            attention_idle=1.0 - float(busy[r - 1]) / (r * makespan),
+            ffn_idle=1.0 - jobs * float(t_F[q]) / makespan,
+            makespan=makespan, tokens=tokens,
+            mean_attention_time=float(busy[r - 1]) / (jobs * r), mean_straggler_time=float(straggler[r - 1]),
+            ffn_time=float(t_F[q]), comm_time=t_C, mean_token_load=float(group_load[:r].mean()), unit=c.unit,
+        ))
+    return out
 
 
 R_SWEEP = (1, 2, 4, 8, 16, 24, 32)
@@ -224,10 +259,9 @@ def sweep(r_values=R_SWEEP, B: int = 256, mu_P: float = 100, mu_D: float = 500, 
     N = DEFAULT_REQUESTS if requests is None else requests
     theory = throughput_per_instance(r_arr.astype(np.float64), B, mu_P, mu_D, N, coeffs)
     idle = idle_ratios(r_arr.astype(np.float64), B, mu_P, mu_D, N, coeffs)
-    entropy = _entropy(seed)
+    results = _simulate_many(r_arr.tolist(), B, mu_P, mu_D, requests=N, coeffs=coeffs, seed=_entropy(seed), **sim_kwargs)
     rows = []
-    for i, r in enumerate(r_arr.tolist()):
-        res = simulate(r, B, mu_P, mu_D, requests=N, coeffs=coeffs, seed=entropy, **sim_kwargs)
+    for i, (r, res) in enumerate(zip(r_arr.tolist(), results)):
         rows.append({
             "r": r, "theory_throughput": float(theory[i]), "sim_throughput": res.throughput_per_instance,
             "theory_attention_idle": float(idle["attention"][i]), "theory_ffn_idle": float(idle["ffn"][i]),
