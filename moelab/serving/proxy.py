@@ -226,9 +226,9 @@ class RouterProxy:
         return f"http://{self.host}:{self.port}"
 
     async def _health_loop(self) -> None:
-        while True:
-            await self.check_health()
+        while True:  # backends start "up"; failed requests mark them down sooner than this loop
             await asyncio.sleep(self.health_interval_s)
+            await self.check_health()
 
     async def check_health(self) -> None:
         """``GET /health`` every backend once (bounded by ``connect_timeout_s``) and update ``up``."""
@@ -375,13 +375,14 @@ class RouterProxy:
                 raise HTTPError(502, f"signature service failed: {type(exc).__name__}: {exc}") from None
         tried: set[int] = set()
         last_error = ""
-        for _attempt in range(self.retries + 1):
+        for attempt in range(self.retries + 1):
             try:
                 b = await self._acquire(rid, prompt_len, kv, signature, tried)
             except HTTPError as exc:
                 if tried and exc.status == 503:
                     raise HTTPError(502, f"every backend tried failed; last error: {last_error}") from None
                 raise
+            self.retried += attempt > 0
             tried.add(b.index)
             ok = False
             try:
@@ -390,7 +391,6 @@ class RouterProxy:
                 await self._release(b, kv, ok)
             if not retryable:
                 return status
-            self.retried += 1
         raise HTTPError(502, f"request failed on {len(tried)} backend(s) ({self.retries} retries); last error: {last_error}")
 
     async def _forward(self, b: Backend, req: Request, writer: asyncio.StreamWriter, *, stream: bool
