@@ -10,9 +10,12 @@ import plotly.graph_objects as go
 
 from moelab.viz.common import PALETTE, slider
 
+_BRH_COLORS = {"brh_oracle": "#9467bd", "brh_survival": "#8c564b", "brh_exact_match": "#e377c2",
+               "brh_learned": "#000000"}
+
 
 def _color(router: str) -> str:
-    return PALETTE.get(router, PALETTE.get(router.split("_")[0], "#444444"))
+    return _BRH_COLORS.get(router) or PALETTE.get(router, PALETTE.get(router.split("_")[0], "#444444"))
 
 
 def imbalance_over_time(results: dict[str, Any], G: int, *, smooth: int = 25, max_points: int = 1500) -> go.Figure:
@@ -60,9 +63,10 @@ def table(df: pd.DataFrame, title: str) -> go.Figure:
     for c in shown.columns:
         if pd.api.types.is_float_dtype(shown[c]):
             shown[c] = shown[c].map(lambda v: "—" if pd.isna(v) else (f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.2f}"))
-    fig = go.Figure(go.Table(header={"values": list(shown.columns), "align": "left"},
-                             cells={"values": [shown[c] for c in shown.columns], "align": "left"}))
-    fig.update_layout(title=title, template="plotly_white")
+    widths = [3] + [2] * (len(shown.columns) - 1)
+    fig = go.Figure(go.Table(columnwidth=widths, header={"values": list(shown.columns), "align": "left"},
+                             cells={"values": [shown[c] for c in shown.columns], "align": "left", "height": 24}))
+    fig.update_layout(title=title, template="plotly_white", margin={"l": 20, "r": 20, "t": 50, "b": 10})
     return fig
 
 
