@@ -205,8 +205,12 @@ def test_cached_signature_equals_full_prefill(data):
             cache.release(live.pop(0))
         if cache.free_blocks < need:
             continue
-        # the cached part of the prompt is never read: poison it after seeing what would hit
-        adm = cache.admit(f"r{i}", tokens, ids)
+        # the cached part of the prompt is never read: poison exactly the rows a hit will serve
+        hit = cache.lookup(tokens)
+        poisoned = ids.copy()
+        poisoned[:hit] = (poisoned[:hit] + 1) % E
+        adm = cache.admit(f"r{i}", tokens, poisoned)
+        assert adm.cached_tokens == hit
         assert np.array_equal(cache.counts(f"r{i}"), full_prefill_counts(ids, E))
         assert adm.cached_tokens + adm.computed_tokens == tokens.size
         live.append(f"r{i}")

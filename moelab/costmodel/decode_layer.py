@@ -200,6 +200,32 @@ class DecodeStepModel:
         num_layers = check_int("num_layers", num_layers, low=1)
         return cls(DecodeLayerModel.h200(seed=seed), shape, num_layers, model)
 
+    @classmethod
+    def from_hf_config(cls, config: dict | str, *, seed: int = 0) -> DecodeStepModel:
+        """A step model at the geometry of a Hugging Face MoE config (a dict or a ``config.json`` path;
+        Qwen2/3-MoE / OLMoE / Mixtral key names), e.g. the tiny MoE's own geometry."""
+        if not isinstance(config, dict):
+            from moelab._io import read_json
+
+            config = read_json(config)
+        c = config
+
+        def get(*names: str, default: int | None = None) -> int:
+            for nm in names:
+                if c.get(nm) is not None:
+                    return int(c[nm])
+            if default is None:
+                raise ValueError(f"config lacks {names[0]!r} (also tried {list(names[1:])})")
+            return default
+
+        hidden = get("hidden_size")
+        q = get("num_attention_heads")
+        shape = LayerShape(hidden, q, get("num_key_value_heads", default=q), get("head_dim", default=hidden // q),
+                           MoEShape(hidden, get("moe_intermediate_size", "intermediate_size"),
+                                    get("num_experts", "num_local_experts"), get("num_experts_per_tok")),
+                           vocab=get("vocab_size", default=0))
+        return cls(DecodeLayerModel.h200(seed=seed), shape, get("num_hidden_layers"), str(c.get("model_type", "hf-config")))
+
     def check_geometry(self, num_layers: int, num_experts: int, top_k: int) -> None:
         """Raise ``ValueError`` when a trace's geometry is not the one this model was built for."""
         want = (self.num_layers, self.shape.moe.num_experts, self.shape.moe.top_k)

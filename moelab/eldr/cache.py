@@ -78,7 +78,24 @@ class SignatureCache:
         counts = np.bincount(flat, minlength=self.num_layers * self.num_experts)
         return counts.reshape(self.num_layers, self.num_experts)
 
+    def _keys(self, tokens: np.ndarray) -> list[bytes]:
+        bs, keys, h = self.block_size, [], hashlib.sha256()
+        for i in range(tokens.size // bs):
+            h.update(tokens[i * bs:(i + 1) * bs].tobytes())
+            keys.append(h.copy().digest())
+        return keys
+
     # ------------------------------------------------------------------ API
+    def lookup(self, prompt_tokens: np.ndarray) -> int:
+        """Prompt tokens a prefix-cache hit would serve right now (no side effects)."""
+        tokens = check_array("prompt_tokens", prompt_tokens, ndim=1).astype(np.int64)
+        hit = 0
+        for key in self._keys(tokens):
+            if key not in self._block_of:
+                break
+            hit += 1
+        return hit * self.block_size
+
     def admit(self, request_id: str, prompt_tokens: np.ndarray, prefill_ids: np.ndarray) -> Admission:
         """Admit a request: reuse cached full blocks of its prefix, compute the rest.
 
@@ -92,10 +109,7 @@ class SignatureCache:
             raise ValueError(f"prefill_ids must have shape (P={tokens.size}, L={self.num_layers}, k); got {ids.shape}")
         bs = self.block_size
         n_full = tokens.size // bs
-        keys, h = [], hashlib.sha256()
-        for i in range(n_full):
-            h.update(tokens[i * bs:(i + 1) * bs].tobytes())
-            keys.append(h.copy().digest())
+        keys = self._keys(tokens)
         table: list[int] = []
         hit = 0
         while hit < n_full and keys[hit] in self._block_of:  # prefix reuse stops at the first miss

@@ -19,6 +19,7 @@ from moelab.eldr.partition import spherical_kmeans
 from moelab.eldr.routing import DomainOracleRouter, ELDRRouter
 from moelab.eldr.signature import KINDS, SignatureBuilder
 from moelab.eldr.sim import pack_expert_bits, poisson_requests, simulate
+from moelab.eldr.workload import SyntheticConfig, SyntheticWorkload, generate
 from moelab.routing.base import Router, available_routers, make_router
 from moelab.traces import ExpertTrace
 
@@ -96,6 +97,33 @@ def prepare(
                      pack_expert_bits(trace.subset(pool)), pc)
 
 
+def with_workers(setup: ELDRSetup, n_workers: int) -> ELDRSetup:
+    """The same calibration split, pool and fitted signatures with ``n_workers`` decode workers
+    (centroids are recomputed for the new K)."""
+    n_workers = check_int("n_workers", n_workers, low=1, high=setup.calib.n_requests)
+    return ELDRSetup(setup.calib, setup.pool, setup.cost, n_workers, setup.n_pairs, setup.seed, setup.bits,
+                     setup.prefix_counts, setup._builders, {})
+
+
+def synthetic_setup(
+    n_trace: int = 2048,
+    *,
+    model: str = "qwen3-30b-a3b",
+    n_workers: int = 16,
+    n_pairs: int = 30000,
+    seed: int = 0,
+    **config: object,
+) -> tuple[ELDRSetup, SyntheticWorkload]:
+    """A realistic-scale SYNTHETIC workload at a named model geometry (``LAYER_SHAPES``), with the H200
+    step model at the same geometry, split into calibration and replay halves."""
+    cost = DecodeStepModel.h200(model)
+    moe = cost.shape.moe
+    cfg = SyntheticConfig(num_layers=cost.num_layers, num_experts=moe.num_experts, top_k=moe.top_k, model_name=model,
+                          **config)
+    wl = generate(n_trace, cfg, seed=seed)
+    return prepare(wl.trace, cost, n_workers, n_pairs=n_pairs, seed=seed, prefix_counts=wl.prefix_counts), wl
+
+
 def build_router(setup: ELDRSetup, name: str, *, tau: float = 0.1, kind: str = "count_idf", balanced: bool = True,
                  seed: int = 0) -> Router:
     """A router by name, wired to the setup (ELDR gets centroids, the oracle the domain count)."""
@@ -120,15 +148,21 @@ def run_one(
     balanced: bool = True,
     batch_cap: int = 256,
     suffix_only: bool = False,
+    rate_scale: float = 1.0,
     seed: int = 0,
 ) -> dict:
-    """Simulate one configuration; returns the metrics plus the configuration."""
+    """Simulate one configuration; returns the metrics plus the configuration.
+
+    ``rate_scale`` multiplies the nominal ``rate`` (e.g. ``K/16`` to hold the per-worker load of the
+    paper's 16-worker cluster on a smaller one); ``rate`` stays the nominal one in the output and
+    ``sim_rate`` is what was simulated."""
+    rate_scale = check_real("rate_scale", rate_scale, low=0, low_open=True)
     r = build_router(setup, router, tau=tau, kind=kind, balanced=balanced, seed=seed)
     sig = setup.signatures(kind, suffix_only=suffix_only) if router == "eldr" else None
-    reqs = poisson_requests(setup.pool, rate=rate, n_requests=n_requests, output_len=output_len, seed=seed)
+    reqs = poisson_requests(setup.pool, rate=rate * rate_scale, n_requests=n_requests, output_len=output_len, seed=seed)
     res = simulate(setup.pool, reqs, r, setup.cost, n_workers=setup.n_workers, signatures=sig, batch_cap=batch_cap,
                    bits=setup.bits)
-    return {"router": router, "rate": float(rate), "tau": tau, "kind": kind, "balanced": balanced,
+    return {"router": router, "rate": float(rate), "sim_rate": float(rate * rate_scale), "tau": tau, "kind": kind, "balanced": balanced,
             "suffix_only": suffix_only, "n_workers": setup.n_workers, **res.metrics()}
 
 
@@ -221,4 +255,4 @@ def prefix_cache_ablation(setup: ELDRSetup, *, rate: float = 60.0, **kw) -> pd.D
 
 __all__ = ["BASELINES", "PAPER_RATES", "ROUTERS", "ELDRSetup", "build_router", "compare_with_paper", "gains",
            "kmeans_ablation", "paper_gains", "prefix_cache_ablation", "prepare", "rate_sweep", "run_one",
-           "signature_ablation", "tau_sweep"]
+           "signature_ablation", "synthetic_setup", "tau_sweep", "with_workers"]

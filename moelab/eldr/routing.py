@@ -73,17 +73,28 @@ class ELDRRouter(Router):
                 raise ValueError(f"view has {view.n_workers} workers but the router was reset for {self.n_workers}")
             self.reset(view.n_workers)
         sig = batch.signature
+        if sig is None or self.centroids is None:
+            self.dim  # noqa: B018 - raises the "no centroids" error first
         if sig is None:
             raise ValueError("signature is required by the ELDR router (RequestBatch.signature)")
-        if sig.shape[1] != self.dim:
+        if sig.shape[1] != self._ct.shape[0]:
             raise ValueError(f"signature must have dimension {self.dim} (the centroids'); got {sig.shape[1]}")
         if self.refit is not None:
             self.refit.observe(view.time_s, sig)
             new = self.refit.maybe_refit(view.time_s, self.centroids)
             if new is not None:
                 self.set_centroids(new)
-        S = sig @ self._ct
         load = view.active + view.waiting
+        if len(batch) == 1 and view.free_slots.min() > 0:
+            # fast path (one request, every worker open): the common case in an event-driven cluster;
+            # a row-major [K, d] matrix times a vector streams the centroids once
+            s = self.centroids @ sig[0]
+            cand = np.flatnonzero(s >= s.max() - self.tau)
+            lc = load[cand]
+            best = cand[lc == lc.min()]
+            w = best[0] if best.size == 1 else best[self.rng.integers(best.size)]
+            return np.array([w], dtype=np.int64)
+        S = sig @ self._ct
         free = view.free_slots.copy()
         out = np.full(len(batch), UNASSIGNED, dtype=np.int64)
         for i in range(len(batch)):

@@ -1,0 +1,121 @@
+"""Figures and the interactive panel of notebook 01 (ELDR)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from moelab.viz.common import PALETTE, slider
+
+
+def _color(name: str) -> str:
+    return PALETTE.get(name, "#333333")
+
+
+def fig_costmodel(layer_model: Any, layer_table: pd.DataFrame) -> go.Figure:
+    """Measured vs predicted whole-layer latency, training and held-out points apart."""
+    fig = go.Figure()
+    for label, rep, sym in (("fit split", layer_model.train_report, "circle"), ("held-out", layer_model.test_report, "diamond")):
+        fig.add_scatter(x=rep.measured * 1e3, y=rep.predicted * 1e3, mode="markers", name=f"{label} "
+                        f"(median |err| {rep.median_abs_err_pct:.1f}%)", marker={"symbol": sym, "size": 8})
+    hi = float(layer_table["ms_per_layer"].max() * 1e3 * 1.05)
+    fig.add_scatter(x=[0, hi], y=[0, hi], mode="lines", name="y = x", line={"dash": "dot", "color": "#999"})
+    fig.update_layout(title="Decode-layer cost model vs H200 measurements (Qwen3-30B-A3B-shaped layer)",
+                      xaxis_title="measured us / layer", yaxis_title="predicted us / layer", template="plotly_white")
+    return fig
+
+
+def fig_greedy_curve(curve: list[float]) -> go.Figure:
+    fig = go.Figure(go.Scatter(x=np.arange(1, len(curve) + 1), y=curve, mode="lines+markers", name="Spearman rho"))
+    best = int(np.argmax(curve))
+    fig.add_scatter(x=[best + 1], y=[curve[best]], mode="markers", marker={"size": 14, "color": _color("eldr")},
+                    name=f"kept: {best + 1} layers")
+    fig.update_layout(title="Greedy layer selection: prefill-signature vs decode-profile distance correlation",
+                      xaxis_title="layers chosen (greedy order)", yaxis_title="Spearman rho", template="plotly_white")
+    return fig
+
+
+def fig_rate_sweep(df: pd.DataFrame) -> go.Figure:
+    """p50 TPOT and distinct experts per layer per step vs arrival rate, one line per router."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("p50 TPOT (ms)", "distinct experts / layer / step"))
+    for router, g in df.groupby("router", sort=False):
+        g = g.sort_values("rate")
+        style = {"color": _color(router), "width": 4 if router == "eldr" else 2}
+        fig.add_scatter(x=g["rate"], y=g["tpot_ms_p50"], mode="lines+markers", name=router, line=style, row=1, col=1,
+                        legendgroup=router)
+        fig.add_scatter(x=g["rate"], y=g["distinct_per_layer_step"], mode="lines+markers", name=router, line=style,
+                        row=1, col=2, legendgroup=router, showlegend=False)
+    fig.update_xaxes(title_text="arrival rate (req/s)")
+    fig.update_layout(title="Decode cluster: every router across arrival rates", template="plotly_white")
+    return fig
+
+
+def fig_paper_comparison(cmp: pd.DataFrame) -> go.Figure:
+    """Our relative p50 TPOT gain of ELDR over the best baseline vs the paper's, per rate."""
+    fig = go.Figure()
+    x = [f"{r:g} req/s" for r in cmp["rate"]]
+    fig.add_bar(x=x, y=cmp["paper_gain_pct"], name="paper (MI300X, vLLM, Task workload)", marker_color="#7f7f7f")
+    fig.add_bar(x=x, y=cmp["tpot_gain_pct"], name="moelab (H200 cost model, synthetic workload)", marker_color=_color("eldr"))
+    fig.add_bar(x=x, y=cmp["distinct_reduction_pct"], name="moelab: distinct-expert reduction", marker_color="#ff9896")
+    fig.add_hline(y=5.9, line_dash="dot", annotation_text="paper's lowest gain 5.9%")
+    fig.update_layout(barmode="group", title="ELDR p50 TPOT gain over the best of RR/Random/JSQ/P2C",
+                      yaxis_title="%", template="plotly_white")
+    return fig
+
+
+def fig_ablation(df: pd.DataFrame, column: str, title: str) -> go.Figure:
+    """p50 TPOT and distinct experts per configuration of one ablation column."""
+    d = df.dropna(subset=["tpot_ms_p50"]) if "tpot_ms_p50" in df else df
+    labels = [str(v) for v in d[column]]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("p50 TPOT (ms)", "distinct experts / layer / step"))
+    fig.add_bar(x=labels, y=d["tpot_ms_p50"], marker_color=_color("eldr"), showlegend=False, row=1, col=1)
+    fig.add_bar(x=labels, y=d["distinct_per_layer_step"], marker_color="#ff9896", showlegend=False, row=1, col=2)
+    fig.update_xaxes(title_text=column)
+    fig.update_layout(title=title, template="plotly_white")
+    return fig
+
+
+def eldr_panel(setups: dict[str, Any], run_one: Any, *, n_requests: int, output_len: int, with_workers: Any,
+               routers: tuple[str, ...], workers: int = 16, rate: float = 60.0) -> Any:
+    """Interactive panel: geometry, router, workers, tau, rate -> p50/p99 TPOT and distinct experts of
+    the chosen router next to JSQ, recomputed by the simulator on each change."""
+    import ipywidgets as w
+
+    geometry = w.Dropdown(options=list(setups), description="geometry", style={"description_width": "initial"})
+    router = w.Dropdown(options=list(routers), value="eldr", description="router")
+    workers = slider("decode workers K", workers, 2, 32, 1, integer=True)
+    tau = slider("tau", 0.1, 0.0, 2.0, 0.05)
+    rate = slider("rate (req/s, simulated)", float(rate), 1.0, 200.0, 1.0)
+    fig = go.FigureWidget(make_subplots(rows=1, cols=2, subplot_titles=("TPOT (ms)", "distinct experts / layer / step")))
+    for name in ("jsq", "chosen"):
+        fig.add_bar(x=["p50", "p99"], y=[0, 0], name=name, row=1, col=1)
+        fig.add_bar(x=["mean"], y=[0], name=name, row=1, col=2, showlegend=False)
+    fig.update_layout(template="plotly_white", barmode="group", height=380)
+    cache: dict[tuple, Any] = {}
+
+    def update(_: Any = None) -> None:
+        key = (geometry.value, workers.value)
+        if key not in cache:
+            base = setups[geometry.value]
+            cache[key] = base if base.n_workers == workers.value else with_workers(base, workers.value)
+        setup = cache[key]
+        res = {name: run_one(setup, r, rate=rate.value, tau=tau.value, n_requests=n_requests, output_len=output_len)
+               for name, r in (("jsq", "jsq"), ("chosen", router.value))}
+        with fig.batch_update():
+            for i, name in enumerate(("jsq", "chosen")):
+                m = res[name]
+                fig.data[2 * i].y = [m["tpot_ms_p50"], m["tpot_ms_p99"]]
+                fig.data[2 * i].name = name if name == "jsq" else router.value
+                fig.data[2 * i + 1].y = [m["distinct_per_layer_step"]]
+
+    for widget in (geometry, router, workers, tau, rate):
+        widget.observe(update, names="value")
+    update()
+    return w.VBox([w.HBox([geometry, router]), workers, tau, rate, fig])
+
+
+__all__ = ["eldr_panel", "fig_ablation", "fig_costmodel", "fig_greedy_curve", "fig_paper_comparison", "fig_rate_sweep"]
