@@ -1,0 +1,66 @@
+"""``moelab calibrate``: the CPU smoke path writes the H200 tables' format and the cost models fit it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("torch")
+
+from moelab.capture.calibrate import calibrate, main, smoke_plan  # noqa: E402
+from moelab.costmodel import MOE_SHAPES, AttentionModel, DenseVerifyModel  # noqa: E402
+from moelab.datasets import repo_root  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def smoke_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("calib")
+    assert main(["--smoke", "--out", str(out), "--reps", "3"]) == 0
+    return out
+
+
+def test_smoke_tables_have_the_h200_format(smoke_dir):
+    h200 = repo_root() / "data" / "calibration" / "h200"
+    for name in ("moe_step", "attn_step", "dense_verify"):
+        ours, ref = pd.read_csv(smoke_dir / f"{name}.csv"), pd.read_csv(h200 / f"{name}.csv", nrows=2)
+        assert list(ours.columns) == list(ref.columns), name
+        assert len(ours) > 0 and (ours.select_dtypes("number").to_numpy() > 0).all()
+    plan = smoke_plan()
+    moe = pd.read_csv(smoke_dir / "moe_step.csv")
+    for name, shape in plan.moe_shapes.items():
+        rows = moe[moe["model"] == name]
+        assert rows["D"].between(shape.top_k, shape.num_experts).all()
+        assert (rows["D"] <= rows["B"] * shape.top_k).all()  # a batch cannot touch more experts than it has slots
+        np.testing.assert_array_equal(rows["weight_bytes_per_layer"], rows["D"] * shape.expert_bytes)
+    env = json.loads((smoke_dir / "env.json").read_text())
+    assert env["smoke"] is True and env["device"] == "cpu" and env["copy_GBps"] > 0
+
+
+def test_cost_models_fit_the_measured_tables(smoke_dir):
+    fit = json.loads((smoke_dir / "fit.json").read_text())
+    assert "bmm_active" in fit["moe_step"] and fit["moe_step"]["bmm_active"]["points"] > 10
+    assert np.isfinite(fit["moe_step"]["bmm_active"]["median_abs_err_pct"])
+    assert not set(smoke_plan().moe_shapes) & set(MOE_SHAPES)  # smoke shapes were not left in the registry
+    AttentionModel.from_table(pd.read_csv(smoke_dir / "attn_step.csv"))
+    dense = DenseVerifyModel(pd.read_csv(smoke_dir / "dense_verify.csv"))
+    assert dense.relative_cost("smoke-dense", 1) == pytest.approx(1.0)
+    assert fit["dense_verify"]["smoke-dense"]["q=1"] == pytest.approx(1.0)
+
+
+def test_bad_input(tmp_path, capsys):
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA GPU"):
+            calibrate(tmp_path, smoke=False)
+        assert main(["--out", str(tmp_path)]) == 2
+        assert "--smoke" in capsys.readouterr().err
+        with pytest.raises(ValueError, match="no CUDA"):
+            calibrate(tmp_path, smoke=True, device="cuda")
+    with pytest.raises(ValueError, match="device"):
+        calibrate(tmp_path, smoke=True, device="tpu")
+    with pytest.raises(ValueError, match="reps"):
+        calibrate(tmp_path, smoke=True, reps=0)
