@@ -1,0 +1,131 @@
+"""Figures and the interactive panel of the AFD-sizing notebook (03_afd_ratio)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from moelab.afd import AFDCoefficients, idle_ratios, optimal_ratio, sweep, throughput_per_instance
+from moelab.viz.common import PALETTE, slider
+
+_IDLE_COLORS = {"attention": "#2ca02c", "ffn": "#9467bd"}
+
+
+def _theory_grid(r_max: float) -> np.ndarray:
+    return np.linspace(0.5, max(r_max, 2.0), 400)
+
+
+def throughput_figure(df: pd.DataFrame, *, B: int, mu_P: float, mu_D: float, N: float | None,
+                      coeffs: AFDCoefficients | None = None, widget: bool = False) -> go.Figure:
+    """Throughput per instance vs r: the closed form (line), the simulator (markers), r* (dashed)."""
+    c = coeffs or AFDCoefficients()
+    r_star = optimal_ratio(B, mu_P, mu_D, N, c)
+    grid = _theory_grid(max(df["r"].max(), 1.5 * r_star))
+    fig = go.FigureWidget() if widget else go.Figure()
+    fig.add_scatter(x=grid, y=throughput_per_instance(grid, B, mu_P, mu_D, N, c), mode="lines", name="theory",
+                    line={"color": PALETTE["theory"]})
+    fig.add_scatter(x=df["r"], y=df["sim_throughput"], mode="markers+lines", name="simulation",
+                    marker={"color": PALETTE["simulation"], "size": 9}, line={"dash": "dot", "width": 1})
+    fig.add_vline(x=r_star, line_dash="dash", line_color="black", annotation_text=f"r* = {r_star:.2f}")
+    fig.update_layout(title=f"Throughput per instance (B={B}, mu_P={mu_P:g}, mu_D={mu_D:g}, N={N})",
+                      xaxis_title="r = attention instances per FFN instance",
+                      yaxis_title=f"tokens per {c.unit.rstrip('s')} per instance", template="plotly_white")
+    return fig
+
+
+def idle_figure(df: pd.DataFrame, *, B: int, mu_P: float, mu_D: float, N: float | None,
+                coeffs: AFDCoefficients | None = None, widget: bool = False) -> go.Figure:
+    """Attention and FFN idle ratios vs r: theory (lines) and simulation (markers)."""
+    c = coeffs or AFDCoefficients()
+    grid = _theory_grid(df["r"].max())
+    idle = idle_ratios(grid, B, mu_P, mu_D, N, c)
+    fig = go.FigureWidget() if widget else go.Figure()
+    for side, label in (("attention", "attention"), ("ffn", "FFN")):
+        fig.add_scatter(x=grid, y=idle[side], mode="lines", name=f"{label} idle (theory)",
+                        line={"color": _IDLE_COLORS[side]})
+        fig.add_scatter(x=df["r"], y=df[f"sim_{side}_idle"], mode="markers", name=f"{label} idle (simulation)",
+                        marker={"color": _IDLE_COLORS[side], "size": 9, "symbol": "diamond"})
+    fig.add_vline(x=optimal_ratio(B, mu_P, mu_D, N, c), line_dash="dash", line_color="black", annotation_text="r*")
+    fig.update_layout(title="Idle share of each side: they cross where neither waits for the other",
+                      xaxis_title="r", yaxis_title="idle share of time", yaxis_tickformat=".0%",
+                      template="plotly_white")
+    return fig
+
+
+def ratio_table_figure(table: pd.DataFrame, N: float | None = 10_000) -> go.Figure:
+    """The r* table as a compact plotly table: rows (B, mu_P), one column per mu_D; entries set by the
+    FFN peak rather than attention balance are marked "(peak)"."""
+    label = table.assign(text=[f"{r:.2f}" + (" (peak)" if b == "ffn_peak" else "")
+                               for r, b in zip(table["r_star"], table["binding"])])
+    wide = label.pivot_table(index=["B", "mu_P"], columns="mu_D", values="text", aggfunc="first").reset_index()
+    header = ["B", "mu_P"] + [f"r* at mu_D={d:g}" for d in wide.columns[2:]]
+    cells = [wide["B"], wide["mu_P"].map(lambda v: f"{v:g}")] + [wide[c] for c in wide.columns[2:]]
+    fig = go.Figure(go.Table(header={"values": header, "fill_color": "#dbe6f3"}, cells={"values": cells, "height": 26}))
+    fig.update_layout(title=f"r* for each workload (N = {N} requests per instance)", height=140 + 27 * len(wide))
+    return fig
+
+
+def afd_panel(B: int = 256, mu_P: float = 100, mu_D: float = 500, N: float = 10_000, *,
+              r_values=(1, 2, 4, 8, 16, 24, 32), seed: int = 0):
+    """Sliders for the workload and the six coefficients (or the H200 calibration) wired to
+    FigureWidgets: throughput per instance (theory vs simulation) and idle ratios."""
+    import ipywidgets as w
+
+    paper = AFDCoefficients()
+    s_B = slider("B (slots per attention instance)", B, 16, 1024, 16, integer=True)
+    s_P = slider("mu_P (mean prompt)", mu_P, 0, 4000, 50)
+    s_D = slider("mu_D (mean decode)", mu_D, 10, 4000, 10)
+    # the simulator runs the same horizon N as the theory; 10^4.5 requests keep a sweep to a few seconds
+    s_N = slider("log10 N (requests per instance)", float(np.log10(N)), 2, 4.5, 0.25)
+    coef = {name: slider(name, getattr(paper, name), 0, 4 * getattr(paper, name), getattr(paper, name) / 50)
+            for name in ("a_A", "b_A", "a_F", "b_F", "a_C", "b_C")}
+    coef["a_F"].min = paper.a_F / 50  # a_F must stay > 0
+    h200 = w.Checkbox(value=False, description="use H200 calibration (Qwen3-30B-A3B, ms)")
+    simulate_box = w.Checkbox(value=True, description="simulate (same N as the theory)")
+    status = w.HTML()
+
+    def params():
+        coeffs = AFDCoefficients.from_calibration("h200") if h200.value else \
+            AFDCoefficients(**{k: s.value for k, s in coef.items()})
+        return int(s_B.value), float(s_P.value), float(s_D.value), float(10**s_N.value), coeffs
+
+    def frame(b, p, d, n, coeffs):
+        if simulate_box.value:
+            return sweep(r_values, b, p, d, requests=n, coeffs=coeffs, seed=seed)
+        r = np.asarray(r_values, dtype=float)
+        idle = idle_ratios(r, b, p, d, n, coeffs)
+        return pd.DataFrame({"r": r, "sim_throughput": np.nan, "sim_attention_idle": np.nan,
+                             "sim_ffn_idle": np.nan, "theory_attention_idle": idle["attention"]})
+
+    b, p, d, n, coeffs = params()
+    df = frame(b, p, d, n, coeffs)
+    f_tp = throughput_figure(df, B=b, mu_P=p, mu_D=d, N=n, coeffs=coeffs, widget=True)
+    f_idle = idle_figure(df, B=b, mu_P=p, mu_D=d, N=n, coeffs=coeffs, widget=True)
+
+    def update(_=None):
+        b, p, d, n, coeffs = params()
+        for s in coef.values():
+            s.disabled = h200.value
+        df = frame(b, p, d, n, coeffs)
+        new_tp = throughput_figure(df, B=b, mu_P=p, mu_D=d, N=n, coeffs=coeffs)
+        new_idle = idle_figure(df, B=b, mu_P=p, mu_D=d, N=n, coeffs=coeffs)
+        for target, source in ((f_tp, new_tp), (f_idle, new_idle)):
+            with target.batch_update():
+                for old, new in zip(target.data, source.data):
+                    old.x, old.y = new.x, new.y
+                target.layout.shapes = source.layout.shapes
+                target.layout.annotations = source.layout.annotations
+                target.layout.title = source.layout.title
+                target.layout.yaxis.title = source.layout.yaxis.title
+        status.value = f"<b>r* = {optimal_ratio(b, p, d, n, coeffs):.2f}</b> &nbsp; coefficients: {coeffs.source}"
+
+    for control in (s_B, s_P, s_D, s_N, h200, simulate_box, *coef.values()):
+        control.observe(update, names="value")
+    update()
+    left = w.VBox([s_B, s_P, s_D, s_N, h200, simulate_box])
+    right = w.VBox(list(coef.values()))
+    return w.VBox([w.HBox([left, right]), status, f_tp, f_idle])
+
+
+__all__ = ["afd_panel", "idle_figure", "ratio_table_figure", "throughput_figure"]
