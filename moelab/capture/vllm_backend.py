@@ -196,7 +196,7 @@ def remove_hooks(engine: Any) -> None:
     engine.collective_rpc(_remove)
 
 
-def _resolve_path(model: Any) -> str:
+def resolve_model_path(model: Any) -> str:
     """``"tiny-moe"`` -> the bundled model folder; anything else unchanged."""
     if str(model) in ("tiny-moe", "moelab-tiny-moe"):
         from moelab.models.tiny_moe import TINY_MOE_PATH
@@ -268,7 +268,7 @@ def capture_vllm(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], m
     if len(request_ids) != n or len(domains) != n:
         raise ValueError(f"request_ids and domains must have one entry per prompt ({n})")
     require_vllm()
-    engine = model if _is_engine(model) else make_engine(_resolve_path(model), **engine_kwargs)
+    engine = model if _is_engine(model) else make_engine(resolve_model_path(model), **engine_kwargs)
     token_lists = _tokenize(engine, prompts, tokenizer, add_special_tokens)
     # always generate past EOS (the EOS token's own decode step must be fed and recorded), then cut
     info, prefill_ids, decode_ids, probs, gen = _capture(engine, token_lists, max_new_tokens, ignore_eos=True,

@@ -1,0 +1,67 @@
+"""What routing does to a deployment's decode batches, measured on a captured trace.
+
+Given a trace captured from a live deployment (e.g. through vLLM) and per-request routing
+signatures, each router places the requests on ``K`` decode workers (equal capacity, arrival order);
+each worker then decodes its requests together, and we count the DISTINCT experts each decode step
+loads per MoE layer — the quantity MoE decode latency follows (ELDR's premise). Pure numpy on the
+trace's recorded expert ids; no model is run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from moelab._validate import check_int, rng_from
+from moelab.routing import ClusterView, RequestBatch, Router, make_router
+from moelab.traces import ExpertTrace
+
+
+def assign(router: Router, signatures: np.ndarray, prompt_lens: np.ndarray, n_workers: int, *,
+           order: np.ndarray | None = None) -> np.ndarray:
+    """Worker of every request when ``router`` places them one by one on ``n_workers`` workers of
+    capacity ``ceil(N / n_workers)`` (nothing finishes meanwhile). ``order``: arrival order."""
+    n_workers = check_int("n_workers", n_workers, low=1)
+    n = len(prompt_lens)
+    order = np.arange(n) if order is None else np.asarray(order)
+    cap = math.ceil(n / n_workers)
+    view = ClusterView(np.zeros(n_workers), np.zeros(n_workers), np.full(n_workers, cap))
+    router.reset(n_workers)
+    out = np.full(n, -1, dtype=np.int64)
+    for i in order:
+        w = int(router.route(RequestBatch(prompt_lens[i:i + 1], signature=signatures[i:i + 1]), view)[0])
+        out[i] = w
+        view.admit(w, int(prompt_lens[i]))
+    return out
+
+
+def distinct_per_step(trace: ExpertTrace, workers: np.ndarray, n_workers: int, *, max_steps: int | None = None) -> float:
+    """Mean distinct experts per layer per decode step, over workers and steps, when each worker
+    decodes its requests as one batch (step ``t`` of every request together)."""
+    steps = int(trace.decode_lens.min()) if max_steps is None else min(int(max_steps), int(trace.decode_lens.min()))
+    if steps < 1:
+        raise ValueError("every request needs at least one captured decode step")
+    vals = [trace.distinct_experts(np.flatnonzero(workers == w), t).mean()
+            for w in range(n_workers) if np.any(workers == w) for t in range(steps)]
+    return float(np.mean(vals))
+
+
+def compare_routers(trace: ExpertTrace, signatures: np.ndarray, centroids: np.ndarray, n_workers: int, *,
+                    routers: tuple[str, ...] = ("round_robin", "random", "jsq", "p2c", "eldr"), tau: float = 0.1,
+                    seed: int = 0) -> dict[str, Any]:
+    """Distinct experts per layer per decode step under each router, plus ELDR's reduction vs the
+    best load balancer. Requests arrive in a seeded random order (same for every router)."""
+    order = rng_from(seed).permutation(trace.n_requests)
+    lens = trace.prompt_lens
+    out: dict[str, Any] = {"distinct": {}, "groups": {}}
+    for name in routers:
+        router = make_router(name, seed=seed, **({"centroids": centroids, "tau": tau} if name == "eldr" else {}))
+        w = assign(router, signatures, lens, n_workers, order=order)
+        out["groups"][name] = w
+        out["distinct"][name] = distinct_per_step(trace, w, n_workers)
+    base = [v for k, v in out["distinct"].items() if k != "eldr"]
+    if "eldr" in out["distinct"] and base:
+        out["eldr_reduction_pct"] = float(100 * (1 - out["distinct"]["eldr"] / min(base)))
+    return out
