@@ -1,0 +1,34 @@
+"""vLLM missing or outside the supported range gives a clear error (no vLLM needed to run these)."""
+
+from __future__ import annotations
+
+import pytest
+
+from moelab.models import vllm_engine
+from moelab.models.vllm_engine import SUPPORTED_VLLM_TEXT, VLLMUnavailableError, require_vllm, vllm_status
+
+
+@pytest.mark.parametrize("version, ok", [("0.32.0", True), ("0.32.7+cpu", True), ("0.31.2", False), ("0.33.0", False),
+                                         ("1.0.0", False), (None, False)])
+def test_version_range(monkeypatch, version, ok):
+    monkeypatch.setattr(vllm_engine, "_installed_version", lambda: version)
+    usable, why = vllm_status()
+    assert usable is ok
+    if not ok:
+        assert SUPPORTED_VLLM_TEXT in why
+        with pytest.raises(VLLMUnavailableError, match="vllm"):
+            require_vllm()
+
+
+def test_capture_backend_vllm_says_why(monkeypatch):
+    from moelab.capture import capture
+
+    monkeypatch.setattr(vllm_engine, "_installed_version", lambda: "0.10.1")
+    with pytest.raises(VLLMUnavailableError, match="0.10.1"):
+        capture("tiny-moe", [[1, 2, 3]], 2, backend="vllm")
+
+
+def test_server_launch_refuses_without_supported_vllm(monkeypatch, tmp_path):
+    monkeypatch.setattr(vllm_engine, "_installed_version", lambda: None)
+    with pytest.raises(VLLMUnavailableError, match="not installed"):
+        vllm_engine.launch_server(tmp_path, 8000)
