@@ -99,6 +99,8 @@ def termination_prob(mu_D: float) -> float:
 
 def horizon_steps(B: int, mu_D: float, N: float) -> float:
     """Decode steps ``K = N/(B p)`` in which B slots serve N requests on average."""
+    if N is None:
+        raise ValueError("N must be a real number in (0, inf) (requests per attention instance); got None")
     B, _, mu_D, N = _workload(B, 0.0, mu_D, N)
     return N / (B * termination_prob(mu_D))
 
