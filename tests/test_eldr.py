@@ -47,10 +47,12 @@ def test_signature_idf_and_unit_norm(small_workload):
     df = (tr.prefill_counts > 0).sum(axis=0)
     assert np.allclose(sb.idf, np.log((n + 1) / (df + 1)))
     v = sb.transform(tr)
-    assert v.shape == (n, sb.dim) == (n, SMALL.num_layers * SMALL.num_experts)
+    # coordinates with idf == 0 (experts every request used) are dropped: zero everywhere, cosine unchanged
+    assert v.shape == (n, sb.dim) == (n, int((sb.idf > 0).sum()))
     assert np.allclose(np.linalg.norm(v, axis=1), 1.0)
     x = tr.prefill_counts[0] * sb.idf
-    assert np.allclose(v[0], x.ravel() / np.linalg.norm(x))
+    assert np.allclose(v[0], x.ravel()[sb.columns] / np.linalg.norm(x))
+    assert np.allclose(v @ v.T, sb.transform(tr.prefill_counts * 1.0) @ v.T)
 
 
 def test_signature_greedy_mask_and_report(small_workload):
@@ -325,3 +327,35 @@ def test_domain_spread_from_real_counts(public_data):
     assert sg.shape == sd.shape == (48,)
     with pytest.raises(ValueError, match="n_requests"):
         generate(0, SMALL)
+
+
+def test_online_refit_realigns_to_workers():
+    from moelab.eldr.partition import OnlineRefitter
+
+    rng = np.random.default_rng(4)
+    C = np.eye(3)
+    refit = OnlineRefitter(window_s=1.0, every_s=0.5, min_points=30, seed=0)
+    r = ELDRRouter(C, tau=0.0, refit=refit).reset(3)
+    # the traffic drifts: cluster j now sits near (e_j + 0.3 e_{j+1}); refits must keep worker j on cluster j
+    t = 0.0
+    for _ in range(90):
+        j = int(rng.integers(3))
+        v = np.eye(3)[j] + 0.3 * np.eye(3)[(j + 1) % 3] + rng.normal(0, 0.02, 3)
+        t += 0.02
+        view = _view([0, 0, 0])
+        view.time_s = t
+        assert r.route(RequestBatch([1], v / np.linalg.norm(v)), view)[0] == j
+    assert refit.n_refits >= 1
+    assert np.all(np.argmax(r.centroids, axis=1) == np.arange(3))
+    assert not np.allclose(r.centroids, np.eye(3))
+
+
+def test_cost_model_from_hf_config():
+    cfg = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+           "moe_intermediate_size": 128, "num_experts": 16, "num_experts_per_tok": 2, "num_hidden_layers": 4,
+           "vocab_size": 5000, "model_type": "qwen3_moe"}
+    m = DecodeStepModel.from_hf_config(cfg)
+    m.check_geometry(4, 16, 2)
+    assert m.shape.moe.expert_bytes == 3 * 256 * 128 * 2
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        DecodeStepModel.from_hf_config({k: v for k, v in cfg.items() if k != "num_experts_per_tok"})

@@ -3,9 +3,26 @@
 signature (prefill counts -> unit vector) -> partition (balanced spherical K-means, one centroid per
 decode worker) -> routing (locality band tau) -> sim (decode cluster with a calibrated cost model).
 ``cache`` keeps per-KV-block expert histograms so prefix caching leaves signatures exact;
-``workload`` generates the realistic-scale synthetic workload (clearly labelled synthetic).
+``workload`` generates the realistic-scale synthetic workload (clearly labelled synthetic);
+``experiments`` runs the paper's sweeps and ablations.
 """
 
+from moelab.eldr.cache import Admission, SignatureCache, full_prefill_counts
+from moelab.eldr.partition import KMeansResult, OnlineRefitter, align_centroids, spherical_kmeans
+from moelab.eldr.routing import DomainOracleRouter, ELDRRouter
 from moelab.eldr.signature import KINDS, SignatureBuilder, decode_recall, greedy_layer_mask, predictability
+from moelab.eldr.sim import DecodeRequests, SimResult, pack_expert_bits, poisson_requests, simulate
+from moelab.eldr.workload import (
+    SyntheticConfig,
+    SyntheticWorkload,
+    fit_domain_spread,
+    generate,
+    workload_stats,
+)
 
-__all__ = ["KINDS", "SignatureBuilder", "decode_recall", "greedy_layer_mask", "predictability"]
+__all__ = [
+    "KINDS", "Admission", "DecodeRequests", "DomainOracleRouter", "ELDRRouter", "KMeansResult", "OnlineRefitter",
+    "SignatureBuilder", "SignatureCache", "SimResult", "SyntheticConfig", "SyntheticWorkload", "align_centroids",
+    "decode_recall", "fit_domain_spread", "full_prefill_counts", "generate", "greedy_layer_mask", "pack_expert_bits",
+    "poisson_requests", "predictability", "simulate", "spherical_kmeans", "workload_stats",
+]

@@ -34,6 +34,7 @@ class ELDRRouter(Router):
                  refit: OnlineRefitter | None = None) -> None:
         super().__init__(seed)
         self.tau = check_real("tau", tau, low=0)
+        self._tau32 = np.float32(self.tau)
         self.refit = refit
         self.centroids: np.ndarray | None = None
         if centroids is not None:
@@ -45,6 +46,8 @@ class ELDRRouter(Router):
             raise ValueError("centroids must have K >= 1 rows (one per worker)")
         self.centroids = C / np.maximum(np.linalg.norm(C, axis=1, keepdims=True), 1e-12)
         self._ct = np.ascontiguousarray(self.centroids.T)
+        # float32 copy for the one-request fast path: the [K, d] matrix is the memory traffic of a decision
+        self._c32 = np.ascontiguousarray(self.centroids, dtype=np.float32)
         return self
 
     def fit(self, signatures: np.ndarray, n_workers: int, *, balanced: bool = True, seed: int = 0) -> ELDRRouter:
@@ -84,17 +87,19 @@ class ELDRRouter(Router):
             new = self.refit.maybe_refit(view.time_s, self.centroids)
             if new is not None:
                 self.set_centroids(new)
-        load = view.active + view.waiting
-        if len(batch) == 1 and view.free_slots.min() > 0:
-            # fast path (one request, every worker open): the common case in an event-driven cluster;
-            # a row-major [K, d] matrix times a vector streams the centroids once
-            s = self.centroids @ sig[0]
-            cand = np.flatnonzero(s >= s.max() - self.tau)
-            lc = load[cand]
-            best = cand[lc == lc.min()]
-            w = best[0] if best.size == 1 else best[self.rng.integers(best.size)]
-            return np.array([w], dtype=np.int64)
+        if sig.shape[0] == 1:
+            # fast path (one request): the common case in an event-driven cluster. A row-major float32
+            # [K, d] matrix times a vector streams the centroids once. If every worker in the global band
+            # has a free slot, the band among open workers is the same set, so the decision is final.
+            s = np.dot(self._c32, sig[0].astype(np.float32))
+            cand = np.flatnonzero(s >= s.max() - self._tau32)
+            if view.free_slots[cand].min() > 0:
+                lc = view.active[cand] + view.waiting[cand]
+                best = cand[lc == lc.min()]
+                w = best[0] if best.size == 1 else best[self.rng.integers(best.size)]
+                return np.array([w], dtype=np.int64)
         S = sig @ self._ct
+        load = view.active + view.waiting
         free = view.free_slots.copy()
         out = np.full(len(batch), UNASSIGNED, dtype=np.int64)
         for i in range(len(batch)):

@@ -165,6 +165,7 @@ class SignatureBuilder:
         self.mask: np.ndarray | None = None
         self.curve: list[float] = []
         self.shape: tuple[int, int] | None = None
+        self.columns: np.ndarray = np.zeros(0, dtype=np.int64)
 
     # ------------------------------------------------------------------ inputs
     def _signal(self, trace: ExpertTrace) -> np.ndarray:
@@ -198,13 +199,21 @@ class SignatureBuilder:
             if mask.shape != (L,) or not mask.any():
                 raise ValueError(f"layer_mask must be a boolean array of length num_layers={L} with a True entry")
             self.mask = mask
+        # count_idf: an expert every calibration request used has idf == 0, so its coordinate is 0 in
+        # every signature and centroid; dropping it is lossless and shrinks the routing dot products
+        cols = np.ones((int(self.mask.sum()), E), dtype=bool)
+        if self.kind == "count_idf":
+            cols = self.idf[self.mask] > 0
+            if not cols.any():
+                raise ValueError("every expert was used by every calibration request (all idf = 0); use kind='count'")
+        self.columns = np.flatnonzero(cols.ravel())
         return self
 
     @property
     def dim(self) -> int:
-        """Signature dimension (chosen layers x experts)."""
+        """Signature dimension (chosen layers x experts, less coordinates that are zero for everyone)."""
         self._check_fitted()
-        return int(self.mask.sum()) * self.shape[1]
+        return int(self.columns.size)
 
     def _check_fitted(self) -> None:
         if self.mask is None or self.shape is None:
@@ -219,7 +228,7 @@ class SignatureBuilder:
         x = x[None] if x.ndim == 2 else x
         if x.ndim != 3 or x.shape[1:] != self.shape:
             raise ValueError(f"signal must have shape (N, L, E) with (L, E)={self.shape}; got {np.shape(signal)}")
-        v = self._weighted(x)[:, self.mask].reshape(x.shape[0], -1)
+        v = self._weighted(x)[:, self.mask].reshape(x.shape[0], -1)[:, self.columns]
         return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
 
     def report(self, trace: ExpertTrace, n_pairs: int | None = None) -> dict[str, float]:

@@ -183,7 +183,7 @@ def simulate(
     active = np.zeros(K, np.int64)
     waiting = np.zeros(K, np.int64)
     kv = np.zeros(K, np.int64)  # KV tokens a worker holds (queued requests included): what routers see
-    kv_run = np.zeros(K, np.int64)  # KV tokens of the running batch: what attention reads
+    kv_run = [0] * K  # KV tokens of the running batch: what attention reads (Python ints: cheap scalar updates)
     free = np.full(K, 1 << 30, np.int64)  # workers queue without limit; the cap applies at admission
     step_end = np.full(K, np.inf)
     log_w: list[int] = []
@@ -191,6 +191,8 @@ def simulate(
     log_b: list[int] = []
     log_d: list[int] = []
     log_ms: list[float] = []
+    flat_bits = bits.reshape(bits.shape[0], -1)  # [sum T, L * words]: one contiguous row per token
+    or_reduce = np.bitwise_or.reduce
     req_block = np.stack([np.arange(n), start_row, tlen, off, np.zeros(n, np.int64), olen])
 
     def start_step(w: int, t: float) -> None:
@@ -211,8 +213,8 @@ def simulate(
             step_end[w] = np.inf
             return
         rows = st[1] + st[3] % st[2]
-        sum_d = int(np.bitwise_count(np.bitwise_or.reduce(bits[rows], axis=0)).sum())
-        attn = a_base + a_slope * int(kv_run[w])
+        sum_d = int(np.bitwise_count(or_reduce(flat_bits[rows], axis=0)).sum())
+        attn = a_base + a_slope * kv_run[w]
         ms = fixed[b] + per_d[b] * sum_d + L * (attn if attn > a_floor else a_floor)
         step_end[w] = t + ms * 1e-3
         log_w.append(w)
@@ -242,7 +244,7 @@ def simulate(
     ai = 0
     view = ClusterView(active, kv, free, waiting)
     while True:
-        w = int(np.argmin(step_end))
+        w = int(step_end.argmin())
         t_end = step_end[w]
         if ai < n and arrival[ai] <= t_end:
             t = float(arrival[ai])
