@@ -186,6 +186,29 @@ def test_bad_inputs(engine, tmp_path):
         capture_vllm(engine, [[5] * 600], 4, progress=False)
     with pytest.raises(ValueError, match="empty"):
         capture_vllm(engine, [""], 4)
+    with pytest.raises(ValueError, match="method"):
+        capture_vllm(engine, [[1, 2, 3]], 2, method="magic")
+    with pytest.raises(ValueError, match="GPU"):  # vLLM's own routed-experts output needs a GPU
+        capture_vllm(engine, [[1, 2, 3]], 2, method="routed_experts")
+    with pytest.raises(ValueError, match="GPU"):
+        make_engine(_model_dir(), return_routed_experts=True)
+
+
+def test_model_without_moe_layers_is_refused(tmp_path):
+    """A dense model runs in vLLM, but capture says plainly there is nothing to capture."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from moelab.capture.vllm_backend import NoMoELayersError, capture_vllm
+    from moelab.models.vllm_engine import make_engine
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=32, max_position_embeddings=256)
+    Qwen3ForCausalLM(cfg).save_pretrained(tmp_path / "dense")
+    dense = make_engine(tmp_path / "dense", max_model_len=128, max_num_seqs=2, skip_tokenizer_init=True)
+    with pytest.raises(NoMoELayersError, match="no MoE layers"):
+        capture_vllm(dense, [[1, 2, 3]], 2, progress=False)
 
 
 # ---------------------------------------------------------------------- router proxy over live servers

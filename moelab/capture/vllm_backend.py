@@ -32,11 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from moelab._validate import check_int
+from moelab._validate import check_choice, check_int
 from moelab.models.vllm_engine import make_engine, require_vllm
 from moelab.traces import ExpertTrace, Geometry, default_provenance
 
 _ATTR = "_moelab_expert_recorder"
+_METHODS = {"hooks": "moelab hooks (MoERunner capture_fn, GateLinear, runner batch layout)",
+            "routed_experts": "vLLM enable_return_routed_experts (CompletionOutput.routed_experts)"}
 _ENGINE_LOCK = threading.RLock()  # one engine call at a time (the signature service runs in a thread)
 _LAYER_RE = re.compile(r"layers\.(\d+)\.")
 
@@ -221,7 +223,7 @@ def capture_vllm(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], m
                  request_ids: Sequence[str] | None = None, domains: Sequence[str] | None = None,
                  tokenizer: Any = None, add_special_tokens: bool = False, stop_at_eos: bool = False,
                  with_probs: bool = True, keep_prefill_ids: bool = True, model_name: str | None = None,
-                 progress: bool = True, **engine_kwargs: Any) -> ExpertTrace:
+                 method: str = "auto", progress: bool = True, **engine_kwargs: Any) -> ExpertTrace:
     """Capture prefill expert counts and greedy-decode top-k ids of ``prompts`` through vLLM.
 
     Same semantics as the HF backend (:func:`moelab.capture.hf.capture_hf`), so the two traces are
@@ -251,13 +253,18 @@ def capture_vllm(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], m
         Record router probabilities summed over prompt tokens; keep per-token prefill ids.
     model_name : str, optional
         Name recorded in the geometry and provenance.
+    method : {"auto", "hooks", "routed_experts"}
+        ``"routed_experts"`` reads vLLM's own per-token routing (engines made with
+        ``make_engine(..., return_routed_experts=True)``; needs a GPU: Model Runner V2 + Triton; no
+        router probabilities, and CUDA graphs may stay on). ``"hooks"`` uses moelab's hooks (CPU and
+        GPU, eager mode). ``"auto"``: routed_experts when the engine returns them, else hooks.
     progress : bool
         vLLM's progress bar.
 
     Returns
     -------
     ExpertTrace with ``prefill_counts``, ``decode_ids``, ``decode_tokens`` (+ ``prefill_ids``,
-    ``prefill_probs``).
+    ``prefill_probs`` with hooks).
     """
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1)
     n = len(prompts)
@@ -271,8 +278,19 @@ def capture_vllm(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], m
     engine = model if _is_engine(model) else make_engine(resolve_model_path(model), **engine_kwargs)
     token_lists = _tokenize(engine, prompts, tokenizer, add_special_tokens)
     # always generate past EOS (the EOS token's own decode step must be fed and recorded), then cut
-    info, prefill_ids, decode_ids, probs, gen = _capture(engine, token_lists, max_new_tokens, ignore_eos=True,
-                                                         with_probs=with_probs, progress=progress, labels=request_ids)
+    check_choice("method", method, ("auto", "hooks", "routed_experts"))
+    native = _returns_routed_experts(engine)
+    if method == "routed_experts" and not native:
+        raise ValueError("method='routed_experts' needs an engine made with return_routed_experts=True (GPU only: "
+                         "vLLM's routed-experts capture needs Model Runner V2 + Triton); use method='hooks'")
+    if native and method != "hooks":
+        method = "routed_experts"
+        with_probs = False  # vLLM returns expert ids only
+        info, prefill_ids, decode_ids, probs, gen = _capture_native(engine, token_lists, max_new_tokens, progress, request_ids)
+    else:
+        method = "hooks"
+        info, prefill_ids, decode_ids, probs, gen = _capture(engine, token_lists, max_new_tokens, ignore_eos=True,
+                                                             with_probs=with_probs, progress=progress, labels=request_ids)
     if stop_at_eos:
         eos = _eos_ids(engine)
         for i, g in enumerate(gen):
@@ -288,7 +306,7 @@ def capture_vllm(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], m
         request_ids=request_ids, domains=domains, prompt_tokens=[np.asarray(t) for t in token_lists],
         prefill_counts=counts, decode_ids=decode_ids,
         geometry=Geometry(L, E, k, name, tuple(f"layers.{lid}.mlp" for lid in info["layer_ids"])),
-        provenance=default_provenance("vllm", name, method="moelab hooks (MoERunner capture_fn, GateLinear, runner batch layout)",
+        provenance=default_provenance("vllm", name, method=_METHODS[method],
                                       max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos, greedy=True,
                                       decode_semantics="decode_ids[t] = routing of the forward whose input is decode_tokens[t]"),
         prefill_ids=prefill_ids if keep_prefill_ids else None, prefill_probs=probs.astype(np.float32) if with_probs else None,
@@ -354,6 +372,43 @@ def _capture(engine: Any, token_lists: list[list[int]], max_new_tokens: int, *, 
         raise RuntimeError(f"vLLM capture lost tokens of requests {missing[:5]}: was prefix caching enabled on this "
                            "engine (cached prefixes are not recomputed)? make one with moelab.models.vllm_engine.make_engine")
     return info, prefill_ids, decode_ids, probs, gen
+
+
+def _returns_routed_experts(engine: Any) -> bool:
+    try:
+        return bool(engine.llm_engine.vllm_config.aux_output_config.enable_return_routed_experts)
+    except AttributeError:
+        return False
+
+
+def _capture_native(engine: Any, token_lists: list[list[int]], max_new_tokens: int, progress: bool,
+                    labels: Sequence[str]) -> tuple[dict[str, Any], list[np.ndarray], list[np.ndarray], np.ndarray, list[list[int]]]:
+    """Per-token routing from vLLM's ``routed_experts`` output (``[fed tokens, L, k]`` per request:
+    row ``p`` is the token at position ``p``). Written to the vLLM 0.32 output format; GPU only, so
+    not exercised by moelab's CPU tests."""
+    vllm = require_vllm()
+    cfg = engine.llm_engine.model_config.hf_config
+    cfg = getattr(cfg, "text_config", None) or cfg
+    E = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None) or getattr(cfg, "n_routed_experts", None)
+    if not E:
+        raise NoMoELayersError("the model config names no experts (num_experts / num_local_experts): not an MoE")
+    params = vllm.SamplingParams(max_tokens=max_new_tokens + 1, temperature=0.0, ignore_eos=True)
+    with _ENGINE_LOCK:
+        outputs = engine.generate([{"prompt_token_ids": t} for t in token_lists], params, use_tqdm=progress)
+    prefill_ids, decode_ids, gen = [], [], []
+    for i, (o, toks) in enumerate(zip(outputs, token_lists)):
+        routed = getattr(o.outputs[0], "routed_experts", None)
+        P, g = len(toks), list(o.outputs[0].token_ids)
+        T = min(max(len(g) - 1, 0), max_new_tokens)
+        if routed is None or routed.ndim != 3 or routed.shape[0] < P + T:
+            raise RuntimeError(f"vLLM returned no usable routed_experts for request {labels[i]} "
+                               f"(shape {None if routed is None else routed.shape}, need >= {P + T} rows); use method='hooks'")
+        prefill_ids.append(np.asarray(routed[:P], np.int32))
+        decode_ids.append(np.asarray(routed[P:P + T], np.int32))
+        gen.append(g)
+    L, k = prefill_ids[0].shape[1:]
+    info = {"num_layers": int(L), "top_k": int(k), "num_experts": int(E), "layer_ids": list(range(int(L)))}
+    return info, prefill_ids, decode_ids, np.zeros((len(token_lists), int(L), int(E))), gen
 
 
 def prefill_counts(engine: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *, tokenizer: Any = None,

@@ -103,7 +103,8 @@ def _check_model_dir(model: str) -> dict[str, Any] | None:
 
 def make_engine(model: str | os.PathLike, *, max_model_len: int = 1024, max_num_seqs: int = 16,
                 max_num_batched_tokens: int | None = None, dtype: str | None = None, seed: int = 0,
-                kv_cache_gib: float = 1.0, enforce_eager: bool | None = None, **engine_kwargs: Any) -> Any:
+                kv_cache_gib: float = 1.0, enforce_eager: bool | None = None, return_routed_experts: bool = False,
+                **engine_kwargs: Any) -> Any:
     """Create an in-process ``vllm.LLM`` for ``model`` (a local folder or a hub id).
 
     Parameters
@@ -117,7 +118,12 @@ def make_engine(model: str | os.PathLike, *, max_model_len: int = 1024, max_num_
     kv_cache_gib : float
         KV-cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``); on GPU vLLM sizes it itself.
     enforce_eager : bool, optional
-        Default True: moelab's Python hooks cannot run inside CUDA graphs or compiled regions.
+        Default True: moelab's Python hooks cannot run inside CUDA graphs or compiled regions
+        (False by default with ``return_routed_experts``).
+    return_routed_experts : bool
+        Turn on vLLM's own per-token routing output (``enable_return_routed_experts``), which
+        :func:`moelab.capture.vllm_backend.capture_vllm` then prefers. GPU only (needs Model Runner
+        V2 + Triton); on CPU this is refused with a clear error.
     **engine_kwargs
         Passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``).
 
@@ -140,9 +146,15 @@ def make_engine(model: str | os.PathLike, *, max_model_len: int = 1024, max_num_
             head = text_cfg.get("head_dim") or text_cfg.get("hidden_size", 0) // max(1, text_cfg.get("num_attention_heads", 1))
             if head and head not in CPU_HEAD_SIZES:
                 raise ValueError(f"model {model!r} has head_dim={head}; vLLM's CPU attention supports {list(CPU_HEAD_SIZES)}")
+    if return_routed_experts and cpu:
+        raise ValueError("return_routed_experts needs a GPU (vLLM's routed-experts capture needs Model Runner V2 + "
+                         "Triton); on CPU moelab captures with hooks instead")
+    if enforce_eager is None:
+        enforce_eager = not return_routed_experts
     kwargs: dict[str, Any] = dict(dtype=dtype or ("float32" if cpu else "auto"), seed=seed, max_model_len=max_model_len,
-                                  max_num_seqs=max_num_seqs, enforce_eager=True if enforce_eager is None else enforce_eager,
-                                  enable_prefix_caching=False)
+                                  max_num_seqs=max_num_seqs, enforce_eager=enforce_eager, enable_prefix_caching=False)
+    if return_routed_experts:
+        kwargs["enable_return_routed_experts"] = True
     if max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = check_int("max_num_batched_tokens", max_num_batched_tokens, low=1)
     kwargs.update(engine_kwargs)
@@ -284,7 +296,7 @@ def wait_healthy(url: str, proc: Any = None, *, timeout_s: float = 300.0) -> flo
     raise TimeoutError(f"vLLM server {url} not healthy within {timeout_s:g} s")
 
 
-def stop_server(proc: Any, *, timeout_s: float = 15.0) -> None:
+def stop_server(proc: Any, *, timeout_s: float = 5.0) -> None:
     """Terminate a server from :func:`launch_server` (its whole process group), killing it if needed."""
     import signal
     import subprocess
