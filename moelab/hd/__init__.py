@@ -1,0 +1,37 @@
+"""Hierarchy Drafting (HD): lossless speculative decoding with drafts from three n-gram databases
+(W context, S model, L statistics) walked like a cache hierarchy, verified by the real target model.
+
+Spec: ``shared/spec/hd.md``; paper arXiv 2502.05609. torch is only touched through
+:mod:`moelab.models.lm` (imported lazily when decoding)."""
+
+from moelab.hd.decode import GenerationResult, StepRecord, TokenTree, build_tree, generate, replay_greedy
+from moelab.hd.drafters import (
+    STORE_LETTERS,
+    Draft,
+    Drafter,
+    HierarchyDrafter,
+    NoDrafter,
+    PLDDrafter,
+    StoreCounters,
+    check_order,
+)
+from moelab.hd.ngram import NGramTable
+from moelab.hd.specbench import spec_bench_split
+from moelab.hd.stores import (
+    ContextStore,
+    build_model_store,
+    build_statistics_store,
+    default_model_store_path,
+    load_default_statistics_store,
+    load_store,
+    rebuild_default_model_store,
+    tokenizer_identity,
+)
+
+__all__ = [
+    "STORE_LETTERS", "ContextStore", "Draft", "Drafter", "GenerationResult", "HierarchyDrafter", "NGramTable",
+    "NoDrafter", "PLDDrafter", "StepRecord", "StoreCounters", "TokenTree", "build_model_store",
+    "build_statistics_store", "build_tree", "check_order", "default_model_store_path", "generate",
+    "load_default_statistics_store", "load_store", "rebuild_default_model_store", "replay_greedy",
+    "spec_bench_split", "tokenizer_identity",
+]

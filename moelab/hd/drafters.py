@@ -1,0 +1,205 @@
+"""Drafters: Hierarchy Drafting (stores walked in order), PLD, single stores, and none (autoregressive).
+
+A drafter follows one request: ``start(prompt_ids)``, then per step ``draft() -> Draft`` (candidate
+continuations of the current context, each tagged with the store that produced it) and
+``accept(new_tokens)`` with the tokens the target produced. Counters record, per store, how often it was
+queried, how often it returned something (lookup hit), and how many accepted tokens it drafted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from moelab._validate import check_int
+from moelab.hd.stores import ContextStore, Store
+
+STORE_LETTERS = "WSL"
+
+
+@dataclass
+class Draft:
+    """Candidate continuations of the current context and the store letter each came from."""
+
+    candidates: list[tuple[int, ...]]
+    sources: list[str]
+
+
+@dataclass
+class StoreCounters:
+    """Per-store counters accumulated over steps."""
+
+    queries: int = 0
+    lookup_hits: int = 0  # queries that returned at least one candidate
+    candidates: int = 0
+    accept_steps: int = 0  # steps whose accepted draft came from this store
+    accepted_tokens: int = 0
+
+
+def check_order(order: str) -> str:
+    """Validate a store order such as ``"WSL"`` or ``"LSW"`` (letters from W, S, L; no repeats)."""
+    if not isinstance(order, str) or not order:
+        raise ValueError(f"order must be a non-empty string of store letters from {STORE_LETTERS!r}; got {order!r}")
+    bad = sorted(set(order) - set(STORE_LETTERS))
+    if bad:
+        raise ValueError(f"order must use only the store letters {list(STORE_LETTERS)}; got unknown {bad} in {order!r}")
+    if len(set(order)) != len(order):
+        raise ValueError(f"order must not repeat a store; got {order!r}")
+    return order
+
+
+class Drafter:
+    """Base class: keeps the request's context and the per-store counters."""
+
+    name = "drafter"
+    letters: str = ""
+
+    def __init__(self) -> None:
+        self.context: list[int] = []
+        self.counters: dict[str, StoreCounters] = {c: StoreCounters() for c in self.letters}
+
+    def start(self, prompt_ids: Sequence[int]) -> None:
+        """Begin a request with ``prompt_ids`` (per-request state is reset; counters are kept)."""
+        self.context = [int(t) for t in prompt_ids]
+        if not self.context:
+            raise ValueError("prompt_ids must not be empty")
+
+    def accept(self, new_tokens: Sequence[int]) -> None:
+        """Append the tokens the target produced this step."""
+        self.context.extend(int(t) for t in new_tokens)
+
+    def draft(self) -> Draft:  # pragma: no cover - overridden
+        return Draft([], [])
+
+    def credit(self, source: str | None, n_tokens: int) -> None:
+        """Record that ``n_tokens`` accepted draft tokens came from store ``source``."""
+        if source and n_tokens > 0 and source in self.counters:
+            c = self.counters[source]
+            c.accept_steps += 1
+            c.accepted_tokens += n_tokens
+
+    def reset_counters(self) -> None:
+        self.counters = {c: StoreCounters() for c in self.letters}
+
+
+class NoDrafter(Drafter):
+    """Plain autoregressive decoding: never drafts."""
+
+    name = "AR"
+
+
+class PLDDrafter(Drafter):
+    """Prompt lookup decoding: find the last ``max_ngram..min_ngram`` tokens earlier in the context (first
+    occurrence) and propose the ``num_pred_tokens`` tokens that followed it (one candidate)."""
+
+    name = "PLD"
+    letters = "P"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, num_pred_tokens: int = 10) -> None:
+        self.max_ngram = check_int("max_ngram", max_ngram, low=1, high=16)
+        self.min_ngram = check_int("min_ngram", min_ngram, low=1, high=self.max_ngram)
+        self.num_pred_tokens = check_int("num_pred_tokens", num_pred_tokens, low=1, high=64)
+        super().__init__()
+        self._buf = np.zeros(0, dtype=np.int64)
+
+    def start(self, prompt_ids: Sequence[int]) -> None:
+        super().start(prompt_ids)
+        self._buf = np.asarray(self.context, dtype=np.int64)
+
+    def accept(self, new_tokens: Sequence[int]) -> None:
+        super().accept(new_tokens)
+        self._buf = np.concatenate([self._buf, np.asarray(new_tokens, dtype=np.int64)])
+
+    def draft(self) -> Draft:
+        ctx = self._buf
+        n = ctx.size
+        c = self.counters["P"]
+        c.queries += 1
+        for size in range(min(self.max_ngram, n // 2), self.min_ngram - 1, -1):
+            # windows that start before the suffix itself, so a match has at least one token after it
+            hay = np.lib.stride_tricks.sliding_window_view(ctx[:n - size], size)
+            hits = np.flatnonzero((hay == ctx[n - size:]).all(axis=1))
+            if hits.size:
+                start = int(hits[0]) + size
+                cand = tuple(ctx[start:start + self.num_pred_tokens].tolist())
+                c.lookup_hits += 1
+                c.candidates += 1
+                return Draft([cand], ["P"])
+        return Draft([], [])
+
+
+class HierarchyDrafter(Drafter):
+    """Hierarchy Drafting: query the stores in ``order`` and stop once ``max_candidates`` are collected.
+
+    Parameters
+    ----------
+    model_store, statistics_store : Store, optional
+        S and L (e.g. :class:`moelab.hd.ngram.NGramTable`); required when their letter is in ``order``.
+    order : str
+        Store order, e.g. ``"WSL"`` (the paper's), ``"LSW"``, or one letter for a single-store drafter.
+    max_candidates : int
+        Candidates per step (the paper: 7).
+    length : int
+        Tokens per candidate (the paper: 4).
+    context_key_lengths : sequence of int
+        Key lengths of the per-request W store.
+    """
+
+    def __init__(self, model_store: Store | None = None, statistics_store: Store | None = None, *,
+                 order: str = "WSL", max_candidates: int = 7, length: int = 4,
+                 context_key_lengths: Sequence[int] = (1, 2)) -> None:
+        self.order = check_order(order)
+        self.max_candidates = check_int("max_candidates", max_candidates, low=1, high=64)
+        self.length = check_int("length", length, low=1, high=32)
+        if "S" in order and model_store is None:
+            raise ValueError("order uses S but model_store is None")
+        if "L" in order and statistics_store is None:
+            raise ValueError("order uses L but statistics_store is None")
+        self.letters = order
+        self.name = f"HD({order})" if len(order) > 1 else f"{order}-only"
+        super().__init__()
+        self.W = ContextStore(context_key_lengths, length=length)
+        self._stores: dict[str, Store] = {"W": self.W}
+        if model_store is not None:
+            self._stores["S"] = model_store
+        if statistics_store is not None:
+            self._stores["L"] = statistics_store
+
+    def start(self, prompt_ids: Sequence[int]) -> None:
+        super().start(prompt_ids)
+        if "W" in self.order:
+            self.W.reset(self.context)
+
+    def accept(self, new_tokens: Sequence[int]) -> None:
+        super().accept(new_tokens)
+        if "W" in self.order:
+            self.W.extend(new_tokens)
+
+    def draft(self) -> Draft:
+        cands: list[tuple[int, ...]] = []
+        sources: list[str] = []
+        seen: set[tuple[int, ...]] = set()
+        ctx = self.context
+        L, G = self.length, self.max_candidates
+        for letter in self.order:
+            c = self.counters[letter]
+            c.queries += 1
+            got = self._stores[letter].lookup(ctx, G)
+            if got:
+                c.lookup_hits += 1
+            for cand in got:
+                cand = cand[:L]
+                if cand and cand not in seen:
+                    seen.add(cand)
+                    cands.append(cand)
+                    sources.append(letter)
+                    c.candidates += 1
+                    if len(cands) >= G:
+                        return Draft(cands, sources)
+        return Draft(cands, sources)
+
+
+__all__ = ["STORE_LETTERS", "Draft", "Drafter", "HierarchyDrafter", "NoDrafter", "PLDDrafter", "StoreCounters",
+           "check_order"]

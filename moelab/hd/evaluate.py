@@ -1,0 +1,252 @@
+"""Spec-Bench-style evaluation of database drafters on a real target model.
+
+Conventions (Spec-Bench): *mean accepted tokens* = tokens produced per target forward (1.00 for AR),
+pooled over the steps of a category; *speedup* = mean per-question tokens/s of a method over that of AR.
+
+How each number is obtained:
+
+* AR runs for real on every question (its greedy output is the reference, its tokens/s the baseline).
+* Methods in ``measure`` run for real too (tree verification on the model, wall-clock timed, output
+  checked token-for-token against AR: column ``identical``) -> measured CPU speedup.
+* Every other method is *replayed* against AR's greedy output (:func:`moelab.hd.decode.replay_greedy`):
+  exact acceptance and drafting latency, no target timing (their ``tokens_per_s`` is NaN).
+* ``projected_h200_7b_speedup``: each step's verification cost for a 7B target on an H200, from the
+  measured table ``data/calibration/h200/dense_verify.csv`` (:class:`moelab.costmodel.DenseVerifyModel`)
+  at that step's tree size, plus the measured drafting time, against one AR step per token.
+
+Tokens/s exclude the prefill (identical for every method; on a CPU it would dominate short outputs).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from moelab._io import atomic_write_text
+from moelab._validate import check_int
+from moelab.datasets import SPEC_BENCH_CATEGORIES
+from moelab.hd.decode import GenerationResult, generate, replay_greedy
+from moelab.hd.drafters import Drafter, HierarchyDrafter, NoDrafter, PLDDrafter, check_order
+from moelab.hd.stores import Store
+
+DEFAULT_METHODS = ("AR", "PLD", "W", "S", "L", "HD(WSL)", "HD(LSW)", "HD(SWL)")
+PROJECTION_SHAPE = "llama2-7b"
+
+
+def make_drafter(method: str, model_store: Store | None = None, statistics_store: Store | None = None, *,
+                 max_candidates: int = 7, length: int = 4) -> Drafter:
+    """A fresh drafter for a method name: ``AR``, ``PLD``, a single store ``W``/``S``/``L`` (or
+    ``W-only``), or HD with an order: ``HD`` (= WSL), ``HD(LSW)``, or just the letters ``WSL``."""
+    if not isinstance(method, str) or not method:
+        raise ValueError(f"method must be a non-empty string; got {method!r}")
+    if method == "AR":
+        return NoDrafter()
+    if method == "PLD":
+        return PLDDrafter()
+    order = method
+    if method == "HD":
+        order = "WSL"
+    elif method.startswith("HD(") and method.endswith(")"):
+        order = method[3:-1]
+    elif method.endswith("-only"):
+        order = method[:-5]
+    try:
+        check_order(order)
+    except ValueError:
+        raise ValueError(f"method must be 'AR', 'PLD', 'HD', 'HD(<order>)', a store order such as 'WSL', or a "
+                         f"single store 'W'/'S'/'L'; got {method!r}") from None
+    return HierarchyDrafter(model_store, statistics_store, order=order, max_candidates=max_candidates,
+                            length=length)
+
+
+def method_label(method: str) -> str:
+    """Canonical display name (``W`` -> ``W-only``, ``HD`` -> ``HD(WSL)``, ``LSW`` -> ``HD(LSW)``)."""
+    if method in ("AR", "PLD"):
+        return method
+    return make_drafter(method, object(), object()).name
+
+
+def projected_step_ms(tree_sizes: np.ndarray, draft_us: np.ndarray, shape: str = PROJECTION_SHAPE) -> np.ndarray:
+    """Per-step time (ms) of a 7B-class target on an H200: measured verify cost at the tree size + drafting."""
+    from moelab.costmodel import DenseVerifyModel
+
+    return DenseVerifyModel.h200().predict_ms(shape, np.asarray(tree_sizes)) + np.asarray(draft_us) / 1e3
+
+
+def _row(method: str, q: pd.Series, res: GenerationResult, drafter: Drafter, measured: bool,
+         identical: bool | None, ar_step_ms: float) -> dict[str, Any]:
+    steps = res.steps
+    draft = np.array([s.draft_us for s in steps])
+    tree = np.array([s.tree_size for s in steps])
+    proj_ms = projected_step_ms(tree, np.zeros_like(draft) if method == "AR" else draft)
+    row: dict[str, Any] = {
+        "method": method, "question_id": int(q["question_id"]), "category": q["category"],
+        "new_tokens": len(res.tokens), "forwards": len(steps), "mean_accepted": res.mean_accepted,
+        "measured": measured, "identical": identical,
+        "decode_s": res.decode_s if measured else float("nan"),
+        "tokens_per_s": res.tokens_per_s if measured else float("nan"),
+        "draft_us_p50": float(np.median(draft)) if draft.size else float("nan"),
+        "tree_size_mean": float(tree.mean()) if tree.size else float("nan"),
+        "projected_h200_7b_tokens_per_s": len(res.tokens) / proj_ms.sum() * 1e3 if steps else float("nan"),
+        "projected_h200_7b_speedup": (len(res.tokens) * ar_step_ms / proj_ms.sum()) if steps else float("nan"),
+    }
+    for letter, c in drafter.counters.items():
+        row[f"{letter}_queries"] = c.queries
+        row[f"{letter}_lookup_hits"] = c.lookup_hits
+        row[f"{letter}_accepted_tokens"] = c.accepted_tokens
+    return row
+
+
+@dataclass
+class SpecBenchRun:
+    """Per-question rows and per-step draft latencies of one evaluation."""
+
+    questions: pd.DataFrame
+    steps: pd.DataFrame
+    config: dict[str, Any]
+
+    def summary(self) -> pd.DataFrame:
+        """Per (method, category) and per method overall: mean accepted tokens, measured CPU speedup,
+        projected H200/7B speedup, drafting latency p50, per-store lookup-hit rate and accepted share."""
+        return summarize(self.questions, self.steps)
+
+    def to_csv(self, folder: str | Path) -> dict[str, Path]:
+        """Write ``hd_questions.csv``, ``hd_summary.csv`` (and per-step ``hd_steps.csv``) atomically."""
+        folder = Path(folder)
+        out = {}
+        for name, df in (("hd_questions", self.questions), ("hd_summary", self.summary()), ("hd_steps", self.steps)):
+            out[name] = atomic_write_text(folder / f"{name}.csv", df.to_csv(index=False))
+        return out
+
+
+def run_specbench(model: Any, tokenizer: Any, questions: pd.DataFrame, *, methods: Sequence[str] = DEFAULT_METHODS,
+                  model_store: Store | None = None, statistics_store: Store | None = None,
+                  max_new_tokens: int = 32, max_candidates: int = 7, length: int = 4,
+                  measure: Sequence[str] = ("HD(WSL)", "PLD"),
+                  progress: Callable[[str], None] | None = None) -> SpecBenchRun:
+    """Evaluate ``methods`` on ``questions`` (rows of :func:`moelab.hd.specbench.spec_bench_split`).
+
+    Parameters
+    ----------
+    model, tokenizer
+        The target (e.g. from :func:`moelab.models.load_lm`).
+    questions : DataFrame
+        Needs ``question_id, category, prompt``.
+    methods : sequence of str
+        Method names (see :func:`make_drafter`); AR is always run.
+    model_store, statistics_store
+        S and L for the methods that use them.
+    max_new_tokens : int
+        Tokens generated per question (greedy; stops early at EOS).
+    measure : sequence of str
+        Methods that also run for real with wall-clock timing (others are replayed exactly).
+    progress : callable, optional
+        Called with a short status line per question.
+    """
+    from moelab.models.lm import chat_prompt_ids
+
+    check_int("max_new_tokens", max_new_tokens, low=1)
+    if questions is None or len(questions) == 0:
+        raise ValueError("questions must hold at least one row")
+    methods = [method_label(m) for m in methods]
+    measure = {method_label(m) for m in measure}
+    eos = tokenizer.eos_token_id
+    ar_step_ms = float(projected_step_ms(np.array([1]), np.array([0.0]))[0])
+    rows, step_rows = [], []
+    for i, (_, q) in enumerate(questions.iterrows()):
+        ids = chat_prompt_ids(tokenizer, q["prompt"])
+        ar = generate(model, ids, None, max_new_tokens=max_new_tokens, eos_token_id=eos)
+        rows.append(_row("AR", q, ar, NoDrafter(), True, True, ar_step_ms))
+        for m in methods:
+            if m == "AR":
+                continue
+            drafter = make_drafter(m, model_store, statistics_store, max_candidates=max_candidates, length=length)
+            if m in measure:
+                res = generate(model, ids, drafter, max_new_tokens=max_new_tokens, eos_token_id=eos)
+                identical = res.tokens == ar.tokens
+            else:
+                res, identical = replay_greedy(drafter, ids, ar.tokens), None
+            rows.append(_row(m, q, res, drafter, m in measure, identical, ar_step_ms))
+            step_rows.append(pd.DataFrame({
+                "method": m, "question_id": int(q["question_id"]), "category": q["category"],
+                "step": np.arange(len(res.steps)), "tree_size": [s.tree_size for s in res.steps],
+                "accepted": [len(s.accepted) for s in res.steps], "draft_us": [s.draft_us for s in res.steps],
+                "sources": ["".join(s.sources) for s in res.steps]}))
+        if progress is not None:
+            progress(f"[{i + 1}/{len(questions)}] {q['category']} q{q['question_id']}: AR {ar.tokens_per_s:.1f} tok/s")
+    steps = pd.concat(step_rows, ignore_index=True) if step_rows else pd.DataFrame(
+        columns=["method", "question_id", "category", "step", "tree_size", "accepted", "draft_us", "sources"])
+    config = {"methods": methods, "measure": sorted(measure), "max_new_tokens": max_new_tokens,
+              "max_candidates": max_candidates, "length": length, "n_questions": len(questions),
+              "question_ids": [int(x) for x in questions["question_id"]],
+              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return SpecBenchRun(pd.DataFrame(rows), steps, config)
+
+
+def summarize(questions: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per (method, category) rows plus an ``overall`` row per method (see :meth:`SpecBenchRun.summary`)."""
+    ar = questions[questions["method"] == "AR"].set_index("question_id")
+    out = []
+    for (method, category), g in list(questions.groupby(["method", "category"], sort=False)) + \
+            [((m, "overall"), g) for m, g in questions.groupby("method", sort=False)]:
+        row: dict[str, Any] = {"method": method, "category": category, "questions": len(g),
+                               "mean_accepted": g["new_tokens"].sum() / max(1, g["forwards"].sum())}
+        if g["measured"].all():
+            base = ar.loc[g["question_id"], "tokens_per_s"].to_numpy()
+            row["cpu_speedup"] = float(g["tokens_per_s"].mean() / base.mean())
+            row["identical"] = bool(g["identical"].all())
+        else:
+            row["cpu_speedup"], row["identical"] = float("nan"), None
+        row["projected_h200_7b_speedup"] = float(g["projected_h200_7b_tokens_per_s"].mean()
+                                                 / ar.loc[g["question_id"], "projected_h200_7b_tokens_per_s"].mean())
+        if steps is not None and len(steps):
+            s = steps[(steps["method"] == method) & ((steps["category"] == category) | (category == "overall"))]
+            row["draft_us_p50"] = float(s["draft_us"].median()) if len(s) else float("nan")
+        accepted = sum(g[c].sum() for c in g.columns if c.endswith("_accepted_tokens") and g[c].notna().any())
+        for letter in "WSLP":
+            if f"{letter}_queries" in g and g[f"{letter}_queries"].notna().any():
+                qn = g[f"{letter}_queries"].sum()
+                row[f"{letter}_hit_rate"] = float(g[f"{letter}_lookup_hits"].sum() / qn) if qn else float("nan")
+                row[f"{letter}_accept_share"] = float(g[f"{letter}_accepted_tokens"].sum() / accepted) if accepted \
+                    else float("nan")
+        out.append(row)
+    df = pd.DataFrame(out)
+    order = {c: i for i, c in enumerate([*SPEC_BENCH_CATEGORIES, "overall"])}
+    return df.assign(_o=df["category"].map(order)).sort_values(["method", "_o"]).drop(columns="_o") \
+        .reset_index(drop=True)
+
+
+def compare_published(summary: pd.DataFrame, published: pd.DataFrame, *, device: str = "A100-80GB",
+                      model: str = "vicuna-7b-v1.3", methods: Sequence[str] = ("PLD", "REST", "Lookahead"),
+                      ours: Sequence[str] = ("HD(WSL)", "PLD")) -> pd.DataFrame:
+    """Per-category speedups over AR: ours (measured CPU, projected H200/7B) next to published rows.
+
+    ``published`` is :func:`moelab.datasets.load_published_specbench`'s table."""
+    pub = published[(published["device"] == device) & (published["model"] == model)].set_index("method")
+    missing = sorted(set(methods) - set(pub.index))
+    if missing:
+        raise ValueError(f"methods {missing} are not in the published table for {device}/{model}; "
+                         f"it has {sorted(pub.index)}")
+    rows = []
+    for cat in [*SPEC_BENCH_CATEGORIES, "overall"]:
+        row: dict[str, Any] = {"category": cat}
+        for m in ours:
+            hit = summary[(summary["method"] == m) & (summary["category"] == cat)]
+            row[f"{m} CPU (ours)"] = float(hit["cpu_speedup"].iloc[0]) if len(hit) else float("nan")
+            row[f"{m} H200-7B projected (ours)"] = float(hit["projected_h200_7b_speedup"].iloc[0]) if len(hit) \
+                else float("nan")
+        col = f"{cat}_speedup"
+        for m in methods:
+            row[f"{m} {device} (published)"] = float(pub.loc[m, col])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+__all__ = ["DEFAULT_METHODS", "SpecBenchRun", "compare_published", "make_drafter", "method_label",
+           "projected_step_ms", "run_specbench", "summarize"]
