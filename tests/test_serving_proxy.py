@@ -127,3 +127,65 @@ def test_import_needs_no_torch_or_vllm():
     code = "import sys, moelab.serving.proxy, moelab.serving.signatures; print('torch' in sys.modules, 'vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+def _synthetic_trace(n: int = 12, L: int = 3, E: int = 8, k: int = 2, seed: int = 0):
+    """A small SYNTHETIC ExpertTrace (random routing), only to exercise the ELDR wiring."""
+    import numpy as np
+
+    from moelab.traces import ExpertTrace, Geometry
+
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, 100, size=int(p)) for p in rng.integers(4, 12, size=n)]
+    pre = [np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in p]) for p in prompts]
+    counts = np.stack([np.stack([np.bincount(x[:, j].ravel(), minlength=E) for j in range(L)]) for x in pre])
+    dec = [np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in range(5)]) for _ in range(n)]
+    return ExpertTrace.from_requests(request_ids=[f"s{i}" for i in range(n)], domains=["synthetic"] * n,
+                                     prompt_tokens=prompts, prefill_counts=counts, decode_ids=dec,
+                                     geometry=Geometry(L, E, k, "synthetic"), prefill_ids=pre)
+
+
+def test_eldr_cli_wiring_and_unreachable_signature_service(tmp_path):
+    from moelab.serving.proxy import build_parser, build_proxy
+
+    path = _synthetic_trace().save(tmp_path / "calib")
+    args = build_parser().parse_args(["-b", f"http://127.0.0.1:{_dead_port()}", "-b", f"http://127.0.0.1:{_dead_port()}",
+                                      "--router", "eldr", "--signature-url", f"http://127.0.0.1:{_dead_port()}",
+                                      "--eldr-calibration", str(path), "--port", "0"])
+    proxy = build_proxy(args)
+    assert proxy.router.name == "eldr" and proxy.router.centroids.shape[0] == 2
+
+    async def go():
+        _, port = await proxy.start()
+        try:
+            status, body = await _raw(port, _post("/v1/completions", {"prompt": "hello", "max_tokens": 2}))
+            assert status == 502 and b"signature service failed" in body
+            assert all(b.routed == 0 for b in proxy.backends)  # nothing routed without a signature
+        finally:
+            await proxy.stop()
+
+    run(go())
+
+
+def test_serve_router_command_runs_and_reports_health():
+    import subprocess
+    import time
+    import urllib.error
+    import urllib.request
+
+    port = _dead_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moelab.cli", "serve-router", "-b", f"http://127.0.0.1:{_dead_port()}",
+                             "--port", str(port), "--health-interval", "0.2"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert "serve-router: jsq over 1 backend(s)" in proc.stdout.readline()
+        deadline, status = time.monotonic() + 20, None
+        while time.monotonic() < deadline and status != 503:
+            try:
+                status = urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+            time.sleep(0.1)
+        assert status == 503  # the health loop found the only backend dead
+    finally:
+        proc.terminate()
+        proc.wait(10)
