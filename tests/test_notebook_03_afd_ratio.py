@@ -34,4 +34,5 @@ def test_afd_notebook(tmp_path):
         trace = res["trace"]
         assert trace["name"] == "azure-2023-conv" and trace["requests"] > 10_000
         assert trace["gap_pct"] <= 10.0
-    assert {"afd_trace_throughput.html", "afd_throughput.html", "afd_idle.html", "afd_ratio_table.html", "afd_h200_throughput.html"} <= set(out["_figures"])
+        assert "afd_trace_throughput.html" in out["_figures"]
+    assert {"afd_throughput.html", "afd_idle.html", "afd_ratio_table.html", "afd_h200_throughput.html"} <= set(out["_figures"])
