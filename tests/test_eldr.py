@@ -359,3 +359,13 @@ def test_cost_model_from_hf_config():
     assert m.shape.moe.expert_bytes == 3 * 256 * 128 * 2
     with pytest.raises(ValueError, match="num_experts_per_tok"):
         DecodeStepModel.from_hf_config({k: v for k, v in cfg.items() if k != "num_experts_per_tok"})
+
+
+def test_calibrate_picks_from_grid(public_data):
+    from dataclasses import replace
+
+    from moelab.eldr.workload import calibrate
+
+    cfg, rows = calibrate(replace(SMALL, n_domains=2), n_requests=64, request_sigmas=(0.5, 2.0), batch=8)
+    assert len(rows) == 2 and cfg.request_sigma in (0.5, 2.0)
+    assert all({"rho", "reduction_pct"} <= set(r) for r in rows)

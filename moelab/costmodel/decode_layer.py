@@ -224,7 +224,13 @@ class DecodeStepModel:
                            MoEShape(hidden, get("moe_intermediate_size", "intermediate_size"),
                                     get("num_experts", "num_local_experts"), get("num_experts_per_tok")),
                            vocab=get("vocab_size", default=0))
-        return cls(DecodeLayerModel.h200(seed=seed), shape, get("num_hidden_layers"), str(c.get("model_type", "hf-config")))
+        n_layers = get("num_hidden_layers")
+        # Qwen-MoE configs may keep some layers dense (mlp_only_layers, decoder_sparse_step): a trace
+        # records only the MoE layers, so the step model counts those
+        dense = set(c.get("mlp_only_layers") or [])
+        step = int(c.get("decoder_sparse_step") or 1)
+        n_moe = sum(1 for i in range(n_layers) if i not in dense and (i + 1) % step == 0)
+        return cls(DecodeLayerModel.h200(seed=seed), shape, n_moe, str(c.get("model_type", "hf-config")))
 
     def check_geometry(self, num_layers: int, num_experts: int, top_k: int) -> None:
         """Raise ``ValueError`` when a trace's geometry is not the one this model was built for."""

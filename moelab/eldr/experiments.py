@@ -15,7 +15,7 @@ import pandas as pd
 
 from moelab._validate import check_choice, check_int, check_real, rng_from
 from moelab.costmodel.decode_layer import DecodeStepModel
-from moelab.eldr.partition import spherical_kmeans
+from moelab.eldr.partition import OnlineRefitter, spherical_kmeans
 from moelab.eldr.routing import DomainOracleRouter, ELDRRouter
 from moelab.eldr.signature import KINDS, SignatureBuilder
 from moelab.eldr.sim import pack_expert_bits, poisson_requests, simulate
@@ -125,12 +125,17 @@ def synthetic_setup(
 
 
 def build_router(setup: ELDRSetup, name: str, *, tau: float = 0.1, kind: str = "count_idf", balanced: bool = True,
-                 seed: int = 0) -> Router:
-    """A router by name, wired to the setup (ELDR gets centroids, the oracle the domain count)."""
+                 refit_window_s: float | None = None, seed: int = 0) -> Router:
+    """A router by name, wired to the setup (ELDR gets centroids — refitted online every
+    ``refit_window_s`` on that window's signatures when given — the oracle the domain count)."""
     if name not in available_routers():
         raise ValueError(f"router must be one of {available_routers()}; got {name!r}")
     if name == "eldr":
-        return ELDRRouter(setup.centroids(kind, balanced), tau=tau, seed=seed)
+        refit = None
+        if refit_window_s is not None:
+            refit = OnlineRefitter(refit_window_s, refit_window_s, min_points=4 * setup.n_workers, balanced=balanced,
+                                   seed=seed)
+        return ELDRRouter(setup.centroids(kind, balanced), tau=tau, seed=seed, refit=refit)
     if name == "domain_oracle":
         return DomainOracleRouter(n_domains=setup.n_domains, seed=seed)
     return make_router(name, seed=seed)
@@ -149,6 +154,7 @@ def run_one(
     batch_cap: int = 256,
     suffix_only: bool = False,
     rate_scale: float = 1.0,
+    refit_window_s: float | None = None,
     seed: int = 0,
 ) -> dict:
     """Simulate one configuration; returns the metrics plus the configuration.
@@ -157,13 +163,14 @@ def run_one(
     paper's 16-worker cluster on a smaller one); ``rate`` stays the nominal one in the output and
     ``sim_rate`` is what was simulated."""
     rate_scale = check_real("rate_scale", rate_scale, low=0, low_open=True)
-    r = build_router(setup, router, tau=tau, kind=kind, balanced=balanced, seed=seed)
+    r = build_router(setup, router, tau=tau, kind=kind, balanced=balanced, refit_window_s=refit_window_s, seed=seed)
     sig = setup.signatures(kind, suffix_only=suffix_only) if router == "eldr" else None
     reqs = poisson_requests(setup.pool, rate=rate * rate_scale, n_requests=n_requests, output_len=output_len, seed=seed)
     res = simulate(setup.pool, reqs, r, setup.cost, n_workers=setup.n_workers, signatures=sig, batch_cap=batch_cap,
                    bits=setup.bits)
     return {"router": router, "rate": float(rate), "sim_rate": float(rate * rate_scale), "tau": tau, "kind": kind, "balanced": balanced,
-            "suffix_only": suffix_only, "n_workers": setup.n_workers, **res.metrics()}
+            "suffix_only": suffix_only, "refit_window_s": refit_window_s, "n_workers": setup.n_workers,
+            "n_refits": getattr(getattr(r, "refit", None), "n_refits", 0), **res.metrics()}
 
 
 def rate_sweep(setup: ELDRSetup, rates=PAPER_RATES, routers=ROUTERS, **kw) -> pd.DataFrame:
@@ -224,6 +231,13 @@ def kmeans_ablation(setup: ELDRSetup, *, rate: float = 60.0, **kw) -> pd.DataFra
     return pd.DataFrame([run_one(setup, "eldr", rate=rate, balanced=b, **kw) for b in (True, False)])
 
 
+def refit_ablation(setup: ELDRSetup, *, rate: float = 60.0, window_s: float = 5.0, **kw) -> pd.DataFrame:
+    """Offline centroids only vs online refits every ``window_s`` on the last ``window_s`` of signatures."""
+    rows = [{**run_one(setup, "eldr", rate=rate, **kw), "refit": "offline only"},
+            {**run_one(setup, "eldr", rate=rate, refit_window_s=window_s, **kw), "refit": f"online ({window_s:g} s window)"}]
+    return pd.DataFrame(rows)
+
+
 def signature_ablation(setup: ELDRSetup, kinds=KINDS, *, rate: float = 60.0, **kw) -> pd.DataFrame:
     """ELDR with each signature kind (kinds the trace cannot provide, e.g. gate_prob without
     ``prefill_probs``, are reported as skipped rather than silently dropped)."""
@@ -254,5 +268,5 @@ def prefix_cache_ablation(setup: ELDRSetup, *, rate: float = 60.0, **kw) -> pd.D
 
 
 __all__ = ["BASELINES", "PAPER_RATES", "ROUTERS", "ELDRSetup", "build_router", "compare_with_paper", "gains",
-           "kmeans_ablation", "paper_gains", "prefix_cache_ablation", "prepare", "rate_sweep", "run_one",
+           "kmeans_ablation", "paper_gains", "refit_ablation", "prefix_cache_ablation", "prepare", "rate_sweep", "run_one",
            "signature_ablation", "synthetic_setup", "tau_sweep", "with_workers"]

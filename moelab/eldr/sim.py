@@ -87,7 +87,12 @@ def poisson_requests(
 
 @dataclass(frozen=True)
 class SimResult:
-    """Per-request times, per-step log and the summary of one simulated run."""
+    """Per-request times, per-step log and the summary of one simulated run.
+
+    Times are seconds from the first arrival at the decode tier. ``first_token_s`` is the end of a
+    request's first decode step, so the summary's TTFT is *TTFT-at-decode* (queueing at the decode
+    worker + one step; the prefill tier is not simulated). ``steps`` has one row per worker step:
+    ``worker, t_s, batch, sum_distinct`` (distinct experts summed over MoE layers), ``step_ms``."""
 
     summary: LatencySummary
     worker: np.ndarray
