@@ -369,3 +369,23 @@ def test_calibrate_picks_from_grid(public_data):
     cfg, rows = calibrate(replace(SMALL, n_domains=2), n_requests=64, request_sigmas=(0.5, 2.0), batch=8)
     assert len(rows) == 2 and cfg.request_sigma in (0.5, 2.0)
     assert all({"rho", "reduction_pct"} <= set(r) for r in rows)
+
+
+def test_user_trace_runs_unchanged(small_workload, tmp_path):
+    """(c) any saved ExpertTrace + its model's HF config goes through the same pipeline unchanged."""
+    import json
+
+    from moelab.eldr.experiments import gains, prepare, rate_sweep
+
+    path = small_workload.trace.save(tmp_path / "user_trace")
+    cfg = {"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+           "moe_intermediate_size": 256, "num_experts": 32, "num_experts_per_tok": 4, "num_hidden_layers": 6}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    trace = ExpertTrace.load(path)
+    cost = DecodeStepModel.from_hf_config(str(tmp_path / "config.json"))
+    setup = prepare(trace, cost, 4, n_pairs=500)
+    df = rate_sweep(setup, rates=(300.0,), routers=("jsq", "eldr"), n_requests=100, output_len=32)
+    assert len(gains(df)) == 1 and df["n_requests"].eq(100).all()
+    cfg["num_experts"] = 64
+    with pytest.raises(ValueError, match="geometry"):
+        prepare(trace, DecodeStepModel.from_hf_config(cfg), 4)
