@@ -55,7 +55,7 @@ def test_scalar_and_array_throughput():
 
 @pytest.mark.parametrize(("kwargs", "name"), [
     ({"B": 0}, "B"), ({"B": 2.5}, "B"), ({"mu_P": -1}, "mu_P"), ({"mu_D": -0.5}, "mu_D"),
-    ({"N": 0}, "N"), ({"N": float("nan")}, "N"), ({"coeffs": "paper"}, "coeffs"),
+    ({"N": 0}, "N"), ({"N": 100}, "N"), ({"N": float("nan")}, "N"), ({"coeffs": "paper"}, "coeffs"),
 ])
 def test_optimal_ratio_rejects_bad_input(kwargs, name):
     args = {"B": 256, "mu_P": 100, "mu_D": 500, "N": 10_000, **kwargs}
@@ -171,8 +171,9 @@ def test_h200_calibration():
 
 @settings(max_examples=60, deadline=None)
 @given(B=st.integers(1, 2048), mu_P=st.floats(0, 4000), mu_D=st.floats(0, 4000),
-       N=st.one_of(st.none(), st.floats(1, 1e6)))
-def test_r_star_at_least_r_peak_and_is_the_argmax(B, mu_P, mu_D, N):
+       fills=st.one_of(st.none(), st.floats(1, 1000)))
+def test_r_star_at_least_r_peak_and_is_the_argmax(B, mu_P, mu_D, fills):
+    N = None if fills is None else B * fills
     terms = ratio_terms(B, mu_P, mu_D, N)
     assert terms.r_star >= terms.r_peak
     f_star = afd.throughput_per_instance(terms.r_star, B, mu_P, mu_D, N)
@@ -182,8 +183,9 @@ def test_r_star_at_least_r_peak_and_is_the_argmax(B, mu_P, mu_D, N):
 
 @settings(max_examples=60, deadline=None)
 @given(B=st.integers(1, 1024), mu_P=st.floats(0, 2000), mu_D=st.floats(0, 2000), d=st.floats(1, 500),
-       N=st.floats(10, 1e5))
-def test_r_star_monotone_in_lengths_and_horizon(B, mu_P, mu_D, d, N):
+       fills=st.floats(1, 1000))
+def test_r_star_monotone_in_lengths_and_horizon(B, mu_P, mu_D, d, fills):
+    N = B * fills  # requests per instance: at least one fill of its B slots
     r0 = afd.optimal_ratio(B, mu_P, mu_D, N)
     assert afd.optimal_ratio(B, mu_P + d, mu_D, N) >= r0 - 1e-9
     assert afd.optimal_ratio(B, mu_P, mu_D + d, N) >= r0 - 1e-9

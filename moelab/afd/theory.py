@@ -87,7 +87,8 @@ def _workload(B: int, mu_P: float, mu_D: float, N: float | None) -> tuple[int, f
     mu_P = check_real("mu_P", mu_P, low=0)
     mu_D = check_real("mu_D", mu_D, low=0)
     if N is not None:
-        N = check_real("N", N, low=0, low_open=True)
+        # a horizon shorter than one fill of the B slots has no steady part: the load formula needs N >= B
+        N = check_real("N", N, low=B)
     return B, mu_P, mu_D, N
 
 
@@ -100,7 +101,7 @@ def termination_prob(mu_D: float) -> float:
 def horizon_steps(B: int, mu_D: float, N: float) -> float:
     """Decode steps ``K = N/(B p)`` in which B slots serve N requests on average."""
     if N is None:
-        raise ValueError("N must be a real number in (0, inf) (requests per attention instance); got None")
+        raise ValueError("N must be a real number >= B (requests per attention instance); got None")
     B, _, mu_D, N = _workload(B, 0.0, mu_D, N)
     return N / (B * termination_prob(mu_D))
 
@@ -173,7 +174,7 @@ def optimal_ratio(B: int, mu_P: float, mu_D: float, N: float | None = None,
     mu_P, mu_D : float
         Mean prompt length and mean (geometric) decode length in tokens (>= 0).
     N : float, optional
-        Requests served per attention instance (the finite horizon); ``None`` means N -> inf.
+        Requests served per attention instance (the finite horizon, >= B); ``None`` means N -> inf.
     coeffs : AFDCoefficients, optional
         Stage-latency coefficients; the paper's Ascend fit by default.
 
