@@ -43,10 +43,15 @@ def _ranks(x: np.ndarray) -> np.ndarray:
     return r
 
 
+_PAIR_CHUNK = 2048  # pairs gathered at a time: bounds memory at chunk x dim floats
+
+
 def _cos_dist(X: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    na = np.linalg.norm(X[a], axis=1)
-    nb = np.linalg.norm(X[b], axis=1)
-    return 1.0 - np.einsum("pd,pd->p", X[a], X[b]) / np.maximum(na * nb, 1e-12)
+    norms = np.linalg.norm(X, axis=1)
+    dots = np.empty(a.size)
+    for s in range(0, a.size, _PAIR_CHUNK):
+        dots[s:s + _PAIR_CHUNK] = np.einsum("pd,pd->p", X[a[s:s + _PAIR_CHUNK]], X[b[s:s + _PAIR_CHUNK]])
+    return 1.0 - dots / np.maximum(norms[a] * norms[b], 1e-12)
 
 
 def _spearman(x: np.ndarray, y: np.ndarray) -> float:
@@ -106,7 +111,10 @@ def greedy_layer_mask(
     target -= target.mean()
     target /= np.linalg.norm(target)
     # per-layer pair dot products and squared norms: cosines of any layer subset are sums of these
-    dots = np.einsum("ple,ple->lp", prefill[a], prefill[b])
+    dots = np.empty((L, n_pairs))
+    for s in range(0, n_pairs, _PAIR_CHUNK):
+        sl = slice(s, s + _PAIR_CHUNK)
+        dots[:, sl] = np.einsum("ple,ple->lp", prefill[a[sl]], prefill[b[sl]])
     sq = np.einsum("nle,nle->ln", prefill, prefill)
     sqa, sqb = sq[:, a], sq[:, b]
     chosen: list[int] = []
