@@ -9,6 +9,7 @@ ELDR's p50 TPOT against the best of round-robin / random / JSQ / P2C on the same
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -22,6 +23,14 @@ from moelab.eldr.workload import SyntheticConfig, generate
 from moelab.routing import ClusterView, RequestBatch
 
 OPERATING_RATE = 60.0
+
+
+def _load() -> str:
+    """The machine's 1-minute load average: wall-clock figures on a shared machine need it."""
+    try:
+        return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    except OSError:
+        return "load average unknown"
 
 
 def route_us_p50(centroids: np.ndarray, signatures: np.ndarray, calls: int = 3000, seed: int = 0) -> float:
@@ -48,9 +57,10 @@ def run(quick: bool = False) -> list[Figure]:
     setup = prepare(wl.trace, DecodeStepModel.h200("qwen3-30b-a3b"), 16, n_pairs=10_000 if quick else 30_000,
                     prefix_counts=wl.prefix_counts)
     sig = setup.signatures()
-    figs = [Figure("eldr", "eldr_route_us_p50", route_us_p50(setup.centroids(), sig), "us", "<= 20",
+    route_us = route_us_p50(setup.centroids(), sig)
+    figs = [Figure("eldr", "eldr_route_us_p50", route_us, "us", "<= 20",
                    f"one request, K=16, count_idf signature of dimension {sig.shape[1]} (fitted on the synthetic "
-                   "Qwen3-30B-A3B-shaped workload: 48 layers x 128 experts before masking), numpy")]
+                   f"Qwen3-30B-A3B-shaped workload: 48 layers x 128 experts before masking), numpy; {_load()}")]
     reqs = poisson_requests(setup.pool, rate=100.0, n_requests=n_req, output_len=out_len, seed=1)
     router = ELDRRouter(setup.centroids(), tau=0.1)
     t0 = time.perf_counter()
@@ -58,7 +68,7 @@ def run(quick: bool = False) -> list[Figure]:
     sim_s = time.perf_counter() - t0
     figs.append(Figure("eldr", "eldr_sim_seconds", sim_s, "s", "<= 10",
                        f"16 workers, {n_req} requests x {out_len} tokens at 100 req/s, ELDR routing, {len(res.steps)} steps "
-                       "(synthetic Qwen3-30B-A3B-shaped traces)"))
+                       f"(synthetic Qwen3-30B-A3B-shaped traces); {_load()}"))
 
     n_op = 2000 if quick else 6000
     runs = {r: run_one(setup, r, rate=OPERATING_RATE, n_requests=n_op, output_len=out_len) for r in (*BASELINES, "eldr")}
