@@ -194,23 +194,6 @@ def test_bad_inputs(engine, tmp_path):
         make_engine(_model_dir(), return_routed_experts=True)
 
 
-def test_model_without_moe_layers_is_refused(tmp_path):
-    """A dense model runs in vLLM, but capture says plainly there is nothing to capture."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from moelab.capture.vllm_backend import NoMoELayersError, capture_vllm
-    from moelab.models.vllm_engine import make_engine
-
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=32, max_position_embeddings=256)
-    Qwen3ForCausalLM(cfg).save_pretrained(tmp_path / "dense")
-    dense = make_engine(tmp_path / "dense", max_model_len=128, max_num_seqs=2, skip_tokenizer_init=True)
-    with pytest.raises(NoMoELayersError, match="no MoE layers"):
-        capture_vllm(dense, [[1, 2, 3]], 2, progress=False)
-
-
 # ---------------------------------------------------------------------- router proxy over live servers
 class _ProxyThread:
     """Run a RouterProxy on its own event loop in a thread (the test's requests come from threads)."""
@@ -331,7 +314,7 @@ def test_proxy_eldr_routes_by_prefill_signature(servers, engine, prompts, vtrace
         chosen = []
         for i in range(6):
             r = _complete(proxy.url, text_prompts[i], 12)
-            assert r["status"] == 200 and r["text"] == direct[i]["text"]
+            assert r["status"] == 200 and r["text"] == direct[i]["text"], r
             chosen.append(proxy.metrics()["recent_decisions"][-1]["backend"])
         tok = engine.get_tokenizer()
         sig = builder.transform(prefill_counts(engine, [tok(p)["input_ids"] for p in text_prompts[:6]]))
@@ -340,3 +323,21 @@ def test_proxy_eldr_routes_by_prefill_signature(servers, engine, prompts, vtrace
     finally:
         pt.stop()
         counts_server.stop()
+
+
+def test_model_without_moe_layers_is_refused(tmp_path):
+    """A dense model runs in vLLM, but capture says plainly there is nothing to capture. Last in the module:
+    a second in-process engine disturbs the first one (vLLM keeps per-process global state)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from moelab.capture.vllm_backend import NoMoELayersError, capture_vllm
+    from moelab.models.vllm_engine import make_engine
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=32, max_position_embeddings=256)
+    Qwen3ForCausalLM(cfg).save_pretrained(tmp_path / "dense")
+    dense = make_engine(tmp_path / "dense", max_model_len=128, max_num_seqs=2, skip_tokenizer_init=True)
+    with pytest.raises(NoMoELayersError, match="no MoE layers"):
+        capture_vllm(dense, [[1, 2, 3]], 2, progress=False)

