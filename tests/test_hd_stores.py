@@ -138,6 +138,27 @@ def test_pld_first_match_longest_ngram():
     assert d.counters["P"].queries == 2 and d.counters["P"].lookup_hits == 1
 
 
+def pld_reference(ids, max_ngram=3, num_pred=10):
+    """Direct port of prompt lookup decoding's search loop (first match, longest n-gram first)."""
+    n = len(ids)
+    for size in range(max_ngram, 0, -1):
+        ngram = ids[n - size:]
+        for idx in range(0, n - size + 1):
+            if ids[idx:idx + size] == ngram and idx + size < n - size:
+                return tuple(ids[idx + size:idx + size + num_pred])
+    return None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=40))
+def test_pld_matches_reference_loop(ids):
+    d = PLDDrafter()
+    d.start(ids)
+    got = d.draft().candidates
+    want = pld_reference(ids)
+    assert got == ([] if want is None else [want])
+
+
 def test_hierarchy_walks_stores_in_order_and_stops_early():
     S = NGramTable.build([[4, 10, 11, 12, 13], [4, 20, 21, 22, 23]], key_lengths=(1,), length=4)
     L = NGramTable.build([[4, 30, 31, 32, 33]], key_lengths=(1,), length=4)

@@ -117,16 +117,23 @@ class PLDDrafter(Drafter):
         n = ctx.size
         c = self.counters["P"]
         c.queries += 1
-        for size in range(min(self.max_ngram, n // 2), self.min_ngram - 1, -1):
-            # windows that start before the suffix itself, so a match has at least one token after it
-            hay = np.lib.stride_tricks.sliding_window_view(ctx[:n - size], size)
-            hits = np.flatnonzero((hay == ctx[n - size:]).all(axis=1))
-            if hits.size:
-                start = int(hits[0]) + size
-                cand = tuple(ctx[start:start + self.num_pred_tokens].tolist())
-                c.lookup_hits += 1
-                c.candidates += 1
-                return Draft([cand], ["P"])
+        if n >= 2:
+            # candidate match ends: earlier positions holding the last token (vectorised, no full window scan)
+            ends = np.flatnonzero(ctx[:n - 1] == ctx[n - 1])
+            for size in range(min(self.max_ngram, (n - 1) // 2), self.min_ngram - 1, -1):
+                # a match of the last `size` tokens ending at e whose continuation starts before the suffix
+                # (PLD's reference rule: window start < n - 2 * size)
+                ok = ends[(ends >= size - 1) & (ends <= n - size - 2)]
+                for j in range(1, size):
+                    if not ok.size:
+                        break
+                    ok = ok[ctx[ok - j] == ctx[n - 1 - j]]
+                if ok.size:
+                    start = int(ok[0]) + 1
+                    cand = tuple(ctx[start:start + self.num_pred_tokens].tolist())
+                    c.lookup_hits += 1
+                    c.candidates += 1
+                    return Draft([cand], ["P"])
         return Draft([], [])
 
 

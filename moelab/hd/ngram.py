@@ -136,8 +136,7 @@ class NGramTable:
                 continue
             cands = self._memo.get((m, row))
             if cands is None:
-                conts = self.tables[m][1][row]
-                cands = [tuple(int(t) for t in c if t >= 0) for c in conts if c[0] >= 0]
+                cands = [tuple(t for t in c if t >= 0) for c in self.tables[m][1][row].tolist() if c[0] >= 0]
                 self._memo[(m, row)] = cands
             for c in cands:
                 if c not in out:

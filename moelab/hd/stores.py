@@ -119,27 +119,55 @@ def _store_meta(kind: str, tokenizer: Any, source: str, extra: dict[str, Any]) -
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra}
 
 
-def build_model_store(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int = 128,
-                      batch_size: int = 8, key_lengths: Sequence[int] = (1, 2), length: int = 4, per_key: int = 7,
-                      max_ngrams: int = 100_000, min_count: int = 1, source: str = "",
-                      progress: bool = False) -> NGramTable:
-    """S: the most frequent n-grams of the target model's own greedy outputs on ``prompts``.
+def target_greedy_outputs(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int = 80,
+                          batch_size: int | None = None, progress: bool = False) -> list[list[int]]:
+    """The target's greedy continuations of chat ``prompts`` (token ids, cut after EOS).
 
-    ``prompts`` must be disjoint from the evaluation (e.g. ``spec_bench_split("store").prompt``). The
-    outputs are generated greedily in batches (left padding) with the chat template.
+    ``batch_size=None`` decodes one prompt at a time with exact greedy decoding (what a CPU does best: no
+    padding of long prompts); an int uses left-padded batches through ``transformers.generate`` (GPUs).
     """
-    from moelab.models.lm import greedy_generate_batch
+    from moelab.hd.decode import generate
+    from moelab.models.lm import chat_prompt_ids, greedy_generate_batch
 
     if not prompts:
         raise ValueError("prompts must not be empty")
     check_int("max_new_tokens", max_new_tokens, low=1)
-    outputs = greedy_generate_batch(model, tokenizer, list(prompts), max_new_tokens=max_new_tokens,
-                                    batch_size=batch_size, progress=progress)
-    meta = _store_meta("model", tokenizer, source or f"{len(prompts)} prompts",
-                       {"model": getattr(model.config, "_name_or_path", ""), "max_new_tokens": max_new_tokens,
-                        "output_tokens": int(sum(len(o) for o in outputs))})
+    if batch_size is not None:
+        return greedy_generate_batch(model, tokenizer, list(prompts), max_new_tokens=max_new_tokens,
+                                     batch_size=batch_size, progress=progress)
+    it: Iterable[str] = prompts
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(prompts, desc="target greedy outputs")
+    return [generate(model, chat_prompt_ids(tokenizer, p), None, max_new_tokens=max_new_tokens,
+                     eos_token_id=tokenizer.eos_token_id).tokens for p in it]
+
+
+def model_store_from_outputs(outputs: Sequence[Sequence[int]], tokenizer: Any, *, key_lengths: Sequence[int] = (1, 2),
+                             length: int = 4, per_key: int = 7, max_ngrams: int = 100_000, min_count: int = 1,
+                             source: str = "", extra_meta: dict[str, Any] | None = None) -> NGramTable:
+    """S from the target's outputs: keep the ``max_ngrams`` most frequent (key + continuation) n-grams."""
+    if not outputs:
+        raise ValueError("outputs must not be empty")
+    meta = _store_meta("model", tokenizer, source or f"{len(outputs)} target outputs",
+                       {"output_tokens": int(sum(len(o) for o in outputs)), **(extra_meta or {})})
     return NGramTable.build(outputs, key_lengths=key_lengths, length=length, per_key=per_key, min_count=min_count,
                             max_ngrams=max_ngrams, meta=meta)
+
+
+def build_model_store(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int = 80,
+                      batch_size: int | None = None, source: str = "", progress: bool = False,
+                      **table_kw: Any) -> NGramTable:
+    """S: the most frequent n-grams of the target model's own greedy outputs on ``prompts``.
+
+    ``prompts`` must be disjoint from the evaluation (e.g. ``spec_bench_split("store").prompt``);
+    ``table_kw`` go to :func:`model_store_from_outputs` (key_lengths, length, per_key, max_ngrams, min_count).
+    """
+    outputs = target_greedy_outputs(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                    progress=progress)
+    return model_store_from_outputs(outputs, tokenizer, source=source or f"{len(prompts)} prompts", extra_meta={
+        "model": getattr(model.config, "_name_or_path", ""), "max_new_tokens": max_new_tokens}, **table_kw)
 
 
 def build_statistics_store(texts: Iterable[str], tokenizer: Any, *, key_lengths: Sequence[int] = (1, 2),
@@ -171,15 +199,23 @@ def build_statistics_store(texts: Iterable[str], tokenizer: Any, *, key_lengths:
                             meta=meta)
 
 
-def default_model_store_path() -> Path:
-    """The shipped S store for the default target (SmolLM2-135M-Instruct)."""
+def default_store_path(kind: str) -> Path:
+    """The shipped S (``"model"``) or L (``"statistics"``) store for the default target, SmolLM2-135M-Instruct."""
     from moelab.datasets import repo_root
 
-    return repo_root() / "data" / "hd" / "smollm2-135m-instruct.S.npz"
+    letter = {"model": "S", "statistics": "L"}.get(kind)
+    if letter is None:
+        raise ValueError(f"kind must be one of ['model', 'statistics']; got {kind!r}")
+    return repo_root() / "data" / "hd" / f"smollm2-135m-instruct.{letter}.npz"
+
+
+def default_model_store_path() -> Path:
+    """The shipped S store for the default target (SmolLM2-135M-Instruct)."""
+    return default_store_path("model")
 
 
 def default_statistics_store_path(tokenizer: Any) -> Path:
-    """Where the default L store (offline corpus) for ``tokenizer`` is cached."""
+    """Where an L store over the offline corpus for ``tokenizer`` is cached."""
     from moelab.datasets import cache_dir
 
     return cache_dir() / "hd" / f"L-offline-corpus-{tokenizer_identity(tokenizer)['sha256'][:12]}.npz"
@@ -190,13 +226,36 @@ def load_store(path: str | Path, tokenizer: Any, kind: str | None = None) -> NGr
     return NGramTable.load(path, expect_tokenizer=tokenizer_identity(tokenizer), expect_kind=kind)
 
 
+def load_default_model_store(tokenizer: Any) -> NGramTable:
+    """The shipped S store; a clear error if ``tokenizer`` is not the one it was built for."""
+    path = default_model_store_path()
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; rebuild it with moelab.hd.rebuild_default_model_store()")
+    try:
+        return load_store(path, tokenizer, "model")
+    except ValueError as exc:
+        raise ValueError(f"{exc}. The shipped S store belongs to SmolLM2-135M-Instruct; for another target build one "
+                         "with moelab.hd.build_model_store(model, tokenizer, spec_bench_split('store').prompt)") from None
+
+
 def load_default_statistics_store(tokenizer: Any, *, rebuild: bool = False, max_bytes: int | None = None,
                                   domains: Sequence[str] | None = None) -> NGramTable:
-    """L over the offline multi-domain corpus (train split), built once and cached per tokenizer."""
+    """L over the offline multi-domain corpus (train split).
+
+    Uses the shipped file when it was built for ``tokenizer`` (and no custom corpus is asked for);
+    otherwise builds the index once into the cache dir (minutes on 2 cores) and reuses it.
+    """
     from moelab.models.corpus import iter_domain_texts
 
+    custom = max_bytes is not None or domains is not None
+    shipped = default_store_path("statistics")
+    if not custom and not rebuild and shipped.is_file():
+        try:
+            return load_store(shipped, tokenizer, "statistics")
+        except ValueError:
+            pass  # another tokenizer: fall through to the per-tokenizer cache
     path = default_statistics_store_path(tokenizer)
-    if max_bytes is not None or domains is not None:  # a non-default corpus gets its own file
+    if custom:  # a non-default corpus gets its own file
         tag = hashlib.sha256(json.dumps([max_bytes, domains]).encode()).hexdigest()[:8]
         path = path.with_name(path.stem + f"-{tag}.npz")
     if path.is_file() and not rebuild:
@@ -205,32 +264,38 @@ def load_default_statistics_store(tokenizer: Any, *, rebuild: bool = False, max_
     if max_bytes is not None:
         kw["max_bytes"] = max_bytes
     texts = (t for _, t in iter_domain_texts(domains, **kw))
-    table = build_statistics_store(texts, tokenizer, source=f"offline corpus train split {kw}")
+    table = build_statistics_store(texts, tokenizer, source=f"offline corpus (moelab.models.corpus) {kw}, "
+                                                            f"domains {domains or 'all available'}")
     table.save(path)
     return table
 
 
-def rebuild_default_model_store(*, per_category: int | None = None, max_new_tokens: int = 128, batch_size: int = 8,
+def rebuild_default_model_store(*, per_category: int | None = None, max_new_tokens: int = 80,
                                 path: str | Path | None = None, model_name: str | None = None,
                                 progress: bool = True) -> Path:
     """Rebuild the shipped S store: the target's greedy outputs on the Spec-Bench *store* split.
 
-    ``python -c "from moelab.hd.stores import rebuild_default_model_store as r; r()"`` regenerates
-    ``data/hd/smollm2-135m-instruct.S.npz`` (all 120 store-split questions, 128 tokens each).
+    ``python -c "from moelab.hd import rebuild_default_model_store as r; r()"`` regenerates
+    ``data/hd/smollm2-135m-instruct.S.npz`` from all 120 store-split questions (about 30-60 min on 2 busy
+    CPU cores; ``per_category`` takes fewer).
     """
     from moelab.hd.specbench import spec_bench_split
     from moelab.models.lm import DEFAULT_LM, load_lm
 
     model, tok = load_lm(model_name or DEFAULT_LM)
     df = spec_bench_split("store", per_category=per_category)
-    table = build_model_store(model, tok, df["prompt"].tolist(), max_new_tokens=max_new_tokens,
-                              batch_size=batch_size, progress=progress,
-                              source=f"Spec-Bench store split ({len(df)} questions: sorted position % 4 == 3 "
-                                     "per category), first turn, chat template, greedy")
+    table = build_model_store(model, tok, df["prompt"].tolist(), max_new_tokens=max_new_tokens, progress=progress,
+                              source=STORE_SPLIT_SOURCE.format(n=len(df)))
     table.meta["question_ids"] = [int(q) for q in df["question_id"]]
     return table.save(path or default_model_store_path())
 
 
+STORE_SPLIT_SOURCE = ("Spec-Bench store split ({n} questions: per category, sorted position % 4 == 3; never in the "
+                      "eval split), first turn, chat template, exact greedy")
+
+
 __all__ = ["STORE_KINDS", "ContextStore", "Store", "build_model_store", "build_statistics_store",
-           "default_model_store_path", "default_statistics_store_path", "load_default_statistics_store",
-           "load_store", "rebuild_default_model_store", "tokenizer_identity"]
+           "default_model_store_path", "default_statistics_store_path", "default_store_path",
+           "load_default_model_store", "load_default_statistics_store",
+           "load_store", "model_store_from_outputs", "rebuild_default_model_store", "target_greedy_outputs",
+           "tokenizer_identity"]

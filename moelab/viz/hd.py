@@ -1,0 +1,146 @@
+"""Figures and the interactive panel of notebook 02 (Hierarchy Drafting)."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from moelab.datasets import SPEC_BENCH_CATEGORIES
+from moelab.viz.common import slider
+
+STORE_COLORS = {"W": "#2ca02c", "S": "#1f77b4", "L": "#ff7f0e", "P": "#9467bd", "bonus": "#d9d9d9"}
+STORE_NAMES = {"W": "W context store", "S": "S model store", "L": "L statistics store", "P": "PLD",
+               "bonus": "target's own token"}
+METHOD_COLORS = {"AR": "#7f7f7f", "PLD": "#9467bd", "W-only": "#2ca02c", "S-only": "#1f77b4", "L-only": "#ff7f0e",
+                 "HD(WSL)": "#d62728", "HD(LSW)": "#8c564b", "HD(SWL)": "#e377c2"}
+
+
+def acceptance_html(tokenizer: Any, result: Any, *, max_steps: int | None = None) -> str:
+    """The generated text token by token: accepted draft tokens coloured by the store that drafted them,
+    the target's bonus token grey; a thin bar separates target forwards."""
+    spans = []
+    for i, step in enumerate(result.steps[:max_steps]):
+        toks = [*zip(step.accepted, step.sources), (step.bonus, "bonus")]
+        for tok, src in toks:
+            if tok < 0:
+                continue
+            text = html.escape(tokenizer.decode([tok])).replace("\n", "&#8629;<br>")
+            spans.append(f'<span title="step {i}: {STORE_NAMES[src]}" style="background:{STORE_COLORS[src]};'
+                         f'color:{"#000" if src == "bonus" else "#fff"};padding:1px 2px;border-radius:3px">{text}</span>')
+        spans.append('<span style="border-left:2px solid #444;margin:0 1px"></span>')
+    legend = " ".join(f'<span style="background:{c};color:{"#000" if k == "bonus" else "#fff"};padding:1px 4px;'
+                      f'border-radius:3px">{STORE_NAMES[k]}</span>' for k, c in STORE_COLORS.items())
+    return (f'<div style="font-family:monospace;line-height:1.9">{"".join(spans)}</div>'
+            f'<div style="margin-top:6px;font-size:90%">{legend} &nbsp;| = one target forward</div>')
+
+
+def fig_steps(result: Any, title: str = "") -> go.Figure:
+    """Tokens produced per target forward, stacked by the store that drafted them (+ the bonus token)."""
+    n = len(result.steps)
+    x = np.arange(n)
+    fig = go.Figure()
+    for src in ("W", "S", "L", "P"):
+        y = [sum(1 for s in step.sources if s == src) for step in result.steps]
+        if any(y):
+            fig.add_bar(x=x, y=y, name=STORE_NAMES[src], marker_color=STORE_COLORS[src])
+    fig.add_bar(x=x, y=[1] * n, name=STORE_NAMES["bonus"], marker_color=STORE_COLORS["bonus"])
+    fig.update_layout(barmode="stack", template="plotly_white", xaxis_title="target forward (step)",
+                      yaxis_title="tokens produced",
+                      title=title or f"{len(result.tokens)} tokens in {n} forwards "
+                                     f"(mean accepted {result.mean_accepted:.2f})")
+    return fig
+
+
+def fig_verify_cost(cpu_curve: pd.DataFrame, h200: Any, shape: str = "llama2-7b") -> go.Figure:
+    """Relative cost of verifying q tokens in one forward: measured CPU curve vs the H200 table."""
+    fig = go.Figure()
+    fig.add_scatter(x=cpu_curve["q"], y=cpu_curve["relative"], mode="lines+markers", name="this CPU (target LM)")
+    qs = np.array(sorted(h200.table[h200.table["shape"] == shape]["q"]))
+    fig.add_scatter(x=qs, y=h200.relative_cost(shape, qs), mode="lines+markers", name=f"H200, {shape} (measured)")
+    fig.update_layout(template="plotly_white", xaxis_title="tokens verified in one forward (q)",
+                      yaxis_title="cost relative to q = 1", xaxis_type="log",
+                      title="Verification cost: why tree drafting pays on a GPU and hardly on a CPU")
+    return fig
+
+
+def fig_mat_by_category(summary: pd.DataFrame, methods: Sequence[str] | None = None) -> go.Figure:
+    """Mean accepted tokens per target forward, per Spec-Bench category, one bar group per method."""
+    cats = [*SPEC_BENCH_CATEGORIES, "overall"]
+    methods = list(methods or [m for m in summary["method"].unique() if m != "AR"])
+    fig = go.Figure()
+    for m in methods:
+        g = summary[summary["method"] == m].set_index("category").reindex(cats)
+        fig.add_bar(x=cats, y=g["mean_accepted"], name=m, marker_color=METHOD_COLORS.get(m))
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="AR = 1.00")
+    fig.update_layout(barmode="group", template="plotly_white", yaxis_title="mean accepted tokens / forward",
+                      title="Spec-Bench slice: mean accepted tokens by category")
+    return fig
+
+
+def fig_published(compare: pd.DataFrame) -> go.Figure:
+    """Speedup over AR per category: ours (CPU measured, H200/7B projected) next to published rows."""
+    fig = go.Figure()
+    for col in compare.columns[1:]:
+        dash = "published" in col
+        fig.add_bar(x=compare["category"], y=compare[col], name=col,
+                    marker_pattern_shape="/" if dash else "", opacity=0.6 if dash else 1.0)
+    fig.add_hline(y=1.0, line_dash="dot")
+    fig.update_layout(barmode="group", template="plotly_white", yaxis_title="speedup over AR (x)",
+                      title="Speedup over autoregressive decoding: ours vs the Spec-Bench leaderboard")
+    return fig
+
+
+def fig_store_shares(summary: pd.DataFrame, method: str = "HD(WSL)") -> go.Figure:
+    """Per-category lookup-hit rate and share of accepted draft tokens of each store of ``method``."""
+    g = summary[summary["method"] == method]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("lookup hit rate", "share of accepted draft tokens"))
+    for letter in "WSL":
+        if f"{letter}_hit_rate" not in g:
+            continue
+        fig.add_bar(x=g["category"], y=g[f"{letter}_hit_rate"], name=STORE_NAMES[letter],
+                    marker_color=STORE_COLORS[letter], row=1, col=1, legendgroup=letter)
+        fig.add_bar(x=g["category"], y=g[f"{letter}_accept_share"], name=STORE_NAMES[letter],
+                    marker_color=STORE_COLORS[letter], row=1, col=2, legendgroup=letter, showlegend=False)
+    fig.update_layout(barmode="group", template="plotly_white", title=f"{method}: which store pays off where")
+    return fig
+
+
+def drafting_panel(run: Callable[[int, int, str, float], Any], tokenizer: Any, *, orders: Sequence[str] = (
+        "WSL", "WLS", "SWL", "LSW", "W", "S", "L"), candidates: int = 7, length: int = 4):
+    """Sliders for candidates / length / order / temperature, wired to a FigureWidget and the coloured text.
+
+    ``run(max_candidates, length, order, temperature)`` must return a generation result (it decodes with
+    the real model, so each change takes as long as one short generation)."""
+    import ipywidgets as w
+
+    first = run(candidates, length, orders[0], 0.0)
+    fw = go.FigureWidget(fig_steps(first))
+    text = w.HTML(acceptance_html(tokenizer, first))
+    s_cand = slider("candidates", candidates, 1, 16, 1, integer=True)
+    s_len = slider("length", length, 1, 10, 1, integer=True)
+    s_temp = slider("temperature", 0.0, 0.0, 1.5, 0.1)
+    dd = w.Dropdown(options=list(orders), value=orders[0], description="order")
+
+    def update(_=None) -> None:
+        res = run(s_cand.value, s_len.value, dd.value, s_temp.value)
+        new = fig_steps(res)
+        with fw.batch_update():
+            fw.data = []
+            for tr in new.data:
+                fw.add_trace(tr)
+            fw.layout.title = new.layout.title
+        text.value = acceptance_html(tokenizer, res)
+
+    for ctrl in (s_cand, s_len, s_temp, dd):
+        ctrl.observe(update, names="value")
+    return w.VBox([w.HBox([s_cand, s_len]), w.HBox([dd, s_temp]), fw, text])
+
+
+__all__ = ["METHOD_COLORS", "STORE_COLORS", "acceptance_html", "drafting_panel", "fig_mat_by_category",
+           "fig_published", "fig_steps", "fig_store_shares", "fig_verify_cost"]
