@@ -80,8 +80,11 @@ async def _read_head(reader: asyncio.StreamReader, timeout_s: float) -> list[byt
     return raw[:-4].split(b"\r\n")
 
 
-async def read_request(reader: asyncio.StreamReader, *, max_body_bytes: int, timeout_s: float) -> Request | None:
-    """Read one request; ``None`` on a clean EOF before any byte. Malformed input -> ``HTTPError``."""
+async def read_request(reader: asyncio.StreamReader, *, max_body_bytes: int, timeout_s: float,
+                       writer: asyncio.StreamWriter | None = None) -> Request | None:
+    """Read one request; ``None`` on a clean EOF before any byte. Malformed input -> ``HTTPError``.
+    With ``writer``, a client that sends ``Expect: 100-continue`` (curl, for bodies over 1 KB) is
+    told to go on instead of waiting a second for the body."""
     try:
         lines = await _read_head(reader, timeout_s)
     except asyncio.IncompleteReadError as exc:
@@ -107,6 +110,8 @@ async def read_request(reader: asyncio.StreamReader, *, max_body_bytes: int, tim
             raise HTTPError(400, f"Content-Length must be an integer; got {headers['content-length']!r}") from None
         if length < 0 or length > max_body_bytes:
             raise HTTPError(413, f"request body must be at most {max_body_bytes} bytes; got {length}")
+        if writer is not None and headers.get("expect", "").lower() == "100-continue":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         try:
             body = await asyncio.wait_for(reader.readexactly(length), timeout_s)
         except asyncio.IncompleteReadError:

@@ -320,7 +320,8 @@ class RouterProxy:
         status = 500
         try:
             try:
-                req = await read_request(reader, max_body_bytes=self.max_body_bytes, timeout_s=self.client_timeout_s)
+                req = await read_request(reader, max_body_bytes=self.max_body_bytes, timeout_s=self.client_timeout_s,
+                                         writer=writer)
                 if req is None:
                     return
                 status = await self._dispatch(req, writer)
