@@ -161,36 +161,49 @@ def _slots(B: int, k: int, D: int) -> int:
     return math.ceil(B * k / D)
 
 
-def moe_step_ms(shape: MoEShape, B: int, D: int, method: str, timer: Timer, device: str, dtype: str, copies: int) -> float:
-    """Median ms of one MoE layer's expert FFNs for ``B`` tokens over ``D`` distinct experts."""
+def moe_weights(shape: MoEShape, copies: int, device: str, dtype: str, seed: int = 0) -> list[tuple[Any, Any]]:
+    """``copies`` layer copies of all ``E`` experts' SwiGLU weights (``w13 [E, H, 2F]``, ``w2 [E, F, H]``),
+    non-zero random, made on the device once per shape (slices give the first ``D`` experts)."""
+    import torch
+
+    dt = _dtype(dtype)
+    g = torch.Generator(device=device).manual_seed(seed)
+    E, H, Fd = shape.num_experts, shape.hidden, shape.ffn
+    return [((torch.randn(E, H, 2 * Fd, generator=g, device=device) * 0.02).to(dt),
+             (torch.randn(E, Fd, H, generator=g, device=device) * 0.02).to(dt)) for _ in range(copies)]
+
+
+def moe_step_ms(shape: MoEShape, B: int, D: int, method: str, timer: Timer, device: str, dtype: str,
+                weights: list[tuple[Any, Any]]) -> float:
+    """Median ms of one MoE layer's expert FFNs for ``B`` tokens over ``D`` distinct experts
+    (``weights`` from :func:`moe_weights`; several copies rotated so they come from memory, not cache)."""
     import torch
     import torch.nn.functional as F
 
     dt = _dtype(dtype)
-    H, Fd = shape.hidden, shape.ffn
+    Fd = shape.ffn
     n = _slots(B, shape.top_k, D)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    experts = D if method == "bmm_active" else shape.num_experts
-    # non-zero random weights; several layer copies rotated so weights come from memory, not cache
-    w13 = [(torch.randn(experts, H, 2 * Fd, generator=g) * 0.02).to(device, dt) for _ in range(copies)]
-    w2 = [(torch.randn(experts, Fd, H, generator=g) * 0.02).to(device, dt) for _ in range(copies)]
-    if method == "bmm_active":
-        x = torch.randn(D, n, H, generator=g).to(device, dt)
+    g = torch.Generator(device=device).manual_seed(1)
+    copies = len(weights)
+    if method == "bmm_active":  # exactly the D active experts' weights are read
+        w13 = [a[:D] for a, _ in weights]
+        w2 = [b[:D] for _, b in weights]
+        x = torch.randn(D, n, shape.hidden, generator=g, device=device).to(dt)
 
         def fn() -> None:
             for c in range(copies):
                 h = torch.bmm(x, w13[c])
                 torch.bmm(F.silu(h[..., :Fd]) * h[..., Fd:], w2[c])
-    else:
-        counts = torch.zeros(experts, dtype=torch.int32)
+    else:  # grouped GEMM over all E experts, only D groups non-empty
+        counts = torch.zeros(shape.num_experts, dtype=torch.int32)
         counts[:D] = n
         offs = torch.cumsum(counts, 0).to(device=device, dtype=torch.int32)
-        x = torch.randn(D * n, H, generator=g).to(device, dt)
+        x = torch.randn(D * n, shape.hidden, generator=g, device=device).to(dt)
 
         def fn() -> None:
-            for c in range(copies):
-                h = torch._grouped_mm(x, w13[c], offs=offs)
-                torch._grouped_mm(F.silu(h[:, :Fd]) * h[:, Fd:], w2[c], offs=offs)
+            for w13, w2 in weights:
+                h = torch._grouped_mm(x, w13, offs=offs)
+                torch._grouped_mm(F.silu(h[:, :Fd]) * h[:, Fd:], w2, offs=offs)
     return timer.median_ms(fn) / copies
 
 
@@ -282,14 +295,18 @@ def measure(plan: Plan, device: str, progress: Callable[[str], None] | None = No
     moe_rows = []
     for name, shape in plan.moe_shapes.items():
         shape_b = MoEShape(shape.hidden, shape.ffn, shape.num_experts, shape.top_k, bytes_per)
+        weights = moe_weights(shape_b, plan.layer_copies, device, plan.dtype)
         for B in plan.batches:
             for D in _distinct_grid(shape_b, B, plan.distinct):
                 for method in methods:
-                    ms = moe_step_ms(shape_b, B, D, method, timer, device, plan.dtype, plan.layer_copies)
+                    ms = moe_step_ms(shape_b, B, D, method, timer, device, plan.dtype, weights)
                     wbytes = D * shape_b.expert_bytes
                     moe_rows.append(dict(model=name, method=method, B=B, D=D, layers_timed=plan.layer_copies,
                                          ms_per_layer=round(ms, 5), weight_bytes_per_layer=wbytes,
                                          floor_ms_per_layer=round(wbytes / (bw * 1e9) * 1e3, 5)))
+        del weights
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
         say(f"moe {name}: {sum(r['model'] == name for r in moe_rows)} points")
     attn_rows = []
     for name, shape in plan.attn_shapes.items():
