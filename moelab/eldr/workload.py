@@ -16,7 +16,8 @@ provenance (``backend: "synthetic"``). What is *not* invented:
 Generative model (all logits in Gumbel units, per layer ``l`` and expert ``e``)::
 
     domain  d : a_d[l,e] = s * (sigma_global(l) * g[l,e] + domain_scale * sigma_domain(l) * z_d[l,e])
-    request r : b_r = a_d + s * request_sigma * z_r      (prefill routing logits)
+    request r : b_r = (1-m) a_d + m a_d' + s * request_sigma * z_r   (prefill routing logits; m ~ U(0, mix_max)
+                mixes in a random second domain d' — the request's label stays d)
     decode    : c_r = b_r + s * drift_sigma * z'_r       (the generated text drifts from the prompt)
 
 ``s`` (``sharpness``) sets how peaked one request's routing is relative to the per-token Gumbel noise.
@@ -96,6 +97,7 @@ class SyntheticConfig:
     sharpness: float = 2.0
     domain_scale: float = 1.0
     request_sigma: float = 1.3
+    mix_max: float = 0.0
     drift_sigma: float = 0.5
     prompt_len_mean: int = 600
     prefix_tokens: int = 128
@@ -110,6 +112,7 @@ class SyntheticConfig:
         check_real("domain_scale", self.domain_scale, low=0)
         check_real("request_sigma", self.request_sigma, low=0)
         check_real("drift_sigma", self.drift_sigma, low=0)
+        check_real("mix_max", self.mix_max, low=0, high=0.5)
         check_int("prompt_len_mean", self.prompt_len_mean, low=1)
         check_int("prefix_tokens", self.prefix_tokens, low=0, high=self.prompt_len_mean)
         check_int("decode_tokens", self.decode_tokens, low=1)
@@ -195,7 +198,10 @@ def generate(
     chunk = max(1, int(2_000_000 // (cfg.decode_tokens * L * E)))  # bounds the Gumbel buffer to ~8 MB
     for s in range(0, n, chunk):
         idx = np.arange(s, min(n, s + chunk))
-        req = dom_logits[domain[idx]] + cfg.sharpness * cfg.request_sigma * rng.standard_normal((idx.size, L, E))
+        mix = cfg.mix_max * rng.random((idx.size, 1, 1))  # share of a second domain (the label stays the first)
+        other = dom_logits[rng.integers(0, cfg.n_domains, size=idx.size)]
+        req = (1 - mix) * dom_logits[domain[idx]] + mix * other
+        req = req + cfg.sharpness * cfg.request_sigma * rng.standard_normal((idx.size, L, E))
         pre = rng.multinomial(suffix_len[idx, None] * k, _inclusion(req, k))
         prefill[idx] = pre + prefix_hist[domain[idx]]
         # summed router probabilities (the gate_prob signal): prompt tokens x softmax of their logits
