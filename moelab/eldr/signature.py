@@ -237,7 +237,8 @@ class SignatureBuilder:
         if x.ndim != 3 or x.shape[1:] != self.shape:
             raise ValueError(f"signal must have shape (N, L, E) with (L, E)={self.shape}; got {np.shape(signal)}")
         v = self._weighted(x)[:, self.mask].reshape(x.shape[0], -1)[:, self.columns]
-        return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+        # C order: a router reads one row per decision, which must be contiguous to be fast
+        return np.ascontiguousarray(v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12))
 
     def report(self, trace: ExpertTrace, n_pairs: int | None = None) -> dict[str, float]:
         """Prefill->decode rho (the signature's layers vs whole decode profiles) and decode-expert recall."""
