@@ -317,6 +317,12 @@ def test_synthetic_workload_shape_and_labels(small_workload):
     assert (small_workload.prefix_counts <= tr.prefill_counts).all()
     red = distinct_reduction(tr, batch=8, n_batches=40)
     assert red["distinct_same_domain"] < red["distinct_mixed"]
+    from dataclasses import replace
+
+    sub = generate(40, replace(SMALL, subtopics=3, subtopic_sigma=0.5, mix_max=0.3), seed=1).trace
+    assert sub.n_requests == 40 and sub.prefill_counts.shape == (40, 6, 32)
+    with pytest.raises(ValueError, match="mix_max"):
+        generate(4, replace(SMALL, mix_max=0.9))
 
 
 def test_domain_spread_from_real_counts(public_data):

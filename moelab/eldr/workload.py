@@ -16,7 +16,8 @@ provenance (``backend: "synthetic"``). What is *not* invented:
 Generative model (all logits in Gumbel units, per layer ``l`` and expert ``e``)::
 
     domain  d : a_d[l,e] = s * (sigma_global(l) * g[l,e] + domain_scale * sigma_domain(l) * z_d[l,e])
-    request r : b_r = (1-m) a_d + m a_d' + s * request_sigma * z_r   (prefill routing logits; m ~ U(0, mix_max)
+    topic   t : a_dt = a_d + s * subtopic_sigma * z_dt   (``subtopics`` per domain; the label stays d)
+    request r : b_r = (1-m) a_dt + m a_d' + s * request_sigma * z_r   (prefill routing logits; m ~ U(0, mix_max)
                 mixes in a random second domain d' — the request's label stays d)
     decode    : c_r = b_r + s * drift_sigma * z'_r       (the generated text drifts from the prompt)
 
@@ -98,6 +99,8 @@ class SyntheticConfig:
     domain_scale: float = 1.0
     request_sigma: float = 1.3
     mix_max: float = 0.0
+    subtopics: int = 1
+    subtopic_sigma: float = 0.0
     drift_sigma: float = 0.5
     prompt_len_mean: int = 600
     prefix_tokens: int = 128
@@ -113,6 +116,8 @@ class SyntheticConfig:
         check_real("request_sigma", self.request_sigma, low=0)
         check_real("drift_sigma", self.drift_sigma, low=0)
         check_real("mix_max", self.mix_max, low=0, high=0.5)
+        check_int("subtopics", self.subtopics, low=1)
+        check_real("subtopic_sigma", self.subtopic_sigma, low=0)
         check_int("prompt_len_mean", self.prompt_len_mean, low=1)
         check_int("prefix_tokens", self.prefix_tokens, low=0, high=self.prompt_len_mean)
         check_int("decode_tokens", self.decode_tokens, low=1)
@@ -184,6 +189,10 @@ def generate(
     dom_logits = glob[None] + cfg.domain_scale * sd[None, :, None] * rng.standard_normal((cfg.n_domains, L, E))
     dom_logits *= cfg.sharpness
     domain = rng.permutation(np.arange(n) % cfg.n_domains)
+    # sub-topics inside a domain: structure a signature can see and a domain label cannot
+    topic_logits = dom_logits[:, None] + cfg.sharpness * cfg.subtopic_sigma * rng.standard_normal(
+        (cfg.n_domains, cfg.subtopics, L, E))
+    topic = rng.integers(0, cfg.subtopics, size=n)
     names = [OLMOE_DOMAINS[d] if d < len(OLMOE_DOMAINS) else f"domain{d}" for d in range(cfg.n_domains)]
 
     # shared system prompt of each domain: fixed tokens and a fixed expert histogram
@@ -200,7 +209,8 @@ def generate(
         idx = np.arange(s, min(n, s + chunk))
         mix = cfg.mix_max * rng.random((idx.size, 1, 1))  # share of a second domain (the label stays the first)
         other = dom_logits[rng.integers(0, cfg.n_domains, size=idx.size)]
-        req = (1 - mix) * dom_logits[domain[idx]] + mix * other
+        sub = topic_logits[domain[idx], topic[idx]]
+        req = (1 - mix) * sub + mix * other
         req = req + cfg.sharpness * cfg.request_sigma * rng.standard_normal((idx.size, L, E))
         pre = rng.multinomial(suffix_len[idx, None] * k, _inclusion(req, k))
         prefill[idx] = pre + prefix_hist[domain[idx]]
