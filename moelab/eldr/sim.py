@@ -68,16 +68,18 @@ def poisson_requests(
     seed: int = 0,
 ) -> DecodeRequests:
     """Poisson arrivals at ``rate`` req/s; each request replays a uniformly drawn request of ``trace``
-    (prompt length and domain included) from a random decode offset; fixed or given output lengths."""
+    (prompt length and domain included) from a random decode offset; fixed or given output lengths.
+    Trace requests without captured decode tokens have no experts to replay and are not drawn."""
     rate = check_real("rate", rate, low=0, low_open=True)
     n = check_int("n_requests", n_requests, low=1)
     rng = rng_from(seed)
     arrival = np.cumsum(rng.exponential(1.0 / rate, size=n))
     arrival -= arrival[0]
-    idx = rng.integers(0, trace.n_requests, size=n)
+    eligible = np.flatnonzero(trace.decode_lens > 0)
+    if eligible.size == 0:
+        raise ValueError("trace has no request with decode tokens to replay")
+    idx = eligible[rng.integers(0, eligible.size, size=n)]
     lens = trace.decode_lens[idx]
-    if np.any(lens == 0):
-        raise ValueError("trace has requests without decode tokens")
     out = np.broadcast_to(np.asarray(output_len, dtype=np.int64), (n,)).copy()
     if out.min() < 1:
         raise ValueError(f"output_len must be >= 1; got minimum {out.min()}")
