@@ -51,7 +51,7 @@ def _drafter(kind, S, L, order, g, length):
     return PLDDrafter() if kind == "PLD" else HierarchyDrafter(S, L, order=order, max_candidates=g, length=length)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(prompt=st.lists(st.integers(0, 23), min_size=1, max_size=24), kind=st.sampled_from(["HD", "PLD"]),
        order=st.sampled_from(["WSL", "LSW", "W", "S", "L", "SL"]), g=st.integers(1, 8), length=st.integers(1, 6),
        n=st.integers(1, 30))
@@ -136,7 +136,7 @@ def test_speculative_sampling_matches_the_exact_distribution():
             exact[seq] = float(np.exp(sum(logp[len(prompt) - 1 + i, t].item() for i, t in enumerate(seq))))
     rng = np.random.default_rng(0)
     counts = dict.fromkeys(exact, 0)
-    n, multi = 1500, 0
+    n, multi = 1000, 0
     for _ in range(n):
         res = generate(m, prompt, AllPairsDrafter(vocab), max_new_tokens=n_tok, temperature=temp, seed=rng)
         counts[tuple(res.tokens)] += 1
@@ -145,8 +145,11 @@ def test_speculative_sampling_matches_the_exact_distribution():
     obs = np.array([counts[s] for s in exact])
     exp = np.array([exact[s] for s in exact]) * n
     assert abs(exp.sum() - n) < 1e-6
+    small = exp < 5  # pool rare sequences into one cell so the chi-square approximation holds
+    obs = np.append(obs[~small], obs[small].sum())
+    exp = np.append(exp[~small], exp[small].sum())
     stat = ((obs - exp) ** 2 / exp).sum()
-    p_value = stats.chi2.sf(stat, df=len(exact) - 1)
+    p_value = stats.chi2.sf(stat, df=len(exp) - 1)
     assert p_value > 1e-3, f"speculative sampling is off the exact distribution (p = {p_value:.2e})"
 
 

@@ -51,7 +51,7 @@ def test_loads_offline_generates_and_second_load_hits_cache(lm):
 def test_hd_greedy_is_lossless_on_the_real_model(lm, public_data):
     model, tok = lm
     S, L = load_default_model_store(tok), load_default_statistics_store(tok)
-    qs = spec_bench_split("eval", per_category=1, categories=("qa", "translation", "math_reasoning"))
+    qs = spec_bench_split("eval", per_category=1, categories=("qa", "math_reasoning"))
     settings = [lambda: HierarchyDrafter(S, L), lambda: HierarchyDrafter(S, L, order="LSW", max_candidates=3, length=2),
                 lambda: PLDDrafter()]
     for prompt in qs["prompt"]:

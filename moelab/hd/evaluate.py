@@ -8,8 +8,11 @@ How each number is obtained:
 * AR runs for real on every question (its greedy output is the reference, its tokens/s the baseline).
 * Methods in ``measure`` run for real too (tree verification on the model, wall-clock timed, output
   checked token-for-token against AR: column ``identical``) -> measured CPU speedup.
-* Every other method is *replayed* against AR's greedy output (:func:`moelab.hd.decode.replay_greedy`):
-  exact acceptance and drafting latency, no target timing (their ``tokens_per_s`` is NaN).
+* Every method is *replayed* against AR's greedy output (:func:`moelab.hd.decode.replay_greedy`): exact
+  acceptance, and the drafter's own per-step latency (``draft_us_p50``; the work per step is that of a real
+  run). Unmeasured methods have no target timing (their ``tokens_per_s`` is NaN). For measured methods
+  ``draft_us_p50_inline`` is the drafting time inside the real CPU run, where every step follows a forward
+  that evicts the CPU caches (on a GPU server the forward runs elsewhere and the replay figure applies).
 * ``projected_h200_7b_speedup``: each step's verification cost for a 7B target on an H200, from the
   measured table ``data/calibration/h200/dense_verify.csv`` (:class:`moelab.costmodel.DenseVerifyModel`)
   at that step's tree size, plus the measured drafting time, against one AR step per token.
@@ -103,6 +106,14 @@ def _row(method: str, q: pd.Series, res: GenerationResult, drafter: Drafter, mea
     return row
 
 
+def _steps(method: str, q: pd.Series, res: GenerationResult, mode: str) -> pd.DataFrame:
+    return pd.DataFrame({
+        "method": method, "question_id": int(q["question_id"]), "category": q["category"], "mode": mode,
+        "step": np.arange(len(res.steps)), "tree_size": [s.tree_size for s in res.steps],
+        "accepted": [len(s.accepted) for s in res.steps], "draft_us": [s.draft_us for s in res.steps],
+        "sources": ["".join(s.sources) for s in res.steps]})
+
+
 @dataclass
 class SpecBenchRun:
     """Per-question rows and per-step draft latencies of one evaluation."""
@@ -167,21 +178,20 @@ def run_specbench(model: Any, tokenizer: Any, questions: pd.DataFrame, *, method
             if m == "AR":
                 continue
             drafter = make_drafter(m, model_store, statistics_store, max_candidates=max_candidates, length=length)
-            if m in measure:
+            # the replay gives exact greedy acceptance and the drafter's own per-step latency
+            replay = replay_greedy(drafter, ids, ar.tokens)
+            step_rows.append(_steps(m, q, replay, "replay"))
+            res, identical = replay, None
+            if m in measure:  # and the real run: wall clock, inline drafting latency, identity with AR
+                drafter = make_drafter(m, model_store, statistics_store, max_candidates=max_candidates, length=length)
                 res = generate(model, ids, drafter, max_new_tokens=max_new_tokens, eos_token_id=eos)
                 identical = res.tokens == ar.tokens
-            else:
-                res, identical = replay_greedy(drafter, ids, ar.tokens), None
+                step_rows.append(_steps(m, q, res, "run"))
             rows.append(_row(m, q, res, drafter, m in measure, identical, ar_step_ms))
-            step_rows.append(pd.DataFrame({
-                "method": m, "question_id": int(q["question_id"]), "category": q["category"],
-                "step": np.arange(len(res.steps)), "tree_size": [s.tree_size for s in res.steps],
-                "accepted": [len(s.accepted) for s in res.steps], "draft_us": [s.draft_us for s in res.steps],
-                "sources": ["".join(s.sources) for s in res.steps]}))
         if progress is not None:
             progress(f"[{i + 1}/{len(questions)}] {q['category']} q{q['question_id']}: AR {ar.tokens_per_s:.1f} tok/s")
     steps = pd.concat(step_rows, ignore_index=True) if step_rows else pd.DataFrame(
-        columns=["method", "question_id", "category", "step", "tree_size", "accepted", "draft_us", "sources"])
+        columns=["method", "question_id", "category", "mode", "step", "tree_size", "accepted", "draft_us", "sources"])
     config = {"methods": methods, "measure": sorted(measure), "max_new_tokens": max_new_tokens,
               "max_candidates": max_candidates, "length": length, "n_questions": len(questions),
               "question_ids": [int(x) for x in questions["question_id"]],
@@ -207,7 +217,9 @@ def summarize(questions: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.
                                                  / ar.loc[g["question_id"], "projected_h200_7b_tokens_per_s"].mean())
         if steps is not None and len(steps):
             s = steps[(steps["method"] == method) & ((steps["category"] == category) | (category == "overall"))]
-            row["draft_us_p50"] = float(s["draft_us"].median()) if len(s) else float("nan")
+            for mode, col in (("replay", "draft_us_p50"), ("run", "draft_us_p50_inline")):
+                sm = s[s["mode"] == mode]["draft_us"]
+                row[col] = float(sm.median()) if len(sm) else float("nan")
         accepted = sum(g[c].sum() for c in g.columns if c.endswith("_accepted_tokens") and g[c].notna().any())
         for letter in "WSLP":
             if f"{letter}_queries" in g and g[f"{letter}_queries"].notna().any():
