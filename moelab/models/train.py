@@ -1,0 +1,264 @@
+"""``moelab train-tiny-moe``: train the project's tiny MoE from the offline corpus.
+
+Steps: build (or reuse) the corpus -> train a byte-level BPE tokenizer (``tokenizers``) -> train a
+``Qwen3MoeForCausalLM`` (every layer MoE, top-k routing, load-balancing aux loss) on domain-pure windows
+with a time and/or token budget, periodic held-out loss per domain, resumable checkpoints -> export the
+weights (fp16 safetensors) + tokenizer to the output folder, loadable with plain
+``AutoModelForCausalLM.from_pretrained``. Runs on CPU or CUDA (``--device``).
+
+Checkpoints live in ``--work`` (model as safetensors, optimizer via ``torch.save`` of tensors only, loaded
+with ``weights_only=True``, counters as JSON); rerunning the same command resumes from the last one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moelab._io import atomic_write_json, read_json
+
+EOS = "<|endoftext|>"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="moelab train-tiny-moe", description=__doc__.splitlines()[0])
+    p.add_argument("--corpus", default=None, help="corpus folder (built there if it has no manifest; default <work>/corpus)")
+    p.add_argument("--extra", action="append", default=[], help="extra text file/folder as a further domain (repeatable)")
+    p.add_argument("--out", default=None, help="export folder (default: the repository's data/models/tiny-moe)")
+    p.add_argument("--work", default=None, help="checkpoint folder (default: $MOELAB_CACHE/tiny-moe-run)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-bytes", type=int, default=3_000_000, help="corpus characters per domain (train split)")
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--experts", type=int, default=32)
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--moe-intermediate", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=100, help="warm-up steps")
+    p.add_argument("--aux-coef", type=float, default=0.01, help="load-balancing aux loss coefficient")
+    p.add_argument("--time-budget", type=float, default=None, help="training wall-clock budget in minutes (over all resumes)")
+    p.add_argument("--token-budget", type=int, default=None, help="training token budget (over all resumes)")
+    p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
+    p.add_argument("--ckpt-every", type=int, default=100, help="steps between checkpoints")
+    p.add_argument("--eval-windows", type=int, default=8, help="held-out windows per domain")
+    p.add_argument("--experts-impl", default="grouped_mm", choices=["eager", "grouped_mm", "batched_mm"],
+                   help="HF experts implementation (batched_mm exhausts CPU memory)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer
+def train_tokenizer(texts: dict[str, list[str]], vocab_size: int, out_dir: Path) -> Any:
+    """Train a byte-level BPE tokenizer on all domains and save it as a HF fast tokenizer in ``out_dir``."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = ByteLevelBPETokenizer()
+
+    def stream():
+        for docs in texts.values():
+            yield from docs
+
+    tok.train_from_iterator(stream(), vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS], show_progress=False)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok._tokenizer, bos_token=EOS, eos_token=EOS, pad_token=EOS, unk_token=EOS)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def _encode_domains(tok: Any, texts: dict[str, list[str]]) -> dict[str, np.ndarray]:
+    """One int32 token stream per domain: documents joined by EOS."""
+    out = {}
+    for dom, docs in texts.items():
+        ids = tok(list(docs), add_special_tokens=False)["input_ids"]
+        eos = tok.convert_tokens_to_ids(EOS)
+        out[dom] = np.fromiter((t for seq in ids for t in (*seq, eos)), dtype=np.int32)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- model
+def make_config(args: argparse.Namespace, vocab_size: int, eos_id: int) -> Any:
+    from transformers import Qwen3MoeConfig
+
+    cfg = Qwen3MoeConfig(
+        vocab_size=vocab_size, hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,
+        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads, head_dim=args.hidden // args.heads,
+        max_position_embeddings=max(1024, args.seq_len * 2), moe_intermediate_size=args.moe_intermediate,
+        num_experts=args.experts, num_experts_per_tok=args.top_k, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], router_aux_loss_coef=args.aux_coef, output_router_logits=False, tie_word_embeddings=True,
+        bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    cfg.architectures = ["Qwen3MoeForCausalLM"]
+    return cfg
+
+
+def _windows(stream: np.ndarray, starts: np.ndarray, seq_len: int) -> np.ndarray:
+    return stream[starts[:, None] + np.arange(seq_len + 1)[None, :]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``moelab train-tiny-moe``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    import torch
+    from safetensors.torch import load_model, save_model
+    from tqdm.auto import tqdm
+    from transformers import AutoTokenizer, Qwen3MoeForCausalLM
+
+    from moelab.datasets import cache_dir, repo_root
+    from moelab.models.corpus import build_corpus, read_corpus
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else ("cpu" if args.device == "auto" else args.device))
+    work = Path(args.work) if args.work else cache_dir() / "tiny-moe-run"
+    out = Path(args.out) if args.out else repo_root() / "data" / "models" / "tiny-moe"
+    corpus = Path(args.corpus) if args.corpus else work / "corpus"
+    work.mkdir(parents=True, exist_ok=True)
+    if args.time_budget is None and args.token_budget is None:
+        raise ValueError("give a budget: --time-budget MINUTES and/or --token-budget TOKENS")
+
+    # corpus + tokenizer (reused when present, so a resumed run sees the same data)
+    if not (corpus / "manifest.json").is_file():
+        print(f"building corpus in {corpus} ...", flush=True)
+        build_corpus(corpus, extra_paths=args.extra, seed=args.seed, max_bytes=args.max_bytes)
+    train_txt, held_txt = read_corpus(corpus, "train"), read_corpus(corpus, "heldout")
+    tok_dir = work / "tokenizer"
+    if (tok_dir / "tokenizer.json").is_file():
+        tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    else:
+        t0 = time.time()
+        tok = train_tokenizer(train_txt, args.vocab, tok_dir)
+        print(f"tokenizer: {len(tok)} tokens in {time.time() - t0:.1f}s", flush=True)
+    eos_id = tok.convert_tokens_to_ids(EOS)
+    train_ids, held_ids = _encode_domains(tok, train_txt), _encode_domains(tok, held_txt)
+    domains = sorted(train_ids)
+    print("train tokens per domain:", {d: len(train_ids[d]) for d in domains}, flush=True)
+
+    torch.manual_seed(args.seed)
+    cfg = make_config(args, len(tok), eos_id)
+    model = Qwen3MoeForCausalLM(cfg)
+    model.set_experts_implementation(args.experts_impl) if hasattr(model, "set_experts_implementation") else None
+    model.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    state = {"step": 0, "tokens": 0, "elapsed_s": 0.0, "history": []}
+    if (work / "state.json").is_file():
+        state = read_json(work / "state.json")
+        load_model(model, str(work / "model.safetensors"), device=str(device))
+        opt.load_state_dict(torch.load(work / "optim.pt", map_location=device, weights_only=True))
+        print(f"resumed at step {state['step']} ({state['tokens']} tokens, {state['elapsed_s'] / 60:.1f} min)", flush=True)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {n_params / 1e6:.2f}M parameters, {cfg.num_hidden_layers} layers x {cfg.num_experts} experts, "
+          f"top-{cfg.num_experts_per_tok}, device {device}", flush=True)
+
+    rng = np.random.default_rng([args.seed, state["step"]])
+    eval_rng = np.random.default_rng(args.seed + 1)
+    eval_batches = {d: torch.from_numpy(_windows(held_ids[d], eval_rng.integers(0, len(held_ids[d]) - args.seq_len - 1,
+                                                                                args.eval_windows), args.seq_len).astype(np.int64))
+                    for d in domains if len(held_ids.get(d, ())) > args.seq_len + 1}
+    budget_s = None if args.time_budget is None else args.time_budget * 60
+    tok_per_step = args.batch * args.seq_len
+
+    def progress() -> float:
+        fr = []
+        if budget_s:
+            fr.append(state["elapsed_s"] / budget_s)
+        if args.token_budget:
+            fr.append(state["tokens"] / args.token_budget)
+        return max(fr)
+
+    def lr_at() -> float:
+        if state["step"] < args.warmup:
+            return args.lr * (state["step"] + 1) / args.warmup
+        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress()))))
+
+    @torch.no_grad()
+    def evaluate() -> dict[str, float]:
+        model.eval()
+        res = {}
+        for d, xb in eval_batches.items():
+            xb = xb.to(device)
+            res[d] = float(model(input_ids=xb[:, :-1], labels=xb[:, 1:].contiguous(), output_router_logits=False).loss)
+        model.train()
+        return res
+
+    def checkpoint() -> None:
+        save_model(model, str(work / "model.safetensors.tmp"))
+        Path(work / "model.safetensors.tmp").replace(work / "model.safetensors")
+        torch.save(opt.state_dict(), work / "optim.pt.tmp")
+        Path(work / "optim.pt.tmp").replace(work / "optim.pt")
+        atomic_write_json(work / "state.json", state)
+
+    model.train()
+    bar = tqdm(total=100, desc="train-tiny-moe", unit="%", disable=args.no_progress, mininterval=5)
+    weights = np.array([1.0] * len(domains)) / len(domains)  # domain-balanced sampling
+    t_last = time.time()
+    while progress() < 1.0:
+        # domain-pure windows: each sequence comes from one domain, so routers can specialise by domain
+        dom_idx = rng.choice(len(domains), size=args.batch, p=weights)
+        rows = [
+            _windows(train_ids[domains[di]], rng.integers(0, len(train_ids[domains[di]]) - args.seq_len - 1, 1), args.seq_len)[0]
+            for di in dom_idx
+        ]
+        xb = torch.from_numpy(np.stack(rows).astype(np.int64)).to(device)
+        for g in opt.param_groups:
+            g["lr"] = lr_at()
+        outp = model(input_ids=xb[:, :-1], labels=xb[:, 1:].contiguous(), output_router_logits=True)
+        opt.zero_grad(set_to_none=True)
+        outp.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        now = time.time()
+        state["elapsed_s"] += now - t_last
+        t_last = now
+        state["step"] += 1
+        state["tokens"] += tok_per_step
+        bar.n = min(100, int(100 * progress()))
+        bar.set_postfix(loss=f"{float(outp.loss):.3f}", aux=f"{float(outp.aux_loss):.3f}",
+                        tok_s=f"{state['tokens'] / max(state['elapsed_s'], 1e-9):.0f}")
+        if state["step"] % args.eval_every == 0:
+            held = evaluate()
+            state["history"].append({"step": state["step"], "tokens": state["tokens"], "elapsed_s": round(state["elapsed_s"], 1),
+                                     "train_loss": float(outp.loss), "aux_loss": float(outp.aux_loss), "heldout": held})
+            print(f"\nstep {state['step']} tokens {state['tokens']} {state['elapsed_s'] / 60:.1f}min "
+                  f"loss {float(outp.loss):.3f} held-out {({d: round(v, 3) for d, v in held.items()})}", flush=True)
+            t_last = time.time()  # evaluation time is not training time
+        if state["step"] % args.ckpt_every == 0:
+            checkpoint()
+            t_last = time.time()
+    bar.close()
+    state["final_heldout"] = evaluate()
+    checkpoint()
+
+    # export: fp16 weights + tokenizer + training record
+    model.to("cpu").to(torch.float16)
+    model.config.dtype = "float16"
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out), safe_serialization=True)
+    tok.save_pretrained(str(out))
+    manifest = read_json(corpus / "manifest.json")
+    atomic_write_json(out / "training.json", {
+        "steps": state["step"], "tokens": state["tokens"], "train_minutes": round(state["elapsed_s"] / 60, 2),
+        "device": str(device), "threads": torch.get_num_threads(), "batch": args.batch, "seq_len": args.seq_len, "lr": args.lr,
+        "aux_coef": args.aux_coef, "experts_impl": args.experts_impl, "seed": args.seed, "parameters": n_params,
+        "final_heldout_loss": state["final_heldout"], "eval_windows": args.eval_windows, "history": state["history"],
+        "corpus": {"seed": manifest["seed"], "files": manifest["files"], "n_sources": len(manifest["sources"]),
+                   "synthetic": manifest.get("synthetic", [])},
+    })
+    print(f"exported to {out}; held-out loss {state['final_heldout']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
