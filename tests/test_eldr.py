@@ -395,3 +395,12 @@ def test_user_trace_runs_unchanged(small_workload, tmp_path):
     cfg["num_experts"] = 64
     with pytest.raises(ValueError, match="geometry"):
         prepare(trace, DecodeStepModel.from_hf_config(cfg), 4)
+
+
+def test_rate_for_batch_hits_the_batch(small_workload):
+    from moelab.eldr.experiments import prepare, rate_for_batch, run_one
+
+    setup = prepare(small_workload.trace, small_cost(), 4, n_pairs=500)
+    rate = rate_for_batch(setup, 16, 64)
+    m = run_one(setup, "jsq", rate=rate, n_requests=600, output_len=64)
+    assert 8 <= m["mean_batch"] <= 24

@@ -124,6 +124,22 @@ def synthetic_setup(
     return prepare(wl.trace, cost, n_workers, n_pairs=n_pairs, seed=seed, prefix_counts=wl.prefix_counts), wl
 
 
+def rate_for_batch(setup: ELDRSetup, batch: int, output_len: int = 512) -> float:
+    """Arrival rate (req/s) at which each of the setup's workers runs about ``batch`` requests
+    (Little's law with the cost model's step time at that batch; distinct experts taken from random
+    batches of the pool). Picks comparable operating points for models of very different speed."""
+    batch = check_int("batch", batch, low=1)
+    output_len = check_int("output_len", output_len, low=1)
+    rng = rng_from(setup.seed)
+    pool = setup.pool
+    ok = np.flatnonzero(pool.decode_lens > 0)
+    reqs = rng.choice(ok, size=min(batch, ok.size), replace=ok.size < batch)
+    sum_d = float(pool.distinct_experts(reqs, rng.integers(0, 1 << 20, size=reqs.size)).sum())
+    kv = batch * (float(pool.prompt_lens.mean()) + output_len / 2)
+    step_s = float(setup.cost.step_ms(batch, sum_d, kv)) / 1e3
+    return setup.n_workers * batch / (output_len * step_s)
+
+
 def build_router(setup: ELDRSetup, name: str, *, tau: float = 0.1, kind: str = "count_idf", balanced: bool = True,
                  refit_window_s: float | None = None, seed: int = 0) -> Router:
     """A router by name, wired to the setup (ELDR gets centroids — refitted online every
@@ -268,5 +284,5 @@ def prefix_cache_ablation(setup: ELDRSetup, *, rate: float = 60.0, **kw) -> pd.D
 
 
 __all__ = ["BASELINES", "PAPER_RATES", "ROUTERS", "ELDRSetup", "build_router", "compare_with_paper", "gains",
-           "kmeans_ablation", "paper_gains", "refit_ablation", "prefix_cache_ablation", "prepare", "rate_sweep", "run_one",
+           "kmeans_ablation", "paper_gains", "rate_for_batch", "refit_ablation", "prefix_cache_ablation", "prepare", "rate_sweep", "run_one",
            "signature_ablation", "synthetic_setup", "tau_sweep", "with_workers"]
