@@ -404,3 +404,26 @@ def test_rate_for_batch_hits_the_batch(small_workload):
     rate = rate_for_batch(setup, 16, 64)
     m = run_one(setup, "jsq", rate=rate, n_requests=600, output_len=64)
     assert 8 <= m["mean_batch"] <= 24
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(1, 12), tau=st.sampled_from([0.0, 0.05, 0.2, 1.0, 2.0]),
+       full=st.integers(0, 11))
+def test_eldr_decision_is_least_loaded_in_open_band(seed, k, tau, full):
+    """Both the one-request fast path and the batch path pick a least-loaded worker of the band
+    computed among workers with a free slot."""
+    rng = np.random.default_rng(seed)
+    C = rng.standard_normal((k, 5))
+    C /= np.linalg.norm(C, axis=1, keepdims=True)
+    v = rng.standard_normal(5)
+    v /= np.linalg.norm(v)
+    load = rng.integers(0, 3, k)
+    free = np.full(k, 4)
+    free[rng.permutation(k)[: min(full, k - 1)]] = 0
+    r = ELDRRouter(C, tau=tau, seed=seed).reset(k)
+    w = int(r.route(RequestBatch([3], v[None]), _view(load, free))[0])
+    s = np.where(free > 0, C @ v, -np.inf)
+    band = np.flatnonzero(s >= s.max() - tau - 1e-6)  # float32 fast path: allow rounding at the edge
+    assert free[w] > 0 and w in band
+    strict = np.flatnonzero(s >= s.max() - max(tau - 1e-6, 0.0))
+    assert load[w] <= load[strict].min()
