@@ -106,6 +106,10 @@ def test_validation_and_loopback_only():
         RouterProxy([])
     with pytest.raises(ValueError, match="router must be one of"):
         RouterProxy(["http://127.0.0.1:1"], "nope")
+    with pytest.raises(ValueError, match="router must be one of"):
+        RouterProxy(["http://127.0.0.1:1"], "domain_oracle")  # needs a domain label no live request carries
+    with pytest.raises(ValueError, match="signature"):
+        RouterProxy(["http://127.0.0.1:1"], "eldr")
     with pytest.raises(ValueError, match="max_inflight"):
         RouterProxy(["http://127.0.0.1:1"], max_inflight=0)
     assert validate_payload("/v1/completions", {"prompt": [1, 2, 3]})["prompt"] == [1, 2, 3]

@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from moelab._validate import check_int, check_real
+from moelab._validate import check_choice, check_int, check_real
 from moelab.routing import ClusterView, RequestBatch, Router, make_router
 from moelab.serving.http import (
     HTTPError,
@@ -60,6 +60,9 @@ from moelab.serving.http import (
 )
 
 ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions")
+# routers that decide from what a live proxy knows (load, KV tokens, a signature); the domain oracle and
+# BalanceRoute's output-length predictors need information a live request does not carry
+LIVE_ROUTERS = ("round_robin", "random", "jsq", "p2c", "least_kv", "vllm_dp", "eldr")
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade"}
 
 
@@ -178,7 +181,16 @@ class RouterProxy:
         for b in self.backends:
             if not _is_loopback(b.host):
                 raise ValueError(f"backend URLs must be on loopback; got {b.url!r}")
-        self.router = make_router(router, seed=seed) if isinstance(router, str) else router
+        if isinstance(router, str):
+            check_choice("router", router, LIVE_ROUTERS)
+            if router == "eldr":
+                raise ValueError("router 'eldr' needs fitted centroids and a signature source: build it with "
+                                 "moelab.serving.signatures.fit_eldr_router (the CLI does: --router eldr --signature-url "
+                                 "... --eldr-calibration ...)")
+            router = make_router(router, seed=seed)
+        self.router = router
+        if self.router.name == "eldr" and signature_source is None:
+            raise ValueError("the ELDR router needs signature_source= (prefill expert counts of each request)")
         self.router.reset(len(self.backends))
         self.host, self.port = host, check_int("port", port, low=0, high=65535)
         self.max_inflight = check_int("max_inflight", max_inflight, low=1)
@@ -507,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="moelab serve-router", description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", "-b", action="append", required=True, metavar="URL",
                    help="an OpenAI-compatible vLLM server, e.g. http://127.0.0.1:8001 (repeat for each)")
-    p.add_argument("--router", default="jsq", help="round_robin, random, jsq, p2c, least_kv, eldr, ... (default jsq)")
+    p.add_argument("--router", default="jsq", choices=LIVE_ROUTERS, help="routing policy (default jsq)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-inflight", type=int, default=32, help="requests in flight per backend")
