@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from moelab.hd import HierarchyDrafter, PLDDrafter, generate, replay_greedy, spec_bench_split  # noqa: E402
+from moelab.hd.evaluate import run_specbench  # noqa: E402
 from moelab.hd.stores import load_default_model_store, load_default_statistics_store  # noqa: E402
 from moelab.models import load_lm  # noqa: E402
 from moelab.models.lm import LMSession, chat_prompt_ids, set_cpu_threads, verify_cost_curve  # noqa: E402
@@ -61,6 +62,31 @@ def test_hd_greedy_is_lossless_on_the_real_model(lm, public_data):
             spec = generate(model, ids, make(), max_new_tokens=12, eos_token_id=tok.eos_token_id)
             assert spec.tokens == plain.tokens
             assert len(replay_greedy(make(), ids, plain.tokens).steps) == len(spec.steps)
+
+
+@needs_smollm2
+def test_specbench_harness_replay_equals_real_run_and_sampling(lm, public_data):
+    model, tok = lm
+    S, L = load_default_model_store(tok), load_default_statistics_store(tok)
+    q = spec_bench_split("eval", per_category=1, categories=("math_reasoning",))
+    run = run_specbench(model, tok, q, methods=("AR", "PLD", "HD(WSL)", "S"), model_store=S, statistics_store=L,
+                        max_new_tokens=12, measure=("HD(WSL)",))
+    rows = run.questions.set_index("method")
+    assert rows.loc["HD(WSL)", "identical"] and rows.loc["HD(WSL)", "measured"]
+    assert not rows.loc["S-only", "measured"] and np.isnan(rows.loc["S-only", "tokens_per_s"])
+    hd = run.steps[run.steps["method"] == "HD(WSL)"]
+    replay, real = hd[hd["mode"] == "replay"], hd[hd["mode"] == "run"]
+    assert len(replay) == len(real) and replay["accepted"].tolist()[:-1] == real["accepted"].tolist()[:-1]
+    summary = run.summary().set_index(["method", "category"])
+    assert summary.loc[("AR", "overall"), "mean_accepted"] == 1.0
+    assert summary.loc[("HD(WSL)", "overall"), "projected_h200_7b_speedup"] > 0
+    sampled = run_specbench(model, tok, q, methods=("AR", "HD(WSL)"), model_store=S, statistics_store=L,
+                            max_new_tokens=8, temperature=1.0, seed=3)
+    srows = sampled.questions.set_index("method")
+    assert srows["measured"].all() and srows["identical"].isna().all()
+    assert (sampled.steps["mode"] == "run").all() and srows.loc["HD(WSL)", "new_tokens"] >= 1
+    with pytest.raises(ValueError, match="temperature"):
+        run_specbench(model, tok, q, methods=("AR",), temperature=-1.0)
 
 
 @needs_smollm2

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from moelab._io import atomic_write_text
-from moelab._validate import check_int
+from moelab._validate import check_int, check_real
 from moelab.datasets import SPEC_BENCH_CATEGORIES
 from moelab.hd.decode import GenerationResult, generate, replay_greedy
 from moelab.hd.drafters import Drafter, HierarchyDrafter, NoDrafter, PLDDrafter, check_order
@@ -139,7 +139,7 @@ class SpecBenchRun:
 def run_specbench(model: Any, tokenizer: Any, questions: pd.DataFrame, *, methods: Sequence[str] = DEFAULT_METHODS,
                   model_store: Store | None = None, statistics_store: Store | None = None,
                   max_new_tokens: int = 32, max_candidates: int = 7, length: int = 4,
-                  measure: Sequence[str] = ("HD(WSL)", "PLD"),
+                  measure: Sequence[str] = ("HD(WSL)", "PLD"), temperature: float = 0.0, seed: int = 0,
                   progress: Callable[[str], None] | None = None) -> SpecBenchRun:
     """Evaluate ``methods`` on ``questions`` (rows of :func:`moelab.hd.specbench.spec_bench_split`).
 
@@ -157,12 +157,19 @@ def run_specbench(model: Any, tokenizer: Any, questions: pd.DataFrame, *, method
         Tokens generated per question (greedy; stops early at EOS).
     measure : sequence of str
         Methods that also run for real with wall-clock timing (others are replayed exactly).
+    temperature : float
+        0: greedy (replay + the ``measure`` runs). > 0: every method runs for real with lossless
+        speculative sampling (no replay exists for sampling); ``identical`` is then None.
+    seed : int
+        Seeds sampling (each question and method gets its own stream derived from it).
     progress : callable, optional
         Called with a short status line per question.
     """
     from moelab.models.lm import chat_prompt_ids
 
     check_int("max_new_tokens", max_new_tokens, low=1)
+    check_real("temperature", temperature, low=0.0)
+    check_int("seed", seed, low=0)
     if questions is None or len(questions) == 0:
         raise ValueError("questions must hold at least one row")
     methods = [method_label(m) for m in methods]
@@ -172,28 +179,31 @@ def run_specbench(model: Any, tokenizer: Any, questions: pd.DataFrame, *, method
     rows, step_rows = [], []
     for i, (_, q) in enumerate(questions.iterrows()):
         ids = chat_prompt_ids(tokenizer, q["prompt"])
-        ar = generate(model, ids, None, max_new_tokens=max_new_tokens, eos_token_id=eos)
-        rows.append(_row("AR", q, ar, NoDrafter(), True, True, ar_step_ms))
-        for m in methods:
+        sampled = temperature > 0
+        kw = {"max_new_tokens": max_new_tokens, "eos_token_id": eos, "temperature": temperature}
+        ar = generate(model, ids, None, seed=np.random.default_rng([seed, i, 0]), **kw)
+        rows.append(_row("AR", q, ar, NoDrafter(), True, None if sampled else True, ar_step_ms))
+        for j, m in enumerate(methods, start=1):
             if m == "AR":
                 continue
             drafter = make_drafter(m, model_store, statistics_store, max_candidates=max_candidates, length=length)
-            # the replay gives exact greedy acceptance and the drafter's own per-step latency
-            replay = replay_greedy(drafter, ids, ar.tokens)
-            step_rows.append(_steps(m, q, replay, "replay"))
-            res, identical = replay, None
-            if m in measure:  # and the real run: wall clock, inline drafting latency, identity with AR
+            res, identical, real = None, None, sampled or m in measure
+            if not sampled:  # the replay gives exact greedy acceptance and the drafter's own per-step latency
+                res = replay_greedy(drafter, ids, ar.tokens)
+                step_rows.append(_steps(m, q, res, "replay"))
+            if real:  # the real run: wall clock, inline drafting latency, identity with AR
                 drafter = make_drafter(m, model_store, statistics_store, max_candidates=max_candidates, length=length)
-                res = generate(model, ids, drafter, max_new_tokens=max_new_tokens, eos_token_id=eos)
-                identical = res.tokens == ar.tokens
+                res = generate(model, ids, drafter, seed=np.random.default_rng([seed, i, j]), **kw)
+                identical = None if sampled else res.tokens == ar.tokens
                 step_rows.append(_steps(m, q, res, "run"))
-            rows.append(_row(m, q, res, drafter, m in measure, identical, ar_step_ms))
+            rows.append(_row(m, q, res, drafter, real, identical, ar_step_ms))
         if progress is not None:
             progress(f"[{i + 1}/{len(questions)}] {q['category']} q{q['question_id']}: AR {ar.tokens_per_s:.1f} tok/s")
     steps = pd.concat(step_rows, ignore_index=True) if step_rows else pd.DataFrame(
         columns=["method", "question_id", "category", "mode", "step", "tree_size", "accepted", "draft_us", "sources"])
     config = {"methods": methods, "measure": sorted(measure), "max_new_tokens": max_new_tokens,
               "max_candidates": max_candidates, "length": length, "n_questions": len(questions),
+              "temperature": temperature, "seed": seed,
               "question_ids": [int(x) for x in questions["question_id"]],
               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     return SpecBenchRun(pd.DataFrame(rows), steps, config)
@@ -210,7 +220,7 @@ def summarize(questions: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.
         if g["measured"].all():
             base = ar.loc[g["question_id"], "tokens_per_s"].to_numpy()
             row["cpu_speedup"] = float(g["tokens_per_s"].mean() / base.mean())
-            row["identical"] = bool(g["identical"].all())
+            row["identical"] = None if g["identical"].isna().any() else bool(g["identical"].all())
         else:
             row["cpu_speedup"], row["identical"] = float("nan"), None
         row["projected_h200_7b_speedup"] = float(g["projected_h200_7b_tokens_per_s"].mean()
