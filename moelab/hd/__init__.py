@@ -15,6 +15,7 @@ from moelab.hd.drafters import (
     StoreCounters,
     check_order,
 )
+from moelab.hd.evaluate import DEFAULT_METHODS, SpecBenchRun, compare_published, make_drafter, run_specbench
 from moelab.hd.ngram import NGramTable
 from moelab.hd.specbench import spec_bench_split
 from moelab.hd.stores import (
@@ -22,6 +23,7 @@ from moelab.hd.stores import (
     build_model_store,
     build_statistics_store,
     default_model_store_path,
+    load_default_model_store,
     load_default_statistics_store,
     load_store,
     rebuild_default_model_store,
@@ -29,6 +31,7 @@ from moelab.hd.stores import (
 )
 
 __all__ = [
+    "DEFAULT_METHODS", "SpecBenchRun", "compare_published", "make_drafter", "run_specbench", "load_default_model_store",
     "STORE_LETTERS", "ContextStore", "Draft", "Drafter", "GenerationResult", "HierarchyDrafter", "NGramTable",
     "NoDrafter", "PLDDrafter", "StepRecord", "StoreCounters", "TokenTree", "build_model_store",
     "build_statistics_store", "build_tree", "check_order", "default_model_store_path", "generate",
