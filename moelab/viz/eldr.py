@@ -42,9 +42,13 @@ def fig_greedy_curve(curve: list[float]) -> go.Figure:
 def fig_rate_sweep(df: pd.DataFrame) -> go.Figure:
     """p50 TPOT and distinct experts per layer per step vs arrival rate, one line per router."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("p50 TPOT (ms)", "distinct experts / layer / step"))
-    for router, g in df.groupby("router", sort=False):
+    order = sorted(df["router"].unique(), key=lambda r: r == "domain_oracle")  # oracle drawn last
+    for router in order:
+        g = df[df["router"] == router]
         g = g.sort_values("rate")
-        style = {"color": _color(router), "width": 4 if router == "eldr" else 2}
+        # the oracle is dashed on top: where it coincides with ELDR both stay visible
+        style = {"color": _color(router), "width": 4 if router == "eldr" else 2,
+                 "dash": "dash" if router == "domain_oracle" else "solid"}
         fig.add_scatter(x=g["rate"], y=g["tpot_ms_p50"], mode="lines+markers", name=router, line=style, row=1, col=1,
                         legendgroup=router)
         fig.add_scatter(x=g["rate"], y=g["distinct_per_layer_step"], mode="lines+markers", name=router, line=style,
