@@ -48,7 +48,7 @@ def test_tiny_moe_8x16_hook_ids_equal_router_logits_topk(tiny, tmp_path):
             got = np.concatenate([tr.prefill_topk(i), tr.decode(i)])
             np.testing.assert_array_equal(np.sort(ref, -1), np.sort(got, -1))
     # greedy decoding reproduces transformers' own generate()
-    ids = torch.tensor([tr.prompt(0)], dtype=torch.long)
+    ids = torch.from_numpy(tr.prompt(0)[None].astype(np.int64))
     gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)[0, ids.shape[1]:]
     np.testing.assert_array_equal(gen.numpy(), tr.decode_tokens[:16])
     back = ExpertTrace.load(tr.save(tmp_path / "t"))
@@ -57,9 +57,9 @@ def test_tiny_moe_8x16_hook_ids_equal_router_logits_topk(tiny, tmp_path):
 
 def test_batched_capture_matches_batch_one(tiny):
     model, tok = tiny
-    prompts = _prompts(6, model.config.vocab_size, seed=3)
-    a = capture((model, tok), prompts, 8, progress=False)
-    b = capture((model, tok), prompts, 8, progress=False, batch_size=4)
+    prompts = _prompts(4, model.config.vocab_size, seed=3)
+    a = capture((model, tok), prompts, 6, progress=False)
+    b = capture((model, tok), prompts, 6, progress=False, batch_size=4)
     np.testing.assert_array_equal(a.prompt_lens, b.prompt_lens)
     # left padding changes matmul shapes, so rare near-ties may flip; tokens and almost all ids agree
     assert np.mean(np.sort(a.prefill_ids, -1) == np.sort(b.prefill_ids, -1)) > 0.99

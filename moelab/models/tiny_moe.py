@@ -117,6 +117,13 @@ def write_model_card(model_dir: str | Path, stats: dict[str, Any], trace_info: d
     L = len(stats["mi_prefill"])
     layer_rows = [[i, f"{stats['mi_prefill'][i]:.3f}", f"{stats['mi_decode'][i]:.3f}", f"{stats['recall_per_layer'][i]:.3f}",
                    f"{stats['baseline_per_layer'][i]:.3f}"] for i in range(L)]
+    conf = np.asarray(stats["kmeans_confusion"])
+    conf_rows = [[d, *row] for d, row in zip(stats["domains"], conf.tolist())]
+    shared = [" + ".join(stats["domains"][i] for i in np.flatnonzero(col >= 0.25 * conf.sum(axis=1))) for col in conf.T]
+    merged = [m for m in shared if " + " in m]
+    bars = {"MI >= 0.3 nats in some layer": stats["mi_max"] >= 0.3, "recall gain >= 0.10": stats["gain"] >= 0.10,
+            "ARI >= 0.6": stats["ari"] >= 0.6}
+    bar_text = "; ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in bars.items())
     text = f"""# moelab-tiny-moe
 
 A small mixture-of-experts causal LM that moelab trains itself (`moelab train-tiny-moe`) so that real
@@ -167,6 +174,13 @@ On the bundled trace `{trace_info['file']}`: {stats['n_requests']} held-out prom
 - K-means ({len(stats['domains'])} clusters) on prefill signatures vs domain: **ARI = {stats['ari']:.3f}**
 
 {_fmt_table(['layer', 'MI prefill (nats)', 'MI decode (nats)', f"recall@{stats['k']}", 'baseline'], layer_rows)}
+
+K-means clusters of the prefill signatures (columns) against domains (rows):
+
+{_fmt_table(['domain'] + [f'c{j}' for j in range(conf.shape[1])], conf_rows)}
+
+Bars set by the project's issue for this model: {bar_text}.
+{('Clusters holding a large share (>= 25%) of two or more domains: ' + ', '.join(merged) + '.') if merged else ''}
 
 `tests/test_tiny_moe.py` recomputes these numbers from the bundled trace.
 

@@ -102,22 +102,28 @@ def prefill_signatures(trace: ExpertTrace) -> np.ndarray:
     return np.divide(x, norm, out=np.zeros_like(x), where=norm > 0)
 
 
-def signature_ari(trace: ExpertTrace, n_clusters: int | None = None, *, seed: int = 0, n_init: int = 10) -> float:
-    """Adjusted Rand index of K-means (Euclidean, on unit-norm prefill signatures) vs the domain labels.
+def signature_clusters(trace: ExpertTrace, n_clusters: int | None = None, *, seed: int = 0, n_init: int = 10) -> np.ndarray:
+    """K-means (Euclidean, on unit-norm prefill signatures) cluster label per request.
 
     ``n_clusters`` defaults to the number of domains; K-means uses k-means++ seeding, ``n_init`` restarts
     and a fixed ``seed``.
     """
     from sklearn.cluster import KMeans
-    from sklearn.metrics import adjusted_rand_score
 
-    codes, names = trace.domain_codes()
+    _, names = trace.domain_codes()
     k = len(names) if n_clusters is None else check_int("n_clusters", n_clusters, low=2, high=len(trace))
     if k < 2:
-        raise ValueError(f"ARI needs at least 2 clusters/domains; the trace has {names}")
+        raise ValueError(f"clustering needs at least 2 clusters/domains; the trace has {names}")
     seed_int = int(rng_from(seed).integers(0, 2**31 - 1))
-    labels = KMeans(n_clusters=k, n_init=n_init, random_state=seed_int).fit_predict(prefill_signatures(trace))
-    return float(adjusted_rand_score(codes, labels))
+    return KMeans(n_clusters=k, n_init=n_init, random_state=seed_int).fit_predict(prefill_signatures(trace))
+
+
+def signature_ari(trace: ExpertTrace, n_clusters: int | None = None, *, seed: int = 0, n_init: int = 10) -> float:
+    """Adjusted Rand index of :func:`signature_clusters` vs the domain labels."""
+    from sklearn.metrics import adjusted_rand_score
+
+    codes, _ = trace.domain_codes()
+    return float(adjusted_rand_score(codes, signature_clusters(trace, n_clusters, seed=seed, n_init=n_init)))
 
 
 def locality_stats(trace: ExpertTrace, k: int = 4, *, seed: int = 0) -> dict[str, Any]:
@@ -127,17 +133,22 @@ def locality_stats(trace: ExpertTrace, k: int = 4, *, seed: int = 0) -> dict[str
     -------
     dict
         ``mi_prefill`` / ``mi_decode`` (per-layer lists, nats), ``mi_max``, ``recall`` / ``baseline`` /
-        ``gain`` at ``k`` (+ per-layer lists), ``ari``, ``n_requests``, ``domains``, ``log_n_domains``.
+        ``gain`` at ``k`` (+ per-layer lists), ``ari`` and ``kmeans_confusion`` (domains x clusters), ``n_requests``, ``domains``, ``log_n_domains``.
     """
     mi_p = domain_expert_mi(trace, "prefill")
     mi_d = domain_expert_mi(trace, "decode")
     rec = decode_recall(trace, k)
-    _, names = trace.domain_codes()
+    codes, names = trace.domain_codes()
+    clusters = signature_clusters(trace, seed=seed)
+    confusion = np.zeros((len(names), len(names)), dtype=np.int64)
+    np.add.at(confusion, (codes, clusters), 1)
+    # clusters ordered by the domain they mostly hold, so the matrix reads along its diagonal
+    confusion = confusion[:, np.argsort(np.argmax(confusion, axis=0) + confusion.max(axis=0) / (len(trace) + 1.0), kind="stable")]
     return {
         "n_requests": len(trace), "domains": names, "log_n_domains": float(np.log(len(names))),
         "mi_prefill": [float(v) for v in mi_p], "mi_decode": [float(v) for v in mi_d], "mi_max": float(mi_p.max()),
         "k": rec["k"], "recall": rec["recall"], "baseline": rec["baseline"], "gain": rec["gain"],
         "recall_per_layer": [float(v) for v in rec["recall_per_layer"]],
         "baseline_per_layer": [float(v) for v in rec["baseline_per_layer"]],
-        "ari": signature_ari(trace, seed=seed),
+        "ari": signature_ari(trace, seed=seed), "kmeans_confusion": confusion.tolist(),
     }
