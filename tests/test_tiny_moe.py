@@ -102,3 +102,5 @@ def test_training_loop_runs_resumes_and_exports(tmp_path):
     assert model.config.num_experts == 4 and model.dtype == torch.float16
     with pytest.raises(ValueError, match="budget"):
         main(args)
+    with pytest.raises(ValueError, match="--top-k"):
+        main([*args, "--token-budget", "64", "--top-k", "5"])

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from moelab._io import atomic_write_json, read_json
+from moelab._validate import check_int, check_real
 
 EOS = "<|endoftext|>"
 
@@ -128,6 +129,17 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     if args.time_budget is None and args.token_budget is None:
         raise ValueError("give a budget: --time-budget MINUTES and/or --token-budget TOKENS")
+    for name in ("vocab", "layers", "experts", "hidden", "moe_intermediate", "heads", "kv_heads", "seq_len", "batch",
+                 "eval_every", "ckpt_every", "eval_windows"):
+        check_int(f"--{name.replace('_', '-')}", getattr(args, name), low=1)
+    check_int("--top-k", args.top_k, low=1, high=args.experts)
+    check_real("--lr", args.lr, low=0, low_open=True)
+    if args.hidden % args.heads or args.heads % args.kv_heads:
+        raise ValueError("--hidden must be divisible by --heads, and --heads by --kv-heads")
+    if args.time_budget is not None:
+        check_real("--time-budget", args.time_budget, low=0, low_open=True)
+    if args.token_budget is not None:
+        check_int("--token-budget", args.token_budget, low=1)
 
     # corpus + tokenizer (reused when present, so a resumed run sees the same data)
     if not (corpus / "manifest.json").is_file():
