@@ -237,14 +237,14 @@ def main(argv: list[str] | None = None) -> int:
         state["step"] += 1
         state["tokens"] += tok_per_step
         bar.n = min(100, int(100 * progress()))
-        bar.set_postfix(loss=f"{float(outp.loss):.3f}", aux=f"{float(outp.aux_loss):.3f}",
+        bar.set_postfix(loss=f"{float(outp.loss.detach()):.3f}", aux=f"{float(outp.aux_loss.detach()):.3f}",
                         tok_s=f"{state['tokens'] / max(state['elapsed_s'], 1e-9):.0f}")
         if state["step"] % args.eval_every == 0:
             held = evaluate()
             state["history"].append({"step": state["step"], "tokens": state["tokens"], "elapsed_s": round(state["elapsed_s"], 1),
-                                     "train_loss": float(outp.loss), "aux_loss": float(outp.aux_loss), "heldout": held})
+                                     "train_loss": float(outp.loss.detach()), "aux_loss": float(outp.aux_loss.detach()), "heldout": held})
             print(f"\nstep {state['step']} tokens {state['tokens']} {state['elapsed_s'] / 60:.1f}min "
-                  f"loss {float(outp.loss):.3f} held-out {({d: round(v, 3) for d, v in held.items()})}", flush=True)
+                  f"loss {float(outp.loss.detach()):.3f} held-out {({d: round(v, 3) for d, v in held.items()})}", flush=True)
             t_last = time.time()  # evaluation time is not training time
         if state["step"] % args.ckpt_every == 0:
             checkpoint()
