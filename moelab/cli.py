@@ -20,13 +20,26 @@ DELEGATED = {
 def _cmd_notebooks(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from moelab.notebooks import available_notebooks, notebook_parameters, parse_params, resolve, run_notebook
+    from moelab.notebooks import (
+        available_notebooks,
+        missing_requirements,
+        notebook_parameters,
+        parse_params,
+        resolve,
+        run_notebook,
+    )
 
     if args.action == "list":
         for name in available_notebooks():
             print(name)
         return 0
     names = resolve(args.names)
+    if not args.names:  # running "everything": leave out notebooks whose optional packages are absent
+        skipped = {n: missing_requirements(n) for n in names}
+        skipped = {n: m for n, m in skipped.items() if m}
+        for n, m in skipped.items():
+            print(f"skipping {n}: needs {', '.join(m)} (install it, or name the notebook to run it anyway)")
+        names = [n for n in names if n not in skipped]
     params = parse_params(args.params or [])
     out = Path(args.out)
     # a --params entry applies to every selected notebook that has that parameter

@@ -63,6 +63,17 @@ def notebook_parameters(name: str) -> dict[str, Any]:
     return {}
 
 
+def missing_requirements(name: str) -> list[str]:
+    """Packages a notebook declares in its metadata (``moelab.requires``) that are not installed."""
+    import importlib.util
+
+    import nbformat
+
+    nb = nbformat.read(notebooks_dir() / f"{name}.ipynb", as_version=4)
+    needs = nb.metadata.get("moelab", {}).get("requires", [])
+    return [pkg for pkg in needs if importlib.util.find_spec(pkg) is None]
+
+
 @dataclass(frozen=True)
 class NotebookRun:
     name: str

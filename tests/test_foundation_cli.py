@@ -40,3 +40,14 @@ def test_bench_prints_and_writes_json(tmp_path, capsys):
     assert all(set(r) >= {"name", "value", "unit", "goal", "met"} for r in rows)
     assert "costmodel_moe_median_abs_err_pct" in capsys.readouterr().out
     assert main(["bench", "nope"]) == 2
+
+
+def test_notebooks_declare_optional_requirements(monkeypatch):
+    import importlib.util
+
+    from moelab import notebooks
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert notebooks.missing_requirements("06_from_your_deployment") == ["vllm"]
+    assert notebooks.missing_requirements("03_afd_ratio") == []
