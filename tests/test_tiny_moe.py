@@ -54,8 +54,9 @@ def _card_numbers() -> dict:
     rows = re.findall(rf"^\| (\d+) \| {num} \| {num} \| {num} \| {num} \|$", text, flags=re.M)
     out["mi_prefill"] = [float(r[1]) for r in rows]
     out["recall_per_layer"] = [float(r[3]) for r in rows]
-    out["confusion"] = [[int(c) for c in r[1:]] for r in re.findall(r"^\| ([a-z_]+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|$",
-                                                                     text, flags=re.M)]
+    # the cluster table: "| domain | n | n | ... |", one column per cluster
+    out["confusion"] = [[int(c) for c in re.findall(r"\| (\d+)", line)]
+                        for line in re.findall(r"^\| [a-z_]+(?: \| \d+)+ \|$", text, flags=re.M)]
     return out
 
 
@@ -71,10 +72,8 @@ def test_card_statistics_recomputed_from_bundled_trace():
     np.testing.assert_allclose(stats["mi_prefill"], card["mi_prefill"], atol=1.5e-3)
     np.testing.assert_allclose(stats["recall_per_layer"], card["recall_per_layer"], atol=1.5e-3)
     assert stats["kmeans_confusion"] == card["confusion"]
-    # the bars for the shipped model: MI and recall gain are met; ARI is 0.571 (< 0.6: man pages and
-    # licence/README prose share one cluster), which the card states; guard against regressions below that
-    assert stats["mi_max"] >= 0.3 and stats["gain"] >= 0.10
-    assert stats["ari"] >= 0.55
+    # the bars for the shipped model
+    assert stats["mi_max"] >= 0.3 and stats["gain"] >= 0.10 and stats["ari"] >= 0.6
 
 
 def test_training_loop_runs_resumes_and_exports(tmp_path):

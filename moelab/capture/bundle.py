@@ -31,13 +31,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="trace folder (default data/traces)")
     args = p.parse_args(argv)
 
+    from moelab._io import read_json
     from moelab.capture import capture
+    from moelab.models.corpus import BUILTIN_DOMAINS
     from moelab.models.tiny_moe import TINY_MOE_PATH, heldout_prompts, load_tiny_moe, write_model_card
     from moelab.traces.analysis import locality_stats
 
     out = Path(args.out) if args.out else repo_root() / "data" / "traces"
     model, tok = load_tiny_moe()
-    prompts, domains = heldout_prompts(tok, args.n_per_domain, min_len=args.min_len, max_len=args.max_len, seed=args.seed)
+    # held-out prompts of exactly the built-in domains the model was trained on
+    training = read_json(TINY_MOE_PATH / "training.json")
+    trained = sorted({f["domain"] for f in training["corpus"]["files"]} & set(BUILTIN_DOMAINS))
+    prompts, domains = heldout_prompts(tok, args.n_per_domain, min_len=args.min_len, max_len=args.max_len,
+                                       domains=trained, seed=args.seed)
     ids = [f"{d}-{i % args.n_per_domain:04d}" for i, d in enumerate(domains)]
     t0 = time.time()
     trace = capture((model, tok), prompts, args.max_new_tokens, domains=domains, request_ids=ids,

@@ -24,11 +24,17 @@ from moelab._io import atomic_write_json, read_json
 from moelab._validate import check_int, check_real
 
 EOS = "<|endoftext|>"
+# The shipped model's domains: four clearly different kinds of text. The corpus also offers "prose"
+# (licences, READMEs), but it is English like the man pages: with it, K-means on prefill signatures
+# merged the two (ARI 0.57 on a model trained with five domains, 0.69 on the same model without prose).
+TINY_MOE_DOMAINS = ("python", "c_headers", "manpages", "arithmetic")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="moelab train-tiny-moe", description=__doc__.splitlines()[0])
     p.add_argument("--corpus", default=None, help="corpus folder (built there if it has no manifest; default <work>/corpus)")
+    p.add_argument("--domains", default=",".join(TINY_MOE_DOMAINS),
+                   help="comma-separated built-in corpus domains (default: %(default)s)")
     p.add_argument("--extra", action="append", default=[], help="extra text file/folder as a further domain (repeatable)")
     p.add_argument("--out", default=None, help="export folder (default: the repository's data/models/tiny-moe)")
     p.add_argument("--work", default=None, help="checkpoint folder (default: $MOELAB_CACHE/tiny-moe-run)")
@@ -144,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     # corpus + tokenizer (reused when present, so a resumed run sees the same data)
     if not (corpus / "manifest.json").is_file():
         print(f"building corpus in {corpus} ...", flush=True)
-        build_corpus(corpus, extra_paths=args.extra, seed=args.seed, max_bytes=args.max_bytes)
+        build_corpus(corpus, domains=[d for d in args.domains.split(",") if d], extra_paths=args.extra, seed=args.seed,
+                     max_bytes=args.max_bytes)
     train_txt, held_txt = read_corpus(corpus, "train"), read_corpus(corpus, "heldout")
     tok_dir = work / "tokenizer"
     if (tok_dir / "tokenizer.json").is_file():
