@@ -188,7 +188,7 @@ def test_cached_signature_equals_full_prefill(data):
     the block table (cached blocks included) equals the full-prefill signature exactly."""
     L, E, k = 3, 8, 2
     block = data.draw(st.integers(1, 6), label="block_size")
-    capacity = data.draw(st.integers(12, 40), label="capacity")
+    capacity = data.draw(st.integers(4, 40), label="capacity")
     cache = SignatureCache(block, L, E, capacity)
     rng = np.random.default_rng(data.draw(st.integers(0, 1000), label="seed"))
     # routing is a deterministic function of the prefix (causal attention): ids of token i depend on tokens[:i+1]
@@ -198,9 +198,14 @@ def test_cached_signature_equals_full_prefill(data):
 
     stems = [rng.integers(0, 50, size=rng.integers(0, 12)) for _ in range(3)]
     live: list[str] = []
-    for i in range(data.draw(st.integers(1, 12), label="n_requests")):
+    seen: list[np.ndarray] = []
+    for i in range(data.draw(st.integers(1, 16), label="n_requests")):
         stem = stems[rng.integers(len(stems))]
-        tokens = np.concatenate([stem, rng.integers(0, 50, size=rng.integers(1, 10))]).astype(np.int64)
+        if seen and data.draw(st.booleans(), label="repeat a prompt"):  # re-admission after partial eviction
+            tokens = seen[rng.integers(len(seen))]
+        else:
+            tokens = np.concatenate([stem, rng.integers(0, 50, size=rng.integers(1, 10))]).astype(np.int64)
+        seen.append(tokens)
         ids = route_ids(tokens)
         need = -(-tokens.size // block)
         while live and cache.free_blocks < need:  # finish requests so blocks can be evicted
@@ -218,6 +223,9 @@ def test_cached_signature_equals_full_prefill(data):
         live.append(f"r{i}")
         if data.draw(st.booleans(), label="release"):
             cache.release(live.pop(0))
+        # the key index and the block index always describe each other
+        assert all(cache._key_of[b] == key for key, b in cache._block_of.items())
+        assert len(cache._key_of) == len(cache._block_of)
     for rid in live:
         assert cache.counts(rid).sum() == cache.hist[list(cache.tables[rid])].astype(np.int64).sum()
 

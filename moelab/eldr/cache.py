@@ -127,7 +127,10 @@ class SignatureCache:
                 self.hist[b] = self._histogram(seg)
                 self._ref(b)
                 table.append(b)
-                if i < n_full:  # full blocks become shareable; the partial last block stays private
+                # Full blocks become shareable; the partial last block stays private. A full block whose
+                # key is still cached elsewhere (its prefix was evicted first) stays private too: one key,
+                # one block, so evicting either block never unregisters the other.
+                if i < n_full and keys[i] not in self._block_of:
                     self._key_of[b] = keys[i]
                     self._block_of[keys[i]] = b
         except BaseException:
@@ -137,7 +140,9 @@ class SignatureCache:
         return Admission(tuple(table), hit * bs, tokens.size - hit * bs)
 
     def _release_blocks(self, blocks: list[int] | tuple[int, ...]) -> None:
-        for b in blocks:
+        # Tail first, as vLLM does: a prefix's later blocks are evicted before its earlier ones, so a
+        # cached block chain never loses its head while keeping its tail.
+        for b in reversed(blocks):
             self.refcount[b] -= 1
             if self.refcount[b] == 0:
                 if b in self._key_of:
