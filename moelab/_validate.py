@@ -27,6 +27,8 @@ def check_real(
 ) -> float:
     """Return ``value`` as a finite float inside the interval, else raise ``ValueError``."""
     try:
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError
         x = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a real number in {_interval(low, high, low_open, high_open)}; got {value!r}") from None

@@ -19,8 +19,9 @@ def test_check_real_names_parameter_and_range():
         check_real("alpha", 1, low=0, high=1, high_open=True)
     with pytest.raises(ValueError, match="rtt"):
         check_real("rtt", float("nan"), low=0)
-    with pytest.raises(ValueError, match="t_a must be a real number"):
-        check_real("t_a", "fast", low=0)
+    for bad in ("fast", True):
+        with pytest.raises(ValueError, match="t_a must be a real number"):
+            check_real("t_a", bad, low=0)
 
 
 def test_check_int_rejects_fractions_and_bools():
@@ -66,6 +67,7 @@ def test_npz_roundtrip_and_refuses_objects(tmp_path):
     with pytest.raises(ValueError, match="not a readable"):
         load_npz(tmp_path / "junk.npz")
     assert not list(tmp_path.glob(".*.tmp"))  # no temp files left behind
+    assert path.stat().st_mode & 0o044  # readable by others like any plain file (umask permitting)
 
 
 def test_json_roundtrip(tmp_path):
