@@ -519,7 +519,9 @@ class PrefillCountServer:
             tok = self.engine.get_tokenizer()
             if not getattr(tok, "chat_template", None):
                 raise ValueError("this model's tokenizer has no chat template: send 'prompt' instead of 'messages'")
-            ids = list(tok.apply_chat_template(payload["messages"], add_generation_prompt=True, tokenize=True))
+            # transformers 5 returns a dict unless told otherwise
+            ids = list(tok.apply_chat_template(payload["messages"], add_generation_prompt=True, tokenize=True,
+                                               return_dict=False))
         else:
             prompt = payload.get("prompt")
             if not (isinstance(prompt, str) and prompt) and not (isinstance(prompt, list) and prompt
