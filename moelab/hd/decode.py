@@ -224,6 +224,8 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
         if stop is not None:
             new = new[:stop + 1]
         new = new[:max_new_tokens - len(res.tokens)]
+        # EOS or the token budget may cut the accepted path: count only the draft tokens actually kept
+        accepted, srcs = accepted[:len(new)], srcs[:len(new)]
         ta = time.perf_counter()
         drafter.accept(new)
         draft_us += (time.perf_counter() - ta) * 1e6

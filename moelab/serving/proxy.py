@@ -434,7 +434,9 @@ class RouterProxy:
 
         sent_any = False
         try:
-            if head.status >= 500:
+            # Only "gateway/unavailable" answers say the backend itself is unwell; another 5xx belongs to
+            # this one request and is passed through, so a poison request cannot mark every backend down.
+            if head.status in (502, 503, 504):
                 body = b"".join([c async for c in iter_body(r, head, self.response_timeout_s)])
                 msg = f"backend {b.index} answered {head.status}: {body[:200]!r}"
                 self._mark_down(b, msg)
