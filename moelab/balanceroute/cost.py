@@ -63,40 +63,33 @@ class StepCost:
         return self.fixed_ms + self.n_layers * (attn if attn > self.floor_ms else self.floor_ms)
 
     @classmethod
-    def h200(cls, slots: int = 72, *, shape: str = "qwen3-30b-a3b", n_layers: int = 48, kv_heads: int = 4,
-             head_dim: int = 128, fixed_ms: float | None = None) -> StepCost:
-        """Fitted on the measured H200 tables for a worker running ``slots`` requests per step.
+    def h200(cls, slots: int = 72, *, shape: str = "qwen3-30b-a3b", fixed_ms: float | None = None) -> StepCost:
+        """Fitted on the measured H200 tables for a worker of model ``shape`` running ``slots``
+        requests per step (layer count and KV layout come from :data:`moelab.costmodel.LAYER_SHAPES`).
 
         ``fixed_ms`` overrides the measured fixed term (e.g. to study attention-heavy settings).
         """
-        from moelab.costmodel import MOE_SHAPES, AttentionModel, MoEStepModel
-        from moelab.datasets import load_calibration
+        from moelab.costmodel import AttentionModel, MoEStepModel
+        from moelab.costmodel.decode_layer import LAYER_SHAPES, MODEL_LAYERS, DecodeLayerModel
 
         slots = check_int("slots", slots, low=1)
-        n_layers = check_int("n_layers", n_layers, low=1)
+        if shape not in LAYER_SHAPES:
+            raise ValueError(f"shape must be one of {sorted(LAYER_SHAPES)}; got {shape!r}")
+        layout, n_layers = LAYER_SHAPES[shape], MODEL_LAYERS[shape]
         attn = AttentionModel.h200()
         base, per_gb = (float(c) for c in attn.fit.coef)
-        kv_per_token = float(AttentionModel.kv_bytes(1, kv_heads=kv_heads, head_dim=head_dim))
+        kv_per_token = float(layout.kv_bytes_per_token)
         note = "attention: attn_step.csv fit"
         if fixed_ms is None:
-            moe = MoEStepModel.h200()
-            ms = MOE_SHAPES[shape]
-
-            def distinct(b: np.ndarray) -> np.ndarray:
-                # expected distinct experts hit by b tokens each choosing top_k of E uniformly
-                return ms.num_experts * (1 - (1 - ms.top_k / ms.num_experts) ** np.asarray(b, np.float64))
-
-            layer = load_calibration("h200", "decode_layer")
-            layer = layer[layer["shape"] == shape]
-            rest = (layer["ms_per_layer"].to_numpy()
-                    - moe.predict_ms(shape, layer["B"].to_numpy(), layer["D"].to_numpy())
-                    - attn.predict_ms(AttentionModel.kv_bytes(layer["B"].to_numpy() * layer["ctx"].to_numpy(),
-                                                              kv_heads=kv_heads, head_dim=head_dim)))
-            other = float(max(0.0, np.median(rest))) if rest.size else 0.0
-            moe_ms = float(moe.predict_ms(shape, slots, min(distinct(slots), ms.num_experts)))
+            ms = layout.moe
+            # expected distinct experts hit by `slots` tokens each choosing top_k of E uniformly
+            distinct = ms.num_experts * (1 - (1 - ms.top_k / ms.num_experts) ** slots)
+            moe_ms = float(MoEStepModel.h200().predict_ms(ms, slots, min(distinct, ms.num_experts)))
+            # projections, router, norms: the part of a whole decode layer the component tables lack
+            other = float(DecodeLayerModel.h200().other_ms(layout, slots))
             fixed_ms = n_layers * (moe_ms + other)
             note += (f"; fixed: {n_layers} layers x (MoE {moe_ms:.4f} ms at B={slots} [moe_step.csv] + "
-                     f"other {other:.4f} ms [decode_layer.csv residual])")
+                     f"other {other:.4f} ms [decode_layer model])")
         else:
             fixed_ms = check_real("fixed_ms", fixed_ms, low=0)
             note += f"; fixed {fixed_ms:g} ms (user)"
