@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_json(out / f"{TRACE_NAME}.stats.json", stats)
     info = {"file": f"data/traces/{path.name}", "n_per_domain": args.n_per_domain, "prompt_len": (args.min_len, args.max_len),
             "max_new_tokens": args.max_new_tokens}
-    write_model_card(TINY_MOE_PATH, stats, info)
+    if out == repo_root() / "data" / "traces":  # the card describes the bundled trace only
+        write_model_card(TINY_MOE_PATH, stats, info)
     atomic_write_text(out / "README.md", f"""# Bundled expert traces
 
 `{path.name}` + `{path.with_suffix('.json').name}`: a `moelab.traces.ExpertTrace` (load with

@@ -26,6 +26,8 @@ def assign(router: Router, signatures: np.ndarray, prompt_lens: np.ndarray, n_wo
     n_workers = check_int("n_workers", n_workers, low=1)
     n = len(prompt_lens)
     order = np.arange(n) if order is None else np.asarray(order)
+    if order.shape != (n,) or not np.array_equal(np.sort(order), np.arange(n)):
+        raise ValueError(f"order must be a permutation of range({n}) (each request placed exactly once)")
     cap = math.ceil(n / n_workers)
     view = ClusterView(np.zeros(n_workers), np.zeros(n_workers), np.full(n_workers, cap))
     router.reset(n_workers)
@@ -40,9 +42,12 @@ def assign(router: Router, signatures: np.ndarray, prompt_lens: np.ndarray, n_wo
 def distinct_per_step(trace: ExpertTrace, workers: np.ndarray, n_workers: int, *, max_steps: int | None = None) -> float:
     """Mean distinct experts per layer per decode step, over workers and steps, when each worker
     decodes its requests as one batch (step ``t`` of every request together)."""
-    steps = int(trace.decode_lens.min()) if max_steps is None else min(int(max_steps), int(trace.decode_lens.min()))
-    if steps < 1:
+    shortest = int(trace.decode_lens.min())
+    if shortest < 1:
         raise ValueError("every request needs at least one captured decode step")
+    if max_steps is not None:
+        check_int("max_steps", max_steps, low=1, high=shortest)
+    steps = shortest if max_steps is None else int(max_steps)
     vals = [trace.distinct_experts(np.flatnonzero(workers == w), t).mean()
             for w in range(n_workers) if np.any(workers == w) for t in range(steps)]
     return float(np.mean(vals))

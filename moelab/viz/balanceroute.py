@@ -23,7 +23,7 @@ def imbalance_over_time(results: dict[str, Any], G: int, *, smooth: int = 25, ma
     fig = go.Figure()
     for name, res in results.items():
         st = res.steps
-        imb = (G * st["max_load"] - st["sum_load"]).to_numpy(np.float64)
+        imb = st["imbalance"].to_numpy(np.float64)  # recorded by the simulator per step
         if smooth > 1 and imb.size >= smooth:
             imb = np.convolve(imb, np.ones(smooth) / smooth, mode="valid")
         t = st["time_s"].to_numpy()[-imb.size:] if imb.size else st["time_s"].to_numpy()
