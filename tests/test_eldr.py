@@ -59,7 +59,6 @@ def test_signature_greedy_mask_and_report(small_workload):
     tr = small_workload.trace
     sb = SignatureBuilder(n_pairs=2000).fit(tr)
     assert sb.mask.dtype == bool and 1 <= sb.mask.sum() <= SMALL.num_layers
-    assert sb.curve[int(np.argmax(sb.curve))] == max(sb.curve)
     rep = sb.report(tr, n_pairs=2000)
     assert -1 <= rep["rho"] <= 1 and 0 <= rep["recall"] <= 1
     # the kept prefix is the best greedy prefix: its correlation is the peak of the curve

@@ -416,7 +416,7 @@ def prefill_counts(engine: Any, prompts: Sequence[str] | Sequence[Sequence[int]]
     """Prefill expert counts ``[N, L, E]`` of ``prompts`` (one prefill pass each; no decode recorded).
 
     This is how ELDR signatures are obtained for live routing: a prefill pass on an engine with
-    moelab's hooks (see :func:`serve_prefill_counts`)."""
+    moelab's hooks (see :class:`PrefillCountServer`, ``python -m moelab.capture.vllm_backend serve-counts``)."""
     token_lists = _tokenize(engine, prompts, tokenizer, add_special_tokens)
     info, prefill_ids, _, _, _ = _capture(engine, token_lists, 0, ignore_eos=True, with_probs=False, progress=False,
                                           labels=[str(i) for i in range(len(token_lists))])

@@ -382,7 +382,12 @@ class LMSession:
         if not chain:
             full = np.ones((n, self.length + n), dtype=bool)
             full[:, self.length:] = anc
-            mask = torch.as_tensor(full, device=self.device)[None, None]
+            # An additive float mask (0 = attend, dtype min = blocked) means the same to every attention
+            # implementation; a boolean one is read as keep-mask by sdpa but would be added by eager.
+            dtype = self.model.dtype
+            mask = torch.zeros(full.shape, dtype=dtype, device=self.device)
+            mask.masked_fill_(~torch.as_tensor(full, device=self.device), torch.finfo(dtype).min)
+            mask = mask[None, None]
         logits = self._forward(ids, pos, mask)
         self._pending = n
         return logits

@@ -21,7 +21,7 @@ Behaviour, in plain words:
 * It binds to loopback only (the lab's setting) and never imports torch or vLLM.
 
 ELDR needs each request's prefill expert counts. The method used here is a *prefill pass*: a
-signature service (:func:`moelab.capture.vllm_backend.serve_prefill_counts`, a vLLM engine with
+signature service (:class:`moelab.capture.vllm_backend.PrefillCountServer`, a vLLM engine with
 moelab's capture hooks) runs the prompt's prefill and returns its per-layer expert counts; the proxy
 turns them into a signature (:class:`~moelab.serving.signatures.ELDRSignatureClient`) and the ELDR
 router picks the decode server. True prefill->decode KV transfer needs a GPU KV connector; on CPU
