@@ -58,3 +58,14 @@ def test_missing_local_only_data_says_where_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setenv("MOELAB_CACHE", str(tmp_path / "cache"))
     with pytest.raises(FileNotFoundError, match="MOELAB_PUBLIC_DATA"):
         datasets.public_path("eldr-results")
+
+
+def test_expected_distinct_experts_limits():
+    from moelab.costmodel import expected_distinct_experts
+
+    d = expected_distinct_experts(np.array([0, 1, 10_000]), 128, 8)
+    assert d[0] == 0 and d[1] == pytest.approx(8) and d[2] == pytest.approx(128)
+    # Monte Carlo of uniform top-8 routing agrees with the closed form
+    rng = np.random.default_rng(0)
+    sims = [len({e for _ in range(32) for e in rng.choice(128, 8, replace=False)}) for _ in range(400)]
+    assert np.mean(sims) == pytest.approx(expected_distinct_experts(32, 128, 8), rel=0.02)

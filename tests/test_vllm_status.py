@@ -32,3 +32,11 @@ def test_server_launch_refuses_without_supported_vllm(monkeypatch, tmp_path):
     monkeypatch.setattr(vllm_engine, "_installed_version", lambda: None)
     with pytest.raises(VLLMUnavailableError, match="not installed"):
         vllm_engine.launch_server(tmp_path, 8000)
+
+
+def test_servers_bind_only_to_loopback():
+    from moelab.models.vllm_engine import server_command
+
+    with pytest.raises(ValueError, match="host must be a loopback address"):
+        server_command("data/models/tiny-moe", 8000, host="0.0.0.0", dtype="float32")
+    assert "127.0.0.2" in server_command("data/models/tiny-moe", 8000, host="127.0.0.2", dtype="float32")

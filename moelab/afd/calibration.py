@@ -32,12 +32,6 @@ MODEL_LAYOUT: dict[str, dict[str, int]] = {
 }
 
 
-def expected_distinct_experts(n_tokens: np.ndarray, num_experts: int, top_k: int) -> np.ndarray:
-    """Expected distinct experts hit by ``n_tokens`` tokens routed uniformly to top-k of E experts."""
-    n = np.asarray(n_tokens, dtype=np.float64)
-    return num_experts * -np.expm1(n * np.log1p(-top_k / num_experts))
-
-
 def coefficients_from_tables(gpu: str = "h200", shape: str = "qwen3-30b-a3b", *, n_range: tuple[int, int] = (256, 8192),
                              link_GBps: float = 50.0, link_latency_us: float = 10.0, layers: int | None = None,
                              method: str = "bmm_active") -> AFDCoefficients:
@@ -58,7 +52,7 @@ def coefficients_from_tables(gpu: str = "h200", shape: str = "qwen3-30b-a3b", *,
     method : str
         MoE kernel rows of ``moe_step.csv`` to fit (``bmm_active`` or ``grouped_mm``).
     """
-    from moelab.costmodel import MOE_SHAPES, AttentionModel, MoEStepModel
+    from moelab.costmodel import MOE_SHAPES, AttentionModel, MoEStepModel, expected_distinct_experts
     from moelab.datasets import load_calibration
 
     if shape not in MODEL_LAYOUT:
@@ -97,4 +91,4 @@ def coefficients_from_tables(gpu: str = "h200", shape: str = "qwen3-30b-a3b", *,
                            unit="ms", source=note)
 
 
-__all__ = ["MODEL_LAYOUT", "coefficients_from_tables", "expected_distinct_experts"]
+__all__ = ["MODEL_LAYOUT", "coefficients_from_tables"]

@@ -69,7 +69,7 @@ class StepCost:
 
         ``fixed_ms`` overrides the measured fixed term (e.g. to study attention-heavy settings).
         """
-        from moelab.costmodel import AttentionModel, MoEStepModel
+        from moelab.costmodel import AttentionModel, MoEStepModel, expected_distinct_experts
         from moelab.costmodel.decode_layer import LAYER_SHAPES, MODEL_LAYERS, DecodeLayerModel
 
         slots = check_int("slots", slots, low=1)
@@ -82,8 +82,7 @@ class StepCost:
         note = "attention: attn_step.csv fit"
         if fixed_ms is None:
             ms = layout.moe
-            # expected distinct experts hit by `slots` tokens each choosing top_k of E uniformly
-            distinct = ms.num_experts * (1 - (1 - ms.top_k / ms.num_experts) ** slots)
+            distinct = float(expected_distinct_experts(slots, ms.num_experts, ms.top_k))
             moe_ms = float(MoEStepModel.h200().predict_ms(ms, slots, min(distinct, ms.num_experts)))
             # projections, router, norms: the part of a whole decode layer the component tables lack
             other = float(DecodeLayerModel.h200().other_ms(layout, slots))

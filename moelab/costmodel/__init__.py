@@ -18,10 +18,11 @@ from moelab.costmodel.models import (
     DenseVerifyModel,
     MoEShape,
     MoEStepModel,
+    expected_distinct_experts,
 )
 
 __all__ = [
     "FitReport", "LinearFit", "fit_linear",
     "LAYER_SHAPES", "MODEL_LAYERS", "DecodeLayerModel", "DecodeStepModel", "LayerShape",
-    "MOE_SHAPES", "AttentionModel", "DenseVerifyModel", "MoEShape", "MoEStepModel",
+    "MOE_SHAPES", "AttentionModel", "DenseVerifyModel", "MoEShape", "MoEStepModel", "expected_distinct_experts",
 ]

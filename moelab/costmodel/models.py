@@ -155,6 +155,13 @@ class DenseVerifyModel:
         return self.predict_ms(shape, q) / self.predict_ms(shape, 1)
 
 
+def expected_distinct_experts(n_tokens: np.ndarray | float, num_experts: int, top_k: int) -> np.ndarray:
+    """Expected distinct experts hit by ``n_tokens`` tokens each routed uniformly to top-k of E experts:
+    ``E * (1 - (1 - k/E)^n)`` (the no-locality baseline every router starts from)."""
+    n = np.asarray(n_tokens, dtype=np.float64)
+    return num_experts * -np.expm1(n * np.log1p(-top_k / num_experts))
+
+
 def check_shape_name(name: str) -> str:
     """Validate a MoE shape name."""
     if name not in MOE_SHAPES:
@@ -162,4 +169,5 @@ def check_shape_name(name: str) -> str:
     return name
 
 
-__all__ = ["MOE_SHAPES", "AttentionModel", "DenseVerifyModel", "MoEShape", "MoEStepModel", "check_shape_name"]
+__all__ = ["MOE_SHAPES", "AttentionModel", "DenseVerifyModel", "MoEShape", "MoEStepModel", "check_shape_name",
+           "expected_distinct_experts"]
