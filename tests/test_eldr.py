@@ -10,14 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moelab.costmodel import DecodeStepModel, LayerShape, MoEShape
-from moelab.eldr.cache import SignatureCache, full_prefill_counts
+from moelab.eldr.cache import SignatureCache
 from moelab.eldr.partition import align_centroids, balanced_assign, spherical_kmeans
 from moelab.eldr.routing import DomainOracleRouter, ELDRRouter
 from moelab.eldr.signature import SignatureBuilder, decode_recall, greedy_layer_mask, predictability
 from moelab.eldr.sim import DecodeRequests, pack_expert_bits, poisson_requests, simulate
 from moelab.eldr.workload import SyntheticConfig, distinct_reduction, fit_domain_spread, generate
 from moelab.routing import ClusterView, RequestBatch, make_router
-from moelab.traces import ExpertTrace, Geometry
+from moelab.traces import ExpertTrace, Geometry, expert_counts
 
 SMALL = SyntheticConfig(num_layers=6, num_experts=32, top_k=4, model_name="small", n_domains=4,
                         prompt_len_mean=80, prefix_tokens=16, decode_tokens=8)
@@ -217,7 +217,7 @@ def test_cached_signature_equals_full_prefill(data):
         poisoned[:hit] = (poisoned[:hit] + 1) % E
         adm = cache.admit(f"r{i}", tokens, poisoned)
         assert adm.cached_tokens == hit
-        assert np.array_equal(cache.counts(f"r{i}"), full_prefill_counts(ids, E))
+        assert np.array_equal(cache.counts(f"r{i}"), expert_counts(ids, E))
         assert adm.cached_tokens + adm.computed_tokens == tokens.size
         live.append(f"r{i}")
         if data.draw(st.booleans(), label="release"):
@@ -241,7 +241,7 @@ def test_cache_reuses_prefix_without_reading_it():
     poisoned[:4] = 3  # the first two full blocks are cached: these rows must not be read
     b = cache.admit("b", tokens, poisoned)
     assert b.cached_tokens == 4 and b.blocks[:2] == a.blocks[:2] and b.blocks[2] != a.blocks[2]
-    assert np.array_equal(cache.counts("b"), full_prefill_counts(ids, E))
+    assert np.array_equal(cache.counts("b"), expert_counts(ids, E))
     cache.release("a")
     cache.release("b")
     assert cache.cached_blocks == 2 and cache.free_blocks == 8

@@ -90,3 +90,14 @@ def test_azure_trace_loads_from_local_copy(public_data):
     assert 3000 < conv.duration_s < 3700 and conv.prompt_len.min() >= 1
     with pytest.raises(ValueError, match="kind must be one of"):
         load_azure_trace("chat")
+
+
+def test_expert_counts_is_the_per_layer_histogram():
+    from moelab.traces import expert_counts
+
+    t = _toy_trace()
+    for i in range(len(t)):  # prefill counts are exactly the histogram of the prompt's top-k ids
+        assert np.array_equal(expert_counts(t.prefill_topk(i), 8), t.prefill_counts[i])
+    assert expert_counts(np.zeros((0, 3, 2), np.int64), 8).sum() == 0
+    with pytest.raises(ValueError, match="expert ids in"):
+        expert_counts(np.full((1, 3, 2), 8), 8)

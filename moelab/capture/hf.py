@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from moelab.traces.expert import ExpertTrace, Geometry, default_provenance
+from moelab.traces.expert import ExpertTrace, Geometry, default_provenance, expert_counts
 
 
 def resolve_model(model: Any, *, device: str | None = None) -> tuple[Any, Any, str]:
@@ -190,7 +190,6 @@ def capture_hf(
     # load-balancing loss from router_logits, which breaks with padding masks under a KV cache.
     base, head = m.get_decoder(), m.get_output_embeddings()
     tap = _RouterTap(routers, k)
-    layer_ix = np.arange(L)[None, :, None]
     n = len(token_lists)
     counts = np.zeros((n, L, E), dtype=np.int32)
     probs_sum = np.zeros((n, L, E), dtype=np.float32)
@@ -224,7 +223,7 @@ def capture_hf(
                 for b, i in enumerate(chunk):
                     real = slice(S - lens[b], S)  # pad positions are routed too, and dropped here
                     pre_ids[i] = p_ids[b, real].astype(np.int16)
-                    np.add.at(counts[i], (np.broadcast_to(layer_ix, pre_ids[i].shape), pre_ids[i]), 1)
+                    counts[i] = expert_counts(pre_ids[i], E)
                     probs_sum[i] = p_probs[b, real].sum(axis=0)
                 past = out.past_key_values
                 nxt = head(out.last_hidden_state[:, -1]).argmax(-1)

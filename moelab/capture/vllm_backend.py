@@ -34,7 +34,7 @@ import numpy as np
 
 from moelab._validate import check_choice, check_int
 from moelab.models.vllm_engine import make_engine, require_vllm
-from moelab.traces import ExpertTrace, Geometry, default_provenance
+from moelab.traces import ExpertTrace, Geometry, default_provenance, expert_counts
 
 _ATTR = "_moelab_expert_recorder"
 _METHODS = {"hooks": "moelab hooks (MoERunner capture_fn, GateLinear, runner batch layout)",
@@ -300,7 +300,7 @@ def capture_vllm(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], m
     L, k, E = info["num_layers"], info["top_k"], info["num_experts"]
     counts = np.zeros((n, L, E), np.int32)
     for i in range(n):
-        counts[i] = _histogram(prefill_ids[i], E)
+        counts[i] = expert_counts(prefill_ids[i], E)
     name = model_name or _model_name(engine)
     return ExpertTrace.from_requests(
         request_ids=request_ids, domains=domains, prompt_tokens=[np.asarray(t) for t in token_lists],
@@ -312,13 +312,6 @@ def capture_vllm(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], m
         prefill_ids=prefill_ids if keep_prefill_ids else None, prefill_probs=probs.astype(np.float32) if with_probs else None,
         decode_tokens=[np.asarray(g[: len(decode_ids[i])]) for i, g in enumerate(gen)],
     )
-
-
-def _histogram(ids: np.ndarray, num_experts: int) -> np.ndarray:
-    """``[P, L, k]`` expert ids -> ``[L, E]`` counts."""
-    L = ids.shape[1]
-    flat = (np.arange(L)[None, :, None] * num_experts + ids).ravel()
-    return np.bincount(flat, minlength=L * num_experts).reshape(L, num_experts).astype(np.int32)
 
 
 def _capture(engine: Any, token_lists: list[list[int]], max_new_tokens: int, *, ignore_eos: bool, with_probs: bool,
@@ -420,7 +413,7 @@ def prefill_counts(engine: Any, prompts: Sequence[str] | Sequence[Sequence[int]]
     token_lists = _tokenize(engine, prompts, tokenizer, add_special_tokens)
     info, prefill_ids, _, _, _ = _capture(engine, token_lists, 0, ignore_eos=True, with_probs=False, progress=False,
                                           labels=[str(i) for i in range(len(token_lists))])
-    return np.stack([_histogram(p, info["num_experts"]) for p in prefill_ids])
+    return np.stack([expert_counts(p, info["num_experts"]) for p in prefill_ids]).astype(np.int32)
 
 
 def _tokenize(engine: Any, prompts: Sequence[Any], tokenizer: Any, add_special_tokens: bool) -> list[list[int]]:

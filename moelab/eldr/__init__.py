@@ -7,7 +7,7 @@ decode worker) -> routing (locality band tau) -> sim (decode cluster with a cali
 ``experiments`` runs the paper's sweeps and ablations.
 """
 
-from moelab.eldr.cache import Admission, SignatureCache, full_prefill_counts
+from moelab.eldr.cache import Admission, SignatureCache
 from moelab.eldr.partition import KMeansResult, OnlineRefitter, align_centroids, spherical_kmeans
 from moelab.eldr.routing import DomainOracleRouter, ELDRRouter
 from moelab.eldr.signature import KINDS, SignatureBuilder, decode_recall, greedy_layer_mask, predictability
@@ -23,6 +23,6 @@ from moelab.eldr.workload import (
 __all__ = [
     "KINDS", "Admission", "DecodeRequests", "DomainOracleRouter", "ELDRRouter", "KMeansResult", "OnlineRefitter",
     "SignatureBuilder", "SignatureCache", "SimResult", "SyntheticConfig", "SyntheticWorkload", "align_centroids",
-    "decode_recall", "fit_domain_spread", "full_prefill_counts", "generate", "greedy_layer_mask", "pack_expert_bits",
+    "decode_recall", "fit_domain_spread", "generate", "greedy_layer_mask", "pack_expert_bits",
     "poisson_requests", "predictability", "simulate", "spherical_kmeans", "workload_stats",
 ]

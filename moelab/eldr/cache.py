@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moelab._validate import check_array, check_int
+from moelab.traces import expert_counts
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,6 @@ class SignatureCache:
         self.refcount[b] += 1
         self._evictable.pop(b, None)
 
-    def _histogram(self, ids: np.ndarray) -> np.ndarray:
-        flat = (np.arange(self.num_layers)[None, :, None] * self.num_experts + ids).ravel()
-        counts = np.bincount(flat, minlength=self.num_layers * self.num_experts)
-        return counts.reshape(self.num_layers, self.num_experts)
-
     def _keys(self, tokens: np.ndarray) -> list[bytes]:
         bs, keys, h = self.block_size, [], hashlib.sha256()
         for i in range(tokens.size // bs):
@@ -124,7 +120,7 @@ class SignatureCache:
                 if seg.size and (seg.min() < 0 or seg.max() >= self.num_experts):
                     raise ValueError(f"prefill_ids must be expert ids in [0, {self.num_experts - 1}]")
                 b = self._alloc()
-                self.hist[b] = self._histogram(seg)
+                self.hist[b] = expert_counts(seg, self.num_experts)
                 self._ref(b)
                 table.append(b)
                 # Full blocks become shareable; the partial last block stays private. A full block whose
@@ -171,12 +167,4 @@ class SignatureCache:
         return len(self._free) + len(self._evictable)
 
 
-def full_prefill_counts(prefill_ids: np.ndarray, num_experts: int) -> np.ndarray:
-    """Expert counts ``[L, E]`` of a full prefill from its per-token top-k ids ``[P, L, k]``."""
-    ids = np.asarray(prefill_ids, dtype=np.int64)
-    L = ids.shape[1]
-    flat = (np.arange(L)[None, :, None] * num_experts + ids).ravel()
-    return np.bincount(flat, minlength=L * num_experts).reshape(L, num_experts)
-
-
-__all__ = ["Admission", "SignatureCache", "full_prefill_counts"]
+__all__ = ["Admission", "SignatureCache"]

@@ -50,6 +50,20 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
 
 
+def expert_counts(topk_ids: np.ndarray, num_experts: int) -> np.ndarray:
+    """Per-layer expert counts ``[L, E]`` (int64) of tokens' top-k ids ``[T, L, k]``: how many of the
+    tokens picked expert e in layer l. The one histogram behind prefill counts, KV-block histograms and
+    live captures."""
+    ids = np.asarray(topk_ids, dtype=np.int64)
+    if ids.ndim != 3:
+        raise ValueError(f"topk_ids must have shape (tokens, L, k); got {ids.shape}")
+    L = ids.shape[1]
+    if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
+        raise ValueError(f"topk_ids must be expert ids in [0, {num_experts - 1}]")
+    flat = (np.arange(L)[None, :, None] * num_experts + ids).ravel()
+    return np.bincount(flat, minlength=L * num_experts).reshape(L, num_experts)
+
+
 def default_provenance(backend: str, model: str, **extra: Any) -> dict[str, Any]:
     """Provenance record: model, backend, UTC date, software versions (+ anything in ``extra``)."""
     from importlib.metadata import PackageNotFoundError, version
