@@ -87,6 +87,20 @@ def check_array(
     return arr
 
 
+def check_loopback_host(name: str, host: str) -> str:
+    """Return ``host`` if it is a loopback address (127.0.0.0/8, ::1 or ``localhost``): moelab's servers
+    and the backends it talks to stay on this machine."""
+    import ipaddress
+
+    try:
+        ok = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be a loopback address (127.0.0.0/8, ::1 or localhost); got {host!r}")
+    return host
+
+
 def rng_from(seed: int | np.random.Generator | None) -> np.random.Generator:
     """A numpy Generator from a seed (or pass one through), so every run is reproducible."""
     if isinstance(seed, np.random.Generator):

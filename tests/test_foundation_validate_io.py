@@ -77,3 +77,13 @@ def test_json_roundtrip(tmp_path):
     with pytest.raises(ValueError, match="not valid JSON"):
         read_json(tmp_path / "bad.json")
     assert json.loads((tmp_path / "r.json").read_text())["v"] == 1.5
+
+
+def test_check_loopback_host():
+    from moelab._validate import check_loopback_host
+
+    for ok in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        assert check_loopback_host("host", ok) == ok
+    for bad in ("0.0.0.0", "10.0.0.1", "example.org"):
+        with pytest.raises(ValueError, match="host must be a loopback address"):
+            check_loopback_host("host", bad)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moelab._validate import check_int, check_real
+from moelab._validate import check_int, check_loopback_host, check_real
 
 SUPPORTED_VLLM = ((0, 32), (0, 33))  # [0.32, 0.33): the releases whose internals the hooks were verified on
 SUPPORTED_VLLM_TEXT = ">=0.32,<0.33"
@@ -233,17 +233,6 @@ def generate(engine: Any, prompts: list[str] | list[list[int]], max_new_tokens: 
 
 
 # ---------------------------------------------------------------------- OpenAI-compatible servers
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def server_command(model: str | os.PathLike, port: int, *, host: str = "127.0.0.1", max_model_len: int = 1024,
                    max_num_seqs: int = 16, dtype: str | None = None, seed: int = 0, extra_args: tuple[str, ...] = ()) -> list[str]:
     """The command line of one OpenAI-compatible vLLM server (``python -m vllm.entrypoints.openai.api_server``;
@@ -251,8 +240,7 @@ def server_command(model: str | os.PathLike, port: int, *, host: str = "127.0.0.
     import sys
 
     port = check_int("port", port, low=1, high=65535)
-    if not _is_loopback(host):
-        raise ValueError(f"host must be a loopback address (127.0.0.0/8, ::1 or localhost); got {host!r}")
+    check_loopback_host("host", host)
     if dtype is None:
         import torch
 

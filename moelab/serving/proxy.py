@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ipaddress
 import itertools
 import json
 import sys
@@ -44,7 +43,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from moelab._validate import check_choice, check_int, check_real
+from moelab._validate import check_choice, check_int, check_loopback_host, check_real
 from moelab.routing import ClusterView, RequestBatch, Router, make_router
 from moelab.serving.http import (
     HTTPError,
@@ -92,15 +91,6 @@ class Backend:
 
     def __post_init__(self) -> None:
         self.host, self.port = split_url(self.url)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _prompt_len(payload: dict[str, Any]) -> int:
@@ -175,12 +165,10 @@ class RouterProxy:
                  max_body_bytes: int = 1 << 20, decisions_kept: int = 200, seed: int = 0) -> None:
         if not backends:
             raise ValueError("backends must list at least one server URL")
-        if not _is_loopback(host):
-            raise ValueError(f"host must be a loopback address (127.0.0.1, ::1, localhost); got {host!r}")
+        check_loopback_host("host", host)
         self.backends = [Backend(i, url.rstrip("/")) for i, url in enumerate(backends)]
         for b in self.backends:
-            if not _is_loopback(b.host):
-                raise ValueError(f"backend URLs must be on loopback; got {b.url!r}")
+            check_loopback_host(f"backend URL {b.url!r} host", b.host)
         if isinstance(router, str):
             check_choice("router", router, LIVE_ROUTERS)
             if router == "eldr":
