@@ -7,11 +7,11 @@ import pytest
 
 from moelab.traces import ExpertTrace, Geometry
 from moelab.traces.analysis import (
-    decode_recall,
     domain_expert_mi,
     locality_stats,
     prefill_signatures,
     signature_ari,
+    topk_activation_share,
 )
 
 
@@ -38,7 +38,7 @@ def test_disjoint_domains_reach_the_bounds():
     tr = _trace({"a": [0, 1, 2, 3], "b": [4, 5, 6, 7], "c": [8, 9, 10, 11], "d": [12, 13, 14, 15]})
     np.testing.assert_allclose(domain_expert_mi(tr), np.log(4), rtol=1e-9)
     np.testing.assert_allclose(domain_expert_mi(tr, "decode"), np.log(4), rtol=1e-9)
-    rec = decode_recall(tr, k=4)
+    rec = topk_activation_share(tr, k=4)
     assert rec["recall"] == pytest.approx(1.0)
     # global top-4 holds one domain's experts (or a mix): it covers only a quarter of all activations
     assert rec["baseline"] == pytest.approx(0.25, abs=0.1)
@@ -49,7 +49,7 @@ def test_disjoint_domains_reach_the_bounds():
 def test_shared_experts_carry_no_information():
     tr = _trace({"a": list(range(16)), "b": list(range(16))}, n_per=200, seed=1)
     assert domain_expert_mi(tr).max() < 0.05
-    rec = decode_recall(tr, k=4)
+    rec = topk_activation_share(tr, k=4)
     assert abs(rec["gain"]) < 0.05
     assert abs(signature_ari(tr)) < 0.1
 
@@ -60,7 +60,7 @@ def test_locality_stats_keys_and_validation():
     assert s["n_requests"] == 40 and s["domains"] == ["a", "b"] and len(s["mi_prefill"]) == 3
     assert s["mi_max"] == pytest.approx(np.log(2))
     with pytest.raises(ValueError, match="k"):
-        decode_recall(tr, k=17)
+        topk_activation_share(tr, k=17)
     with pytest.raises(ValueError, match="source"):
         domain_expert_mi(tr, "both")
     with pytest.raises(ValueError, match="2 domains"):

@@ -4,7 +4,7 @@ Three numbers say whether a model's routing carries "domain locality" that ELDR 
 
 * :func:`domain_expert_mi` — per-layer mutual information (nats) between a request's domain and the
   expert a token is routed to.
-* :func:`decode_recall` — how much of a request's decode expert activations fall in the top-``k``
+* :func:`topk_activation_share` — how much of a request's decode expert activations fall in the top-``k``
   experts of its own prefill (per layer), against the same ``k`` experts chosen globally (most popular
   prefill experts of the whole trace).
 * :func:`signature_ari` — adjusted Rand index between K-means clusters of prefill signatures and the
@@ -60,7 +60,7 @@ def domain_expert_mi(trace: ExpertTrace, source: str = "prefill") -> np.ndarray:
     return np.sum(joint * np.log(ratio), axis=(0, 2))
 
 
-def decode_recall(trace: ExpertTrace, k: int = 4, *, max_steps: int | None = None) -> dict[str, Any]:
+def topk_activation_share(trace: ExpertTrace, k: int = 4, *, max_steps: int | None = None) -> dict[str, Any]:
     """Recall of decode expert activations by the top-``k`` prefill experts, vs a global top-``k``.
 
     For request ``r`` and layer ``l``, the predicted set is the ``k`` experts with the highest prefill
@@ -137,7 +137,7 @@ def locality_stats(trace: ExpertTrace, k: int = 4, *, seed: int = 0) -> dict[str
     """
     mi_p = domain_expert_mi(trace, "prefill")
     mi_d = domain_expert_mi(trace, "decode")
-    rec = decode_recall(trace, k)
+    rec = topk_activation_share(trace, k)
     codes, names = trace.domain_codes()
     clusters = signature_clusters(trace, seed=seed)
     confusion = np.zeros((len(names), len(names)), dtype=np.int64)
