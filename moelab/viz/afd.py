@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from moelab.afd import AFDCoefficients, idle_ratios, optimal_ratio, sweep, throughput_per_instance
-from moelab.viz.common import PALETTE, slider
+from moelab.viz.common import PALETTE, refresh, slider
 
 _IDLE_COLORS = {"attention": "#2ca02c", "ffn": "#9467bd"}
 
@@ -110,14 +110,8 @@ def afd_panel(B: int = 256, mu_P: float = 100, mu_D: float = 500, N: float = 10_
         df = frame(b, p, d, n, coeffs)
         new_tp = throughput_figure(df, B=b, mu_P=p, mu_D=d, N=n, coeffs=coeffs)
         new_idle = idle_figure(df, B=b, mu_P=p, mu_D=d, N=n, coeffs=coeffs)
-        for target, source in ((f_tp, new_tp), (f_idle, new_idle)):
-            with target.batch_update():
-                for old, new in zip(target.data, source.data):
-                    old.x, old.y = new.x, new.y
-                target.layout.shapes = source.layout.shapes
-                target.layout.annotations = source.layout.annotations
-                target.layout.title = source.layout.title
-                target.layout.yaxis.title = source.layout.yaxis.title
+        refresh(f_tp, new_tp)
+        refresh(f_idle, new_idle)
         status.value = f"<b>r* = {optimal_ratio(b, p, d, n, coeffs):.2f}</b> &nbsp; coefficients: {coeffs.source}"
 
     for control in (s_B, s_P, s_D, s_N, h200, simulate_box, *coef.values()):

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from moelab.viz.common import PALETTE, slider
+from moelab.viz.common import PALETTE, refresh, slider
 
 _BRH_COLORS = {"brh_oracle": "#9467bd", "brh_survival": "#8c564b", "brh_exact_match": "#e377c2",
                "brh_learned": "#000000"}
@@ -90,11 +90,7 @@ def interactive_panel(run_fn: Any, *, G: int, slots: int, horizon: int, gamma: f
     def update(_=None) -> None:
         res = run_fn(s_g.value, s_b.value, s_h.value, s_d.value, s_beta.value or None, s_r.value)
         new = imbalance_over_time(res, s_g.value)
-        with fig.batch_update():
-            fig.data = []
-            for tr in new.data:
-                fig.add_trace(tr)
-            fig.layout.title = new.layout.title
+        refresh(fig, new)
 
     for s in (s_g, s_b, s_h, s_d, s_beta, s_r):
         s.observe(update, names="value")

@@ -69,6 +69,20 @@ def write_results(name: str, results: dict[str, Any], out_dir: str | os.PathLike
     return atomic_write_json(figures_dir(out_dir) / f"{name}.json", results)
 
 
+def refresh(widget: Any, fig: Any) -> None:
+    """Make a ``FigureWidget`` show a freshly built figure in one redraw: traces updated in place when
+    the trace list has the same length (so legends and widget state stay), replaced otherwise; layout
+    merged (titles, shapes, annotations, axes)."""
+    with widget.batch_update():
+        if len(widget.data) == len(fig.data):
+            for old, new in zip(widget.data, fig.data):
+                old.update({k: v for k, v in new.to_plotly_json().items() if k != "type"})
+        else:
+            widget.data = []
+            widget.add_traces(list(fig.data))
+        widget.layout.update(fig.layout.to_plotly_json())
+
+
 def slider(description: str, value: float, low: float, high: float, step: float, *, integer: bool = False, **kw: Any):
     """An ipywidgets slider with a readable label width (ipywidgets imported lazily)."""
     import ipywidgets as w

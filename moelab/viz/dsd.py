@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from moelab.dsd import MODES, best_mode, capacity_gain, latency_per_token, pipelined_window, rtt_breakeven
-from moelab.viz.common import slider
+from moelab.viz.common import refresh, slider
 
 MODE_COLORS = {"ar": "#7f7f7f", "colocated": "#1f77b4", "dsd_sync": "#ff7f0e", "dsd_pipelined": "#2ca02c"}
 MODE_LABELS = {"ar": "cloud AR", "colocated": "co-located SD", "dsd_sync": "DSD (sync)",
@@ -132,12 +132,7 @@ def dsd_panel(rtt: float = 60.0, alpha: float = 0.8, gamma: int = 5, t_a: float 
         new_map = region_map_figure(gamma=kw["gamma"], t_ar=v["t_ar"], t_a=v["t_a"], t_d=v["t_d"], n=61)
         with bars.batch_update():
             bars.data[0].y = lat
-        with curve.batch_update():
-            for old, new in zip(curve.data, new_curve.data):
-                old.x, old.y = new.x, new.y
-            curve.layout.shapes = new_curve.layout.shapes
-            curve.layout.annotations = new_curve.layout.annotations
-            curve.layout.title = new_curve.layout.title
+        refresh(curve, new_curve)
         with regions.batch_update():
             for old, new in zip(regions.data, new_map.data):
                 if isinstance(new, go.Heatmap):

@@ -7,6 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from moelab.costmodel import MOE_SHAPES, MoEStepModel
+from moelab.viz.common import refresh
 
 # One row per paper: what it claims (in plain words) and where the lab shows it.
 LAB_MAP: list[dict[str, str]] = [
@@ -83,10 +84,7 @@ def moe_panel(table: pd.DataFrame, model: MoEStepModel, B: int = 256):
 
     def update(_=None):
         new = moe_experts_figure(table, model, pick.value)
-        with fig.batch_update():
-            for old, src in zip(fig.data, new.data):
-                old.x, old.y = src.x, src.y
-            fig.layout.title = new.layout.title
+        refresh(fig, new)
 
     pick.observe(update, names="value")
     return w.VBox([pick, fig])
