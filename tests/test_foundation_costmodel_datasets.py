@@ -69,3 +69,11 @@ def test_expected_distinct_experts_limits():
     rng = np.random.default_rng(0)
     sims = [len({e for _ in range(32) for e in rng.choice(128, 8, replace=False)}) for _ in range(400)]
     assert np.mean(sims) == pytest.approx(expected_distinct_experts(32, 128, 8), rel=0.02)
+
+
+def test_attention_per_token_form_matches_the_model():
+    attn = AttentionModel.h200()
+    per_token = float(AttentionModel.kv_bytes(1))
+    floor, base, slope = attn.per_token_coefficients(per_token)
+    tokens = np.array([0, 512, 256 * 8192])
+    assert np.allclose(np.maximum(floor, base + slope * tokens), attn.predict_ms(tokens * per_token))

@@ -77,7 +77,8 @@ class StepCost:
             raise ValueError(f"shape must be one of {sorted(LAYER_SHAPES)}; got {shape!r}")
         layout, n_layers = LAYER_SHAPES[shape], MODEL_LAYERS[shape]
         attn = AttentionModel.h200()
-        base, per_gb = (float(c) for c in attn.fit.coef)
+        coef = attn.fit.as_dict()
+        base, per_gb = coef["base_ms"], coef["ms_per_GB"]
         kv_per_token = float(layout.kv_bytes_per_token)
         note = "attention: attn_step.csv fit"
         if fixed_ms is None:

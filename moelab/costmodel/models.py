@@ -117,6 +117,12 @@ class AttentionModel:
         kv = check_array("kv_bytes", kv_bytes, low=0) / 1e9
         return np.maximum(self.floor_ms, self.fit.predict(np.stack([np.ones_like(kv), kv], axis=-1)))
 
+    def per_token_coefficients(self, kv_bytes_per_token: float) -> tuple[float, float, float]:
+        """``(floor_ms, base_ms, ms_per_token)`` so that a layer holding ``n`` cached tokens costs
+        ``max(floor_ms, base_ms + ms_per_token * n)`` — the scalar form simulators use in hot loops."""
+        c = self.fit.as_dict()
+        return float(self.floor_ms), c["base_ms"], c["ms_per_GB"] * kv_bytes_per_token / 1e9
+
     @staticmethod
     def kv_bytes(tokens: np.ndarray | int, kv_heads: int = 4, head_dim: int = 128, bytes_per_elem: int = 2) -> np.ndarray:
         """K+V bytes one layer reads for ``tokens`` cached tokens (default: Qwen3-30B-A3B GQA, bf16)."""

@@ -163,8 +163,7 @@ def simulate(
     attn0 = float(cost.layer.attn.predict_ms(0.0))
     fixed = (cost.step_ms(Bs, 0.0, 0.0) - cost.num_layers * attn0).tolist()  # attention is added per step below
     per_d = (cost.step_ms(Bs, 1.0, 0.0) - cost.step_ms(Bs, 0.0, 0.0)).tolist()
-    a_fit = cost.layer.attn.fit.coef
-    a_base, a_slope, a_floor = float(a_fit[0]), float(a_fit[1]) * cost.shape.kv_bytes_per_token / 1e9, cost.layer.attn.floor_ms
+    a_floor, a_base, a_slope = cost.layer.attn.per_token_coefficients(cost.shape.kv_bytes_per_token)
     L = cost.num_layers
 
     n = len(requests)
