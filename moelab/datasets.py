@@ -1,10 +1,12 @@
 """Bundled data and public data sets, through one loader.
 
 Bundled data (calibration tables, the tiny MoE, its traces) lives in the repository's ``data/``.
-Public data sets are never committed: they are downloaded from their public URL into a cache folder
-(``$MOELAB_CACHE`` or ``~/.cache/moelab``), unless the environment variable ``MOELAB_PUBLIC_DATA``
-points at a local copy laid out like ``shared/data/`` (``spec-bench/question.jsonl``, ...). Tests and
-CI set it to ``../shared/data``.
+The small, permissively licensed public sets the notebooks need (Spec-Bench questions, the Azure 2023
+traces, the OLMoE/Mixtral routing counts, published tables) are bundled too, in ``data/public/<name>/``
+with their LICENSE and PROVENANCE.md, so everything runs offline. A public file is looked up in this
+order: the local copy that ``$MOELAB_PUBLIC_DATA`` points at (laid out like ``data/public/``, e.g. a
+larger mirror), the bundled copy, the download cache (``$MOELAB_CACHE`` or ``~/.cache/moelab``), and
+finally a download from its public URL (for what is not bundled, e.g. the Azure 2024 week-long traces).
 """
 
 from __future__ import annotations
@@ -111,8 +113,14 @@ def cache_dir() -> Path:
     return path
 
 
+def bundled_public_root() -> Path:
+    """Folder of the public data sets bundled with the source tree (``data/public``)."""
+    return repo_root() / "data" / "public"
+
+
 def public_path(name: str, *, download: bool = True) -> Path:
-    """Local path of public file ``name``: the ``$MOELAB_PUBLIC_DATA`` copy, the cache, or a download."""
+    """Local path of public file ``name``: the ``$MOELAB_PUBLIC_DATA`` copy, the bundled copy, the
+    cache, or a download (in that order)."""
     if name not in PUBLIC_FILES:
         raise ValueError(f"name must be one of {sorted(PUBLIC_FILES)}; got {name!r}")
     spec = PUBLIC_FILES[name]
@@ -121,6 +129,9 @@ def public_path(name: str, *, download: bool = True) -> Path:
         local = Path(local_root) / spec.relpath
         if local.is_file():
             return local
+    bundled = bundled_public_root() / spec.relpath
+    if bundled.is_file():
+        return bundled
     cached = cache_dir() / "public" / spec.relpath
     if cached.is_file():
         return cached

@@ -25,11 +25,6 @@ SMALL = SyntheticConfig(num_layers=6, num_experts=32, top_k=4, model_name="small
 
 @pytest.fixture(scope="module")
 def small_workload():
-    import os
-    from pathlib import Path
-
-    if not Path(os.environ.get("MOELAB_PUBLIC_DATA", "/nonexistent")).is_dir():
-        pytest.skip("public data not available")
     return generate(240, SMALL, seed=3)
 
 

@@ -53,11 +53,32 @@ def test_public_loaders_read_local_copy(public_data):
         datasets.public_path("imagenet")
 
 
-def test_missing_local_only_data_says_where_to_get_it(monkeypatch, tmp_path):
+def test_bundled_copy_is_used_offline_and_local_copy_wins(monkeypatch, tmp_path):
+    monkeypatch.delenv("MOELAB_PUBLIC_DATA", raising=False)
+    monkeypatch.setenv("MOELAB_CACHE", str(tmp_path / "cache"))
+    path = datasets.public_path("eldr-results", download=False)
+    assert path == datasets.bundled_public_root() / "eldr-results" / "main_task_p50_tpot_ms.csv"
+    # every bundled folder carries its provenance, and every bundled file's sha256 is listed there
+    import hashlib
+
+    for folder in datasets.bundled_public_root().iterdir():
+        provenance = (folder / "PROVENANCE.md").read_text(encoding="utf-8")
+        for f in folder.iterdir():
+            if f.name != "PROVENANCE.md" and f.suffix in {".csv", ".json", ".jsonl"}:
+                assert hashlib.sha256(f.read_bytes()).hexdigest() in provenance, f
+    # a larger local copy pointed at by MOELAB_PUBLIC_DATA is read first
+    local = tmp_path / "mirror" / "eldr-results"
+    local.mkdir(parents=True)
+    (local / "main_task_p50_tpot_ms.csv").write_text("model,rate_rps,eldr\nx,1,2\n")
+    monkeypatch.setenv("MOELAB_PUBLIC_DATA", str(tmp_path / "mirror"))
+    assert datasets.public_path("eldr-results") == local / "main_task_p50_tpot_ms.csv"
+
+
+def test_missing_unbundled_data_says_where_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setenv("MOELAB_PUBLIC_DATA", str(tmp_path))
     monkeypatch.setenv("MOELAB_CACHE", str(tmp_path / "cache"))
     with pytest.raises(FileNotFoundError, match="MOELAB_PUBLIC_DATA"):
-        datasets.public_path("eldr-results")
+        datasets.public_path("azure-2024-conv", download=False)
 
 
 def test_expected_distinct_experts_limits():
