@@ -22,6 +22,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
 
     from moelab.notebooks import (
         available_notebooks,
+        figures_location,
         missing_requirements,
         notebook_parameters,
         parse_params,
@@ -55,7 +56,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     print(f"\n{'notebook':<28}{'status':<8}{'seconds':>9}  output")
     for r in runs:
         print(f"{r.name:<28}{'ok' if r.ok else 'FAILED':<8}{r.seconds:>9.1f}  {r.output}" + (f"\n    {r.error}" if r.error else ""))
-    print(f"figures: {out / 'figures'}")
+    print(f"figures: {figures_location(out)}")
     return 0 if all(r.ok for r in runs) else 1
 
 

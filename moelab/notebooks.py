@@ -74,6 +74,25 @@ def missing_requirements(name: str) -> list[str]:
     return [pkg for pkg in needs if importlib.util.find_spec(pkg) is None]
 
 
+def figures_location(out_dir: str | os.PathLike) -> Path:
+    """Where ``run_notebook`` sends figures: ``$MOELAB_FIGURES`` when set, else ``out_dir/figures``,
+    as an absolute path resolved against the folder the command runs in (never the kernel's folder)."""
+    return Path(os.environ.get("MOELAB_FIGURES") or Path(out_dir) / "figures").expanduser().resolve()
+
+
+def _kernel_config() -> Any:
+    """Kernel-manager settings for a private kernel: CurveZMQ-encrypted TCP when pyzmq supports it,
+    else local IPC sockets, so ipykernel has no reason to warn about plain-text TCP."""
+    import zmq
+    from traitlets.config import Config
+
+    if zmq.has("curve"):
+        return Config({"KernelManager": {"transport_encryption": "auto"}})
+    if os.name == "posix":
+        return Config({"KernelManager": {"transport": "ipc"}})
+    return Config()
+
+
 @dataclass(frozen=True)
 class NotebookRun:
     name: str
@@ -81,28 +100,37 @@ class NotebookRun:
     output: Path
     ok: bool
     error: str = ""
+    figures: Path | None = None
 
 
 def run_notebook(name: str, params: dict[str, Any], out_dir: Path, *, timeout_s: int = 1200) -> NotebookRun:
-    """Execute one notebook with papermill into ``out_dir``; figures go to ``out_dir/figures``
-    unless ``figures_dir`` is given as a parameter."""
+    """Execute one notebook with papermill into ``out_dir``.
+
+    Figures go to :func:`figures_location` (``$MOELAB_FIGURES`` or ``out_dir/figures``, made absolute
+    against the current folder before the kernel starts in ``notebooks/``)."""
     import papermill as pm
 
     known = notebook_parameters(name)
     unknown = sorted(set(params) - set(known))
     if unknown:
         raise ValueError(f"notebook {name} has no parameter(s) {unknown}; its parameters are {sorted(known)}")
+    out_dir = Path(out_dir).expanduser().resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     output = out_dir / f"{name}.ipynb"
+    figures = figures_location(out_dir)
     env_before = os.environ.get("MOELAB_FIGURES")
-    os.environ.setdefault("MOELAB_FIGURES", str(out_dir / "figures"))
+    os.environ["MOELAB_FIGURES"] = str(figures)
     t0 = time.perf_counter()
     try:
         pm.execute_notebook(str(notebooks_dir() / f"{name}.ipynb"), str(output), parameters=params,
-                            cwd=str(notebooks_dir()), progress_bar=False, execution_timeout=timeout_s, kernel_name="python3")
-        return NotebookRun(name, time.perf_counter() - t0, output, True)
+                            cwd=str(notebooks_dir()), progress_bar=False, execution_timeout=timeout_s,
+                            kernel_name="python3", config=_kernel_config())
+        return NotebookRun(name, time.perf_counter() - t0, output, True, figures=figures)
     except Exception as exc:  # papermill re-raises the cell's error; report it per notebook
-        return NotebookRun(name, time.perf_counter() - t0, output, False, str(exc).strip().splitlines()[-1][:300])
+        return NotebookRun(name, time.perf_counter() - t0, output, False, str(exc).strip().splitlines()[-1][:300],
+                           figures=figures)
     finally:
         if env_before is None:
             os.environ.pop("MOELAB_FIGURES", None)
+        else:
+            os.environ["MOELAB_FIGURES"] = env_before

@@ -51,3 +51,38 @@ def test_notebooks_declare_optional_requirements(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     assert notebooks.missing_requirements("06_from_your_deployment") == ["vllm"]
     assert notebooks.missing_requirements("03_afd_ratio") == []
+
+
+@pytest.mark.notebook
+def test_notebooks_run_figures_land_under_the_calling_folder_and_output_is_quiet(tmp_path, monkeypatch, capfd):
+    """A relative --out (and so a relative figures folder) is resolved against the folder the command
+    ran in, not the kernel's working folder; the kernel prints no plain-text-TCP warning."""
+    import nbformat
+
+    from moelab import notebooks
+
+    nb_dir = tmp_path / "nbs"
+    nb_dir.mkdir()
+    params = nbformat.v4.new_code_cell("tag = 'x'")
+    params.metadata["tags"] = ["parameters"]
+    body = nbformat.v4.new_code_cell(
+        "import json, os\nfrom moelab.viz.common import figures_dir\n"
+        "(figures_dir() / 'tiny.json').write_text(json.dumps({'tag': tag, 'cwd': os.getcwd()}))")
+    nb = nbformat.v4.new_notebook(cells=[params, body])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, nb_dir / "90_tiny.ipynb")
+    monkeypatch.setattr(notebooks, "notebooks_dir", lambda: nb_dir)
+    monkeypatch.delenv("MOELAB_FIGURES", raising=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+
+    assert main(["notebooks", "run", "90", "--out", "runs", "--params", "tag=y"]) == 0
+    out, err = capfd.readouterr()
+    written = work / "runs" / "figures" / "tiny.json"
+    assert json.loads(written.read_text()) == {"tag": "y", "cwd": str(nb_dir)}  # kernel ran in the notebook folder
+    assert not (nb_dir / "runs").exists()
+    assert f"figures: {work / 'runs' / 'figures'}" in out
+    assert "90_tiny" in out and "ok" in out
+    assert "without encryption" not in out + err
+    assert "MOELAB_FIGURES" not in __import__("os").environ  # restored after the run
