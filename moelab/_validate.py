@@ -10,10 +10,34 @@ from typing import Any
 import numpy as np
 
 
-def _interval(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
-    lo = "-inf" if low is None else f"{low:g}"
-    hi = "inf" if high is None else f"{high:g}"
+def _bound(value: float | None, name: str | None, default: str) -> str:
+    if value is None:
+        return default
+    text = f"{value:g}" if isinstance(value, float) else f"{value}"
+    return f"{name}={text}" if name else text
+
+
+def _interval(low: float | None, high: float | None, low_open: bool, high_open: bool,
+              low_name: str | None = None, high_name: str | None = None) -> str:
+    lo, hi = _bound(low, low_name, "-inf"), _bound(high, high_name, "inf")
     return f"{'(' if low_open or low is None else '['}{lo}, {hi}{')' if high_open or high is None else ']'}"
+
+
+def _is_empty(low: float | None, high: float | None, low_open: bool, high_open: bool) -> bool:
+    if low is None or high is None:
+        return False
+    return low > high or (low == high and (low_open or high_open))
+
+
+def _empty_note(low: float | None, high: float | None, low_open: bool, high_open: bool,
+                low_name: str | None, high_name: str | None) -> str:
+    """Words for a range that holds no value: the inputs that set its bounds are the problem."""
+    if not _is_empty(low, high, low_open, high_open):
+        return ""
+    named = [n for n in (low_name, high_name) if n]
+    why = f"{' and '.join(named)} leave{'s' if len(named) == 1 else ''} no valid value" if named else \
+        "the other inputs leave no valid value"
+    return f", an empty range ({why})"
 
 
 def check_real(
@@ -24,43 +48,86 @@ def check_real(
     high: float | None = None,
     low_open: bool = False,
     high_open: bool = False,
+    low_name: str | None = None,
+    high_name: str | None = None,
 ) -> float:
-    """Return ``value`` as a finite float inside the interval, else raise ``ValueError``."""
+    """Return ``value`` as a finite float inside the interval, else raise ``ValueError``.
+
+    ``low_name`` / ``high_name`` name a bound that comes from another input (``high=n, high_name="n"``
+    reads ``[0, n=5]``), so a message about an empty range says which input makes it empty.
+    """
+    interval = _interval(low, high, low_open, high_open, low_name, high_name)
+    note = _empty_note(low, high, low_open, high_open, low_name, high_name)
     try:
         if isinstance(value, (bool, np.bool_)):
             raise TypeError
         x = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a real number in {_interval(low, high, low_open, high_open)}; got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be a real number in {interval}{note}; got {value!r}") from None
     bad = not math.isfinite(x)
     if low is not None:
         bad |= x <= low if low_open else x < low
     if high is not None:
         bad |= x >= high if high_open else x > high
     if bad:
-        raise ValueError(f"{name} must be in {_interval(low, high, low_open, high_open)}; got {value!r}")
+        raise ValueError(f"{name} must be in {interval}{note}; got {value!r}")
     return x
 
 
-def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:
-    """Return ``value`` as an int in ``[low, high]``; floats with a fractional part are rejected."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None,
+              low_name: str | None = None, high_name: str | None = None) -> int:
+    """Return ``value`` as an int in ``[low, high]``; floats with a fractional part are rejected.
+
+    ``low_name`` / ``high_name`` name a bound that comes from another input (see :func:`check_real`).
+    """
+    interval = _interval(low, high, False, False, low_name, high_name)
+    note = _empty_note(low, high, False, False, low_name, high_name)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         if isinstance(value, (float, np.floating)) and float(value).is_integer():
             value = int(value)
         else:
-            raise ValueError(f"{name} must be an integer in {_interval(low, high, False, False)}; got {value!r}")
+            raise ValueError(f"{name} must be an integer in {interval}{note}; got {value!r}")
     v = int(value)
     if (low is not None and v < low) or (high is not None and v > high):
-        raise ValueError(f"{name} must be an integer in {_interval(low, high, False, False)}; got {value!r}")
+        raise ValueError(f"{name} must be an integer in {interval}{note}; got {value!r}")
     return v
 
 
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     """Return ``value`` if it is one of ``choices``, else raise ``ValueError`` listing them."""
     options = list(choices)
-    if value not in options:
+    if not options:
+        raise ValueError(f"{name} has no valid value: there are no choices; got {value!r}")
+    try:
+        ok = value in options
+    except (TypeError, ValueError):  # e.g. an array compared with strings
+        ok = False
+    if not ok:
         raise ValueError(f"{name} must be one of {options}; got {value!r}")
     return value
+
+
+def _as_array(name: str, value: Any, dtype: Any = None, what: str = "an array of numbers") -> np.ndarray:
+    """``np.asarray`` whose failures (ragged lists, strings, huge ints) name the parameter."""
+    try:
+        arr = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be {what}; got {_clip(value)}") from None
+    if dtype is None and arr.dtype.kind not in "biuf":
+        raise ValueError(f"{name} must be {what}; got dtype {arr.dtype} ({_clip(value)})")
+    return arr
+
+
+def _clip(value: Any) -> str:
+    r = repr(value)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _first_bad(arr: np.ndarray, bad: np.ndarray) -> str:
+    """"<value> at index <i>" for the first True of ``bad``."""
+    idx = np.unravel_index(int(np.argmax(bad)), bad.shape) if bad.ndim else ()
+    where = f" at index {idx[0] if len(idx) == 1 else tuple(int(i) for i in idx)}" if idx else ""
+    return f"{arr[idx].item()!r}{where}"
 
 
 def check_array(
@@ -69,11 +136,12 @@ def check_array(
     *,
     ndim: int | None = None,
     low: float | None = None,
+    high: float | None = None,
     dtype: Any = None,
     shape: tuple[int | None, ...] | None = None,
 ) -> np.ndarray:
-    """Return ``value`` as an ndarray with the given rank/shape, all finite and ``>= low``."""
-    arr = np.asarray(value, dtype=dtype)
+    """Return ``value`` as an ndarray with the given rank/shape, all finite and in ``[low, high]``."""
+    arr = _as_array(name, value, dtype) if dtype is not None else np.asarray(_as_array(name, value))
     if ndim is not None and arr.ndim != ndim:
         raise ValueError(f"{name} must be a {ndim}-d array; got shape {arr.shape}")
     if shape is not None:
@@ -81,10 +149,103 @@ def check_array(
             want = tuple("*" if s is None else s for s in shape)
             raise ValueError(f"{name} must have shape {want}; got {arr.shape}")
     if arr.dtype.kind in "fc" and not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must contain only finite values")
+        raise ValueError(f"{name} must contain only finite values; got {_first_bad(arr, ~np.isfinite(arr))}")
     if low is not None and arr.size and arr.min() < low:
-        raise ValueError(f"{name} must be >= {low:g} everywhere; got minimum {arr.min()!r}")
+        raise ValueError(f"{name} must be >= {low:g} everywhere; got minimum {arr.min().item()!r}")
+    if high is not None and arr.size and arr.max() > high:
+        raise ValueError(f"{name} must be <= {high:g} everywhere; got maximum {arr.max().item()!r}")
     return arr
+
+
+def check_finite_array(name: str, value: Any, *, ndim: int | None = None, low: float | None = None,
+                       high: float | None = None) -> np.ndarray:
+    """``value`` as a float64 array with no NaN or infinity (optionally of rank ``ndim``, in ``[low, high]``)."""
+    return check_array(name, _as_array(name, value), ndim=ndim, low=low, high=high, dtype=np.float64)
+
+
+def check_sorted(name: str, value: Any, *, strict: bool = False, low: float | None = None) -> np.ndarray:
+    """``value`` as a finite 1-d float64 array in non-decreasing order (increasing when ``strict``),
+    e.g. arrival times; the message gives the first index where the order breaks."""
+    arr = check_finite_array(name, value, ndim=1, low=low)
+    step = np.diff(arr)
+    bad = step <= 0 if strict else step < 0
+    if bad.any():
+        i = int(np.argmax(bad))
+        order = "increasing" if strict else "non-decreasing (sorted)"
+        raise ValueError(f"{name} must be {order}; got {arr[i].item()!r} at index {i} then {arr[i + 1].item()!r} at index {i + 1}")
+    return arr
+
+
+def check_int_array(
+    name: str,
+    value: Any,
+    *,
+    low: int | None = None,
+    high: int | None = None,
+    ndim: int | None = None,
+    high_name: str | None = None,
+) -> np.ndarray:
+    """``value`` as an int64 array of integers in the half-open range ``[low, high)``, e.g. token ids in
+    ``[0, vocab_size)`` or expert ids in ``[0, num_experts)``.
+
+    Integer dtypes pass; float arrays pass only when every value is integral (``2.0`` yes, ``2.7``
+    never: nothing is truncated); booleans, strings and objects are refused. ``high_name`` names the
+    input that sets ``high`` (``[0, vocab_size=49152)``).
+    """
+    rng = f"[{'-inf' if low is None else low}, {_bound(high, high_name, 'inf')})"
+    note = ""
+    if low is not None and high is not None and low >= high:
+        note = f", an empty range ({high_name or 'the other inputs'} leave{'s' if high_name else ''} no valid value)"
+    what = f"an array of integers in {rng}{note}"
+    arr = _as_array(name, value, what=what)
+    if arr.dtype.kind == "b":
+        raise ValueError(f"{name} must be {what}; got booleans")
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{name} must be a {ndim}-d array of integers; got shape {arr.shape}")
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr)
+        bad[~bad] = arr[~bad] != np.round(arr[~bad])
+        if bad.any():
+            raise ValueError(f"{name} must be {what}; got {_first_bad(arr, bad)}")
+        if arr.size and np.abs(arr).max() >= 2.0**63:
+            raise ValueError(f"{name} must be {what}; got {_first_bad(arr, np.abs(arr) >= 2.0**63)}")
+    if arr.size:
+        below = arr < low if low is not None else None
+        above = arr >= high if high is not None else None
+        for bad in (below, above):
+            if bad is not None and bad.any():
+                raise ValueError(f"{name} must be {what}; got {_first_bad(arr, bad)}")
+    if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} must be {what}; got {arr.max().item()!r}")
+    return arr.astype(np.int64, copy=False)
+
+
+def check_counts(name: str, value: Any, *, ndim: int | None = None) -> np.ndarray:
+    """``value`` as an int64 array of non-negative integer counts (fractions, NaN, negatives refused)."""
+    return check_int_array(name, value, low=0, ndim=ndim)
+
+
+def check_probabilities(name: str, value: Any, *, ndim: int | None = None, sum_axis: int | None = None,
+                        atol: float = 1e-6) -> np.ndarray:
+    """``value`` as a float64 array of probabilities in ``[0, 1]``; with ``sum_axis``, each slice along
+    that axis must also sum to 1 (within ``atol``)."""
+    arr = check_finite_array(name, value, ndim=ndim)
+    bad = (arr < 0) | (arr > 1)
+    if bad.any():
+        raise ValueError(f"{name} must hold probabilities in [0, 1]; got {_first_bad(arr, bad)}")
+    if sum_axis is not None and arr.size:
+        tot = arr.sum(axis=sum_axis)
+        off = np.abs(tot - 1) > atol
+        if np.any(off):
+            raise ValueError(f"{name} must sum to 1 along axis {sum_axis} (within {atol:g}); got a sum of "
+                             f"{float(np.asarray(tot)[np.asarray(off)].ravel()[0])!r}")
+    return arr
+
+
+def check_top_k(top_k: Any, num_experts: Any, *, name: str = "top_k", experts_name: str = "num_experts") -> int:
+    """``top_k`` as an int in ``[1, num_experts]`` (a token cannot pick more experts than a layer has)."""
+    e = check_int(experts_name, num_experts, low=1)
+    return check_int(name, top_k, low=1, high=e, high_name=experts_name)
 
 
 def check_loopback_host(name: str, host: str) -> str:
