@@ -4,6 +4,7 @@ metrics, loopback only. (Live servers: tests/test_vllm_live.py.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import sys
@@ -193,3 +194,234 @@ def test_serve_router_command_runs_and_reports_health():
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# ---------------------------------------------------------------------- hostile input and broken backends
+class ScriptedBackend:
+    """A loopback HTTP server answering like a vLLM server would, scripted per test: ``/health`` and
+    ``/v1/models`` (``max_model_len`` 512), and completions that echo the prompt. A prompt ``"hold"`` waits
+    for :attr:`release`; ``head`` replaces the completion's response head (a broken backend)."""
+
+    def __init__(self, head: bytes | None = None) -> None:
+        self.head = head
+        self.release = asyncio.Event()
+        self.completions = 0
+        self.server = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def stop(self) -> None:
+        self.release.set()
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _handle(self, reader, writer) -> None:
+        try:
+            lines = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")
+            path = lines[0].split(" ")[1]
+            length = next((int(x.split(":")[1]) for x in lines if x.lower().startswith("content-length:")), 0)
+            body = await reader.readexactly(length)
+            if path == "/health":
+                out = b"{}"
+            elif path == "/v1/models":
+                out = json.dumps({"data": [{"id": "scripted", "max_model_len": 512}]}).encode()
+            else:
+                prompt = json.loads(body)["prompt"]
+                self.completions += 1
+                if prompt == "hold":
+                    await self.release.wait()
+                if self.head is not None:
+                    writer.write(self.head + b"{}")
+                    return
+                out = json.dumps({"choices": [{"text": f"echo:{prompt}"}]}).encode()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(out) + out)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            writer.close()
+
+
+async def _proxy_over(*backends: ScriptedBackend, **kw) -> tuple[RouterProxy, int]:
+    urls = [await b.start() for b in backends]
+    proxy = RouterProxy(urls, "round_robin", health_interval_s=60, connect_timeout_s=2, **kw)
+    return proxy, (await proxy.start())[1]
+
+
+def test_out_of_range_numbers_are_400_and_cannot_disturb_other_requests():
+    """max_tokens=10**30 used to pass and, while in flight, turn every other request into a 500 (OverflowError)."""
+    async def go():
+        be = ScriptedBackend()
+        proxy, port = await _proxy_over(be)
+        try:
+            assert proxy.max_model_len == 512  # learnt from the backend's /v1/models
+            bad = asyncio.create_task(_raw(port, _post("/v1/completions", {"prompt": "hold", "max_tokens": 10**30})))
+            await asyncio.sleep(0.2)
+            status, body = await _raw(port, _post("/v1/completions", {"prompt": "good", "max_tokens": 4}))
+            assert status == 200 and json.loads(body)["choices"][0]["text"] == "echo:good"
+            be.release.set()
+            status, body = await bad
+            assert status == 400 and b"max_tokens" in body and b"512" in body
+            cases = [{"max_tokens": 513}, {"max_tokens": 2.5}, {"max_tokens": True}, {"n": 10**6}, {"n": 0},
+                     {"best_of": 10**40}, {"temperature": 2.0000001}, {"temperature": -1}, {"temperature": "hot"},
+                     {"top_p": 0}, {"top_p": 1.5}, {"seed": 1 << 64}, {"logprobs": 10**9}, {"min_tokens": -1},
+                     {"presence_penalty": 3}, {"repetition_penalty": 0}, {"top_k": -5}, {"stream": "yes"},
+                     {"prompt": [1, 2, -3]}, {"prompt": [1 << 40]}, {"prompt": [1] * 500, "max_tokens": 100},
+                     {"n": 2, "best_of": 1}, {"truncate_prompt_tokens": 10**20}]
+            for extra in cases:
+                payload = {"prompt": "x", **extra}
+                status, body = await _raw(port, _post("/v1/completions", payload))
+                key = next(iter(extra))
+                assert status == 400 and key.encode() in body, (extra, status, body)
+            for raw in (b'{"prompt": "x", "temperature": NaN}', b'{"prompt": "x", "max_tokens": Infinity}',
+                        b'{"prompt": "x", "max_tokens": 1, "max_tokens": 99999999999}', b'{"prompt": "x", "n": '
+                        + b"9" * 5000 + b"}", b"[" * 200_000 + b"]" * 200_000, b'{"prompt": "\xff"}'):
+                status, body = await _raw(port, _post("/v1/completions", raw))
+                assert status == 400 and b"JSON" in body, (raw[:60], status, body)
+            status, _ = await _raw(port, _post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                                        "logprobs": 3}))
+            assert status == 400
+            # the edges of every range pass
+            ok = {"prompt": [1, 2], "max_tokens": 510, "n": 16, "best_of": 16, "temperature": 2, "top_p": 1, "seed": -(1 << 63),
+                  "logprobs": 20, "top_k": -1, "min_p": 0, "presence_penalty": -2, "max_completion_tokens": None}
+            assert (await _raw(port, _post("/v1/completions", ok)))[0] == 200
+            assert proxy.metrics()["responses_by_status"] == {"200": 2, "400": 31}
+            assert all(b.in_flight == 0 and b.kv_tokens == 0 for b in proxy.backends)
+        finally:
+            await proxy.stop()
+            await be.stop()
+
+    run(go())
+
+
+def test_oversized_body_gets_a_413_the_client_reads():
+    """The 413 used to be written and the socket closed with the body unread: the client saw a reset."""
+    async def go():
+        proxy = RouterProxy([f"http://127.0.0.1:{_dead_port()}"], health_interval_s=60)
+        _, port = await proxy.start()
+
+        def send_all_then_read() -> bytes:
+            body = b'{"prompt": "' + b"x" * (10 << 20) + b'"}'
+            with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                out = b""
+                while chunk := s.recv(65536):
+                    out += chunk
+            return out
+
+        try:
+            raw = await asyncio.to_thread(send_all_then_read)
+            assert raw.startswith(b"HTTP/1.1 413") and b"at most 1048576 bytes" in raw
+        finally:
+            await proxy.stop()
+
+    run(go())
+
+
+def test_strict_request_framing():
+    async def go():
+        be = ScriptedBackend()
+        proxy, port = await _proxy_over(be)
+        body = b'{"prompt": "framing test payload of fifty bytes."}'
+        assert len(body) == 50
+
+        def req(*headers: str) -> bytes:
+            return ("POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + "".join(h + "\r\n" for h in headers) + "\r\n").encode() + body
+
+        try:
+            assert (await _raw(port, req("Content-Length: 50")))[0] == 200
+            assert (await _raw(port, req("Content-Length: 50", "Content-Length: 50")))[0] == 200  # equal duplicates are fine
+            for headers in (["Content-Length: 5_0"], ["Content-Length: +50"], ["Content-Length: 0x32"], ["Content-Length: 5 0"],
+                            ["Content-Length: -1"], ["Content-Length: 50", "Content-Length: 49"], ["Content-Length: 50, 51"],
+                            ["Content-Length: 1" + "0" * 30], ["Content-Length: 50", "Transfer-Encoding: chunked"],
+                            ["Content-Length : 50"], ["Content-Length: 50", " folded: line"], ["Bad Name: 1", "Content-Length: 50"]):
+                status, resp = await _raw(port, req(*headers))
+                assert status == 400, (headers, status, resp)
+            assert (await _raw(port, req("Transfer-Encoding: chunked")))[0] == 411
+            assert (await _raw(port, req("Transfer-Encoding: gzip")))[0] == 501
+            assert (await _raw(port, b"GET /health HTTP/2.0\r\n\r\n"))[0] == 400
+            assert (await _raw(port, b"GET health HTTP/1.1\r\n\r\n"))[0] == 400
+            assert be.completions == 2
+        finally:
+            await proxy.stop()
+            await be.stop()
+
+    run(go())
+
+
+@pytest.mark.parametrize("head", [b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n",
+                                  b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n",
+                                  b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n",
+                                  b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n",
+                                  b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+                                  b"HTTP/1.1 2OO OK\r\nContent-Length: 2\r\n\r\n"])
+def test_broken_backend_response_is_502_and_marks_it_down(head):
+    """A backend's `Content-Length: abc` used to be a 500 that left the backend up."""
+    async def go():
+        broken, good = ScriptedBackend(head), ScriptedBackend()
+        proxy, port = await _proxy_over(broken, good)
+        try:
+            status, body = await _raw(port, _post("/v1/completions", {"prompt": "a", "max_tokens": 2}))
+            assert status == 200 and b"echo:a" in body  # retried on the good backend
+            assert not proxy.backends[0].up and proxy.backends[0].marked_down == 1 and proxy.retried == 1
+            assert proxy.backends[1].up
+            proxy.backends[1].up = False
+            proxy.backends[0].up = True
+            status, body = await _raw(port, _post("/v1/completions", {"prompt": "b", "max_tokens": 2}))
+            assert status == 502 and b"backend 0" in body, body
+            assert proxy.status_counts == {200: 1, 502: 1}
+        finally:
+            await proxy.stop()
+            await broken.stop()
+            await good.stop()
+
+    run(go())
+
+
+def test_metrics_count_only_real_requests():
+    async def go():
+        be = ScriptedBackend()
+        proxy, port = await _proxy_over(be)
+        try:
+            for _ in range(5):  # bare TCP connect/close: no request, nothing counted
+                _, w = await asyncio.open_connection("127.0.0.1", port)
+                w.close()
+            await asyncio.sleep(0.2)
+            assert (await _raw(port, _post("/v1/completions", {"prompt": "a"})))[0] == 200
+            assert (await _raw(port, b"GET /metrics.json HTTP/1.1\r\n\r\n"))[0] == 200
+            assert proxy.status_counts == {200: 2}
+        finally:
+            await proxy.stop()
+            await be.stop()
+
+    run(go())
+
+
+def test_queue_full_and_queue_timeout_are_503():
+    async def go():
+        be = ScriptedBackend()
+        proxy, port = await _proxy_over(be, max_inflight=1, max_queue=1, queue_timeout_s=0.5)
+        try:
+            holding = asyncio.create_task(_raw(port, _post("/v1/completions", {"prompt": "hold"})))
+            while proxy.backends[0].in_flight == 0:
+                await asyncio.sleep(0.01)
+            queued = asyncio.create_task(_raw(port, _post("/v1/completions", {"prompt": "q"})))
+            while proxy.waiting == 0:
+                await asyncio.sleep(0.01)
+            status, body = await _raw(port, _post("/v1/completions", {"prompt": "full"}))
+            assert status == 503 and b"queue is full" in body and proxy.rejected_queue_full == 1
+            status, body = await queued
+            assert status == 503 and b"queue_timeout_s=0.5" in body and proxy.timed_out_in_queue == 1
+            be.release.set()
+            assert (await holding)[0] == 200
+            prom = proxy.prometheus()
+            assert 'rejected_total{reason="queue_full"} 1' in prom and 'rejected_total{reason="queue_timeout"} 1' in prom
+            assert proxy.waiting == 0 and proxy.backends[0].in_flight == 0 and be.completions == 1
+        finally:
+            await proxy.stop()
+            await be.stop()
+
+    run(go())

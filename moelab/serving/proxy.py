@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import sys
 import time
 from collections import deque
@@ -46,6 +47,7 @@ import numpy as np
 from moelab._validate import check_choice, check_int, check_loopback_host, check_real
 from moelab.routing import ClusterView, RequestBatch, Router, make_router
 from moelab.serving.http import (
+    MAX_HEAD_BYTES,
     HTTPError,
     Request,
     ResponseHead,
@@ -62,6 +64,8 @@ ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions")
 # routers that decide from what a live proxy knows (load, KV tokens, a signature); the domain oracle and
 # BalanceRoute's output-length predictors need information a live request does not carry
 LIVE_ROUTERS = ("round_robin", "random", "jsq", "p2c", "least_kv", "vllm_dp", "eldr")
+MAX_DRAIN_BYTES = 32 << 20  # request bytes read and dropped after an early error answer (a 413, say)
+LINGER_S = 5.0  # and for at most this long
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade"}
 
 
@@ -105,8 +109,63 @@ def _prompt_len(payload: dict[str, Any]) -> int:
     return max(1, len(str(prompt).encode()) // 4)
 
 
-def validate_payload(path: str, payload: Any) -> dict[str, Any]:
-    """Reject malformed OpenAI requests with HTTP 400 before they reach a backend."""
+CONTEXT = "context"  # placeholder in NUMERIC_FIELDS: the model's context length (max_model_len)
+INT64 = (-(1 << 63), (1 << 63) - 1)
+MAX_TOKEN_ID = (1 << 31) - 1
+DEFAULT_CONTEXT_CAP = 1 << 20  # max_tokens bound until a backend has told its max_model_len
+DEFAULT_MAX_N = 16
+# Every numeric request field the proxy lets through and its range: (integer?, low, high, low_open). The
+# ranges are vLLM's own (vllm/sampling_params.py _verify_args, the OpenAI protocol models; logprobs: vLLM's
+# default max_logprobs=20); "n" is the proxy's cap (max_n), token counts are capped by the model's context.
+# A number outside its range, a non-finite one or a boolean is a 400 naming the field and the range, so no
+# request can carry a value the proxy's own accounting (or a backend) cannot handle.
+NUMERIC_FIELDS: dict[str, tuple[bool, float | str, float | str, bool]] = {
+    "max_tokens": (True, 1, CONTEXT, False),
+    "max_completion_tokens": (True, 1, CONTEXT, False),
+    "min_tokens": (True, 0, CONTEXT, False),
+    "n": (True, 1, "max_n", False),
+    "best_of": (True, 1, "max_n", False),
+    "temperature": (False, 0.0, 2.0, False),
+    "top_p": (False, 0.0, 1.0, True),
+    "top_k": (True, -1, MAX_TOKEN_ID, False),
+    "min_p": (False, 0.0, 1.0, False),
+    "presence_penalty": (False, -2.0, 2.0, False),
+    "frequency_penalty": (False, -2.0, 2.0, False),
+    "repetition_penalty": (False, 0.0, 1e6, True),
+    "length_penalty": (False, -1e6, 1e6, False),
+    "seed": (True, INT64[0], INT64[1], False),
+    "logprobs": (True, -1, 20, False),
+    "top_logprobs": (True, 0, 20, False),
+    "prompt_logprobs": (True, -1, 20, False),
+    "truncate_prompt_tokens": (True, -1, CONTEXT, False),
+    "priority": (True, INT64[0], INT64[1], False),
+    "stream_interval": (True, 1, CONTEXT, False),
+}
+BOOL_FIELDS = ("stream", "echo", "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "add_special_tokens",
+               "use_beam_search")
+
+
+def _check_number(key: str, value: Any, integer: bool, low: float, high: float, low_open: bool) -> None:
+    if integer:
+        ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+        what = f"an integer in [{low}, {high}]"
+    else:
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+              and (low < value if low_open else low <= value) and value <= high)
+        what = f"a number in {'(' if low_open else '['}{low:g}, {high:g}]"
+    if not ok:
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise HTTPError(400, f"'{key}' must be {what}; got {shown}")
+
+
+def validate_payload(path: str, payload: Any, *, max_model_len: int = DEFAULT_CONTEXT_CAP,
+                     max_n: int = DEFAULT_MAX_N) -> dict[str, Any]:
+    """Reject malformed OpenAI requests with HTTP 400 before they reach a backend.
+
+    Checks the prompt (or chat messages), every field of :data:`NUMERIC_FIELDS` against its range
+    (token counts against ``max_model_len``, ``n``/``best_of`` against ``max_n``), the boolean flags and,
+    for token-id prompts, ids in ``[0, 2**31)`` and ``len(prompt) + max_tokens <= max_model_len``.
+    Fields the proxy does not know are passed through for the backend to judge."""
     if not isinstance(payload, dict):
         raise HTTPError(400, "request body must be a JSON object")
     if path == "/v1/chat/completions":
@@ -120,12 +179,42 @@ def validate_payload(path: str, payload: Any) -> dict[str, Any]:
         if not ok:
             raise HTTPError(400, "'prompt' must be a non-empty string or a non-empty list of token ids "
                                  "(batched prompts are not routed: send one request per prompt)")
-    for key in ("max_tokens", "max_completion_tokens"):
-        if key in payload and (not isinstance(payload[key], int) or isinstance(payload[key], bool) or payload[key] < 1):
-            raise HTTPError(400, f"'{key}' must be a positive integer; got {payload[key]!r}")
-    if "stream" in payload and not isinstance(payload["stream"], bool):
-        raise HTTPError(400, f"'stream' must be true or false; got {payload['stream']!r}")
+        if isinstance(prompt, list) and not all(0 <= t <= MAX_TOKEN_ID for t in prompt):
+            raise HTTPError(400, f"token ids in 'prompt' must be integers in [0, {MAX_TOKEN_ID}]")
+    limits = {CONTEXT: max_model_len, "max_n": max_n}
+    chat = path == "/v1/chat/completions"
+    if chat and payload.get("logprobs") is not None and not isinstance(payload["logprobs"], bool):
+        raise HTTPError(400, f"'logprobs' of a chat request must be true or false; got {payload['logprobs']!r}"[:200])
+    for key, (integer, low, high, low_open) in NUMERIC_FIELDS.items():
+        if chat and key == "logprobs":  # a boolean in the chat API, checked above
+            continue
+        if payload.get(key) is not None:  # null means "backend default", as in the OpenAI API
+            _check_number(key, payload[key], integer, limits.get(low, low), limits.get(high, high), low_open)
+    for key in BOOL_FIELDS:
+        if payload.get(key) is not None and not isinstance(payload[key], bool):
+            raise HTTPError(400, f"'{key}' must be true or false; got {payload[key]!r}"[:200])
+    if payload.get("n") is not None and payload.get("best_of") is not None and payload["best_of"] < payload["n"]:
+        raise HTTPError(400, f"'best_of' must be >= 'n'; got best_of={payload['best_of']}, n={payload['n']}")
+    if isinstance(payload.get("prompt"), list):
+        out = _max_tokens(payload)
+        if len(payload["prompt"]) + out > max_model_len:
+            raise HTTPError(400, f"prompt of {len(payload['prompt'])} tokens + max_tokens {out} exceeds the model's "
+                                 f"context of {max_model_len} tokens")
+    if payload.get("stream_options") is not None and not isinstance(payload["stream_options"], dict):
+        raise HTTPError(400, "'stream_options' must be an object")
     return payload
+
+
+def _max_tokens(payload: dict[str, Any]) -> int:
+    """Requested output tokens (the OpenAI default of 16 when absent)."""
+    for key in ("max_tokens", "max_completion_tokens"):
+        if payload.get(key) is not None:
+            return int(payload[key])
+    return 16
+
+
+def _sequences(payload: dict[str, Any]) -> int:
+    return max(int(payload.get("n") or 1), int(payload.get("best_of") or 1))
 
 
 class RouterProxy:
@@ -154,6 +243,12 @@ class RouterProxy:
         Gives each request its routing signature (ELDR).
     max_body_bytes : int
         Largest accepted request body.
+    max_model_len : int, optional
+        The model's context in tokens: ``max_tokens`` (and a token-id prompt plus ``max_tokens``) must fit.
+        Default: the smallest ``max_model_len`` the backends report in ``/v1/models`` (asked at start and by
+        the health loop until one answers; until then :data:`DEFAULT_CONTEXT_CAP`).
+    max_n : int
+        Largest ``n`` / ``best_of`` of one request (each sequence holds its own KV cache).
     decisions_kept : int
         Recent routing decisions kept for ``/metrics.json``.
     """
@@ -162,7 +257,8 @@ class RouterProxy:
                  max_inflight: int = 32, max_queue: int = 256, queue_timeout_s: float = 60.0, connect_timeout_s: float = 3.0,
                  response_timeout_s: float = 120.0, client_timeout_s: float = 30.0, retries: int = 2,
                  health_interval_s: float = 2.0, signature_source: SignatureSource | None = None,
-                 max_body_bytes: int = 1 << 20, decisions_kept: int = 200, seed: int = 0) -> None:
+                 max_body_bytes: int = 1 << 20, decisions_kept: int = 200, seed: int = 0,
+                 max_model_len: int | None = None, max_n: int = DEFAULT_MAX_N) -> None:
         if not backends:
             raise ValueError("backends must list at least one server URL")
         check_loopback_host("host", host)
@@ -190,6 +286,10 @@ class RouterProxy:
         self.retries = check_int("retries", retries, low=0)
         self.health_interval_s = check_real("health_interval_s", health_interval_s, low=0, low_open=True)
         self.max_body_bytes = check_int("max_body_bytes", max_body_bytes, low=1)
+        self.max_model_len = None if max_model_len is None else check_int("max_model_len", max_model_len, low=1,
+                                                                         high=DEFAULT_CONTEXT_CAP)
+        self._context_known = max_model_len is not None
+        self.max_n = check_int("max_n", max_n, low=1, high=4096)
         self.signature_source = signature_source
         self.waiting = 0
         self.decisions: deque[dict[str, Any]] = deque(maxlen=check_int("decisions_kept", decisions_kept, low=1))
@@ -208,6 +308,7 @@ class RouterProxy:
         """Start listening and the health loop; returns the bound ``(host, port)``."""
         self._server = await asyncio.start_server(self._handle, self.host, self.port, limit=64 * 1024)
         self.port = self._server.sockets[0].getsockname()[1]
+        await self._learn_context()
         self._health_task = asyncio.create_task(self._health_loop())
         return self.host, self.port
 
@@ -229,6 +330,27 @@ class RouterProxy:
         while True:  # backends start "up"; failed requests mark them down sooner than this loop
             await asyncio.sleep(self.health_interval_s)
             await self.check_health()
+            if not self._context_known:
+                await self._learn_context()
+
+    async def _learn_context(self) -> None:
+        """Take ``max_model_len`` from the backends' ``/v1/models`` (the smallest one reported)."""
+        if self._context_known:
+            return
+
+        async def ask(b: Backend) -> int | None:
+            with contextlib.suppress(OSError, asyncio.TimeoutError, ConnectionError):
+                status, data = await http_json(b.url, "GET", "/v1/models", timeout_s=self.connect_timeout_s)
+                if status == 200 and isinstance(data, dict) and isinstance(data.get("data"), list):
+                    lens = [m.get("max_model_len") for m in data["data"] if isinstance(m, dict)]
+                    lens = [n for n in lens if isinstance(n, int) and not isinstance(n, bool) and n >= 1]
+                    return min(lens) if lens else None
+            return None
+
+        found = [n for n in await asyncio.gather(*(ask(b) for b in self.backends)) if n is not None]
+        if found:
+            self.max_model_len = min(min(found), DEFAULT_CONTEXT_CAP)
+            self._context_known = True
 
     async def check_health(self) -> None:
         """``GET /health`` every backend once (bounded by ``connect_timeout_s``) and update ``up``."""
@@ -257,9 +379,9 @@ class RouterProxy:
     # ------------------------------------------------------------------ routing
     def view(self) -> ClusterView:
         """The cluster as the router sees it: down backends have no free slot."""
-        active = np.array([b.in_flight for b in self.backends])
-        free = np.array([(self.max_inflight - b.in_flight) if b.up else 0 for b in self.backends])
-        return ClusterView(active, np.array([b.kv_tokens for b in self.backends]), np.maximum(free, 0),
+        active = np.array([b.in_flight for b in self.backends], dtype=np.int64)
+        free = np.array([(self.max_inflight - b.in_flight) if b.up else 0 for b in self.backends], dtype=np.int64)
+        return ClusterView(active, np.array([b.kv_tokens for b in self.backends], dtype=np.int64), np.maximum(free, 0),
                            time_s=time.monotonic() - self._t0)
 
     async def _acquire(self, rid: int, prompt_len: int, kv: int, signature: np.ndarray | None,
@@ -317,11 +439,16 @@ class RouterProxy:
 
     # ------------------------------------------------------------------ request handling
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        status = 500
+        status: int | None = None  # None: no request came (a bare connect/close is not counted)
+        unread = 0
         try:
             try:
-                req = await read_request(reader, max_body_bytes=self.max_body_bytes, timeout_s=self.client_timeout_s,
-                                         writer=writer)
+                try:
+                    req = await read_request(reader, max_body_bytes=self.max_body_bytes, timeout_s=self.client_timeout_s,
+                                             writer=writer)
+                except HTTPError as exc:
+                    unread = max(exc.unread, MAX_HEAD_BYTES)
+                    raise
                 if req is None:
                     return
                 status = await self._dispatch(req, writer)
@@ -333,11 +460,29 @@ class RouterProxy:
                 writer.write(render_response(500, error_body(f"proxy error: {type(exc).__name__}: {exc}", 500)))
             with contextlib.suppress(ConnectionError, OSError):
                 await writer.drain()
+            if unread:
+                await self._linger(reader, writer, unread)
         finally:
-            self.status_counts[status] = self.status_counts.get(status, 0) + 1
+            if status is not None:
+                self.status_counts[status] = self.status_counts.get(status, 0) + 1
             writer.close()
             with contextlib.suppress(ConnectionError, OSError):
                 await writer.wait_closed()
+
+    async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, nbytes: int) -> None:
+        """After an early error answer: half-close, then read and drop what the client is still sending
+        (at most ``MAX_DRAIN_BYTES`` and ``LINGER_S``), so that closing with unread bytes does not reset
+        the connection before the client has read the answer."""
+        left = min(nbytes, MAX_DRAIN_BYTES)
+        deadline = time.monotonic() + min(self.client_timeout_s, LINGER_S)
+        with contextlib.suppress(ConnectionError, OSError, asyncio.TimeoutError):
+            if writer.can_write_eof():
+                writer.write_eof()
+            while left > 0:
+                data = await asyncio.wait_for(reader.read(min(left, 1 << 16)), max(0.0, deadline - time.monotonic()))
+                if not data:
+                    return
+                left -= len(data)
 
     async def _dispatch(self, req: Request, writer: asyncio.StreamWriter) -> int:
         if req.method == "GET" and req.path == "/health":
@@ -367,10 +512,11 @@ class RouterProxy:
                              "/metrics.json, /v1/models")
 
     async def _proxy(self, req: Request, writer: asyncio.StreamWriter) -> int:
-        payload = validate_payload(req.path, req.json())
+        payload = validate_payload(req.path, req.json(), max_model_len=self.max_model_len or DEFAULT_CONTEXT_CAP,
+                                   max_n=self.max_n)
         rid = next(self._ids)
         prompt_len = _prompt_len(payload)
-        kv = prompt_len + int(payload.get("max_tokens") or payload.get("max_completion_tokens") or 16)
+        kv = prompt_len + _max_tokens(payload) * _sequences(payload)  # bounded: every term was range-checked
         signature = None
         if self.signature_source is not None:
             try:
