@@ -184,24 +184,26 @@ def check_int_array(
     high: int | None = None,
     ndim: int | None = None,
     high_name: str | None = None,
+    kind: str = "integers",
 ) -> np.ndarray:
     """``value`` as an int64 array of integers in the half-open range ``[low, high)``, e.g. token ids in
     ``[0, vocab_size)`` or expert ids in ``[0, num_experts)``.
 
     Integer dtypes pass; float arrays pass only when every value is integral (``2.0`` yes, ``2.7``
     never: nothing is truncated); booleans, strings and objects are refused. ``high_name`` names the
-    input that sets ``high`` (``[0, vocab_size=49152)``).
+    input that sets ``high`` (``[0, vocab_size=49152)``); ``kind`` words the values in messages
+    (``"token ids"``, ``"expert ids"``).
     """
     rng = f"[{'-inf' if low is None else low}, {_bound(high, high_name, 'inf')})"
     note = ""
     if low is not None and high is not None and low >= high:
         note = f", an empty range ({high_name or 'the other inputs'} leave{'s' if high_name else ''} no valid value)"
-    what = f"an array of integers in {rng}{note}"
+    what = f"an array of {kind} in {rng}{note}"
     arr = _as_array(name, value, what=what)
     if arr.dtype.kind == "b":
         raise ValueError(f"{name} must be {what}; got booleans")
     if ndim is not None and arr.ndim != ndim:
-        raise ValueError(f"{name} must be a {ndim}-d array of integers; got shape {arr.shape}")
+        raise ValueError(f"{name} must be a {ndim}-d array of {kind}; got shape {arr.shape}")
     if arr.dtype.kind == "f":
         bad = ~np.isfinite(arr)
         bad[~bad] = arr[~bad] != np.round(arr[~bad])

@@ -75,7 +75,7 @@ def topk_activation_share(trace: ExpertTrace, k: int = 4, *, max_steps: int | No
         ``recall``, ``baseline``, ``gain`` (floats) and ``recall_per_layer``, ``baseline_per_layer`` ``[L]``.
     """
     g = trace.geometry
-    check_int("k", k, low=1, high=g.num_experts)
+    check_int("k", k, low=1, high=g.num_experts, high_name="num_experts")
     dec = trace.decode_profiles(max_steps).astype(np.float64)  # [N, L, E]
     keep = dec[:, 0, :].sum(axis=1) > 0
     if not np.any(keep):
@@ -111,9 +111,15 @@ def signature_clusters(trace: ExpertTrace, n_clusters: int | None = None, *, see
     from sklearn.cluster import KMeans
 
     _, names = trace.domain_codes()
-    k = len(names) if n_clusters is None else check_int("n_clusters", n_clusters, low=2, high=len(trace))
-    if k < 2:
-        raise ValueError(f"clustering needs at least 2 clusters/domains; the trace has {names}")
+    n_init = check_int("n_init", n_init, low=1, high=1000)
+    if n_clusters is None:
+        k = len(names)
+        if k < 2:
+            raise ValueError(f"clustering needs at least 2 clusters/domains; the trace has {names}")
+    else:
+        k = check_int("n_clusters", n_clusters, low=2, high=len(trace), high_name="number of requests")
+    if k > len(trace):
+        raise ValueError(f"n_clusters (the number of domains, {k}) must be <= the number of requests ({len(trace)})")
     seed_int = int(rng_from(seed).integers(0, 2**31 - 1))
     return KMeans(n_clusters=k, n_init=n_init, random_state=seed_int).fit_predict(prefill_signatures(trace))
 

@@ -16,10 +16,60 @@ from typing import Any
 
 import numpy as np
 
-from moelab._io import atomic_save_npz, atomic_write_json, load_npz, read_json
+from moelab._io import (
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_JSON_BYTES,
+    DEFAULT_MAX_NPZ_BYTES,
+    FileFormatError,
+    atomic_save_npz,
+    atomic_write_json,
+    load_npz,
+    read_json_record,
+)
+from moelab._validate import check_counts, check_finite_array, check_int, check_int_array, check_top_k
 
 FORMAT = "moelab.ExpertTrace"
 FORMAT_VERSION = 1
+#: Sanity caps on a geometry (far above any real MoE: DeepSeek-V3 has 61 layers of 256 experts); they
+#: keep a hostile sidecar from asking for [L, E] buffers of terabytes.
+MAX_LAYERS = 4096
+MAX_EXPERTS = 1 << 16
+CORE_ARRAYS = ("prompt_tokens", "prompt_offsets", "prefill_counts", "decode_ids", "decode_offsets")
+OPTIONAL_ARRAYS = ("prefill_ids", "prefill_probs", "decode_tokens")
+_ARRAY_KINDS = {"prompt_tokens": "iu", "prompt_offsets": "iu", "prefill_counts": "iu", "decode_ids": "iu",
+                "decode_offsets": "iu", "prefill_ids": "iu", "prefill_probs": "f", "decode_tokens": "iu"}
+
+
+class _TraceFieldError(ValueError):
+    """A bad field of a trace; :meth:`ExpertTrace.load` turns it into a FileFormatError naming the file."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field, self.problem = field, problem
+        super().__init__(f"{field} {problem}")
+
+
+def _require(ok: Any, field: str, problem: str) -> None:
+    if not ok:
+        raise _TraceFieldError(field, problem)
+
+
+def _check_str_list(name: str, value: Any) -> list[str]:
+    _require(not isinstance(value, (str, bytes)) and isinstance(value, (list, tuple)), name,
+             f"must be a list of strings; got {type(value).__name__}")
+    for i, v in enumerate(value):
+        _require(isinstance(v, str), name, f"must be a list of strings; entry {i} is {type(v).__name__} {v!r}")
+    return list(value)
+
+
+def _check_ints(name: str, arr: np.ndarray, *, low: int = 0, high: int | None = None, high_name: str | None = None) -> None:
+    """Integer dtype and values in ``[low, high)`` (min/max only: cheap on big arrays)."""
+    _require(isinstance(arr, np.ndarray) and arr.dtype.kind in "iu", name,
+             f"must be an integer array; got {getattr(arr, 'dtype', type(arr).__name__)}")
+    if arr.size:
+        lo, hi = arr.min(), arr.max()
+        rng = f"[{low}, {'inf' if high is None else (f'{high_name}={high}' if high_name else high)})"
+        _require(lo >= low and (high is None or hi < high), name,
+                 f"must hold integers in {rng}; got values from {lo.item()} to {hi.item()}")
 
 
 @dataclass(frozen=True)
@@ -33,11 +83,15 @@ class Geometry:
     layer_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "num_experts", "top_k"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)!r}")
-        if self.top_k > self.num_experts:
-            raise ValueError(f"top_k must be in [1, num_experts={self.num_experts}]; got {self.top_k}")
+        # frozen: normalise through object.__setattr__ (numpy ints and integral floats become int)
+        object.__setattr__(self, "num_layers", check_int("num_layers", self.num_layers, low=1, high=MAX_LAYERS))
+        object.__setattr__(self, "num_experts", check_int("num_experts", self.num_experts, low=1, high=MAX_EXPERTS))
+        object.__setattr__(self, "top_k", check_top_k(self.top_k, self.num_experts))
+        if not isinstance(self.model_name, str):
+            raise ValueError(f"model_name must be a string; got {type(self.model_name).__name__}")
+        if isinstance(self.layer_names, str) or not all(isinstance(n, str) for n in self.layer_names):
+            raise ValueError("layer_names must be a tuple of strings, one per layer")
+        object.__setattr__(self, "layer_names", tuple(self.layer_names))
         if self.layer_names and len(self.layer_names) != self.num_layers:
             raise ValueError(f"layer_names must have num_layers={self.num_layers} entries; got {len(self.layer_names)}")
 
@@ -54,12 +108,11 @@ def expert_counts(topk_ids: np.ndarray, num_experts: int) -> np.ndarray:
     """Per-layer expert counts ``[L, E]`` (int64) of tokens' top-k ids ``[T, L, k]``: how many of the
     tokens picked expert e in layer l. The one histogram behind prefill counts, KV-block histograms and
     live captures."""
-    ids = np.asarray(topk_ids, dtype=np.int64)
+    num_experts = check_int("num_experts", num_experts, low=1, high=MAX_EXPERTS)
+    ids = check_int_array("topk_ids", topk_ids, low=0, high=num_experts, high_name="num_experts", kind="expert ids")
     if ids.ndim != 3:
         raise ValueError(f"topk_ids must have shape (tokens, L, k); got {ids.shape}")
     L = ids.shape[1]
-    if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
-        raise ValueError(f"topk_ids must be expert ids in [0, {num_experts - 1}]")
     flat = (np.arange(L)[None, :, None] * num_experts + ids).ravel()
     return np.bincount(flat, minlength=L * num_experts).reshape(L, num_experts)
 
@@ -111,29 +164,47 @@ class ExpertTrace:
 
     def __post_init__(self) -> None:
         g = self.geometry
+        _require(isinstance(g, Geometry), "geometry", f"must be a Geometry; got {type(g).__name__}")
+        object.__setattr__(self, "request_ids", _check_str_list("request_ids", self.request_ids))
+        object.__setattr__(self, "domains", _check_str_list("domains", self.domains))
+        _require(isinstance(self.provenance, dict), "provenance", f"must be a dict; got {type(self.provenance).__name__}")
         n = len(self.request_ids)
-        if len(self.domains) != n:
-            raise ValueError(f"domains must have one entry per request ({n}); got {len(self.domains)}")
+        _require(len(self.domains) == n, "domains", f"must have one entry per request ({n}); got {len(self.domains)}")
         if len(set(self.request_ids)) != n:
-            raise ValueError("request_ids must be unique")
-        po, do = np.asarray(self.prompt_offsets), np.asarray(self.decode_offsets)
-        for name, off, total in (("prompt_offsets", po, len(self.prompt_tokens)), ("decode_offsets", do, len(self.decode_ids))):
-            if off.shape != (n + 1,) or off[0] != 0 or off[-1] != total or np.any(np.diff(off) < 0):
-                raise ValueError(f"{name} must be non-decreasing, length N+1={n + 1}, from 0 to {total}")
-        if self.prefill_counts.shape != (n, g.num_layers, g.num_experts):
-            raise ValueError(f"prefill_counts must have shape (N, L, E)={(n, g.num_layers, g.num_experts)}; "
-                             f"got {self.prefill_counts.shape}")
-        if self.decode_ids.ndim != 3 or self.decode_ids.shape[1:] != (g.num_layers, g.top_k):
-            raise ValueError(f"decode_ids must have shape (sum T, L, k)=(*, {g.num_layers}, {g.top_k}); got {self.decode_ids.shape}")
-        if self.decode_ids.size and (self.decode_ids.min() < 0 or self.decode_ids.max() >= g.num_experts):
-            raise ValueError(f"decode_ids must be expert ids in [0, {g.num_experts - 1}]")
-        if self.prefill_ids is not None and self.prefill_ids.shape != (len(self.prompt_tokens), g.num_layers, g.top_k):
-            raise ValueError(f"prefill_ids must have shape (sum P, L, k)=({len(self.prompt_tokens)}, {g.num_layers}, {g.top_k}); "
-                             f"got {self.prefill_ids.shape}")
-        if self.prefill_probs is not None and self.prefill_probs.shape != self.prefill_counts.shape:
-            raise ValueError(f"prefill_probs must have the shape of prefill_counts {self.prefill_counts.shape}")
-        if self.decode_tokens is not None and self.decode_tokens.shape != (len(self.decode_ids),):
-            raise ValueError(f"decode_tokens must have shape (sum T,)=({len(self.decode_ids)},)")
+            dup = next(r for i, r in enumerate(self.request_ids) if r in self.request_ids[:i])
+            raise _TraceFieldError("request_ids", f"must be unique; {dup!r} appears more than once")
+        L, E, k = g.num_layers, g.num_experts, g.top_k
+        _check_ints("prompt_tokens", self.prompt_tokens)
+        _require(self.prompt_tokens.ndim == 1, "prompt_tokens", f"must be 1-d (sum P,); got shape {self.prompt_tokens.shape}")
+        for name, off, total in (("prompt_offsets", self.prompt_offsets, len(self.prompt_tokens)),
+                                 ("decode_offsets", self.decode_offsets, len(self.decode_ids))):
+            _check_ints(name, off)
+            _require(off.shape == (n + 1,), name, f"must have length N+1={n + 1} (N = number of request_ids); "
+                                                  f"got shape {off.shape}")
+            _require(off[0] == 0 and off[-1] == total and not np.any(np.diff(off) < 0), name,
+                     f"must be non-decreasing from 0 to {total}; got {off[0].item()} .. {off[-1].item()}")
+        _check_ints("prefill_counts", self.prefill_counts)
+        _require(self.prefill_counts.shape == (n, L, E), "prefill_counts",
+                 f"must have shape (N, L, E)={(n, L, E)}; got {self.prefill_counts.shape}")
+        _require(self.decode_ids.ndim == 3 and self.decode_ids.shape[1:] == (L, k), "decode_ids",
+                 f"must have shape (sum T, L, k)=(*, {L}, {k}); got {self.decode_ids.shape}")
+        _check_ints("decode_ids", self.decode_ids, high=E, high_name="num_experts")
+        if self.prefill_ids is not None:
+            _require(self.prefill_ids.shape == (len(self.prompt_tokens), L, k), "prefill_ids",
+                     f"must have shape (sum P, L, k)=({len(self.prompt_tokens)}, {L}, {k}); got {self.prefill_ids.shape}")
+            _check_ints("prefill_ids", self.prefill_ids, high=E, high_name="num_experts")
+        if self.prefill_probs is not None:
+            p = self.prefill_probs
+            _require(isinstance(p, np.ndarray) and p.dtype.kind == "f", "prefill_probs",
+                     f"must be a float array; got {getattr(p, 'dtype', type(p).__name__)}")
+            _require(p.shape == self.prefill_counts.shape, "prefill_probs",
+                     f"must have the shape of prefill_counts {self.prefill_counts.shape}; got {p.shape}")
+            _require(np.all(np.isfinite(p)) and not np.any(p < 0), "prefill_probs",
+                     "must hold finite router probabilities >= 0")
+        if self.decode_tokens is not None:
+            _check_ints("decode_tokens", self.decode_tokens)
+            _require(self.decode_tokens.shape == (len(self.decode_ids),), "decode_tokens",
+                     f"must have shape (sum T,)=({len(self.decode_ids)},); got {self.decode_tokens.shape}")
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -152,22 +223,43 @@ class ExpertTrace:
         decode_tokens: list[np.ndarray] | None = None,
     ) -> ExpertTrace:
         """Build a trace from per-request (ragged) arrays."""
-        L, k = geometry.num_layers, geometry.top_k
-        id_dtype = np.int16 if geometry.num_experts <= np.iinfo(np.int16).max else np.int32
+        if not isinstance(geometry, Geometry):
+            raise ValueError(f"geometry must be a Geometry; got {type(geometry).__name__}")
+        L, E, k = geometry.num_layers, geometry.num_experts, geometry.top_k
+        id_dtype = np.int16 if E <= np.iinfo(np.int16).max else np.int32
+        for name, seq in (("request_ids", request_ids), ("domains", domains)):
+            if isinstance(seq, (str, bytes)):
+                raise ValueError(f"{name} must be a list of strings, one per request; got a single {type(seq).__name__}")
 
-        def flat(parts: list[np.ndarray], shape_tail: tuple[int, ...], dtype: Any) -> np.ndarray:
-            arrays = [np.asarray(p, dtype=dtype).reshape((-1, *shape_tail)) for p in parts]
-            return np.concatenate(arrays) if arrays else np.zeros((0, *shape_tail), dtype)
+        def flat(name: str, parts: list[Any], shape_tail: tuple[int, ...], dtype: Any, high: int | None,
+                 high_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+            """Concatenated parts (ids checked, never truncated) and their lengths."""
+            width = int(np.prod(shape_tail)) if shape_tail else 1
+            arrays = []
+            for i, p in enumerate(parts):
+                a = check_int_array(f"{name}[{i}]", p, low=0, high=high, high_name=high_name,
+                                    kind="expert ids" if high_name else "token ids")
+                if a.size % width or (not shape_tail and a.ndim > 1):
+                    want = f"({', '.join(['T', *map(str, shape_tail)])})"
+                    raise ValueError(f"{name}[{i}] must have shape {want}; got shape {a.shape}")
+                arrays.append(a.reshape((-1, *shape_tail)))
+            lengths = np.array([len(a) for a in arrays], dtype=np.int64)
+            return (np.concatenate(arrays).astype(dtype) if arrays else np.zeros((0, *shape_tail), dtype)), lengths
 
+        int32 = int(np.iinfo(np.int32).max) + 1
+        pt, p_lens = flat("prompt_tokens", prompt_tokens, (), np.int32, int32)
+        di, d_lens = flat("decode_ids", decode_ids, (L, k), id_dtype, E, "num_experts")
+        pi = None if prefill_ids is None else flat("prefill_ids", prefill_ids, (L, k), id_dtype, E, "num_experts")[0]
+        dt = None if decode_tokens is None else flat("decode_tokens", decode_tokens, (), np.int32, int32)[0]
+        counts = check_counts("prefill_counts", prefill_counts, ndim=3)
+        if counts.size and counts.max() >= int32:
+            raise ValueError(f"prefill_counts must be below 2**31 (stored as int32); got {counts.max()}")
+        probs = None
+        if prefill_probs is not None:
+            probs = check_finite_array("prefill_probs", prefill_probs, ndim=3, low=0).astype(np.float32)
         return cls(
-            list(map(str, request_ids)), list(map(str, domains)),
-            flat(prompt_tokens, (), np.int32), _offsets(np.array([len(p) for p in prompt_tokens], dtype=np.int64)),
-            np.asarray(prefill_counts, dtype=np.int32),
-            flat(decode_ids, (L, k), id_dtype), _offsets(np.array([np.asarray(d).reshape(-1, L, k).shape[0] for d in decode_ids], dtype=np.int64)),
-            geometry, dict(provenance or {}),
-            None if prefill_ids is None else flat(prefill_ids, (L, k), id_dtype),
-            None if prefill_probs is None else np.asarray(prefill_probs, dtype=np.float32),
-            None if decode_tokens is None else flat(decode_tokens, (), np.int32),
+            list(map(str, request_ids)), list(map(str, domains)), pt, _offsets(p_lens), counts.astype(np.int32),
+            di, _offsets(d_lens), geometry, dict(provenance or {}), pi, probs, dt,
         )
 
     # ---------------------------------------------------------------- sizes and views
@@ -205,6 +297,8 @@ class ExpertTrace:
         (first ``max_steps`` tokens of each request if given)."""
         g = self.geometry
         n = self.n_requests
+        if max_steps is not None:
+            max_steps = check_int("max_steps", max_steps, low=0)
         lens = self.decode_lens if max_steps is None else np.minimum(self.decode_lens, max_steps)
         owner = np.repeat(np.arange(n), lens)
         pos = np.concatenate([np.arange(s, s + m) for s, m in zip(self.decode_offsets[:-1], lens)]) if n else np.zeros(0, np.int64)
@@ -220,10 +314,13 @@ class ExpertTrace:
         ``requests`` are request indices; ``steps`` the decode step each is at (scalar or per request).
         A step past a request's last captured token wraps around (traces are finite; simulators run
         longer outputs)."""
-        req = np.asarray(requests, dtype=np.int64)
+        req = check_int_array("requests", requests, low=0, high=self.n_requests, high_name="number of requests")
         if req.size == 0:
             return np.zeros(self.geometry.num_layers, dtype=np.int64)
-        step = np.broadcast_to(np.asarray(steps, dtype=np.int64), req.shape)
+        step = check_int_array("steps", steps, low=0)
+        if step.ndim and step.shape != req.shape:
+            raise ValueError(f"steps must be a scalar or have the shape of requests {req.shape}; got {step.shape}")
+        step = np.broadcast_to(step, req.shape)
         lens = self.decode_lens[req]
         if np.any(lens == 0):
             raise ValueError("some requests have no decode tokens in this trace")
@@ -236,7 +333,7 @@ class ExpertTrace:
 
     def subset(self, idx: np.ndarray | list[int]) -> ExpertTrace:
         """A new trace holding requests ``idx`` (in that order)."""
-        idx = np.asarray(idx, dtype=np.int64)
+        idx = check_int_array("idx", idx, low=0, high=self.n_requests, high_name="number of requests", ndim=1)
 
         def gather(flat: np.ndarray | None, off: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
             lens = np.diff(off)[idx]
@@ -278,26 +375,65 @@ class ExpertTrace:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> ExpertTrace:
-        """Load a trace written by :meth:`save`; anything else gives a clear ``ValueError``."""
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        max_bytes: int = DEFAULT_MAX_NPZ_BYTES,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        max_sidecar_bytes: int = DEFAULT_MAX_JSON_BYTES,
+    ) -> ExpertTrace:
+        """Load a trace written by :meth:`save`, checking both files as untrusted input.
+
+        The sidecar's schema (format tag and version, geometry, ``request_ids`` and ``domains`` as lists
+        of strings, the array list) and every array (sizes before decompressing, against ``max_bytes`` of
+        uncompressed arrays; integer dtypes; expert ids in ``[0, num_experts)``; counts >= 0; lengths
+        consistent with the sidecar) are checked.
+
+        Raises
+        ------
+        FileNotFoundError
+            The ``.npz`` does not exist.
+        moelab._io.FileFormatError
+            (a ``ValueError``) for anything malformed, naming the file and the field.
+        """
         path = Path(path).with_suffix(".npz")
         meta_path = path.with_suffix(".json")
         if not meta_path.is_file():
-            raise ValueError(f"{path} is not a moelab ExpertTrace: its sidecar {meta_path.name} is missing")
-        meta = read_json(meta_path)
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise ValueError(f"{meta_path} is not a moelab ExpertTrace sidecar (format tag {FORMAT!r} missing)")
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{meta_path} has format_version {meta.get('format_version')!r}; this moelab reads {FORMAT_VERSION}")
-        arrays = load_npz(path)
-        missing = [a for a in meta.get("arrays", []) if a not in arrays]
-        if missing:
-            raise ValueError(f"{path} lacks arrays {missing} named in its sidecar (corrupt or mismatched pair)")
-        geo = meta["geometry"]
-        return cls(
-            list(meta["request_ids"]), list(meta["domains"]), arrays["prompt_tokens"], arrays["prompt_offsets"],
-            arrays["prefill_counts"], arrays["decode_ids"], arrays["decode_offsets"],
-            Geometry(int(geo["num_layers"]), int(geo["num_experts"]), int(geo["top_k"]), str(geo.get("model_name", "unknown")),
-                     tuple(geo.get("layer_names", ()))),
-            dict(meta.get("provenance", {})), arrays.get("prefill_ids"), arrays.get("prefill_probs"), arrays.get("decode_tokens"),
-        )
+            raise FileFormatError(path, None, f"is not a moelab ExpertTrace: its sidecar {meta_path.name} is missing")
+        meta = read_json_record(meta_path, max_bytes=max_sidecar_bytes)
+        fmt = meta.get("format", None)
+        if fmt != FORMAT:
+            raise meta.error("format", f"is {fmt!r}: this is not a moelab ExpertTrace sidecar (expected {FORMAT!r})")
+        version = meta.get_int("format_version")
+        if version != FORMAT_VERSION:
+            raise meta.error("format_version", f"is {version}; this moelab reads version {FORMAT_VERSION}")
+        geo = meta.get_record("geometry")
+        L = geo.get_int("num_layers", low=1, high=MAX_LAYERS)
+        E = geo.get_int("num_experts", low=1, high=MAX_EXPERTS)
+        k = geo.get_int("top_k", low=1, high=E)
+        layer_names = geo.get_str_list("layer_names", [])
+        if layer_names and len(layer_names) != L:
+            raise geo.error("layer_names", f"must have num_layers={L} entries (or none); got {len(layer_names)}")
+        geometry = Geometry(L, E, k, geo.get_str("model_name", "unknown"), tuple(layer_names))
+        request_ids = meta.get_str_list("request_ids", unique=True)
+        domains = meta.get_str_list("domains", length=len(request_ids))
+        provenance = meta.get_dict("provenance", {})
+        listed = meta.get_str_list("arrays", unique=True)
+        for name in listed:
+            if name not in _ARRAY_KINDS:
+                raise meta.error("arrays", f"names an unknown array {name!r} (known: {sorted(_ARRAY_KINDS)})")
+        for name in CORE_ARRAYS:
+            if name not in listed:
+                raise meta.error("arrays", f"must list the core array {name!r}")
+        arrays = load_npz(path, required=listed, allowed=listed, dtypes=_ARRAY_KINDS, max_bytes=max_bytes,
+                          max_file_bytes=max_file_bytes)
+        try:
+            return cls(
+                request_ids, domains, arrays["prompt_tokens"], arrays["prompt_offsets"], arrays["prefill_counts"],
+                arrays["decode_ids"], arrays["decode_offsets"], geometry, provenance,
+                arrays.get("prefill_ids"), arrays.get("prefill_probs"), arrays.get("decode_tokens"),
+            )
+        except _TraceFieldError as exc:
+            target = meta_path if exc.field in ("request_ids", "domains", "provenance", "geometry") else path
+            raise FileFormatError(target, exc.field, exc.problem) from None
