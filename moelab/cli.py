@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 from pathlib import Path
@@ -111,16 +112,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# OSErrors that mean "the user named a bad path or port", not a bug: answered with a message, no traceback
+USER_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EACCES, errno.EPERM, errno.EROFS,
+               errno.ENOSPC, errno.ENAMETOOLONG, errno.EADDRINUSE, errno.EADDRNOTAVAIL}
+
+
+def user_error_message(exc: BaseException) -> str | None:
+    """The ``error: ...`` text for an exception the user caused (a bad argument, path or port), or
+    ``None`` for anything else (a bug, which keeps its traceback)."""
+    if isinstance(exc, OSError) and exc.errno in USER_ERRNOS:
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror or exc}{where}" if exc.strerror else str(exc)
+    if isinstance(exc, ValueError):
+        return str(exc)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``moelab``: every sub-command's user errors (``ValueError``, a bad path, a port in use
+    or privileged) become ``error: <message>`` on stderr and exit status 2; argparse answers usage errors
+    the same way (its ``prog: error: ...`` and status 2)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in DELEGATED:
-        module = importlib.import_module(DELEGATED[argv[0]][0])
-        return int(module.main(argv[1:]) or 0)
-    args = build_parser().parse_args(argv)
     try:
+        if argv and argv[0] in DELEGATED:
+            module = importlib.import_module(DELEGATED[argv[0]][0])
+            return int(module.main(argv[1:]) or 0)
+        args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except Exception as exc:
+        message = user_error_message(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
         return 2
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -115,37 +116,76 @@ def _windows(stream: np.ndarray, starts: np.ndarray, seq_len: int) -> np.ndarray
     return stream[starts[:, None] + np.arange(seq_len + 1)[None, :]]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``moelab train-tiny-moe``; returns the exit status."""
-    args = _parser().parse_args(argv)
-    import torch
-    from safetensors.torch import load_model, save_model
-    from tqdm.auto import tqdm
-    from transformers import AutoTokenizer, Qwen3MoeForCausalLM
+def _check_folder(option: str, path: Path) -> Path:
+    """``path`` must be a folder or creatable as one, and writable: checked (by creating it and a probe
+    file) before any work, so a bad ``--out`` fails in a second, not after the training run."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{option} {path} exists and is not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{option} {path} is not a writable folder: {exc.strerror or exc}") from None
+    return path
 
-    from moelab.datasets import cache_dir, repo_root
-    from moelab.models.corpus import build_corpus, read_corpus
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else ("cpu" if args.device == "auto" else args.device))
-    work = Path(args.work) if args.work else cache_dir() / "tiny-moe-run"
-    out = Path(args.out) if args.out else repo_root() / "data" / "models" / "tiny-moe"
-    corpus = Path(args.corpus) if args.corpus else work / "corpus"
-    work.mkdir(parents=True, exist_ok=True)
+def check_args(args: argparse.Namespace) -> None:
+    """Every argument's range, before torch is imported or anything is built (``ValueError`` naming the option)."""
     if args.time_budget is None and args.token_budget is None:
         raise ValueError("give a budget: --time-budget MINUTES and/or --token-budget TOKENS")
     for name in ("vocab", "layers", "experts", "hidden", "moe_intermediate", "heads", "kv_heads", "seq_len", "batch",
-                 "eval_every", "ckpt_every", "eval_windows"):
+                 "eval_every", "ckpt_every", "eval_windows", "max_bytes"):
         check_int(f"--{name.replace('_', '-')}", getattr(args, name), low=1)
+    check_int("--vocab", args.vocab, low=256, high=1 << 20)  # byte-level BPE starts from 256 byte tokens
     check_int("--top-k", args.top_k, low=1, high=args.experts)
+    check_int("--warmup", args.warmup, low=0)
     check_real("--lr", args.lr, low=0, low_open=True)
+    check_real("--aux-coef", args.aux_coef, low=0)
     if args.hidden % args.heads or args.heads % args.kv_heads:
         raise ValueError("--hidden must be divisible by --heads, and --heads by --kv-heads")
     if args.time_budget is not None:
         check_real("--time-budget", args.time_budget, low=0, low_open=True)
     if args.token_budget is not None:
         check_int("--token-budget", args.token_budget, low=1)
+    if args.threads is not None:
+        check_int("--threads", args.threads, low=1, high=4096)
+    if not (args.device in ("auto", "cpu", "cuda") or (args.device.startswith("cuda:") and args.device[5:].isdigit())):
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N; got {args.device!r}")
+    from moelab.models.corpus import BUILTIN_DOMAINS
+
+    domains = [d for d in args.domains.split(",") if d]
+    unknown = [d for d in domains if d not in BUILTIN_DOMAINS]
+    if unknown or not (domains or args.extra):
+        raise ValueError(f"--domains must be a comma-separated list from {list(BUILTIN_DOMAINS)}; got {args.domains!r}")
+    for extra in args.extra:
+        if not Path(extra).exists():
+            raise ValueError(f"--extra {extra} does not exist")
+    if args.corpus is not None and Path(args.corpus).exists() and not Path(args.corpus).is_dir():
+        raise ValueError(f"--corpus {args.corpus} exists and is not a folder")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``moelab train-tiny-moe``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    check_args(args)
+    from moelab.datasets import cache_dir, repo_root
+
+    work = _check_folder("--work", Path(args.work) if args.work else cache_dir() / "tiny-moe-run")
+    out = _check_folder("--out", Path(args.out) if args.out else repo_root() / "data" / "models" / "tiny-moe")
+    import torch
+    from safetensors.torch import load_model, save_model
+    from tqdm.auto import tqdm
+    from transformers import AutoTokenizer, Qwen3MoeForCausalLM
+
+    from moelab.models.corpus import build_corpus, read_corpus
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: no CUDA device is available here (use cpu or auto)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else ("cpu" if args.device == "auto" else args.device))
+    corpus = Path(args.corpus) if args.corpus else work / "corpus"
 
     # corpus + tokenizer (reused when present, so a resumed run sees the same data)
     if not (corpus / "manifest.json").is_file():
@@ -164,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     train_ids, held_ids = _encode_domains(tok, train_txt), _encode_domains(tok, held_txt)
     domains = sorted(train_ids)
     print("train tokens per domain:", {d: len(train_ids[d]) for d in domains}, flush=True)
+    short = {d: len(train_ids[d]) for d in domains if len(train_ids[d]) <= args.seq_len + 1}
+    if short:
+        raise ValueError(f"--seq-len {args.seq_len} needs more than {args.seq_len + 1} training tokens per domain; "
+                         f"these domains have fewer: {short} (raise --max-bytes or lower --seq-len)")
 
     torch.manual_seed(args.seed)
     cfg = make_config(args, len(tok), eos_id)

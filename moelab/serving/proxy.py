@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import itertools
 import json
 import math
@@ -708,8 +709,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(proxy))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(_serve(proxy))
+    except OSError as exc:  # port in use, privileged or not on this machine: the user's choice, not a bug
+        if exc.errno not in (errno.EADDRINUSE, errno.EACCES, errno.EPERM, errno.EADDRNOTAVAIL):
+            raise
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     return 0
 
 
