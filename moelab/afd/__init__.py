@@ -1,8 +1,28 @@
-"""AFD sizing: the optimal Attention/FFN ratio of an rA-1F bundle, in closed form and simulated."""
+"""AFD sizing: the optimal Attention/FFN ratio of an rA-1F bundle, in closed form and simulated.
 
+Two simulators: :mod:`moelab.afd.sim` runs the theory's own linear stage times and geometric lengths (the
+paper-coefficient mode, a reproduction of the paper's figures); :mod:`moelab.afd.measured` takes stage
+times from measured tables and lengths from real traces, and tests the closed form against them.
+"""
+
+from moelab.afd.calibration import (
+    CoefficientFit,
+    LinearStages,
+    StageTables,
+    coefficients_from_tables,
+    fit_coefficients,
+)
+from moelab.afd.coefficients import AFDCoefficients
+from moelab.afd.measured import (
+    CHECK_WORKLOADS,
+    LengthDistribution,
+    MeasuredSweep,
+    gap_map,
+    measured_optimum,
+    simulate_measured,
+)
 from moelab.afd.sim import AFDSimResult, idle_crossing, simulate, simulated_optimum, sweep
 from moelab.afd.theory import (
-    AFDCoefficients,
     expected_decode_load,
     idle_ratios,
     mean_token_load,
@@ -17,4 +37,6 @@ __all__ = [
     "AFDSimResult", "idle_crossing", "simulate", "simulated_optimum", "sweep",
     "AFDCoefficients", "expected_decode_load", "idle_ratios", "mean_token_load", "optimal_ratio",
     "ratio_table", "ratio_terms", "stage_times", "throughput_per_instance",
+    "CHECK_WORKLOADS", "CoefficientFit", "LengthDistribution", "LinearStages", "MeasuredSweep", "StageTables",
+    "coefficients_from_tables", "fit_coefficients", "gap_map", "measured_optimum", "simulate_measured",
 ]

@@ -1,94 +1,371 @@
-"""AFD coefficients from measured GPU tables (units: milliseconds per model step).
+"""Stage times of an AFD bundle read from measured tables, and the theory's six coefficients fitted to them.
 
-- Attention side ``a_A, b_A``: the :class:`moelab.costmodel.AttentionModel` fit of ``attn_step.csv``
-  (decode attention core vs KV bytes, linear above its ~16 us kernel floor). ``a_A`` = ms per GB times
-  the KV bytes one cached token adds per layer; ``b_A`` = the fit's intercept. The QKV/O projections
-  are not in that table and are left out.
-- FFN side ``a_F, b_F``: the :class:`moelab.costmodel.MoEStepModel` fit of ``moe_step.csv`` evaluated
-  at the batch sizes an FFN instance sees (``n = r*B``) with the expected number of distinct experts
-  under uniform top-k routing, ``D(n) = E*(1-(1-k/E)^n)``, then a straight line ``a_F*n + b_F``
-  least-squares fitted over ``n_range``. Once ``n*k >> E`` every expert is active, so ``b_F`` is the
-  weight read of all experts and ``a_F`` the per-token FLOPs.
-- Communication ``a_C, b_C``: NOT measured (the tables have no interconnect). The stand-in is a
-  link model: each token's hidden state (``hidden * 2`` bytes, bf16) crosses a link of ``link_GBps``
-  with a fixed ``link_latency_us`` per transfer. The defaults (50 GB/s, 10 us: a 400 Gb/s RDMA NIC)
-  are assumptions, labelled as such in ``source``.
+:class:`StageTables` answers "how long does this stage take" from the tables themselves, never from the
+theory's linear forms (units: ms per *model* step, i.e. per-layer table times x the model's layers, since
+AFD ping-pongs every layer):
 
-Every coefficient is multiplied by ``layers`` (AFD ping-pongs every layer), so time is per model
-step; r* does not depend on ``layers`` (all six scale together), throughput does.
+- attention of one instance: ``attn_step.csv`` interpolated piecewise-linearly in the KV bytes of the
+  requests that instance holds (the median of the rows with equal bytes). Below the smallest measured
+  point the kernel floor holds (the table is flat there); above the largest the last segment is
+  extended and the evaluation is **flagged as extrapolated**;
+- the FFN instance: ``moe_step.csv`` at the aggregated batch ``n`` and the distinct experts ``D`` it
+  activates (uniform top-k routing, :func:`moelab.costmodel.expected_distinct_experts`), interpolated
+  linearly in ``D`` within each measured batch row and then in ``n``; batches above the largest measured
+  one extend the last segment (**flagged**);
+- the A<->F link: the DeepEP low-latency dispatch/combine table
+  (``data/public/published-tables/deepep_v1_lowlatency_h800.csv``, H800 + 400 Gb/s CX7 IB, 128 tokens x
+  hidden 7168 x top-8 per call). Its achieved per-rank bandwidth is interpolated in log2(EP size) with
+  EP size = r + 1 ranks (r attention instances + the FFN instance); a call moving ``tokens x hidden x 2``
+  bytes (bf16 hidden states, one copy per token) takes bytes / bandwidth. EP sizes outside 8..256, and
+  volumes more than 2x away from the table's own per-call volume (where the fixed latency part the
+  table cannot separate matters), are **flagged as extrapolated**. The table is another machine (H800),
+  not this lab's H200: a published measurement, labelled as such.
+
+:class:`LinearStages` gives the same interface from :class:`AFDCoefficients` (the theory's own linear
+stage times), so a simulator can be fed either. :func:`fit_coefficients` fits the six coefficients by
+least squares to a :class:`StageTables` and reports the fit error of each stage.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass, field
+
 import numpy as np
+import pandas as pd
 
-from moelab._validate import check_int, check_real
-from moelab.afd.theory import AFDCoefficients
+from moelab._validate import check_array, check_choice, check_int
+from moelab.afd.coefficients import AFDCoefficients
 
-# decoder layers and GQA KV geometry of the MoE shapes the H200 tables cover
-MODEL_LAYOUT: dict[str, dict[str, int]] = {
-    "qwen3-30b-a3b": {"layers": 48, "kv_heads": 4, "head_dim": 128},
-    "mixtral-8x7b": {"layers": 32, "kv_heads": 8, "head_dim": 128},
-}
+LINK_TABLE = "deepep_v1_lowlatency_h800.csv"
+# the DeepEP table's per-call volume: 128 tokens x hidden 7168 x top-8 copies, FP8 dispatch / BF16 combine
+_DEEPEP_REF_BYTES = {"dispatch": 128 * 7168 * 8 * 1, "combine": 128 * 7168 * 8 * 2}
 
 
-def coefficients_from_tables(gpu: str = "h200", shape: str = "qwen3-30b-a3b", *, n_range: tuple[int, int] = (256, 8192),
-                             link_GBps: float = 50.0, link_latency_us: float = 10.0, layers: int | None = None,
-                             method: str = "bmm_active") -> AFDCoefficients:
-    """Fit ``AFDCoefficients`` (ms per model step) from the measured tables of ``gpu``.
+@dataclass(frozen=True)
+class Geometry:
+    """What the stage tables need to know about a model: layers, KV bytes per token and layer, hidden
+    size, experts and top-k."""
+
+    name: str
+    layers: int
+    kv_bytes_per_token: int
+    hidden: int
+    num_experts: int
+    top_k: int
+
+
+def geometry(shape: str) -> Geometry:
+    """The geometry of a MoE shape from the shared cost-model registry (``moelab.costmodel``)."""
+    import moelab.costmodel as cm
+
+    registry = getattr(cm, "MODEL_SHAPES", None)
+    if registry is not None and shape in registry:
+        s = registry[shape]
+        layers = getattr(s, "num_layers", None) or getattr(s, "layers", None)
+        layer = getattr(s, "layer", s)
+        moe = layer.moe
+        return Geometry(shape, int(layers), int(layer.kv_bytes_per_token), int(layer.hidden), int(moe.num_experts),
+                        int(moe.top_k))
+    if shape not in cm.LAYER_SHAPES or shape not in cm.MODEL_LAYERS:
+        known = sorted(set(cm.LAYER_SHAPES) & set(cm.MODEL_LAYERS))
+        raise ValueError(f"shape must be one of {known}; got {shape!r}")
+    s = cm.LAYER_SHAPES[shape]
+    return Geometry(shape, int(cm.MODEL_LAYERS[shape]), int(s.kv_bytes_per_token), int(s.hidden),
+                    int(s.moe.num_experts), int(s.moe.top_k))
+
+
+@dataclass
+class Coverage:
+    """Counts of stage evaluations outside the measured tables (each one extrapolated, never clamped)."""
+
+    attention_evals: int = 0
+    attention_extrapolated: int = 0
+    ffn_evals: int = 0
+    ffn_extrapolated: int = 0
+    link_evals: int = 0
+    link_ep_extrapolated: int = 0
+    link_volume_extrapolated: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("attention_evals", "attention_extrapolated", "ffn_evals",
+                                              "ffn_extrapolated", "link_evals", "link_ep_extrapolated",
+                                              "link_volume_extrapolated")} | {"notes": sorted(set(self.notes))}
+
+    @property
+    def any_extrapolated(self) -> bool:
+        return bool(self.attention_extrapolated or self.ffn_extrapolated or self.link_ep_extrapolated
+                    or self.link_volume_extrapolated)
+
+
+class StageTables:
+    """Stage times (ms per model step) of an AFD bundle read from measured tables; see the module doc.
 
     Parameters
     ----------
-    gpu : str
-        Calibration folder under ``data/calibration`` (``"h200"``).
+    attn : DataFrame
+        ``attn_step`` rows (columns ``shape, kv_bytes, ms_attn_core``).
+    moe : DataFrame
+        ``moe_step`` rows (columns ``model, method, B, D, ms_per_layer``).
+    link : DataFrame
+        The DeepEP table (``op, ep_size, latency_us, rdma_bandwidth_GBps``); None leaves the link out.
     shape : str
-        MoE model shape; one of :data:`MODEL_LAYOUT` (the attention table's shapes).
-    n_range : (int, int)
-        Aggregated FFN batch range (tokens) the FFN line is fitted over.
-    link_GBps, link_latency_us : float
-        The assumed A<->F link (bandwidth > 0, latency >= 0) standing in for the communication term.
-    layers : int, optional
-        Decoder layers (default: the shape's); coefficients are per model step.
+        MoE shape (rows of ``attn`` and ``moe`` with that name are used).
     method : str
-        MoE kernel rows of ``moe_step.csv`` to fit (``bmm_active`` or ``grouped_mm``).
+        MoE kernel rows (``bmm_active`` or ``grouped_mm``).
     """
-    from moelab.costmodel import MOE_SHAPES, AttentionModel, MoEStepModel, expected_distinct_experts
-    from moelab.datasets import load_calibration
 
-    if shape not in MODEL_LAYOUT:
-        raise ValueError(f"shape must be one of {sorted(MODEL_LAYOUT)}; got {shape!r}")
-    lo = check_int("n_range[0]", n_range[0], low=1)
-    hi = check_int("n_range[1]", n_range[1], low=lo + 1)
-    link_GBps = check_real("link_GBps", link_GBps, low=0, low_open=True)
-    link_latency_us = check_real("link_latency_us", link_latency_us, low=0)
-    layout = MODEL_LAYOUT[shape]
-    L = layout["layers"] if layers is None else check_int("layers", layers, low=1)
-    moe_shape = MOE_SHAPES[shape]
+    unit = "ms"
 
-    attn_table = load_calibration(gpu, "attn_step")
-    rows = attn_table[attn_table["shape"] == shape]
-    if rows.empty:
-        raise ValueError(f"attn_step table of {gpu!r} has no rows for shape {shape!r}")
-    attn = AttentionModel.from_table(rows)
-    bytes_per_token = float(AttentionModel.kv_bytes(1, layout["kv_heads"], layout["head_dim"]))
-    a_A = attn.fit.as_dict()["ms_per_GB"] * bytes_per_token / 1e9
-    b_A = attn.fit.as_dict()["base_ms"]
+    def __init__(self, attn: pd.DataFrame, moe: pd.DataFrame, link: pd.DataFrame | None, shape: str = "qwen3-30b-a3b",
+                 method: str = "bmm_active") -> None:
+        self.geometry = geometry(shape)
+        self.shape = shape
+        a = attn[attn["shape"] == shape]
+        if a.empty:
+            raise ValueError(f"shape must be one of the attention table's shapes {sorted(attn['shape'].unique())}; "
+                             f"got {shape!r}")
+        per_kv = a.groupby("kv_bytes")["ms_attn_core"].median()
+        self.attn_kv = per_kv.index.to_numpy(np.float64)
+        self.attn_ms = per_kv.to_numpy(np.float64)
+        self.attn_rows = a.reset_index(drop=True)
+        m = moe[(moe["model"] == shape)]
+        methods = sorted(m["method"].unique())
+        check_choice("method", method, methods)
+        m = m[m["method"] == method]
+        self.method = method
+        self.moe_rows = m.reset_index(drop=True)
+        self._moe_B = np.array(sorted(m["B"].unique()), dtype=np.float64)
+        self._moe_row = {int(b): g.sort_values("D")[["D", "ms_per_layer"]].to_numpy(np.float64) for b, g in m.groupby("B")}
+        self.link = None
+        if link is not None:
+            self.link = {op: g.sort_values("ep_size")[["ep_size", "rdma_bandwidth_GBps"]].to_numpy(np.float64)
+                         for op, g in link.groupby("op")}
+            if set(self.link) != {"dispatch", "combine"}:
+                raise ValueError(f"link table must have dispatch and combine rows; got {sorted(self.link)}")
+        self.coverage = Coverage()
+        self.source = (f"{shape} x{self.geometry.layers} layers: attn_step + moe_step ({method}) interpolated; link: "
+                       + ("DeepEP low-latency table (H800, published)" if link is not None else "none"))
 
-    moe = MoEStepModel.from_table(load_calibration(gpu, "moe_step"), method)
-    n = np.unique(np.geomspace(lo, hi, 32).round())
-    t = moe.predict_ms(moe_shape, n, expected_distinct_experts(n, moe_shape.num_experts, moe_shape.top_k))
-    a_F, b_F = np.polyfit(n, t, 1)
+    @classmethod
+    def h200(cls, shape: str = "qwen3-30b-a3b", method: str = "bmm_active", link: bool = True) -> StageTables:
+        """The bundled H200 tables (and the published DeepEP link table unless ``link=False``); a fresh
+        instance (with its own extrapolation counter) each call, the tables read once."""
+        attn, moe, link_df = _bundled_tables()
+        return cls(attn, moe, link_df if link else None, shape, method)
+
+    def reset_coverage(self) -> Coverage:
+        """Start counting extrapolations afresh; returns the finished counter."""
+        done, self.coverage = self.coverage, Coverage()
+        return done
+
+    # ---- attention ---------------------------------------------------------------------------------
+    def attention_ms(self, kv_tokens: np.ndarray | float) -> np.ndarray:
+        """Attention time of one instance holding ``kv_tokens`` cached tokens (vectorised), ms per step."""
+        tokens = np.asarray(kv_tokens, dtype=np.float64)
+        kv = tokens * self.geometry.kv_bytes_per_token
+        x, y = self.attn_kv, self.attn_ms
+        out = np.interp(kv, x, y)  # left of the table: the kernel floor (the table is flat there)
+        beyond = kv > x[-1]
+        if beyond.any():
+            slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
+            out = np.where(beyond, y[-1] + slope * (kv - x[-1]), out)
+            self.coverage.notes.append(f"attention KV bytes above the table ({x[-1]:.3g} B): last segment extended")
+        self.coverage.attention_evals += int(kv.size)
+        self.coverage.attention_extrapolated += int(beyond.sum())
+        return out * self.geometry.layers
+
+    @property
+    def attention_floor_ms(self) -> float:
+        return float(self.attn_ms[0] * self.geometry.layers)
+
+    # ---- FFN ---------------------------------------------------------------------------------------
+    def distinct_experts(self, n_tokens: np.ndarray | float) -> np.ndarray:
+        from moelab.costmodel import expected_distinct_experts
+
+        return expected_distinct_experts(n_tokens, self.geometry.num_experts, self.geometry.top_k)
+
+    def _moe_layer_ms(self, n: float, D: float) -> tuple[float, bool]:
+        Bs = [b for b in self._moe_B if self._moe_row[int(b)][:, 0].min() <= D <= self._moe_row[int(b)][:, 0].max()]
+        if len(Bs) < 2:
+            raise ValueError(f"moe_step has fewer than two batch rows covering D={D:.1f} for {self.shape}")
+        ys = np.array([np.interp(D, self._moe_row[int(b)][:, 0], self._moe_row[int(b)][:, 1]) for b in Bs])
+        Bs = np.asarray(Bs)
+        if n > Bs[-1]:
+            slope = (ys[-1] - ys[-2]) / (Bs[-1] - Bs[-2])
+            return float(ys[-1] + slope * (n - Bs[-1])), True
+        if n < Bs[0]:  # below the smallest batch row that covers D: the time of that row (decode is weight-bound)
+            return float(ys[0]), False
+        return float(np.interp(n, Bs, ys)), False
+
+    def ffn_ms(self, n_tokens: np.ndarray | float, D: np.ndarray | float | None = None) -> np.ndarray:
+        """FFN time for ``n_tokens`` aggregated tokens and ``D`` distinct experts (default: the expected
+        number under uniform top-k routing), ms per model step."""
+        n = check_array("n_tokens", n_tokens, low=1)
+        D = self.distinct_experts(n) if D is None else check_array("D", D, low=1, high=self.geometry.num_experts)
+        n, D = np.broadcast_arrays(n, D)
+        out = np.empty(n.shape)
+        extra = 0
+        for idx in np.ndindex(n.shape):
+            out[idx], flagged = self._moe_layer_ms(float(n[idx]), float(D[idx]))
+            extra += flagged
+        if extra:
+            self.coverage.notes.append(f"FFN batch above the moe_step table (B <= {self._moe_B[-1]:.0f}): last segment "
+                                       "extended")
+        self.coverage.ffn_evals += int(n.size)
+        self.coverage.ffn_extrapolated += extra
+        return out * self.geometry.layers
+
+    # ---- link --------------------------------------------------------------------------------------
+    def link_ms(self, tokens: np.ndarray | float, r: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
+        """``(A->F, F->A)`` transfer times of one instance's ``tokens`` hidden states in an rA-1F bundle
+        (EP size r + 1), ms per model step; zeros when the stage tables carry no link."""
+        tokens, r = np.broadcast_arrays(np.asarray(tokens, np.float64), np.asarray(r, np.float64))
+        if self.link is None:
+            return np.zeros(tokens.shape), np.zeros(tokens.shape)
+        ep = r + 1.0
+        nbytes = tokens * self.geometry.hidden * 2.0
+        out = []
+        for op in ("dispatch", "combine"):
+            t = self.link[op]
+            bw = np.interp(np.log2(ep), np.log2(t[:, 0]), t[:, 1])  # GB/s; outside 8..256 the end values hold
+            out.append(nbytes / (bw * 1e9) * 1e3 * self.geometry.layers)
+            ref = _DEEPEP_REF_BYTES[op]
+            self.coverage.link_volume_extrapolated += int(np.sum((nbytes > 2 * ref) | (nbytes < ref / 2)))
+        lo, hi = self.link["dispatch"][0, 0], self.link["dispatch"][-1, 0]
+        off = (ep < lo) | (ep > hi)
+        self.coverage.link_evals += int(tokens.size)
+        self.coverage.link_ep_extrapolated += int(off.sum())
+        if off.any():
+            self.coverage.notes.append(f"link EP size outside the DeepEP table ({lo:.0f}..{hi:.0f}): end value held")
+        if self.coverage.link_volume_extrapolated:
+            self.coverage.notes.append("link volume more than 2x from the DeepEP per-call volume: bandwidth scaled, "
+                                       "fixed latency unknown")
+        return out[0], out[1]
+
+
+class LinearStages:
+    """The theory's own linear stage times from six coefficients, behind the :class:`StageTables` interface
+    (``attention_ms(T) = a_A T + b_A``, ``ffn_ms(n) = a_F n + b_F``, both links ``a_C B + b_C``)."""
+
+    def __init__(self, coeffs: AFDCoefficients | None = None) -> None:
+        from moelab.afd.coefficients import check_coefficients
+
+        self.coeffs = check_coefficients(coeffs)
+        self.unit = self.coeffs.unit
+        self.coverage = Coverage()
+        self.source = f"linear stage times from {self.coeffs.source}"
+
+    def reset_coverage(self) -> Coverage:
+        done, self.coverage = self.coverage, Coverage()
+        return done
+
+    def attention_ms(self, kv_tokens):
+        return self.coeffs.a_A * np.asarray(kv_tokens, dtype=np.float64) + self.coeffs.b_A
+
+    def ffn_ms(self, n_tokens, D=None):
+        return self.coeffs.a_F * check_array("n_tokens", n_tokens, low=1) + self.coeffs.b_F
+
+    def link_ms(self, tokens, r):
+        tokens, r = np.broadcast_arrays(np.asarray(tokens, np.float64), np.asarray(r, np.float64))
+        t = self.coeffs.a_C * tokens + self.coeffs.b_C
+        return t, t.copy()
+
+
+@dataclass(frozen=True)
+class CoefficientFit:
+    """The six coefficients fitted by least squares to stage tables, and each stage's fit error."""
+
+    coeffs: AFDCoefficients
+    errors: pd.DataFrame  # one row per stage: points, median and max |relative error| in %
+
+    def error_pct(self, stage: str, stat: str = "median") -> float:
+        return float(self.errors.set_index("stage").loc[stage, f"{stat}_abs_err_pct"])
+
+
+def _lsq(x: np.ndarray, y: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """Least-squares line ``y = a x + b`` (b >= 0, a >= 0); returns a, b and the relative errors."""
+    from scipy.optimize import nnls
+
+    A = np.stack([x, np.ones_like(x)], axis=1)
+    (a, b), _ = nnls(A, y)
+    return float(a), float(b), (A @ np.array([a, b]) - y) / y
+
+
+def fit_coefficients(stages: StageTables, *, B: int, r_values, kv_tokens: np.ndarray | None = None) -> CoefficientFit:
+    """Fit ``a_A, b_A, a_F, b_F, a_C, b_C`` (ms per model step) by least squares to measured stages.
+
+    - attention: every ``attn_step`` row of the shape (x = cached tokens, y = table ms x layers);
+      ``kv_tokens`` adds the operating points (instance loads) a simulation will evaluate;
+    - FFN: the measured FFN time at the aggregated batches ``n = r*B`` of ``r_values`` (and the table's own
+      batch rows inside that range), at the distinct experts each activates;
+    - link: the slower direction at ``B/4 .. 4B`` tokens and every r of ``r_values``.
+    """
+    B = check_int("B", B, low=1)
+    r_arr = check_array("r_values", r_values, ndim=1, low=1)
+    if r_arr.size == 0:
+        raise ValueError("r_values must hold at least one r >= 1")
+    g = stages.geometry
+    x_a = stages.attn_rows["kv_bytes"].to_numpy(np.float64) / g.kv_bytes_per_token
+    y_a = stages.attn_rows["ms_attn_core"].to_numpy(np.float64) * g.layers
+    if kv_tokens is not None:
+        kv = check_array("kv_tokens", kv_tokens, ndim=1, low=0)
+        x_a = np.concatenate([x_a, kv])
+        y_a = np.concatenate([y_a, stages.attention_ms(kv)])
+    a_A, b_A, e_a = _lsq(x_a, y_a)
+    # the operating range: the aggregated batches r*B the bundle sizes produce, plus the table's own batch
+    # rows inside that range (smaller batches never reach the FFN instance of such a bundle)
+    n = np.unique(np.concatenate([r_arr * B, stages._moe_B[(stages._moe_B >= r_arr.min() * B)
+                                                          & (stages._moe_B <= r_arr.max() * B)]]))
+    y_f = stages.ffn_ms(n)
+    a_F, b_F, e_f = _lsq(n, y_f)
     if a_F <= 0:
-        raise ValueError(f"the fitted FFN time does not grow with batch over n_range={n_range}; widen it")
+        raise ValueError("the FFN time fitted to the table does not grow with the batch; widen r_values")
+    Bs = np.unique(np.round(B * np.geomspace(0.25, 4, 9)).clip(1))
+    bb, rr = np.meshgrid(Bs, r_arr)
+    t_af, t_fa = stages.link_ms(bb.ravel(), rr.ravel())
+    y_c = np.maximum(t_af, t_fa)
+    if np.all(y_c == 0):
+        a_C, b_C, e_c = 0.0, 0.0, np.zeros(1)
+    else:
+        a_C, b_C, e_c = _lsq(bb.ravel().astype(np.float64), y_c)
+    errors = pd.DataFrame([
+        {"stage": s, "points": int(e.size), "median_abs_err_pct": float(100 * np.median(np.abs(e))),
+         "max_abs_err_pct": float(100 * np.max(np.abs(e)))}
+        for s, e in (("attention", e_a), ("ffn", e_f), ("link", e_c))])
+    note = (f"least squares to {stages.source}; fit error (median/max %): "
+            + ", ".join(f"{r.stage} {r.median_abs_err_pct:.1f}/{r.max_abs_err_pct:.1f}" for r in errors.itertuples()))
+    return CoefficientFit(AFDCoefficients(a_A, b_A, a_F, b_F, a_C, b_C, unit="ms", source=note), errors)
 
-    act_bytes = moe_shape.hidden * 2  # one bf16 hidden state per token and direction
-    a_C = act_bytes / (link_GBps * 1e9) * 1e3
-    b_C = link_latency_us / 1e3
-    note = (f"{gpu} tables, {shape} x{L} layers: attention fit (median err {attn.report.median_abs_err_pct:.1f}%), "
-            f"MoE fit (median err {moe.report.median_abs_err_pct:.1f}%); communication ASSUMED "
-            f"({link_GBps:g} GB/s, {link_latency_us:g} us), not measured")
-    return AFDCoefficients(a_A * L, b_A * L, float(a_F) * L, max(float(b_F), 0.0) * L, a_C * L, b_C * L,
-                           unit="ms", source=note)
+
+def coefficients_from_tables(gpu: str = "h200", shape: str = "qwen3-30b-a3b", *, B: int = 256,
+                             r_values=(1, 2, 4, 8, 16, 24, 32), method: str = "bmm_active",
+                             link: bool = True) -> AFDCoefficients:
+    """The six coefficients (ms per model step) fitted to the measured tables of ``gpu`` (only ``"h200"``
+    is bundled) for bundles of ``B`` slots and the ``r_values`` a sweep will use; see
+    :func:`fit_coefficients`."""
+    check_choice("gpu", gpu, ("h200",))
+    return fit_coefficients(StageTables.h200(shape, method, link), B=B, r_values=r_values).coeffs
 
 
-__all__ = ["MODEL_LAYOUT", "coefficients_from_tables"]
+def link_table() -> pd.DataFrame:
+    """The published DeepEP dispatch/combine table the link stage reads (a copy)."""
+    return _bundled_tables()[2].copy()
+
+
+@functools.lru_cache(maxsize=1)
+def _bundled_tables() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    from moelab.datasets import load_calibration, public_path
+
+    # the DeepEP table sits beside the Spec-Bench leaderboard in data/public/published-tables
+    path = public_path("specbench-leaderboard").parent / LINK_TABLE
+    if not path.is_file():
+        raise FileNotFoundError(f"the DeepEP link table {path} is missing (data/public/published-tables)")
+    if path.stat().st_size > 1_000_000:
+        raise ValueError(f"{path} is larger than 1 MB; not the DeepEP table")
+    return load_calibration("h200", "attn_step"), load_calibration("h200", "moe_step"), pd.read_csv(path)
+
+
+__all__ = ["Coverage", "CoefficientFit", "Geometry", "LinearStages", "StageTables", "coefficients_from_tables",
+           "fit_coefficients", "geometry", "link_table"]

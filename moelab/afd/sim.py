@@ -1,4 +1,8 @@
-"""A discrete-event simulator of an rA-1F AFD bundle under continuous batching.
+"""Paper-coefficient mode: a discrete-event simulator of an rA-1F bundle with the theory's own stage times.
+
+This is the reproduction of the paper's figures (linear stage times from six coefficients, geometric
+decode lengths): it agrees with the closed form largely by construction. The independent check is
+:mod:`moelab.afd.measured` (measured stage tables, real request lengths).
 
 Token dynamics. Each attention instance holds ``microbatches`` groups of B slots. Every decode step
 each slot emits one token; its request then ends with probability p = 1/(1+mu_D) and the slot is
@@ -25,10 +29,10 @@ import numpy as np
 import pandas as pd
 
 from moelab._validate import check_array, check_int, check_real
+from moelab.afd.coefficients import AFDCoefficients
+from moelab.afd.coefficients import check_coefficients as _coeffs
 from moelab.afd.theory import (
     DEFAULT_REQUESTS,
-    AFDCoefficients,
-    _coeffs,
     idle_ratios,
     optimal_ratio,
     termination_prob,
@@ -115,13 +119,15 @@ def _entropy(seed: int | np.random.Generator | None) -> int:
     return check_int("seed", seed, low=0)
 
 
-def _pipeline(attn: np.ndarray, r_values: np.ndarray, t_C: float, t_F: np.ndarray, m: int) -> np.ndarray:
+def _pipeline(attn: np.ndarray, r_values: np.ndarray, t_C, t_F: np.ndarray, m: int, t_back=None) -> np.ndarray:
     """Makespans of the four-stage pipeline for several bundle sizes at once.
 
     ``attn`` is (jobs, r_max) attention times in job order; row ``q`` of the batch uses the first
-    ``r_values[q]`` instances and FFN time ``t_F[q]``. Every row carries all r_max instance clocks,
-    but only the first r count in the barrier, so the extra columns never influence a row's result.
+    ``r_values[q]`` instances, FFN time ``t_F[q]``, A->F transfer ``t_C`` and F->A transfer ``t_back``
+    (scalars or one value per row; ``t_back`` defaults to ``t_C``). Every row carries all r_max instance
+    clocks, but only the first r count in the barrier, so the extra columns never influence a row's result.
     """
+    t_back = t_C if t_back is None else t_back
     n = len(r_values)
     last = np.asarray(r_values) - 1
     rows = np.arange(n)
@@ -141,7 +147,7 @@ def _pipeline(attn: np.ndarray, r_values: np.ndarray, t_C: float, t_F: np.ndarra
         mx(c1, c2, out=c2)
         c2 += t_F
         mx(c2, c3, out=c3)
-        c3 += t_C
+        c3 += t_back
         back[mb] = c3
     return c3
 

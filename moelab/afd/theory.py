@@ -8,78 +8,16 @@ is the slowest stage, ``tau = max(t_A, t_C, t_F)``, and every cycle emits r*B to
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
 from moelab._validate import check_array, check_int, check_real
+from moelab.afd.coefficients import AFDCoefficients
+from moelab.afd.coefficients import check_coefficients as _coeffs
 
 # Requests each attention instance serves when the caller does not say (the paper's finite horizon).
 DEFAULT_REQUESTS = 10_000
-
-
-@dataclass(frozen=True)
-class AFDCoefficients:
-    """The six linear stage-latency coefficients of an AFD bundle.
-
-    Parameters
-    ----------
-    a_A, b_A : float
-        Attention time per cached token and fixed attention time (one instance, one microbatch).
-    a_F, b_F : float
-        FFN time per aggregated token and fixed FFN time (weight reads, launches).
-    a_C, b_C : float
-        Communication time per token of one instance's batch and fixed link latency.
-    unit : str
-        Time unit of every coefficient: ``"cycles"`` for the paper's Ascend-910C fit (the default
-        constructor), ``"ms"`` for GPU calibrations (:meth:`from_calibration`).
-    source : str
-        Provenance note shown in notebooks.
-    """
-
-    a_A: float = 0.00165
-    b_A: float = 50.0
-    a_F: float = 0.083
-    b_F: float = 100.0
-    a_C: float = 0.022
-    b_C: float = 20.0
-    unit: str = "cycles"
-    source: str = "paper's Ascend-910C fit (Lyu et al. 2026)"
-
-    def __post_init__(self) -> None:
-        for name in ("a_A", "b_A", "b_F", "a_C", "b_C"):
-            object.__setattr__(self, name, check_real(name, getattr(self, name), low=0))
-        # a_F > 0: with a free per-token FFN cost the bundle would want infinitely many instances
-        object.__setattr__(self, "a_F", check_real("a_F", self.a_F, low=0, low_open=True))
-
-    @classmethod
-    def paper(cls) -> AFDCoefficients:
-        """The paper's Ascend-910C fit (units: cycles) — the same as ``AFDCoefficients()``."""
-        return cls()
-
-    @classmethod
-    def from_calibration(cls, gpu: str = "h200", shape: str = "qwen3-30b-a3b", **kwargs) -> AFDCoefficients:
-        """Coefficients fitted from measured GPU tables (units: ms per *model* step); see
-        :func:`moelab.afd.calibration.coefficients_from_tables` for the keyword arguments and for what
-        stands in for the (unmeasured) communication term."""
-        from moelab.afd.calibration import coefficients_from_tables
-
-        return coefficients_from_tables(gpu, shape, **kwargs)
-
-    def as_dict(self) -> dict[str, float | str]:
-        return asdict(self)
-
-    def replace(self, **changes: float | str) -> AFDCoefficients:
-        """A copy with some coefficients changed (validated again)."""
-        return AFDCoefficients(**{**asdict(self), **changes})
-
-
-def _coeffs(coeffs: AFDCoefficients | None) -> AFDCoefficients:
-    if coeffs is None:
-        return AFDCoefficients()
-    if not isinstance(coeffs, AFDCoefficients):
-        raise ValueError(f"coeffs must be an AFDCoefficients or None; got {type(coeffs).__name__}")
-    return coeffs
 
 
 def _workload(B: int, mu_P: float, mu_D: float, N: float | None) -> tuple[int, float, float, float | None]:

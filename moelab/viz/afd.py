@@ -6,7 +6,14 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from moelab.afd import AFDCoefficients, idle_ratios, optimal_ratio, sweep, throughput_per_instance
+from moelab.afd import (
+    AFDCoefficients,
+    coefficients_from_tables,
+    idle_ratios,
+    optimal_ratio,
+    sweep,
+    throughput_per_instance,
+)
 from moelab.viz.common import PALETTE, refresh, slider
 
 _IDLE_COLORS = {"attention": "#2ca02c", "ffn": "#9467bd"}
@@ -86,7 +93,7 @@ def afd_panel(B: int = 256, mu_P: float = 100, mu_D: float = 500, N: float = 10_
     status = w.HTML()
 
     def params():
-        coeffs = AFDCoefficients.from_calibration("h200") if h200.value else \
+        coeffs = coefficients_from_tables("h200", B=int(s_B.value)) if h200.value else \
             AFDCoefficients(**{k: s.value for k, s in coef.items()})
         return int(s_B.value), float(s_P.value), float(s_D.value), float(10**s_N.value), coeffs
 

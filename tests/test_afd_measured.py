@@ -1,0 +1,177 @@
+"""The independent AFD simulator: invariants of measured stages and real lengths, and its reduction to the
+closed form when fed the closed form's own assumptions (the one place agreement is asserted)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import moelab.afd as afd
+from moelab.afd.calibration import LinearStages, StageTables, fit_coefficients
+from moelab.afd.measured import (
+    MAX_B,
+    MAX_R,
+    LengthDistribution,
+    _renewal_loads,
+    gap_map,
+    simulate_measured,
+)
+from moelab.afd.theory import expected_decode_load
+
+
+@pytest.fixture(scope="module")
+def stages():
+    return StageTables.h200()
+
+
+@pytest.fixture(scope="module")
+def conv():
+    return LengthDistribution.from_trace("azure-conv")
+
+
+def test_attention_table_floor_points_and_extrapolation_flag(stages):
+    rows = stages.attn_rows
+    g = stages.geometry
+    # at a measured point with a unique KV size the stage time is the table's (x layers)
+    kv = rows.groupby("kv_bytes")["ms_attn_core"].median()
+    tokens = kv.index.to_numpy() / g.kv_bytes_per_token
+    assert np.allclose(stages.attention_ms(tokens), kv.to_numpy() * g.layers)
+    # below the smallest measured KV the kernel floor holds
+    assert stages.attention_ms(0.0) == pytest.approx(stages.attention_floor_ms)
+    stages.reset_coverage()
+    stages.attention_ms(tokens.max() * 3)
+    cov = stages.reset_coverage()
+    assert cov.attention_extrapolated == 1 and cov.any_extrapolated
+
+
+def test_ffn_table_points_and_batch_extrapolation_flag(stages):
+    m = stages.moe_rows
+    row = m[(m["B"] == 128) & (m["D"] == 64)].iloc[0]
+    assert stages.ffn_ms(128, 64) == pytest.approx(row["ms_per_layer"] * stages.geometry.layers)
+    stages.reset_coverage()
+    t = stages.ffn_ms(np.array([128.0, 256.0, 4096.0]))
+    cov = stages.reset_coverage()
+    assert cov.ffn_extrapolated == 1  # only 4096 lies above the measured batches
+    assert np.all(np.diff(t) > 0)
+
+
+def test_link_from_deepep_table(stages):
+    t_af, t_fa = stages.link_ms(np.full(5, 256.0), np.array([1, 7, 15, 63, 255]))
+    # more ranks share the network: the per-rank bandwidth in the table falls, the transfer slows
+    assert np.all(np.diff(t_af) >= 0) and np.all(np.diff(t_fa) >= 0)
+    # at a tabulated EP size (r=7 -> 8 ranks) a transfer is bytes / the table's bandwidth, every layer
+    g = stages.geometry
+    assert t_af[1] == pytest.approx(256 * g.hidden * 2 / 98e9 * 1e3 * g.layers)
+    assert t_fa[1] == pytest.approx(256 * g.hidden * 2 / 127e9 * 1e3 * g.layers)
+    cov = stages.reset_coverage()
+    assert cov.link_ep_extrapolated == 1  # r=1 -> EP 2 is below the table's EP 8
+    no_link = StageTables.h200(link=False)
+    assert no_link.link_ms(256, 4)[0] == 0
+
+
+def test_fit_reports_errors(stages):
+    fit = fit_coefficients(stages, B=256, r_values=range(1, 33))
+    assert set(fit.errors["stage"]) == {"attention", "ffn", "link"}
+    assert fit.coeffs.unit == "ms" and fit.coeffs.a_F > 0
+    assert np.all(np.isfinite(fit.errors[["median_abs_err_pct", "max_abs_err_pct"]].to_numpy()))
+
+
+def test_renewal_loads_reduce_to_the_geometric_law():
+    rng = np.random.default_rng(3)
+    B, K, mu_D, groups = 64, 1500, 300.0, 200
+    lengths = LengthDistribution.geometric(50.0, mu_D, prompt_cv=0.0)
+    loads = np.stack([_renewal_loads(B, K, lengths, rng) for _ in range(groups)])
+    k = np.array([1, 50, 300, 900, 1499])
+    expected = B * 50 + expected_decode_load(k, B, mu_D)
+    z = (loads[:, k].mean(axis=0) - expected) / (loads[:, k].std(axis=0) / np.sqrt(groups))
+    assert loads[:, 0] == pytest.approx(B * 50)
+    assert np.all(np.abs(z) < 4.5), z
+
+
+def test_renewal_loads_reach_the_renewal_steady_state(conv):
+    # long run, a slot holds the size-biased prompt plus the mean age (renewal theory), not mu_P + mu_D
+    rng = np.random.default_rng(5)
+    lengths = LengthDistribution.from_trace("azure-code")
+    B, K = 128, 6000
+    loads = np.stack([_renewal_loads(B, K, lengths, rng) for _ in range(8)])
+    late = loads[:, K // 2:].mean() / B
+    assert late == pytest.approx(lengths.steady_load_per_slot, rel=0.05)
+    # heavy-tailed decode lengths hold slots longer than the geometric law with the same mean implies
+    long = LengthDistribution.from_trace("azure-code", 4000, 1000)
+    assert long.steady_load_per_slot / (long.mean_prompt + long.mean_decode) > 1.2
+
+
+def test_conservation_bound_and_seed(stages, conv):
+    a = simulate_measured([1, 2, 5], 32, conv, stages=stages, requests=200, seed=7)
+    b = simulate_measured([1, 2, 5], 32, conv, stages=stages, requests=200, seed=7)
+    c = simulate_measured([1, 2, 5], 32, conv, stages=stages, requests=200, seed=8)
+    pd_equal = a.frame.equals(b.frame)
+    assert pd_equal and a.coverage == b.coverage
+    assert not a.frame["makespan"].equals(c.frame["makespan"])
+    f = a.frame
+    # every microbatch step of every instance emits B tokens
+    assert np.all(f["tokens"] == a.steps * a.microbatches * f["r"] * 32)
+    # the makespan is at least each stage's total work: throughput never beats the slowest stage's mean
+    assert np.all(f["sim_throughput"] <= f["stage_bound_throughput"] * (1 + 1e-9))
+    assert np.all((f["sim_attention_idle"] >= -1e-9) & (f["sim_ffn_idle"] >= -1e-9))
+    assert a.fit is not None and a.unit == "ms"
+
+
+def test_stragglers_grow_with_r(stages, conv):
+    res = simulate_measured([1, 2, 4, 8], 16, conv, stages=stages, requests=100, seed=1)
+    s = res.frame["sim_straggler_time"].to_numpy()
+    assert np.all(np.diff(s) >= -1e-12)  # common random numbers: the max over more instances
+    slow = simulate_measured([4], 16, conv, stages=stages, requests=100, seed=1, speed_cv=0.3)
+    assert slow.frame["sim_straggler_time"].iloc[0] > res.frame["sim_straggler_time"].iloc[2]
+
+
+def test_reduces_to_the_closed_form_on_its_own_assumptions():
+    # linear stage times from the six coefficients + geometric lengths: the closed form's world
+    coeffs = afd.AFDCoefficients()
+    lengths = LengthDistribution.geometric(100, 500, prompt_cv=0.0)
+    res = simulate_measured(list(range(1, 25)), 256, lengths, stages=LinearStages(coeffs), requests=2000, seed=0)
+    assert res.coeffs == coeffs
+    f = res.frame
+    ffn_bound = f["r"] >= res.r_star + 1
+    assert np.all(np.abs(f.loc[ffn_bound, "sim_vs_theory_pct"]) < 0.5)
+    assert abs(res.r_sim - res.r_star) <= 1.0
+    assert res.coverage["attention_extrapolated"] == 0
+
+
+def test_default_sweep_covers_r32_and_is_not_at_its_edge(stages, conv):
+    res = afd.measured_optimum(256, conv, stages=stages, requests=300)
+    assert 32 in res.frame["r"].to_numpy()
+    assert not res.optimum_at_edge
+    assert np.isfinite(res.throughput_gap_pct(32))
+    with pytest.raises(ValueError, match="r must be one of"):
+        res.throughput_gap_pct(10_000)
+
+
+def test_gap_map_rows(stages):
+    df = gap_map((64,), (100,), (50,), ("geometric", "azure-code"), requests=100, stages=stages)
+    assert len(df) == 2 and set(df["lengths"]) == {"geometric", "azure-code"}
+    assert np.allclose(df["gap_rel"] * 100, df["gap_pct"])
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"r_values": [0]}, "r_values"), ({"r_values": [MAX_R + 1]}, "r_values"), ({"r_values": [1.5]}, "r_values"),
+    ({"r_values": []}, "r_values"), ({"B": 0}, "B"), ({"B": MAX_B + 1}, "B"), ({"requests": 0}, "requests"),
+    ({"requests": 1e12}, "requests"), ({"microbatches": 0}, "microbatches"), ({"microbatches": 99}, "microbatches"),
+    ({"speed_cv": -1}, "speed_cv"), ({"lengths": 3}, "lengths"), ({"lengths": "sharegpt"}, "kind"),
+    ({"requests": 900_000, "r_values": [200]}, "MAX_"), ({"stages": "h200"}, "stages"), ({"seed": -1}, "seed"),
+])
+def test_bad_input_names_parameter(kwargs, name):
+    args = {"r_values": [1, 2], "B": 8, "lengths": LengthDistribution.geometric(10, 10), "requests": 20, **kwargs}
+    with pytest.raises(ValueError, match=name):
+        simulate_measured(**args)
+
+
+def test_gap_map_and_lengths_refuse_bad_input():
+    with pytest.raises(ValueError, match="200 cells"):
+        gap_map(tuple(range(1, 30)), (1, 2, 3), (1, 2, 3))
+    with pytest.raises(ValueError, match="distributions"):
+        gap_map((8,), (1,), (1,), ("uniform",))
+    with pytest.raises(ValueError, match="mu_D"):
+        LengthDistribution.geometric(10, float("inf"))
+    with pytest.raises(ValueError, match="D"):
+        StageTables.h200().ffn_ms(256, 1000)
