@@ -301,8 +301,7 @@ def simulate_measured(r_values, B: int = 256, lengths: LengthDistribution | str 
         if isinstance(stages, LinearStages):
             coeffs = stages.coeffs
         else:
-            sample = loads[:, :: max(1, K // 64)].ravel()
-            fit = fit_coefficients(stages, B=B, r_values=r_arr, kv_tokens=sample)
+            fit = fit_coefficients(stages, B=B, r_values=r_arr)
             stages.reset_coverage()
             coeffs = fit.coeffs
     rf = r_arr.astype(np.float64)
