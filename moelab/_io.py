@@ -487,10 +487,24 @@ def read_csv_checked(
         if kind not in _CSV_KINDS:
             raise ValueError(f"columns[{col!r}] must be one of {list(_CSV_KINDS)}; got {kind!r}")
     path = check_file(path, max_file_bytes=max_bytes, budget_name="max_bytes")
+    import csv
+    import warnings
+
     try:
         with open(path, encoding="utf-8", newline="") as fh:
-            df = pd.read_csv(fh, dtype=str, keep_default_na=False, nrows=max_rows + 1)
-    except (ValueError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, OSError) as exc:
+            header = next(csv.reader([fh.readline()]), [])
+            dup = sorted({c for c in header if header.count(c) > 1})
+            if dup:
+                raise FileFormatError(path, dup[0], "column appears more than once in the header")
+            fh.seek(0)
+            with warnings.catch_warnings():
+                # rows longer than the header: pandas would silently drop or shift cells
+                warnings.simplefilter("error", pd.errors.ParserWarning)
+                df = pd.read_csv(fh, dtype=str, keep_default_na=False, index_col=False, nrows=max_rows + 1)
+    except FileFormatError:
+        raise
+    except (ValueError, UnicodeDecodeError, csv.Error, pd.errors.ParserError, pd.errors.EmptyDataError,
+            pd.errors.ParserWarning, OSError) as exc:
         raise FileFormatError(path, None, f"is not a readable CSV table ({type(exc).__name__}: {exc})") from None
     if len(df) > max_rows:
         raise FileFormatError(path, None, f"has more than max_rows={max_rows} rows (pass a larger max_rows to read it)")
