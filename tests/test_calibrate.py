@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 
 from moelab.capture.calibrate import calibrate, main, smoke_plan  # noqa: E402
-from moelab.costmodel import MOE_SHAPES, AttentionModel, DenseVerifyModel  # noqa: E402
+from moelab.costmodel import MODEL_SHAPES, AttentionModel, DenseVerifyModel  # noqa: E402
 from moelab.datasets import repo_root  # noqa: E402
 
 
@@ -43,7 +43,7 @@ def test_cost_models_fit_the_measured_tables(smoke_dir):
     fit = json.loads((smoke_dir / "fit.json").read_text())
     assert "bmm_active" in fit["moe_step"] and fit["moe_step"]["bmm_active"]["points"] > 10
     assert np.isfinite(fit["moe_step"]["bmm_active"]["median_abs_err_pct"])
-    assert not set(smoke_plan().moe_shapes) & set(MOE_SHAPES)  # smoke shapes were not left in the registry
+    assert not set(smoke_plan().moe_shapes) & set(MODEL_SHAPES)  # smoke shapes never enter the registry
     AttentionModel.from_table(pd.read_csv(smoke_dir / "attn_step.csv"))
     dense = DenseVerifyModel(pd.read_csv(smoke_dir / "dense_verify.csv"))
     assert dense.relative_cost("smoke-dense", 1) == pytest.approx(1.0)

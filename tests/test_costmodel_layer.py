@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moelab.costmodel import LAYER_SHAPES, DecodeLayerModel, DecodeStepModel, MoEStepModel
+from moelab.costmodel import MODEL_SHAPES, DecodeLayerModel, DecodeStepModel, MoEStepModel
 
 
 def test_moe_fit_within_goal():
@@ -21,7 +21,7 @@ def test_layer_model_predicts_held_out_points():
     from moelab.datasets import load_calibration
 
     t = load_calibration("h200", "decode_layer")
-    s = LAYER_SHAPES["qwen3-30b-a3b"]
+    s = MODEL_SHAPES["qwen3-30b-a3b"]
     parts = m.moe.predict_ms(s.moe, t.B, t.D) + m.attn.predict_ms(t.B * t.ctx * s.kv_bytes_per_token)
     assert np.median(np.abs(parts / t.ms_per_layer - 1)) > 0.15
     assert np.median(np.abs(m.predict_ms(s, t.B, t.ctx, t.D) / t.ms_per_layer - 1)) <= 0.10

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moelab.costmodel import DecodeStepModel, LayerShape, MoEShape
+from moelab.costmodel import DecodeStepModel, ModelShape
 from moelab.eldr.cache import SignatureCache
 from moelab.eldr.partition import align_centroids, balanced_assign, spherical_kmeans
 from moelab.eldr.routing import DomainOracleRouter, ELDRRouter
 from moelab.eldr.signature import SignatureBuilder, decode_recall, greedy_layer_mask, predictability
-from moelab.eldr.sim import DecodeRequests, pack_expert_bits, poisson_requests, simulate
+from moelab.eldr.sim import pack_expert_bits, poisson_requests, simulate
 from moelab.eldr.workload import SyntheticConfig, distinct_reduction, fit_domain_spread, generate
 from moelab.routing import ClusterView, RequestBatch, make_router
-from moelab.traces import ExpertTrace, Geometry, expert_counts
+from moelab.traces import ExpertTrace, Geometry, RequestTrace, expert_counts
 
 SMALL = SyntheticConfig(num_layers=6, num_experts=32, top_k=4, model_name="small", n_domains=4,
                         prompt_len_mean=80, prefix_tokens=16, decode_tokens=8)
@@ -29,8 +29,8 @@ def small_workload():
 
 
 def small_cost(num_layers: int = 6, num_experts: int = 32, top_k: int = 4) -> DecodeStepModel:
-    shape = LayerShape(512, 8, 2, 64, MoEShape(512, 256, num_experts, top_k), vocab=1000)
-    return DecodeStepModel.h200(shape=shape, num_layers=num_layers)
+    shape = ModelShape(num_layers, 512, 8, 2, 64, 1000, num_experts=num_experts, top_k=top_k, expert_ffn=256)
+    return DecodeStepModel.h200(shape)
 
 
 # ---------------------------------------------------------------- signatures
@@ -265,8 +265,8 @@ def test_simulator_matches_hand_computation():
     cost = small_cost(2, 8, 2)
     bits = pack_expert_bits(tr)
     assert np.bitwise_count(bits).sum(axis=2).max() == 2
-    reqs = DecodeRequests(np.array([0.0, 0.0]), np.array([2, 2]), np.array([3, 3]), np.array([0, 1]), np.array([0, 0]),
-                          np.array([0, 1]))
+    reqs = RequestTrace(np.array([0.0, 0.0]), np.array([2, 2]), np.array([3, 3]), domain=np.array([0, 1]),
+                        trace_row=np.array([0, 1]), trace_offset=np.array([0, 0]))
     res = simulate(tr, reqs, make_router("round_robin"), cost, n_workers=1)
     st = res.steps
     assert list(st["batch"]) == [1, 2, 2, 1]  # the second request joins at the first step boundary

@@ -35,7 +35,7 @@ import pandas as pd
 
 from moelab._io import atomic_write_json, atomic_write_text
 from moelab._validate import check_choice, check_int
-from moelab.costmodel import MOE_SHAPES, AttentionModel, DenseVerifyModel, MoEShape, MoEStepModel
+from moelab.costmodel import MODEL_SHAPES, AttentionModel, DenseVerifyModel, MoEShape, MoEStepModel
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,14 @@ class DenseShape:
     layers: int
 
 
-ATTN_SHAPES = {"qwen3-30b-a3b": AttnShape(32, 4, 128), "mixtral-8x7b": AttnShape(32, 8, 128)}
+# the shapes the bundled H200 tables measure, looked up in the one registry (MODEL_SHAPES)
+MOE_TABLE_MODELS = ("mixtral-8x7b", "qwen1.5-moe-a2.7b", "deepseek-v2-lite", "olmoe-1b-7b", "qwen3-30b-a3b")
+ATTN_TABLE_MODELS = ("qwen3-30b-a3b", "mixtral-8x7b")
+
+
+def _attn_shape(name: str) -> AttnShape:
+    s = MODEL_SHAPES[name]
+    return AttnShape(s.q_heads, s.kv_heads, s.head_dim)
 DENSE_SHAPES = {"llama2-7b": DenseShape(4096, 11008, 32, 32, 32), "tinyllama-1.1b": DenseShape(2048, 5632, 32, 4, 22),
                 "llama-160m": DenseShape(768, 3072, 12, 12, 12)}
 
@@ -84,7 +91,8 @@ class Plan:
 
 def full_plan(reps: int = 50) -> Plan:
     """The H200 tables' grid: five MoE shapes, bf16, ``reps`` CUDA-graph replays per point."""
-    return Plan(dict(MOE_SHAPES), (1, 8, 32, 64, 128, 256), (2, 4, 6, 8, 16, 32, 60, 64, 96, 128), dict(ATTN_SHAPES),
+    return Plan({n: MODEL_SHAPES[n].moe for n in MOE_TABLE_MODELS}, (1, 8, 32, 64, 128, 256),
+                (2, 4, 6, 8, 16, 32, 60, 64, 96, 128), {n: _attn_shape(n) for n in ATTN_TABLE_MODELS},
                 (1, 8, 32, 128, 256), (512, 2048, 8192), dict(DENSE_SHAPES), (1, 2, 4, 8, 16, 24, 28, 32, 48, 64, 128),
                 1024, "bfloat16", reps, 10, 4)
 
@@ -329,21 +337,15 @@ def measure(plan: Plan, device: str, progress: Callable[[str], None] | None = No
 def fit_models(tables: dict[str, pd.DataFrame], shapes: dict[str, MoEShape]) -> dict[str, Any]:
     """Fit moelab's cost models on measured tables; the report gives each fit's error on its points.
 
-    :class:`MoEStepModel` looks shapes up by name in :data:`moelab.costmodel.MOE_SHAPES`; shapes not
-    there (e.g. the smoke shapes) are added for the fit and removed again."""
-    added = [name for name in shapes if name not in MOE_SHAPES]
-    MOE_SHAPES.update({name: shapes[name] for name in added})
+    The MoE table's shapes are passed to :meth:`MoEStepModel.from_table` as ``shapes`` (the registry
+    is never modified)."""
     report: dict[str, Any] = {"moe_step": {}, "attn_step": {}, "dense_verify": {}}
     moe = tables["moe_step"]
-    try:
-        for method in sorted(moe["method"].unique()):
-            model = MoEStepModel.from_table(moe, method)
-            report["moe_step"][method] = {"coef": model.fit.as_dict(), "median_abs_err_pct": model.report.median_abs_err_pct,
-                                          "max_abs_err_pct": model.report.max_abs_err_pct,
-                                          "points": len(model.report.measured)}
-    finally:
-        for name in added:
-            MOE_SHAPES.pop(name, None)
+    for method in sorted(moe["method"].unique()):
+        model = MoEStepModel.from_table(moe, method, shapes=shapes)
+        report["moe_step"][method] = {"coef": model.fit.as_dict(), "median_abs_err_pct": model.report.median_abs_err_pct,
+                                      "max_abs_err_pct": model.report.max_abs_err_pct,
+                                      "points": len(model.report.measured)}
     try:
         attn = AttentionModel.from_table(tables["attn_step"])
         report["attn_step"] = {"floor_ms": attn.floor_ms, "coef": attn.fit.as_dict(),

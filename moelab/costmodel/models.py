@@ -2,45 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from moelab._validate import check_array
+from moelab._validate import check_array, check_int
 from moelab.costmodel.fit import FitReport, LinearFit, fit_linear
+from moelab.costmodel.shapes import ModelShape, MoEShape, moe_shape
 
 
-@dataclass(frozen=True)
-class MoEShape:
-    """One MoE layer's expert shape: hidden ``H``, expert FFN ``F``, experts ``E``, ``top_k``; bf16."""
-
-    hidden: int
-    ffn: int
-    num_experts: int
-    top_k: int
-    bytes_per_param: int = 2
-
-    @property
-    def expert_bytes(self) -> int:
-        """Weight bytes of one SwiGLU expert (w1, w3: H x F; w2: F x H)."""
-        return 3 * self.hidden * self.ffn * self.bytes_per_param
-
-
-MOE_SHAPES: dict[str, MoEShape] = {
-    "mixtral-8x7b": MoEShape(4096, 14336, 8, 2),
-    "qwen1.5-moe-a2.7b": MoEShape(2048, 1408, 60, 4),
-    "deepseek-v2-lite": MoEShape(2048, 1408, 64, 6),
-    "olmoe-1b-7b": MoEShape(2048, 1024, 64, 8),
-    "qwen3-30b-a3b": MoEShape(2048, 768, 128, 8),
-}
-
-
-def _moe_features(shape: MoEShape, B: np.ndarray, D: np.ndarray) -> np.ndarray:
+def _moe_features(shape: MoEShape, B: np.ndarray, D: np.ndarray, ep: int = 1) -> np.ndarray:
     B, D = np.broadcast_arrays(np.asarray(B, dtype=np.float64), np.asarray(D, dtype=np.float64))
-    # fixed launch cost | weight bytes of the distinct experts | per-expert kernel overhead | token FLOPs
+    # fixed launch cost | weight bytes of the distinct experts | per-expert kernel overhead | token FLOPs;
+    # with expert parallelism over ``ep`` ranks every rank reads and computes 1/ep of the work (ideal
+    # balance, no all-to-all cost: an assumption stated where it is used)
     flops = 2.0 * B * shape.top_k * 3 * shape.hidden * shape.ffn
-    return np.stack([np.ones_like(B * D), D * shape.expert_bytes / 1e9, D, flops / 1e12], axis=-1)
+    return np.stack([np.ones_like(B * D), D * shape.expert_bytes / 1e9 / ep, D / ep, flops / 1e12 / ep], axis=-1)
 
 
 _MOE_FEATURES = ("launch_ms", "ms_per_GB_weights", "ms_per_expert", "ms_per_TFLOP")
@@ -56,17 +35,24 @@ class MoEStepModel:
     method: str
 
     @classmethod
-    def from_table(cls, table: pd.DataFrame, method: str = "bmm_active") -> MoEStepModel:
-        """Fit on the rows of ``table`` measured with ``method`` (shapes must be in :data:`MOE_SHAPES`)."""
+    def from_table(cls, table: pd.DataFrame, method: str = "bmm_active", *,
+                   shapes: Mapping[str, MoEShape] | None = None) -> MoEStepModel:
+        """Fit on the rows of ``table`` measured with ``method``. The ``model`` column names the expert
+        shape: looked up in ``shapes`` (e.g. a calibration plan's own shapes) first, then in
+        :data:`moelab.costmodel.MODEL_SHAPES`."""
         rows = table[table["method"] == method]
         if rows.empty:
             raise ValueError(f"method must be one of {sorted(table['method'].unique())}; got {method!r}")
-        unknown = sorted(set(rows["model"]) - set(MOE_SHAPES))
-        if unknown:
-            raise ValueError(f"table has MoE shapes {unknown} not in MOE_SHAPES; add them first")
-        X = np.concatenate([_moe_features(MOE_SHAPES[m], g["B"].to_numpy(), g["D"].to_numpy()) for m, g in rows.groupby("model", sort=False)])
-        y = np.concatenate([g["ms_per_layer"].to_numpy() for _, g in rows.groupby("model", sort=False)])
-        fit, report = fit_linear(X, y, _MOE_FEATURES)
+        X, y = [], []
+        for m, g in rows.groupby("model", sort=False):
+            try:
+                shape = moe_shape(str(m), shapes)
+            except ValueError as exc:
+                raise ValueError(f"table has MoE shape {m!r} that is neither in shapes= nor in MODEL_SHAPES "
+                                 f"({exc})") from None
+            X.append(_moe_features(shape, g["B"].to_numpy(), g["D"].to_numpy()))
+            y.append(g["ms_per_layer"].to_numpy())
+        fit, report = fit_linear(np.concatenate(X), np.concatenate(y), _MOE_FEATURES)
         return cls(fit, report, method)
 
     @classmethod
@@ -76,17 +62,17 @@ class MoEStepModel:
 
         return cls.from_table(load_calibration("h200", "moe_step"), method)
 
-    def predict_ms(self, shape: MoEShape | str, B: np.ndarray | int, D: np.ndarray | int) -> np.ndarray:
-        """Predicted ms for one MoE layer (vectorised over ``B`` and ``D``)."""
-        if isinstance(shape, str):
-            if shape not in MOE_SHAPES:
-                raise ValueError(f"shape must be one of {sorted(MOE_SHAPES)} or a MoEShape; got {shape!r}")
-            shape = MOE_SHAPES[shape]
+    def predict_ms(self, shape: MoEShape | ModelShape | str, B: np.ndarray | int, D: np.ndarray | int, *,
+                   ep: int = 1) -> np.ndarray:
+        """Predicted ms for one MoE layer (vectorised over ``B`` and ``D``); ``ep``: expert-parallel
+        ranks sharing the layer's experts (each does 1/ep of the weight reads and FLOPs)."""
+        shape = moe_shape(shape)
+        ep = check_int("ep", ep, low=1)
         D = check_array("D", D, low=0)
         if D.size and D.max() > shape.num_experts:
             raise ValueError(f"D must be in [0, num_experts={shape.num_experts}]; got max {D.max()}")
         B = check_array("B", B, low=0)
-        return self.fit.predict(_moe_features(shape, B, D))
+        return self.fit.predict(_moe_features(shape, B, D, ep))
 
 
 @dataclass(frozen=True)
@@ -164,16 +150,12 @@ class DenseVerifyModel:
 def expected_distinct_experts(n_tokens: np.ndarray | float, num_experts: int, top_k: int) -> np.ndarray:
     """Expected distinct experts hit by ``n_tokens`` tokens each routed uniformly to top-k of E experts:
     ``E * (1 - (1 - k/E)^n)`` (the no-locality baseline every router starts from)."""
-    n = np.asarray(n_tokens, dtype=np.float64)
+    num_experts = check_int("num_experts", num_experts, low=1)
+    top_k = check_int("top_k", top_k, low=1, high=num_experts)
+    n = check_array("n_tokens", n_tokens, low=0).astype(np.float64)
+    if top_k == num_experts:
+        return np.where(n > 0, float(num_experts), 0.0)
     return num_experts * -np.expm1(n * np.log1p(-top_k / num_experts))
 
 
-def check_shape_name(name: str) -> str:
-    """Validate a MoE shape name."""
-    if name not in MOE_SHAPES:
-        raise ValueError(f"shape must be one of {sorted(MOE_SHAPES)}; got {name!r}")
-    return name
-
-
-__all__ = ["MOE_SHAPES", "AttentionModel", "DenseVerifyModel", "MoEShape", "MoEStepModel", "check_shape_name",
-           "expected_distinct_experts"]
+__all__ = ["AttentionModel", "DenseVerifyModel", "MoEStepModel", "expected_distinct_experts"]

@@ -11,7 +11,7 @@ from moelab.eldr.cache import Admission, SignatureCache
 from moelab.eldr.partition import KMeansResult, OnlineRefitter, align_centroids, spherical_kmeans
 from moelab.eldr.routing import DomainOracleRouter, ELDRRouter
 from moelab.eldr.signature import KINDS, SignatureBuilder, decode_recall, greedy_layer_mask, predictability
-from moelab.eldr.sim import DecodeRequests, SimResult, pack_expert_bits, poisson_requests, simulate
+from moelab.eldr.sim import pack_expert_bits, poisson_requests, simulate
 from moelab.eldr.workload import (
     SyntheticConfig,
     SyntheticWorkload,
@@ -21,8 +21,8 @@ from moelab.eldr.workload import (
 )
 
 __all__ = [
-    "KINDS", "Admission", "DecodeRequests", "DomainOracleRouter", "ELDRRouter", "KMeansResult", "OnlineRefitter",
-    "SignatureBuilder", "SignatureCache", "SimResult", "SyntheticConfig", "SyntheticWorkload", "align_centroids",
+    "KINDS", "Admission", "DomainOracleRouter", "ELDRRouter", "KMeansResult", "OnlineRefitter",
+    "SignatureBuilder", "SignatureCache", "SyntheticConfig", "SyntheticWorkload", "align_centroids",
     "decode_recall", "fit_domain_spread", "generate", "greedy_layer_mask", "pack_expert_bits",
     "poisson_requests", "predictability", "simulate", "spherical_kmeans", "workload_stats",
 ]

@@ -14,17 +14,18 @@ import numpy as np
 import pandas as pd
 
 from moelab._validate import check_choice, check_int, check_real, rng_from
-from moelab.costmodel.decode_layer import DecodeStepModel
+from moelab.costmodel import DecodeStepModel
 from moelab.eldr.partition import OnlineRefitter, spherical_kmeans
 from moelab.eldr.routing import DomainOracleRouter, ELDRRouter
 from moelab.eldr.signature import KINDS, SignatureBuilder
 from moelab.eldr.sim import pack_expert_bits, poisson_requests, simulate
 from moelab.eldr.workload import SyntheticConfig, SyntheticWorkload, generate
-from moelab.routing.base import Router, available_routers, make_router
+from moelab.routing import Router, available_routers, make_router, router_names
+from moelab.sim import gains_table
 from moelab.traces import ExpertTrace
 
-BASELINES = ("round_robin", "random", "jsq", "p2c")  # the paper's four
-ROUTERS = (*BASELINES, "least_kv", "domain_oracle", "eldr")
+BASELINES = router_names("eldr_paper")  # the paper's four load balancers (tagged in the ROUTERS registry)
+SWEEP_ROUTERS = (*router_names("baseline"), "domain_oracle", "eldr")  # every load balancer, the oracle, ELDR
 PAPER_RATES = (20, 40, 60, 80, 100)
 
 
@@ -114,7 +115,7 @@ def synthetic_setup(
     seed: int = 0,
     **config: object,
 ) -> tuple[ELDRSetup, SyntheticWorkload]:
-    """A realistic-scale SYNTHETIC workload at a named model geometry (``LAYER_SHAPES``), with the H200
+    """A realistic-scale SYNTHETIC workload at a named model geometry (``MODEL_SHAPES``), with the H200
     step model at the same geometry, split into calibration and replay halves."""
     cost = DecodeStepModel.h200(model)
     moe = cost.shape.moe
@@ -167,7 +168,7 @@ def run_one(
     tau: float = 0.1,
     kind: str = "count_idf",
     balanced: bool = True,
-    batch_cap: int = 256,
+    slots: int = 256,
     suffix_only: bool = False,
     rate_scale: float = 1.0,
     refit_window_s: float | None = None,
@@ -180,16 +181,16 @@ def run_one(
     ``sim_rate`` is what was simulated."""
     rate_scale = check_real("rate_scale", rate_scale, low=0, low_open=True)
     r = build_router(setup, router, tau=tau, kind=kind, balanced=balanced, refit_window_s=refit_window_s, seed=seed)
-    sig = setup.signatures(kind, suffix_only=suffix_only) if router == "eldr" else None
+    sig = setup.signatures(kind, suffix_only=suffix_only) if "signature" in r.requires else None
     reqs = poisson_requests(setup.pool, rate=rate * rate_scale, n_requests=n_requests, output_len=output_len, seed=seed)
-    res = simulate(setup.pool, reqs, r, setup.cost, n_workers=setup.n_workers, signatures=sig, batch_cap=batch_cap,
+    res = simulate(setup.pool, reqs, r, setup.cost, n_workers=setup.n_workers, signatures=sig, slots=slots,
                    bits=setup.bits)
     return {"router": router, "rate": float(rate), "sim_rate": float(rate * rate_scale), "tau": tau, "kind": kind, "balanced": balanced,
             "suffix_only": suffix_only, "refit_window_s": refit_window_s, "n_workers": setup.n_workers,
             "n_refits": getattr(getattr(r, "refit", None), "n_refits", 0), **res.metrics()}
 
 
-def rate_sweep(setup: ELDRSetup, rates=PAPER_RATES, routers=ROUTERS, **kw) -> pd.DataFrame:
+def rate_sweep(setup: ELDRSetup, rates=PAPER_RATES, routers=SWEEP_ROUTERS, **kw) -> pd.DataFrame:
     """Every router at every rate (same arrivals per rate for every router)."""
     for name in routers:
         if name not in available_routers():
@@ -200,20 +201,17 @@ def rate_sweep(setup: ELDRSetup, rates=PAPER_RATES, routers=ROUTERS, **kw) -> pd
 def gains(df: pd.DataFrame, baselines=BASELINES) -> pd.DataFrame:
     """Per rate: best baseline's p50 TPOT, ELDR's, ELDR's relative gain (%), and the distinct experts
     per layer per step of both (the cause) with ELDR's relative reduction (%)."""
-    rows = []
-    for rate, g in df.groupby("rate"):
-        base = g[g["router"].isin(baselines)]
-        eldr = g[g["router"] == "eldr"]
-        if base.empty or eldr.empty:
-            continue
-        best = base.loc[base["tpot_ms_p50"].idxmin()]
-        e = eldr.iloc[0]
-        rows.append({"rate": rate, "best_baseline": best["router"], "baseline_tpot_ms_p50": best["tpot_ms_p50"],
-                     "eldr_tpot_ms_p50": e["tpot_ms_p50"],
-                     "tpot_gain_pct": 100 * (1 - e["tpot_ms_p50"] / best["tpot_ms_p50"]),
-                     "baseline_distinct": best["distinct_per_layer_step"], "eldr_distinct": e["distinct_per_layer_step"],
-                     "distinct_reduction_pct": 100 * (1 - e["distinct_per_layer_step"] / best["distinct_per_layer_step"])})
-    return pd.DataFrame(rows)
+    t = gains_table(df, "eldr", baselines, by="rate")
+    t2 = gains_table(df, "eldr", baselines, by="rate", metric="distinct_per_layer_step")
+    if t.empty:
+        return pd.DataFrame()
+    best = t["best_baseline"].tolist()
+    base_d = [df[(df["rate"] == r) & (df["router"] == b)]["distinct_per_layer_step"].iloc[0] for r, b in zip(t["rate"], best)]
+    eldr_d = t2["eldr_distinct_per_layer_step"].to_numpy()
+    return pd.DataFrame({"rate": t["rate"], "best_baseline": best, "baseline_tpot_ms_p50": t["baseline_tpot_ms_p50"],
+                         "eldr_tpot_ms_p50": t["eldr_tpot_ms_p50"], "tpot_gain_pct": t["gain_pct"],
+                         "baseline_distinct": base_d, "eldr_distinct": eldr_d,
+                         "distinct_reduction_pct": 100 * (1 - eldr_d / np.asarray(base_d, dtype=float))})
 
 
 def paper_gains(model: str = "qwen3-30b-a3b") -> pd.DataFrame:
@@ -283,6 +281,6 @@ def prefix_cache_ablation(setup: ELDRSetup, *, rate: float = 60.0, **kw) -> pd.D
     return pd.DataFrame(rows)
 
 
-__all__ = ["BASELINES", "PAPER_RATES", "ROUTERS", "ELDRSetup", "build_router", "compare_with_paper", "gains",
+__all__ = ["BASELINES", "PAPER_RATES", "SWEEP_ROUTERS", "ELDRSetup", "build_router", "compare_with_paper", "gains",
            "kmeans_ablation", "paper_gains", "rate_for_batch", "refit_ablation", "prefix_cache_ablation", "prepare", "rate_sweep", "run_one",
            "signature_ablation", "synthetic_setup", "tau_sweep", "with_workers"]

@@ -29,6 +29,8 @@ class ELDRRouter(Router):
     """
 
     name = "eldr"
+    requires = frozenset({"prompt_len", "free_slots", "active", "waiting", "signature"})
+    tags = frozenset({"locality"})
 
     def __init__(self, centroids: np.ndarray | None = None, tau: float = 0.1, seed: int | None = 0,
                  refit: OnlineRefitter | None = None) -> None:
@@ -68,18 +70,12 @@ class ELDRRouter(Router):
             raise ValueError(f"n_workers must equal the number of centroids ({self.centroids.shape[0]}); got {n_workers}")
         return self
 
-    def route(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
+    def _route(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
         """Vectorised over workers: one matrix product for the batch's similarities, then per request
         a masked band and a masked argmin (no Python loop over workers)."""
-        if self.n_workers != view.n_workers:
-            if self.n_workers != 0:
-                raise ValueError(f"view has {view.n_workers} workers but the router was reset for {self.n_workers}")
-            self.reset(view.n_workers)
         sig = batch.signature
-        if sig is None or self.centroids is None:
-            self.dim  # noqa: B018 - raises the "no centroids" error first
-        if sig is None:
-            raise ValueError("signature is required by the ELDR router (RequestBatch.signature)")
+        if self.centroids is None:
+            self.dim  # noqa: B018 - raises the "no centroids" error
         if sig.shape[1] != self._ct.shape[0]:
             raise ValueError(f"signature must have dimension {self.dim} (the centroids'); got {sig.shape[1]}")
         if self.refit is not None:
@@ -126,6 +122,8 @@ class DomainOracleRouter(Router):
     than workers), JSQ inside the group with a seeded random tie-break."""
 
     name = "domain_oracle"
+    requires = frozenset({"prompt_len", "free_slots", "active", "waiting", "domain"})
+    tags = frozenset({"oracle"})
 
     def __init__(self, n_domains: int = 1, seed: int | None = 0) -> None:
         super().__init__(seed)
@@ -143,8 +141,6 @@ class DomainOracleRouter(Router):
         return self
 
     def _choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
-        if batch.domain is None:
-            raise ValueError("domain is required by the domain_oracle router (RequestBatch.domain)")
         d = int(batch.domain[i])
         if not 0 <= d < self.n_domains:
             raise ValueError(f"domain must be an integer code in [0, n_domains={self.n_domains}); got {d}")

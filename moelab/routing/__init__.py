@@ -1,17 +1,25 @@
-"""One router interface for every system, plus the load-balancing baselines.
+"""One router contract for every system, plus the load-balancing baselines.
 
 ELDR's locality band (``moelab.eldr``) and BalanceRoute's BR-0/BR-H (``moelab.balanceroute``)
-implement the same :class:`Router` interface in their own folders; :func:`make_router` finds them
-by name without this package importing them at load time.
+implement the same :class:`Router` contract in their own folders; :data:`ROUTERS` is the one registry
+of names and finds them on first use, without this package importing them at load time.
 """
 
 from moelab.routing.base import (
+    FIELDS,
+    ROUTERS,
+    UNASSIGNED,
+    ActiveRequests,
     ClusterView,
     RequestBatch,
     Router,
     available_routers,
+    check_supplies,
     make_router,
     register_router,
+    requirements,
+    router_class,
+    router_names,
 )
 from moelab.routing.baselines import (
     JoinShortestQueue,
@@ -23,6 +31,7 @@ from moelab.routing.baselines import (
 )
 
 __all__ = [
-    "ClusterView", "RequestBatch", "Router", "available_routers", "make_router", "register_router",
+    "FIELDS", "ROUTERS", "UNASSIGNED", "ActiveRequests", "ClusterView", "RequestBatch", "Router", "available_routers",
+    "check_supplies", "make_router", "register_router", "requirements", "router_class", "router_names",
     "JoinShortestQueue", "LeastKVTokens", "PowerOfTwoChoices", "RandomRouter", "RoundRobin", "VLLMDataParallel",
 ]

@@ -13,6 +13,7 @@ class RoundRobin(Router):
     """Cycle over workers, skipping those without a free slot."""
 
     name = "round_robin"
+    tags = frozenset({"baseline", "eldr_paper"})
 
     def reset(self, n_workers: int, seed: int | None = None) -> Router:
         super().reset(n_workers, seed)
@@ -31,6 +32,7 @@ class RandomRouter(Router):
     """Uniformly random worker among those with a free slot (seeded)."""
 
     name = "random"
+    tags = frozenset({"baseline", "eldr_paper"})
 
     def _choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
         candidates = np.flatnonzero(open_)
@@ -42,6 +44,8 @@ class JoinShortestQueue(Router):
     """Fewest in-flight (running + waiting) requests; seeded random tie-break."""
 
     name = "jsq"
+    requires = frozenset({"prompt_len", "free_slots", "active", "waiting"})
+    tags = frozenset({"baseline", "eldr_paper"})
 
     def _choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
         return self._argmin_tiebreak(view.active + view.waiting, open_)
@@ -52,6 +56,8 @@ class PowerOfTwoChoices(Router):
     """Sample two distinct open workers, take the one with fewer in-flight requests."""
 
     name = "p2c"
+    requires = frozenset({"prompt_len", "free_slots", "active", "waiting"})
+    tags = frozenset({"baseline", "eldr_paper"})
 
     def _choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
         candidates = np.flatnonzero(open_)
@@ -67,6 +73,8 @@ class LeastKVTokens(Router):
     """Fewest KV-cache tokens held ("JSQ by KV load"); seeded random tie-break."""
 
     name = "least_kv"
+    requires = frozenset({"prompt_len", "free_slots", "kv_tokens"})
+    tags = frozenset({"baseline"})
 
     def _choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
         return self._argmin_tiebreak(view.kv_tokens, open_)
@@ -80,6 +88,8 @@ class VLLMDataParallel(Router):
     that rotates each call."""
 
     name = "vllm_dp"
+    requires = frozenset({"prompt_len", "free_slots", "active", "waiting", "time_s"})
+    tags = frozenset({"baseline"})
 
     def __init__(self, seed: int | None = 0, refresh_s: float = 0.1, waiting_weight: float = 4.0) -> None:
         super().__init__(seed)
@@ -94,14 +104,12 @@ class VLLMDataParallel(Router):
         self._start = 0
         return self
 
-    def route(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
-        if self.n_workers == 0:
-            self.reset(view.n_workers)
+    def _route(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
         if view.time_s - self._snapshot_t >= self.refresh_s:
             self._snapshot_t = view.time_s
             self._waiting = view.waiting.copy()
             self._running = view.active.copy()
-        return super().route(batch, view)
+        return super()._route(batch, view)
 
     def _choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
         score = np.where(open_, self.waiting_weight * self._waiting + self._running, np.inf)

@@ -1,26 +1,41 @@
-"""Request traces: arrival time, prompt length and output length per request."""
+"""The one request container: :class:`RequestTrace` (arrival, prompt and output length, and the optional
+per-request columns a router or simulator may need) flows from the loaders to every simulator.
+
+:func:`replay_requests` draws Poisson arrivals whose requests replay the rows of an expert trace
+(the decode-cluster workload of ELDR and of the cross-paper experiment)."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from moelab._validate import check_int, check_real, rng_from
 
+if TYPE_CHECKING:
+    from moelab.traces.expert import ExpertTrace
+
 REQUIRED_COLUMNS = ("arrival_s", "prompt_len", "output_len")
+OPTIONAL_COLUMNS = ("prompt_key", "domain", "signature", "trace_row", "trace_offset", "prefix_hashes")
 _AZURE_COLUMNS = {"TIMESTAMP": "timestamp", "ContextTokens": "prompt_len", "GeneratedTokens": "output_len"}
 
 
 @dataclass(frozen=True)
 class RequestTrace:
-    """A request trace: ``arrival_s`` (seconds from the first arrival, sorted), ``prompt_len``,
-    ``output_len`` (tokens), optional ``prompt_key`` (a hash identifying repeated prompts) and a
-    ``source`` note. ``dropped`` counts rows removed by filters so far (reported, never silent)."""
+    """A request trace: ``arrival_s`` (seconds from the first arrival, finite, sorted), ``prompt_len``,
+    ``output_len`` (tokens, integers >= 1), optional ``prompt_key`` (a hash identifying repeated prompts)
+    and a ``source`` note. ``dropped`` counts rows removed by filters so far (reported, never silent).
+
+    Optional per-request columns (``None`` when a trace does not have them): ``domain`` (integer
+    domain/task codes), ``signature`` ([n, d] routing signatures, finite), ``trace_row`` (which request
+    of an expert trace it replays) with ``trace_offset`` (the decode token it starts at), and
+    ``prefix_hashes`` (per request, a tuple of its prompt's KV-block hashes).
+    """
 
     arrival_s: np.ndarray
     prompt_len: np.ndarray
@@ -28,30 +43,77 @@ class RequestTrace:
     prompt_key: np.ndarray | None = None
     source: str = "unknown"
     dropped: dict[str, int] = field(default_factory=dict)
+    domain: np.ndarray | None = None
+    signature: np.ndarray | None = None
+    trace_row: np.ndarray | None = None
+    trace_offset: np.ndarray | None = None
+    prefix_hashes: tuple | None = None
 
     def __post_init__(self) -> None:
         arrival = np.asarray(self.arrival_s, dtype=np.float64)
         prompt = np.asarray(self.prompt_len)
         output = np.asarray(self.output_len)
-        n = arrival.shape[0]
+        n = arrival.shape[0] if arrival.ndim else -1
         for name, arr in (("arrival_s", arrival), ("prompt_len", prompt), ("output_len", output)):
             if arr.ndim != 1 or arr.shape[0] != n:
                 raise ValueError(f"{name} must be a 1-d array of length {n}; got shape {arr.shape}")
         if n and (not np.all(np.isfinite(arrival)) or arrival.min() < 0):
-            raise ValueError("arrival_s must be finite and >= 0")
+            raise ValueError("arrival_s must be finite and >= 0 (NaN/inf refused)")
         if n and np.any(np.diff(arrival) < 0):
             raise ValueError("arrival_s must be sorted in non-decreasing order")
         for name, arr in (("prompt_len", prompt), ("output_len", output)):
-            if n and (not np.all(np.equal(np.mod(arr, 1), 0)) or arr.min() < 1):
+            if n and (arr.dtype.kind not in "iuf" or not np.all(np.isfinite(arr))
+                      or not np.all(np.equal(np.mod(arr, 1), 0)) or arr.min() < 1):
                 raise ValueError(f"{name} must hold integers >= 1; got minimum {arr.min()!r}")
         object.__setattr__(self, "arrival_s", arrival)
         object.__setattr__(self, "prompt_len", prompt.astype(np.int64))
         object.__setattr__(self, "output_len", output.astype(np.int64))
-        if self.prompt_key is not None:
-            key = np.asarray(self.prompt_key, dtype=np.int64)
-            if key.shape != (n,):
-                raise ValueError(f"prompt_key must be a 1-d array of length {n}; got shape {key.shape}")
-            object.__setattr__(self, "prompt_key", key)
+        for name in ("prompt_key", "domain", "trace_row", "trace_offset"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            arr = np.asarray(value)
+            if arr.shape != (n,):
+                raise ValueError(f"{name} must be a 1-d array of length {n}; got shape {arr.shape}")
+            if n and (arr.dtype.kind not in "iu" and not np.all(np.equal(np.mod(arr, 1), 0))):
+                raise ValueError(f"{name} must hold integers")
+            object.__setattr__(self, name, arr.astype(np.int64))
+        for name in ("trace_row", "trace_offset"):
+            arr = getattr(self, name)
+            if arr is not None and n and arr.min() < 0:
+                raise ValueError(f"{name} must be >= 0; got minimum {arr.min()}")
+        if (self.trace_row is None) != (self.trace_offset is None):
+            raise ValueError("trace_row and trace_offset must be given together")
+        if self.signature is not None:
+            sig = np.asarray(self.signature, dtype=np.float64)
+            if sig.ndim != 2 or sig.shape[0] != n:
+                raise ValueError(f"signature must have shape (n_requests={n}, dim); got {sig.shape}")
+            if not np.isfinite(sig).all():
+                raise ValueError("signature must contain only finite values (NaN/inf refused)")
+            object.__setattr__(self, "signature", sig)
+        if self.prefix_hashes is not None:
+            ph = tuple(tuple(int(h) for h in row) for row in self.prefix_hashes)
+            if len(ph) != n:
+                raise ValueError(f"prefix_hashes must have one entry per request ({n}); got {len(ph)}")
+            object.__setattr__(self, "prefix_hashes", ph)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns this trace has (the three required ones plus the optional ones present)."""
+        return REQUIRED_COLUMNS + tuple(c for c in OPTIONAL_COLUMNS if getattr(self, c) is not None)
+
+    def require(self, columns: tuple[str, ...] | list[str], user: str) -> None:
+        """``ValueError`` naming the missing columns when ``user`` (a simulator) needs columns this trace lacks."""
+        missing = [c for c in columns if c not in self.columns]
+        if missing:
+            raise ValueError(f"{user} needs trace column(s) {missing}; this trace has {list(self.columns)}")
+
+    def with_columns(self, **columns: object) -> RequestTrace:
+        """A copy with optional columns set (``domain=``, ``signature=``, ``trace_row=`` ...)."""
+        unknown = sorted(set(columns) - set(OPTIONAL_COLUMNS) - {"source"})
+        if unknown:
+            raise ValueError(f"unknown column(s) {unknown}; optional columns: {list(OPTIONAL_COLUMNS)}")
+        return replace(self, **columns)
 
     def __len__(self) -> int:
         return int(self.arrival_s.shape[0])
@@ -78,13 +140,18 @@ class RequestTrace:
 
     def _take(self, idx: np.ndarray, *, arrival: np.ndarray | None = None, note: str | None = None,
               dropped: dict[str, int] | None = None) -> RequestTrace:
+        def pick(x: np.ndarray | None) -> np.ndarray | None:
+            return None if x is None else x[idx]
+
         return RequestTrace(
             self.arrival_s[idx] if arrival is None else arrival,
             self.prompt_len[idx],
             self.output_len[idx],
-            None if self.prompt_key is None else self.prompt_key[idx],
+            pick(self.prompt_key),
             self.source if note is None else f"{self.source}; {note}",
             {**self.dropped, **(dropped or {})},
+            pick(self.domain), pick(self.signature), pick(self.trace_row), pick(self.trace_offset),
+            None if self.prefix_hashes is None else tuple(self.prefix_hashes[i] for i in np.asarray(idx).tolist()),
         )
 
     def head(self, n: int) -> RequestTrace:
@@ -213,3 +280,43 @@ def load_azure_trace(kind: str = "conv", year: int = 2023, *, nrows: int | None 
 def stable_hash(text: str) -> int:
     """A stable 63-bit hash of a prompt text (for ExactMatch-style per-prompt statistics)."""
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little") >> 1
+
+
+def replay_requests(
+    trace: ExpertTrace,
+    *,
+    rate: float,
+    n_requests: int,
+    output_len: int | np.ndarray = 512,
+    seed: int = 0,
+    signatures: np.ndarray | None = None,
+) -> RequestTrace:
+    """Poisson arrivals at ``rate`` req/s; each request replays a uniformly drawn request of the expert
+    ``trace`` (its prompt length and domain included) from a random decode offset, with fixed or given
+    output lengths. Trace requests without captured decode tokens have no experts to replay and are
+    not drawn. ``signatures`` ([trace.n_requests, d]) gives each request its trace row's signature."""
+    rate = check_real("rate", rate, low=0, low_open=True)
+    n = check_int("n_requests", n_requests, low=1)
+    rng = rng_from(seed)
+    arrival = np.cumsum(rng.exponential(1.0 / rate, size=n))
+    arrival -= arrival[0]
+    eligible = np.flatnonzero(trace.decode_lens > 0)
+    if eligible.size == 0:
+        raise ValueError("trace has no request with decode tokens to replay")
+    idx = eligible[rng.integers(0, eligible.size, size=n)]
+    lens = trace.decode_lens[idx]
+    out = np.broadcast_to(np.asarray(output_len), (n,)).copy()
+    if out.min() < 1:
+        raise ValueError(f"output_len must be >= 1; got minimum {out.min()}")
+    codes, _ = trace.domain_codes()
+    sig = None
+    if signatures is not None:
+        from moelab._validate import check_array
+
+        signatures = check_array("signatures", signatures, ndim=2, dtype=np.float64)
+        if signatures.shape[0] != trace.n_requests:
+            raise ValueError(f"signatures must have one row per trace request ({trace.n_requests}); "
+                             f"got {signatures.shape[0]}")
+        sig = signatures[idx]
+    return RequestTrace(arrival, trace.prompt_lens[idx], out, None, f"replay of an expert trace at "
+                        f"{rate:g} req/s (seed {seed})", {}, codes[idx], sig, idx, rng.integers(0, lens))

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from moelab.costmodel import MOE_SHAPES, MoEStepModel
+from moelab.costmodel import MODEL_SHAPES, MoEStepModel
 from moelab.viz.common import refresh
 
 # One row per paper: what it claims (in plain words) and where the lab shows it.
@@ -61,7 +61,7 @@ def moe_experts_figure(table: pd.DataFrame, model: MoEStepModel, B: int = 256, *
     fig = go.FigureWidget() if widget else go.Figure()
     colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
     for i, (name, g) in enumerate(pts.groupby("model", sort=True)):
-        shape = MOE_SHAPES[name]
+        shape = MODEL_SHAPES[name].moe
         D = np.arange(1, shape.num_experts + 1)
         fig.add_scatter(x=D, y=1e3 * model.predict_ms(shape, B, D), mode="lines", name=f"{name} (fit)",
                         line={"color": colors[i % len(colors)]}, legendgroup=name)
