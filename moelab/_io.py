@@ -76,7 +76,7 @@ class FileFormatError(ValueError):
         self.field = field
         self.problem = problem
         where = "<unknown file>" if path is None else str(path)
-        super().__init__(f"{where}: {field}: {problem}" if field else f"{where}: {problem}")
+        super().__init__(f"{where}: {field}: {problem}" if field is not None else f"{where}: {problem}")
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable across process pools
         return (type(self), (self.path, self.field, self.problem))
@@ -359,7 +359,8 @@ class JsonRecord:
 
     def error(self, key: str | None, problem: str) -> FileFormatError:
         """The :class:`FileFormatError` for ``key`` of this record (for checks the getters do not cover)."""
-        return FileFormatError(self.path, f"{self.prefix}{key}" if key else (self.prefix.rstrip(".") or None), problem)
+        return FileFormatError(self.path, f"{self.prefix}{key}" if key is not None else (self.prefix.rstrip(".") or None),
+                               problem)
 
     def get(self, key: str, default: Any = _MISSING) -> Any:
         """The raw value of ``key`` (``default`` if absent; an error if absent without a default)."""
