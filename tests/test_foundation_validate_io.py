@@ -87,3 +87,93 @@ def test_check_loopback_host():
     for bad in ("0.0.0.0", "10.0.0.1", "example.org"):
         with pytest.raises(ValueError, match="host must be a loopback address"):
             check_loopback_host("host", bad)
+
+
+# ---------------------------------------------------------------------------------------------- domain helpers
+
+
+def test_empty_ranges_say_so_and_name_the_bound():
+    from moelab._validate import check_int, check_real
+
+    # a bound computed from other inputs can leave nothing valid: say so, never "K must be in [1, 0]" alone
+    with pytest.raises(ValueError, match=r"K must be an integer in \[1, n_signatures=0\], an empty range "
+                                         r"\(n_signatures leaves no valid value\); got 3"):
+        check_int("K", 3, low=1, high=0, high_name="n_signatures")
+    with pytest.raises(ValueError, match=r"K must be an integer in \[1, 0\], an empty range"):
+        check_int("K", 1, low=1, high=0)
+    with pytest.raises(ValueError, match=r"x must be in \[0, 0\), an empty range"):
+        check_real("x", 0, low=0, high=0, high_open=True)
+    assert check_int("K", 2, low=1, high=3, high_name="n") == 2
+    with pytest.raises(ValueError, match=r"K must be an integer in \[1, n=3\]; got 4$"):
+        check_int("K", 4, low=1, high=3, high_name="n")
+    with pytest.raises(ValueError, match="mode has no valid value"):
+        check_choice("mode", "a", [])
+
+
+def test_check_int_array_never_truncates():
+    from moelab._validate import check_int_array
+
+    assert check_int_array("ids", [1, 2, 3], low=0, high=4).dtype == np.int64
+    assert check_int_array("ids", np.array([1.0, 2.0]), low=0).tolist() == [1, 2]  # integral floats are fine
+    with pytest.raises(ValueError, match=r"token_ids must be an array of token ids in \[0, vocab_size=100\); "
+                                         r"got 1.5 at index 0"):
+        check_int_array("token_ids", [1.5, 2.7, 3.2, 4.9], low=0, high=100, high_name="vocab_size", kind="token ids")
+    with pytest.raises(ValueError, match=r"got 100 at index 1"):
+        check_int_array("token_ids", [3, 100], low=0, high=100)
+    with pytest.raises(ValueError, match=r"got -1 at index \(1, 0\)"):
+        check_int_array("ids", [[0], [-1]], low=0)
+    for bad, words in (([True, False], "booleans"), (["a"], "dtype <U1"), ([[1, 2], [3]], r"got \[\[1, 2\], \[3\]\]"),
+                       ([float("nan")], "nan"), ([2.0**70], "1.18"), ([10**30], r"got \[10{30}\]|dtype object")):
+        with pytest.raises(ValueError, match=words):
+            check_int_array("ids", bad)
+    with pytest.raises(ValueError, match=r"an empty range \(E leaves no valid value\)"):
+        check_int_array("ids", [0], low=0, high=0, high_name="E")
+    with pytest.raises(ValueError, match="ids must be a 1-d array of integers"):
+        check_int_array("ids", [[1]], ndim=1)
+
+
+def test_sorted_finite_probability_count_and_top_k_helpers():
+    from moelab._validate import (
+        check_counts,
+        check_finite_array,
+        check_probabilities,
+        check_sorted,
+        check_top_k,
+    )
+
+    assert check_sorted("arrival_s", [0, 0, 1.5]).tolist() == [0, 0, 1.5]
+    with pytest.raises(ValueError, match=r"arrival_s must be non-decreasing \(sorted\); got 2.0 at index 1 then 1.0 at index 2"):
+        check_sorted("arrival_s", [0, 2, 1])
+    with pytest.raises(ValueError, match="t must be increasing"):
+        check_sorted("t", [0, 0], strict=True)
+    with pytest.raises(ValueError, match=r"arrival_s must contain only finite values; got nan at index 1"):
+        check_sorted("arrival_s", [0, float("nan"), 1])
+    with pytest.raises(ValueError, match="arrival_s must be a 1-d array"):
+        check_sorted("arrival_s", [[0, 1]])
+    with pytest.raises(ValueError, match=r"sig must contain only finite values; got inf at index \(0, 1\)"):
+        check_finite_array("sig", [[0, float("inf")]])
+    with pytest.raises(ValueError, match=r"sig must be an array of numbers; got dtype <U3 \('abc'\)"):
+        check_finite_array("sig", "abc")
+    assert check_probabilities("p", [[0.25, 0.75]], sum_axis=1).shape == (1, 2)
+    with pytest.raises(ValueError, match=r"p must hold probabilities in \[0, 1\]; got 1.5 at index 1"):
+        check_probabilities("p", [0.2, 1.5])
+    with pytest.raises(ValueError, match="p must sum to 1 along axis 1"):
+        check_probabilities("p", [[0.2, 0.2]], sum_axis=1)
+    assert check_counts("c", [0, 3]).tolist() == [0, 3]
+    for bad in ([1, -1], [0.5], [float("nan")]):
+        with pytest.raises(ValueError, match=r"c must be an array of integers in \[0, inf\)"):
+            check_counts("c", bad)
+    assert check_top_k(2, 8) == 2
+    with pytest.raises(ValueError, match=r"top_k must be an integer in \[1, num_experts=4\]; got 5"):
+        check_top_k(5, 4)
+    with pytest.raises(ValueError, match=r"num_experts must be an integer in \[1, inf\)"):
+        check_top_k(1, 0)
+
+
+def test_check_array_never_leaks_raw_numpy_text():
+    with pytest.raises(ValueError, match=r"^x must be an array of numbers; got \[\[1, 2\], \[3\]\]$"):
+        check_array("x", [[1, 2], [3]])
+    with pytest.raises(ValueError, match=r"^x must be an array of numbers; got \['a', 'b'\]$"):
+        check_array("x", ["a", "b"], dtype=np.float64)
+    with pytest.raises(ValueError, match="D must be <= 8 everywhere; got maximum 9"):
+        check_array("D", [1, 9], low=1, high=8)
