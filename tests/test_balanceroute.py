@@ -1,4 +1,5 @@
-"""BalanceRoute: exact subset search, F-score, projections, routers, predictors, DP simulator, bad input."""
+"""BalanceRoute: exact subset search, F-score, projections, routers, DP balancers, predictors, DP simulator
+(pool and engine queues), the cost fold, ShareGPT, tuning split, paper table, bad input."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pandas as pd
 import pytest
 
 from moelab.balanceroute import experiments as ex
-from moelab.balanceroute.cost import StepCost
+from moelab.balanceroute.cost import DPCost
 from moelab.balanceroute.predictors import (
     ExactMatchPredictor,
     LearnedPredictor,
@@ -21,9 +22,13 @@ from moelab.balanceroute.routers import BR0, BRH
 from moelab.balanceroute.score import best_subset, discounts, f_argmax, f_score, projected_loads
 from moelab.balanceroute.sim import simulate
 from moelab.routing import ClusterView, RequestBatch, make_router
+from moelab.routing.dp_balancers import DP_BALANCERS
 from moelab.traces import RequestTrace
 
-COST = StepCost(fixed_ms=10.0, n_layers=2, floor_ms=0.01, base_ms=0.0, ms_per_gb=1.0, kv_bytes_per_token=1e6)
+
+def cost(G: int, B: int) -> DPCost:
+    """Synthetic cost: 10 ms + 2e-3 ms per token of the most loaded rank."""
+    return DPCost.synthetic(G, B, fixed_ms=10.0, ms_per_token=2e-3)
 
 
 def synthetic_trace(n: int = 400, seed: int = 0, rate: float = 200.0) -> RequestTrace:
@@ -113,10 +118,10 @@ def test_br0_fills_the_margin_exactly():
 
 def test_brh_h0_equals_br0():
     tr = synthetic_trace(300)
-    a = simulate(tr, BR0(window=64), 4, 8, COST)
-    b = simulate(tr, BRH(horizon=0, gamma=1.0, beta=None, window=64), 4, 8, COST)
-    np.testing.assert_array_equal(a.admit_s, b.admit_s)
-    assert a.summary["avg_imbalance"] == b.summary["avg_imbalance"]
+    a = simulate(tr, BR0(window=64), 4, 8, cost(4, 8))
+    b = simulate(tr, BRH(horizon=0, gamma=1.0, beta=None, window=64), 4, 8, cost(4, 8))
+    np.testing.assert_array_equal(a.requests['admit_s'], b.requests['admit_s'])
+    assert a.metrics()["avg_imbalance"] == b.metrics()["avg_imbalance"]
 
 
 def test_starvation_guard_admits_a_giant_request():
@@ -125,56 +130,58 @@ def test_starvation_guard_admits_a_giant_request():
     prompt = np.full(n, 50)
     prompt[0] = 20_000
     tr = RequestTrace(np.zeros(n), prompt, np.full(n, 20), None, "synthetic")
-    res = simulate(tr, BR0(window=32, max_wait_steps=30), 2, 4, COST)
+    res = simulate(tr, BR0(window=32, max_wait_steps=30), 2, 4, cost(2, 4))
     assert np.isfinite(res.finish_s).all()
 
 
 # ------------------------------------------------------------------ simulator
 def test_simulator_hand_computed_single_worker():
     # G=1, B=1: request 0 (prompt 10, 2 tokens) then request 1 (prompt 20, 1 token), both at t=0
-    cost = StepCost(fixed_ms=1.0, n_layers=1, floor_ms=0.0, base_ms=0.0, ms_per_gb=1e3, kv_bytes_per_token=1e3)
+    c = DPCost.synthetic(1, 1, fixed_ms=1.0, ms_per_token=1e-3)
     tr = RequestTrace(np.zeros(2), np.array([10, 20]), np.array([2, 1]), None, "synthetic")
-    res = simulate(tr, make_router("round_robin"), 1, 1, cost, warmup_frac=0.0)
-    # step loads: 10, 11 (request 0), then 20 (request 1); step ms = 1 + load * 1e3 B * 1e3 ms/GB / 1e9
+    res = simulate(tr, make_router("round_robin"), 1, 1, c, warmup_frac=0.0)
+    # step loads: 10, 11 (request 0), then 20 (request 1); step ms = 1 + load * 1e-3
     np.testing.assert_array_equal(res.steps["max_load"], [10, 11, 20])
     np.testing.assert_allclose(res.steps["step_ms"], [1.01, 1.011, 1.02])
     t = np.cumsum([1.01, 1.011, 1.02]) / 1e3
     np.testing.assert_allclose(res.finish_s, [t[1], t[2]])
     np.testing.assert_allclose(res.first_token_s, [t[0], t[2]])
-    np.testing.assert_allclose(res.admit_s, [0.0, t[1]])
-    assert res.summary["avg_imbalance"] == 0.0  # one worker is never imbalanced
+    np.testing.assert_allclose(res.requests['admit_s'], [0.0, t[1]])
+    assert res.metrics()["avg_imbalance"] == 0.0  # one worker is never imbalanced
 
 
 def test_simulator_invariants_and_metrics():
     tr = synthetic_trace(500)
     G, B = 4, 8
-    res = simulate(tr, make_router("jsq"), G, B, COST)
+    res = simulate(tr, make_router("jsq"), G, B, cost(G, B))
     st = res.steps
     assert st["n_active"].max() <= G * B
     assert st["n_active"].sum() == tr.output_len.sum()  # one token per active request per step
-    assert np.all(res.admit_s >= tr.arrival_s - 1e-12)
-    assert np.all(res.first_token_s > res.admit_s) and np.all(res.finish_s >= res.first_token_s)
+    assert np.all(res.requests['admit_s'] >= tr.arrival_s - 1e-12)
+    assert np.all(res.first_token_s > res.requests['admit_s']) and np.all(res.finish_s >= res.first_token_s)
     assert np.all(G * st["max_load"] - st["sum_load"] >= 0)
-    s = res.summary
+    s = res.metrics()
     for key in ("avg_imbalance", "avg_max_minus_min", "idle_fraction", "throughput_tok_s", "tpot_ms_p50",
                 "tpot_ms_p95", "queue_s_mean", "queue_s_p95", "decision_ms_p50"):
         assert np.isfinite(s[key]), key
     assert 0 <= s["idle_fraction"] < 1
-    assert s["tpot_ms_p95"] >= s["tpot_ms_p50"] >= COST.fixed_ms
+    assert s["tpot_ms_p95"] >= s["tpot_ms_p50"] >= 10.0
+    for key in ("ttft_ms_p99", "queue_s_p99", "decision_ms_p99", "decision_us_per_request_p50"):
+        assert np.isfinite(s[key]), key
 
 
 def test_simulation_is_seeded():
     tr = synthetic_trace(200)
-    a = simulate(tr, make_router("random", seed=0), 4, 8, COST, seed=3)
-    b = simulate(tr, make_router("random", seed=0), 4, 8, COST, seed=3)
+    a = simulate(tr, make_router("random", seed=0), 4, 8, cost(4, 8), seed=3)
+    b = simulate(tr, make_router("random", seed=0), 4, 8, cost(4, 8), seed=3)
     np.testing.assert_array_equal(a.finish_s, b.finish_s)
 
 
 def test_br0_and_brh_beat_request_count_baselines_on_synthetic_trace():
     tr = synthetic_trace(1500, rate=400.0)
-    imb = {name: simulate(tr, r, 4, 16, COST).summary["avg_imbalance"]
+    imb = {name: simulate(tr, r, 4, 16, cost(4, 16)).metrics()["avg_imbalance"]
            for name, r in {"jsq": make_router("jsq"), "round_robin": make_router("round_robin"),
-                           "br0": BR0(), "brh": BRH()}.items()}
+                           "br0": BR0(), "brh": BRH(horizon=4, gamma=0.9, beta=None)}.items()}
     best = min(imb["jsq"], imb["round_robin"])
     assert imb["br0"] < 0.6 * best
     assert imb["brh"] < 0.6 * best
@@ -183,8 +190,9 @@ def test_br0_and_brh_beat_request_count_baselines_on_synthetic_trace():
 def test_every_baseline_runs_in_the_dp_simulator():
     tr = synthetic_trace(150)
     for name in ex.BASELINES:
-        res = simulate(tr, make_router(name), 3, 4, COST)
+        res = simulate(tr, make_router(name), 3, 4, cost(3, 4), kv_capacity_tokens=5000)
         assert np.isfinite(res.finish_s).all(), name
+        assert res.metrics()["queues"] == ("engine" if name in DP_BALANCERS else "pool")
 
 
 # ------------------------------------------------------------------ predictors
@@ -231,9 +239,15 @@ def test_learned_predictor_beats_constant_on_synthetic_trace():
 def test_bad_parameters_raise_clear_errors():
     tr = synthetic_trace(20)
     with pytest.raises(ValueError, match="G must be"):
-        simulate(tr, BR0(), 0, 4, COST)
+        simulate(tr, BR0(), 0, 4)
     with pytest.raises(ValueError, match="slots must be"):
-        simulate(tr, BR0(), 2, 0, COST)
+        simulate(tr, BR0(), 2, 0)
+    with pytest.raises(ValueError, match="slots must be"):
+        simulate(tr, BR0(), 2, 10**6)
+    with pytest.raises(ValueError, match="horizon must be"):
+        BRH(horizon=10**6)
+    with pytest.raises(ValueError, match="cost was built for"):
+        simulate(tr, BR0(), 2, 4, cost(3, 4))
     with pytest.raises(ValueError, match="horizon must be"):
         BRH(horizon=-1)
     for gamma in (0.0, 1.5):
@@ -244,7 +258,23 @@ def test_bad_parameters_raise_clear_errors():
     with pytest.raises(ValueError, match="predictor must be one of"):
         make_predictor("nope", tr, 4)
     with pytest.raises(ValueError, match="slots must be"):
-        StepCost.h200(0)
+        DPCost.h200(8, 0)
+    with pytest.raises(ValueError, match="shape must be one of"):
+        DPCost.h200(8, 72, "no-such-model")
+    with pytest.raises(ValueError, match="router must be one of"):
+        make_router("vllm_dp@0.1")
+    with pytest.raises(ValueError, match="load must be"):
+        ex.at_load(tr, cost(2, 4), 50.0)
+    with pytest.raises(ValueError, match="gamma must be"):
+        ex.BRParams(gamma=0.0)
+
+
+def test_output_longer_than_the_step_cap_is_refused_up_front():
+    tr = RequestTrace(np.zeros(2), np.array([10, 20]), np.array([5, 10**12]), None, "synthetic")
+    with pytest.raises(ValueError, match="output_len of request 1 .* exceeds the run's step cap"):
+        simulate(tr, BR0(), 2, 2, cost(2, 2))
+    with pytest.raises(ValueError, match="max_steps"):
+        simulate(tr.head(1), BR0(), 2, 2, cost(2, 2), max_steps=3)
 
 
 def test_bad_traces_raise_and_filters_count(tmp_path):
@@ -259,13 +289,19 @@ def test_bad_traces_raise_and_filters_count(tmp_path):
     assert len(kept) == 2 and kept.dropped == {"output_len>1000": 2}
 
 
-def test_step_cost_from_h200_tables():
-    c = StepCost.h200(72)
-    assert c.fixed_ms > 0 and "moe_step.csv" in c.note
-    loads = np.array([0, 1e4, 1e5, 1e6])
-    ms = c.step_ms(loads)
-    assert np.all(np.diff(ms) >= 0) and ms[-1] > ms[0]
-    assert c.step_ms_scalar(1e5) == pytest.approx(float(c.step_ms(1e5)))
+def test_dp_cost_fold_matches_the_floor_model():
+    rng = np.random.default_rng(5)
+    for shape in ("qwen3-30b-a3b", "llama-3.1-70b", "deepseek-v3"):
+        c = DPCost.h200(4, 16, shape)
+        for _ in range(5):
+            act = rng.integers(0, 17, 4)
+            loads = rng.integers(0, 200_000, 4).astype(float)
+            assert c.step_ms(act, loads) == pytest.approx(c.exact_step_ms(act, loads), rel=1e-9)
+        loads = np.array([0.0, 1e4, 1e5, 1e6])
+        ms = [c.uniform_step_ms(x) for x in loads]
+        assert np.all(np.diff(ms) >= 0) and ms[-1] > ms[0]
+        assert 0 < c.attention_share(1e5) < 1
+    assert "ep_step_ms" in DPCost.h200(8, 72).note
 
 
 def test_real_trace_small_run(public_data):
@@ -273,10 +309,10 @@ def test_real_trace_small_run(public_data):
     assert trace.dropped.get("output_len>1000") == 0
     train, sim = ex.split_trace(trace, 0.3)
     assert len(train) + len(sim) == len(trace)
-    cost = StepCost.h200(16)
-    tr, factor = ex.arrival_trace(sim, 4, 16, cost, n_requests=600)
+    c = DPCost.h200(4, 16)
+    tr, factor = ex.at_load(sim, c, 1.2, n_requests=600)
     assert factor > 1
-    df, _ = ex.run_lineup(tr, ex.lineup(("jsq", "round_robin", "br0"), ex.BRParams()), 4, 16, cost)
+    df, _ = ex.run_lineup(tr, ex.lineup(("jsq", "round_robin", "vllm_dp@0.32", "br0")), c)
     red = ex.reductions(df).set_index("router")
     assert red.loc["br0", "imbalance_reduction_pct"] > 30
 
@@ -287,5 +323,5 @@ def test_any_csv_with_the_three_columns(tmp_path):
                   "output_len": [10, 2000, 30]}).to_csv(path, index=False)
     tr = ex.load_trace(path=str(path))
     assert len(tr) == 2 and tr.dropped["output_len>1000"] == 1
-    res = simulate(tr, BR0(), 2, 2, COST)
+    res = simulate(tr, BR0(), 2, 2, cost(2, 2))
     assert res.steps["imbalance"].ge(0).all() and res.steps["idle_fraction"].between(0, 1).all()

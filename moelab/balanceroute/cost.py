@@ -1,96 +1,171 @@
-"""Step time of a barrier-synchronised DP decode step as a function of the most loaded worker's KV load.
+"""Step time of the BalanceRoute DP cluster, from the one decode-step model of the floor.
 
-Every decode step ends in a barrier, so it lasts as long as the slowest worker. Workers run the
-same batch size (their slots), so everything except attention costs about the same on each; what
-differs is the attention read of each worker's KV cache. The model is therefore
+The cluster is the deployment the paper assumes: ``G`` ranks with DP attention and expert parallelism
+(EP) over the same ``G`` GPUs. Every step ends in a barrier, so (:meth:`DecodeStepModel.ep_step_ms`)
 
-``step_ms = fixed_ms + n_layers * attn_ms(kv_bytes(max_g L_g))``
+``step_ms = MoE(total batch, union of experts) / G-way EP + LM head + max_g [rank work(B_g) + attention(L_g)]``
 
-* ``attn_ms`` is :class:`moelab.costmodel.AttentionModel` fitted on the measured H200 table
-  ``data/calibration/h200/attn_step.csv`` (``max(floor, a + b*GB)`` per layer);
-* ``fixed_ms`` is, per layer, the MoE expert FFN time at the full batch (``MoEStepModel`` fitted on
-  ``moe_step.csv``, with the expected number of distinct experts under uniform top-k routing) plus
-  the rest of the layer (norms, projections, router) measured as the median residual of the
-  composite ``decode_layer.csv`` points after subtracting the MoE and attention models; times
-  ``n_layers``. Sampling, embedding and LM head are not modelled.
+where ``L_g`` is rank ``g``'s KV load. Only the attention term depends on where requests were placed,
+which is why the attention share of the step bounds what balancing can buy (the regime map).
 
-Default shape: Qwen3-30B-A3B (48 layers, GQA with 4 KV heads of dim 128, bf16).
+:class:`DPCost` folds that model into arrays for the simulator's hot loop (one step costs a few
+microseconds instead of a full model evaluation) through the floor's own fold
+(:meth:`~moelab.costmodel.step.DecodeStepModel.ep_table`), never a second fit, and is checked against
+:meth:`~moelab.costmodel.step.DecodeStepModel.ep_step_ms` in ``tests/test_balanceroute.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from moelab._validate import check_int, check_real
+from moelab.costmodel.shapes import MODEL_SHAPES
+from moelab.costmodel.step import DecodeStepModel
+
+MAX_SLOTS = 4096
+MAX_WORKERS = 1024
+H200_HBM_GB = 141.0
 
 
 @dataclass(frozen=True)
-class StepCost:
-    """``step_ms(max_load) = fixed_ms + n_layers * max(floor_ms, base_ms + ms_per_gb * GB(max_load))``.
+class DPCost:
+    """Barrier step time of ``n_workers`` DP-attention + EP ranks of ``slots`` slots each.
 
-    ``kv_bytes_per_token`` is the per-layer K+V bytes one cached token costs.
+    ``step_ms(active, loads) = moe_head_ms[sum(active)] + max_g (rank_fixed_ms[active_g] +
+    attn_layers * max(attn_floor_ms, attn_base_ms + attn_ms_per_token * loads_g))``.
+
+    Build with :meth:`h200` (the floor's fitted model at a registry shape) or :meth:`synthetic`
+    (a stated toy cost for tests and teaching). ``model`` is the floor model it was folded from.
     """
 
-    fixed_ms: float
-    n_layers: int
-    floor_ms: float
-    base_ms: float
-    ms_per_gb: float
-    kv_bytes_per_token: float
-    note: str = ""
+    n_workers: int
+    slots: int
+    rank_fixed_ms: np.ndarray = field(repr=False)
+    moe_head_ms: np.ndarray = field(repr=False)
+    attn_layers: int = 1
+    attn_floor_ms: float = 0.0
+    attn_base_ms: float = 0.0
+    attn_ms_per_token: float = 0.0
+    model: DecodeStepModel | None = field(default=None, repr=False)
+    label: str = "custom"
 
     def __post_init__(self) -> None:
-        check_real("fixed_ms", self.fixed_ms, low=0)
-        check_int("n_layers", self.n_layers, low=1)
-        for name in ("floor_ms", "base_ms", "ms_per_gb"):
+        G = check_int("n_workers", self.n_workers, low=1, high=MAX_WORKERS)
+        B = check_int("slots", self.slots, low=1, high=MAX_SLOTS)
+        rf = np.asarray(self.rank_fixed_ms, np.float64)
+        mh = np.asarray(self.moe_head_ms, np.float64)
+        if rf.shape != (B + 1,) or mh.shape != (G * B + 1,):
+            raise ValueError(f"rank_fixed_ms must have {B + 1} entries and moe_head_ms {G * B + 1}; "
+                             f"got {rf.shape} and {mh.shape}")
+        if not (np.all(np.isfinite(rf)) and np.all(np.isfinite(mh))) or rf.min() < 0 or mh.min() < 0:
+            raise ValueError("step-cost tables must be finite and >= 0")
+        object.__setattr__(self, "rank_fixed_ms", rf)
+        object.__setattr__(self, "moe_head_ms", mh)
+        check_int("attn_layers", self.attn_layers, low=1)
+        for name in ("attn_floor_ms", "attn_base_ms", "attn_ms_per_token"):
             check_real(name, getattr(self, name), low=0)
-        check_real("kv_bytes_per_token", self.kv_bytes_per_token, low=0, low_open=True)
 
-    def attn_ms(self, max_load: np.ndarray | float) -> np.ndarray | float:
-        """Attention time (all layers) of a worker holding ``max_load`` KV tokens."""
-        gb = np.asarray(max_load, dtype=np.float64) * (self.kv_bytes_per_token / 1e9)
-        return self.n_layers * np.maximum(self.floor_ms, self.base_ms + self.ms_per_gb * gb)
-
-    def step_ms(self, max_load: np.ndarray | float) -> np.ndarray | float:
-        """Step time (ms) when the most loaded worker holds ``max_load`` KV tokens (vectorised)."""
-        return self.fixed_ms + self.attn_ms(max_load)
-
-    def step_ms_scalar(self, max_load: float) -> float:
-        """Scalar fast path used inside the simulation loop."""
-        attn = self.base_ms + self.ms_per_gb * (max_load * self.kv_bytes_per_token / 1e9)
-        return self.fixed_ms + self.n_layers * (attn if attn > self.floor_ms else self.floor_ms)
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_model(cls, model: DecodeStepModel, n_workers: int, slots: int) -> DPCost:
+        """Fold a floor :class:`~moelab.costmodel.step.DecodeStepModel` (its ``ep_step_ms`` over ``G`` ranks)."""
+        if not isinstance(model, DecodeStepModel):
+            raise ValueError(f"model must be a DecodeStepModel; got {type(model).__name__}")
+        G = check_int("n_workers", n_workers, low=1, high=MAX_WORKERS)
+        B = check_int("slots", slots, low=1, high=MAX_SLOTS)
+        t = model.ep_table(G, B)
+        tot = np.arange(G * B + 1, dtype=np.float64)
+        # uniform top-k routing of the group's tokens (no expert locality at the rank level)
+        moe_head = t.moe_fixed_ms + t.moe_ms_per_distinct * model.expected_sum_distinct(tot) + t.head_ms
+        a = t.attn
+        return cls(G, B, t.rank_fixed_ms, moe_head, int(a.attn_layers), float(a.attn_floor_ms), float(a.attn_base_ms),
+                   float(a.attn_ms_per_token), model, model.name)
 
     @classmethod
-    def h200(cls, slots: int = 72, *, shape: str = "qwen3-30b-a3b", fixed_ms: float | None = None) -> StepCost:
-        """Fitted on the measured H200 tables for a worker of model ``shape`` running ``slots``
-        requests per step (layer count and KV layout come from :data:`moelab.costmodel.LAYER_SHAPES`).
+    def h200(cls, n_workers: int, slots: int, shape: str = "qwen3-30b-a3b", *, attn_scale: float = 1.0) -> DPCost:
+        """The H200-fitted step model at registry ``shape`` (:data:`moelab.costmodel.MODEL_SHAPES`);
+        ``attn_scale`` multiplies the KV bytes attention reads (1 = the shape's own layout)."""
+        if shape not in MODEL_SHAPES:
+            raise ValueError(f"shape must be one of {sorted(MODEL_SHAPES)}; got {shape!r}")
+        model = DecodeStepModel.h200(shape)
+        if attn_scale != 1.0:
+            model = model.with_attn_scale(check_real("attn_scale", attn_scale, low=0, low_open=True, high=1e4))
+        return cls.from_model(model, n_workers, slots)
 
-        ``fixed_ms`` overrides the measured fixed term (e.g. to study attention-heavy settings).
-        """
-        from moelab.costmodel import AttentionModel, MoEStepModel, expected_distinct_experts
-        from moelab.costmodel.decode_layer import LAYER_SHAPES, MODEL_LAYERS, DecodeLayerModel
+    @classmethod
+    def synthetic(cls, n_workers: int, slots: int, fixed_ms: float, ms_per_token: float) -> DPCost:
+        """A stated toy cost, ``step_ms = fixed_ms + ms_per_token * max_g L_g`` (synthetic, for tests)."""
+        G = check_int("n_workers", n_workers, low=1, high=MAX_WORKERS)
+        B = check_int("slots", slots, low=1, high=MAX_SLOTS)
+        fixed_ms = check_real("fixed_ms", fixed_ms, low=0)
+        return cls(G, B, np.zeros(B + 1), np.full(G * B + 1, fixed_ms), 1, 0.0, 0.0,
+                   check_real("ms_per_token", ms_per_token, low=0), None, "synthetic")
 
-        slots = check_int("slots", slots, low=1)
-        if shape not in LAYER_SHAPES:
-            raise ValueError(f"shape must be one of {sorted(LAYER_SHAPES)}; got {shape!r}")
-        layout, n_layers = LAYER_SHAPES[shape], MODEL_LAYERS[shape]
-        attn = AttentionModel.h200()
-        coef = attn.fit.as_dict()
-        base, per_gb = coef["base_ms"], coef["ms_per_GB"]
-        kv_per_token = float(layout.kv_bytes_per_token)
-        note = "attention: attn_step.csv fit"
-        if fixed_ms is None:
-            ms = layout.moe
-            distinct = float(expected_distinct_experts(slots, ms.num_experts, ms.top_k))
-            moe_ms = float(MoEStepModel.h200().predict_ms(ms, slots, min(distinct, ms.num_experts)))
-            # projections, router, norms: the part of a whole decode layer the component tables lack
-            other = float(DecodeLayerModel.h200().other_ms(layout, slots))
-            fixed_ms = n_layers * (moe_ms + other)
-            note += (f"; fixed: {n_layers} layers x (MoE {moe_ms:.4f} ms at B={slots} [moe_step.csv] + "
-                     f"other {other:.4f} ms [decode_layer model])")
-        else:
-            fixed_ms = check_real("fixed_ms", fixed_ms, low=0)
-            note += f"; fixed {fixed_ms:g} ms (user)"
-        return cls(float(fixed_ms), n_layers, float(attn.floor_ms), base, per_gb, kv_per_token, note)
+    @property
+    def name(self) -> str:
+        return self.label
+
+    # ------------------------------------------------------------------ pricing
+    def attention_ms(self, kv_tokens: np.ndarray | float) -> np.ndarray:
+        """Attention of all layers of one rank holding ``kv_tokens`` (vectorised)."""
+        a = self.attn_base_ms + self.attn_ms_per_token * np.asarray(kv_tokens, np.float64)
+        return self.attn_layers * np.maximum(self.attn_floor_ms, a)
+
+    def step_ms(self, active: np.ndarray, loads: np.ndarray) -> float:
+        """One barrier step: ``active[g]`` running requests and ``loads[g]`` KV tokens per rank."""
+        attn = self.attn_layers * np.maximum(self.attn_floor_ms, self.attn_base_ms + self.attn_ms_per_token * loads)
+        return float(self.moe_head_ms[int(active.sum())] + np.max(self.rank_fixed_ms[active] + attn))
+
+    def exact_step_ms(self, active: np.ndarray, loads: np.ndarray) -> float:
+        """The same step from the floor model directly (slow; for checks)."""
+        if self.model is None:
+            raise ValueError("a synthetic DPCost has no floor model to check against")
+        B = np.asarray(active, np.float64)
+        return float(self.model.ep_step_ms(B, float(self.model.expected_sum_distinct(B.sum())),
+                                           np.asarray(loads, np.float64)))
+
+    def uniform_step_ms(self, load_per_rank: float, active_per_rank: int | None = None) -> float:
+        """A perfectly balanced step: every rank runs ``active_per_rank`` (default: all slots) requests
+        holding ``load_per_rank`` KV tokens."""
+        b = self.slots if active_per_rank is None else check_int("active_per_rank", active_per_rank, low=0,
+                                                                 high=self.slots)
+        act = np.full(self.n_workers, b, np.int64)
+        return self.step_ms(act, np.full(self.n_workers, float(load_per_rank)))
+
+    def attention_share(self, load_per_rank: float) -> float:
+        """Share of a balanced full-slot step spent in attention at ``load_per_rank`` KV tokens per rank."""
+        return float(self.attention_ms(load_per_rank)) / self.uniform_step_ms(load_per_rank)
+
+    def kv_capacity_tokens(self, hbm_gb: float = H200_HBM_GB, utilization: float = 0.9) -> float:
+        """KV tokens one rank can cache: ``utilization * HBM`` minus the rank's weights (attention and
+        dense parts replicated, routed experts split ``G`` ways), over the per-token KV bytes of all
+        layers. The denominator of vLLM's ``kv_cache_usage`` in the simulator."""
+        if self.model is None:
+            raise ValueError("a synthetic DPCost has no model shape; pass kv_capacity_tokens explicitly")
+        s = self.model.shape
+        hbm_gb = check_real("hbm_gb", hbm_gb, low=0, low_open=True)
+        utilization = check_real("utilization", utilization, low=0, high=1, low_open=True)
+        expert = 3 * s.hidden * s.expert_ffn * s.bytes_per_param
+        routed = s.num_moe_layers * s.num_experts * expert
+        shared = s.num_moe_layers * s.shared_experts * expert
+        attn_proj = s.num_layers * (s.hidden * (s.q_heads + 2 * s.kv_heads) * s.head_dim + s.q_heads * s.head_dim * s.hidden)
+        dense = s.num_dense_layers * 3 * s.hidden * s.dense_ffn * s.bytes_per_param
+        weights = routed / self.n_workers + shared + attn_proj * s.bytes_per_param + dense + 2 * s.head_bytes
+        free = utilization * hbm_gb * 1e9 - weights
+        per_token = s.num_layers * s.kv_bytes_per_token * self.model.attn_scale
+        if free <= 0:
+            raise ValueError(f"{self.name}: the weights of one rank ({weights / 1e9:.1f} GB) do not fit in "
+                             f"{utilization:g} x {hbm_gb:g} GB at G={self.n_workers}")
+        return free / per_token
+
+    @property
+    def note(self) -> str:
+        """Where the numbers come from."""
+        if self.model is None:
+            return f"synthetic: step = fixed + {self.attn_ms_per_token:g} ms/token x max load (G={self.n_workers})"
+        s = self.model.shape
+        return (f"{self.name} ({s.source}); DP attention + {self.n_workers}-way EP, {self.slots} slots per rank; "
+                f"moelab.costmodel.DecodeStepModel.ep_step_ms fitted on the bundled H200 tables"
+                + ("" if self.model.attn_scale == 1.0 else f"; attention KV bytes x{self.model.attn_scale:g}"))

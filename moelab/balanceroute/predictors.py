@@ -8,8 +8,9 @@ of projected steps, h = 0..H, the request is expected to stay).
 
 * :class:`OraclePredictor` — true lengths (an upper bound, not deployable).
 * :class:`SurvivalPredictor` — the empirical output-length distribution conditioned on ``O > age``.
-* :class:`ExactMatchPredictor` — the same per prompt key (Azure traces carry no text, so the key is
-  the prompt length), falling back to Survival when a key has fewer than ``min_count`` samples.
+* :class:`ExactMatchPredictor` — the same per prompt-text hash (``prompt_key``, e.g. ShareGPT via
+  :mod:`moelab.balanceroute.sharegpt`), falling back to Survival when a key has fewer than ``min_count``
+  samples. A trace without prompt text (Azure: its ``prompt_key`` is the prompt length) is refused.
 * :class:`LearnedPredictor` — scikit-learn gradient-boosted finish-within-H classifier and
   remaining-length regressor on (prompt length, age), tabulated on a grid for fast lookup.
 
@@ -113,7 +114,11 @@ class ExactMatchPredictor(Predictor):
         self.min_count = check_int("min_count", self.min_count, low=1)
         if train is None or len(train) == 0:
             raise ValueError("the exact-match predictor needs a non-empty training trace")
-        key = train.prompt_key if train.prompt_key is not None else train.prompt_len
+        if train.prompt_key is None or np.array_equal(train.prompt_key, train.prompt_len):
+            raise ValueError(f"the exact-match predictor keys on prompt-text hashes (prompt_key), but trace "
+                             f"{train.source!r} has none (Azure traces carry no text: their key is the prompt "
+                             f"length); use a trace with text, e.g. moelab.balanceroute.sharegpt.sharegpt_trace")
+        key = train.prompt_key
         self.fallback = SurvivalPredictor().fit(train, horizon)
         order = np.lexsort((train.output_len, key))
         self.keys_sorted = np.asarray(key)[order]

@@ -32,10 +32,9 @@ class BRH(Router):
     Parameters
     ----------
     horizon : int
-        Lookahead steps H >= 0 (0 = BR-0's current-step score). Default 4 with ``gamma=0.9`` and
-        ``beta=G``: the best of a small grid on the Azure-2023 conversation trace (G=8); the paper's
-        reference (H=72, gamma=0.86, beta=43) projects long-gone requests' slots as free margin and
-        did worse than BR-0 in this simulator (no future admissions in the projection).
+        Lookahead steps ``0 <= H <= 1024`` (0 = BR-0's current-step score). The defaults are the
+        paper's reference constants (H=72, gamma=0.86, alpha=1, beta=43; ``data/balanceroute``); a
+        tuned variant is chosen on a training split (:func:`moelab.balanceroute.experiments.tune_brh`).
     gamma : float
         Discount in (0, 1].
     alpha, beta : float
@@ -52,15 +51,15 @@ class BRH(Router):
 
     name = "brh"
 
-    def __init__(self, horizon: int = 4, gamma: float = 0.9, alpha: float = 1.0, beta: float | None = None,
+    def __init__(self, horizon: int = 72, gamma: float = 0.86, alpha: float = 1.0, beta: float | None = 43.0,
                  predictor: Predictor | str = "oracle", window: int = 512, stage2_slots: int = 4,
                  max_wait_steps: int = 2000, seed: int | None = 0) -> None:
         super().__init__(seed)
-        self.horizon = check_int("horizon", horizon, low=0)
+        self.horizon = check_int("horizon", horizon, low=0, high=1024)
         self.gamma = check_real("gamma", gamma, low=0, high=1, low_open=True)
         self.alpha = check_real("alpha", alpha, low=0)
         self.beta = None if beta is None else check_real("beta", beta, low=0)
-        self.window = check_int("window", window, low=1)
+        self.window = check_int("window", window, low=1, high=100_000)
         self.stage2_slots = check_int("stage2_slots", stage2_slots, low=1)
         self.max_wait_steps = check_int("max_wait_steps", max_wait_steps, low=1)
         if isinstance(predictor, str):
@@ -74,6 +73,10 @@ class BRH(Router):
         if self.predictor.horizon != self.horizon:
             raise ValueError(f"predictor was fitted for horizon {self.predictor.horizon}, router uses {self.horizon}")
         self.d = discounts(self.horizon, self.gamma)
+        need = {"prompt_len", "free_slots", "kv_tokens"} | ({"active_requests"} if self.horizon > 0 else set())
+        if self.predictor.name == "oracle" and self.horizon > 0:
+            need.add("output_len")
+        self.requires = frozenset(need)
 
     # ------------------------------------------------------------------ projection
     def _loads(self, view: ClusterView) -> np.ndarray:
@@ -81,9 +84,11 @@ class BRH(Router):
         g = view.n_workers
         if self.horizon == 0:
             return view.kv_tokens.astype(np.float64)[:, None]
-        act = view.extra.get("active")
+        act = getattr(view, "active_requests", None)
+        act = view.extra.get("active") if act is None else act
         if act is None:
-            raise ValueError("BR-H with horizon > 0 needs view.extra['active'] (provided by the DP simulator)")
+            raise ValueError("active_requests is required by BR-H with horizon > 0 (the running requests' "
+                             "worker, workload and age; the DP simulator supplies it)")
         if act["worker"].size == 0:
             return np.zeros((g, self.horizon + 1))
         c = self.predictor.truncated_remaining(act["prompt_len"], act["age"], act.get("prompt_key"),
@@ -118,7 +123,8 @@ class BRH(Router):
             envelope = np.maximum(envelope, loads[w])
 
         # starvation guard: requests that waited too long go first, to the worker with most room
-        waited = view.extra.get("waited_steps")
+        waited = getattr(view, "waited_steps", None)
+        waited = view.extra.get("waited_steps") if waited is None else waited
         if waited is not None:
             for r in np.flatnonzero(np.asarray(waited) >= self.max_wait_steps):
                 if free.max() <= 0:

@@ -1,55 +1,52 @@
-"""Discrete-time simulation of ``G`` barrier-synchronised data-parallel decode workers.
+"""Discrete-time simulation of ``G`` barrier-synchronised data-parallel decode ranks.
 
 Model (one loop iteration = one decode step):
 
-1. Requests whose (prefill-completed) arrival time has passed join the central waiting pool (FCFS).
-2. If any worker has a free slot, the router sees the ``pool_view`` oldest waiting requests and the
-   cluster state and returns a worker per request (``-1`` = keep waiting). Assignments are sticky.
-3. Every active request decodes one token. Request ``i`` at its ``j``-th decode step has KV workload
-   ``s_i + j - 1``; worker load ``L_g`` is the sum over its active requests; the step lasts
-   ``StepCost.step_ms(max_g L_g)`` (barrier: the most loaded worker sets the pace).
+1. Requests whose (prefill-completed) arrival time has passed become visible.
+2. Two kinds of routers, as deployed:
+
+   * **pooled** (BR-0/BR-H, JSQ, least-KV, ...): arrived requests wait in one central FCFS pool; when a
+     rank has a free slot the router sees the ``pool_view`` oldest and returns a rank per request
+     (``-1`` = keep waiting). This is the paper's setting.
+   * **engine queues** (``router.engine_queues``: vLLM's and SGLang's DP balancers,
+     :mod:`moelab.routing.dp_balancers`): every arrived request is dispatched at once to a rank, full or
+     not, and waits in *that rank's* FCFS queue; each rank admits from its own queue into free slots.
+
+   Assignments are sticky (no KV migration).
+3. Every running request decodes one token. Request ``i`` at its ``j``-th decode step has KV workload
+   ``s_i + j - 1``; rank load ``L_g`` is the sum over its running requests; the step lasts
+   :meth:`DPCost.step_ms` (barrier: the slowest rank sets the pace; only attention depends on ``L_g``).
 4. Requests that produced their ``output_len`` tokens leave, freeing their slots.
 
-When nothing is active or waiting the clock jumps to the next arrival. Per step the simulator
-records time, step length, ``max``/``min``/``sum`` of loads, imbalance ``G*max - sum``, ``max - min``,
-barrier idle fraction ``(G*max - sum) / (G*max)``, active / waiting / admitted counts and the wall time
-of the routing call; per request, admission, first-token and finish times. Run-level figures
-(:attr:`SimResult.summary`) add output throughput, TPOT p50/p95 and queueing delay.
+When nothing is running or waiting the clock jumps to the next arrival. The result is the one
+:class:`moelab.sim.SimResult` (per-request and per-step records, ``metrics()``).
+
+Bounded work: the run's step cap is ``max_steps``; a request whose output alone needs more steps is
+refused up front, as are slot counts, rank counts and views beyond the stated limits.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections import deque
 
 import numpy as np
 import pandas as pd
 
 from moelab._validate import check_int, check_real
-from moelab.balanceroute.cost import StepCost
+from moelab.balanceroute.cost import MAX_SLOTS, MAX_WORKERS, DPCost
 from moelab.routing.base import ClusterView, RequestBatch, Router
+from moelab.sim import SimResult
 from moelab.sim.metrics import percentiles, summarize_requests
 from moelab.traces import RequestTrace
 
-
-@dataclass
-class SimResult:
-    """Per-step arrays (``steps``), per-request times and run-level ``summary``."""
-
-    router: str
-    n_workers: int
-    slots: int
-    steps: pd.DataFrame
-    admit_s: np.ndarray
-    first_token_s: np.ndarray
-    finish_s: np.ndarray
-    trace: RequestTrace
-    summary: dict[str, Any] = field(default_factory=dict)
+MAX_STEPS = 20_000_000
+MAX_POOL_VIEW = 100_000
 
 
-def _summarise(res: SimResult, warmup_frac: float) -> dict[str, Any]:
-    st = res.steps
+def _summary(router: str, G: int, B: int, steps: pd.DataFrame, trace: RequestTrace, admit: np.ndarray,
+             first: np.ndarray, finish: np.ndarray, warmup_frac: float, engine_queues: bool) -> dict:
+    st = steps
     # Measurement window: busy steps after a warm-up fraction (an empty cluster filling up) and up to
     # the last admission (the drain tail has no routing decisions left and only lowers occupancy).
     last_adm = np.flatnonzero(st["n_admitted"].to_numpy() > 0)
@@ -57,142 +54,223 @@ def _summarise(res: SimResult, warmup_frac: float) -> dict[str, Any]:
     busy = st.iloc[:end]
     busy = busy[busy["n_active"] > 0]
     busy = busy.iloc[int(len(busy) * warmup_frac):]
-    G = res.n_workers
     imb = G * busy["max_load"] - busy["sum_load"]
     idle = np.where(busy["max_load"] > 0, 1 - busy["sum_load"] / (G * busy["max_load"].clip(lower=1)), 0.0)
     dur = busy["step_ms"].to_numpy()
-    lat = summarize_requests(res.trace.arrival_s, res.first_token_s, res.finish_s, res.trace.output_len)
-    queue = res.admit_s - res.trace.arrival_s
+    lat = summarize_requests(trace.arrival_s, first, finish, trace.output_len)
+    queue = admit - trace.arrival_s
     dec = st["decision_ms"].to_numpy()
-    dec = dec[np.isfinite(dec)]
+    routed = st["n_routed"].to_numpy()
+    ok = np.isfinite(dec)
+    per_req_us = dec[ok & (routed > 0)] * 1e3 / routed[ok & (routed > 0)]
     tokens = float(busy["n_active"].sum())
-    q = percentiles(queue, (50, 95))
-    dq = percentiles(dec, (50, 95, 99))
+    q = percentiles(queue, (50, 95, 99))
+    dq = percentiles(dec[ok], (50, 95, 99))
+    nb = len(busy)
     return {
-        "router": res.router, "G": G, "slots": res.slots, "n_requests": len(res.trace), "n_steps": int(len(st)),
-        "avg_imbalance": float(imb.mean()) if len(busy) else float("nan"),
-        "avg_max_minus_min": float((busy["max_load"] - busy["min_load"]).mean()) if len(busy) else float("nan"),
-        "idle_fraction": float(np.average(idle, weights=dur)) if len(busy) else float("nan"),
+        "router": router, "G": G, "slots": B, "n_requests": len(trace), "n_steps": int(len(st)),
+        "queues": "engine" if engine_queues else "pool",
+        "avg_imbalance": float(imb.mean()) if nb else float("nan"),
+        "avg_max_minus_min": float((busy["max_load"] - busy["min_load"]).mean()) if nb else float("nan"),
+        "idle_fraction": float(np.average(idle, weights=dur)) if nb else float("nan"),
         # tokens per second over the measured (post warm-up) busy steps, and over the whole run
         "throughput_tok_s": tokens / (dur.sum() / 1e3) if dur.sum() > 0 else float("nan"),
         "throughput_run_tok_s": lat.throughput_tok_s,
         "makespan_s": lat.makespan_s,
         "mean_step_ms": float(dur.mean()) if dur.size else float("nan"),
-        "tpot_ms_p50": lat.tpot_ms_p50, "tpot_ms_p95": lat.tpot_ms_p95,
-        "ttft_ms_p50": lat.ttft_ms_p50,
+        "mean_active": float(busy["n_active"].mean()) if nb else 0.0,
+        "tpot_ms_p50": lat.tpot_ms_p50, "tpot_ms_p95": lat.tpot_ms_p95, "tpot_ms_p99": lat.tpot_ms_p99,
+        "ttft_ms_p50": lat.ttft_ms_p50, "ttft_ms_p95": lat.ttft_ms_p95, "ttft_ms_p99": lat.ttft_ms_p99,
         "queue_s_mean": float(queue.mean()), "queue_s_p50": q["p50"], "queue_s_p95": q["p95"],
+        "queue_s_p99": q["p99"],
         "decision_ms_p50": dq["p50"], "decision_ms_p95": dq["p95"], "decision_ms_p99": dq["p99"],
-        "mean_active": float(busy["n_active"].mean()) if len(busy) else 0.0,
-        "dropped": dict(res.trace.dropped),
+        "decision_us_per_request_p50": float(np.median(per_req_us)) if per_req_us.size else float("nan"),
     }
 
 
-def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, cost: StepCost | None = None, *,
-             pool_view: int = 512, warmup_frac: float = 0.05, max_steps: int | None = None,
-             seed: int | None = 0) -> SimResult:
-    """Run ``trace`` through ``n_workers`` DP workers of ``slots`` slots each, routed by ``router``.
+def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, cost: DPCost | None = None, *,
+             pool_view: int = 512, warmup_frac: float = 0.05, max_steps: int = MAX_STEPS,
+             kv_capacity_tokens: float | None = None, seed: int | None = 0):
+    """Run ``trace`` through ``n_workers`` DP ranks of ``slots`` slots each, routed by ``router``.
 
     Parameters
     ----------
     trace : RequestTrace
         Arrival (prefill completed), prompt and output lengths; arrivals at 0 make a backlog.
     router : Router
-        Any :class:`moelab.routing.Router`; it is reset for ``n_workers`` with ``seed``.
+        Any :class:`moelab.routing.Router`; it is reset for ``n_workers`` with ``seed``. Routers with
+        ``engine_queues = True`` get per-rank queues instead of the central pool.
     n_workers, slots : int
-        ``G >= 1`` workers with ``B >= 1`` batch slots each.
-    cost : StepCost, optional
-        Step-time model (default :meth:`StepCost.h200` for ``slots``).
+        ``1 <= G <= 1024`` ranks with ``1 <= B <= 4096`` batch slots each.
+    cost : DPCost, optional
+        Step-time model (default :meth:`DPCost.h200` for Qwen3-30B-A3B at ``G``, ``B``); its ``G`` and
+        ``B`` must match.
     pool_view : int
-        How many of the oldest waiting requests the router sees each step.
+        How many of the oldest waiting requests a pooled router sees each step (1..100000).
     warmup_frac : float
         Fraction of busy steps left out of the run-level averages (cluster filling up).
-    max_steps : int, optional
-        Safety cap on simulated steps (a ``RuntimeError`` if hit).
+    max_steps : int
+        The run's step cap (default 20 million). A request whose ``output_len`` exceeds it is refused
+        up front; a run that reaches it raises ``RuntimeError``.
+    kv_capacity_tokens : float, optional
+        KV tokens one rank can hold, given to routers that read a KV-cache usage (vLLM >= 0.32) and
+        were built without one; default :meth:`DPCost.kv_capacity_tokens`.
+
+    Returns
+    -------
+    moelab.sim.SimResult
+        ``requests`` (arrival, lengths, ``worker`` = rank, admit / first-token / finish times), ``steps``
+        (``t_s``, ``step_ms``, loads, imbalance, counts, router decision time) and ``metrics()`` (the
+        run-level figures of the measured window: imbalance, throughput, TPOT/TTFT/queueing p50-p99,
+        decision time).
     """
-    G = check_int("G", n_workers, low=1)
-    B = check_int("slots", slots, low=1)
-    pool_view = check_int("pool_view", pool_view, low=1)
+    G = check_int("G", n_workers, low=1, high=MAX_WORKERS)
+    B = check_int("slots", slots, low=1, high=MAX_SLOTS)
+    pool_view = check_int("pool_view", pool_view, low=1, high=MAX_POOL_VIEW)
     warmup_frac = check_real("warmup_frac", warmup_frac, low=0, high=1, high_open=True)
+    max_steps = check_int("max_steps", max_steps, low=1, high=10 * MAX_STEPS)
     if not isinstance(trace, RequestTrace):
         raise ValueError(f"trace must be a RequestTrace; got {type(trace).__name__}")
     if len(trace) == 0:
         raise ValueError("trace must hold at least one request")
-    if cost is None:
-        cost = StepCost.h200(B)
+    if not isinstance(router, Router):
+        raise ValueError(f"router must be a moelab.routing.Router; got {type(router).__name__}")
+    if int(trace.output_len.max()) > max_steps:
+        i = int(np.argmax(trace.output_len))
+        raise ValueError(f"output_len of request {i} ({int(trace.output_len[i])}) exceeds the run's step cap "
+                         f"max_steps={max_steps}; filter the trace (filter_lengths(max_output=...)) or raise max_steps")
+    cost = DPCost.h200(G, B) if cost is None else cost
+    if not isinstance(cost, DPCost):
+        raise ValueError(f"cost must be a DPCost; got {type(cost).__name__}")
+    if (cost.n_workers, cost.slots) != (G, B):
+        raise ValueError(f"cost was built for G={cost.n_workers}, slots={cost.slots}; simulate got G={G}, slots={B}")
+    engine_queues = bool(getattr(router, "engine_queues", False))
+    if hasattr(router, "set_kv_capacity") and (kv_capacity_tokens is not None
+                                               or getattr(router, "kv_capacity_tokens", None) is None):
+        router.set_kv_capacity(cost.kv_capacity_tokens() if kv_capacity_tokens is None else kv_capacity_tokens)
     router.reset(G, seed)
     arrival, P, OUT = trace.arrival_s, trace.prompt_len, trace.output_len
-    K = trace.prompt_key if trace.prompt_key is not None else P
+    K = trace.prompt_key if trace.prompt_key is not None else None
     N = len(trace)
-    if max_steps is None:
-        max_steps = int(OUT.sum()) + N + 10  # even one request per step finishes within this
     slot_req = np.full((G, B), -1, np.int64)
     slot_w = np.zeros((G, B), np.int64)   # workload of the coming step (s + generated)
     slot_gen = np.zeros((G, B), np.int64)  # tokens generated so far
+    slot_out = np.zeros((G, B), np.int64)  # output length of the request in the slot
     admit = np.full(N, np.nan)
     first = np.full(N, np.nan)
     finish = np.full(N, np.nan)
+    rank_of = np.full(N, -1, np.int64)
     seen_step = np.zeros(N, np.int64)  # step a request entered the router's view (starvation guard)
-    front = np.zeros(0, np.int64)  # oldest waiting requests (at most pool_view), FCFS
-    next_fill = 0                  # requests [next_fill, arrived) are waiting behind the front
-    arrived = 0
+    front = np.zeros(0, np.int64)  # pooled: oldest waiting requests (at most pool_view), FCFS
+    queues: list[deque] = [deque() for _ in range(G)]  # engine queues
+    queued_tokens = np.zeros(G, np.int64)
+    next_fill = 0                  # requests [next_fill, arrived) are waiting behind the front / undispatched
     clock = 0.0
     n_done = 0
-    cols: dict[str, list] = {k: [] for k in ("time_s", "step_ms", "max_load", "min_load", "sum_load", "n_active",
-                                             "n_waiting", "n_admitted", "decision_ms")}
+    cols: dict[str, list] = {k: [] for k in ("t_s", "step_ms", "max_load", "min_load", "sum_load", "n_active",
+                                             "n_waiting", "n_admitted", "n_routed", "decision_ms")}
     step = 0
+
+    def place(wk: np.ndarray, rows: np.ndarray, occ: np.ndarray) -> None:
+        order = np.argsort(wk, kind="stable")
+        wk, rows = wk[order], rows[order]
+        rank = np.arange(wk.size) - np.searchsorted(wk, wk, side="left")
+        empty_first = np.argsort(occ, axis=1, kind="stable")  # False (empty) sorts first
+        sl = empty_first[wk, rank]
+        slot_req[wk, sl] = rows
+        slot_w[wk, sl] = P[rows]
+        slot_gen[wk, sl] = 0
+        slot_out[wk, sl] = OUT[rows]
+        admit[rows] = clock
+
+    def view_now(occ: np.ndarray, free: np.ndarray, waiting: np.ndarray, with_active: bool) -> ClusterView:
+        loads = slot_w.sum(axis=1)
+        extra: dict = {"step": step}
+        if engine_queues:
+            extra["waiting_tokens"] = queued_tokens.copy()
+        if with_active:
+            og, os_ = np.nonzero(occ)
+            ids = slot_req[og, os_]
+            extra["active"] = {"worker": og, "workload": slot_w[og, os_], "age": slot_gen[og, os_],
+                               "prompt_len": P[ids], "prompt_key": None if K is None else K[ids],
+                               "output_len": OUT[ids]}
+        return ClusterView(occ.sum(axis=1), loads, free, waiting, clock, extra)
+
     while n_done < N:
         if step >= max_steps:
             raise RuntimeError(f"simulation did not finish within max_steps={max_steps}")
         arrived = int(np.searchsorted(arrival, clock, side="right"))
-        need = pool_view - front.size
-        if need > 0 and next_fill < arrived:
-            take = min(need, arrived - next_fill)
-            new = np.arange(next_fill, next_fill + take)
-            seen_step[new] = step
-            front = np.concatenate([front, new])
-            next_fill += take
         occ = slot_req >= 0
         n_active_w = occ.sum(axis=1)
         free = B - n_active_w
-        n_adm, dec_ms = 0, np.nan
-        if front.size and free.max() > 0:
-            og, os_ = np.nonzero(occ)
-            ids = slot_req[og, os_]
-            view = ClusterView(n_active_w, slot_w.sum(axis=1), free, None, clock, {
-                "step": step,
-                "waited_steps": step - seen_step[front],
-                "active": {"worker": og, "workload": slot_w[og, os_], "age": slot_gen[og, os_], "prompt_len": P[ids],
-                           "prompt_key": K[ids], "output_len": OUT[ids]},
-            })
-            batch = RequestBatch(P[front], output_len=OUT[front], request_id=front, prompt_key=K[front])
-            t0 = time.perf_counter()
-            where = np.asarray(router.route(batch, view), dtype=np.int64)
-            dec_ms = (time.perf_counter() - t0) * 1e3
-            if where.shape != (front.size,) or where.min(initial=0) < -1 or where.max(initial=-1) >= G:
-                raise ValueError(f"router {router!r} returned invalid worker ids (shape {where.shape})")
-            chosen = np.flatnonzero(where >= 0)
-            if chosen.size:
-                wk = where[chosen]
-                per = np.bincount(wk, minlength=G)
-                if np.any(per > free):
-                    raise ValueError(f"router {router!r} over-filled a worker: {per.tolist()} vs free {free.tolist()}")
-                order = np.argsort(wk, kind="stable")
-                wk, rows = wk[order], front[chosen[order]]
-                rank = np.arange(wk.size) - np.searchsorted(wk, wk, side="left")
-                empty_first = np.argsort(occ, axis=1, kind="stable")  # False (empty) sorts first
-                sl = empty_first[wk, rank]
-                slot_req[wk, sl] = rows
-                slot_w[wk, sl] = P[rows]
-                slot_gen[wk, sl] = 0
-                admit[rows] = clock
-                keep = np.ones(front.size, bool)
-                keep[chosen] = False
-                front = front[keep]
-                n_adm = int(chosen.size)
-                occ = slot_req >= 0
-                n_active_w = occ.sum(axis=1)
+        n_adm, n_routed, dec_ms = 0, 0, np.nan
+        if engine_queues:
+            if next_fill < arrived:
+                new = np.arange(next_fill, arrived)
+                waiting = np.fromiter((len(q) for q in queues), np.int64, G)
+                view = view_now(occ, free, waiting, with_active=False)
+                batch = RequestBatch(P[new], output_len=OUT[new], request_id=new,
+                                     prompt_key=None if K is None else K[new])
+                t0 = time.perf_counter()
+                where = np.asarray(router.route(batch, view), dtype=np.int64)
+                dec_ms = (time.perf_counter() - t0) * 1e3
+                if where.shape != (new.size,) or where.min() < 0 or where.max() >= G:
+                    raise ValueError(f"engine-queue router {router!r} must return a rank in [0, {G}) for every "
+                                     f"request; got shape {where.shape}, range [{where.min()}, {where.max()}]")
+                for r, g in zip(new.tolist(), where.tolist()):
+                    queues[g].append(r)
+                np.add.at(queued_tokens, where, P[new])
+                rank_of[new] = where
+                n_routed = int(new.size)
+                next_fill = arrived
+            take_w, take_r = [], []
+            for g in np.flatnonzero(free > 0).tolist():
+                q = queues[g]
+                for _ in range(min(int(free[g]), len(q))):
+                    take_r.append(q.popleft())
+                    take_w.append(g)
+            if take_r:
+                wk, rows = np.asarray(take_w, np.int64), np.asarray(take_r, np.int64)
+                place(wk, rows, occ)
+                np.subtract.at(queued_tokens, wk, P[rows])
+                n_adm = int(rows.size)
+            n_wait = int(sum(len(q) for q in queues))
+        else:
+            need = pool_view - front.size
+            if need > 0 and next_fill < arrived:
+                take = min(need, arrived - next_fill)
+                new = np.arange(next_fill, next_fill + take)
+                seen_step[new] = step
+                front = np.concatenate([front, new])
+                next_fill += take
+            if front.size and free.max() > 0:
+                view = view_now(occ, free, None, with_active=True)
+                view.extra["waited_steps"] = step - seen_step[front]
+                batch = RequestBatch(P[front], output_len=OUT[front], request_id=front,
+                                     prompt_key=None if K is None else K[front])
+                t0 = time.perf_counter()
+                where = np.asarray(router.route(batch, view), dtype=np.int64)
+                dec_ms = (time.perf_counter() - t0) * 1e3
+                n_routed = int(front.size)
+                if where.shape != (front.size,) or where.min(initial=0) < -1 or where.max(initial=-1) >= G:
+                    raise ValueError(f"router {router!r} returned invalid worker ids (shape {where.shape})")
+                chosen = np.flatnonzero(where >= 0)
+                if chosen.size:
+                    wk = where[chosen]
+                    per = np.bincount(wk, minlength=G)
+                    if np.any(per > free):
+                        raise ValueError(f"router {router!r} over-filled a worker: {per.tolist()} vs free {free.tolist()}")
+                    rows = front[chosen]
+                    place(wk, rows, occ)
+                    rank_of[rows] = wk
+                    keep = np.ones(front.size, bool)
+                    keep[chosen] = False
+                    front = front[keep]
+                    n_adm = int(chosen.size)
+            n_wait = int(front.size + arrived - next_fill)
+        occ = slot_req >= 0
+        n_active_w = occ.sum(axis=1)
         n_act = int(n_active_w.sum())
-        n_wait = int(front.size + arrived - next_fill)
         if n_act == 0:
             if n_wait == 0 and arrived < N:  # idle: jump to the next arrival
                 clock = max(clock, float(arrival[arrived]))
@@ -200,10 +278,10 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
             if n_wait > 0:
                 raise RuntimeError(f"router {router!r} left {n_wait} requests waiting on an empty cluster")
         loads = slot_w.sum(axis=1)
-        mx = int(loads.max())
-        dt = cost.step_ms_scalar(mx)
+        dt = cost.step_ms(n_active_w, loads)
         clock += dt / 1e3
-        cols["time_s"].append(clock)
+        mx = int(loads.max())
+        cols["t_s"].append(clock)
         cols["step_ms"].append(dt)
         cols["max_load"].append(mx)
         cols["min_load"].append(int(loads.min()))
@@ -211,13 +289,14 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
         cols["n_active"].append(n_act)
         cols["n_waiting"].append(n_wait)
         cols["n_admitted"].append(n_adm)
+        cols["n_routed"].append(n_routed)
         cols["decision_ms"].append(dec_ms)
         started = occ & (slot_gen == 0)
         if started.any():
             first[slot_req[started]] = clock
         slot_w[occ] += 1
         slot_gen[occ] += 1
-        done = occ & (slot_gen >= OUT[np.where(occ, slot_req, 0)])
+        done = occ & (slot_gen >= slot_out)
         if done.any():
             finish[slot_req[done]] = clock
             n_done += int(done.sum())
@@ -230,6 +309,8 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
     steps["max_minus_min"] = steps["max_load"] - steps["min_load"]
     steps["idle_fraction"] = np.where(steps["max_load"] > 0,
                                       steps["imbalance"] / (G * steps["max_load"].clip(lower=1)), 0.0)
-    res = SimResult(getattr(router, "name", type(router).__name__), G, B, steps, admit, first, finish, trace)
-    res.summary = _summarise(res, warmup_frac)
-    return res
+    name = getattr(router, "name", type(router).__name__)
+    summary = _summary(name, G, B, steps, trace, admit, first, finish, warmup_frac, engine_queues)
+    requests = pd.DataFrame({"arrival_s": trace.arrival_s, "prompt_len": P, "output_len": OUT, "worker": rank_of,
+                             "admit_s": admit, "first_token_s": first, "finish_s": finish})
+    return SimResult(requests, steps, name, G, B, 0, {**summary, "source": trace.source})

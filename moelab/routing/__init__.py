@@ -5,6 +5,7 @@ implement the same :class:`Router` contract in their own folders; :data:`ROUTERS
 of names and finds them on first use, without this package importing them at load time.
 """
 
+from moelab.routing import dp_balancers  # noqa: F401  registers vLLM's and SGLang's DP balancers by version
 from moelab.routing.base import (
     FIELDS,
     ROUTERS,
