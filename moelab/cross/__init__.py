@@ -1,0 +1,20 @@
+"""Cross-paper experiments: modules that combine two papers' methods on the shared floor (the paper
+folders never import each other; this package may import them)."""
+
+from moelab.cross.experiment import (
+    BASELINE_PAIR,
+    INSTANCE_ROUTERS,
+    RANK_ROUTERS,
+    CrossSetup,
+    gains,
+    gains_table,
+    pair_grid,
+    prepare,
+    rate_for_load,
+    run_pair,
+    share_sweep,
+    variant,
+)
+
+__all__ = ["BASELINE_PAIR", "INSTANCE_ROUTERS", "RANK_ROUTERS", "CrossSetup", "gains", "gains_table", "pair_grid",
+           "prepare", "rate_for_load", "run_pair", "share_sweep", "variant"]

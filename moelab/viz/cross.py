@@ -1,0 +1,74 @@
+"""Figures and the slider panel of the cross-paper notebook (07): ELDR x BalanceRoute pairs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from moelab.viz.common import PALETTE, refresh, slider
+
+_FALLBACK = "#7f7f7f"
+
+
+def _rank_color(rank_router: str) -> str:
+    return PALETTE.get(rank_router, _FALLBACK)
+
+
+def pairs_figure(table: pd.DataFrame, *, widget: bool = False, title: str = "") -> go.Figure:
+    """p50 / p99 TPOT gain of every (instance router x rank router) pair over JSQ x JSQ: bars grouped
+    by instance router, one colour per rank router (``cross.gains_table`` rows)."""
+    fig = go.FigureWidget(make_subplots(rows=1, cols=2, subplot_titles=("p50 TPOT gain over jsq x jsq (%)",
+                                                                        "p99 TPOT gain over jsq x jsq (%)"))) \
+        if widget else make_subplots(rows=1, cols=2, subplot_titles=("p50 TPOT gain over jsq x jsq (%)",
+                                                                      "p99 TPOT gain over jsq x jsq (%)"))
+    for rank, g in table.groupby("rank_router", sort=False):
+        for col, metric in ((1, "tpot_ms_p50_gain_pct"), (2, "tpot_ms_p99_gain_pct")):
+            fig.add_bar(x=g["instance_router"], y=g[metric], name=f"rank: {rank}", marker_color=_rank_color(rank),
+                        legendgroup=rank, showlegend=col == 1, row=1, col=col)
+    fig.update_layout(barmode="group", template="plotly_white", xaxis_title="instance router",
+                      xaxis2_title="instance router", title=title or "ELDR picks the instance, BalanceRoute picks the rank")
+    return fig
+
+
+def causes_figure(table: pd.DataFrame) -> go.Figure:
+    """The two mechanisms side by side: distinct experts per layer per step (ELDR's lever) and the
+    barrier imbalance of KV load across ranks (BalanceRoute's lever), per pair."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("distinct experts per layer per step",
+                                                        "rank KV imbalance G*max - sum (tokens)"))
+    for rank, g in table.groupby("rank_router", sort=False):
+        fig.add_bar(x=g["instance_router"], y=g["distinct_per_layer_step"], name=f"rank: {rank}",
+                    marker_color=_rank_color(rank), legendgroup=rank, row=1, col=1)
+        fig.add_bar(x=g["instance_router"], y=g["avg_imbalance"], name=f"rank: {rank}", marker_color=_rank_color(rank),
+                    legendgroup=rank, showlegend=False, row=1, col=2)
+    fig.update_layout(barmode="group", template="plotly_white", title="Where each gain comes from")
+    return fig
+
+
+def panel(run: Any, *, K: int, G: int, load: float, tau: float, attention_share: float) -> Any:
+    """Sliders K, G, load (x slot capacity), tau and attention share; each change re-runs the pair grid
+    through ``run(K=, G=, load=, tau=, attention_share=) -> gains_table`` and redraws the bars."""
+    import ipywidgets as w
+
+    sk = slider("instances K", K, 1, 16, 1, integer=True)
+    sg = slider("ranks per instance G", G, 1, 16, 1, integer=True)
+    sr = slider("load (x slot capacity)", load, 0.3, 2.0, 0.1)
+    st = slider("ELDR band tau", tau, 0.0, 1.0, 0.05)
+    sa = slider("attention share of a rank step", attention_share, 0.05, 0.9, 0.05)
+    fig = pairs_figure(run(K=K, G=G, load=load, tau=tau, attention_share=attention_share), widget=True)
+    status = w.HTML()
+
+    def update(_: Any = None) -> None:
+        status.value = "running..."
+        table = run(K=sk.value, G=sg.value, load=sr.value, tau=st.value, attention_share=sa.value)
+        refresh(fig, pairs_figure(table))
+        status.value = ""
+
+    for s in (sk, sg, sr, st, sa):
+        s.observe(update, names="value")
+    return w.VBox([w.HBox([w.VBox([sk, sg, sr]), w.VBox([st, sa, status])]), fig])
+
+
+__all__ = ["causes_figure", "pairs_figure", "panel"]

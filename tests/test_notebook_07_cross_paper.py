@@ -1,0 +1,29 @@
+"""Notebook 07 (cross-paper: ELDR x BalanceRoute) runs end to end under papermill with small parameters."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.helpers import execute_notebook
+
+CI_PARAMS = {"K": 2, "G": 2, "SLOTS": 8, "N_TRACE": 192, "N_PAIRS": 1000, "N_REQUESTS": 200, "OUTPUT_LEN": 48,
+             "SHARES": [0.5], "PANEL": True}
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_notebook_07_cross_paper(tmp_path):
+    out = execute_notebook("07_cross_paper", CI_PARAMS, tmp_path)
+    res = out["07_cross_paper"]
+    figs = set(out["_figures"])
+    assert {"07_pairs.html", "07_causes.html"} <= figs
+    assert res["params"]["K"] == 2 and res["params"]["G"] == 2
+    assert len(res["pairs"]) == 6
+    for key in ("eldr_only_gain_pct", "br_only_gain_pct", "both_gain_pct", "best_pair_gain_pct"):
+        assert math.isfinite(res[key])
+    assert res["additive_gain_pct"] == pytest.approx(res["eldr_only_gain_pct"] + res["br_only_gain_pct"])
+    # the baseline pair is the reference: its own gain is exactly zero
+    base = [r for r in res["pairs"] if r["pair"] == "jsq x jsq"][0]
+    assert base["tpot_ms_p50_gain_pct"] == 0.0
