@@ -17,6 +17,7 @@ SUITES: dict[str, str] = {
     "eldr": "moelab.bench.eldr",
     "hd": "moelab.bench.hd",
     "balanceroute": "moelab.bench.balanceroute",
+    "sweep": "moelab.bench.sweep",
     "cross": "moelab.bench.cross",
 }
 

@@ -87,8 +87,15 @@ def ray_session(workers: int | None = None, address: str | None = None) -> tuple
     import logging
 
     if address is None:
-        ray.init(num_cpus=workers or min(4, os.cpu_count() or 1), include_dashboard=False,
-                 logging_level=logging.WARNING, log_to_driver=True)
+        try:
+            ray.init(num_cpus=workers or min(4, os.cpu_count() or 1), include_dashboard=False,
+                     logging_level=logging.WARNING, log_to_driver=True)
+        except Exception as exc:  # Ray raises bare Exceptions when its daemons miss their start-up deadline
+            ray.shutdown()
+            raise RuntimeError(
+                f"could not start Ray on this machine ({str(exc).strip().splitlines()[-1]}); on a heavily loaded "
+                "machine Ray's agents can miss their start-up deadline: retry, or start a cluster with "
+                "`ray start --head` and pass its address with --address") from None
         return ray, True
     try:
         ray.init(address=address, logging_level=logging.WARNING)
