@@ -19,6 +19,7 @@ SUITES: dict[str, str] = {
     "balanceroute": "moelab.bench.balanceroute",
     "sweep": "moelab.bench.sweep",
     "cross": "moelab.bench.cross",
+    "reliability": "moelab.bench.reliability",
 }
 
 
