@@ -257,7 +257,6 @@ def test_out_of_range_numbers_are_400_and_cannot_disturb_other_requests():
         be = ScriptedBackend()
         proxy, port = await _proxy_over(be)
         try:
-            assert proxy.max_model_len == 512  # learnt from the backend's /v1/models
             bad = asyncio.create_task(_raw(port, _post("/v1/completions", {"prompt": "hold", "max_tokens": 10**30})))
             await asyncio.sleep(0.2)
             status, body = await _raw(port, _post("/v1/completions", {"prompt": "good", "max_tokens": 4}))
@@ -265,6 +264,7 @@ def test_out_of_range_numbers_are_400_and_cannot_disturb_other_requests():
             be.release.set()
             status, body = await bad
             assert status == 400 and b"max_tokens" in body and b"512" in body
+            assert proxy.max_model_len == 512  # learnt from the backend's /v1/models
             cases = [{"max_tokens": 513}, {"max_tokens": 2.5}, {"max_tokens": True}, {"n": 10**6}, {"n": 0},
                      {"best_of": 10**40}, {"temperature": 2.0000001}, {"temperature": -1}, {"temperature": "hot"},
                      {"top_p": 0}, {"top_p": 1.5}, {"seed": 1 << 64}, {"logprobs": 10**9}, {"min_tokens": -1},

@@ -16,8 +16,16 @@ Behaviour, in plain words:
   the request is retried on another backend (at most ``retries`` times). A streaming response that
   breaks after bytes reached the client cannot be replayed: the client connection is closed and the
   error counted. A health loop (``GET /health`` every ``health_interval_s``) brings backends back.
+* Hostile input stays with its own request: HTTP framing is strict (:mod:`moelab.serving.http`), the
+  body must be strict JSON (400 otherwise, also for nesting too deep to parse), and every numeric field
+  must lie in the range vLLM accepts, token counts within the model's context (:data:`NUMERIC_FIELDS`;
+  400 naming the field), so nothing a client sends can overflow the proxy's own load accounting. A body
+  over ``max_body_bytes`` gets a 413 the client can read (the rest of the body is read and dropped, within
+  bounds, before the connection closes). A backend answer that breaks HTTP framing is a 502 and marks the
+  backend down, like a refused connection.
 * ``GET /metrics`` (Prometheus text) and ``GET /metrics.json`` expose per-backend load, in-flight
   counts, routing decisions (per backend and the most recent ones) and errors; ``GET /health``.
+  Responses are counted per status for real requests only (a bare TCP connect/close is not one).
 * It binds to loopback only (the lab's setting) and never imports torch or vLLM.
 
 ELDR needs each request's prefill expert counts. The method used here is a *prefill pass*: a
