@@ -35,13 +35,17 @@ import pandas as pd
 
 from moelab._validate import check_int, check_real
 from moelab.balanceroute.cost import MAX_SLOTS, MAX_WORKERS, DPCost
-from moelab.routing.base import ClusterView, RequestBatch, Router
+from moelab.routing.base import ClusterView, RequestBatch, Router, check_supplies
 from moelab.sim import SimResult
 from moelab.sim.metrics import percentiles, summarize_requests
 from moelab.traces import RequestTrace
 
 MAX_STEPS = 20_000_000
 MAX_POOL_VIEW = 100_000
+#: fields of :data:`moelab.routing.FIELDS` this simulator fills for every trace (``prompt_key``,
+#: ``signature`` and ``domain`` come from the trace when it has them)
+SUPPLIES = ("prompt_len", "output_len", "active", "waiting", "kv_tokens", "free_slots", "time_s",
+            "active_requests", "waited_steps")
 
 
 def _summary(router: str, G: int, B: int, steps: pd.DataFrame, trace: RequestTrace, admit: np.ndarray,
@@ -79,6 +83,7 @@ def _summary(router: str, G: int, B: int, steps: pd.DataFrame, trace: RequestTra
         "makespan_s": lat.makespan_s,
         "mean_step_ms": float(dur.mean()) if dur.size else float("nan"),
         "mean_active": float(busy["n_active"].mean()) if nb else 0.0,
+        "mean_rank_load": float(busy["sum_load"].mean() / G) if nb else 0.0,
         "tpot_ms_p50": lat.tpot_ms_p50, "tpot_ms_p95": lat.tpot_ms_p95, "tpot_ms_p99": lat.tpot_ms_p99,
         "ttft_ms_p50": lat.ttft_ms_p50, "ttft_ms_p95": lat.ttft_ms_p95, "ttft_ms_p99": lat.ttft_ms_p99,
         "queue_s_mean": float(queue.mean()), "queue_s_p50": q["p50"], "queue_s_p95": q["p95"],
@@ -145,12 +150,23 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
     if (cost.n_workers, cost.slots) != (G, B):
         raise ValueError(f"cost was built for G={cost.n_workers}, slots={cost.slots}; simulate got G={G}, slots={B}")
     engine_queues = bool(getattr(router, "engine_queues", False))
+    # the router contract: refuse, naming the field, a router that needs what this trace/driver cannot fill
+    supplied = set(SUPPLIES) | {c for c in ("prompt_key", "signature", "domain") if getattr(trace, c, None) is not None}
+    if trace.prompt_key is None or np.array_equal(trace.prompt_key, trace.prompt_len):
+        supplied.discard("prompt_key")  # Azure: the "key" is the prompt length, not a text hash
+    check_supplies(router, supplied, f"the BalanceRoute DP simulator on trace {trace.source!r}")
     if hasattr(router, "set_kv_capacity") and (kv_capacity_tokens is not None
                                                or getattr(router, "kv_capacity_tokens", None) is None):
         router.set_kv_capacity(cost.kv_capacity_tokens() if kv_capacity_tokens is None else kv_capacity_tokens)
     router.reset(G, seed)
     arrival, P, OUT = trace.arrival_s, trace.prompt_len, trace.output_len
     K = trace.prompt_key if trace.prompt_key is not None else None
+    SIG = getattr(trace, "signature", None)
+    DOM = getattr(trace, "domain", None)
+
+    def batch_of(ids: np.ndarray) -> RequestBatch:
+        return RequestBatch(P[ids], signature=None if SIG is None else SIG[ids], domain=None if DOM is None else DOM[ids],
+                            output_len=OUT[ids], request_id=ids, prompt_key=None if K is None else K[ids])
     N = len(trace)
     slot_req = np.full((G, B), -1, np.int64)
     slot_w = np.zeros((G, B), np.int64)   # workload of the coming step (s + generated)
@@ -209,8 +225,7 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
                 new = np.arange(next_fill, arrived)
                 waiting = np.fromiter((len(q) for q in queues), np.int64, G)
                 view = view_now(occ, free, waiting, with_active=False)
-                batch = RequestBatch(P[new], output_len=OUT[new], request_id=new,
-                                     prompt_key=None if K is None else K[new])
+                batch = batch_of(new)
                 t0 = time.perf_counter()
                 where = np.asarray(router.route(batch, view), dtype=np.int64)
                 dec_ms = (time.perf_counter() - t0) * 1e3
@@ -246,8 +261,7 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
             if front.size and free.max() > 0:
                 view = view_now(occ, free, None, with_active=True)
                 view.extra["waited_steps"] = step - seen_step[front]
-                batch = RequestBatch(P[front], output_len=OUT[front], request_id=front,
-                                     prompt_key=None if K is None else K[front])
+                batch = batch_of(front)
                 t0 = time.perf_counter()
                 where = np.asarray(router.route(batch, view), dtype=np.int64)
                 dec_ms = (time.perf_counter() - t0) * 1e3

@@ -10,12 +10,16 @@ import plotly.graph_objects as go
 
 from moelab.viz.common import PALETTE, refresh, slider
 
-_BRH_COLORS = {"brh_oracle": "#9467bd", "brh_survival": "#8c564b", "brh_exact_match": "#e377c2",
-               "brh_learned": "#000000"}
+# one colour per method (the shared PALETTE covers the pooled baselines and BR-0)
+_COLORS = {"brh_oracle": "#9467bd", "brh_survival": "#8c564b", "brh_exact_match": "#e377c2",
+           "brh_learned": "#000000", "brh_tuned_oracle": "#c5b0d5", "vllm_dp@0.32": "#ff7f0e",
+           "vllm_dp@latest": "#ffbb78", "vllm_dp@legacy": "#d6a36b", "sglang_round_robin": "#98df8a",
+           "sglang_minimum_tokens": "#aec7e8", "sglang_total_tokens": "#393b79"}
+_SHAPE_SYMBOLS = {"qwen3-30b-a3b": "circle", "deepseek-v3": "diamond", "llama-3.1-70b": "square"}
 
 
 def _color(router: str) -> str:
-    return _BRH_COLORS.get(router) or PALETTE.get(router, PALETTE.get(router.split("_")[0], "#444444"))
+    return _COLORS.get(router) or PALETTE.get(router, PALETTE.get(router.split("_")[0], "#444444"))
 
 
 def imbalance_over_time(results: dict[str, Any], G: int, *, smooth: int = 25, max_points: int = 1500) -> go.Figure:
@@ -26,7 +30,7 @@ def imbalance_over_time(results: dict[str, Any], G: int, *, smooth: int = 25, ma
         imb = st["imbalance"].to_numpy(np.float64)  # recorded by the simulator per step
         if smooth > 1 and imb.size >= smooth:
             imb = np.convolve(imb, np.ones(smooth) / smooth, mode="valid")
-        t = st["time_s"].to_numpy()[-imb.size:] if imb.size else st["time_s"].to_numpy()
+        t = st["t_s"].to_numpy()[-imb.size:] if imb.size else st["t_s"].to_numpy()
         stride = max(1, imb.size // max_points)
         fig.add_trace(go.Scatter(x=t[::stride], y=imb[::stride], mode="lines", name=name,
                                  line={"color": _color(name), "width": 2 if name.startswith("br") else 1}))
@@ -71,27 +75,102 @@ def table(df: pd.DataFrame, title: str) -> go.Figure:
 
 
 def interactive_panel(run_fn: Any, *, G: int, slots: int, horizon: int, gamma: float, beta: float | None,
-                      rate_scale: float):
-    """Sliders (G, slots, H, discount, beta, rate scale) wired to a FigureWidget of imbalance over time.
+                      load: float):
+    """Sliders (G, slots, H, discount, beta, offered load) wired to a FigureWidget of imbalance over time.
 
-    ``run_fn(G, slots, horizon, gamma, beta, rate_scale) -> dict[name, SimResult]`` runs the small
+    ``run_fn(G, slots, horizon, gamma, beta, load) -> dict[name, SimResult]`` runs the small
     simulation; every slider change reruns it and replaces the traces.
     """
     import ipywidgets as w
 
-    fig = go.FigureWidget(imbalance_over_time(run_fn(G, slots, horizon, gamma, beta, rate_scale), G))
-    s_g = slider("G (workers)", G, 2, 16, 1, integer=True)
-    s_b = slider("slots per worker", slots, 4, 128, 4, integer=True)
+    fig = go.FigureWidget(imbalance_over_time(run_fn(G, slots, horizon, gamma, beta, load), G))
+    s_g = slider("G (ranks)", G, 2, 16, 1, integer=True)
+    s_b = slider("slots per rank", slots, 4, 128, 4, integer=True)
     s_h = slider("H (lookahead)", horizon, 0, 80, 1, integer=True)
     s_d = slider("discount", gamma, 0.05, 1.0, 0.01)
     s_beta = slider("beta (0 = G)", 0.0 if beta is None else beta, 0.0, 64.0, 1.0)
-    s_r = slider("rate scale (x capacity)", rate_scale, 0.5, 2.0, 0.05)
+    s_r = slider("offered load (x capacity)", load, 0.6, 1.4, 0.05)
 
     def update(_=None) -> None:
         res = run_fn(s_g.value, s_b.value, s_h.value, s_d.value, s_beta.value or None, s_r.value)
-        new = imbalance_over_time(res, s_g.value)
-        refresh(fig, new)
+        refresh(fig, imbalance_over_time(res, s_g.value))
 
     for s in (s_g, s_b, s_h, s_d, s_beta, s_r):
         s.observe(update, names="value")
     return w.VBox([w.HBox([w.VBox([s_g, s_b, s_r]), w.VBox([s_h, s_d, s_beta])]), fig])
+
+
+def load_sweep(df: pd.DataFrame, metric: str, title: str, yaxis: str) -> go.Figure:
+    """``metric`` vs offered load (x capacity), one line per router."""
+    fig = go.Figure()
+    for router, g in df.groupby("router", sort=False):
+        g = g.sort_values("load")
+        fig.add_trace(go.Scatter(x=g["load"], y=g[metric], mode="lines+markers", name=router,
+                                 line={"color": _color(router), "width": 3 if router.startswith("br") else 1.5}))
+    fig.update_layout(title=title, xaxis_title="offered load (x capacity)", yaxis_title=yaxis, template="plotly_white")
+    return fig
+
+
+_REGIME_METRICS = {"brh_throughput_gain_pct": "BR-H (paper constants) throughput gain %",
+                   "br0_throughput_gain_pct": "BR-0 throughput gain %",
+                   "brh_imbalance_reduction_pct": "BR-H imbalance reduction %",
+                   "br0_imbalance_reduction_pct": "BR-0 imbalance reduction %"}
+
+
+def regime_heatmap(grid: pd.DataFrame, G: int, slots: int, metric: str = "brh_throughput_gain_pct") -> go.Figure:
+    """Heatmap of ``metric`` over model shape x context scale at one (G, slots); each cell also shows
+    the step's attention share."""
+    if metric not in _REGIME_METRICS:
+        raise ValueError(f"metric must be one of {sorted(_REGIME_METRICS)}; got {metric!r}")
+    sub = grid[(grid["G"] == G) & (grid["slots"] == slots)]
+    if sub.empty:
+        raise ValueError(f"the regime grid has no setting with G={G}, slots={slots}")
+    z = sub.pivot_table(index="shape", columns="context_scale", values=metric)
+    share = sub.pivot_table(index="shape", columns="context_scale", values="attention_share").reindex_like(z)
+    text = [[f"{v:+.1f}%<br>attn {a:.0%}" for v, a in zip(zr, ar)] for zr, ar in zip(z.to_numpy(), share.to_numpy())]
+    lim = float(np.nanmax(np.abs(z.to_numpy()))) or 1.0
+    fig = go.Figure(go.Heatmap(z=z.to_numpy(), x=[f"x{c:g}" for c in z.columns], y=list(z.index), text=text,
+                               texttemplate="%{text}", colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim,
+                               colorbar={"title": "%"}))
+    fig.update_layout(title=f"{_REGIME_METRICS[metric]} vs the best baseline (G={G}, {slots} slots)",
+                      xaxis_title="context scale (prompts x k)", yaxis_title="model shape", template="plotly_white")
+    return fig
+
+
+def gain_vs_share(grid: pd.DataFrame, paper_gain_pct: float | None = None) -> go.Figure:
+    """Throughput gain of BR-0 and BR-H against the attention share of the step, every grid setting;
+    the paper's G=8 gain as a horizontal line when given."""
+    fig = go.Figure()
+    for col, name, color in (("br0_throughput_gain_pct", "BR-0", PALETTE["br0"]),
+                             ("brh_throughput_gain_pct", "BR-H (paper constants)", _COLORS["brh_oracle"])):
+        fig.add_trace(go.Scatter(
+            x=grid["attention_share"], y=grid[col], mode="markers", name=name,
+            marker={"color": color, "size": 6 + grid["G"] / 2,
+                    "symbol": [_SHAPE_SYMBOLS.get(s, "circle") for s in grid["shape"]]},
+            text=[f"{r.shape}, x{r.context_scale:g}, {r.slots} slots, G={r.G}" for r in grid.itertuples()],
+            hovertemplate="%{text}<br>attention %{x:.0%}<br>gain %{y:+.2f}%<extra></extra>"))
+    if paper_gain_pct is not None:
+        fig.add_hline(y=paper_gain_pct, line_dash="dash", annotation_text=f"paper +{paper_gain_pct:g}% (G=8)")
+    fig.update_layout(title="Throughput gain vs the attention share of the step (marker size: G; symbol: shape)",
+                      xaxis_title="attention share of a balanced step", xaxis_tickformat=".0%",
+                      yaxis_title="throughput gain vs best baseline (%)", template="plotly_white")
+    return fig
+
+
+def regime_panel(grid: pd.DataFrame, *, G: int, slots: int, metric: str = "brh_throughput_gain_pct"):
+    """The regime heatmap with sliders for G and slots and a metric dropdown (no re-simulation: the
+    grid is computed once)."""
+    import ipywidgets as w
+
+    gs, ss = sorted(grid["G"].unique().tolist()), sorted(grid["slots"].unique().tolist())
+    fig = go.FigureWidget(regime_heatmap(grid, G, slots, metric))
+    s_g = w.SelectionSlider(options=gs, value=G, description="G (ranks)")
+    s_b = w.SelectionSlider(options=ss, value=slots, description="slots")
+    d_m = w.Dropdown(options=[(v, k) for k, v in _REGIME_METRICS.items()], value=metric, description="metric")
+
+    def update(_=None) -> None:
+        refresh(fig, regime_heatmap(grid, s_g.value, s_b.value, d_m.value))
+
+    for c in (s_g, s_b, d_m):
+        c.observe(update, names="value")
+    return w.VBox([w.HBox([s_g, s_b, d_m]), fig])
