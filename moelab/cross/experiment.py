@@ -20,7 +20,7 @@ a heavier KV layout / longer context) — a projection, not a measurement of a d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -30,7 +30,7 @@ from moelab.costmodel import DecodeStepModel
 from moelab.routing import Router, make_router
 from moelab.sim import gain_vs_best
 from moelab.sim.cluster import simulate
-from moelab.traces import replay_requests
+from moelab.traces import RequestTrace, replay_requests
 
 #: instance routers compared (ELDR vs the load balancer both papers start from)
 INSTANCE_ROUTERS = ("jsq", "eldr")
@@ -51,32 +51,57 @@ class CrossSetup:
     slots: int
     attention_share: float | None
     output_len: int
+    lengths: tuple[np.ndarray, np.ndarray] | None = None
+    lengths_note: str = "fixed output length; prompt lengths of the replayed trace rows"
+
+    @property
+    def mean_output(self) -> float:
+        return float(self.lengths[1].mean()) if self.lengths is not None else float(self.output_len)
 
     @property
     def reference_ctx(self) -> float:
-        """Context (tokens) at which the attention share is set: mean prompt + half the output."""
-        return float(self.eldr.pool.prompt_lens.mean()) + self.output_len / 2
+        """Context (tokens) at which the attention share is set: mean prompt + half the mean output."""
+        prompt = self.lengths[0].mean() if self.lengths is not None else self.eldr.pool.prompt_lens.mean()
+        return float(prompt) + self.mean_output / 2
+
+
+def azure_lengths(kind: str = "conv", max_output: int = 512) -> tuple[tuple[np.ndarray, np.ndarray], str]:
+    """(prompt, output) length pairs of the Azure LLM inference trace 2023 (bundled public data), with
+    requests longer than ``max_output`` output tokens left out and counted in the note."""
+    from moelab.traces import load_azure_trace
+
+    max_output = check_int("max_output", max_output, low=1, high=1 << 16)
+    t = load_azure_trace(kind).filter_lengths(max_output=max_output)
+    dropped = sum(t.dropped.values())
+    return (t.prompt_len, t.output_len), (f"prompt/output lengths resampled from Azure LLM trace 2023 ({kind}); "
+                                          f"{dropped} of {len(t) + dropped} requests with output > {max_output} "
+                                          f"or empty left out")
 
 
 def prepare(*, n_instances: int = 4, ranks: int = 4, slots: int = 64, model: str = "qwen3-30b-a3b",
             n_trace: int = 512, attention_share: float | None = None, output_len: int = 256, n_pairs: int = 5000,
-            seed: int = 0, **workload: object) -> CrossSetup:
+            lengths: str | None = "azure-conv", seed: int = 0, **workload: object) -> CrossSetup:
     """Generate the synthetic workload, fit signatures and ``n_instances`` centroids on its calibration
     half, and build the step model (attention at ``attention_share`` of a one-rank step at ``slots``
-    requests of :attr:`CrossSetup.reference_ctx` tokens, or the shape's own layout when None)."""
+    requests of :attr:`CrossSetup.reference_ctx` tokens, or the shape's own layout when None).
+
+    ``lengths``: ``"azure-conv"`` / ``"azure-code"`` draw each request's prompt and output length from
+    the Azure 2023 trace (outputs capped at ``output_len``, the rest left out and counted — real length
+    variance is what KV balancing acts on); ``None`` keeps a fixed ``output_len`` and the replayed
+    trace rows' prompt lengths."""
     from moelab.eldr.experiments import synthetic_setup
+
+    if lengths not in (None, "azure-conv", "azure-code"):
+        raise ValueError(f"lengths must be one of [None, 'azure-conv', 'azure-code']; got {lengths!r}")
 
     K = check_int("n_instances", n_instances, low=1, high=256)
     G = check_int("ranks", ranks, low=1, high=64)
     slots = check_int("slots", slots, low=1, high=4096)
     output_len = check_int("output_len", output_len, low=1, high=1 << 16)
     setup, _ = synthetic_setup(n_trace, model=model, n_workers=K, n_pairs=n_pairs, seed=seed, **workload)
-    cs = CrossSetup(setup, setup.cost, K, G, slots, None, output_len)
-    if attention_share is not None:
-        attention_share = check_real("attention_share", attention_share, low=0, high=1, low_open=True, high_open=True)
-        cost = setup.cost.with_attention_share(attention_share, slots, cs.reference_ctx)
-        cs = CrossSetup(setup, cost, K, G, slots, attention_share, output_len)
-    return cs
+    pool, note = (None, CrossSetup.lengths_note) if lengths is None else azure_lengths(lengths[6:], output_len)
+    cs = CrossSetup(setup, setup.cost, K, G, slots, None, output_len, pool, note)
+    return variant(cs, attention_share=attention_share) if attention_share is not None else cs
 
 
 def variant(cs: CrossSetup, *, n_instances: int | None = None, ranks: int | None = None,
@@ -90,11 +115,10 @@ def variant(cs: CrossSetup, *, n_instances: int | None = None, ranks: int | None
     slots = cs.slots if slots is None else check_int("slots", slots, low=1, high=4096)
     eldr = cs.eldr if K == cs.n_instances else with_workers(cs.eldr, K)
     share = cs.attention_share if attention_share is None else attention_share
-    out = CrossSetup(eldr, eldr.cost, K, G, slots, None, cs.output_len)
+    out = replace(cs, eldr=eldr, cost=eldr.cost, n_instances=K, ranks=G, slots=slots, attention_share=None)
     if share is not None:
         share = check_real("attention_share", share, low=0, high=1, low_open=True, high_open=True)
-        out = CrossSetup(eldr, eldr.cost.with_attention_share(share, slots, out.reference_ctx), K, G, slots, share,
-                         cs.output_len)
+        out = replace(out, cost=eldr.cost.with_attention_share(share, slots, out.reference_ctx), attention_share=share)
     return out
 
 
@@ -127,12 +151,16 @@ def run_pair(cs: CrossSetup, instance: str, rank: str, *, rate: float, n_request
     sig = cs.eldr.signatures()
     reqs = replay_requests(cs.eldr.pool, rate=rate, n_requests=n_requests, output_len=cs.output_len, seed=seed,
                            signatures=sig)
+    if cs.lengths is not None:  # real length pairs, drawn with their own seeded stream (same for every pair)
+        pick = np.random.default_rng([seed, 7]).integers(0, cs.lengths[0].size, size=n_requests)
+        reqs = RequestTrace(reqs.arrival_s, cs.lengths[0][pick], cs.lengths[1][pick], None, cs.lengths_note, {},
+                            reqs.domain, reqs.signature, reqs.trace_row, reqs.trace_offset)
     res = simulate(reqs, _instance_router(cs, instance, tau, seed), cs.cost, n_workers=cs.n_instances, slots=cs.slots,
                    trace=cs.eldr.pool, bits=cs.eldr.bits, ranks=cs.ranks, rank_router=make_router(rank, seed=seed))
     m = res.metrics()
     return {"instance_router": instance, "rank_router": rank, "pair": f"{instance} x {rank}", "rate": float(rate),
             "tau": float(tau), "K": cs.n_instances, "G": cs.ranks, "slots": cs.slots,
-            "attention_share_set": cs.attention_share, **m}
+            "attention_share_set": cs.attention_share, "lengths": cs.lengths_note, **m}
 
 
 def pair_grid(cs: CrossSetup, *, rate: float, instance_routers: tuple[str, ...] = INSTANCE_ROUTERS,
@@ -183,14 +211,20 @@ def gains_table(df: pd.DataFrame, metrics: tuple[str, ...] = ("tpot_ms_p50", "tp
 
 
 def rate_for_load(cs: CrossSetup, load: float = 0.7) -> float:
-    """Arrival rate (req/s) at which each rank runs about ``load * slots`` requests (Little's law with
-    the step model at that batch and uniform routing): comparable operating points across K, G, slots."""
+    """Arrival rate (req/s) that offers ``load`` times the slot capacity: Little's law with every rank
+    running ``slots`` requests, the step priced by the step model with the distinct experts of random
+    full-instance batches of the replay pool (measured on the trace, not assumed uniform)."""
     load = check_real("load", load, low=0, low_open=True, high=4)
-    b = max(1, int(round(load * cs.slots)))
-    B = np.full(cs.ranks, b)
-    kv = np.full(cs.ranks, b * cs.reference_ctx)
-    step_s = float(cs.cost.ep_step_ms(B, cs.cost.expected_sum_distinct(b * cs.ranks), kv)) / 1e3
-    return cs.n_instances * cs.ranks * b / (cs.output_len * step_s)
+    rng = np.random.default_rng(cs.eldr.seed)
+    pool = cs.eldr.pool
+    ok = np.flatnonzero(pool.decode_lens > 0)
+    n = cs.ranks * cs.slots
+    sums = [float(pool.distinct_experts(rng.choice(ok, size=n, replace=ok.size < n),
+                                        rng.integers(0, 1 << 20, size=n)).sum()) for _ in range(8)]
+    B = np.full(cs.ranks, cs.slots)
+    kv = np.full(cs.ranks, cs.slots * cs.reference_ctx)
+    step_s = float(cs.cost.ep_step_ms(B, float(np.mean(sums)), kv)) / 1e3
+    return load * cs.n_instances * n / (cs.mean_output * step_s)
 
 
 __all__ = ["BASELINE_PAIR", "INSTANCE_ROUTERS", "RANK_ROUTERS", "CrossSetup", "gains", "gains_table", "pair_grid",

@@ -1,0 +1,53 @@
+"""Cross-paper module: ELDR picks the instance, BalanceRoute picks the rank (small, seconds)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moelab import cross
+from moelab.routing import make_router
+from moelab.sim.cluster import simulate
+from moelab.traces import replay_requests
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return cross.prepare(n_instances=2, ranks=2, slots=8, n_trace=160, output_len=64, attention_share=0.4,
+                         n_pairs=800, n_domains=4)
+
+
+def test_pair_grid_and_gains(setup):
+    rate = cross.rate_for_load(setup, 1.0)
+    df = cross.pair_grid(setup, rate=rate, n_requests=120)
+    assert len(df) == len(cross.INSTANCE_ROUTERS) * len(cross.RANK_ROUTERS)
+    assert set(df["pair"]) >= {"jsq x jsq", "eldr x br0", "eldr x brh"}
+    g = cross.gains(df)
+    assert g["additive_gain_pct"] == pytest.approx(g["eldr_only_gain_pct"] + g["br_only_gain_pct"])
+    assert g["best_pair_gain_pct"] >= max(g["eldr_only_gain_pct"], g["br_only_gain_pct"], g["both_gain_pct"]) - 1e-9
+    t = cross.gains_table(df)
+    assert t.loc[t["pair"] == "jsq x jsq", "tpot_ms_p50_gain_pct"].iloc[0] == 0.0
+    # ELDR's lever is visible: fewer distinct experts per step than JSQ at the instance level
+    d = df.groupby("instance_router")["distinct_per_layer_step"].mean()
+    assert d["eldr"] < d["jsq"]
+
+
+def test_attention_share_and_variant(setup):
+    assert setup.cost.attention_share(setup.slots, setup.reference_ctx) == pytest.approx(0.4, abs=1e-6)
+    v = cross.variant(setup, n_instances=3, attention_share=0.2)
+    assert v.n_instances == 3 and v.eldr.centroids().shape[0] == 3
+    assert v.cost.attention_share(v.slots, v.reference_ctx) == pytest.approx(0.2, abs=1e-6)
+    with pytest.raises(ValueError, match="attention_share"):
+        cross.variant(setup, attention_share=1.5)
+    with pytest.raises(ValueError, match="lengths"):
+        cross.prepare(lengths="nope")
+
+
+@pytest.mark.parametrize("name", ["br0", "brh"])
+def test_balanceroute_routes_instances_in_the_eldr_cluster(setup, name):
+    """Any router whose requirements the ELDR decode cluster fills runs in it, BR-0/BR-H included."""
+    pool = setup.eldr.pool
+    reqs = replay_requests(pool, rate=50.0, n_requests=60, output_len=16)
+    res = simulate(reqs, make_router(name), setup.eldr.cost, n_workers=3, trace=pool, bits=setup.eldr.bits)
+    assert np.isfinite(res.finish_s).all()
+    assert set(res.worker) <= {0, 1, 2}
