@@ -325,3 +325,162 @@ def test_any_csv_with_the_three_columns(tmp_path):
     assert len(tr) == 2 and tr.dropped["output_len>1000"] == 1
     res = simulate(tr, BR0(), 2, 2, cost(2, 2))
     assert res.steps["imbalance"].ge(0).all() and res.steps["idle_fraction"].between(0, 1).all()
+
+
+# ------------------------------------------------------------------ DP balancers (vLLM / SGLang, by version)
+def _view(active, waiting, kv, t=0.0):
+    G = len(active)
+    return ClusterView(np.array(active), np.array(kv), np.full(G, 1 << 30), np.array(waiting), t)
+
+
+def test_vllm_032_score_inflight_floor_and_rotating_start():
+    r = make_router("vllm_dp@0.32", kv_capacity_tokens=1000.0).reset(3)
+    # engine 0: 2 waiting at 90% KV -> 2 + 2 + 2*6*0.4 = 8.8; engine 1: 3 running -> 3; engine 2: 4 running -> 4
+    out = r.route(RequestBatch(np.array([10])), _view([0, 3, 4], [2, 0, 0], [900, 100, 100]))
+    assert out.tolist() == [1]
+    # within the same snapshot period: local waiting increment on engine 1 (score 4) ties engine 2 (4);
+    # the rotated scan starts at engine 1 -> engine 1 (first strictly smaller wins), then start moves on
+    out = r.route(RequestBatch(np.array([10, 10])), _view([0, 3, 4], [2, 0, 0], [900, 100, 100], t=0.05))
+    assert out.tolist() == [1, 2]
+    # below 50% KV usage the waiting penalty is off: the score is max(inflight, waiting + running)
+    r2 = make_router("vllm_dp@0.32", kv_capacity_tokens=1e9).reset(2)
+    assert r2.route(RequestBatch(np.array([5])), _view([0, 1], [2, 0], [10, 10])).tolist() == [1]
+
+
+def test_vllm_legacy_and_latest():
+    leg = make_router("vllm_dp@legacy").reset(3)
+    # 4*waiting + running from the snapshot: [4*1+0, 0+3, 0+3] -> 3 ties: first (fixed start) = engine 1
+    assert leg.route(RequestBatch(np.array([1])), _view([0, 3, 3], [1, 0, 0], [0, 0, 0])).tolist() == [1]
+    lat = make_router("vllm_dp@latest", kv_capacity_tokens=1000.0).reset(3)
+    a = make_router("vllm_dp@0.32", kv_capacity_tokens=1000.0).reset(3)
+    v = _view([1, 3, 2], [2, 0, 1], [800, 300, 600])
+    batch = RequestBatch(np.arange(1, 9))
+    assert lat.route(batch, v).tolist() == a.route(batch, v).tolist()  # same rule upstream since 0.32
+
+
+def test_sglang_balancers():
+    rr = make_router("sglang_round_robin").reset(3)
+    v = _view([5, 0, 0], [9, 0, 0], [0, 0, 0])
+    assert rr.route(RequestBatch(np.arange(1, 6)), v).tolist() == [0, 1, 2, 0, 1]  # load-blind
+    mt = make_router("sglang_minimum_tokens").reset(3)
+    assert mt.route(RequestBatch(np.arange(1, 6)), v).tolist() == [0, 1, 2, 0, 1]  # deprecated -> round robin
+    tt = make_router("sglang_total_tokens").reset(3)
+    v = ClusterView(np.array([1, 1, 1]), np.array([500, 100, 100]), np.full(3, 99), np.array([0, 0, 1]), 0.0,
+                    {"waiting_tokens": np.array([0, 0, 50])})
+    # tokens 500 / 100 / 150: rank 1, then only its request count grows (tokens are not), so it keeps winning
+    # until its request count breaks no tie (tokens still lowest) -> rank 1 throughout the report period
+    assert tt.route(RequestBatch(np.array([7, 7, 7])), v).tolist() == [1, 1, 1]
+    with pytest.raises(ValueError, match="waiting_tokens"):
+        make_router("sglang_total_tokens").reset(3).route(RequestBatch(np.array([1])), _view([0] * 3, [0] * 3, [0] * 3))
+    with pytest.raises(ValueError, match="kv_capacity_tokens"):
+        make_router("vllm_dp@0.32").reset(2).route(RequestBatch(np.array([1])), _view([0, 0], [0, 0], [0, 0]))
+
+
+def test_engine_queues_a_request_routed_to_a_full_engine_waits_there():
+    # G=2, 1 slot each, round robin: r0 -> e0 (5 tokens), r1 -> e1 (1 token), r2 -> e0 (queued behind r0)
+    tr = RequestTrace(np.zeros(3), np.array([10, 10, 10]), np.array([5, 1, 1]), None, "synthetic")
+    res = simulate(tr, make_router("sglang_round_robin"), 2, 1, cost(2, 1), warmup_frac=0.0)
+    assert res.worker.tolist() == [0, 1, 0]
+    adm = res.requests["admit_s"].to_numpy()
+    # e1 is free after step 1, but r2 waits for r0 on e0 (admitted when r0 finishes after 5 steps)
+    assert adm[2] == pytest.approx(res.finish_s[0])
+    assert adm[2] > res.finish_s[1]
+    assert res.metrics()["queues"] == "engine"
+    # a pooled router would have used the free engine
+    pooled = simulate(tr, make_router("round_robin"), 2, 1, cost(2, 1), warmup_frac=0.0)
+    assert pooled.requests["admit_s"].iloc[2] == pytest.approx(pooled.finish_s[1])
+
+
+def test_eldr_and_domain_oracle_run_in_the_dp_simulator_when_the_trace_supplies_their_fields():
+    rng = np.random.default_rng(0)
+    n = 200
+    tr = RequestTrace(np.sort(rng.uniform(0, 1, n)), rng.integers(10, 400, n), rng.integers(5, 60, n), None, "synthetic")
+    with pytest.raises(ValueError, match=r"requires \['signature'\]"):
+        simulate(tr, make_router("eldr"), 4, 8, cost(4, 8))
+    with pytest.raises(ValueError, match=r"requires \['domain'\]"):
+        simulate(tr, make_router("domain_oracle", n_domains=3), 4, 8, cost(4, 8))
+    sig = rng.random((n, 6))
+    tr2 = tr.with_columns(signature=sig, domain=rng.integers(0, 3, n))
+    eldr = make_router("eldr").fit(sig, 4)
+    for r in (eldr, make_router("domain_oracle", n_domains=3)):
+        res = simulate(tr2, r, 4, 8, cost(4, 8))
+        assert np.isfinite(res.finish_s).all()
+
+
+# ------------------------------------------------------------------ experiments: load, tuning, paper table
+def test_at_load_states_the_offered_load():
+    tr = synthetic_trace(400, rate=50.0)
+    c = cost(4, 8)
+    scaled, factor = ex.at_load(tr, c, 1.3)
+    assert scaled.rate_rps == pytest.approx(1.3 * ex.capacity_rps(tr, c), rel=1e-9)
+    assert factor == pytest.approx(scaled.rate_rps / tr.rate_rps, rel=1e-9)
+
+
+def test_paper_constants_are_the_default_and_come_from_the_data_table():
+    p = ex.paper_values()
+    d = ex.BRParams.paper()
+    assert (d.alpha, d.beta, d.gamma, d.horizon) == (p["alpha"], p["beta"], p["gamma"], p["horizon"]) == (1, 43, 0.86, 72)
+    b = BRH()
+    assert (b.horizon, b.gamma, b.alpha, b.beta) == (72, 0.86, 1.0, 43.0)
+    df = pd.DataFrame([{"router": r, "avg_imbalance": v, "throughput_tok_s": t, "tpot_ms_p95": 10.0, "queue_s_p50": 1.0,
+                        "decision_ms_p50": 0.5} for r, v, t in (("jsq", 100.0, 10.0), ("br0", 50.0, 11.0),
+                                                                 ("brh_oracle", 30.0, 12.0))])
+    t = ex.paper_table(df, brh="brh_oracle").set_index("metric")
+    assert t.loc["JSQ avg imbalance (tokens)", "paper"] == p["jsq_avg_imbalance"]
+    assert t.loc["BR-0 / JSQ imbalance", "ours"] == pytest.approx(0.5)
+    assert t.loc["BR-0 / JSQ imbalance", "ours / paper"] == pytest.approx(0.5 / (p["br0_avg_imbalance"] / p["jsq_avg_imbalance"]))
+    assert t.loc["BR-H / JSQ imbalance", "note"].startswith("overshoot")  # 0.30 < the paper's 0.337
+
+
+def test_tuning_sees_only_the_training_part():
+    tr = synthetic_trace(900, rate=300.0)
+    train, held = ex.split_trace(tr, 0.4)
+    assert train.arrival_s.size + held.arrival_s.size == len(tr)
+    grid = {"horizon": (0, 8), "gamma": (0.86,), "beta": (None,)}
+    tuned, table = ex.tune_brh(train, cost(4, 8), load=1.2, n_requests=300, grid=grid)
+    assert len(table) == 2 and tuned.label == "tuned" and tuned.horizon in (0, 8)
+    # the same training part gives the same choice whatever the held-out part holds
+    tuned2, _ = ex.tune_brh(train, cost(4, 8), load=1.2, n_requests=300, grid=grid)
+    assert tuned2 == tuned
+    routers = ex.lineup(("brh_oracle", "brh_tuned_oracle"), tuned=tuned)
+    assert routers["brh_oracle"].horizon == 72 and routers["brh_tuned_oracle"].horizon == tuned.horizon
+
+
+# ------------------------------------------------------------------ real prompt text
+def test_exact_match_refuses_a_trace_without_prompt_text(public_data):
+    azure = ex.load_trace("conv")
+    with pytest.raises(ValueError, match="prompt-text hashes"):
+        ExactMatchPredictor().fit(azure, 8)
+
+
+def test_sharegpt_reader_counts_a_truncated_tail_and_tokenizes(tmp_path):
+    from moelab.balanceroute.sharegpt import read_conversations, tokenized_lengths
+
+    recs = [{"id": "a", "conversations": [{"from": "human", "value": "hello there"}, {"from": "gpt", "value": "hi, how can I help?"}]},
+            {"id": "b", "conversations": [{"from": "gpt", "value": "no human turn"}]},
+            {"id": "c", "conversations": [{"from": "human", "value": "hello there"}, {"from": "gpt", "value": "again"}]}]
+    import json
+
+    text = json.dumps(recs)
+    path = tmp_path / "sg.json"
+    path.write_text(text[: text.rindex("again")])  # cut inside the last record
+    pairs, dropped = read_conversations(10, path)
+    assert pairs == [("hello there", "hi, how can I help?")]
+    assert dropped == {"no_human_or_answer": 1, "truncated_tail": 1}
+    p, o = tokenized_lengths(pairs, "tiny-moe")
+    assert p[0] >= 1 and o[0] > p[0]
+    with pytest.raises(ValueError, match="tokenizer must be one of"):
+        tokenized_lengths(pairs, "gpt2")
+
+
+def test_regime_point_runs_and_reports_its_attention_share(public_data):
+    from moelab.balanceroute import regime as rg
+
+    held = ex.split_trace(ex.load_trace("conv"), 0.3)[1]
+    r = rg.regime_point(held, "qwen3-30b-a3b", 1.0, 8, 2, n_requests=200)
+    assert 0 < r["attention_share"] < 1 and r["best_baseline"] in rg.REGIME_BASELINES
+    for k in ("br0_throughput_gain_pct", "brh_throughput_gain_pct", "brh_throughput_gain_vs_paper_baselines_pct"):
+        assert np.isfinite(r[k]), k
+    grid = pd.DataFrame([r, {**r, "G": 4, "brh_throughput_gain_pct": r["brh_throughput_gain_pct"] + 1}])
+    gain, setting = rg.max_gain(grid)
+    assert gain == grid["brh_throughput_gain_pct"].max() and "G=4" in setting
