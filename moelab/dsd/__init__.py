@@ -1,6 +1,31 @@
-"""DSD limits: where edge-cloud speculative decoding pays off, in closed form and simulated."""
+"""DSD limits: where edge-cloud speculative decoding pays off, in closed form and simulated.
 
+:mod:`moelab.dsd.montecarlo` and :mod:`moelab.dsd.server` simulate the closed forms' own world (i.i.d.
+acceptance, constant times, one client per server job). :mod:`moelab.dsd.measured` replays acceptance
+recorded on a real target (:mod:`moelab.dsd.acceptance`), measured draft/verify costs and RTT distributions
+(:mod:`moelab.dsd.rtt`), pays for pipelined drafts a rejection invalidates, and batches verification across
+clients. Nothing here imports torch.
+"""
+
+from moelab.dsd.acceptance import (
+    AcceptanceTrace,
+    chains_proposer,
+    drafter_proposer,
+    load_shipped,
+    load_traces,
+    record_acceptance,
+    save_traces,
+)
+from moelab.dsd.measured import (
+    breakeven_rtt_sync,
+    capacity_batched,
+    h200_verify_batch_ms,
+    iid_rounds,
+    serve_batched,
+)
+from moelab.dsd.measured import simulate as simulate_measured
 from moelab.dsd.montecarlo import MCResult, simulate_rounds
+from moelab.dsd.rtt import WAN_SCENARIOS, RTTDistribution, measure_loopback_rtt
 from moelab.dsd.server import capacity_ratio, max_clients, serve
 from moelab.dsd.theory import (
     MODES,
@@ -19,4 +44,7 @@ __all__ = [
     "MODES", "MCResult", "best_mode", "breakeven_table", "capacity_gain", "capacity_ratio", "expected_tokens",
     "latency_per_token", "leviathan_speedup", "max_clients", "optimal_gamma", "pipelined_window", "rtt_breakeven",
     "serve", "simulate_rounds",
+    "AcceptanceTrace", "RTTDistribution", "WAN_SCENARIOS", "breakeven_rtt_sync", "capacity_batched",
+    "chains_proposer", "drafter_proposer", "h200_verify_batch_ms", "iid_rounds", "load_shipped", "load_traces",
+    "measure_loopback_rtt", "record_acceptance", "save_traces", "serve_batched", "simulate_measured",
 ]

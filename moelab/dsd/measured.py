@@ -1,0 +1,385 @@
+"""Token-level Monte Carlo of speculative decoding fed with measured inputs, and a batching server.
+
+Inputs are measurements, not the closed forms' assumptions:
+
+- **rounds**: per-round accepted lengths recorded on a real target (:mod:`moelab.dsd.acceptance`), replayed
+  in their recorded order (whole prompts resampled with replacement, so their dependence is kept);
+  :func:`iid_rounds` gives the closed form's i.i.d. law for comparison and for the reduction check;
+- **times**: ``t_a``/``t_d`` per draft token and a verify-cost curve ``verify_ms(q)`` (q = tokens one
+  forward verifies) from measured forwards (this CPU) or from ``dense_verify.csv`` (an H200, 7B shape);
+- **RTT**: a :class:`moelab.dsd.rtt.RTTDistribution` (measured loopback shape, WAN shapes), one draw per round.
+
+Modes per round (``n`` = draft tokens sent, ``a`` accepted, ``a + 1`` emitted):
+
+- ``ar``: ``t_ar`` per token; ``colocated``: ``n*t_d + verify(n+1)``; ``dsd_sync``: ``n*t_a + RTT + verify(n+1)``;
+- ``dsd_pipelined`` (``pipeline="event"``): while block k is in flight the edge keeps drafting the next block
+  on the assumption that block k is accepted whole *and* the target's bonus token equals the draft's next
+  token. When the verdict shows otherwise (recorded ``valid_next`` is False) those drafts are thrown away and
+  the next block is drafted only after the verdict. Block k+1 leaves when the verdict of k is back and the
+  block is drafted: ``s_{k+1} = max(v_k, start_{k+1} + n*t_a)``, ``v_k = s_k + RTT_k + verify(n+1)``.
+  ``pipeline="paper"`` is the closed form's own timeline, ``max(n*t_a, RTT) + verify``, never invalidated.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from moelab._validate import check_choice, check_int, check_real, rng_from
+from moelab.dsd.rtt import RTTDistribution
+from moelab.dsd.theory import MODES
+
+MAX_ROUNDS = 5_000_000
+MAX_CLIENTS = 4096
+PIPELINES = ("event", "paper")
+
+VerifyCost = Callable[[np.ndarray], np.ndarray]
+
+
+def iid_rounds(alpha: float, gamma: int, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The closed form's law as a round sequence: accepted ~ truncated geometric(alpha, gamma), i.i.d."""
+    alpha = check_real("alpha", alpha, low=0, high=1, high_open=True)
+    gamma = check_int("gamma", gamma, low=1, high=64)
+    n = check_int("n", n, low=1, high=MAX_ROUNDS)
+    trials = rng.random((n, gamma + 1)) < alpha
+    run = np.cumprod(trials, axis=1).sum(axis=1)  # leading accepts of gamma + 1 tries
+    return {"accepted": np.minimum(run, gamma), "nodes": np.full(n, gamma, np.int64), "valid_next": run > gamma,
+            "sequence": np.zeros(n, np.int64)}
+
+
+def _check_rounds(rounds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    try:
+        acc = np.asarray(rounds["accepted"], np.int64)
+        nodes = np.asarray(rounds["nodes"], np.int64)
+        valid = np.asarray(rounds["valid_next"], bool)
+        seq = np.asarray(rounds.get("sequence", np.zeros(acc.size)), np.int64)
+    except (KeyError, TypeError):
+        raise ValueError("rounds must be a dict with accepted, nodes, valid_next (see AcceptanceTrace.rounds)") from None
+    if acc.ndim != 1 or acc.size == 0 or nodes.shape != acc.shape or valid.shape != acc.shape or seq.shape != acc.shape:
+        raise ValueError("rounds must hold equal-length, non-empty 1-d arrays")
+    if acc.min() < 0 or np.any(acc > nodes):
+        raise ValueError("rounds: accepted must be in [0, nodes] (a round accepts at most the tokens it drafted)")
+    return {"accepted": acc, "nodes": nodes, "valid_next": valid, "sequence": seq}
+
+
+def resample_rounds(rounds: dict[str, np.ndarray], n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """``n`` rounds made of whole recorded sequences drawn with replacement (their order within kept)."""
+    r = _check_rounds(rounds)
+    n = check_int("n", n, low=1, high=MAX_ROUNDS)
+    seqs = np.unique(r["sequence"])
+    if seqs.size == 1:
+        idx = np.arange(n) % r["accepted"].size
+    else:
+        parts, total = [], 0
+        members = {s: np.flatnonzero(r["sequence"] == s) for s in seqs.tolist()}
+        while total < n:
+            pick = members[int(rng.choice(seqs))]
+            parts.append(pick)
+            total += pick.size
+        idx = np.concatenate(parts)[:n]
+    return {k: v[idx] for k, v in r.items()}
+
+
+def _verify(verify_ms: VerifyCost | float, q: np.ndarray) -> np.ndarray:
+    if callable(verify_ms):
+        out = np.asarray(verify_ms(q), dtype=np.float64)
+    else:
+        out = np.full(q.shape, check_real("verify_ms", verify_ms, low=0, low_open=True))
+    if out.shape != q.shape or not np.all(np.isfinite(out)) or np.any(out <= 0):
+        raise ValueError("verify_ms must return finite times > 0, one per verified block")
+    return out
+
+
+@dataclass(frozen=True)
+class MeasuredMC:
+    """One Monte-Carlo run with measured inputs."""
+
+    mode: str
+    rounds: int
+    latency_per_token: float  # ms per emitted token: total time / total tokens
+    std_err: float  # delta-method standard error over rounds
+    tokens_per_round: float
+    wasted_draft_share: float  # pipelined: drafted tokens thrown away / drafted tokens
+    invalidated_share: float  # pipelined: rounds whose pre-drafted block was thrown away
+
+
+def simulate(mode: str, rounds: dict[str, np.ndarray], *, t_ar: float | None = None, t_d: float = 0.0,
+             t_a: float = 0.0, verify_ms: VerifyCost | float | None = None, rtt: RTTDistribution | None = None,
+             n_rounds: int = 20_000, pipeline: str = "event", seed: int | None = 0) -> MeasuredMC:
+    """Simulate ``n_rounds`` rounds of one client in ``mode`` (see the module doc) and measure latency per token.
+
+    Parameters
+    ----------
+    mode : one of :data:`moelab.dsd.MODES`.
+    rounds : dict
+        Recorded rounds (:meth:`AcceptanceTrace.rounds`) or :func:`iid_rounds`; resampled to ``n_rounds``.
+    t_ar : float
+        Cloud AR ms per token (``ar`` only).
+    t_d, t_a : float
+        Draft ms per token on the server / on the edge (>= 0).
+    verify_ms : callable or float
+        Verify cost of one forward of ``q`` tokens (``q = n + 1``), ms; a float means a constant.
+    rtt : RTTDistribution
+        Per-round RTT law (DSD modes).
+    pipeline : ``"event"`` (invalidated drafts are paid for) or ``"paper"`` (the closed form's timeline).
+    seed : int, optional
+        Equal seeds give equal results; the RTT draws use their own stream, so two RTT laws see the same
+        rounds (common random numbers).
+    """
+    check_choice("mode", mode, MODES)
+    check_choice("pipeline", pipeline, PIPELINES)
+    n_rounds = check_int("n_rounds", n_rounds, low=2, high=MAX_ROUNDS)
+    t_d = check_real("t_d", t_d, low=0, high=1e6)
+    t_a = check_real("t_a", t_a, low=0, high=1e6)
+    seed_rng = rng_from(seed)
+    base = int(seed_rng.integers(2**62))
+    rng_rounds = np.random.default_rng([base, 0])
+    rng_rtt = np.random.default_rng([base, 1])
+    if mode == "ar":
+        t_ar = check_real("t_ar", t_ar, low=0, low_open=True, high=1e6)
+        return MeasuredMC(mode, n_rounds, t_ar, 0.0, 1.0, 0.0, 0.0)
+    if verify_ms is None:
+        raise ValueError("verify_ms is required for speculative modes (ms per verify forward, or a curve)")
+    r = resample_rounds(rounds, n_rounds, rng_rounds)
+    n = r["nodes"].astype(np.float64)
+    tokens = r["accepted"] + 1.0
+    tv = _verify(verify_ms, r["nodes"] + 1)
+    wasted = invalid = 0.0
+    if mode == "colocated":
+        times = n * t_d + tv
+    else:
+        if not isinstance(rtt, RTTDistribution):
+            raise ValueError("rtt must be an RTTDistribution for DSD modes (e.g. RTTDistribution.constant(50))")
+        rtts = rtt.sample(rng_rtt, n_rounds)
+        draft = n * t_a
+        if mode == "dsd_sync":
+            times = draft + rtts + tv
+        elif pipeline == "paper":
+            times = np.maximum(draft, rtts) + tv
+        else:
+            times, wasted, invalid = _pipelined_event(draft, rtts, tv, r["valid_next"], t_a, n)
+    total = times.sum()
+    ratio = total / tokens.sum()
+    resid = times - ratio * tokens
+    se = float(np.sqrt(resid.var(ddof=1) / n_rounds) / tokens.mean())
+    return MeasuredMC(mode, n_rounds, float(ratio), se, float(tokens.mean()), wasted, invalid)
+
+
+def _pipelined_event(draft: np.ndarray, rtts: np.ndarray, tv: np.ndarray, valid: np.ndarray, t_a: float,
+                     n: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """Per-round durations of the event timeline (see the module doc), the wasted-draft share and the share
+    of rounds whose pre-drafted block was invalidated. Block 0 is drafted from t=0 and sent at ``draft[0]``;
+    the durations add up to the verdict time of the last block."""
+    K = draft.size
+    send = np.empty(K + 1)
+    send[0] = draft[0]
+    wasted = 0.0
+    last_verdict = 0.0
+    for k in range(K):
+        v = send[k] + rtts[k] + tv[k]
+        last_verdict = v
+        if k + 1 < K:
+            if valid[k]:  # drafted during the wait, from right after block k left, and still good
+                begin = send[k]
+            else:  # the wait's drafts are thrown away; redraft from the verdict
+                if t_a > 0:
+                    wasted += min(n[k + 1], (v - send[k]) / t_a)
+                begin = v
+            send[k + 1] = max(v, begin + draft[k + 1])
+    send[K] = last_verdict
+    dur = np.diff(send)
+    dur[0] += send[0]
+    drafted = n.sum() + wasted
+    return dur, float(wasted / drafted) if drafted else 0.0, float(np.mean(~valid[:-1])) if K > 1 else 0.0
+
+
+def breakeven_rtt_sync(rounds: dict[str, np.ndarray], *, t_ar: float, t_a: float, verify_ms: VerifyCost | float,
+                       rtt_shape: RTTDistribution, n_rounds: int = 20_000, seed: int | None = 0) -> float:
+    """Mean RTT (ms) at which synchronous DSD with these measured inputs stops beating cloud AR.
+
+    Sync latency is ``(sum(n t_a + verify) + sum(RTT)) / tokens`` and ``sum(RTT)`` scales with the mean of
+    ``rtt_shape``, so the break-even solves one linear equation on the simulated rounds. Negative means DSD
+    never beats AR here."""
+    t_ar = check_real("t_ar", t_ar, low=0, low_open=True, high=1e6)
+    at0 = simulate("dsd_sync", rounds, t_a=t_a, verify_ms=verify_ms, rtt=rtt_shape.scaled(0.0), n_rounds=n_rounds,
+                   seed=seed)
+    at1 = simulate("dsd_sync", rounds, t_a=t_a, verify_ms=verify_ms, rtt=rtt_shape.scaled(1.0), n_rounds=n_rounds,
+                   seed=seed)
+    slope = at1.latency_per_token - at0.latency_per_token  # ms per token per ms of mean RTT
+    return float((t_ar - at0.latency_per_token) / slope)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a server that batches verification across clients
+
+@dataclass(frozen=True)
+class BatchedResult:
+    mode: str
+    clients: int
+    per_client_rate: float  # tokens per ms per client over the measured window
+    mean_batch: float  # clients per server forward
+    server_utilisation: float
+    rounds: int
+
+
+def serve_batched(mode: str, clients: int, rounds: dict[str, np.ndarray], *, verify_batch_ms: Callable[[int, int], float],
+                  draft_batch_ms: Callable[[int], float] | None = None, t_a: float = 0.0,
+                  rtt: RTTDistribution | None = None, max_batch: int = 16, rounds_per_client: int = 100,
+                  seed: int | None = 0) -> BatchedResult:
+    """``clients`` closed-loop clients on one server that verifies (and, co-located, drafts) in batches.
+
+    Whenever the server is free it takes every queued block (up to ``max_batch``) into one forward:
+    ``dsd`` costs ``verify_batch_ms(b, q)`` for ``b`` clients and ``q`` verified tokens in total;
+    ``colocated`` first runs ``n_max`` batched draft steps (``draft_batch_ms(b)`` each) and then the verify.
+    DSD clients draft on their edge (``n * t_a``) and pay half an RTT each way. Per-round acceptance comes
+    from ``rounds`` (recorded or i.i.d.), resampled per client.
+    """
+    check_choice("mode", mode, ("colocated", "dsd"))
+    clients = check_int("clients", clients, low=1, high=MAX_CLIENTS)
+    max_batch = check_int("max_batch", max_batch, low=1, high=MAX_CLIENTS)
+    rpc = check_int("rounds_per_client", rounds_per_client, low=10, high=100_000)
+    t_a = check_real("t_a", t_a, low=0, high=1e6)
+    if mode == "colocated" and draft_batch_ms is None:
+        raise ValueError("draft_batch_ms is required for colocated (the server drafts for its clients)")
+    if mode == "dsd" and not isinstance(rtt, RTTDistribution):
+        raise ValueError("rtt must be an RTTDistribution for dsd")
+    rng = rng_from(seed)
+    base = int(rng.integers(2**62))
+    per = [resample_rounds(rounds, rpc * 2 + 8, np.random.default_rng([base, c])) for c in range(clients)]
+    rtts = (rtt.sample(np.random.default_rng([base, 10**6]), clients * (rpc * 2 + 8) * 2).reshape(clients, -1)
+            if mode == "dsd" else None)
+    nxt = np.zeros(clients, np.int64)
+    # unloaded round time bounds the horizon: run until every client has done ~rpc rounds
+    q1 = int(per[0]["nodes"][0]) + 1
+    one = verify_batch_ms(1, q1) + (q1 - 1) * (draft_batch_ms(1) if draft_batch_ms else 0.0)
+    unloaded = one + (q1 - 1) * t_a + (rtt.mean if mode == "dsd" else 0.0)
+    horizon = rpc * max(unloaded, clients * one / max_batch)
+    warmup = 0.1 * horizon
+    events: list[tuple[float, int]] = []
+    for c in range(clients):
+        first = (per[c]["nodes"][0] * t_a + rtts[c, 0] / 2) if mode == "dsd" else 0.0
+        heapq.heappush(events, (first * (0.5 + rng.random()), c))
+    tokens = np.zeros(clients)
+    free, busy, forwards, batched, n_rounds = 0.0, 0.0, 0, 0, 0
+    queue: list[tuple[float, int]] = []
+    while events or queue:
+        # admit every arrival up to the moment the server is free
+        while events and (not queue or events[0][0] <= free):
+            t, c = heapq.heappop(events)
+            queue.append((t, c))
+            if t > free:
+                break
+        if not queue:
+            continue
+        queue.sort()
+        start = max(free, queue[0][0])
+        batch = [c for t, c in queue if t <= start][:max_batch]
+        queue = [(t, c) for t, c in queue if c not in set(batch)]
+        if start >= horizon:
+            break
+        ks = [int(nxt[c]) for c in batch]
+        nodes = np.array([per[c]["nodes"][k] for c, k in zip(batch, ks)])
+        cost = verify_batch_ms(len(batch), int((nodes + 1).sum()))
+        if mode == "colocated":
+            cost += int(nodes.max()) * draft_batch_ms(len(batch))
+        done = start + cost
+        busy += max(0.0, min(done, horizon) - max(start, warmup))
+        forwards += 1
+        batched += len(batch)
+        free = done
+        for c, k in zip(batch, ks):
+            acc = int(per[c]["accepted"][k])
+            if mode == "dsd":
+                back = done + rtts[c, 2 * k] / 2
+                j = (k + 1) % per[c]["nodes"].size
+                arrive = back + per[c]["nodes"][j] * t_a + rtts[c, 2 * k + 1] / 2
+            else:
+                back = arrive = done
+            if warmup <= back < horizon:
+                tokens[c] += acc + 1
+                n_rounds += 1
+            nxt[c] = (k + 1) % per[c]["nodes"].size
+            heapq.heappush(events, (arrive, c))
+    window = horizon - warmup
+    return BatchedResult(mode, clients, float(tokens.mean() / window), batched / max(forwards, 1), busy / window,
+                         n_rounds)
+
+
+@dataclass(frozen=True)
+class BatchedCapacity:
+    colocated_clients: float
+    dsd_clients: float
+    ratio: float
+    target_rate: float
+    rates: dict[str, dict[int, float]]
+
+
+def _max_clients(rate: Callable[[int], float], target: float, max_c: int) -> float:
+    if rate(1) < target:
+        raise ValueError(f"target_fraction too high: one unloaded client reaches only {rate(1):.4g} < {target:.4g}")
+    lo, hi = 1, 2
+    while hi <= max_c and rate(hi) >= target:
+        lo, hi = hi, hi * 2
+    if hi > max_c:
+        raise ValueError(f"max_clients={max_c} clients still meet the target; raise it")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if rate(mid) >= target else (lo, mid)
+    r_lo, r_hi = rate(lo), rate(lo + 1)
+    return lo + (float(np.clip((r_lo - target) / (r_lo - r_hi), 0, 1)) if r_lo > r_hi else 0.0)
+
+
+def capacity_batched(rounds: dict[str, np.ndarray], *, verify_batch_ms: Callable[[int, int], float],
+                     draft_batch_ms: Callable[[int], float], t_a: float, rtt: RTTDistribution,
+                     target_fraction: float = 0.25, max_batch: int = 16, rounds_per_client: int = 60,
+                     max_clients: int = 1024, seed: int | None = 0) -> BatchedCapacity:
+    """Clients each mode sustains at one per-client rate target (``target_fraction`` of the slower mode's
+    unloaded rate), measured with :func:`serve_batched`; ``ratio`` = DSD / co-located."""
+    frac = check_real("target_fraction", target_fraction, low=0, high=1, low_open=True)
+    max_clients = check_int("max_clients", max_clients, low=2, high=MAX_CLIENTS)
+    cache: dict[str, dict[int, float]] = {"colocated": {}, "dsd": {}}
+
+    def rate(mode: str) -> Callable[[int], float]:
+        def f(c: int) -> float:
+            if c not in cache[mode]:
+                cache[mode][c] = serve_batched(mode, c, rounds, verify_batch_ms=verify_batch_ms,
+                                               draft_batch_ms=draft_batch_ms, t_a=t_a, rtt=rtt, max_batch=max_batch,
+                                               rounds_per_client=rounds_per_client, seed=seed).per_client_rate
+            return cache[mode][c]
+        return f
+
+    target = frac * min(rate("colocated")(1), rate("dsd")(1))
+    col = _max_clients(rate("colocated"), target, max_clients)
+    dsd = _max_clients(rate("dsd"), target, max_clients)
+    return BatchedCapacity(col, dsd, dsd / col, target, {k: dict(sorted(v.items())) for k, v in cache.items()})
+
+
+def h200_verify_batch_ms(shape: str = "llama2-7b", ctx: int = 1024) -> Callable[[int, int], float]:
+    """Batched verify cost on the H200 from measured tables: ``dense_verify.csv`` at ``q`` tokens (one
+    forward's weight reads and FLOPs) plus the K/V reads of the extra sequences, ``attn_step``-measured
+    ms per byte (the table's GQA kernel; ``ctx`` cached tokens per sequence). ``q`` above the table's
+    largest (128) is refused, never clamped."""
+    from moelab.costmodel import AttentionModel, DenseVerifyModel
+
+    dv = DenseVerifyModel.h200()
+    attn = AttentionModel.h200()
+    rows = dv.table[dv.table["shape"] == shape]
+    if rows.empty:
+        raise ValueError(f"shape must be one of {dv.shapes}; got {shape!r}")
+    layers = int(rows["layers_in_model"].iloc[0])
+    dims = {"llama2-7b": (32, 128), "tinyllama-1.1b": (4, 64), "llama-160m": (12, 64)}[shape]
+    kv_seq = 2 * dims[0] * dims[1] * 2 * ctx  # K+V bytes of one sequence per layer (bf16)
+    per_byte = float(attn.fit.as_dict()["ms_per_GB"]) / 1e9
+
+    def cost(b: int, q: int) -> float:
+        return float(dv.predict_ms(shape, q)) + layers * (b - 1) * kv_seq * per_byte
+
+    return cost
+
+
+__all__ = ["MAX_CLIENTS", "MAX_ROUNDS", "PIPELINES", "BatchedCapacity", "BatchedResult", "MeasuredMC",
+           "breakeven_rtt_sync", "capacity_batched", "h200_verify_batch_ms", "iid_rounds", "resample_rounds",
+           "serve_batched", "simulate"]

@@ -1,0 +1,196 @@
+"""DSD with measured inputs: invariants of the recorder, the RTT laws, the Monte Carlo and the batching server,
+and the reduction to the closed forms when fed their own assumptions (the one place agreement is asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import moelab.dsd as dsd
+from moelab.dsd.acceptance import AcceptanceTrace, SequenceRecord, record_acceptance
+from moelab.dsd.measured import MAX_CLIENTS, MAX_ROUNDS, iid_rounds, serve_batched, simulate
+from moelab.dsd.rtt import RTTDistribution
+
+REF = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+
+
+def _iid_trace(alpha: float, gamma_max: int, n: int, seed: int = 0) -> AcceptanceTrace:
+    rng = np.random.default_rng(seed)
+    run = np.cumprod(rng.random((n, gamma_max)) < alpha, axis=1).sum(axis=1)
+    rec = SequenceRecord(0, "synthetic", run, np.full(n, gamma_max), np.zeros(n))
+    return AcceptanceTrace("iid", "none", gamma_max, [rec])
+
+
+def test_recorder_oracle_wrong_and_tree():
+    oracle = record_acceptance(lambda ctx, p: [tuple(REF[p:p + 4])], [1, 2], REF, gamma_max=4)
+    assert oracle.run.tolist() == [min(4, len(REF) - p) for p in range(len(REF))]
+    wrong = record_acceptance(lambda ctx, p: [(0, 0, 0)], [1, 2], REF, gamma_max=4)
+    assert wrong.run.tolist() == [0] * len(REF) and wrong.nodes.tolist() == [3] * len(REF)
+    # two candidates sharing a prefix: the trie holds 3 nodes; the best candidate sets the run
+    tree = record_acceptance(lambda ctx, p: [(REF[p], 0), (REF[p], REF[p + 1] if p + 1 < len(REF) else 0)],
+                             [1], REF, gamma_max=4)
+    assert tree.run[0] == 2 and tree.nodes[0] == 3
+    with pytest.raises(ValueError, match="gamma_max"):
+        record_acceptance(lambda ctx, p: [], [1], REF, gamma_max=0)
+    with pytest.raises(ValueError, match="drafter"):
+        record_acceptance(object(), [1], REF, gamma_max=2)
+
+
+def test_recorder_sees_the_context_a_real_run_sees():
+    seen = []
+    record_acceptance(lambda ctx, p: seen.append(list(ctx)) or [], [1, 2], REF[:3], gamma_max=2)
+    assert seen == [[1, 2], [1, 2, 5], [1, 2, 5, 6]]
+
+
+def test_rounds_conserve_tokens_and_positions():
+    trace = _iid_trace(0.6, 6, 3000)
+    for g in (1, 3, 5):
+        r = trace.rounds(g)
+        emitted = (r["accepted"] + 1).sum()
+        assert emitted <= 3000 and emitted > 3000 - (g + 1) - 1  # every position up to the cut-off is covered once
+        assert np.all(r["accepted"] <= g) and np.all(r["nodes"] <= g)
+        assert not np.any(r["valid_next"] & (r["accepted"] < g))  # a valid pre-draft needs the whole block
+    assert not trace.rounds(6)["valid_next"].any()  # past gamma_max the recording does not know
+
+
+def test_iid_recording_reduces_to_leviathan():
+    # the closed form's own assumption (i.i.d. acceptance): tokens per round -> E(alpha, gamma), alpha recovered
+    trace = _iid_trace(0.7, 8, 60_000, seed=1)
+    for g in (2, 5):
+        r = trace.rounds(g)["accepted"]
+        se = r.std() / np.sqrt(r.size)
+        assert abs(trace.tokens_per_round(g) - dsd.expected_tokens(0.7, g)) < 4 * se
+        assert trace.alpha(g) == pytest.approx(0.7, abs=0.01)
+    assert np.allclose(trace.conditional_acceptance(), 0.7, atol=0.02)
+
+
+def test_trace_file_roundtrip_and_refusals(tmp_path):
+    trace = _iid_trace(0.5, 4, 50)
+    path = dsd.save_traces(tmp_path / "a.json", {"x": trace}, {"timings_ms": {"t": 1.0}})
+    back, extra = dsd.load_traces(path)
+    assert back["x"].rounds(3)["accepted"].tolist() == trace.rounds(3)["accepted"].tolist()
+    assert extra["timings_ms"] == {"t": 1.0}
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "other"}))
+    with pytest.raises(ValueError, match="format"):
+        dsd.load_traces(tmp_path / "bad.json")
+    d = trace.to_dict()
+    d["sequences"][0]["run"][0] = 99
+    with pytest.raises(ValueError, match="run"):
+        AcceptanceTrace.from_dict(d)
+    with pytest.raises(FileNotFoundError):
+        dsd.load_traces(tmp_path / "none.json")
+
+
+def test_rtt_laws():
+    rng = np.random.default_rng(0)
+    ln = RTTDistribution.lognormal(40, 100)
+    s = ln.sample(rng, 200_000)
+    assert np.percentile(s, 50) == pytest.approx(40, rel=0.02) and np.percentile(s, 95) == pytest.approx(100, rel=0.03)
+    assert ln.percentile(95) == pytest.approx(100)
+    assert ln.scaled(80).mean == pytest.approx(80) and ln.scaled(80).percentile(50) == pytest.approx(80 * 40 / ln.mean)
+    emp = RTTDistribution.empirical([1.0, 2.0, 3.0])
+    assert emp.mean == pytest.approx(2.0) and set(emp.sample(rng, 50)) <= {1.0, 2.0, 3.0}
+    assert RTTDistribution.uniform(50, 0.2).percentile(100) == pytest.approx(60)
+    for call, name in ((lambda: RTTDistribution.lognormal(50, 40), "p95_ms"),
+                       (lambda: RTTDistribution.empirical([1.0]), "samples_ms"),
+                       (lambda: RTTDistribution.uniform(10, 2), "jitter"),
+                       (lambda: RTTDistribution.constant(-1), "rtt_ms")):
+        with pytest.raises(ValueError, match=name):
+            call()
+
+
+def test_loopback_rtt_is_measured():
+    rtt = dsd.measure_loopback_rtt(50)
+    assert rtt.shape == (50,) and np.all(rtt > 0) and np.all(np.isfinite(rtt))
+    with pytest.raises(ValueError, match="host"):
+        dsd.measure_loopback_rtt(5, host="8.8.8.8")
+
+
+@pytest.mark.parametrize(("mode", "pipeline"), [("colocated", "event"), ("dsd_sync", "event"),
+                                                ("dsd_pipelined", "paper")])
+def test_reduces_to_the_closed_form_on_its_own_assumptions(mode, pipeline):
+    rounds = iid_rounds(0.8, 5, 40_000, np.random.default_rng(2))
+    rtt = RTTDistribution.uniform(45.0, 0.5)
+    res = simulate(mode, rounds, t_d=8, t_a=10, verify_ms=50, rtt=rtt, n_rounds=40_000, pipeline=pipeline, seed=3)
+    closed = dsd.latency_per_token(mode, alpha=0.8, gamma=5, t_d=8, t_a=10, t_v=50, rtt=45, rtt_jitter=0.5)
+    assert abs(res.latency_per_token - closed) < 3.29 * res.std_err  # 99.9% interval
+
+
+def test_monotone_in_rtt_and_pipelining_bounds():
+    trace = _iid_trace(0.6, 7, 5000, seed=4)
+    rounds = trace.rounds(5)
+    shape = RTTDistribution.lognormal(30, 90)
+    kw = {"t_a": 5.0, "verify_ms": lambda q: 40 + 0.5 * q, "n_rounds": 3000, "seed": 9}
+    for mode in ("dsd_sync", "dsd_pipelined"):
+        lat = [simulate(mode, rounds, rtt=shape.scaled(m), **kw).latency_per_token for m in (0, 10, 40, 160)]
+        assert np.all(np.diff(lat) > 0), (mode, lat)
+    sync = simulate("dsd_sync", rounds, rtt=shape.scaled(40), **kw)
+    pipe = simulate("dsd_pipelined", rounds, rtt=shape.scaled(40), **kw)
+    assert pipe.latency_per_token <= sync.latency_per_token  # every pipelined round is at most a sync round
+    assert 0 < pipe.wasted_draft_share < 1 and 0 < pipe.invalidated_share < 1
+    # never a valid pre-draft: pipelining buys nothing, the round trip is paid in full
+    none_valid = {**rounds, "valid_next": np.zeros_like(rounds["valid_next"])}
+    assert simulate("dsd_pipelined", none_valid, rtt=shape.scaled(40), **kw).latency_per_token == pytest.approx(
+        simulate("dsd_sync", none_valid, rtt=shape.scaled(40), **kw).latency_per_token)
+
+
+def test_same_seed_same_result():
+    rounds = iid_rounds(0.7, 4, 1000, np.random.default_rng(0))
+    kw = {"t_a": 3.0, "verify_ms": 20.0, "rtt": RTTDistribution.lognormal(20, 50), "n_rounds": 500}
+    assert simulate("dsd_pipelined", rounds, seed=5, **kw) == simulate("dsd_pipelined", rounds, seed=5, **kw)
+    assert simulate("dsd_pipelined", rounds, seed=5, **kw) != simulate("dsd_pipelined", rounds, seed=6, **kw)
+
+
+def test_breakeven_is_where_sync_ties_ar():
+    rounds = _iid_trace(0.8, 7, 4000).rounds(5)
+    shape = RTTDistribution.lognormal(30, 90)
+    be = dsd.breakeven_rtt_sync(rounds, t_ar=50, t_a=10, verify_ms=50, rtt_shape=shape, n_rounds=4000, seed=1)
+    at = simulate("dsd_sync", rounds, t_a=10, verify_ms=50, rtt=shape.scaled(be), n_rounds=4000, seed=1)
+    assert at.latency_per_token == pytest.approx(50, rel=1e-9)
+
+
+def test_batched_server_invariants():
+    rounds = iid_rounds(0.8, 4, 4000, np.random.default_rng(1))
+    flat = lambda b, q: 40.0 + 0.05 * q  # noqa: E731 - a nearly flat verify curve
+    kw = {"verify_batch_ms": flat, "draft_batch_ms": lambda b: 2.0, "t_a": 2.0,
+          "rtt": RTTDistribution.constant(30), "rounds_per_client": 40, "seed": 0}
+    one = serve_batched("dsd", 32, rounds, max_batch=1, **kw)
+    many = serve_batched("dsd", 32, rounds, max_batch=16, **kw)
+    assert 0 <= one.server_utilisation <= 1 + 1e-9 and 0 <= many.server_utilisation <= 1 + 1e-9
+    assert one.mean_batch == 1 and 1 < many.mean_batch <= 16
+    assert many.per_client_rate > 2 * one.per_client_rate  # batching a flat curve serves more tokens
+    assert serve_batched("dsd", 8, rounds, max_batch=4, **kw) == serve_batched("dsd", 8, rounds, max_batch=4, **kw)
+
+
+def test_unbatched_server_reduces_to_the_capacity_closed_form():
+    # one client per server job and constant costs: the closed form's own server
+    rounds = iid_rounds(0.8, 5, 4000, np.random.default_rng(3))
+    cap = dsd.capacity_batched(rounds, verify_batch_ms=lambda b, q: 50.0 * b, draft_batch_ms=lambda b: 10.0 * b,
+                               t_a=10.0, rtt=RTTDistribution.uniform(60, 0.3), max_batch=1, target_fraction=0.1,
+                               rounds_per_client=80, seed=0)
+    assert cap.ratio == pytest.approx(dsd.capacity_gain(5, 10, 50), rel=0.08)
+
+
+@pytest.mark.parametrize(("call", "name"), [
+    (lambda: simulate("edge", iid_rounds(0.5, 2, 10, np.random.default_rng(0))), "mode"),
+    (lambda: simulate("dsd_sync", {"accepted": [1]}, verify_ms=1.0), "rounds"),
+    (lambda: simulate("dsd_sync", iid_rounds(0.5, 2, 10, np.random.default_rng(0)), verify_ms=1.0), "rtt"),
+    (lambda: simulate("colocated", iid_rounds(0.5, 2, 10, np.random.default_rng(0))), "verify_ms"),
+    (lambda: simulate("colocated", iid_rounds(0.5, 2, 10, np.random.default_rng(0)), verify_ms=1.0,
+                      n_rounds=MAX_ROUNDS + 1), "n_rounds"),
+    (lambda: simulate("dsd_pipelined", iid_rounds(0.5, 2, 10, np.random.default_rng(0)), verify_ms=1.0,
+                      rtt=RTTDistribution.constant(1), pipeline="magic"), "pipeline"),
+    (lambda: simulate("colocated", iid_rounds(0.5, 2, 10, np.random.default_rng(0)), verify_ms=lambda q: -q), "verify_ms"),
+    (lambda: iid_rounds(1.0, 2, 10, np.random.default_rng(0)), "alpha"),
+    (lambda: serve_batched("dsd", MAX_CLIENTS + 1, iid_rounds(0.5, 2, 10, np.random.default_rng(0)),
+                           verify_batch_ms=lambda b, q: 1.0, rtt=RTTDistribution.constant(1)), "clients"),
+    (lambda: serve_batched("colocated", 2, iid_rounds(0.5, 2, 10, np.random.default_rng(0)),
+                           verify_batch_ms=lambda b, q: 1.0), "draft_batch_ms"),
+    (lambda: dsd.h200_verify_batch_ms("gpt-5"), "shape"),
+    (lambda: dsd.h200_verify_batch_ms()(4, 500), "q"),
+])
+def test_bad_input_names_parameter(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
