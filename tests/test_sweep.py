@@ -238,22 +238,23 @@ def test_cli_bad_input_is_an_error_without_traceback(argv, match, tmp_path, caps
 def test_cli_unreachable_address(tmp_path, capsys):
     if importlib.util.find_spec("ray") is None and not os.environ.get("CI"):
         pytest.skip("ray is not installed")
-    argv = ["sweep", "balanceroute", "--backend", "ray", "--address", "127.0.0.1:1", "--grid", "G=4", "load=1.2",
-            "router=jsq", "n_requests=200", "--out", str(tmp_path), "--no-progress"]
+    argv = ["sweep", "balanceroute", "--backend", "ray", "--address", "127.0.0.1:1", "--grid", "shape=qwen3-30b-a3b",
+            "context_scale=1", "slots=16", "G=2", "--out", str(tmp_path), "--no-progress"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "error: cannot reach the Ray cluster at '127.0.0.1:1'" in err and "Traceback" not in err
 
 
 def test_cli_balanceroute_suite_runs_and_reruns_from_cache(tmp_path, capsys):
-    argv = ["sweep", "balanceroute", "--backend", "serial", "--grid", "G=4", "load=1.2", "router=jsq,br0",
-            "n_requests=400", "--out", str(tmp_path), "--no-progress"]
+    argv = ["sweep", "balanceroute", "--backend", "serial", "--grid", "shape=qwen3-30b-a3b", "context_scale=1,4",
+            "slots=16", "G=2", "requests_per_slot=3", "--out", str(tmp_path), "--no-progress"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "2 points: 2 computed, 0 from the cache" in out
     df = pd.read_parquet(tmp_path / "balanceroute.parquet")
-    assert df["router"].tolist() == ["jsq", "br0"] and (df["G"] == 4).all()
-    assert df["avg_imbalance"].gt(0).all() and df["throughput_tok_s"].gt(0).all()
+    assert df["context_scale"].tolist() == [1.0, 4.0] and (df["G"] == 2).all() and (df["slots"] == 16).all()
+    assert df["attention_share"].between(0, 1).all() and df["n_requests"].eq(3 * 2 * 16).all()
+    assert df["attention_share"].iloc[1] > df["attention_share"].iloc[0]  # 4x longer prompts: more attention
     assert main(argv) == 0
     assert "2 points: 0 computed, 2 from the cache" in capsys.readouterr().out
 
@@ -268,3 +269,19 @@ def test_eldr_suite_adapter_runs_a_small_point(tmp_path):
     assert df["router"].tolist() == ["jsq", "eldr"] and (df["n_workers"] == 4).all()
     assert (df["sim_rate"] == 60.0 * 4 / 16).all()  # hold_load: per-worker load of the 16-worker cluster
     assert df["tpot_ms_p50"].gt(0).all() and df["distinct_per_layer_step"].gt(0).all()
+
+
+@pytest.mark.slow
+def test_hd_suite_adapter_runs_one_question(tmp_path):
+    pytest.importorskip("torch")
+    from moelab.hd.evaluate import DEFAULT_METHODS
+    from moelab.sweep.suites import _hd_ids, run_suite
+
+    qid = _hd_ids()[0]
+    res = run_suite("hd", {"question_id": [qid], "max_new_tokens": [4]}, out=tmp_path, backend="serial", progress=False)
+    df = res.frame
+    assert len(df) == len(DEFAULT_METHODS) and (df["question_id"] == qid).all()
+    assert df.loc[df["method"] == "AR", "mean_accepted"].iloc[0] == pytest.approx(1.0)
+    assert df.loc[df["method"] == "HD(WSL)", "identical"].iloc[0]  # lossless: the measured run equals AR
+    with pytest.raises(ValueError, match="evaluation-split id"):
+        run_suite("hd", {"question_id": [-1]}, out=tmp_path, backend="serial", progress=False)

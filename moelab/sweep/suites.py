@@ -12,8 +12,9 @@ Suites
     decode workers K x band width tau x router (one simulation per point). SYNTHETIC traces; ``model``
     is any MoE geometry :func:`moelab.eldr.experiments.synthetic_setup` knows (it rejects others).
 ``balanceroute``
-    :func:`moelab.balanceroute.experiments.run_lineup` on the Azure 2023 conversation trace: DP
-    workers G x slots x offered load x setting (arrival-driven / backlog) x router.
+    :func:`moelab.balanceroute.regime.regime_point`, the regime map: model shape x context scale x
+    slots per rank x DP degree G (BR-0, BR-H and the baselines on the same held-out Azure 2023 trace
+    at the same offered load; one row of gains and the step's attention share per setting).
 ``hd``
     :func:`moelab.hd.evaluate.run_specbench` on SmolLM2-135M, one Spec-Bench evaluation question per
     point (every method on that question: one row per method). The default grid is the full run
@@ -101,12 +102,19 @@ def eldr_point(rate: float = 60.0, K: int = 16, tau: float = 0.1, router: str = 
                       rate_scale=scale, seed=seed)
 
 
+def _eldr_routers() -> list[str]:
+    from moelab.eldr import experiments as ex
+
+    return [*ex.BASELINES, "eldr"]  # the paper's four load balancers and ELDR
+
+
 def _eldr_check(points: list[dict[str, Scalar]]) -> None:
     from moelab._validate import check_choice, check_int, check_real
-    from moelab.eldr.experiments import ROUTERS
+    from moelab.routing import available_routers  # what eldr.experiments.build_router accepts
 
+    routers = available_routers()
     for p in points:
-        check_choice("router", p["router"], ROUTERS)
+        check_choice("router", p["router"], routers)
         check_real("rate", p["rate"], low=0, low_open=True)
         check_int("K", p["K"], low=1, high=int(p["n_trace"]) // 2)
         check_real("tau", p["tau"], low=0)
@@ -128,71 +136,43 @@ def _calibration() -> list[Path]:
 # -------------------------------------------------------------------------------------- BalanceRoute
 
 @lru_cache(maxsize=2)
-def _br_trace(kind: str) -> tuple[Any, Any, Any]:
+def _br_held(workload: str) -> Any:
     from moelab.balanceroute import experiments as ex
 
-    trace = ex.load_trace(kind)
-    train, sim = ex.split_trace(trace, 0.3)
-    return trace, train, sim
+    _, held = ex.split_trace(ex.workload(workload), 0.3)  # the held-out 70%, as the bench's regime map
+    return held
 
 
-@lru_cache(maxsize=8)
-def _br_predictors(kind: str, name: str) -> dict[str, Any]:
-    from moelab.balanceroute import experiments as ex
-
-    _, train, _ = _br_trace(kind)
-    return ex.fit_predictors(train, ex.BRParams().horizon, names=(name,))
-
-
-def balanceroute_point(G: int = 8, slots: int = 72, load: float = 1.2, router: str = "br0",
-                       setting: str = "arrival", n_requests: int = 4000, kind: str = "conv",
+def balanceroute_point(shape: str = "qwen3-30b-a3b", context_scale: float = 1.0, slots: int = 72, G: int = 8,
+                       load: float = 1.2, requests_per_slot: float = 4.0, workload: str = "azure-conv",
                        seed: int = 0) -> dict[str, Any]:
-    """One BalanceRoute DP-cluster simulation (:func:`moelab.balanceroute.experiments.run_lineup`).
+    """One setting of BalanceRoute's regime map (:func:`moelab.balanceroute.regime.regime_point`):
+    BR-0, BR-H (paper constants) and the baselines on the held-out part of ``workload`` at ``load`` x
+    capacity; throughput gains, imbalance reductions and the attention share of the step."""
+    from moelab.balanceroute import regime as rg
 
-    ``arrival``: the first ``n_requests`` of the simulated part at their timestamps, rate-scaled to
-    ``load`` x capacity; ``backlog``: ``n_requests`` resampled, all at t=0 (``load`` unused).
-    Predictor-driven BR-H (``brh_survival`` ...) learns from the first 30% of the trace."""
-    from moelab.balanceroute import experiments as ex
-    from moelab.balanceroute.cost import StepCost
-
-    trace, _, sim = _br_trace(kind)
-    cost = StepCost.h200(slots)
-    if setting == "arrival":
-        tr, factor = ex.arrival_trace(sim, G, slots, cost, n_requests=n_requests, load=load)
-    else:
-        tr, factor = ex.backlog_trace(trace, n_requests, seed=seed), float("nan")
-    pred = router[4:] if router.startswith("brh_") else None
-    predictors = _br_predictors(kind, pred) if pred not in (None, "oracle") else None
-    df, _ = ex.run_lineup(tr, ex.lineup((router,), ex.BRParams(), predictors, seed), G, slots, cost, seed=seed,
-                          setting=setting)
-    return {**df.iloc[0].to_dict(), "rate_scale": factor}
-
-
-def _br_routers() -> list[str]:
-    from moelab.balanceroute import experiments as ex
-
-    return [*ex.BASELINES, "br0", *(f"brh_{p}" for p in ex.PREDICTOR_NAMES)]
+    return rg.regime_point(_br_held(workload), shape, context_scale, slots, G, load=load,
+                           requests_per_slot=requests_per_slot, seed=seed)
 
 
 def _br_check(points: list[dict[str, Scalar]]) -> None:
     from moelab._validate import check_choice, check_int, check_real
 
-    routers = _br_routers()
     for p in points:
-        check_int("G", p["G"], low=1, high=1024)
+        check_real("context_scale", p["context_scale"], low=0, low_open=True, high=1000)
         check_int("slots", p["slots"], low=1, high=4096)
+        check_int("G", p["G"], low=1, high=1024)
         check_real("load", p["load"], low=0, low_open=True)
-        check_choice("router", p["router"], routers)
-        check_choice("setting", p["setting"], ("arrival", "backlog"))
-        check_int("n_requests", p["n_requests"], low=1, high=1_000_000)
-        check_choice("kind", p["kind"], ("conv", "code"))
+        check_real("requests_per_slot", p["requests_per_slot"], low=0, low_open=True, high=1000)
+        check_choice("workload", p["workload"], ("azure-conv", "azure-code", "sharegpt"))
         check_int("seed", p["seed"], low=0)
 
 
 def _br_data() -> list[Path]:
-    from moelab.datasets import public_path
+    from moelab.datasets import bundled_path, public_path
 
-    return [*_calibration(), public_path("azure-2023-conv", download=False), public_path("azure-2023-code", download=False)]
+    return [*_calibration(), bundled_path("balanceroute"), public_path("azure-2023-conv", download=False),
+            public_path("azure-2023-code", download=False)]
 
 
 # ------------------------------------------------------------------------------------------------ HD
@@ -271,7 +251,7 @@ SUITES: dict[str, Suite] = {
     "eldr": Suite(
         "eldr", eldr_point,
         {"rate": [20.0, 40.0, 60.0, 80.0, 100.0], "K": [16], "tau": [0.1],
-         "router": ["round_robin", "random", "jsq", "p2c", "eldr"], "rate_scale": [1.0], "hold_load": [True],
+         "router": _eldr_routers, "rate_scale": [1.0], "hold_load": [True],
          "n_requests": [2000], "output_len": [512], "n_trace": [2048], "n_pairs": [10000],
          "model": ["qwen3-30b-a3b"], "seed": [0]},
         "ELDR decode cluster (SYNTHETIC Qwen3-30B-A3B-shaped traces): rate x K x tau x router",
@@ -279,11 +259,13 @@ SUITES: dict[str, Suite] = {
         ("tpot_ms_p50", "tpot_ms_p99", "distinct_per_layer_step"), check=_eldr_check),
     "balanceroute": Suite(
         "balanceroute", balanceroute_point,
-        {"G": [4, 8, 16], "slots": [72], "load": [0.8, 1.2], "router": ["round_robin", "jsq", "vllm_dp", "br0", "brh_oracle"],
-         "setting": ["arrival"], "n_requests": [4000], "kind": ["conv"], "seed": [0]},
-        "BalanceRoute DP cluster on the Azure 2023 trace: G x slots x load x setting x router",
+        {"shape": ["qwen3-30b-a3b", "deepseek-v3", "llama-3.1-70b"], "context_scale": [1.0, 4.0, 16.0],
+         "slots": [32, 72], "G": [4, 8, 16], "load": [1.2], "requests_per_slot": [4.0], "workload": ["azure-conv"],
+         "seed": [0]},
+        "BalanceRoute regime map (Azure 2023 held-out part): model shape x context scale x slots x G",
         ("moelab.balanceroute", *_FLOOR), _br_data,
-        ("avg_imbalance", "throughput_tok_s", "tpot_ms_p95"), check=_br_check),
+        ("attention_share", "br0_throughput_gain_pct", "brh_throughput_gain_pct", "brh_imbalance_reduction_pct"),
+        check=_br_check),
     "hd": Suite(
         "hd", hd_question,
         {"question_id": _hd_ids, "max_new_tokens": [128], "temperature": [0.0], "seed": [0]},
