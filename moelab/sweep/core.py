@@ -20,6 +20,7 @@ import itertools
 import json
 import math
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -137,7 +138,13 @@ def parse_grid_args(pairs: Sequence[str]) -> dict[str, list[Scalar]]:
 
 @lru_cache(maxsize=64)
 def _tree_hash(target: str) -> str:
-    spec = importlib.util.find_spec(target)
+    try:
+        spec = importlib.util.find_spec(target)
+    except ValueError:  # e.g. __main__ of a script (no spec): its file stands for its code
+        spec = None
+        origin = getattr(sys.modules.get(target), "__file__", None)
+        if origin:
+            spec = importlib.util.spec_from_file_location(target, origin)
     if spec is None:
         raise ValueError(f"code_version: no module or package named {target!r}")
     if spec.submodule_search_locations:  # a package: every .py file below it
