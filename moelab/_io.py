@@ -180,6 +180,28 @@ class _NpyProblem(Exception):
     """A problem with one member, turned into a FileFormatError naming it."""
 
 
+def _zip_entry_count(fh: Any) -> int | None:
+    """Entries declared by the zip's end-of-central-directory record (``None`` if not found or zip64):
+    read from the file's last 64 KiB, before :mod:`zipfile` parses the whole directory."""
+    size = fh.seek(0, os.SEEK_END)
+    tail_len = min(size, 22 + 0xFFFF)
+    fh.seek(size - tail_len)
+    tail = fh.read(tail_len)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or at + 22 > len(tail):
+        return None
+    total = int.from_bytes(tail[at + 10:at + 12], "little")
+    return None if total == 0xFFFF else total
+
+
+def _checked_zip(fh: Any, path: Path, max_members: int) -> zipfile.ZipFile:
+    declared = _zip_entry_count(fh)
+    if declared is not None and declared > max_members:
+        raise FileFormatError(path, None, f"has {declared} members, over the budget max_members={max_members}")
+    fh.seek(0)
+    return zipfile.ZipFile(fh)
+
+
 def load_npz(
     path: str | os.PathLike,
     *,
@@ -226,7 +248,7 @@ def load_npz(
     dtypes = dict(dtypes or {})
     member = None
     try:
-        with open(path, "rb") as fh, zipfile.ZipFile(fh) as zf:
+        with open(path, "rb") as fh, _checked_zip(fh, path, max_members) as zf:
             infos = zf.infolist()
             if len(infos) > max_members:
                 raise FileFormatError(path, None, f"has {len(infos)} members, over the budget max_members={max_members}")

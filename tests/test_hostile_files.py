@@ -253,6 +253,10 @@ def test_missing_arrays_budgets_and_non_files(tmp_path):
     np.savez(tmp_path / "many.npz", **{f"a{i}": np.zeros(1) for i in range(20)})
     with pytest.raises(FileFormatError, match="has 20 members, over the budget max_members=5"):
         load_npz(tmp_path / "many.npz", max_members=5)
+    # the end record's entry count is checked before zipfile parses a (possibly huge) central directory
+    (tmp_path / "eocd.npz").write_bytes(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0xFFFE, 0xFFFE, 0, 0, 0))
+    with pytest.raises(FileFormatError, match="has 65534 members, over the budget max_members=1024"):
+        load_npz(tmp_path / "eocd.npz")
     with pytest.raises(FileFormatError, match="is not a regular file"):
         load_npz(tmp_path)
     with pytest.raises(FileNotFoundError):
