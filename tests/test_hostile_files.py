@@ -281,6 +281,8 @@ def test_trace_roundtrip_and_bundled_trace_still_load(tmp_path):
 
     bundled = ExpertTrace.load(bundled_path("traces", "tiny-moe-heldout.npz"))
     assert len(bundled) == 400
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        ExpertTrace.load(tmp_path / "absent")
 
 
 def _set(path: str, value):

@@ -399,6 +399,8 @@ class ExpertTrace:
         """
         path = Path(path).with_suffix(".npz")
         meta_path = path.with_suffix(".json")
+        if not path.exists():
+            raise FileNotFoundError(f"no such file: {path}")
         if not meta_path.is_file():
             raise FileFormatError(path, None, f"is not a moelab ExpertTrace: its sidecar {meta_path.name} is missing")
         meta = read_json_record(meta_path, max_bytes=max_sidecar_bytes)
