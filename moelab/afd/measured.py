@@ -246,7 +246,7 @@ def simulate_measured(r_values, B: int = 256, lengths: LengthDistribution | str 
     stages : StageTables or LinearStages, optional
         Stage times; default the H200 tables with the DeepEP link for Qwen3-30B-A3B.
     requests : float
-        Requests per slot group (the theory's horizon N, in (0, :data:`MAX_REQUESTS`]); the run lasts
+        Requests per slot group (the theory's horizon N, in [B, :data:`MAX_REQUESTS`]); the run lasts
         ``K = N * mean_steps / B`` steps.
     microbatches : int
         Microbatches in flight per instance (1..:data:`MAX_MICROBATCHES`).
@@ -264,7 +264,8 @@ def simulate_measured(r_values, B: int = 256, lengths: LengthDistribution | str 
     r_arr = r_arr.astype(np.int64)
     B = check_int("B", B, low=1, high=MAX_B)
     lengths = _check_lengths(lengths)
-    N = check_real("requests", requests, low=0, low_open=True, high=MAX_REQUESTS)
+    # the theory's horizon needs at least one fill of the B slots (N >= B)
+    N = check_real("requests", requests, low=B, high=MAX_REQUESTS)
     m = check_int("microbatches", microbatches, low=1, high=MAX_MICROBATCHES)
     speed_cv = check_real("speed_cv", speed_cv, low=0, high=2)
     stages = StageTables.h200() if stages is None else stages

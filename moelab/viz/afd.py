@@ -73,6 +73,50 @@ def ratio_table_figure(table: pd.DataFrame, N: float | None = 10_000) -> go.Figu
     return fig
 
 
+def measured_figure(res, *, title: str | None = None) -> go.Figure:
+    """Independent simulation (measured stages, real lengths) vs the fitted closed form: throughput per
+    instance over r (top, with r* and the simulated optimum) and the residual sim/theory - 1 (bottom)."""
+    from plotly.subplots import make_subplots
+
+    f = res.frame
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.68, 0.32], vertical_spacing=0.06)
+    fig.add_scatter(x=f["r"], y=f["theory_throughput"], mode="lines", name="theory (six coefficients fitted)",
+                    line={"color": PALETTE["theory"]}, row=1, col=1)
+    fig.add_scatter(x=f["r"], y=f["sim_throughput"], mode="markers+lines", name="independent simulation",
+                    marker={"color": PALETTE["simulation"], "size": 7}, line={"dash": "dot", "width": 1}, row=1, col=1)
+    fig.add_scatter(x=f["r"], y=f["sim_vs_theory_pct"], mode="markers+lines", name="residual sim/theory - 1",
+                    marker={"color": PALETTE["simulation"], "symbol": "diamond"}, showlegend=False, row=2, col=1)
+    fig.add_hline(y=0, line_color="#999", row=2, col=1)
+    for x, label, dash in ((res.r_star, f"r* = {res.r_star:.2f}", "dash"), (res.r_sim, f"sim opt = {res.r_sim}", "dot")):
+        fig.add_vline(x=x, line_dash=dash, line_color="black", annotation_text=label, row=1, col=1)
+    fig.update_yaxes(title_text=f"tokens per {res.unit} per instance", row=1, col=1)
+    fig.update_yaxes(title_text="residual %", row=2, col=1)
+    fig.update_xaxes(title_text="r = attention instances per FFN instance", row=2, col=1)
+    fig.update_layout(title=title or f"Independent simulation, B={res.B}, {res.lengths} lengths "
+                      f"(mu_P={res.mu_P:.0f}, mu_D={res.mu_D:.0f})", template="plotly_white", height=560)
+    return fig
+
+
+def gap_map_figure(df: pd.DataFrame) -> go.Figure:
+    """(simulated optimum - r*) / r* for every (B, mu_P, mu_D) cell, one panel per length distribution."""
+    from plotly.subplots import make_subplots
+
+    dists = list(dict.fromkeys(df["lengths"]))
+    fig = make_subplots(rows=1, cols=len(dists), subplot_titles=dists, shared_yaxes=True)
+    lim = float(max(10.0, df["gap_pct"].abs().max()))
+    for i, d in enumerate(dists, start=1):
+        g = df[df["lengths"] == d].assign(x=lambda t: [f"P{p:g}/D{q:g}" for p, q in zip(t["mu_P"], t["mu_D"])])
+        wide = g.pivot_table(index="B", columns="x", values="gap_pct", aggfunc="first", sort=False)
+        fig.add_trace(go.Heatmap(z=wide.to_numpy(), x=list(wide.columns), y=[str(b) for b in wide.index], zmin=-lim,
+                                 zmax=lim, colorscale="RdBu", showscale=i == len(dists),
+                                 text=np.round(wide.to_numpy(), 1), texttemplate="%{text}",
+                                 hovertemplate="B=%{y}, %{x}: %{z:.1f}%<extra></extra>"), row=1, col=i)
+    fig.update_yaxes(title_text="B (slots)", row=1, col=1)
+    fig.update_layout(title="(simulated optimum - r*) / r*, % (|.| <= 10 is the paper's promise)",
+                      template="plotly_white", height=360)
+    return fig
+
+
 def afd_panel(B: int = 256, mu_P: float = 100, mu_D: float = 500, N: float = 10_000, *,
               r_values=(1, 2, 4, 8, 16, 24, 32), seed: int = 0):
     """Sliders for the workload and the six coefficients (or the H200 calibration) wired to
@@ -129,4 +173,4 @@ def afd_panel(B: int = 256, mu_P: float = 100, mu_D: float = 500, N: float = 10_
     return w.VBox([w.HBox([left, right]), status, f_tp, f_idle])
 
 
-__all__ = ["afd_panel", "idle_figure", "ratio_table_figure", "throughput_figure"]
+__all__ = ["afd_panel", "gap_map_figure", "idle_figure", "measured_figure", "ratio_table_figure", "throughput_figure"]
