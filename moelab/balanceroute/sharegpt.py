@@ -45,6 +45,21 @@ def sharegpt_path() -> Path:
     return path
 
 
+def _add(rec: object, pairs: list[tuple[str, str]], dropped: dict[str, int]) -> None:
+    conv = rec.get("conversations") if isinstance(rec, dict) else None
+    prompt = answer = None
+    for i, turn in enumerate(conv or []):
+        if isinstance(turn, dict) and turn.get("from") == "human" and isinstance(turn.get("value"), str):
+            nxt = conv[i + 1] if i + 1 < len(conv) else None
+            if isinstance(nxt, dict) and nxt.get("from") == "gpt" and isinstance(nxt.get("value"), str):
+                prompt, answer = turn["value"], nxt["value"]
+            break
+    if prompt is None or not prompt.strip() or not answer.strip():
+        dropped["no_human_or_answer"] += 1
+    else:
+        pairs.append((prompt, answer))
+
+
 def read_conversations(max_conversations: int = 20_000, path: str | os.PathLike | None = None
                        ) -> tuple[list[tuple[str, str]], dict[str, int]]:
     """The first ``max_conversations`` (prompt, answer) pairs: first human turn, first following model
@@ -57,35 +72,32 @@ def read_conversations(max_conversations: int = 20_000, path: str | os.PathLike 
     dec = json.JSONDecoder()
     pairs: list[tuple[str, str]] = []
     dropped = {"no_human_or_answer": 0, "truncated_tail": 0}
+    chunk = 8 * 1024 * 1024
     with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    pos = text.find("[")
-    if pos < 0:
-        raise ValueError(f"{path} is not a JSON array of conversations")
-    pos += 1
-    n = len(text)
-    while len(pairs) < max_conversations:
-        while pos < n and text[pos] in " \r\n\t,":
-            pos += 1
-        if pos >= n or text[pos] == "]":
-            break
-        try:
-            rec, pos = dec.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            dropped["truncated_tail"] += 1  # the file ends inside this record
-            break
-        conv = rec.get("conversations") if isinstance(rec, dict) else None
-        prompt = answer = None
-        for i, turn in enumerate(conv or []):
-            if isinstance(turn, dict) and turn.get("from") == "human" and isinstance(turn.get("value"), str):
-                nxt = conv[i + 1] if i + 1 < len(conv) else None
-                if isinstance(nxt, dict) and nxt.get("from") == "gpt" and isinstance(nxt.get("value"), str):
-                    prompt, answer = turn["value"], nxt["value"]
+        text, eof = fh.read(chunk), False
+        pos = text.find("[")
+        if pos < 0:
+            raise ValueError(f"{path} is not a JSON array of conversations")
+        pos += 1
+        while len(pairs) < max_conversations:
+            while pos < len(text) and text[pos] in " \r\n\t,":
+                pos += 1
+            if pos < len(text) and text[pos] == "]":
                 break
-        if prompt is None or not prompt.strip() or not answer.strip():
-            dropped["no_human_or_answer"] += 1
-            continue
-        pairs.append((prompt, answer))
+            try:
+                rec, end = dec.raw_decode(text, pos)
+            except json.JSONDecodeError:
+                more = "" if eof else fh.read(chunk)  # the record runs past the buffer: read on
+                if more:
+                    text = text[pos:] + more
+                    pos = 0
+                    continue
+                eof = True
+                if pos < len(text):
+                    dropped["truncated_tail"] += 1  # the file ends inside this record
+                break
+            pos = end
+            _add(rec, pairs, dropped)
     return pairs, dropped
 
 
