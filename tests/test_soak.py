@@ -22,7 +22,7 @@ def test_soak_with_a_backend_killed_and_restarted(tmp_path, record_property):
     model = _model_dir()
     if not (model / "config.json").is_file():
         pytest.skip(f"no MoE model at {model} (the tiny MoE is trained by `moelab train-tiny-moe`)")
-    r = run_soak(model, n_requests=200, concurrency=12, max_tokens=4, overhead_pairs=20, max_seconds=300, log_dir=tmp_path)
+    r = run_soak(model, n_requests=200, concurrency=12, max_tokens=4, overhead_pairs=20, max_seconds=360, log_dir=tmp_path)
     figures = r.as_dict()
     record_property("soak", json.dumps({k: v for k, v in figures.items() if k != "failures"}))
     print("soak:", json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in figures.items()}))

@@ -154,7 +154,7 @@ def _exchange(port: int, raw: bytes, timeout_s: float = 120.0) -> tuple[int, byt
 
 def _post(path: str, payload: Any, extra_headers: str = "") -> bytes:
     body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{extra_headers}"
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n{extra_headers}"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
