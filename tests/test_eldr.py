@@ -429,3 +429,16 @@ def test_eldr_decision_is_least_loaded_in_open_band(seed, k, tau, full):
     assert free[w] > 0 and w in band
     strict = np.flatnonzero(s >= s.max() - max(tau - 1e-6, 0.0))
     assert load[w] <= load[strict].min()
+
+
+def test_hostile_inputs_refused():
+    from moelab.eldr.cache import SignatureCache
+    from moelab.eldr.partition import MAX_BALANCED_N, spherical_kmeans
+
+    cache = SignatureCache(4, 2, 8, 16)
+    with pytest.raises(ValueError, match="integer token ids"):
+        cache.lookup(np.array([1.7, 2.2, 3.0, 4.0]))
+    with pytest.raises(ValueError, match=">= 0"):
+        cache.lookup(np.array([1, -2, 3, 4]))
+    with pytest.raises(ValueError, match="MAX_BALANCED_N"):
+        spherical_kmeans(np.ones((MAX_BALANCED_N + 1, 2)), 2)

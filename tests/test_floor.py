@@ -7,8 +7,24 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moelab.costmodel import MODEL_SHAPES, DecodeStepModel, ModelShape, MoEStepModel, expected_distinct_experts, model_shape
-from moelab.routing import ROUTERS, ClusterView, RequestBatch, Router, check_supplies, make_router, router_class, router_names
+from moelab.costmodel import (
+    MODEL_SHAPES,
+    DecodeStepModel,
+    ModelShape,
+    MoEStepModel,
+    expected_distinct_experts,
+    model_shape,
+)
+from moelab.routing import (
+    ROUTERS,
+    ClusterView,
+    RequestBatch,
+    Router,
+    check_supplies,
+    make_router,
+    router_class,
+    router_names,
+)
 from moelab.sim import SimResult, gain_vs_best
 from moelab.sim.cluster import MAX_DECODE_TOKENS, simulate
 from moelab.traces import ExpertTrace, Geometry, RequestTrace, replay_requests

@@ -12,7 +12,7 @@ def test_overview_notebook(tmp_path):
     out = execute_notebook("00_overview", {"B": 256}, tmp_path)
     res = out["00_overview"]
     assert res["notebooks"] == ["01_eldr", "02_hierarchy_drafting", "03_afd_ratio", "04_dsd_rtt",
-                                "05_balanceroute", "06_from_your_deployment"]
+                                "05_balanceroute", "07_cross_paper", "06_from_your_deployment"]
     qwen = res["moe_layer"]["qwen3-30b-a3b"]
     # the measured headline of the calibration README: 47 us at D=8 vs 308 us at D=128
     assert (qwen["D_min"], qwen["D_max"]) == (8, 128)

@@ -32,5 +32,5 @@ def test_notebook_06_from_your_deployment(tmp_path):
     for name, d in r["distinct"].items():
         assert r["top_k"] <= d <= r["num_experts"], name  # a step loads at least k and at most E experts per layer
     assert math.isfinite(r["eldr_reduction_pct"]) and math.isfinite(r["rho"])
-    assert 0 <= r["recall"] <= 1 and r["mi_max"] >= 0
+    assert 0 <= r["topk_activation_share"] <= 1 and 0 <= r["signature_recall"] <= 1 and r["mi_max"] >= 0
     assert {"06_distinct_experts.html", "06_signature_similarity.html", "06_domain_experts.html"} <= set(res["_figures"])

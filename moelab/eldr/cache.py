@@ -33,6 +33,16 @@ class Admission:
     computed_tokens: int
 
 
+def _token_ids(prompt_tokens: np.ndarray) -> np.ndarray:
+    """Token ids as int64; float, boolean or negative ids are refused (never truncated)."""
+    arr = check_array("prompt_tokens", prompt_tokens, ndim=1)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise ValueError(f"prompt_tokens must be integer token ids; got dtype {arr.dtype}")
+    if arr.size and arr.min() < 0:
+        raise ValueError(f"prompt_tokens must be >= 0; got minimum {arr.min()}")
+    return arr.astype(np.int64)
+
+
 class SignatureCache:
     """Per-KV-block expert histograms with block tables, prefix reuse and LRU eviction.
 
@@ -84,7 +94,7 @@ class SignatureCache:
     # ------------------------------------------------------------------ API
     def lookup(self, prompt_tokens: np.ndarray) -> int:
         """Prompt tokens a prefix-cache hit would serve right now (no side effects)."""
-        tokens = check_array("prompt_tokens", prompt_tokens, ndim=1).astype(np.int64)
+        tokens = _token_ids(prompt_tokens)
         hit = 0
         for key in self._keys(tokens):
             if key not in self._block_of:
@@ -99,7 +109,7 @@ class SignatureCache:
         the uncached suffix are read (that is all a prefix-cached prefill computes)."""
         if request_id in self.tables:
             raise ValueError(f"request_id {request_id!r} is already admitted")
-        tokens = check_array("prompt_tokens", prompt_tokens, ndim=1).astype(np.int64)
+        tokens = _token_ids(prompt_tokens)
         ids = np.asarray(prefill_ids)
         if ids.ndim != 3 or ids.shape[:2] != (tokens.size, self.num_layers):
             raise ValueError(f"prefill_ids must have shape (P={tokens.size}, L={self.num_layers}, k); got {ids.shape}")

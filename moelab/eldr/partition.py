@@ -54,9 +54,18 @@ def kmeans_pp(X: np.ndarray, K: int, rng: np.random.Generator) -> np.ndarray:
     return X[idx].copy()
 
 
+#: most points the exact balanced assignment accepts: its cost matrix is N x (K*ceil(N/K)) ~ N^2 floats
+#: (8192 points: ~0.5 GB) and the assignment is cubic in N. Subsample larger calibration sets.
+MAX_BALANCED_N = 8192
+
+
 def balanced_assign(sim: np.ndarray, cap: int) -> np.ndarray:
-    """Optimal assignment maximising total similarity with at most ``cap`` points per cluster."""
+    """Optimal assignment maximising total similarity with at most ``cap`` points per cluster
+    (at most :data:`MAX_BALANCED_N` points)."""
     n, K = sim.shape
+    if n > MAX_BALANCED_N:
+        raise ValueError(f"balanced assignment takes at most MAX_BALANCED_N={MAX_BALANCED_N} points (memory ~N^2); "
+                         f"got N={n}: subsample the calibration signatures or use balanced=False")
     if cap * K < n:
         raise ValueError(f"cap must be >= ceil(N/K)={math.ceil(n / K)}; got {cap}")
     cost = np.repeat(1.0 - sim, cap, axis=1)  # cluster j owns columns j*cap .. (j+1)*cap-1
@@ -75,11 +84,15 @@ def spherical_kmeans(
     seed: int | np.random.Generator | None = 0,
     init: np.ndarray | None = None,
 ) -> KMeansResult:
-    """Spherical K-means on unit rows of ``X`` [N, d]; ``balanced`` caps clusters at ``ceil(N/K)``.
+    """Spherical K-means on unit rows of ``X`` [N, d]; ``balanced`` caps clusters at ``ceil(N/K)``
+    (and takes at most :data:`MAX_BALANCED_N` rows).
 
     ``init`` [K, d] replaces k-means++ seeding (used by online refits)."""
     X = _unit(check_array("X", X, ndim=2, dtype=np.float64))
     n = X.shape[0]
+    if balanced and n > MAX_BALANCED_N:
+        raise ValueError(f"balanced K-means takes at most MAX_BALANCED_N={MAX_BALANCED_N} signatures (its exact "
+                         f"assignment needs ~N^2 memory); got N={n}: subsample them or use balanced=False")
     K = check_int("K", K, low=1, high=n)
     max_iter = check_int("max_iter", max_iter, low=1)
     rng = rng_from(seed)

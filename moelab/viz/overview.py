@@ -13,7 +13,7 @@ from moelab.viz.common import refresh
 LAB_MAP: list[dict[str, str]] = [
     {"paper": "ELDR (arXiv 2607.00466, ATC 2026)", "package": "moelab.eldr", "notebook": "01_eldr",
      "claim": "Routing each decoded request to a worker whose batch already uses the same experts cuts "
-              "median TPOT by 5.9-13.9% vs the best load balancer, outputs unchanged."},
+              "median TPOT vs the best load balancer, outputs unchanged (paper table: data/public/eldr-results)."},
     {"paper": "Hierarchy Drafting (arXiv 2502.05609, NAACL 2025)", "package": "moelab.hd",
      "notebook": "02_hierarchy_drafting",
      "claim": "Drafting from n-gram stores ordered by temporal locality (context, model, corpus) speeds "
@@ -27,6 +27,9 @@ LAB_MAP: list[dict[str, str]] = [
     {"paper": "BalanceRoute (arXiv 2605.06113)", "package": "moelab.balanceroute", "notebook": "05_balanceroute",
      "claim": "Routing by a margin-aware F-score (BR-0) and a short lookahead (BR-H) roughly halves DP "
               "barrier imbalance vs JSQ and raises throughput."},
+    {"paper": "ELDR x BalanceRoute (cross-paper)", "package": "moelab.cross", "notebook": "07_cross_paper",
+     "claim": "Expert-locality routing of instances and KV-balance routing of ranks act on different terms of one "
+              "decode step: does each gain survive the other, and do they add up?"},
     {"paper": "Your deployment", "package": "moelab.capture, moelab.costmodel", "notebook": "06_from_your_deployment",
      "claim": "Measure your own GPU and traces, then rerun every analysis above on them."},
 ]
@@ -42,7 +45,7 @@ def lab_map_figure() -> go.Figure:
     fig = go.Figure(go.Table(columnwidth=[160, 420, 120, 130],
                              header={"values": list(df.columns), "fill_color": "#dbe6f3", "align": "left"},
                              cells={"values": [df[c] for c in df.columns], "align": "left", "height": 40}))
-    fig.update_layout(title="moelab: five papers, one notebook each", height=520)
+    fig.update_layout(title="moelab: five papers, one notebook each, one cross-paper experiment", height=580)
     return fig
 
 
