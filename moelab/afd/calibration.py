@@ -119,7 +119,7 @@ class StageTables:
     unit = "ms"
 
     def __init__(self, attn: pd.DataFrame, moe: pd.DataFrame, link: pd.DataFrame | None, shape: str = "qwen3-30b-a3b",
-                 method: str = "bmm_active") -> None:
+                 method: str = "bmm_active", label: str = "measured") -> None:
         self.geometry = geometry(shape)
         self.shape = shape
         a = attn[attn["shape"] == shape]
@@ -145,7 +145,7 @@ class StageTables:
             if set(self.link) != {"dispatch", "combine"}:
                 raise ValueError(f"link table must have dispatch and combine rows; got {sorted(self.link)}")
         self.coverage = Coverage()
-        self.source = (f"{shape} x{self.geometry.layers} layers: attn_step + moe_step ({method}) interpolated; link: "
+        self.source = (f"{label} tables, {shape} x{self.geometry.layers} layers: attn_step + moe_step ({method}) interpolated; link: "
                        + ("DeepEP low-latency table (H800, published)" if link is not None else "none"))
 
     @classmethod
@@ -153,7 +153,7 @@ class StageTables:
         """The bundled H200 tables (and the published DeepEP link table unless ``link=False``); a fresh
         instance (with its own extrapolation counter) each call, the tables read once."""
         attn, moe, link_df = _bundled_tables()
-        return cls(attn, moe, link_df if link else None, shape, method)
+        return cls(attn, moe, link_df if link else None, shape, method, "h200")
 
     def reset_coverage(self) -> Coverage:
         """Start counting extrapolations afresh; returns the finished counter."""
