@@ -456,7 +456,7 @@ class RouterProxy:
                     req = await read_request(reader, max_body_bytes=self.max_body_bytes, timeout_s=self.client_timeout_s,
                                              writer=writer)
                 except HTTPError as exc:
-                    unread = max(exc.unread, MAX_HEAD_BYTES)
+                    unread = 0 if exc.status == 408 else max(exc.unread, MAX_HEAD_BYTES)  # 408: the client is silent
                     raise
                 if req is None:
                     return
