@@ -16,6 +16,7 @@ DELEGATED = {
     "calibrate": ("moelab.capture.calibrate", "measure step costs on this machine's GPU (or --smoke on CPU)"),
     "serve-router": ("moelab.serving.proxy", "HTTP router proxy in front of OpenAI-compatible vLLM servers"),
     "sweep": ("moelab.sweep.cli", "run an experiment grid (ELDR, BalanceRoute, HD) serially, on a process pool or Ray"),
+    "build-hd-stores": ("moelab.hd.builders", "build Hierarchy Drafting's S (target outputs on ShareGPT) and L stores"),
 }
 
 

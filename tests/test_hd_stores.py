@@ -3,6 +3,7 @@ PLD's first-match rule, the hierarchy's stop rule and counters, files and bad in
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import numpy as np
@@ -15,6 +16,7 @@ from moelab.hd import (
     HierarchyDrafter,
     NGramTable,
     PLDDrafter,
+    StoreFileError,
     build_statistics_store,
     build_tree,
     check_order,
@@ -101,14 +103,38 @@ def test_store_files_roundtrip_and_errors(tmp_path):
         load_store(path, tok, "model")
     foreign = tmp_path / "foreign.npz"
     np.savez(foreign, x=np.arange(3))
-    with pytest.raises(ValueError, match="not a moelab HD n-gram store"):
+    with pytest.raises(StoreFileError, match="foreign.npz: format"):
         load_store(foreign, tok)
+    meta = np.array(json.dumps({"kind": "statistics", "tokenizer": tokenizer_identity(tok)}))
+    np.savez(foreign, format=np.array("moelab.hd.ngram/1"), meta=meta, length=np.array(3),
+             keys1=np.zeros((2, 1), np.int32), conts1=np.zeros((3, 7, 3), np.int32), counts1=np.zeros((3, 7), np.int32))
+    with pytest.raises(StoreFileError, match="shapes disagree") as err:
+        load_store(foreign, tok)
+    assert err.value.field == "conts1" and err.value.path == foreign
     garbage = tmp_path / "garbage.npz"
     garbage.write_bytes(b"not a zip file")
     with pytest.raises(ValueError):
         load_store(garbage, tok)
     with pytest.raises(ValueError, match="at least one non-empty"):
         build_statistics_store(["", "  "], tok)
+
+
+def test_ngram_ids_beyond_21_bits_never_collide():
+    table = NGramTable.build([[1, 2, 3, 4, 5]], key_lengths=(1, 2), length=2)
+    # (1 << 21) + 1 would pack onto the same bits as 1 if ids were not range-checked at lookup
+    assert table.lookup([(1 << 21) + 1]) == [] and table.lookup([1]) == [(2, 3)]
+    with pytest.raises(ValueError, match="21 bits"):
+        NGramTable.build([[1 << 21, 1, 2]], key_lengths=(1,), length=1)
+    with pytest.raises(ValueError, match="vocab_size"):
+        NGramTable.build([[1, 2, 3]], key_lengths=(1,), length=1, meta={"tokenizer": {"vocab_size": (1 << 21) + 1}})
+
+
+def test_per_document_counting():
+    seqs = [[7, 1, 7, 1, 7, 1, 7, 1], [7, 2]]
+    assert NGramTable.build(seqs, key_lengths=(1,), length=1).lookup([7], 2) == [(1,), (2,)]
+    t = NGramTable.build(seqs, key_lengths=(1,), length=1, per_document=True)
+    row = int(np.flatnonzero(t.tables[1][0][:, 0] == 7)[0])
+    assert t.tables[1][2][row].tolist()[:2] == [1, 1]  # (7, 1) counted once per document, like (7, 2)
 
 
 def test_context_store_lru_and_incremental_updates():

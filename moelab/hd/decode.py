@@ -52,7 +52,8 @@ def build_tree(root: int, candidates: Sequence[Sequence[int]], sources: Sequence
     child_lists: list[list[int]] = [[]]
     for cand, src in zip(candidates, sources):
         node = 0
-        for t in cand:
+        per_token = len(src) == len(cand) and len(cand) > 1  # one store letter per token (stitched chains)
+        for depth, t in enumerate(cand):
             key = (node, int(t))
             nxt = children.get(key)
             if nxt is None:
@@ -60,7 +61,7 @@ def build_tree(root: int, candidates: Sequence[Sequence[int]], sources: Sequence
                 children[key] = nxt
                 tokens.append(int(t))
                 parents.append(node)
-                srcs.append(src)
+                srcs.append(src[depth] if per_token else src)
                 child_lists.append([])
                 child_lists[node].append(nxt)
             node = nxt
@@ -218,6 +219,7 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
         session.commit([0, *path])
         verify_ms = (time.perf_counter() - tv) * 1e3
         accepted = [int(tree.tokens[n]) for n in path]
+        drafter.observe(d, accepted)
         srcs = [tree.sources[n] for n in path]
         new = [*accepted, bonus]
         stop = next((i for i, t in enumerate(new) if t in eos), None)
@@ -265,6 +267,7 @@ def replay_greedy(drafter: Drafter, prompt_ids: Sequence[int], reference: Sequen
                 break
             path.append(nxt)
             node = nxt
+        drafter.observe(d, [int(tree.tokens[n]) for n in path])
         n_new = min(len(path) + 1, len(ref) - pos)
         new = ref[pos:pos + n_new]
         accepted = new[:min(len(path), n_new)]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moelab._validate import check_int
+from moelab.hd.policy import AcceptanceModel, VerifyCost, check_budget, observe, plan
 from moelab.hd.stores import ContextStore, Store
 
 STORE_LETTERS = "WSL"
@@ -72,6 +73,9 @@ class Drafter:
 
     def draft(self) -> Draft:  # pragma: no cover - overridden
         return Draft([], [])
+
+    def observe(self, draft: Draft, accepted: Sequence[int]) -> None:
+        """Called after each verification with the step's draft and its accepted draft tokens (no-op here)."""
 
     def credit(self, source: str | None, n_tokens: int) -> None:
         """Record that ``n_tokens`` accepted draft tokens came from store ``source``."""
@@ -207,6 +211,92 @@ class HierarchyDrafter(Drafter):
                         return Draft(cands, sources)
         return Draft(cands, sources)
 
+    def draft_chain(self, max_len: int) -> Draft:
+        """One chain of up to ``max_len`` tokens (what vLLM verifies): the hierarchy's first candidate,
+        extended by querying the hierarchy again after it; sources hold one store letter per token."""
+        check_int("max_len", max_len, low=1, high=256)
+        ctx = list(self.context)
+        chain: list[int] = []
+        letters = ""
+        first = True
+        while len(chain) < max_len:
+            got = None
+            for letter in self.order:
+                if first:
+                    c = self.counters[letter]
+                    c.queries += 1
+                cands = self._stores[letter].lookup(ctx, 1)
+                if cands and cands[0]:
+                    got = (cands[0], letter)
+                    if first:
+                        c.lookup_hits += 1
+                        c.candidates += 1
+                    break
+            first = False
+            if got is None:
+                break
+            seg = list(got[0][:max_len - len(chain)])
+            chain.extend(seg)
+            ctx.extend(seg)
+            letters += got[1] * len(seg)
+        return Draft([tuple(chain)], [letters]) if chain else Draft([], [])
 
-__all__ = ["STORE_LETTERS", "Draft", "Drafter", "HierarchyDrafter", "NoDrafter", "PLDDrafter", "StoreCounters",
+
+class CostAwareDrafter(Drafter):
+    """Cost-aware Hierarchy Drafting (the default HD drafter): the hierarchy's candidates, cut each step to
+    the sub-tree that maximises expected accepted tokens per unit of measured verify cost
+    (:func:`moelab.hd.policy.plan`), within ``budget`` draft tokens; nothing when no store is confident.
+
+    Parameters
+    ----------
+    inner : HierarchyDrafter
+        The store walk (W per request; S and L shared).
+    cost : VerifyCost
+        The target's measured verify-cost curve on this machine.
+    budget : int
+        Draft tokens verified per forward at most.
+    chain : bool
+        Propose one chain (vLLM) instead of a tree (HF).
+    acceptance : AcceptanceModel, optional
+        Shared running acceptance (e.g. across the requests of one engine); a fresh one by default.
+    """
+
+    def __init__(self, inner: HierarchyDrafter, cost: VerifyCost, *, budget: int = 8, chain: bool = False,
+                 acceptance: AcceptanceModel | None = None) -> None:
+        self.inner = inner
+        self.cost = cost
+        self.budget = check_budget(budget)
+        self.chain = bool(chain)
+        self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
+        self.letters = inner.letters
+        self.name = f"{inner.name}-cost"
+        super().__init__()
+        self.counters = inner.counters
+        self._last = Draft([], [])
+
+    def start(self, prompt_ids: Sequence[int]) -> None:
+        self.inner.start(prompt_ids)
+        self.context = self.inner.context
+
+    def accept(self, new_tokens: Sequence[int]) -> None:
+        self.inner.accept(new_tokens)
+        self.context = self.inner.context
+
+    def reset_counters(self) -> None:
+        self.inner.reset_counters()
+        self.counters = self.inner.counters
+
+    def draft(self, budget: int | None = None) -> Draft:
+        """The planned draft; ``budget`` lowers this step's budget (e.g. near the context limit)."""
+        b = self.budget if budget is None else min(self.budget, check_budget(budget))
+        d = self.inner.draft_chain(b) if self.chain else self.inner.draft()
+        cands, srcs = plan(d.candidates, d.sources, self.acceptance, self.cost, b)
+        self._last = Draft(cands, srcs)
+        return Draft(cands, [s[:1] for s in srcs]) if not self.chain else Draft(cands, srcs)
+
+    def observe(self, draft: Draft, accepted: Sequence[int]) -> None:
+        observe(self.acceptance, self._last.candidates, self._last.sources, accepted)
+
+
+__all__ = ["STORE_LETTERS", "CostAwareDrafter", "Draft", "Drafter", "HierarchyDrafter", "NoDrafter", "PLDDrafter", "StoreCounters",
            "check_order"]

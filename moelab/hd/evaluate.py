@@ -13,9 +13,9 @@ How each number is obtained:
   run). Unmeasured methods have no target timing (their ``tokens_per_s`` is NaN). For measured methods
   ``draft_us_p50_inline`` is the drafting time inside the real CPU run, where every step follows a forward
   that evicts the CPU caches (on a GPU server the forward runs elsewhere and the replay figure applies).
-* ``projected_h200_7b_speedup``: each step's verification cost for a 7B target on an H200, from the
-  measured table ``data/calibration/h200/dense_verify.csv`` (:class:`moelab.costmodel.DenseVerifyModel`)
-  at that step's tree size, plus the measured drafting time, against one AR step per token.
+* Every row names its ``engine`` (``"hf"``: HF transformers on this machine, tree verification) and the
+  ``budget`` (draft tokens verified per forward, at most). There is no projection to other hardware or
+  model sizes: acceptance measured on a 135M model says nothing reliable about a 7B one.
 
 Tokens/s exclude the prefill (identical for every method; on a CPU it would dominate short outputs).
 """
@@ -23,7 +23,7 @@ Tokens/s exclude the prefill (identical for every method; on a CPU it would domi
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,6 @@ from moelab.hd.drafters import Drafter, HierarchyDrafter, NoDrafter, PLDDrafter,
 from moelab.hd.stores import Store
 
 DEFAULT_METHODS = ("AR", "PLD", "W", "S", "L", "HD(WSL)", "HD(LSW)", "HD(SWL)")
-PROJECTION_SHAPE = "llama2-7b"
 
 
 def make_drafter(method: str, model_store: Store | None = None, statistics_store: Store | None = None, *,
@@ -75,29 +74,21 @@ def method_label(method: str) -> str:
     return make_drafter(method, object(), object()).name
 
 
-def projected_step_ms(tree_sizes: np.ndarray, draft_us: np.ndarray, shape: str = PROJECTION_SHAPE) -> np.ndarray:
-    """Per-step time (ms) of a 7B-class target on an H200: measured verify cost at the tree size + drafting."""
-    from moelab.costmodel import DenseVerifyModel
-
-    return DenseVerifyModel.h200().predict_ms(shape, np.asarray(tree_sizes)) + np.asarray(draft_us) / 1e3
-
-
 def _row(method: str, q: pd.Series, res: GenerationResult, drafter: Drafter, measured: bool,
-         identical: bool | None, ar_step_ms: float) -> dict[str, Any]:
+         identical: bool | None, budget: int | None) -> dict[str, Any]:
     steps = res.steps
     draft = np.array([s.draft_us for s in steps])
     tree = np.array([s.tree_size for s in steps])
-    proj_ms = projected_step_ms(tree, np.zeros_like(draft) if method == "AR" else draft)
     row: dict[str, Any] = {
-        "method": method, "question_id": int(q["question_id"]), "category": q["category"],
+        "engine": "hf", "method": method, "budget": budget, "question_id": int(q["question_id"]),
+        "category": q["category"],
         "new_tokens": len(res.tokens), "forwards": len(steps), "mean_accepted": res.mean_accepted,
         "measured": measured, "identical": identical,
         "decode_s": res.decode_s if measured else float("nan"),
         "tokens_per_s": res.tokens_per_s if measured else float("nan"),
         "draft_us_p50": float(np.median(draft)) if draft.size else float("nan"),
         "tree_size_mean": float(tree.mean()) if tree.size else float("nan"),
-        "projected_h200_7b_tokens_per_s": len(res.tokens) / proj_ms.sum() * 1e3 if steps else float("nan"),
-        "projected_h200_7b_speedup": (len(res.tokens) * ar_step_ms / proj_ms.sum()) if steps else float("nan"),
+        "tree_size_max": int(tree.max()) if tree.size else 0,
     }
     for letter, c in drafter.counters.items():
         row[f"{letter}_queries"] = c.queries
@@ -124,7 +115,7 @@ class SpecBenchRun:
 
     def summary(self) -> pd.DataFrame:
         """Per (method, category) and per method overall: mean accepted tokens, measured CPU speedup,
-        projected H200/7B speedup, drafting latency p50, per-store lookup-hit rate and accepted share."""
+        drafting latency p50, per-store lookup-hit rate and accepted share."""
         return summarize(self.questions, self.steps)
 
     def to_csv(self, folder: str | Path) -> dict[str, Path]:
@@ -140,6 +131,7 @@ def run_specbench(model: Any, tokenizer: Any, questions: pd.DataFrame, *, method
                   model_store: Store | None = None, statistics_store: Store | None = None,
                   max_new_tokens: int = 32, max_candidates: int = 7, length: int = 4,
                   measure: Sequence[str] = ("HD(WSL)", "PLD"), temperature: float = 0.0, seed: int = 0,
+                  factories: Mapping[str, tuple[Callable[[], Drafter], int]] | None = None,
                   progress: Callable[[str], None] | None = None) -> SpecBenchRun:
     """Evaluate ``methods`` on ``questions`` (rows of :func:`moelab.hd.specbench.spec_bench_split`).
 
@@ -162,6 +154,9 @@ def run_specbench(model: Any, tokenizer: Any, questions: pd.DataFrame, *, method
         speculative sampling (no replay exists for sampling); ``identical`` is then None.
     seed : int
         Seeds sampling (each question and method gets its own stream derived from it).
+    factories : mapping, optional
+        ``{label: (make_drafter, budget)}``: methods built by a factory (e.g. cost-aware HD at a budget,
+        :func:`moelab.hd.engine.make_hf_drafter`); labels in ``methods`` found here use it.
     progress : callable, optional
         Called with a short status line per question.
     """
@@ -172,31 +167,41 @@ def run_specbench(model: Any, tokenizer: Any, questions: pd.DataFrame, *, method
     check_int("seed", seed, low=0)
     if questions is None or len(questions) == 0:
         raise ValueError("questions must hold at least one row")
-    methods = [method_label(m) for m in methods]
-    measure = {method_label(m) for m in measure}
+    factories = dict(factories or {})
+    methods = [m if m in factories else method_label(m) for m in methods]
+    measure = {m if m in factories else method_label(m) for m in measure}
     eos = tokenizer.eos_token_id
-    ar_step_ms = float(projected_step_ms(np.array([1]), np.array([0.0]))[0])
+
+    def new_drafter(m: str) -> Drafter:
+        if m in factories:
+            return factories[m][0]()
+        return make_drafter(m, model_store, statistics_store, max_candidates=max_candidates, length=length)
+
+    def budget_of(m: str) -> int | None:
+        if m in factories:
+            return int(factories[m][1])
+        return None if m == "AR" else (10 if m == "PLD" else max_candidates * length)
     rows, step_rows = [], []
     for i, (_, q) in enumerate(questions.iterrows()):
         ids = chat_prompt_ids(tokenizer, q["prompt"])
         sampled = temperature > 0
         kw = {"max_new_tokens": max_new_tokens, "eos_token_id": eos, "temperature": temperature}
         ar = generate(model, ids, None, seed=np.random.default_rng([seed, i, 0]), **kw)
-        rows.append(_row("AR", q, ar, NoDrafter(), True, None if sampled else True, ar_step_ms))
+        rows.append(_row("AR", q, ar, NoDrafter(), True, None if sampled else True, 0))
         for j, m in enumerate(methods, start=1):
             if m == "AR":
                 continue
-            drafter = make_drafter(m, model_store, statistics_store, max_candidates=max_candidates, length=length)
+            drafter = new_drafter(m)
             res, identical, real = None, None, sampled or m in measure
             if not sampled:  # the replay gives exact greedy acceptance and the drafter's own per-step latency
                 res = replay_greedy(drafter, ids, ar.tokens)
                 step_rows.append(_steps(m, q, res, "replay"))
             if real:  # the real run: wall clock, inline drafting latency, identity with AR
-                drafter = make_drafter(m, model_store, statistics_store, max_candidates=max_candidates, length=length)
+                drafter = new_drafter(m)
                 res = generate(model, ids, drafter, seed=np.random.default_rng([seed, i, j]), **kw)
                 identical = None if sampled else res.tokens == ar.tokens
                 step_rows.append(_steps(m, q, res, "run"))
-            rows.append(_row(m, q, res, drafter, real, identical, ar_step_ms))
+            rows.append(_row(m, q, res, drafter, real, identical, budget_of(m)))
         if progress is not None:
             progress(f"[{i + 1}/{len(questions)}] {q['category']} q{q['question_id']}: AR {ar.tokens_per_s:.1f} tok/s")
     steps = pd.concat(step_rows, ignore_index=True) if step_rows else pd.DataFrame(
@@ -215,7 +220,8 @@ def summarize(questions: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.
     out = []
     for (method, category), g in list(questions.groupby(["method", "category"], sort=False)) + \
             [((m, "overall"), g) for m, g in questions.groupby("method", sort=False)]:
-        row: dict[str, Any] = {"method": method, "category": category, "questions": len(g),
+        row: dict[str, Any] = {"engine": "hf", "method": method, "budget": g["budget"].iloc[0] if "budget" in g else None,
+                               "category": category, "questions": len(g),
                                "mean_accepted": g["new_tokens"].sum() / max(1, g["forwards"].sum())}
         if g["measured"].all():
             base = ar.loc[g["question_id"], "tokens_per_s"].to_numpy()
@@ -223,8 +229,6 @@ def summarize(questions: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.
             row["identical"] = None if g["identical"].isna().any() else bool(g["identical"].all())
         else:
             row["cpu_speedup"], row["identical"] = float("nan"), None
-        row["projected_h200_7b_speedup"] = float(g["projected_h200_7b_tokens_per_s"].mean()
-                                                 / ar.loc[g["question_id"], "projected_h200_7b_tokens_per_s"].mean())
         if steps is not None and len(steps):
             s = steps[(steps["method"] == method) & ((steps["category"] == category) | (category == "overall"))]
             for mode, col in (("replay", "draft_us_p50"), ("run", "draft_us_p50_inline")):
@@ -246,8 +250,10 @@ def summarize(questions: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.
 
 def compare_published(summary: pd.DataFrame, published: pd.DataFrame, *, device: str = "A100-80GB",
                       model: str = "vicuna-7b-v1.3", methods: Sequence[str] = ("PLD", "REST", "Lookahead"),
-                      ours: Sequence[str] = ("HD(WSL)", "PLD")) -> pd.DataFrame:
-    """Per-category speedups over AR: ours (measured CPU, projected H200/7B) next to published rows.
+                      ours: Sequence[str] = ("HD(WSL)", "PLD"), speedup_col: str = "cpu_speedup",
+                      engine: str = "HF, this CPU") -> pd.DataFrame:
+    """Per-category speedups over AR: ours (measured with ``engine``, column ``speedup_col`` of ``summary``)
+    next to published rows. Different model, hardware and engine: compare shapes, not values.
 
     ``published`` is :func:`moelab.datasets.load_published_specbench`'s table."""
     pub = published[(published["device"] == device) & (published["model"] == model)].set_index("method")
@@ -260,9 +266,7 @@ def compare_published(summary: pd.DataFrame, published: pd.DataFrame, *, device:
         row: dict[str, Any] = {"category": cat}
         for m in ours:
             hit = summary[(summary["method"] == m) & (summary["category"] == cat)]
-            row[f"{m} CPU (ours)"] = float(hit["cpu_speedup"].iloc[0]) if len(hit) else float("nan")
-            row[f"{m} H200-7B projected (ours)"] = float(hit["projected_h200_7b_speedup"].iloc[0]) if len(hit) \
-                else float("nan")
+            row[f"{m} ({engine}, ours)"] = float(hit[speedup_col].iloc[0]) if len(hit) else float("nan")
         col = f"{cat}_speedup"
         for m in methods:
             row[f"{m} {device} (published)"] = float(pub.loc[m, col])
@@ -271,4 +275,4 @@ def compare_published(summary: pd.DataFrame, published: pd.DataFrame, *, device:
 
 
 __all__ = ["DEFAULT_METHODS", "SpecBenchRun", "compare_published", "make_drafter", "method_label",
-           "projected_step_ms", "run_specbench", "summarize"]
+           "run_specbench", "summarize"]

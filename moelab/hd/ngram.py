@@ -16,17 +16,25 @@ from typing import Any
 
 import numpy as np
 
-from moelab._io import atomic_save_npz, load_npz
+from moelab._io import FileFormatError, atomic_save_npz, load_npz
 from moelab._validate import check_int
 
 FORMAT = "moelab.hd.ngram/1"
 _SHIFT = 21  # packed key = t0 << 21 | t1: vocabularies up to 2M tokens
 
 
+_MAX_ID = 1 << _SHIFT
+
+
 def _pack(key: Sequence[int]) -> int:
+    """Packed key, or -1 when a token id is outside ``[0, 2**21)`` (such ids are refused at build time, so
+    no stored key can match them; packing them would collide with other keys)."""
     out = 0
     for t in key:
-        out = (out << _SHIFT) | int(t)
+        t = int(t)
+        if t < 0 or t >= _MAX_ID:
+            return -1
+        out = (out << _SHIFT) | t
     return out
 
 
@@ -62,7 +70,7 @@ class NGramTable:
     @classmethod
     def build(cls, sequences: Iterable[Sequence[int] | np.ndarray], *, key_lengths: Sequence[int] = (1, 2),
               length: int = 4, per_key: int = 7, min_count: int = 1, max_ngrams: int | None = None,
-              meta: dict[str, Any] | None = None) -> NGramTable:
+              per_document: bool = False, meta: dict[str, Any] | None = None) -> NGramTable:
         """Count every (key + continuation) window of every sequence (windows never cross sequences).
 
         Parameters
@@ -78,6 +86,9 @@ class NGramTable:
             Drop n-grams seen fewer times.
         max_ngrams : int, optional
             Keep only the most frequent ``max_ngrams`` n-grams per key length (the paper's 100k 5-grams).
+        per_document : bool
+            Count an n-gram at most once per sequence (document frequency, as the paper's S store does),
+            so one repetitive output cannot dominate the ranking.
         """
         key_lengths = sorted({check_int("key_lengths entry", m, low=1, high=3) for m in key_lengths})
         if not key_lengths:
@@ -87,13 +98,19 @@ class NGramTable:
         check_int("min_count", min_count, low=1)
         if max_ngrams is not None:
             check_int("max_ngrams", max_ngrams, low=1)
+        vocab = ((meta or {}).get("tokenizer") or {}).get("vocab_size")
+        if vocab is not None and int(vocab) > _MAX_ID:
+            raise ValueError(f"tokenizer vocab_size {vocab} is larger than the {_MAX_ID} token ids an n-gram table "
+                             "packs (21 bits per token); use moelab.hd.suffix.SuffixStore for this tokenizer")
         seqs = [np.asarray(s, dtype=np.int64).ravel() for s in sequences]
-        if any(s.size and (s.min() < 0 or s.max() >= 1 << _SHIFT) for s in seqs):
-            raise ValueError(f"sequences must hold token ids in [0, {1 << _SHIFT})")
+        if any(s.size and (s.min() < 0 or s.max() >= _MAX_ID) for s in seqs):
+            raise ValueError(f"sequences must hold token ids in [0, {_MAX_ID}) (21 bits per token)")
         tables = {}
         for m in key_lengths:
             w = m + length
             parts = [np.lib.stride_tricks.sliding_window_view(s, w) for s in seqs if s.size >= w]
+            if per_document:
+                parts = [np.unique(p.astype(np.int32), axis=0) for p in parts]
             if not parts:
                 tables[m] = (np.zeros((0, m), np.int32), np.zeros((0, per_key, length), np.int32),
                              np.zeros((0, per_key), np.int32))
@@ -120,6 +137,7 @@ class NGramTable:
             cnt[gid[sel], rank[sel]] = counts[sel]
             tables[m] = (rows[starts, :m].astype(np.int32), conts, cnt)
         info = {"key_lengths": key_lengths, "per_key": per_key, "min_count": min_count, "max_ngrams": max_ngrams,
+                "per_document": bool(per_document),
                 "tokens": int(sum(s.size for s in seqs)), "sequences": len(seqs)}
         return cls(length, tables, {**info, **(meta or {})})
 
@@ -164,27 +182,89 @@ class NGramTable:
 
     @classmethod
     def load(cls, path: str | Path, *, expect_tokenizer: dict[str, Any] | None = None,
-             expect_kind: str | None = None) -> NGramTable:
-        """Read a table written by :meth:`save`; checks the format, kind and tokenizer identity."""
-        z = load_npz(path)
-        if "format" not in z or str(z["format"]) != FORMAT:
-            raise ValueError(f"{path} is not a moelab HD n-gram store (format {FORMAT!r} expected)")
-        meta = json.loads(str(z["meta"]))
-        if expect_kind is not None and meta.get("kind") != expect_kind:
-            raise ValueError(f"{path} holds a {meta.get('kind')!r} store, not a {expect_kind!r} store")
-        if expect_tokenizer is not None:
-            have = meta.get("tokenizer") or {}
-            if have.get("sha256") != expect_tokenizer.get("sha256"):
-                raise ValueError(
-                    f"{path} was built for tokenizer {have.get('name')!r} (vocab {have.get('vocab_size')}, "
-                    f"sha256 {str(have.get('sha256'))[:12]}), not for {expect_tokenizer.get('name')!r} "
-                    f"(sha256 {str(expect_tokenizer.get('sha256'))[:12]}); rebuild it for this tokenizer")
+             expect_kind: str | None = None, max_bytes: int = 256 << 20) -> NGramTable:
+        """Read a table written by :meth:`save`.
+
+        The file is size-checked before anything is inflated (``max_bytes``: all arrays together), then
+        its format, metadata, array dtypes and shapes, kind and tokenizer identity are checked; any
+        problem is a :class:`StoreFileError` naming the file and the field."""
+        z = load_store_npz(path, required=("format", "meta", "length"), max_bytes=max_bytes)
+        return cls._from_arrays(path, z, expect_tokenizer, expect_kind)
+
+    @classmethod
+    def _from_arrays(cls, path: str | Path, z: dict[str, np.ndarray], expect_tokenizer: dict[str, Any] | None,
+                     expect_kind: str | None) -> NGramTable:
+        if z["format"].shape != () or str(z["format"]) != FORMAT:
+            raise StoreFileError(path, "format", f"is not a moelab HD n-gram store (format {FORMAT!r} expected)")
+        meta = read_store_meta(path, z, expect_tokenizer, expect_kind)
+        if z["length"].shape != () or z["length"].dtype.kind not in "iu" or not 1 <= int(z["length"]) <= 64:
+            raise StoreFileError(path, "length", "must be one integer in [1, 64]")
+        length = int(z["length"])
         tables = {}
         for key in z:
-            if key.startswith("keys"):
-                m = int(key[4:])
-                tables[m] = (z[f"keys{m}"], z[f"conts{m}"], z[f"counts{m}"])
-        return cls(int(z["length"]), tables, meta)
+            if not key.startswith("keys"):
+                continue
+            m = int(key[4:]) if key[4:].isdigit() else -1
+            if m not in (1, 2, 3):
+                raise StoreFileError(path, key, "key length must be 1, 2 or 3")
+            for name in (f"conts{m}", f"counts{m}"):
+                if name not in z:
+                    raise StoreFileError(path, name, "is missing")
+            keys, conts, counts = z[f"keys{m}"], z[f"conts{m}"], z[f"counts{m}"]
+            for name, arr in ((f"keys{m}", keys), (f"conts{m}", conts), (f"counts{m}", counts)):
+                if arr.dtype.kind not in "iu":
+                    raise StoreFileError(path, name, f"must hold integers; has dtype {arr.dtype}")
+            k = keys.shape[0] if keys.ndim == 2 else -1
+            if keys.shape != (k, m) or conts.ndim != 3 or conts.shape[0] != k or conts.shape[2] != length \
+                    or counts.shape != conts.shape[:2]:
+                raise StoreFileError(path, f"conts{m}", f"shapes disagree: keys {keys.shape}, conts {conts.shape}, "
+                                                        f"counts {counts.shape}, length {length}")
+            if keys.size and (keys.min() < 0 or keys.max() >= _MAX_ID):
+                raise StoreFileError(path, f"keys{m}", f"token ids must be in [0, {_MAX_ID})")
+            tables[m] = (keys, conts, counts)
+        if not tables:
+            raise StoreFileError(path, "keys1", "the store has no key table")
+        return cls(length, tables, meta)
 
 
-__all__ = ["FORMAT", "NGramTable"]
+class StoreFileError(FileFormatError):
+    """An HD store file that cannot be used: corrupt, foreign, over budget, or built for another tokenizer.
+    A ``ValueError``; ``path`` and ``field`` name the file and the array or metadata key at fault."""
+
+
+def load_store_npz(path: str | Path, **kw: Any) -> dict[str, np.ndarray]:
+    """:func:`moelab._io.load_npz` (sizes checked before anything is inflated) with its errors as
+    :class:`StoreFileError`."""
+    try:
+        return load_npz(path, **kw)
+    except StoreFileError:
+        raise
+    except FileFormatError as exc:
+        raise StoreFileError(exc.path, exc.field, exc.problem) from None
+
+
+def read_store_meta(path: str | Path, z: dict[str, np.ndarray], expect_tokenizer: dict[str, Any] | None,
+                    expect_kind: str | None) -> dict[str, Any]:
+    """The JSON metadata of a store file, checked for kind and tokenizer (shared by every store format)."""
+    try:
+        meta = json.loads(str(z["meta"]))
+    except (json.JSONDecodeError, KeyError):
+        raise StoreFileError(path, "meta", "is not a JSON object") from None
+    if not isinstance(meta, dict):
+        raise StoreFileError(path, "meta", "is not a JSON object")
+    if expect_kind is not None and meta.get("kind") != expect_kind:
+        raise StoreFileError(path, "meta.kind", f"holds a {meta.get('kind')!r} store, not a {expect_kind!r} store")
+    if expect_tokenizer is not None:
+        have = meta.get("tokenizer") or {}
+        if not isinstance(have, dict) or have.get("sha256") != expect_tokenizer.get("sha256"):
+            have = have if isinstance(have, dict) else {}
+            raise StoreFileError(
+                path, "meta.tokenizer",
+                f"was built for tokenizer {have.get('name')!r} (vocab {have.get('vocab_size')}, sha256 "
+                f"{str(have.get('sha256'))[:12]}), not for {expect_tokenizer.get('name')!r} (sha256 "
+                f"{str(expect_tokenizer.get('sha256'))[:12]}); rebuild it for this tokenizer "
+                "(`moelab build-hd-stores`)")
+    return meta
+
+
+__all__ = ["FORMAT", "NGramTable", "StoreFileError", "load_store_npz", "read_store_meta"]

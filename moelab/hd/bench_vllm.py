@@ -1,0 +1,317 @@
+"""Spec-Bench in vLLM: AR, vLLM's own ``ngram`` and ``suffix`` speculators, and HD (cost-aware, fixed,
+REST-alone) as a ``custom_class`` drafter — same engine, same LM, same budget, one question at a time
+(Spec-Bench's batch size 1), float32, greedy or sampled.
+
+Each method runs in its own subprocess with its own engine (vLLM keeps per-process global state; two
+engines in one process disturb each other). Per-question results are cached atomically
+(``cache_dir()/hd/vllm-runs/<run key>/<method>/q<id>.json``): a rerun skips every question already done,
+so the full benchmark is resumable. Speed = output tokens / wall time of the request (prefill included,
+as Spec-Bench times it); mean accepted tokens = output tokens / target forwards, from vLLM's own
+speculative-decoding counters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from moelab._io import atomic_write_json, read_json
+from moelab._validate import check_int, check_real
+from moelab.hd.policy import VerifyCost, check_budget
+
+VLLM_METHODS = ("AR", "ngram", "suffix", "HD", "HD-fixed", "REST")
+PROBE_TOKEN = 0  # <|endoftext|> for SmolLM2: greedy decoding of a chat answer never emits it
+
+
+class SuffixUnavailableError(ImportError):
+    """vLLM's ``suffix`` method needs the ``arctic-inference`` package."""
+
+
+def suffix_status() -> tuple[bool, str]:
+    """Whether vLLM's suffix decoding can run here (``arctic-inference`` importable) and why not."""
+    import importlib.util
+
+    if importlib.util.find_spec("arctic_inference") is None:
+        return False, ("vLLM's suffix decoding needs `pip install arctic-inference` (builds from source); it is not "
+                       "installed here, so suffix is skipped")
+    return True, "arctic-inference installed"
+
+
+def speculative_config_for(method: str, budget: int, cost: VerifyCost | None = None,
+                           l_max_tokens: int | None = None) -> dict[str, Any] | None:
+    """vLLM ``speculative_config`` of a method at ``budget`` draft tokens per step (None for AR)."""
+    budget = check_budget(budget)
+    if method == "AR":
+        return None
+    if method == "ngram":  # vLLM's prompt lookup (PLD): match the last 1..3 tokens
+        return {"method": "ngram", "num_speculative_tokens": budget, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    if method == "suffix":
+        ok, why = suffix_status()
+        if not ok:
+            raise SuffixUnavailableError(why)
+        return {"method": "suffix", "num_speculative_tokens": budget, "suffix_decoding_max_tree_depth": budget}
+    from moelab.hd.vllm_adapter import speculative_config
+
+    opts: dict[str, Any] = {}
+    if l_max_tokens:
+        opts["l_max_tokens"] = int(l_max_tokens)
+    if method == "HD":
+        if cost is None:
+            raise ValueError("method 'HD' (cost-aware) needs the measured vLLM verify-cost curve `cost`")
+        return speculative_config("hd", budget, cost=cost.as_dict(), **opts)
+    if method == "HD-fixed":
+        return speculative_config("hd-fixed", budget, **opts)
+    if method == "REST":
+        return speculative_config("rest", budget, **opts)
+    raise ValueError(f"method must be one of {list(VLLM_METHODS)}; got {method!r}")
+
+
+def _spec_counters(engine: Any) -> tuple[float, float]:
+    """(accepted tokens, drafts) from vLLM's metrics, NaN when stats are off."""
+    acc = drafts = float("nan")
+    try:
+        for m in engine.get_metrics():
+            if m.name == "vllm:spec_decode_num_accepted_tokens":
+                acc = float(m.value)
+            elif m.name == "vllm:spec_decode_num_drafts":
+                drafts = float(m.value)
+    except Exception:  # noqa: BLE001 - metrics are optional
+        pass
+    return acc, drafts
+
+
+def _worker(spec: dict[str, Any]) -> int:
+    """Run one method over the questions of ``spec`` (called in a subprocess)."""
+    from moelab.models.vllm_engine import generate, make_engine
+
+    method, budget = spec["method"], int(spec["budget"])
+    out_dir = Path(spec["out_dir"])
+    cost = VerifyCost(**spec["cost"]) if spec.get("cost") else None
+    kw: dict[str, Any] = {}
+    sc = None
+    if spec.get("probe"):
+        from moelab.hd.vllm_adapter import speculative_config
+
+        sc = speculative_config("probe", max(spec["probe"]), probe_len=1, probe_token=PROBE_TOKEN)
+    elif method != "AR":
+        sc = speculative_config_for(method, budget, cost, spec.get("l_max_tokens"))
+    if sc is not None:
+        kw["speculative_config"] = sc
+    t0 = time.perf_counter()
+    engine = make_engine(spec["model_dir"], max_model_len=int(spec.get("max_model_len", 2048)), max_num_seqs=1,
+                         seed=int(spec.get("seed", 0)), disable_log_stats=False, **kw)
+    start_s = time.perf_counter() - t0
+    generate(engine, [[1, 2, 3, 4]], 4, progress=False)  # warm-up
+    if spec.get("probe"):
+        return _probe(engine, spec, start_s)
+    from moelab.hd import vllm_adapter
+
+    temperature = float(spec.get("temperature", 0.0))
+    for q in spec["questions"]:
+        path = out_dir / f"q{q['question_id']}.json"
+        if path.is_file():
+            continue
+        acc0, dr0 = _spec_counters(engine)
+        stats0 = vllm_adapter.ACTIVE.rows.stats.as_dict() if vllm_adapter.ACTIVE is not None else None
+        n_us0 = len(vllm_adapter.ACTIVE.rows.stats.draft_us) if vllm_adapter.ACTIVE is not None else 0
+        t = time.perf_counter()
+        g = generate(engine, [q["prompt_ids"]], int(spec["max_new_tokens"]), temperature=temperature,
+                     seed=int(spec.get("seed", 0)), progress=False)[0]
+        wall = time.perf_counter() - t
+        acc1, dr1 = _spec_counters(engine)
+        n = len(g.output_ids)
+        accepted = acc1 - acc0 if method != "AR" else 0.0
+        rec = {"question_id": q["question_id"], "category": q["category"], "method": method, "budget": budget,
+               "engine": "vllm", "temperature": temperature, "new_tokens": n, "wall_s": wall,
+               "tokens_per_s": n / wall if wall > 0 else float("nan"), "accepted_tokens": accepted,
+               "drafts": dr1 - dr0 if method != "AR" else 0.0,
+               "forwards": (n - accepted) if np.isfinite(accepted) else float("nan"),
+               "output_ids": list(g.output_ids), "engine_start_s": start_s}
+        if vllm_adapter.ACTIVE is not None and stats0 is not None:
+            st = vllm_adapter.ACTIVE.rows.stats
+            us = st.draft_us[n_us0:]
+            rec["draft_us_p50"] = float(np.median(us)) if us else float("nan")
+            rec["hd_drafted_tokens"] = st.drafted_tokens - stats0["drafted_tokens"]
+            rec["hd_accepted_tokens"] = st.accepted_tokens - stats0["accepted_tokens"]
+        atomic_write_json(path, rec)
+    return 0
+
+
+def _probe(engine: Any, spec: dict[str, Any], start_s: float) -> int:
+    """Verify cost per chain length: chains that are always rejected, step time from two output lengths."""
+    from moelab.hd import vllm_adapter
+    from moelab.hd.engine import make_row_drafters
+    from moelab.models.vllm_engine import generate
+
+    prompt = spec["probe_prompt"]
+    rows = []
+    for d in [0, *spec["probe"]]:
+        tok_path = str(engine.llm_engine.vllm_config.model_config.tokenizer)
+        vllm_adapter.ACTIVE.rows = make_row_drafters({"method": "probe", "probe_len": d, "probe_token": PROBE_TOKEN},
+                                                     tokenizer_path=tok_path, budget=max(spec["probe"]))
+        times = {}
+        for n in (8, 40):
+            best = float("inf")
+            for _ in range(int(spec.get("probe_repeat", 2))):
+                t = time.perf_counter()
+                generate(engine, [prompt], n, ignore_eos=True, progress=False)
+                best = min(best, time.perf_counter() - t)
+            times[n] = best
+        rows.append({"q": d + 1, "ms": (times[40] - times[8]) / 32 * 1e3})
+    atomic_write_json(Path(spec["out_dir"]) / "probe.json", {"rows": rows, "engine_start_s": start_s})
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ driver
+def preload_libraries() -> str:
+    """``LD_PRELOAD`` for vLLM's CPU workers: Intel OpenMP when the environment ships it (vLLM warns that
+    speculative decoding on CPU is much slower without it). Every method gets the same setting."""
+    lib = Path(sys.prefix) / "lib" / "libiomp5.so"
+    have = os.environ.get("LD_PRELOAD", "")
+    if lib.is_file() and "libiomp" not in have:
+        return f"{lib}:{have}" if have else str(lib)
+    return have
+
+
+def _run_subprocess(spec: dict[str, Any], log: Path, timeout_s: float) -> None:
+    spec_path = log.with_suffix(".spec.json")
+    atomic_write_json(spec_path, spec)
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind",
+               VLLM_NO_USAGE_STATS="1", LD_PRELOAD=preload_libraries())
+    with open(log, "wb") as fh:
+        proc = subprocess.run([sys.executable, "-m", "moelab.hd.bench_vllm", str(spec_path)], stdout=fh,
+                              stderr=subprocess.STDOUT, env=env, timeout=timeout_s, check=False)
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace")[-1500:]
+        raise RuntimeError(f"vLLM worker for {spec['method']} failed (exit {proc.returncode}); log {log}:\n{tail}")
+
+
+def _run_key(model_dir: str, budget: int, max_new_tokens: int, temperature: float, extra: Any = None) -> str:
+    raw = json.dumps([str(model_dir), budget, max_new_tokens, temperature, extra], sort_keys=True)
+    return hashlib.sha256(raw.encode()).hexdigest()[:12]
+
+
+def measure_vllm_cost(model_dir: str | Path, *, qs: Sequence[int] = (2, 3, 5, 9, 17, 29), context_tokens: int = 256,
+                      timeout_s: float = 900.0, refresh: bool = False) -> VerifyCost:
+    """vLLM's verify cost per step on this machine for ``q`` = 1 + chain length tokens (cached per machine
+    and model): chains of ``q - 1`` wrong tokens, so every step emits one token and costs a q-token forward."""
+    from moelab.datasets import cache_dir
+    from moelab.hd.policy import cached_verify_cost
+
+    d_lens = sorted({check_int("qs entry", q, low=2, high=65) - 1 for q in qs})
+
+    def measure() -> VerifyCost:
+        out = cache_dir() / "hd" / "vllm-probe" / f"probe-{int(time.time())}"
+        out.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(0)
+        prompt = rng.integers(100, 20000, size=context_tokens).tolist()
+        _run_subprocess({"method": "probe", "budget": max(d_lens), "probe": d_lens, "probe_prompt": prompt,
+                         "model_dir": str(model_dir), "out_dir": str(out)}, out / "worker.log", timeout_s)
+        rows = read_json(out / "probe.json")["rows"]
+        ms = np.maximum.accumulate([max(r["ms"], 1e-3) for r in rows])  # noise must not make q cheaper than q-1
+        return VerifyCost([r["q"] for r in rows], ms.tolist(),
+                          f"vLLM CPU, {Path(model_dir).name}, context {context_tokens}, measured "
+                          f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())}")
+
+    return cached_verify_cost("vllm", Path(model_dir).name, measure, refresh=refresh)
+
+
+def run_vllm_methods(questions: pd.DataFrame, tokenizer: Any, *, methods: Sequence[str] = VLLM_METHODS,
+                     budget: int = 8, max_new_tokens: int = 128, temperature: float = 0.0,
+                     model_dir: str | Path | None = None, cost: VerifyCost | None = None,
+                     l_max_tokens: int | None = None, timeout_s: float = 3600.0,
+                     progress: bool = True) -> tuple[pd.DataFrame, dict[str, str]]:
+    """Run ``methods`` in vLLM on ``questions`` (Spec-Bench rows with ``prompt``); per-question results are
+    cached, so an interrupted run resumes. Returns the per-question table and ``{method: reason}`` for
+    methods skipped (e.g. suffix without arctic-inference)."""
+    from moelab.datasets import cache_dir
+    from moelab.models.lm import DEFAULT_LM, chat_prompt_ids, lm_folder
+
+    budget = check_budget(budget)
+    check_int("max_new_tokens", max_new_tokens, low=1, high=4096)
+    check_real("temperature", temperature, low=0.0)
+    bad = sorted(set(methods) - set(VLLM_METHODS))
+    if bad:
+        raise ValueError(f"methods must be among {list(VLLM_METHODS)}; got unknown {bad}")
+    model_dir = str(model_dir or lm_folder(DEFAULT_LM))
+    if "HD" in methods and cost is None:
+        cost = measure_vllm_cost(model_dir)
+    qs = [{"question_id": int(r.question_id), "category": str(r.category),
+           "prompt_ids": chat_prompt_ids(tokenizer, r.prompt)} for r in questions.itertuples()]
+    key = _run_key(model_dir, budget, max_new_tokens, temperature, l_max_tokens)
+    root = cache_dir() / "hd" / "vllm-runs" / key
+    skipped: dict[str, str] = {}
+    rows = []
+    for m in methods:
+        if m == "suffix":
+            ok, why = suffix_status()
+            if not ok:
+                skipped[m] = why
+                continue
+        out = root / m
+        out.mkdir(parents=True, exist_ok=True)
+        todo = [q for q in qs if not (out / f"q{q['question_id']}.json").is_file()]
+        if todo:
+            if progress:
+                print(f"vLLM {m}: {len(todo)} of {len(qs)} questions to run (budget {budget})", file=sys.stderr, flush=True)
+            _run_subprocess({"method": m, "budget": budget, "questions": todo, "model_dir": model_dir,
+                             "out_dir": str(out), "max_new_tokens": max_new_tokens, "temperature": temperature,
+                             "cost": cost.as_dict() if cost is not None and m == "HD" else None,
+                             "l_max_tokens": l_max_tokens}, out / "worker.log", timeout_s)
+        for q in qs:
+            rows.append(read_json(out / f"q{q['question_id']}.json"))
+    df = pd.DataFrame(rows)
+    if len(df):
+        ar = df[df["method"] == "AR"].set_index("question_id")["output_ids"]
+        df["identical"] = [None if temperature > 0 or qid not in ar.index else list(o) == list(ar.loc[qid])
+                           for qid, o in zip(df["question_id"], df["output_ids"])]
+    return df, skipped
+
+
+def summarize_vllm(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (method, category) and overall: speedup over AR (mean per-question tokens/s ratio, Spec-Bench),
+    mean accepted tokens, identical outputs."""
+    from moelab.datasets import SPEC_BENCH_CATEGORIES
+
+    ar = df[df["method"] == "AR"].set_index("question_id")["tokens_per_s"]
+    out = []
+    for (m, cat), g in list(df.groupby(["method", "category"], sort=False)) + \
+            [((m, "overall"), g) for m, g in df.groupby("method", sort=False)]:
+        base = ar.reindex(g["question_id"]).to_numpy()
+        fw = g["forwards"].sum()
+        out.append({"engine": "vllm", "method": m, "category": cat, "budget": int(g["budget"].iloc[0]),
+                    "questions": len(g), "tokens_per_s": float(g["tokens_per_s"].mean()),
+                    "speedup": float(g["tokens_per_s"].mean() / np.nanmean(base)),
+                    "mean_accepted": float(g["new_tokens"].sum() / fw) if fw > 0 else float("nan"),
+                    "identical": None if g["identical"].isna().any() else bool(g["identical"].all()),
+                    "draft_us_p50": float(g["draft_us_p50"].median()) if "draft_us_p50" in g else float("nan")})
+    res = pd.DataFrame(out)
+    order = {c: i for i, c in enumerate([*SPEC_BENCH_CATEGORIES, "overall"])}
+    return res.assign(_o=res["category"].map(order)).sort_values(["method", "_o"]).drop(columns="_o") \
+        .reset_index(drop=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m moelab.hd.bench_vllm SPEC.json (internal worker)", file=sys.stderr)
+        return 2
+    return _worker(read_json(args[0]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["VLLM_METHODS", "measure_vllm_cost", "run_vllm_methods", "speculative_config_for", "suffix_status",
+           "summarize_vllm"]

@@ -1,0 +1,117 @@
+"""One HD drafter for both engines: the stores and the drafting methods by name.
+
+* HF transformers (:mod:`moelab.hd.decode`): tree verification, exact per-store accounting (research).
+* vLLM (:mod:`moelab.hd.vllm_adapter` + :mod:`moelab.hd.rows`): one chain per request (deployment speed).
+
+Both take their drafters from here, so a method name means the same store walk in both engines.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from moelab._validate import check_int
+from moelab.hd.drafters import CostAwareDrafter, Draft, Drafter, HierarchyDrafter, check_order
+from moelab.hd.policy import AcceptanceModel, VerifyCost, check_budget
+from moelab.hd.rows import RowDrafters
+
+
+@lru_cache(maxsize=4)
+def _tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_stores(tokenizer: Any, *, s_path: str | None = None, l_max_tokens: int | None = None,
+                need: str = "SL") -> tuple[Any, Any]:
+    """S (n-gram table; the shipped file unless ``s_path``) and L (the ShareGPT suffix index), checked
+    against ``tokenizer``; only the letters in ``need`` are loaded (the others are None)."""
+    from moelab.hd.stores import load_default_model_store, load_default_statistics_store, load_store
+
+    S = L = None
+    if "S" in need:
+        S = load_store(s_path, tokenizer, "model") if s_path else load_default_model_store(tokenizer)
+    if "L" in need:
+        L = load_default_statistics_store(tokenizer, max_tokens=l_max_tokens)
+    return S, L
+
+
+class _Probe(Drafter):
+    """A fixed-length chain of one token id that the target almost never picks (measures verify cost)."""
+
+    name = "probe"
+
+    def __init__(self, length: int, token: int) -> None:
+        super().__init__()
+        self.length, self.token = length, token
+
+    def draft(self) -> Draft:
+        return Draft([(self.token,) * self.length], ["P" * self.length if self.length > 1 else "P"])
+
+
+def make_row_drafters(cfg: dict[str, Any], *, tokenizer_path: str, budget: int) -> RowDrafters:
+    """Per-row drafters for a batching engine from an adapter config (see :mod:`moelab.hd.vllm_adapter`)."""
+    method = cfg.get("method", "hd")
+    budget = check_budget(budget)
+    if method == "probe":
+        length = check_int("probe_len", int(cfg.get("probe_len", budget)), low=0, high=budget)
+        token = int(cfg.get("probe_token", 0))
+        if length == 0:  # the spec-decode engine drafting nothing: the q = 1 point
+            return RowDrafters(lambda: _Probe(1, token), lambda d, m: Draft([], []))
+        return RowDrafters(lambda: _Probe(length, token), lambda d, m: Draft(
+            [d.draft().candidates[0][:m]], ["P"]) if m > 0 else Draft([], []))
+    order = check_order(cfg.get("order", "L" if method == "rest" else "WSL"))
+    if method == "rest":
+        order = "L"
+    tok = _tokenizer(tokenizer_path)
+    tok.moelab_name = cfg.get("tokenizer_name", "smollm2-135m-instruct")
+    S, L = load_stores(tok, s_path=cfg.get("s_path"), l_max_tokens=cfg.get("l_max_tokens"),
+                       need="".join(c for c in "SL" if c in order))
+    length = int(cfg.get("length", 4))
+    if method in ("hd-fixed", "rest"):
+        return RowDrafters(lambda: HierarchyDrafter(S, L, order=order, length=length),
+                           lambda d, m: d.draft_chain(m))
+    if method != "hd":
+        raise ValueError(f"method must be one of ['hd', 'hd-fixed', 'rest', 'probe']; got {method!r}")
+    c = cfg.get("cost")
+    if not isinstance(c, dict):
+        raise ValueError("method 'hd' (cost-aware) needs cfg['cost'] = {'qs': [...], 'ms': [...]}, the measured "
+                         "verify-cost curve (moelab.hd.bench_vllm.measure_vllm_cost)")
+    cost = VerifyCost(c["qs"], c["ms"], c.get("source", ""))
+    shared = AcceptanceModel()
+    return RowDrafters(
+        lambda: CostAwareDrafter(HierarchyDrafter(S, L, order=order, length=length), cost, budget=budget, chain=True,
+                                 acceptance=shared),
+        lambda d, m: d.draft(m))
+
+
+def make_hf_drafter(method: str, S: Any, L: Any, *, budget: int = 8, cost: VerifyCost | None = None,
+                    acceptance: AcceptanceModel | None = None) -> Drafter:
+    """A drafter for the HF engine at an equal verification ``budget`` (draft tokens per forward).
+
+    ``"HD"`` = cost-aware HD (needs ``cost``), ``"HD-fixed"`` = the hierarchy's tree with
+    ``budget // 4`` candidates of 4 tokens (28 = the paper's 7x4), ``"PLD"`` = a chain of ``budget``
+    tokens, ``"REST"`` = L alone (as HD-fixed), ``"AR"`` = nothing."""
+    from moelab.hd.drafters import NoDrafter, PLDDrafter
+
+    budget = check_budget(budget)
+    if method == "AR":
+        return NoDrafter()
+    if method == "PLD":
+        return PLDDrafter(num_pred_tokens=budget)
+    length = min(4, budget)
+    n_cand = max(1, budget // length)
+    if method in ("HD-fixed", "REST"):
+        order = "L" if method == "REST" else "WSL"
+        return HierarchyDrafter(S, L if "L" in order else None, order=order, max_candidates=n_cand, length=length)
+    if method == "HD":
+        if cost is None:
+            raise ValueError("method 'HD' (cost-aware) needs the measured verify-cost curve `cost`")
+        inner = HierarchyDrafter(S, L, order="WSL", max_candidates=max(n_cand, 7), length=length)
+        return CostAwareDrafter(inner, cost, budget=budget, acceptance=acceptance)
+    raise ValueError(f"method must be one of ['AR', 'PLD', 'HD', 'HD-fixed', 'REST']; got {method!r}")
+
+
+__all__ = ["load_stores", "make_hf_drafter", "make_row_drafters"]

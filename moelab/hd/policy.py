@@ -1,0 +1,227 @@
+"""Cost-aware drafting: how much of a draft is worth verifying.
+
+Each step the hierarchy proposes candidates (a token tree, or one chain in vLLM). Every draft node gets
+a probability of being accepted, ``p(node) = p(parent) * alpha(store, first-or-alternative child)``,
+where ``alpha`` is the running per-store acceptance rate (accepted / tried over every node whose parent
+was accepted, with a Beta(1, 1) prior), learned from the verification outcomes of earlier steps. The
+expected tokens of a step that verifies the ``K`` most likely nodes are ``1 + sum(p)`` (the bonus token
+always comes), its cost ``c(K + 1)``, the measured time of one target forward over ``K + 1`` tokens
+(:class:`VerifyCost`). The policy keeps the ``K`` that maximises expected tokens per unit of cost,
+subject to the budget; ``K = 0`` (draft nothing) wins when no store is confident enough to pay for
+the extra verified tokens.
+
+The measured cost curve is cached per machine and model (:func:`cached_verify_cost`).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moelab._validate import check_int
+
+BUDGETS = (4, 8, 16, 28)  # draft tokens verified per forward; 28 = the paper's 7 candidates x 4 tokens
+MAX_BUDGET = 64
+
+
+def check_budget(budget: int) -> int:
+    """Validate a verification budget (draft tokens per forward, 1..64)."""
+    return check_int("budget", budget, low=1, high=MAX_BUDGET)
+
+
+@dataclass
+class VerifyCost:
+    """Measured cost of one target forward over ``q`` tokens (ms), linearly interpolated in ``q``.
+
+    Parameters
+    ----------
+    qs, ms : sequences
+        Measured points (``qs`` increasing, starting at 1).
+    source : str
+        Where the points come from (engine, machine, model, date).
+    """
+
+    qs: Sequence[int]
+    ms: Sequence[float]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        q = np.asarray(self.qs, dtype=float)
+        m = np.asarray(self.ms, dtype=float)
+        if q.ndim != 1 or q.size < 1 or q.shape != m.shape or q[0] != 1 or np.any(np.diff(q) <= 0):
+            raise ValueError("qs must be increasing, start at 1 and have one ms per entry")
+        if not np.all(np.isfinite(m)) or np.any(m <= 0):
+            raise ValueError("ms must be finite and > 0")
+        self._q, self._m = q, m
+
+    def __call__(self, q: np.ndarray | float) -> np.ndarray:
+        q = np.asarray(q, dtype=float)
+        out = np.interp(q, self._q, self._m)
+        if self._q.size >= 2:  # beyond the last point: continue the last slope
+            slope = (self._m[-1] - self._m[-2]) / (self._q[-1] - self._q[-2])
+            out = np.where(q > self._q[-1], self._m[-1] + slope * (q - self._q[-1]), out)
+        return out
+
+    def relative(self, q: np.ndarray | float) -> np.ndarray:
+        """Cost relative to one token (``c(q) / c(1)``)."""
+        return self(q) / self._m[0]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"qs": [int(x) for x in self._q], "ms": [float(x) for x in self._m], "source": self.source}
+
+
+def machine_id() -> str:
+    """A short name for this machine (host, CPU model, cores): the key of cached cost curves."""
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import os
+
+    raw = f"{platform.node()}|{cpu}|{os.cpu_count()}"
+    return "".join(c if c.isalnum() else "-" for c in raw)[:80]
+
+
+def cached_verify_cost(engine: str, model: str, measure: Callable[[], VerifyCost], *, refresh: bool = False) -> VerifyCost:
+    """The verify-cost curve of ``model`` on ``engine`` for this machine: read from the cache, or measured
+    once with ``measure()`` and cached (``cache_dir()/hd/verify-cost/<engine>-<model>-<machine>.json``)."""
+    from moelab._io import atomic_write_json, read_json
+    from moelab.datasets import cache_dir
+
+    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{engine}-{model}-{machine_id()}")
+    path = cache_dir() / "hd" / "verify-cost" / f"{slug}.json"
+    if path.is_file() and not refresh:
+        d = read_json(path)
+        try:
+            return VerifyCost(d["qs"], d["ms"], d.get("source", ""))
+        except (KeyError, TypeError, ValueError):
+            pass  # a damaged cache entry is measured again
+    vc = measure()
+    atomic_write_json(path, vc.as_dict())
+    return vc
+
+
+@dataclass
+class AcceptanceModel:
+    """Running acceptance per (store letter, first child or alternative): accepted / tried with a Beta(1, 1)
+    prior. ``tried`` counts draft nodes whose parent was accepted (only those were really tested)."""
+
+    accepted: dict[tuple[str, bool], int] = field(default_factory=dict)
+    tried: dict[tuple[str, bool], int] = field(default_factory=dict)
+
+    def alpha(self, store: str, alternative: bool) -> float:
+        key = (store, alternative)
+        return (self.accepted.get(key, 0) + 1.0) / (self.tried.get(key, 0) + 2.0)
+
+    def record(self, store: str, alternative: bool, ok: bool) -> None:
+        key = (store, alternative)
+        self.tried[key] = self.tried.get(key, 0) + 1
+        if ok:
+            self.accepted[key] = self.accepted.get(key, 0) + 1
+
+    def table(self) -> list[dict[str, Any]]:
+        return [{"store": s, "alternative": a, "tried": t, "accepted": self.accepted.get((s, a), 0),
+                 "alpha": self.alpha(s, a)} for (s, a), t in sorted(self.tried.items())]
+
+
+def _src_at(src: str, depth: int, n: int) -> str:
+    """A candidate's store letter at ``depth``: one letter for the whole candidate, or one per token."""
+    return src[depth] if len(src) == n and n > 1 else src[:1]
+
+
+def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: AcceptanceModel, cost: VerifyCost,
+         budget: int) -> tuple[list[tuple[int, ...]], list[str]]:
+    """The sub-tree of ``candidates`` worth verifying (see the module docstring).
+
+    A source is one store letter per candidate, or a string with one letter per token (chains
+    stitched from several lookups). Returns the kept candidates (root-to-leaf paths of the chosen prefix-closed node set, in their
+    original order, truncated) and their sources; empty lists mean "draft nothing this step".
+    """
+    budget = check_budget(budget)
+    if not candidates:
+        return [], []
+    # trie of the candidates: node -> (parent, token, store, alternative, prob)
+    parent: list[int] = [-1]
+    prob: list[float] = [1.0]
+    children: dict[tuple[int, int], int] = {}
+    n_children: list[int] = [0]
+    paths: list[list[int]] = []
+    for cand, src in zip(candidates, sources):
+        node, path = 0, []
+        for depth, t in enumerate(cand):
+            nxt = children.get((node, int(t)))
+            if nxt is None:
+                nxt = len(parent)
+                alt = n_children[node] > 0
+                children[(node, int(t))] = nxt
+                n_children[node] += 1
+                parent.append(node)
+                n_children.append(0)
+                prob.append(prob[node] * model.alpha(_src_at(src, depth, len(cand)), alt))
+            path.append(nxt)
+            node = nxt
+        paths.append(path)
+    p = np.asarray(prob[1:])
+    order = np.argsort(-p, kind="stable") + 1  # parents before children (p(child) < p(parent))
+    k_max = min(budget, order.size)
+    gain = 1.0 + np.concatenate([[0.0], np.cumsum(np.asarray(prob)[order[:k_max]])])
+    ratio = gain / cost(np.arange(1, k_max + 2))
+    k = int(np.argmax(ratio))
+    keep = set(order[:k].tolist())
+    out, srcs = [], []
+    seen: set[tuple[int, ...]] = set()
+    for cand, src, path in zip(candidates, sources, paths):
+        n = 0
+        while n < len(path) and path[n] in keep:
+            n += 1
+        c = tuple(int(t) for t in cand[:n])
+        if c and c not in seen:
+            # drop a kept candidate that is a prefix of another kept one (the trie keeps its nodes anyway)
+            seen.add(c)
+            out.append(c)
+            srcs.append(src[:n] if len(src) == len(cand) and len(cand) > 1 else src)
+    return out, srcs
+
+
+def observe(model: AcceptanceModel, candidates: Sequence[Sequence[int]], sources: Sequence[str],
+            accepted: Sequence[int]) -> None:
+    """Update ``model`` from one verification: ``accepted`` = the accepted draft tokens (longest accepted
+    path). Every node whose parent was on the accepted path was tested: accepted iff it is the next token."""
+    acc = [int(t) for t in accepted]
+    tested: dict[tuple[int, int], tuple[str, bool]] = {}
+    n_children: dict[int, int] = {}
+    seen: dict[tuple[int, ...], int] = {(): 0}
+    for cand, src in zip(candidates, sources):
+        prefix: tuple[int, ...] = ()
+        for depth, t in enumerate(cand):
+            nxt = prefix + (int(t),)
+            if nxt not in seen:
+                pid = seen[prefix]
+                alt = n_children.get(pid, 0) > 0
+                n_children[pid] = n_children.get(pid, 0) + 1
+                seen[nxt] = len(seen)
+                if list(prefix) == acc[:depth]:  # parent accepted: this node was tested
+                    tested[(depth, int(t))] = (_src_at(src, depth, len(cand)), alt)
+            prefix = nxt
+    for (depth, t), (src, alt) in tested.items():
+        model.record(src, alt, depth < len(acc) and acc[depth] == t)
+
+
+def load_curve_json(path: str | Path) -> VerifyCost:
+    """A cost curve from a JSON file ``{"qs": [...], "ms": [...], "source": ...}``."""
+    d = json.loads(Path(path).read_text(encoding="utf-8"))
+    return VerifyCost(d["qs"], d["ms"], d.get("source", ""))
+
+
+__all__ = ["BUDGETS", "MAX_BUDGET", "AcceptanceModel", "VerifyCost", "cached_verify_cost", "check_budget",
+           "load_curve_json", "machine_id", "observe", "plan"]

