@@ -38,3 +38,19 @@ def test_bad_inputs_are_refused(small_trace):
         assign(router, sig, lens, 2, order=np.zeros(small_trace.n_requests, dtype=int))
     with pytest.raises(ValueError, match="max_steps"):
         distinct_per_step(small_trace, np.zeros(small_trace.n_requests, dtype=int), 1, max_steps=0)
+
+
+def test_signature_client_refuses_non_finite_counts(monkeypatch):
+    """NaN/inf prefill counts from the service are refused before any signature reaches a router."""
+    import asyncio
+
+    import moelab.serving.signatures as sigmod
+
+    async def fake_http_json(url, method, path, body, timeout_s):  # the service answering a poisoned payload
+        return 200, {"counts": [[1.0, float("nan")], [0.0, 2.0]]}
+
+    monkeypatch.setattr(sigmod, "http_json", fake_http_json)
+    client = sigmod.ELDRSignatureClient("http://127.0.0.1:1", builder=None)
+    with pytest.raises(ValueError, match="finite"):
+        asyncio.run(client.counts({"prompt": "x"}))
+    assert client.requests == 0

@@ -15,8 +15,11 @@ from typing import Any
 import numpy as np
 
 from moelab._validate import check_int, rng_from
-from moelab.routing import ClusterView, RequestBatch, Router, make_router
+from moelab.routing import ClusterView, RequestBatch, Router, check_supplies, make_router, router_names
 from moelab.traces import ExpertTrace
+
+#: what :func:`assign` can tell a router (requests arrive one by one; nothing finishes meanwhile)
+SUPPLIES = frozenset({"prompt_len", "signature", "active", "waiting", "kv_tokens", "free_slots", "time_s"})
 
 
 def assign(router: Router, signatures: np.ndarray, prompt_lens: np.ndarray, n_workers: int, *,
@@ -28,6 +31,7 @@ def assign(router: Router, signatures: np.ndarray, prompt_lens: np.ndarray, n_wo
     order = np.arange(n) if order is None else np.asarray(order)
     if order.shape != (n,) or not np.array_equal(np.sort(order), np.arange(n)):
         raise ValueError(f"order must be a permutation of range({n}) (each request placed exactly once)")
+    check_supplies(router, SUPPLIES, "the trace routing what-if (serving.analysis.assign)")
     cap = math.ceil(n / n_workers)
     view = ClusterView(np.zeros(n_workers), np.zeros(n_workers), np.full(n_workers, cap))
     router.reset(n_workers)
@@ -54,7 +58,7 @@ def distinct_per_step(trace: ExpertTrace, workers: np.ndarray, n_workers: int, *
 
 
 def compare_routers(trace: ExpertTrace, signatures: np.ndarray, centroids: np.ndarray, n_workers: int, *,
-                    routers: tuple[str, ...] = ("round_robin", "random", "jsq", "p2c", "eldr"), tau: float = 0.1,
+                    routers: tuple[str, ...] = (*router_names("eldr_paper"), "eldr"), tau: float = 0.1,
                     seed: int = 0) -> dict[str, Any]:
     """Distinct experts per layer per decode step under each router, plus ELDR's reduction vs the
     best load balancer. Requests arrive in a seeded random order (same for every router)."""

@@ -1,6 +1,6 @@
 """ELDR signatures for live routing: prefill counts from the prefill-count service -> unit vector.
 
-The proxy never runs the model: it asks :class:`moelab.capture.vllm_backend.PrefillCountServer`
+The proxy never runs the model: it asks :class:`moelab.capture.vllm_service.PrefillCountServer`
 (an engine with moelab's capture hooks) for a prompt's per-layer expert counts over HTTP, and turns
 them into a signature with a :class:`moelab.eldr.SignatureBuilder` fitted on calibration requests.
 """
@@ -50,8 +50,19 @@ class ELDRSignatureClient:
         if status != 200 or not isinstance(data, dict) or "counts" not in data:
             msg = data.get("error", {}).get("message") if isinstance(data, dict) else str(data)[:200]
             raise ValueError(f"prefill-count service answered {status}: {msg}")
+        try:
+            counts = np.asarray(data["counts"], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError("prefill-count service answered counts that are not a numeric [L, E] array") from None
+        if counts.ndim != 2 or not np.isfinite(counts).all() or (counts.size and counts.min() < 0):
+            raise ValueError(f"prefill-count service answered bad counts (need a finite, non-negative [L, E] array; "
+                             f"got shape {counts.shape})")
         self.requests += 1
-        return np.asarray(data["counts"], dtype=np.float64)
+        return counts
 
     async def signature(self, payload: dict[str, Any]) -> np.ndarray:
-        return self.builder.transform(await self.counts(payload))[0]
+        """The request's unit signature (refused with ``ValueError`` if not finite: it never reaches a router)."""
+        sig = self.builder.transform(await self.counts(payload))[0]
+        if not np.isfinite(sig).all():
+            raise ValueError("signature is not finite (NaN/inf); refusing to route on it")
+        return sig
