@@ -56,23 +56,16 @@ class Geometry:
 
 
 def geometry(shape: str) -> Geometry:
-    """The geometry of a MoE shape from the shared cost-model registry (``moelab.costmodel``)."""
-    import moelab.costmodel as cm
+    """The geometry of a MoE shape from the one registry, :data:`moelab.costmodel.MODEL_SHAPES` (every
+    layer runs attention and the FFN ping-pong, so all ``num_layers`` count)."""
+    from moelab.costmodel import MODEL_SHAPES
 
-    registry = getattr(cm, "MODEL_SHAPES", None)
-    if registry is not None and shape in registry:
-        s = registry[shape]
-        layers = getattr(s, "num_layers", None) or getattr(s, "layers", None)
-        layer = getattr(s, "layer", s)
-        moe = layer.moe
-        return Geometry(shape, int(layers), int(layer.kv_bytes_per_token), int(layer.hidden), int(moe.num_experts),
-                        int(moe.top_k))
-    if shape not in cm.LAYER_SHAPES or shape not in cm.MODEL_LAYERS:
-        known = sorted(set(cm.LAYER_SHAPES) & set(cm.MODEL_LAYERS))
-        raise ValueError(f"shape must be one of {known}; got {shape!r}")
-    s = cm.LAYER_SHAPES[shape]
-    return Geometry(shape, int(cm.MODEL_LAYERS[shape]), int(s.kv_bytes_per_token), int(s.hidden),
-                    int(s.moe.num_experts), int(s.moe.top_k))
+    s = MODEL_SHAPES.get(shape)
+    if s is None or not s.is_moe:
+        known = sorted(n for n, m in MODEL_SHAPES.items() if m.is_moe)
+        raise ValueError(f"shape must be one of the MoE shapes {known}; got {shape!r}")
+    return Geometry(shape, int(s.num_layers), int(s.kv_bytes_per_token), int(s.hidden), int(s.num_experts),
+                    int(s.top_k))
 
 
 @dataclass
