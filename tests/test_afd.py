@@ -79,7 +79,8 @@ def test_coefficients_reject_bad_values(field, value):
     ({"r": 0}, "r"), ({"B": 0}, "B"), ({"microbatches": 0}, "microbatches"), ({"prompt_cv": -0.1}, "prompt_cv"),
     ({"speed_cv": -1}, "speed_cv"), ({"steps": 0}, "steps"), ({"requests": -5}, "requests"),
     ({"steps": 10, "requests": 10}, "steps or requests"), ({"prompt_lengths": np.array([])}, "prompt_lengths"),
-    ({"seed": -1}, "seed"),
+    ({"seed": -1}, "seed"), ({"r": 10**6}, "r"), ({"B": 10**7}, "B"), ({"steps": 10**9}, "steps"),
+    ({"microbatches": 1000}, "microbatches"), ({"r": 256, "steps": 100_000}, "MAX_CELLS"),
 ])
 def test_simulate_rejects_bad_input(kwargs, name):
     args = {"r": 2, "B": 8, "mu_P": 10, "mu_D": 20, "steps": 50, **kwargs}

@@ -35,7 +35,16 @@ import pandas as pd
 from moelab._validate import check_array, check_choice, check_int, check_real
 from moelab.afd.calibration import CoefficientFit, Coverage, LinearStages, StageTables, fit_coefficients
 from moelab.afd.coefficients import AFDCoefficients
-from moelab.afd.sim import _entropy, _pipeline
+from moelab.afd.sim import (
+    MAX_B,
+    MAX_CELLS,
+    MAX_MICROBATCHES,
+    MAX_R,
+    MAX_REQUESTS,
+    MAX_STEPS,
+    _entropy,
+    _pipeline,
+)
 from moelab.afd.theory import (
     DEFAULT_REQUESTS,
     idle_ratios,
@@ -46,13 +55,6 @@ from moelab.afd.theory import (
 
 LENGTH_SOURCES = ("geometric", "azure-conv", "azure-code")
 
-# bounded work (documented caps; larger values are refused, never clamped)
-MAX_R = 256  # attention instances per bundle
-MAX_B = 8192  # slots per attention instance
-MAX_REQUESTS = 1_000_000  # requests per slot group
-MAX_STEPS = 2_000_000  # decode steps of one run
-MAX_CELLS = 60_000_000  # steps x microbatches x instances held in memory
-MAX_MICROBATCHES = 16
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,15 @@ def _prompt_sampler(mu_P: float, prompt_cv: float, prompt_lengths: np.ndarray | 
     return lambda rng, n: rng.gamma(shape, mu_P / shape, size=n)
 
 
+# bounded work (documented caps, shared with moelab.afd.measured; larger values are refused, never clamped)
+MAX_R = 256  # attention instances per bundle
+MAX_B = 8192  # slots per attention instance
+MAX_REQUESTS = 1_000_000  # requests per slot group
+MAX_STEPS = 2_000_000  # decode steps of one run
+MAX_CELLS = 60_000_000  # steps x microbatches x instances held in memory
+MAX_MICROBATCHES = 16
+
+
 def _entropy(seed: int | np.random.Generator | None) -> int:
     """One integer that seeds every random stream of a run."""
     if isinstance(seed, np.random.Generator):
@@ -182,7 +191,7 @@ def simulate(r: int, B: int, mu_P: float, mu_D: float, *, steps: int | None = No
     seed : int, optional
         Seed; equal seeds give equal results.
     """
-    return _simulate_many([check_int("r", r, low=1)], B, mu_P, mu_D, steps=steps, requests=requests, coeffs=coeffs,
+    return _simulate_many([check_int("r", r, low=1, high=MAX_R)], B, mu_P, mu_D, steps=steps, requests=requests, coeffs=coeffs,
                           microbatches=microbatches, prompt_cv=prompt_cv, speed_cv=speed_cv,
                           prompt_lengths=prompt_lengths, seed=seed)[0]
 
@@ -193,11 +202,11 @@ def _simulate_many(r_values, B, mu_P, mu_D, *, steps=None, requests=None, coeffs
     not depend on r, so one set of loads and one pass of the pipeline serve every r: each result is
     exactly what a separate :func:`simulate` call returns."""
     c = _coeffs(coeffs)
-    r_arr = np.array([check_int("r", r, low=1) for r in r_values], dtype=np.int64)
-    B = check_int("B", B, low=1)
+    r_arr = np.array([check_int("r", r, low=1, high=MAX_R) for r in r_values], dtype=np.int64)
+    B = check_int("B", B, low=1, high=MAX_B)
     mu_P = check_real("mu_P", mu_P, low=0)
     mu_D = check_real("mu_D", mu_D, low=0)
-    m = check_int("microbatches", microbatches, low=1)
+    m = check_int("microbatches", microbatches, low=1, high=MAX_MICROBATCHES)
     prompt_cv = check_real("prompt_cv", prompt_cv, low=0)
     speed_cv = check_real("speed_cv", speed_cv, low=0)
     if prompt_lengths is not None:
@@ -208,10 +217,16 @@ def _simulate_many(r_values, B, mu_P, mu_D, *, steps=None, requests=None, coeffs
     if steps is not None and requests is not None:
         raise ValueError("give steps or requests, not both")
     if steps is not None:
-        K = check_int("steps", steps, low=1)
+        K = check_int("steps", steps, low=1, high=MAX_STEPS)
     else:
-        N = DEFAULT_REQUESTS if requests is None else check_real("requests", requests, low=0, low_open=True)
+        N = DEFAULT_REQUESTS if requests is None else check_real("requests", requests, low=0, low_open=True,
+                                                                  high=MAX_REQUESTS)
         K = max(1, round(N / (B * p)))
+        if K > MAX_STEPS:
+            raise ValueError(f"requests must keep the run at most MAX_STEPS={MAX_STEPS} steps; {N:g} requests need {K}")
+    if K * m * int(r_arr.max()) > MAX_CELLS:
+        raise ValueError(f"r, steps/requests and microbatches need {K * m * int(r_arr.max())} load cells; the cap is "
+                         f"MAX_CELLS={MAX_CELLS}")
     entropy = _entropy(seed)
     r_max = int(r_arr.max())
     # common random numbers: the slot group of (microbatch mb, instance i) draws from its own stream
@@ -259,7 +274,7 @@ def sweep(r_values=R_SWEEP, B: int = 256, mu_P: float = 100, mu_D: float = 500, 
 
     Every r runs with the same seed: common random numbers (see :func:`simulate`), so the curve over
     r is smooth and its argmax is not decided by seed noise."""
-    r_arr = check_array("r_values", r_values, ndim=1, low=1).astype(np.int64)
+    r_arr = check_array("r_values", r_values, ndim=1, low=1, high=MAX_R).astype(np.int64)
     if r_arr.size == 0:
         raise ValueError("r_values must hold at least one r >= 1")
     N = DEFAULT_REQUESTS if requests is None else requests

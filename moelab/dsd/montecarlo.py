@@ -18,6 +18,9 @@ import numpy as np
 from moelab._validate import check_choice, check_int, check_real, rng_from
 from moelab.dsd.theory import MODES, latency_per_token
 
+MAX_ROUNDS = 5_000_000  # rounds of one run (bounded work; larger values are refused)
+MAX_GAMMA = 64
+
 
 @dataclass(frozen=True)
 class MCResult:
@@ -43,6 +46,8 @@ class MCResult:
 def accepted_lengths(alpha: float, gamma: int, n: int, rng: np.random.Generator) -> np.ndarray:
     """Accepted draft tokens of ``n`` rounds: per-token Bernoulli(alpha) trials up to the first
     rejection, capped at ``gamma`` (the truncated geometric law)."""
+    if gamma > MAX_GAMMA or n > MAX_ROUNDS:
+        raise ValueError(f"gamma must be at most MAX_GAMMA={MAX_GAMMA} and n at most MAX_ROUNDS={MAX_ROUNDS}")
     accept = rng.random((n, gamma)) < alpha
     return np.cumprod(accept, axis=1).sum(axis=1)
 
@@ -63,7 +68,7 @@ def simulate_rounds(mode: str, *, alpha: float = 0.0, gamma: int = 1, t_ar: floa
     Parameters are those of :func:`moelab.dsd.latency_per_token`, plus ``rounds`` (>= 2) and ``seed``.
     """
     check_choice("mode", mode, MODES)
-    rounds = check_int("rounds", rounds, low=2)
+    rounds = check_int("rounds", rounds, low=2, high=MAX_ROUNDS)
     jitter = check_real("rtt_jitter", rtt_jitter, low=0, high=1)
     closed = float(latency_per_token(mode, alpha=alpha, gamma=gamma, t_ar=t_ar, t_d=t_d, t_v=t_v, t_a=t_a,
                                      rtt=rtt, rtt_jitter=jitter))

@@ -27,6 +27,8 @@ from moelab.dsd.montecarlo import accepted_lengths, jittered_rtt
 from moelab.dsd.theory import capacity_gain, expected_tokens
 
 SERVER_MODES = ("colocated", "dsd")
+MAX_CLIENTS = 4096  # clients of one server run / capacity search (bounded work)
+MAX_ROUNDS_PER_CLIENT = 100_000
 
 
 @dataclass(frozen=True)
@@ -116,8 +118,8 @@ def serve(mode: str, clients: int, *, alpha: float, gamma: int, t_d: float, t_v:
         Seed; equal seeds give equal results.
     """
     check_choice("mode", mode, SERVER_MODES)
-    clients = check_int("clients", clients, low=1)
-    rpc = check_int("rounds_per_client", rounds_per_client, low=10)
+    clients = check_int("clients", clients, low=1, high=MAX_CLIENTS)
+    rpc = check_int("rounds_per_client", rounds_per_client, low=10, high=MAX_ROUNDS_PER_CLIENT)
     s = _setup(alpha, gamma, t_d, t_v, t_a, rtt, rtt_jitter)
     unloaded = s.gamma * s.t_d + s.t_v if mode == "colocated" else s.gamma * s.t_a + s.rtt + s.t_v
     # saturated, every client waits for the other clients' work too
@@ -143,7 +145,7 @@ def max_clients(mode: str, target_rate: float, *, alpha: float, gamma: int, t_d:
     """Search the largest C with per-client rate >= ``target_rate`` (doubling, then bisection; every
     C is simulated with the same seed so the measured rate is a smooth function of C)."""
     target_rate = check_real("target_rate", target_rate, low=0, low_open=True)
-    max_c = check_int("max_c", max_c, low=1)
+    max_c = check_int("max_c", max_c, low=1, high=MAX_CLIENTS)
     rates: dict[int, float] = {}
 
     def rate(c: int) -> float:

@@ -155,7 +155,7 @@ def leviathan_speedup(alpha, gamma: int, c):
 
 def optimal_gamma(alpha: float, c: float, gamma_max: int = 32) -> int:
     """The draft length in ``1..gamma_max`` that maximises :func:`leviathan_speedup`."""
-    gamma_max = check_int("gamma_max", gamma_max, low=1)
+    gamma_max = check_int("gamma_max", gamma_max, low=1, high=1024)
     speedups = [leviathan_speedup(alpha, g, c) for g in range(1, gamma_max + 1)]
     return int(np.argmax(speedups)) + 1
 
