@@ -266,20 +266,17 @@ def serve_batched(mode: str, clients: int, rounds: dict[str, np.ndarray], *, ver
     free, busy, forwards, batched, n_rounds = 0.0, 0.0, 0, 0, 0
     queue: list[tuple[float, int]] = []
     while events or queue:
-        # admit every arrival up to the moment the server is free
-        while events and (not queue or events[0][0] <= free):
-            t, c = heapq.heappop(events)
-            queue.append((t, c))
-            if t > free:
-                break
-        if not queue:
-            continue
-        queue.sort()
-        start = max(free, queue[0][0])
-        batch = [c for t, c in queue if t <= start][:max_batch]
-        queue = [(t, c) for t, c in queue if c not in set(batch)]
+        # the server starts its next forward when it is free and a block has arrived; every block that has
+        # arrived by then joins the batch (earliest first, up to max_batch)
+        first = min(queue[0][0] if queue else np.inf, events[0][0] if events else np.inf)
+        start = max(free, first)
         if start >= horizon:
             break
+        while events and events[0][0] <= start:
+            queue.append(heapq.heappop(events))
+        queue.sort()
+        batch = [c for _, c in queue[:max_batch]]
+        queue = queue[max_batch:] if len(queue) > max_batch else []
         ks = [int(nxt[c]) for c in batch]
         nodes = np.array([per[c]["nodes"][k] for c, k in zip(batch, ks)])
         cost = verify_batch_ms(len(batch), int((nodes + 1).sum()))
