@@ -224,3 +224,20 @@ def test_gain_vs_best():
     assert best == "a" and gain == pytest.approx(-40.0)
     with pytest.raises(ValueError, match="baselines"):
         gain_vs_best(res, "m", ["zz"], metric="t")
+
+
+def test_every_router_whose_needs_are_met_runs_in_the_decode_cluster():
+    """Any router in the ELDR decode cluster: every registered router the trace's columns satisfy."""
+    from moelab.sim.cluster import supplied_fields
+
+    tr = _trace()
+    reqs = replay_requests(tr, rate=300.0, n_requests=40, output_len=4, seed=3)
+    reqs = reqs.with_columns(signature=np.random.default_rng(0).random((40, 16)))
+    kwargs = {"eldr": {"centroids": np.random.default_rng(1).random((3, 16))}, "domain_oracle": {"n_domains": 2}}
+    names = router_names(supplied=supplied_fields(reqs))
+    assert {"eldr", "domain_oracle", "br0", "brh", "jsq"} <= set(names)
+    for name in names:
+        kw = kwargs.get(name, {"kv_capacity_tokens": 10_000} if name.startswith("vllm_dp@") and name != "vllm_dp@legacy"
+                        else {})
+        res = simulate(reqs, make_router(name, **kw), _cost(), n_workers=3, trace=tr)
+        assert np.isfinite(res.finish_s).all(), name

@@ -7,6 +7,7 @@ from moelab.costmodel import AttentionModel, DecodeLayerModel, MoEStepModel
 
 
 def run(quick: bool = False) -> list[Figure]:
+    """Fit errors of the cost models on the bundled H200 tables."""
     moe = MoEStepModel.h200()
     attn = AttentionModel.h200()
     layer = DecodeLayerModel.h200()

@@ -14,6 +14,7 @@ from moelab.bench.core import Figure
 
 
 def run(quick: bool = False) -> list[Figure]:
+    """Measure the cross-paper figures at the documented operating point (``quick``: smaller)."""
     from moelab import cross
 
     n_req = 800 if quick else 2000

@@ -50,6 +50,7 @@ def route_us_p50(centroids: np.ndarray, signatures: np.ndarray, calls: int = 300
 
 
 def run(quick: bool = False) -> list[Figure]:
+    """Measure the ELDR figures (``quick``: a smaller trace and fewer requests)."""
     n_trace = 512 if quick else 2048
     n_req = 10_000
     out_len = 512

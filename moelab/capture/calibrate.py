@@ -113,6 +113,7 @@ class Timer:
         self.graphs = graphs and device.startswith("cuda")
 
     def median_ms(self, fn: Callable[[], Any]) -> float:
+        """Median milliseconds of ``fn()`` over the timer's repetitions (after warm-up)."""
         import torch
 
         for _ in range(self.warmup):

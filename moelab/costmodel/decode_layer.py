@@ -133,6 +133,7 @@ class DecodeLayerModel:
         return self.moe.predict_ms(s.moe, B, D) + attn + self.other_ms(s, B)
 
     def as_dict(self) -> dict[str, float]:
+        """Bandwidth and fitted overhead coefficients by name."""
         return {"ms_per_GB": self.ms_per_gb, **dict(zip(_OTHER_FEATURES, map(float, self.other_coef)))}
 
 

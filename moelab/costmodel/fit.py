@@ -18,17 +18,21 @@ class FitReport:
 
     @property
     def rel_err(self) -> np.ndarray:
+        """Relative error ``(predicted - measured) / measured`` per point."""
         return (self.predicted - self.measured) / self.measured
 
     @property
     def median_abs_err_pct(self) -> float:
+        """Median absolute relative error (%)."""
         return float(100 * np.median(np.abs(self.rel_err)))
 
     @property
     def max_abs_err_pct(self) -> float:
+        """Largest absolute relative error (%)."""
         return float(100 * np.max(np.abs(self.rel_err)))
 
     def to_frame(self) -> pd.DataFrame:
+        """Measured, predicted and relative error (%) per point."""
         return pd.DataFrame({"measured": self.measured, "predicted": self.predicted, "rel_err_pct": 100 * self.rel_err})
 
 
@@ -40,9 +44,11 @@ class LinearFit:
     coef: np.ndarray
 
     def predict(self, X: np.ndarray) -> np.ndarray:
+        """``X @ coef`` (rows of ``X`` are feature vectors)."""
         return np.asarray(X, dtype=np.float64) @ self.coef
 
     def as_dict(self) -> dict[str, float]:
+        """Coefficients by feature name."""
         return dict(zip(self.feature_names, map(float, self.coef)))
 
 

@@ -85,6 +85,7 @@ class AttentionModel:
 
     @classmethod
     def from_table(cls, table: pd.DataFrame) -> AttentionModel:
+        """Fit on an ``attn_step`` table (columns ``kv_bytes, ms_attn_core``)."""
         kv_gb = table["kv_bytes"].to_numpy(np.float64) / 1e9
         y = table["ms_attn_core"].to_numpy(np.float64)
         floor = float(np.median(y[kv_gb <= np.quantile(kv_gb, 0.2)]))
@@ -95,11 +96,13 @@ class AttentionModel:
 
     @classmethod
     def h200(cls) -> AttentionModel:
+        """Fitted on the bundled H200 attention table."""
         from moelab.datasets import load_calibration
 
         return cls.from_table(load_calibration("h200", "attn_step"))
 
     def predict_ms(self, kv_bytes: np.ndarray | float) -> np.ndarray:
+        """Attention core ms of one layer reading ``kv_bytes`` (vectorised; >= 0, finite)."""
         kv = check_array("kv_bytes", kv_bytes, low=0) / 1e9
         return np.maximum(self.floor_ms, self.fit.predict(np.stack([np.ones_like(kv), kv], axis=-1)))
 
@@ -124,12 +127,14 @@ class DenseVerifyModel:
 
     @classmethod
     def h200(cls) -> DenseVerifyModel:
+        """The bundled H200 ``dense_verify`` table."""
         from moelab.datasets import load_calibration
 
         return cls(load_calibration("h200", "dense_verify"))
 
     @property
     def shapes(self) -> list[str]:
+        """Dense shapes the table measures."""
         return sorted(self.table["shape"].unique())
 
     def predict_ms(self, shape: str, q: np.ndarray | int) -> np.ndarray:

@@ -92,10 +92,12 @@ class ModelShape:
     # ------------------------------------------------------------------ derived geometry
     @property
     def is_moe(self) -> bool:
+        """Whether the model has routed experts."""
         return self.num_experts > 0
 
     @property
     def is_mla(self) -> bool:
+        """Whether attention caches an MLA latent instead of per-head K/V."""
         return self.kv_latent > 0
 
     @property
@@ -105,6 +107,7 @@ class ModelShape:
 
     @property
     def num_dense_layers(self) -> int:
+        """Layers without routed experts."""
         return self.num_layers - self.num_moe_layers
 
     @property
@@ -135,6 +138,7 @@ class ModelShape:
 
     @property
     def proj_bytes(self) -> int:
+        """Weight bytes of :attr:`proj_params`."""
         return self.proj_params * self.bytes_per_param
 
     @property

@@ -52,6 +52,7 @@ class StepTable:
 
     @property
     def max_batch(self) -> int:
+        """Largest batch the table covers."""
         return int(self.fixed_ms.shape[0] - 1)
 
     def attention_ms(self, kv_tokens: float) -> float:
@@ -79,6 +80,7 @@ class EPStepTable:
     attn: StepTable
 
     def step_ms(self, b_ranks: list[int] | np.ndarray, sum_d: float, kv_ranks: list[int] | np.ndarray) -> float:
+        """One step (ms) for per-rank batches ``b_ranks``, the group's ``sum_d`` and per-rank KV tokens."""
         b_tot = int(sum(b_ranks))
         rank = max(float(self.rank_fixed_ms[b]) + self.attn.attention_ms(kv) for b, kv in zip(b_ranks, kv_ranks))
         return float(self.moe_fixed_ms[b_tot] + self.moe_ms_per_distinct[b_tot] * sum_d) + self.head_ms + rank

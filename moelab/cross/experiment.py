@@ -56,6 +56,7 @@ class CrossSetup:
 
     @property
     def mean_output(self) -> float:
+        """Mean output length of the workload (tokens)."""
         return float(self.lengths[1].mean()) if self.lengths is not None else float(self.output_len)
 
     @property

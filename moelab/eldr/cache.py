@@ -170,10 +170,12 @@ class SignatureCache:
 
     @property
     def cached_blocks(self) -> int:
+        """KV blocks holding a cached prompt prefix."""
         return len(self._block_of)
 
     @property
     def free_blocks(self) -> int:
+        """KV blocks not in use."""
         return len(self._free) + len(self._evictable)
 
 

@@ -8,7 +8,9 @@ the packed expert bits. Every run returns a flat dict of measured metrics; sweep
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -25,7 +27,8 @@ from moelab.sim import gains_table
 from moelab.traces import ExpertTrace
 
 BASELINES = router_names("eldr_paper")  # the paper's four load balancers (tagged in the ROUTERS registry)
-SWEEP_ROUTERS = (*router_names("baseline"), "domain_oracle", "eldr")  # every load balancer, the oracle, ELDR
+# the paper's baselines, the KV-load balancer, the domain oracle and ELDR (the rows of notebook 01's sweep)
+SWEEP_ROUTERS = (*BASELINES, "least_kv", "domain_oracle", "eldr")
 PAPER_RATES = (20, 40, 60, 80, 100)
 
 
@@ -46,9 +49,11 @@ class ELDRSetup:
 
     @property
     def n_domains(self) -> int:
+        """Distinct domains over the calibration and replay halves."""
         return len(set(self.pool.domains) | set(self.calib.domains))
 
     def builder(self, kind: str = "count_idf") -> SignatureBuilder:
+        """The signature builder of ``kind``, fitted on the calibration half (cached)."""
         check_choice("kind", kind, KINDS)
         if kind not in self._builders:
             self._builders[kind] = SignatureBuilder(kind, n_pairs=self.n_pairs, seed=self.seed).fit(self.calib)
@@ -65,6 +70,7 @@ class ELDRSetup:
         return b.transform(self.pool.prefill_counts - self.prefix_counts)
 
     def centroids(self, kind: str = "count_idf", balanced: bool = True) -> np.ndarray:
+        """One centroid per worker: (balanced) spherical K-means of the calibration signatures (cached)."""
         key = (kind, balanced)
         if key not in self._centroids:
             X = self.builder(kind).transform(self.calib)
@@ -190,7 +196,8 @@ def run_one(
             "n_refits": getattr(getattr(r, "refit", None), "n_refits", 0), **res.metrics()}
 
 
-def rate_sweep(setup: ELDRSetup, rates=PAPER_RATES, routers=SWEEP_ROUTERS, **kw) -> pd.DataFrame:
+def rate_sweep(setup: ELDRSetup, rates: Sequence[float] = PAPER_RATES, routers: Sequence[str] = SWEEP_ROUTERS,
+               **kw: Any) -> pd.DataFrame:
     """Every router at every rate (same arrivals per rate for every router)."""
     for name in routers:
         if name not in available_routers():
@@ -198,7 +205,7 @@ def rate_sweep(setup: ELDRSetup, rates=PAPER_RATES, routers=SWEEP_ROUTERS, **kw)
     return pd.DataFrame([run_one(setup, name, rate=rate, **kw) for rate in rates for name in routers])
 
 
-def gains(df: pd.DataFrame, baselines=BASELINES) -> pd.DataFrame:
+def gains(df: pd.DataFrame, baselines: Sequence[str] = BASELINES) -> pd.DataFrame:
     """Per rate: best baseline's p50 TPOT, ELDR's, ELDR's relative gain (%), and the distinct experts
     per layer per step of both (the cause) with ELDR's relative reduction (%)."""
     t = gains_table(df, "eldr", baselines, by="rate")
@@ -233,7 +240,8 @@ def compare_with_paper(df: pd.DataFrame, model: str = "qwen3-30b-a3b") -> pd.Dat
     return gains(df).merge(paper_gains(model), on="rate", how="inner")
 
 
-def tau_sweep(setup: ELDRSetup, taus=(0.0, 0.05, 0.1, 0.2, 0.3, 2.0), *, rate: float = 60.0, **kw) -> pd.DataFrame:
+def tau_sweep(setup: ELDRSetup, taus: Sequence[float] = (0.0, 0.05, 0.1, 0.2, 0.3, 2.0), *, rate: float = 60.0,
+              **kw: Any) -> pd.DataFrame:
     """ELDR at each band width tau (tau=2 is plain JSQ)."""
     for t in taus:
         check_real("tau", t, low=0)
@@ -252,7 +260,7 @@ def refit_ablation(setup: ELDRSetup, *, rate: float = 60.0, window_s: float = 5.
     return pd.DataFrame(rows)
 
 
-def signature_ablation(setup: ELDRSetup, kinds=KINDS, *, rate: float = 60.0, **kw) -> pd.DataFrame:
+def signature_ablation(setup: ELDRSetup, kinds: Sequence[str] = KINDS, *, rate: float = 60.0, **kw: Any) -> pd.DataFrame:
     """ELDR with each signature kind (kinds the trace cannot provide, e.g. gate_prob without
     ``prefill_probs``, are reported as skipped rather than silently dropped)."""
     rows = []

@@ -34,6 +34,7 @@ class KMeansResult:
 
     @property
     def sizes(self) -> np.ndarray:
+        """Members per cluster."""
         return np.bincount(self.labels, minlength=self.centroids.shape[0])
 
 
@@ -155,12 +156,14 @@ class OnlineRefitter:
         self.n_refits = 0
 
     def observe(self, time_s: float, signatures: np.ndarray) -> None:
+        """Record signatures seen at ``t`` (seconds) in the sliding window."""
         for row in np.atleast_2d(signatures):
             self._buf.append((float(time_s), row))
         while self._buf and self._buf[0][0] < time_s - self.window_s:
             self._buf.popleft()
 
     def maybe_refit(self, time_s: float, centroids: np.ndarray) -> np.ndarray | None:
+        """New centroids aligned to the workers when a refit is due, else None."""
         K = centroids.shape[0]
         if time_s - self._last < self.every_s or len(self._buf) < max(self.min_points, K):
             return None

@@ -43,6 +43,7 @@ class ELDRRouter(Router):
             self.set_centroids(centroids)
 
     def set_centroids(self, centroids: np.ndarray) -> ELDRRouter:
+        """Set the [K, d] centroids (rows normalised; row j belongs to worker j)."""
         C = check_array("centroids", centroids, ndim=2, dtype=np.float64)
         if C.shape[0] < 1:
             raise ValueError("centroids must have K >= 1 rows (one per worker)")
@@ -60,11 +61,13 @@ class ELDRRouter(Router):
 
     @property
     def dim(self) -> int:
+        """Signature dimension the centroids expect."""
         if self.centroids is None:
             raise ValueError("ELDRRouter has no centroids; pass centroids= or call fit(signatures, n_workers)")
         return int(self.centroids.shape[1])
 
     def reset(self, n_workers: int, seed: int | None = None) -> Router:
+        """Forget state; ``n_workers`` must equal the number of centroids."""
         super().reset(n_workers, seed)
         if self.centroids is not None and self.centroids.shape[0] != self.n_workers:
             raise ValueError(f"n_workers must equal the number of centroids ({self.centroids.shape[0]}); got {n_workers}")
@@ -130,6 +133,7 @@ class DomainOracleRouter(Router):
         self.n_domains = check_int("n_domains", n_domains, low=1)
 
     def reset(self, n_workers: int, seed: int | None = None) -> Router:
+        """Forget state and split the workers into one group per domain."""
         super().reset(n_workers, seed)
         groups = np.zeros((self.n_domains, n_workers), dtype=bool)
         if self.n_domains <= n_workers:

@@ -107,6 +107,7 @@ class SyntheticConfig:
     decode_tokens: int = 32
 
     def validate(self) -> SyntheticConfig:
+        """Raise ``ValueError`` naming the first parameter out of range."""
         check_int("num_layers", self.num_layers, low=1)
         check_int("num_experts", self.num_experts, low=2)
         check_int("top_k", self.top_k, low=1, high=self.num_experts - 1)
@@ -125,6 +126,7 @@ class SyntheticConfig:
 
     @property
     def geometry(self) -> Geometry:
+        """The trace geometry (layers, experts, top-k, model name)."""
         return Geometry(self.num_layers, self.num_experts, self.top_k, f"{self.model_name} (synthetic)")
 
 

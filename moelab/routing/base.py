@@ -37,6 +37,7 @@ FIELDS: dict[str, str] = {
     # per worker (ClusterView)
     "active": "ClusterView.active: running requests per worker",
     "waiting": "ClusterView.waiting: requests queued at each worker, not yet running",
+    "waiting_tokens": "ClusterView.waiting_tokens: prompt tokens of the requests queued at each worker",
     "kv_tokens": "ClusterView.kv_tokens: KV-cache tokens each worker holds (its load)",
     "free_slots": "ClusterView.free_slots: batch slots still free per worker",
     "time_s": "ClusterView.time_s: the simulated clock",
@@ -77,6 +78,7 @@ class ActiveRequests:
         return value
 
     def get(self, key: str, default: Any = None) -> Any:
+        """Mapping-style ``get`` (``default`` when the column is absent)."""
         value = getattr(self, key, None) if key in _ACTIVE_KEYS else None
         return default if value is None else value
 
@@ -94,8 +96,8 @@ class ClusterView:
     ``active``: running requests; ``kv_tokens``: KV-cache tokens held; ``free_slots``: batch slots
     still free (a large number where the worker queues without limit); ``waiting``: requests queued
     at the worker but not yet running; ``time_s``: the simulated clock; ``step``: the driver's step
-    counter; ``active_requests`` (:class:`ActiveRequests`) and ``waited_steps`` (per request of the
-    batch) where the driver supplies them. Routers that assign several requests in one call update a
+    counter; ``active_requests`` (:class:`ActiveRequests`), ``waited_steps`` (per request of the
+    batch) and ``waiting_tokens`` (prompt tokens queued per worker) where the driver supplies them. Routers that assign several requests in one call update a
     private copy (:meth:`copy`, :meth:`admit`) as they go.
 
     ``extra`` is deprecated: a dict with ``"active"`` / ``"waited_steps"`` / ``"step"`` is read into
@@ -111,6 +113,7 @@ class ClusterView:
     step: int = 0
     active_requests: ActiveRequests | None = None
     waited_steps: np.ndarray | None = None
+    waiting_tokens: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.active = np.asarray(self.active, dtype=np.int64)
@@ -128,14 +131,21 @@ class ClusterView:
                     **{k: act[k] for k in _ACTIVE_KEYS if k in act})
             if self.waited_steps is None and self.extra.get("waited_steps") is not None:
                 self.waited_steps = np.asarray(self.extra["waited_steps"])
+            if self.waiting_tokens is None and self.extra.get("waiting_tokens") is not None:
+                self.waiting_tokens = np.asarray(self.extra["waiting_tokens"], dtype=np.int64)
             self.step = int(self.extra.get("step", self.step))
         if self.active_requests is not None:
             self.extra.setdefault("active", self.active_requests)
         if self.waited_steps is not None:
             self.extra.setdefault("waited_steps", self.waited_steps)
+        if self.waiting_tokens is not None:
+            if np.shape(self.waiting_tokens) != (g,):
+                raise ValueError(f"waiting_tokens must have one entry per worker ({g}); got {np.shape(self.waiting_tokens)}")
+            self.extra.setdefault("waiting_tokens", self.waiting_tokens)
 
     @property
     def n_workers(self) -> int:
+        """Number of workers ``G`` the view describes."""
         return int(self.active.shape[0])
 
     @classmethod
@@ -145,8 +155,10 @@ class ClusterView:
         return cls(np.zeros(n_workers), np.zeros(n_workers), np.full(n_workers, slots))
 
     def copy(self) -> ClusterView:
+        """An independent copy a router may book requests onto."""
         return ClusterView(self.active.copy(), self.kv_tokens.copy(), self.free_slots.copy(), self.waiting.copy(),
-                           self.time_s, {}, self.step, self.active_requests, self.waited_steps)
+                           self.time_s, {}, self.step, self.active_requests, self.waited_steps,
+                           None if self.waiting_tokens is None else self.waiting_tokens.copy())
 
     def admit(self, worker: int, prompt_len: int) -> None:
         """Book one request of ``prompt_len`` tokens onto ``worker`` (used by routers on their copy)."""

@@ -16,6 +16,7 @@ class RoundRobin(Router):
     tags = frozenset({"baseline", "eldr_paper"})
 
     def reset(self, n_workers: int, seed: int | None = None) -> Router:
+        """Forget state; the next request goes to worker 0."""
         super().reset(n_workers, seed)
         self._next = 0
         return self
@@ -97,6 +98,7 @@ class VLLMDataParallel(Router):
         self.waiting_weight = check_real("waiting_weight", waiting_weight, low=0)
 
     def reset(self, n_workers: int, seed: int | None = None) -> Router:
+        """Forget state: no published snapshot yet, start index 0."""
         super().reset(n_workers, seed)
         self._snapshot_t = -np.inf
         self._waiting = np.zeros(n_workers, np.int64)

@@ -51,10 +51,10 @@ _UNLIMITED = 1 << 30
 
 #: cluster-level fields every run supplies to the instance router (request columns are added per trace)
 INSTANCE_FIELDS = frozenset({"prompt_len", "output_len", "active", "waiting", "kv_tokens", "free_slots", "time_s",
-                             "active_requests"})
+                             "active_requests", "waiting_tokens"})
 #: what the rank router sees inside a DP group
 RANK_FIELDS = frozenset({"prompt_len", "output_len", "active", "waiting", "kv_tokens", "free_slots", "time_s",
-                         "active_requests", "waited_steps"})
+                         "active_requests", "waited_steps", "waiting_tokens"})
 _REQUEST_FIELDS = ("signature", "domain", "prompt_key", "prefix_hashes")
 
 
@@ -178,6 +178,7 @@ def simulate(
     n_steps_w = [0] * K
     active = np.zeros(K, np.int64)
     waiting = np.zeros(K, np.int64)
+    wait_tok = np.zeros(K, np.int64)  # prompt tokens queued per instance
     kv = np.zeros(K, np.int64)  # KV tokens an instance holds (queued requests included): what routers see
     kv_run = [0] * K  # KV tokens of the running batch: what attention reads
     free = np.full(K, _UNLIMITED, np.int64)  # instances queue without limit; the cap applies at admission
@@ -204,7 +205,7 @@ def simulate(
         front = np.fromiter((q[i] for i in range(min(pool_view, len(q)))), np.int64)
         act = ActiveRequests(st[6].copy(), work, st[4].copy(), plen[ids], None if key is None else key[ids], olen[ids])
         view = ClusterView(running, loads, free_r, None, t, step=n_steps_w[w], active_requests=act,
-                           waited_steps=n_steps_w[w] - enq_step[front])
+                           waited_steps=n_steps_w[w] - enq_step[front], waiting_tokens=np.zeros(G, np.int64))
         batch = RequestBatch(plen[front], None if sig is None else sig[front], None if dom is None else dom[front],
                              olen[front], front, None if key is None else key[front],
                              None if pfx is None else tuple(pfx[i] for i in front.tolist()))
@@ -241,6 +242,7 @@ def simulate(
             st = np.concatenate([st, block], axis=1)
             state[w] = st
             waiting[w] -= len(take)
+            wait_tok[w] -= int(plen[take].sum())
             active[w] += len(take)
             fresh[w] = np.asarray(take, np.int64)
             admit[take] = t
@@ -305,7 +307,7 @@ def simulate(
         return ActiveRequests(wk, plen[ids] + st[4], st[4].copy(), plen[ids], None if key is None else key[ids], olen[ids])
 
     ai = 0
-    view = ClusterView(active, kv, free, waiting)
+    view = ClusterView(active, kv, free, waiting, waiting_tokens=wait_tok)
     while True:
         w = int(step_end.argmin())
         t_end = step_end[w]
@@ -324,6 +326,7 @@ def simulate(
             queues[dest].append(ai)
             enq_step[ai] = n_steps_w[dest]
             waiting[dest] += 1
+            wait_tok[dest] += plen[ai]
             kv[dest] += plen[ai]  # the KV cache arrives from the prefill tier with the request
             if step_end[dest] == np.inf:  # an idle instance starts at once
                 start_step(dest, t)

@@ -32,6 +32,7 @@ class LatencySummary:
     makespan_s: float
 
     def as_dict(self) -> dict[str, float]:
+        """The summary as a flat dict."""
         return asdict(self)
 
 

@@ -45,18 +45,22 @@ class SimResult:
     # ------------------------------------------------------------------ per-request arrays
     @property
     def worker(self) -> np.ndarray:
+        """Worker (instance) of every request."""
         return self.requests["worker"].to_numpy()
 
     @property
     def first_token_s(self) -> np.ndarray:
+        """End of every request's first decode step (s)."""
         return self.requests["first_token_s"].to_numpy()
 
     @property
     def finish_s(self) -> np.ndarray:
+        """Finish time of every request (s)."""
         return self.requests["finish_s"].to_numpy()
 
     @property
     def summary(self) -> LatencySummary:
+        """Latency and throughput summary of the run (:func:`summarize_requests`)."""
         r = self.requests
         return summarize_requests(r["arrival_s"].to_numpy(), r["first_token_s"].to_numpy(), r["finish_s"].to_numpy(),
                                   r["output_len"].to_numpy())

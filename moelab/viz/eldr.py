@@ -9,11 +9,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from moelab.viz.common import PALETTE, slider
+from moelab.viz.common import color_for, slider
 
 
 def _color(name: str) -> str:
-    return PALETTE.get(name, "#333333")
+    return color_for(name)
 
 
 def fig_costmodel(layer_model: Any, layer_table: pd.DataFrame) -> go.Figure:
@@ -30,6 +30,7 @@ def fig_costmodel(layer_model: Any, layer_table: pd.DataFrame) -> go.Figure:
 
 
 def fig_greedy_curve(curve: list[float]) -> go.Figure:
+    """Held-out rho of the greedy layer mask as layers are added."""
     fig = go.Figure(go.Scatter(x=np.arange(1, len(curve) + 1), y=curve, mode="lines+markers", name="Spearman rho"))
     best = int(np.argmax(curve))
     fig.add_scatter(x=[best + 1], y=[curve[best]], mode="markers", marker={"size": 14, "color": _color("eldr")},
@@ -62,7 +63,7 @@ def fig_paper_comparison(cmp: pd.DataFrame) -> go.Figure:
     """Our relative p50 TPOT gain of ELDR over the best baseline vs the paper's, per rate."""
     fig = go.Figure()
     x = [f"{r:g} req/s" for r in cmp["rate"]]
-    fig.add_bar(x=x, y=cmp["paper_gain_pct"], name="paper (MI300X, vLLM, Task workload)", marker_color="#7f7f7f")
+    fig.add_bar(x=x, y=cmp["paper_gain_pct"], name="paper (MI300X, vLLM, Task workload)", marker_color=_color("paper"))
     fig.add_bar(x=x, y=cmp["tpot_gain_pct"], name="moelab (H200 cost model, synthetic workload)", marker_color=_color("eldr"))
     fig.add_bar(x=x, y=cmp["distinct_reduction_pct"], name="moelab: distinct-expert reduction", marker_color="#ff9896")
     fig.add_hline(y=5.9, line_dash="dot", annotation_text="paper's lowest gain 5.9%")
@@ -96,8 +97,8 @@ def eldr_panel(setups: dict[str, Any], run_one: Any, *, n_requests: int, output_
     rate = slider("rate (req/s, simulated)", float(rate), 1.0, 200.0, 1.0)
     fig = go.FigureWidget(make_subplots(rows=1, cols=2, subplot_titles=("TPOT (ms)", "distinct experts / layer / step")))
     for name in ("jsq", "chosen"):
-        fig.add_bar(x=["p50", "p99"], y=[0, 0], name=name, row=1, col=1)
-        fig.add_bar(x=["mean"], y=[0], name=name, row=1, col=2, showlegend=False)
+        fig.add_bar(x=["p50", "p99"], y=[0, 0], name=name, row=1, col=1, legendgroup=name)
+        fig.add_bar(x=["mean"], y=[0], name=name, row=1, col=2, showlegend=False, legendgroup=name)
     fig.update_layout(template="plotly_white", barmode="group", height=380)
     cache: dict[tuple, Any] = {}
 
@@ -114,6 +115,9 @@ def eldr_panel(setups: dict[str, Any], run_one: Any, *, n_requests: int, output_
                 m = res[name]
                 fig.data[2 * i].y = [m["tpot_ms_p50"], m["tpot_ms_p99"]]
                 fig.data[2 * i].name = name if name == "jsq" else router.value
+                # one colour per router, the same in both subplots
+                fig.data[2 * i].marker.color = fig.data[2 * i + 1].marker.color = \
+                    _color(name if name == "jsq" else router.value)
                 fig.data[2 * i + 1].y = [m["distinct_per_layer_step"]]
 
     for widget in (geometry, router, workers, tau, rate):

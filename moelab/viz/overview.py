@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -41,6 +43,7 @@ def lab_map() -> pd.DataFrame:
 
 
 def lab_map_figure() -> go.Figure:
+    """The lab map as a plotly table."""
     df = lab_map()
     fig = go.Figure(go.Table(columnwidth=[160, 420, 120, 130],
                              header={"values": list(df.columns), "fill_color": "#dbe6f3", "align": "left"},
@@ -76,7 +79,7 @@ def moe_experts_figure(table: pd.DataFrame, model: MoEStepModel, B: int = 256, *
     return fig
 
 
-def moe_panel(table: pd.DataFrame, model: MoEStepModel, B: int = 256):
+def moe_panel(table: pd.DataFrame, model: MoEStepModel, B: int = 256) -> Any:
     """A slider over the measured batch sizes wired to the MoE figure."""
     import ipywidgets as w
 
