@@ -177,6 +177,7 @@ def test_simulation_is_seeded():
     np.testing.assert_array_equal(a.finish_s, b.finish_s)
 
 
+@pytest.mark.slow
 def test_br0_and_brh_beat_request_count_baselines_on_synthetic_trace():
     tr = synthetic_trace(1500, rate=400.0)
     imb = {name: simulate(tr, r, 4, 16, cost(4, 16)).metrics()["avg_imbalance"]
@@ -187,6 +188,7 @@ def test_br0_and_brh_beat_request_count_baselines_on_synthetic_trace():
     assert imb["brh"] < 0.6 * best
 
 
+@pytest.mark.slow
 def test_every_baseline_runs_in_the_dp_simulator():
     tr = synthetic_trace(150)
     for name in ex.BASELINES:
@@ -222,6 +224,7 @@ def test_exact_match_uses_per_key_stats_with_fallback():
     assert p[1] == pytest.approx(fb_p[0])  # key 2 has one sample -> survival fallback
 
 
+@pytest.mark.slow
 def test_learned_predictor_beats_constant_on_synthetic_trace():
     # synthetic: output length mostly set by the prompt length, so the features carry signal
     rng = np.random.default_rng(4)
@@ -304,6 +307,7 @@ def test_dp_cost_fold_matches_the_floor_model():
     assert "ep_step_ms" in DPCost.h200(8, 72).note
 
 
+@pytest.mark.slow
 def test_real_trace_small_run(public_data):
     trace = ex.load_trace("conv")
     assert trace.dropped.get("output_len>1000") == 0
@@ -473,6 +477,7 @@ def test_sharegpt_reader_counts_a_truncated_tail_and_tokenizes(tmp_path):
         tokenized_lengths(pairs, "gpt2")
 
 
+@pytest.mark.slow
 def test_regime_point_runs_and_reports_its_attention_share(public_data):
     from moelab.balanceroute import regime as rg
 
