@@ -80,13 +80,19 @@ def figures_location(out_dir: str | os.PathLike) -> Path:
     return Path(os.environ.get("MOELAB_FIGURES") or Path(out_dir) / "figures").expanduser().resolve()
 
 
-def _kernel_config() -> Any:
-    """Kernel-manager settings for a private kernel: CurveZMQ-encrypted TCP when pyzmq supports it,
-    else local IPC sockets, so ipykernel has no reason to warn about plain-text TCP."""
+def _kernel_config(kernel_name: str = "python3") -> Any:
+    """Kernel-manager settings for a private kernel: CurveZMQ-encrypted TCP when pyzmq and the
+    kernel support it, else local IPC sockets, so ipykernel has no reason to warn about plain-text TCP."""
     import zmq
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
     from traitlets.config import Config
 
-    if zmq.has("curve"):
+    try:
+        declared = KernelSpecManager().get_kernel_spec(kernel_name).metadata.get("supported_encryption") or []
+    except NoSuchKernel:
+        declared = []
+    declared = [declared] if isinstance(declared, str) else list(declared)
+    if zmq.has("curve") and "curve" in [str(d).lower() for d in declared]:
         return Config({"KernelManager": {"transport_encryption": "auto"}})
     if os.name == "posix":
         return Config({"KernelManager": {"transport": "ipc"}})

@@ -54,12 +54,22 @@ def test_notebooks_declare_optional_requirements(monkeypatch):
 
 
 @pytest.mark.notebook
-def test_notebooks_run_figures_land_under_the_calling_folder_and_output_is_quiet(tmp_path, monkeypatch, capfd):
+@pytest.mark.parametrize("transport", ["curve", "ipc"])
+def test_notebooks_run_figures_land_under_the_calling_folder_and_output_is_quiet(transport, tmp_path, monkeypatch,
+                                                                                 capfd):
     """A relative --out (and so a relative figures folder) is resolved against the folder the command
-    ran in, not the kernel's working folder; the kernel prints no plain-text-TCP warning."""
+    ran in, not the kernel's working folder; the kernel prints no plain-text-TCP warning, whether it
+    talks CurveZMQ-encrypted TCP or (without CurveZMQ) local IPC sockets."""
     import nbformat
+    import zmq
 
     from moelab import notebooks
+
+    if transport == "ipc":
+        has = zmq.has
+        monkeypatch.setattr(zmq, "has", lambda feature: False if feature == "curve" else has(feature))
+    assert notebooks._kernel_config()["KernelManager"] == (
+        {"transport": "ipc"} if transport == "ipc" else {"transport_encryption": "auto"})
 
     nb_dir = tmp_path / "nbs"
     nb_dir.mkdir()
