@@ -12,7 +12,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from moelab.hd import HierarchyDrafter, PLDDrafter, generate, replay_greedy, spec_bench_split  # noqa: E402
+from moelab.hd.engine import make_hf_drafter  # noqa: E402
 from moelab.hd.evaluate import run_specbench  # noqa: E402
+from moelab.hd.policy import VerifyCost  # noqa: E402
 from moelab.hd.stores import load_default_model_store, load_default_statistics_store  # noqa: E402
 from moelab.models import load_lm  # noqa: E402
 from moelab.models.lm import LMSession, chat_prompt_ids, set_cpu_threads, verify_cost_curve  # noqa: E402
@@ -54,7 +56,8 @@ def test_hd_greedy_is_lossless_on_the_real_model(lm, public_data):
     S, L = load_default_model_store(tok), load_default_statistics_store(tok)
     qs = spec_bench_split("eval", per_category=1, categories=("qa", "math_reasoning"))
     settings = [lambda: HierarchyDrafter(S, L), lambda: HierarchyDrafter(S, L, order="LSW", max_candidates=3, length=2),
-                lambda: PLDDrafter()]
+                lambda: PLDDrafter(),
+                lambda: make_hf_drafter("HD", S, L, budget=8, cost=VerifyCost([1, 9], [10.0, 12.0]))]
     for prompt in qs["prompt"]:
         ids = chat_prompt_ids(tok, prompt)
         plain = generate(model, ids, None, max_new_tokens=12, eos_token_id=tok.eos_token_id)
@@ -79,7 +82,7 @@ def test_specbench_harness_replay_equals_real_run_and_sampling(lm, public_data):
     assert len(replay) == len(real) and replay["accepted"].tolist()[:-1] == real["accepted"].tolist()[:-1]
     summary = run.summary().set_index(["method", "category"])
     assert summary.loc[("AR", "overall"), "mean_accepted"] == 1.0
-    assert summary.loc[("HD(WSL)", "overall"), "projected_h200_7b_speedup"] > 0
+    assert summary.loc[("HD(WSL)", "overall"), "engine"] == "hf" and summary.loc[("HD(WSL)", "overall"), "budget"] == 28
     sampled = run_specbench(model, tok, q, methods=("AR", "HD(WSL)"), model_store=S, statistics_store=L,
                             max_new_tokens=8, temperature=1.0, seed=3)
     srows = sampled.questions.set_index("method")

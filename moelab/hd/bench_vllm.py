@@ -160,14 +160,15 @@ def _probe(engine: Any, spec: dict[str, Any], start_s: float) -> int:
         vllm_adapter.ACTIVE.rows = make_row_drafters({"method": "probe", "probe_len": d, "probe_token": PROBE_TOKEN},
                                                      tokenizer_path=tok_path, budget=max(spec["probe"]))
         times = {}
-        for n in (8, 40):
+        short, long_ = int(spec.get("probe_short", 4)), int(spec.get("probe_long", 20))
+        for n in (short, long_):
             best = float("inf")
-            for _ in range(int(spec.get("probe_repeat", 2))):
+            for _ in range(int(spec.get("probe_repeat", 1))):
                 t = time.perf_counter()
                 generate(engine, [prompt], n, ignore_eos=True, progress=False)
                 best = min(best, time.perf_counter() - t)
             times[n] = best
-        rows.append({"q": d + 1, "ms": (times[40] - times[8]) / 32 * 1e3})
+        rows.append({"q": d + 1, "ms": (times[long_] - times[short]) / (long_ - short) * 1e3})
     atomic_write_json(Path(spec["out_dir"]) / "probe.json", {"rows": rows, "engine_start_s": start_s})
     return 0
 
@@ -196,12 +197,22 @@ def _run_subprocess(spec: dict[str, Any], log: Path, timeout_s: float) -> None:
         raise RuntimeError(f"vLLM worker for {spec['method']} failed (exit {proc.returncode}); log {log}:\n{tail}")
 
 
+def _code_hash() -> str:
+    """Hash of the HD sources and the vLLM version: cached results from other code are never reused."""
+    from moelab.models.vllm_engine import _installed_version
+
+    h = hashlib.sha256(str(_installed_version()).encode())
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def _run_key(model_dir: str, budget: int, max_new_tokens: int, temperature: float, extra: Any = None) -> str:
-    raw = json.dumps([str(model_dir), budget, max_new_tokens, temperature, extra], sort_keys=True)
+    raw = json.dumps([str(model_dir), budget, max_new_tokens, temperature, extra, _code_hash()], sort_keys=True)
     return hashlib.sha256(raw.encode()).hexdigest()[:12]
 
 
-def measure_vllm_cost(model_dir: str | Path, *, qs: Sequence[int] = (2, 3, 5, 9, 17, 29), context_tokens: int = 256,
+def measure_vllm_cost(model_dir: str | Path, *, qs: Sequence[int] = (2, 3, 5, 9), context_tokens: int = 256,
                       timeout_s: float = 900.0, refresh: bool = False) -> VerifyCost:
     """vLLM's verify cost per step on this machine for ``q`` = 1 + chain length tokens (cached per machine
     and model): chains of ``q - 1`` wrong tokens, so every step emits one token and costs a q-token forward."""
@@ -229,11 +240,12 @@ def measure_vllm_cost(model_dir: str | Path, *, qs: Sequence[int] = (2, 3, 5, 9,
 def run_vllm_methods(questions: pd.DataFrame, tokenizer: Any, *, methods: Sequence[str] = VLLM_METHODS,
                      budget: int = 8, max_new_tokens: int = 128, temperature: float = 0.0,
                      model_dir: str | Path | None = None, cost: VerifyCost | None = None,
-                     l_max_tokens: int | None = None, timeout_s: float = 3600.0,
+                     l_max_tokens: int | None = None, timeout_s: float = 3600.0, run_tag: str = "",
                      progress: bool = True) -> tuple[pd.DataFrame, dict[str, str]]:
     """Run ``methods`` in vLLM on ``questions`` (Spec-Bench rows with ``prompt``); per-question results are
     cached, so an interrupted run resumes. Returns the per-question table and ``{method: reason}`` for
-    methods skipped (e.g. suffix without arctic-inference)."""
+    methods skipped (e.g. suffix without arctic-inference). ``run_tag`` keeps a repeated run of a method
+    (e.g. AR measured again at the end) apart from the first in the cache."""
     from moelab.datasets import cache_dir
     from moelab.models.lm import DEFAULT_LM, chat_prompt_ids, lm_folder
 
@@ -258,7 +270,7 @@ def run_vllm_methods(questions: pd.DataFrame, tokenizer: Any, *, methods: Sequen
             if not ok:
                 skipped[m] = why
                 continue
-        out = root / m
+        out = root / (f"{m}-{run_tag}" if run_tag else m)
         out.mkdir(parents=True, exist_ok=True)
         todo = [q for q in qs if not (out / f"q{q['question_id']}.json").is_file()]
         if todo:
@@ -301,6 +313,60 @@ def summarize_vllm(df: pd.DataFrame) -> pd.DataFrame:
         .reset_index(drop=True)
 
 
+FULL_TABLE = "specbench_vllm_full.csv"  # in data/hd/: the committed full-benchmark table (when it has been run)
+
+
+def full_table_path() -> Path:
+    from moelab.datasets import repo_root
+
+    return repo_root() / "data" / "hd" / FULL_TABLE
+
+
+def full_benchmark(*, methods: Sequence[str] = ("AR", "ngram", "suffix", "HD", "HD-fixed", "REST"), budget: int = 8,
+                   max_new_tokens: int = 128, temperatures: Sequence[float] = (0.0, 1.0),
+                   per_category: int | None = None, out: str | Path | None = None) -> pd.DataFrame:
+    """The whole Spec-Bench evaluation split in vLLM (every category, every question, ``max_new_tokens``
+    tokens, each temperature): resumable (per-question cache), then one table with one row per method,
+    category and temperature, stamped with date, commit and machine, written to ``out``
+    (default ``data/hd/specbench_vllm_full.csv``). Hours on a 2-core CPU; run it where there is time."""
+    import subprocess as sp
+
+    from transformers import AutoTokenizer
+
+    from moelab.datasets import repo_root
+    from moelab.hd.policy import machine_id
+    from moelab.hd.specbench import spec_bench_split
+    from moelab.models.lm import DEFAULT_LM, lm_folder
+
+    questions = spec_bench_split("eval", per_category=per_category)
+    tok = AutoTokenizer.from_pretrained(str(lm_folder(DEFAULT_LM)))
+    tables = []
+    for t in temperatures:
+        df, skipped = run_vllm_methods(questions, tok, methods=methods, budget=budget, max_new_tokens=max_new_tokens,
+                                       temperature=float(t))
+        summ = summarize_vllm(df)
+        summ["temperature"] = float(t)
+        tables.append(summ)
+        for m, why in skipped.items():
+            tables.append(pd.DataFrame([{"engine": "vllm", "method": m, "category": "overall", "budget": budget,
+                                         "temperature": float(t), "skipped": why}]))
+    res = pd.concat(tables, ignore_index=True)
+    try:
+        commit = sp.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo_root(), capture_output=True, text=True,
+                        check=False).stdout.strip()
+    except OSError:
+        commit = ""
+    res["date"] = time.strftime("%Y-%m-%d", time.gmtime())
+    res["commit"] = commit
+    res["machine"] = machine_id()
+    res["questions_per_category"] = per_category or "all"
+    res["max_new_tokens"] = max_new_tokens
+    from moelab._io import atomic_write_text
+
+    atomic_write_text(Path(out) if out else full_table_path(), res.to_csv(index=False))
+    return res
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
@@ -313,5 +379,5 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["VLLM_METHODS", "measure_vllm_cost", "run_vllm_methods", "speculative_config_for", "suffix_status",
+__all__ = ["FULL_TABLE", "VLLM_METHODS", "full_benchmark", "full_table_path", "measure_vllm_cost", "run_vllm_methods", "speculative_config_for", "suffix_status",
            "summarize_vllm"]

@@ -14,9 +14,9 @@ from moelab.afd import (
     sweep,
     throughput_per_instance,
 )
-from moelab.viz.common import PALETTE, refresh, slider
+from moelab.viz.common import color_for, refresh, slider
 
-_IDLE_COLORS = {"attention": "#2ca02c", "ffn": "#9467bd"}
+_IDLE_COLORS = {side: color_for(side) for side in ("attention", "ffn")}  # the lab's palette
 
 
 def _theory_grid(r_max: float) -> np.ndarray:
@@ -31,9 +31,9 @@ def throughput_figure(df: pd.DataFrame, *, B: int, mu_P: float, mu_D: float, N: 
     grid = _theory_grid(max(df["r"].max(), 1.5 * r_star))
     fig = go.FigureWidget() if widget else go.Figure()
     fig.add_scatter(x=grid, y=throughput_per_instance(grid, B, mu_P, mu_D, N, c), mode="lines", name="theory",
-                    line={"color": PALETTE["theory"]})
+                    line={"color": color_for("theory")})
     fig.add_scatter(x=df["r"], y=df["sim_throughput"], mode="markers+lines", name="simulation",
-                    marker={"color": PALETTE["simulation"], "size": 9}, line={"dash": "dot", "width": 1})
+                    marker={"color": color_for("simulation"), "size": 9}, line={"dash": "dot", "width": 1})
     fig.add_vline(x=r_star, line_dash="dash", line_color="black", annotation_text=f"r* = {r_star:.2f}")
     fig.update_layout(title=f"Throughput per instance (B={B}, mu_P={mu_P:g}, mu_D={mu_D:g}, N={N})",
                       xaxis_title="r = attention instances per FFN instance",
@@ -81,11 +81,11 @@ def measured_figure(res, *, title: str | None = None) -> go.Figure:
     f = res.frame
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.68, 0.32], vertical_spacing=0.06)
     fig.add_scatter(x=f["r"], y=f["theory_throughput"], mode="lines", name="theory (six coefficients fitted)",
-                    line={"color": PALETTE["theory"]}, row=1, col=1)
+                    line={"color": color_for("theory")}, row=1, col=1)
     fig.add_scatter(x=f["r"], y=f["sim_throughput"], mode="markers+lines", name="independent simulation",
-                    marker={"color": PALETTE["simulation"], "size": 7}, line={"dash": "dot", "width": 1}, row=1, col=1)
+                    marker={"color": color_for("simulation"), "size": 7}, line={"dash": "dot", "width": 1}, row=1, col=1)
     fig.add_scatter(x=f["r"], y=f["sim_vs_theory_pct"], mode="markers+lines", name="residual sim/theory - 1",
-                    marker={"color": PALETTE["simulation"], "symbol": "diamond"}, showlegend=False, row=2, col=1)
+                    marker={"color": color_for("simulation"), "symbol": "diamond"}, showlegend=False, row=2, col=1)
     fig.add_hline(y=0, line_color="#999", row=2, col=1)
     for x, label, dash in ((res.r_star, f"r* = {res.r_star:.2f}", "dash"), (res.r_sim, f"sim opt = {res.r_sim}", "dot")):
         fig.add_vline(x=x, line_dash=dash, line_color="black", annotation_text=label, row=1, col=1)

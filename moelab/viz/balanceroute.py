@@ -8,18 +8,14 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from moelab.viz.common import PALETTE, refresh, slider
+from moelab.viz.common import color_for, refresh, slider
 
-# one colour per method (the shared PALETTE covers the pooled baselines and BR-0)
-_COLORS = {"brh_oracle": "#9467bd", "brh_survival": "#8c564b", "brh_exact_match": "#e377c2",
-           "brh_learned": "#000000", "brh_tuned_oracle": "#c5b0d5", "vllm_dp@0.32": "#ff7f0e",
-           "vllm_dp@latest": "#ffbb78", "vllm_dp@legacy": "#d6a36b", "sglang_round_robin": "#98df8a",
-           "sglang_minimum_tokens": "#aec7e8", "sglang_total_tokens": "#393b79"}
+# one colour per method: the lab's palette (moelab.viz.common.color_for)
 _SHAPE_SYMBOLS = {"qwen3-30b-a3b": "circle", "deepseek-v3": "diamond", "llama-3.1-70b": "square"}
 
 
 def _color(router: str) -> str:
-    return _COLORS.get(router) or PALETTE.get(router, PALETTE.get(router.split("_")[0], "#444444"))
+    return color_for(router)
 
 
 def imbalance_over_time(results: dict[str, Any], G: int, *, smooth: int = 25, max_points: int = 1500) -> go.Figure:
@@ -141,8 +137,8 @@ def gain_vs_share(grid: pd.DataFrame, paper_gain_pct: float | None = None) -> go
     """Throughput gain of BR-0 and BR-H against the attention share of the step, every grid setting;
     the paper's G=8 gain as a horizontal line when given."""
     fig = go.Figure()
-    for col, name, color in (("br0_throughput_gain_pct", "BR-0", PALETTE["br0"]),
-                             ("brh_throughput_gain_pct", "BR-H (paper constants)", _COLORS["brh_oracle"])):
+    for col, name, color in (("br0_throughput_gain_pct", "BR-0", color_for("br0")),
+                             ("brh_throughput_gain_pct", "BR-H (paper constants)", color_for("brh_oracle"))):
         fig.add_trace(go.Scatter(
             x=grid["attention_share"], y=grid[col], mode="markers", name=name,
             marker={"color": color, "size": 6 + grid["G"] / 2,

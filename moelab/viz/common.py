@@ -9,12 +9,62 @@ from typing import Any
 
 from moelab._io import atomic_write_json, atomic_write_text
 
-PALETTE = {
-    "eldr": "#d62728", "hd": "#d62728", "br0": "#d62728", "brh": "#9467bd",
-    "round_robin": "#7f7f7f", "random": "#bcbd22", "jsq": "#1f77b4", "p2c": "#17becf",
-    "least_kv": "#2ca02c", "vllm_dp": "#ff7f0e", "domain_oracle": "#8c564b",
-    "theory": "#1f77b4", "simulation": "#d62728",
+# One colour per router / method / model name, used by every figure of the lab (look names up with
+# :func:`color_for`, which is case-insensitive and gives unknown names a stable colour of their own).
+# Convention: each paper's proposed method is red (eldr, hd, br0), plain autoregressive decoding and
+# round-robin grey, the paper's reference numbers grey; names that share a figure never share a colour.
+PALETTE: dict[str, str] = {
+    # request routers (ELDR, BalanceRoute, the cross-paper notebook, the live proxy)
+    "round_robin": "#7f7f7f", "random": "#bcbd22", "jsq": "#1f77b4", "p2c": "#17becf", "least_kv": "#2ca02c",
+    "vllm_dp": "#ff7f0e", "vllm_dp@0.32": "#e6550d", "vllm_dp@latest": "#ffbb78", "vllm_dp@legacy": "#d6a36b",
+    "sglang_round_robin": "#98df8a", "sglang_minimum_tokens": "#aec7e8", "sglang_total_tokens": "#393b79",
+    "eldr": "#d62728", "domain_oracle": "#8c564b",
+    "br0": "#d62728", "brh": "#9467bd", "brh_oracle": "#9467bd", "brh_tuned": "#c5b0d5", "brh_tuned_oracle": "#c5b0d5",
+    "brh_survival": "#8c564b", "brh_exact_match": "#e377c2", "brh_learned": "#000000",
+    # speculative decoding (Hierarchy Drafting, DSD): methods, draft stores, modes
+    "ar": "#7f7f7f", "pld": "#9467bd", "ngram": "#17becf", "suffix": "#bcbd22", "rest": "#ff7f0e",
+    "hd": "#d62728", "hd(wsl)": "#d62728", "hd(lsw)": "#8c564b", "hd(swl)": "#e377c2", "hd-fixed": "#ff9896",
+    "w": "#2ca02c", "s": "#1f77b4", "l": "#ff7f0e", "p": "#9467bd", "bonus": "#d9d9d9",
+    "w-only": "#2ca02c", "s-only": "#1f77b4", "l-only": "#ff7f0e",
+    "colocated": "#1f77b4", "dsd_sync": "#ff7f0e", "dsd_pipelined": "#2ca02c",
+    # AFD sizing
+    "theory": "#1f77b4", "simulation": "#d62728", "attention": "#2ca02c", "ffn": "#9467bd",
+    # references and model shapes
+    "paper": "#7f7f7f", "moelab": "#d62728",
+    "qwen3-30b-a3b": "#1f77b4", "olmoe-1b-7b": "#ff7f0e", "mixtral-8x7b": "#2ca02c", "qwen1.5-moe-a2.7b": "#d62728",
+    "deepseek-v2-lite": "#9467bd", "gpt-oss-120b": "#8c564b", "gemma-4-26b-a4b": "#e377c2", "deepseek-v3": "#17becf",
+    "tiny-moe": "#bcbd22",
 }
+# Other spellings of the same name.
+ALIASES = {"rr": "round_robin", "l (rest)": "l", "rest/l": "l", "vllm_dp@0.32.0": "vllm_dp@0.32",
+           "hd(w,s,l)": "hd(wsl)", "sim": "simulation", "co-located": "colocated"}
+# Unknown names get one of these, chosen by a hash of the name (the same in every process).
+FALLBACK_COLORS = ("#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#31a354", "#756bb1", "#636363",
+                   "#6baed6", "#fd8d3c", "#74c476", "#9e9ac8", "#969696", "#ad494a", "#5254a3", "#b5cf6b")
+
+
+def color_for(name: str) -> str:
+    """The lab's colour for a router, method, store, mode or model ``name``.
+
+    Lookup is case-insensitive and tolerates the spellings in :data:`ALIASES`; a versioned name
+    (``vllm_dp@0.33``) without its own entry takes its base name's colour. Any other name gets a
+    colour from :data:`FALLBACK_COLORS` picked by a stable hash of the name, so it is the same in every
+    figure and every run."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string; got {name!r}")
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    if key in PALETTE:
+        return PALETTE[key]
+    base = key.split("@", 1)[0]
+    if base in PALETTE:
+        return PALETTE[base]
+    import hashlib
+
+    digest = hashlib.sha1(key.encode()).digest()
+    return FALLBACK_COLORS[digest[0] % len(FALLBACK_COLORS)]
+
+
 FIGURES_ENV = "MOELAB_FIGURES"
 PNG_ENV = "MOELAB_PNG"  # "0": HTML only (fast, for CI); "1": PNG required; unset: PNG when a Chromium exists
 
@@ -81,6 +131,87 @@ def refresh(widget: Any, fig: Any) -> None:
             widget.data = []
             widget.add_traces(list(fig.data))
         widget.layout.update(fig.layout.to_plotly_json())
+    sync_widget_state(widget)
+
+
+def sync_widget_state(widget: Any) -> None:
+    """Store a ``FigureWidget``'s current figure in its synced state (``_widget_data``/``_widget_layout``).
+
+    Plotly sends later edits to the browser as one-off messages and keeps the state a new view starts
+    from at the figure the widget was created with; a view created later (Voila, which connects after
+    the notebook ran; a reopened page; a second ``display``) would draw that stale first figure."""
+    from copy import deepcopy
+
+    if hasattr(widget, "_widget_data") and hasattr(widget, "_layout_obj"):
+        widget._widget_data = deepcopy(widget._data)
+        widget._widget_layout = deepcopy(widget._layout_obj._props)
+
+
+def _figure_widgets(obj: Any) -> list[Any]:
+    """The plotly FigureWidgets in an ipywidgets tree (depth first)."""
+    if hasattr(obj, "_widget_data") and hasattr(obj, "to_image"):
+        return [obj]
+    out = []
+    for child in getattr(obj, "children", ()) or ():
+        out.extend(_figure_widgets(child))
+    return out
+
+
+def static_fallback_html(obj: Any) -> str | None:
+    """The static stand-in shown where widgets cannot render (GitHub, nbviewer, an exported notebook):
+    PNG images of the panel's figures when PNG export is on (``$MOELAB_PNG`` / a Chromium for kaleido,
+    as :func:`save_figure`), else a short note. JupyterLab and Voila prefer the live widget."""
+    figs = _figure_widgets(obj)
+    if not figs:
+        return None
+    png = os.environ.get(PNG_ENV)
+    want_png = png == "1" if png in ("0", "1") else _chromium() is not None
+    if want_png:
+        import base64
+
+        import plotly.io as pio
+
+        try:
+            imgs = [base64.b64encode(pio.to_image(f, format="png", width=900, height=480)).decode() for f in figs]
+        except Exception:  # kaleido or Chromium missing/broken: fall back to the note
+            imgs = []
+        if imgs:
+            return "".join(f'<img alt="static copy of an interactive figure" src="data:image/png;base64,{b}"/>'
+                           for b in imgs)
+    return (f"<p><i>Interactive panel with {len(figs)} figure(s): open this notebook in JupyterLab or "
+            f"<code>moelab app</code> to use it (static copies: set MOELAB_PNG=1).</i></p>")
+
+
+def _after_cell(*_: Any) -> None:
+    """IPython post-execute hook: every live FigureWidget's synced state follows its figure."""
+    try:
+        from ipywidgets.widgets.widget import _instances
+    except ImportError:
+        return
+    for w in list(_instances.values()):
+        if hasattr(w, "_widget_data"):
+            sync_widget_state(w)
+
+
+def install_notebook_hooks(ip: Any = None) -> bool:
+    """In an IPython kernel: keep FigureWidget states current after every cell (:func:`sync_widget_state`)
+    and give every widget panel holding a figure a static HTML/PNG fallback (:func:`static_fallback_html`).
+    Called when ``moelab.viz`` is imported; returns False outside IPython. Idempotent."""
+    if ip is None:
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return False
+        ip = get_ipython()
+    if ip is None or getattr(ip, "_moelab_viz_hooks", False):
+        return ip is not None
+    ip.events.register("post_execute", _after_cell)
+    html = ip.display_formatter.formatters["text/html"]
+    for cls in ("ipywidgets.widgets.widget_box.Box", "plotly.basewidget.BaseFigureWidget"):
+        module, _, name = cls.rpartition(".")
+        html.for_type_by_name(module, name, static_fallback_html)
+    ip._moelab_viz_hooks = True
+    return True
 
 
 def slider(description: str, value: float, low: float, high: float, step: float, *, integer: bool = False, **kw: Any):
@@ -90,3 +221,6 @@ def slider(description: str, value: float, low: float, high: float, step: float,
     cls = w.IntSlider if integer else w.FloatSlider
     return cls(value=value, min=low, max=high, step=step, description=description, continuous_update=False,
                style={"description_width": "initial"}, layout=w.Layout(width="420px"), **kw)
+
+
+install_notebook_hooks()

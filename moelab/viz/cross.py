@@ -8,13 +8,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from moelab.viz.common import PALETTE, refresh, slider
-
-_FALLBACK = "#7f7f7f"
+from moelab.viz.common import color_for, refresh, slider
 
 
 def _rank_color(rank_router: str) -> str:
-    return PALETTE.get(rank_router, _FALLBACK)
+    return color_for(rank_router)
 
 
 def pairs_figure(table: pd.DataFrame, *, widget: bool = False, title: str = "") -> go.Figure:

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from moelab.viz.common import PALETTE, slider
+from moelab.viz.common import color_for, slider
 
 
 def fig_signature_similarity(signatures: np.ndarray, domains: list[str]) -> go.Figure:
@@ -38,7 +38,7 @@ def fig_domain_experts(trace: Any, layer: int) -> go.Figure:
 def fig_distinct_experts(distinct: dict[str, float], n_workers: int) -> go.Figure:
     """Mean distinct experts per layer per decode step under each router."""
     names = list(distinct)
-    fig = go.Figure(go.Bar(x=names, y=[distinct[n] for n in names], marker_color=[PALETTE.get(n, "#333") for n in names],
+    fig = go.Figure(go.Bar(x=names, y=[distinct[n] for n in names], marker_color=[color_for(n) for n in names],
                            text=[f"{distinct[n]:.2f}" for n in names], textposition="outside"))
     fig.update_layout(title=f"Distinct experts loaded per layer per decode step ({n_workers} decode workers, live trace)",
                       yaxis_title="distinct experts / layer / step", template="plotly_white")

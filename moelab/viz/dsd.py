@@ -10,9 +10,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from moelab.dsd import MODES, best_mode, capacity_gain, latency_per_token, pipelined_window, rtt_breakeven
-from moelab.viz.common import refresh, slider
+from moelab.viz.common import color_for, refresh, slider
 
-MODE_COLORS = {"ar": "#7f7f7f", "colocated": "#1f77b4", "dsd_sync": "#ff7f0e", "dsd_pipelined": "#2ca02c"}
+MODE_COLORS = {m: color_for(m) for m in ("ar", "colocated", "dsd_sync", "dsd_pipelined")}  # the lab's palette
 MODE_LABELS = {"ar": "cloud AR", "colocated": "co-located SD", "dsd_sync": "DSD (sync)",
                "dsd_pipelined": "DSD (pipelined)"}
 

@@ -12,13 +12,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from moelab.datasets import SPEC_BENCH_CATEGORIES
-from moelab.viz.common import slider
+from moelab.viz.common import color_for, slider
 
-STORE_COLORS = {"W": "#2ca02c", "S": "#1f77b4", "L": "#ff7f0e", "P": "#9467bd", "bonus": "#d9d9d9"}
+STORE_COLORS = {k: color_for(k) for k in ("W", "S", "L", "P", "bonus")}  # the lab's palette
 STORE_NAMES = {"W": "W context store", "S": "S model store", "L": "L statistics store", "P": "PLD",
                "bonus": "target's own token"}
-METHOD_COLORS = {"AR": "#7f7f7f", "PLD": "#9467bd", "W-only": "#2ca02c", "S-only": "#1f77b4", "L-only": "#ff7f0e",
-                 "HD(WSL)": "#d62728", "HD(LSW)": "#8c564b", "HD(SWL)": "#e377c2"}
+METHOD_COLORS = {m: color_for(m) for m in ("AR", "PLD", "W-only", "S-only", "L-only", "HD(WSL)", "HD(LSW)", "HD(SWL)")}
 
 
 def acceptance_html(tokenizer: Any, result: Any, *, max_steps: int | None = None) -> str:
@@ -40,7 +39,7 @@ def acceptance_html(tokenizer: Any, result: Any, *, max_steps: int | None = None
             f'<div style="margin-top:6px;font-size:90%">{legend} &nbsp;| = one target forward</div>')
 
 
-def fig_steps(result: Any, title: str = "") -> go.Figure:
+def fig_steps(result: Any, title: str = "", engine: str = "HF engine") -> go.Figure:
     """Tokens produced per target forward, stacked by the store that drafted them (+ the bonus token)."""
     n = len(result.steps)
     x = np.arange(n)
@@ -53,38 +52,78 @@ def fig_steps(result: Any, title: str = "") -> go.Figure:
     fig.update_layout(barmode="stack", template="plotly_white", xaxis_title="target forward (step)",
                       yaxis_title="tokens produced",
                       title=title or f"{len(result.tokens)} tokens in {n} forwards "
-                                     f"(mean accepted {result.mean_accepted:.2f})")
+                                     f"(mean accepted {result.mean_accepted:.2f}; {engine})")
     return fig
 
 
-def fig_verify_cost(cpu_curve: pd.DataFrame, h200: Any, shape: str = "llama2-7b") -> go.Figure:
-    """Relative cost of verifying q tokens in one forward: measured CPU curve vs the H200 table."""
+def fig_verify_cost(curves: dict[str, Any]) -> go.Figure:
+    """Relative cost of verifying q tokens in one forward, one line per engine (each measured on this machine).
+
+    ``curves``: ``{engine label: VerifyCost or DataFrame with q, ms_median}``."""
     fig = go.Figure()
-    fig.add_scatter(x=cpu_curve["q"], y=cpu_curve["relative"], mode="lines+markers", name="this CPU (target LM)")
-    qs = np.array(sorted(h200.table[h200.table["shape"] == shape]["q"]))
-    fig.add_scatter(x=qs, y=h200.relative_cost(shape, qs), mode="lines+markers", name=f"H200, {shape} (measured)")
+    for label, c in curves.items():
+        if isinstance(c, pd.DataFrame):
+            q, ms = c["q"].to_numpy(), c["ms_median"].to_numpy()
+        else:
+            d = c.as_dict()
+            q, ms = np.asarray(d["qs"]), np.asarray(d["ms"])
+        fig.add_scatter(x=q, y=ms / ms[0], mode="lines+markers", name=label, marker_color=color_for(label))
     fig.update_layout(template="plotly_white", xaxis_title="tokens verified in one forward (q)",
                       yaxis_title="cost relative to q = 1", xaxis_type="log",
-                      title="Verification cost: why tree drafting pays on a GPU and hardly on a CPU")
+                      title="Verification cost per engine on this machine (measured)")
     return fig
 
 
-def fig_mat_by_category(summary: pd.DataFrame, methods: Sequence[str] | None = None) -> go.Figure:
+def fig_mat_by_budget(summary: pd.DataFrame, engine: str = "HF engine") -> go.Figure:
+    """Mean accepted tokens per forward (overall) against the verification budget, one line per method.
+
+    ``summary`` rows need ``method`` labelled ``<name>@<budget>`` and ``category == "overall"``."""
+    g = summary[(summary["category"] == "overall") & summary["method"].str.contains("@")].copy()
+    g["name"] = g["method"].str.split("@").str[0]
+    g["b"] = g["method"].str.split("@").str[1].astype(int)
+    fig = go.Figure()
+    for name, h in g.groupby("name", sort=False):
+        h = h.sort_values("b")
+        fig.add_scatter(x=h["b"], y=h["mean_accepted"], mode="lines+markers", name=name, marker_color=color_for(name))
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="AR = 1.00")
+    fig.update_layout(template="plotly_white", xaxis_title="budget: draft tokens verified per forward",
+                      yaxis_title="mean accepted tokens / forward",
+                      title=f"Equal budgets: mean accepted tokens ({engine})")
+    return fig
+
+
+def fig_speedup_by_category(summary: pd.DataFrame, engine: str = "vLLM engine", col: str = "speedup") -> go.Figure:
+    """Speedup over AR per Spec-Bench category, one bar group per method (``engine`` names where it ran)."""
+    cats = [*SPEC_BENCH_CATEGORIES, "overall"]
+    fig = go.Figure()
+    for m in [m for m in summary["method"].unique() if m != "AR"]:
+        g = summary[summary["method"] == m].set_index("category").reindex(cats)
+        fig.add_bar(x=cats, y=g[col], name=m, marker_color=color_for(m))
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="AR")
+    budget = summary["budget"].dropna().unique() if "budget" in summary else []
+    btxt = f", budget {int(budget[0])}" if len(budget) == 1 else ""
+    fig.update_layout(barmode="group", template="plotly_white", yaxis_title="speedup over AR (x)",
+                      title=f"Speedup over AR by category ({engine}{btxt})")
+    return fig
+
+
+def fig_mat_by_category(summary: pd.DataFrame, methods: Sequence[str] | None = None,
+                        engine: str = "HF engine") -> go.Figure:
     """Mean accepted tokens per target forward, per Spec-Bench category, one bar group per method."""
     cats = [*SPEC_BENCH_CATEGORIES, "overall"]
     methods = list(methods or [m for m in summary["method"].unique() if m != "AR"])
     fig = go.Figure()
     for m in methods:
         g = summary[summary["method"] == m].set_index("category").reindex(cats)
-        fig.add_bar(x=cats, y=g["mean_accepted"], name=m, marker_color=METHOD_COLORS.get(m))
+        fig.add_bar(x=cats, y=g["mean_accepted"], name=m, marker_color=color_for(m))
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="AR = 1.00")
     fig.update_layout(barmode="group", template="plotly_white", yaxis_title="mean accepted tokens / forward",
-                      title="Spec-Bench slice: mean accepted tokens by category")
+                      title=f"Spec-Bench slice: mean accepted tokens by category ({engine})")
     return fig
 
 
 def fig_published(compare: pd.DataFrame) -> go.Figure:
-    """Speedup over AR per category: ours (CPU measured, H200/7B projected) next to published rows."""
+    """Speedup over AR per category: ours (each column names its engine) next to published rows."""
     fig = go.Figure()
     for col in compare.columns[1:]:
         dash = "published" in col
@@ -96,7 +135,7 @@ def fig_published(compare: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def fig_store_shares(summary: pd.DataFrame, method: str = "HD(WSL)") -> go.Figure:
+def fig_store_shares(summary: pd.DataFrame, method: str = "HD(WSL)", engine: str = "HF engine") -> go.Figure:
     """Per-category lookup-hit rate and share of accepted draft tokens of each store of ``method``."""
     g = summary[summary["method"] == method]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("lookup hit rate", "share of accepted draft tokens"))
@@ -107,7 +146,7 @@ def fig_store_shares(summary: pd.DataFrame, method: str = "HD(WSL)") -> go.Figur
                     marker_color=STORE_COLORS[letter], row=1, col=1, legendgroup=letter)
         fig.add_bar(x=g["category"], y=g[f"{letter}_accept_share"], name=STORE_NAMES[letter],
                     marker_color=STORE_COLORS[letter], row=1, col=2, legendgroup=letter, showlegend=False)
-    fig.update_layout(barmode="group", template="plotly_white", title=f"{method}: which store pays off where")
+    fig.update_layout(barmode="group", template="plotly_white", title=f"{method}: which store pays off where ({engine})")
     return fig
 
 
@@ -142,5 +181,6 @@ def drafting_panel(run: Callable[[int, int, str, float], Any], tokenizer: Any, *
     return w.VBox([w.HBox([s_cand, s_len]), w.HBox([dd, s_temp]), fw, text])
 
 
-__all__ = ["METHOD_COLORS", "STORE_COLORS", "acceptance_html", "drafting_panel", "fig_mat_by_category",
-           "fig_published", "fig_steps", "fig_store_shares", "fig_verify_cost"]
+__all__ = ["METHOD_COLORS", "STORE_COLORS", "acceptance_html", "drafting_panel", "fig_mat_by_budget",
+           "fig_mat_by_category", "fig_published", "fig_speedup_by_category", "fig_steps", "fig_store_shares",
+           "fig_verify_cost"]

@@ -1,0 +1,192 @@
+"""The notebooks in a real browser: JupyterLab on 127.0.0.1 with a token, headless Chromium (Debian's, driven
+by Playwright), every cell run through the command palette. Each notebook must finish with no error or
+stderr output and no widget that failed to render; every interactive panel must show its controls and a
+plotly figure, and dragging one of its sliders must change the figure's data. The lecture mode
+(``moelab app``, Voila) is checked the same way on notebook 04.
+
+Notebooks 02 (SmolLM2 speculative decoding: minutes of CPU inference) and 06 (starts a vLLM engine) are
+not run here: their panels are covered by their papermill tests and they would more than double the
+module's time. Under ``CI=true`` a missing chromium or playwright fails the module instead of skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+
+from moelab.notebooks import available_notebooks, notebook_parameters, notebooks_dir
+from tests import browser as b
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+# Small parameters (the same sizes as the papermill tests) and the slider each panel's check drags.
+NOTEBOOKS: dict[str, dict[str, Any]] = {
+    "00_overview": {"params": {}, "slider": 0},
+    "01_eldr": {"params": {"N_TRACE": 384, "N_REQUESTS": 400, "N_WORKERS": 4, "RATES": [20, 100]},
+                "slider": 2},  # the rate slider: moves both bars and never re-partitions the workers
+    "03_afd_ratio": {"params": {"N": 2000, "r_values": [1, 2, 4, 8, 16], "trace_r_values": [1, 4, 16],
+                                "indep_requests": 300, "map_B": [128], "map_mu_P": [100], "map_mu_D": [100],
+                                "map_distributions": ["geometric", "azure-code"], "map_requests": 200}, "slider": 0},
+    "04_dsd_rtt": {"params": {"mc_rounds": 4000, "rounds_per_client": 100}, "slider": 0},
+    "05_balanceroute": {"params": {"N_REQUESTS": 700, "G_VALUES": [4, 8], "SLOTS": 16, "BACKLOG_N": 2500,
+                                   "INTERACTIVE_N": 200, "WINDOW": 128}, "slider": 0},
+}
+NOT_IN_BROWSER = {
+    "02_hierarchy_drafting": "SmolLM2 on CPU takes minutes; covered by its papermill test",
+    "06_from_your_deployment": "starts a vLLM engine; covered by its papermill test",
+}
+APP_NOTEBOOK = os.environ.get("MOELAB_BROWSER_APP_NOTEBOOK", "04_dsd_rtt")  # lecture-mode check (a light one)
+RUN_TIMEOUT_S = 420
+REDRAW_TIMEOUT_S = 90
+
+
+def _write_copy(name: str, params: dict[str, Any], root: Path) -> None:
+    """``notebooks/<name>.ipynb`` with a papermill-style injected-parameters cell, into ``root``."""
+    unknown = sorted(set(params) - set(notebook_parameters(name)))
+    assert not unknown, f"{name} has no parameter(s) {unknown}: update NOTEBOOKS in {__file__}"
+    nb = nbformat.read(notebooks_dir() / f"{name}.ipynb", as_version=4)
+    if params:
+        at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", []))
+        code = "\n".join(f"{k} = {v!r}" for k, v in params.items())
+        nb.cells.insert(at + 1, nbformat.v4.new_code_cell(code, metadata={"tags": ["injected-parameters"]}))
+    nbformat.write(nb, root / f"{name}.ipynb")
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    return b.browser_tools()
+
+
+@pytest.fixture(scope="module")
+def browser(chromium):
+    with b.chromium_browser(chromium) as br:
+        yield br
+
+
+@pytest.fixture(scope="module")
+def lab(browser, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("browser")
+    root = tmp / "notebooks"
+    root.mkdir()
+    with b.jupyterlab(root, tmp) as server:
+        context = b.new_context(browser)
+        yield server, context, root
+        context.close()
+
+
+def _shutdown_kernels(server: b.Server) -> None:
+    import json
+
+    url = f"{server.base}/api/kernels?token={server.token}"
+    for k in json.loads(urllib.request.urlopen(url, timeout=10).read()):
+        req = urllib.request.Request(f"{server.base}/api/kernels/{k['id']}?token={server.token}", method="DELETE")
+        urllib.request.urlopen(req, timeout=30).close()
+
+
+def check_panels(page: Any, where: str, slider_index: int = 0) -> int:
+    """Every interactive panel on ``page`` shows widgets and a plotly figure, and dragging its slider
+    ``slider_index`` (or the last one it has) changes the data of one of its figures."""
+    n = page.evaluate(b.JS_MARK_PANELS)
+    for i in range(n):
+        panel = page.locator(f"[data-moelab-panel='{i}']")
+        panel.scroll_into_view_if_needed()
+        sliders = panel.locator(".widget-slider").count()
+        assert sliders >= 1, f"{where}: panel {i} has controls but no slider"
+        assert b.wait_for(lambda panel=panel: panel.locator(".js-plotly-plot").count() >= 1, 60), \
+            f"{where}: panel {i} rendered no plotly figure"
+        before = panel.evaluate(b.JS_PLOT_FINGERPRINTS)
+        k = min(slider_index, sliders - 1)
+        v0 = b.slider_value(panel, k)
+        label = b.drag_slider(page, panel, k)
+        v1 = b.slider_value(panel, k)
+        assert v1 != v0, f"{where}: dragging slider {label!r} of panel {i} did not move it ({v0})"
+        assert b.wait_for(lambda panel=panel, before=before: panel.evaluate(b.JS_PLOT_FINGERPRINTS) != before,
+                          REDRAW_TIMEOUT_S), \
+            f"{where}: slider {label!r} of panel {i} moved {v0} -> {v1} but no figure's data changed"
+        errors = b.error_texts(page)
+        assert not errors, f"{where}: after moving {label!r}: " + "\n".join(errors)
+    return n
+
+
+@pytest.mark.parametrize("name", [n for n in available_notebooks() if n not in NOT_IN_BROWSER])
+def test_notebook_in_jupyterlab(name, lab):
+    server, context, root = lab
+    _write_copy(name, NOTEBOOKS.get(name, {}).get("params", {}), root)
+    page = context.new_page()
+    t0 = time.monotonic()
+    try:
+        page.goto(f"{server.base}/lab/workspaces/t{secrets.token_hex(6)}/tree/{name}.ipynb?reset&token={server.token}")
+        page.wait_for_selector(".jp-Notebook:visible .jp-CodeCell", timeout=90_000)
+        b.run_all_cells(page)
+        done = b.wait_for(lambda: all(x not in ("[*]:", "[ ]:", "") for x in b.code_prompts(page))
+                          or bool(b.error_texts(page, loading=False)), RUN_TIMEOUT_S, 1.0)
+        ran_s = time.monotonic() - t0
+        b.wait_for(lambda: not b.error_texts(page), 20)  # let the last widgets finish loading
+        errors = b.error_texts(page)
+        assert not errors, f"{name}: " + "\n".join(errors)
+        assert done, f"{name}: cells still running after {RUN_TIMEOUT_S} s: {b.code_prompts(page)}"
+        # an interactive notebook shows at least one panel; a notebook without one passes trivially
+        untitled = page.evaluate(b.JS_UNTITLED_AXES)
+        if untitled:  # reported (run with -s), not asserted: the notebooks' owners fix their figures
+            print(f"\n{name}: axes without a title (units):\n  " + "\n  ".join(sorted(set(untitled))))
+        n = check_panels(page, name, NOTEBOOKS.get(name, {}).get("slider", 0))
+        assert n >= 1 or name not in NOTEBOOKS, f"{name}: no interactive panel rendered"
+        print(f"{name}: {n} panel(s); cells ran in {ran_s:.1f} s, {time.monotonic() - t0:.1f} s in all")
+    finally:
+        page.close()
+        _shutdown_kernels(server)
+
+
+def test_not_in_browser_is_explained():
+    """Every notebook is either run in the browser or skipped here with a stated reason."""
+    have = set(available_notebooks())
+    assert set(NOT_IN_BROWSER) <= have, "NOT_IN_BROWSER names a notebook that no longer exists"
+    assert all(NOT_IN_BROWSER.values())
+
+
+def test_app_serves_dashboard(browser, tmp_path):
+    """``moelab app 04`` (Voila): code hidden, markdown shown, the panel renders, a slider redraws its figure."""
+    t0 = time.monotonic()
+    port, token = b.free_port(), secrets.token_hex(16)
+    log = tmp_path / "voila.log"
+    env = b.isolated_env(tmp_path)
+    params = NOTEBOOKS[APP_NOTEBOOK]["params"]
+    cmd = [sys.executable, "-m", "moelab.cli", "app", APP_NOTEBOOK, f"--port={port}", f"--token={token}",
+           *(["--params", *(f"{k}={v!r}" for k, v in params.items())] if params else [])]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        b.wait_port(port, proc, log)
+        context = b.new_context(browser)
+        try:
+            page = context.new_page()
+            page.goto(f"http://127.0.0.1:{port}/?token={token}", timeout=RUN_TIMEOUT_S * 1000)
+            assert b.wait_for(lambda: page.locator(".widget-slider").count() > 0, RUN_TIMEOUT_S, 1.0), \
+                f"app: no slider rendered\n{log.read_text()[-3000:]}"
+            page.wait_for_load_state("networkidle")
+            errors = b.error_texts(page)
+            assert not errors, "app: " + "\n".join(errors)
+            text = page.locator("body").inner_text()
+            code = [c.source for c in nbformat.read(notebooks_dir() / f"{APP_NOTEBOOK}.ipynb", 4).cells
+                    if c.cell_type == "code"]
+            shown = [line for src in code for line in src.splitlines() if "import " in line and line in text]
+            assert not shown and page.locator(".jp-CodeMirrorEditor, .cm-editor").count() == 0, \
+                f"app shows the notebook's code: {shown[:3]}"
+            assert "Paper" in text or "paper" in text  # ... and its markdown
+            assert page.locator(".js-plotly-plot").count() >= 2  # the static figures and the panel's
+            assert check_panels(page, f"moelab app {APP_NOTEBOOK}", NOTEBOOKS[APP_NOTEBOOK]["slider"]) >= 1
+            page.screenshot(path=str(tmp_path / "app.png"))
+            print(f"moelab app: dashboard checked in {time.monotonic() - t0:.1f} s")
+        finally:
+            context.close()
+    finally:
+        b.stop(proc)

@@ -1,0 +1,70 @@
+"""Cost-aware drafting and the per-row drafters of a batching engine, without a model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moelab.hd import HierarchyDrafter, NGramTable, replay_greedy
+from moelab.hd.drafters import CostAwareDrafter
+from moelab.hd.policy import AcceptanceModel, VerifyCost, observe, plan
+from moelab.hd.rows import RowDrafters
+
+FLAT = VerifyCost([1, 2, 64], [10.0, 10.0, 10.0])  # verifying more tokens is free
+STEEP = VerifyCost([1, 2, 3], [10.0, 20.0, 30.0])  # every verified token costs a full forward
+
+
+def test_verify_cost_interpolates_and_extrapolates():
+    c = VerifyCost([1, 3, 5], [10.0, 14.0, 20.0])
+    assert c(2) == pytest.approx(12.0) and c(7) == pytest.approx(26.0) and c.relative(3) == pytest.approx(1.4)
+    for qs, ms in (([2, 3], [1.0, 2.0]), ([1, 1], [1.0, 1.0]), ([1, 2], [1.0, -1.0]), ([1], [np.nan])):
+        with pytest.raises(ValueError):
+            VerifyCost(qs, ms)
+
+
+def test_plan_drafts_everything_when_verification_is_free_and_nothing_when_it_is_dear():
+    model = AcceptanceModel()
+    cands, srcs = [(1, 2, 3), (1, 4), (5,)], ["W", "S", "L"]
+    got, _ = plan(cands, srcs, model, FLAT, budget=8)
+    assert got == [(1, 2, 3), (1, 4), (5,)]
+    got, _ = plan(cands, srcs, model, FLAT, budget=2)  # the budget caps the nodes: the two likeliest
+    assert sum(len(c) for c in got) <= 3 and got[0][:1] == (1,)
+    for _ in range(50):  # W keeps failing: with a steep cost nothing is worth verifying
+        model.record("W", False, False)
+    assert plan([(1, 2, 3)], ["W"], model, STEEP, budget=8) == ([], [])
+
+
+def test_observe_counts_only_tested_nodes():
+    m = AcceptanceModel()
+    observe(m, [(1, 2, 3), (1, 4), (5,)], ["W", "S", "L"], accepted=[1, 2])
+    # tested: 1 (W, first) ok; 5 (L, alternative) wrong; 2 (W) ok; 4 (S, alternative) wrong; 3 (W) wrong
+    assert m.tried == {("W", False): 3, ("L", True): 1, ("S", True): 1}
+    assert m.accepted == {("W", False): 2}
+
+
+def test_cost_aware_drafter_is_lossless_and_learns():
+    S = NGramTable.build([[4, 10, 11, 12, 13]] * 3, key_lengths=(1,), length=4)
+    prompt = [4, 1, 2, 3, 5, 4, 1, 2, 3, 5, 4]
+    ref = [1, 2, 3, 5, 4, 1, 2, 3, 5, 4, 9, 9, 4, 1, 2]
+    d = CostAwareDrafter(HierarchyDrafter(S, None, order="WS", length=4), FLAT, budget=8)
+    res = replay_greedy(d, prompt, ref)
+    assert res.tokens == ref and res.mean_accepted > 1.5
+    assert d.acceptance.tried  # the verification outcomes reached the policy
+    chain = CostAwareDrafter(HierarchyDrafter(S, None, order="WS", length=4), FLAT, budget=6, chain=True)
+    chain.start(prompt)
+    draft = chain.draft()
+    assert len(draft.candidates) == 1 and len(draft.candidates[0]) == 6  # two lookups stitched into one chain
+    assert len(draft.sources[0]) == 6
+
+
+def test_row_drafters_follow_rows_and_reset_on_reuse():
+    rows = RowDrafters(lambda: HierarchyDrafter(order="W", length=3), lambda d, m: d.draft_chain(m))
+    a = np.array([7, 1, 2, 3, 7])
+    assert rows.propose(0, a, 3) == [1, 2, 3]
+    # the engine accepted 1, 2 and sampled 9 instead of 3
+    assert rows.propose(0, np.array([7, 1, 2, 3, 7, 1, 2, 9]), 3) == []
+    assert rows.stats.accepted_tokens == 2 and rows.stats.resets == 0
+    # a new request in the same row: its tokens do not extend what the row saw -> fresh drafter
+    rows.propose(0, np.array([5, 6, 5]), 3)
+    assert rows.stats.resets == 1
+    assert rows.propose(1, np.array([5, 6, 5]), 0) == []  # no room left: nothing

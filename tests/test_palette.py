@@ -1,0 +1,138 @@
+"""One colour per router/method across the lab's figures (``moelab.viz.common.color_for``), the static
+fallback of widget panels and the FigureWidget state sync that Voila relies on."""
+
+from __future__ import annotations
+
+import re
+import types
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from moelab.viz import balanceroute as brviz
+from moelab.viz import deployment as dviz
+from moelab.viz import dsd as dsdviz
+from moelab.viz import eldr as eldrviz
+from moelab.viz import hd as hdviz
+from moelab.viz.common import (
+    FALLBACK_COLORS,
+    PALETTE,
+    color_for,
+    refresh,
+    static_fallback_html,
+    sync_widget_state,
+)
+
+HEX = re.compile(r"^#[0-9a-f]{6}$")
+
+# Names that appear together in one figure must not share a colour.
+FIGURE_GROUPS = {
+    "eldr routers": ("round_robin", "random", "jsq", "p2c", "least_kv", "vllm_dp", "domain_oracle", "eldr"),
+    "balanceroute routers": ("round_robin", "jsq", "least_kv", "vllm_dp", "vllm_dp@0.32", "vllm_dp@latest",
+                             "vllm_dp@legacy", "sglang_round_robin", "sglang_minimum_tokens", "sglang_total_tokens",
+                             "br0", "brh_oracle", "brh_survival", "brh_exact_match", "brh_learned", "brh_tuned_oracle"),
+    "hd methods": ("AR", "PLD", "W", "S", "L", "HD(WSL)", "HD(LSW)", "HD(SWL)"),
+    "hd vllm methods": ("AR", "ngram", "suffix", "HD", "HD-fixed", "REST"),
+    "hd stores": ("W", "S", "L", "P", "bonus"),
+    "dsd modes": ("ar", "colocated", "dsd_sync", "dsd_pipelined"),
+    "afd": ("theory", "simulation", "attention", "ffn"),
+}
+
+
+def test_color_for_is_stable_and_case_insensitive():
+    assert color_for("JSQ") == color_for("jsq") == PALETTE["jsq"]
+    assert color_for("rr") == color_for("round_robin")
+    assert color_for("HD(WSL)") == color_for("hd(wsl)")
+    assert color_for("vllm_dp@0.99") == color_for("vllm_dp")  # a new version keeps its family's colour
+    unknown = color_for("some_new_router")
+    assert unknown in FALLBACK_COLORS and unknown == color_for("Some_New_Router")
+    assert all(HEX.match(c) for c in [*PALETTE.values(), *FALLBACK_COLORS])
+    assert not set(FALLBACK_COLORS) & set(PALETTE.values()), "a fallback colour collides with a fixed one"
+    with pytest.raises(ValueError, match="name"):
+        color_for("")
+
+
+@pytest.mark.parametrize("group", sorted(FIGURE_GROUPS))
+def test_names_sharing_a_figure_have_distinct_colours(group):
+    names = FIGURE_GROUPS[group]
+    colours = [color_for(n) for n in names]
+    assert len(set(colours)) == len(colours), {n: c for n, c in zip(names, colours)}
+
+
+def test_every_registered_router_has_a_fixed_colour():
+    from moelab.dsd import MODES
+    from moelab.routing import ROUTERS
+
+    for name in [*ROUTERS, *MODES]:
+        assert name.lower() in PALETTE, f"{name} has no fixed colour in moelab.viz.common.PALETTE"
+
+
+def _trace_colours(fig: go.Figure) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for t in fig.data:
+        c = t.marker.color if getattr(t, "marker", None) is not None and t.marker.color is not None else None
+        if c is None and getattr(t, "line", None) is not None:
+            c = t.line.color
+        if t.name and isinstance(c, str):
+            out.setdefault(t.name, set()).add(c)
+    return out
+
+
+def test_figure_builders_share_the_palette():
+    """The same router gets the same colour in the ELDR sweep (both subplots), the BalanceRoute bars,
+    the deployment bars and the ELDR panel (both subplots, also after a router change)."""
+    routers = ["round_robin", "jsq", "least_kv", "eldr"]
+    sweep = pd.DataFrame([{"router": r, "rate": rate, "tpot_ms_p50": 10.0 + i, "distinct_per_layer_step": 5.0 + i}
+                          for i, r in enumerate(routers) for rate in (20, 100)])
+    bars = pd.DataFrame([{"router": r, "G": g, "tput": 1.0 + i} for i, r in enumerate(routers) for g in (4, 8)])
+    figs = [eldrviz.fig_rate_sweep(sweep), brviz.bars(bars, "tput", "t", "tokens / s"),
+            dviz.fig_distinct_experts({r: 1.0 for r in routers}, 2)]
+    seen: dict[str, set[str]] = {}
+    for fig in figs[:2]:
+        for name, cs in _trace_colours(fig).items():
+            seen.setdefault(name, set()).update(cs)
+    for r in routers:
+        assert seen[r] == {color_for(r)}, (r, seen[r])
+    assert list(figs[2].data[0].marker.color) == [color_for(r) for r in routers]
+
+    # the ELDR panel: its two subplots colour each router the same, and follow the router dropdown
+    setup = types.SimpleNamespace(n_workers=4)
+    metrics = {"tpot_ms_p50": 1.0, "tpot_ms_p99": 2.0, "distinct_per_layer_step": 3.0}
+    panel = eldrviz.eldr_panel({"g": setup}, lambda *a, **k: dict(metrics), n_requests=10, output_len=8,
+                               with_workers=lambda s, k: s, routers=("jsq", "eldr", "round_robin"), workers=4)
+    fig = next(c for c in panel.children if isinstance(c, go.FigureWidget))
+    dropdown = panel.children[0].children[1]
+
+    def check() -> None:
+        for i in (0, 2):
+            assert fig.data[i].marker.color == fig.data[i + 1].marker.color == color_for(fig.data[i].name)
+
+    check()
+    dropdown.value = "round_robin"
+    check()
+    assert fig.data[2].name == "round_robin"
+
+
+def test_hd_and_dsd_colour_tables_come_from_the_palette():
+    assert hdviz.STORE_COLORS == {k: color_for(k) for k in hdviz.STORE_COLORS}
+    assert hdviz.METHOD_COLORS == {k: color_for(k) for k in hdviz.METHOD_COLORS}
+    assert dsdviz.MODE_COLORS == {k: color_for(k) for k in dsdviz.MODE_COLORS}
+
+
+def test_widget_state_follows_the_figure_and_static_fallback(monkeypatch):
+    import ipywidgets as w
+
+    fw = go.FigureWidget()
+    fw.add_scatter(x=[1, 2], y=[3, 4], name="jsq")  # an edit after creation: plotly sends it as a message only
+    assert fw._widget_data == []
+    sync_widget_state(fw)
+    assert [t["name"] for t in fw._widget_data] == ["jsq"]
+    refresh(fw, go.Figure(go.Scatter(x=[1, 2], y=[5, 6], name="eldr")))
+    assert list(fw._widget_data[0]["y"]) == [5, 6]  # a view created now (Voila, a reload) draws the new data
+
+    panel = w.VBox([w.IntSlider(), w.HBox([fw])])
+    monkeypatch.setenv("MOELAB_PNG", "0")
+    html = static_fallback_html(panel)
+    assert "1 figure(s)" in html and "moelab app" in html
+    assert static_fallback_html(w.VBox([w.IntSlider()])) is None  # no figure: nothing to stand in for
