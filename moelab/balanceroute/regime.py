@@ -10,7 +10,9 @@ baseline, on the same trace at the same offered load. :func:`locate_paper` finds
 gains come closest to the paper's (+14.5% at G=8; +13% at G=4 to +35% at G=16, oracle).
 
 Every number is simulated (the H200-fitted step model, a public trace); the attention share reported is
-that of a balanced full-slot step at the run's measured mean per-rank KV load.
+that of a balanced full-slot step at the run's measured mean per-rank KV load. ``gain_bound_pct`` is the
+most any router could gain there: removing *all* of the best baseline's barrier idle time from the
+attention part, ``1 / (1 - attention share x idle fraction) - 1``.
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ def regime_point(trace: RequestTrace, shape: str, context_scale: float, slots: i
         "br0_imbalance_reduction_pct": float(red.loc["br0", "imbalance_reduction_pct"]),
         "brh_imbalance_reduction_pct": float(red.loc[brh, "imbalance_reduction_pct"]),
         "best_baseline_idle_fraction": float(best["idle_fraction"]),
+        # what removing *all* of the best baseline's barrier idle time from attention could buy at most:
+        # step F + A_max -> F + A_mean, i.e. 1 / (1 - share * idle) - 1 (share, idle of the baseline run)
+        "gain_bound_pct": 100.0 * (1.0 / (1.0 - cost.attention_share(mean_load) * float(best["idle_fraction"])) - 1.0),
         "br0_queue_delay_p50_ratio": float(red.loc["br0", "queue_delay_p50_ratio"]),
         # vs the best of the paper's request-counting baselines only (RR, JSQ)
         "brh_throughput_gain_vs_paper_baselines_pct": (float(red_p.loc[brh, "throughput_gain_pct"])
@@ -116,6 +121,7 @@ def locate_paper(grid: pd.DataFrame, column: str = "brh_throughput_gain_vs_paper
 def _setting(r: pd.Series) -> dict[str, Any]:
     return {"shape": r["shape"], "context_scale": r["context_scale"], "slots": int(r["slots"]), "G": int(r["G"]),
             "attention_share": r["attention_share"], "baseline_idle_fraction": r["best_baseline_idle_fraction"],
+            "gain_bound_pct": r["gain_bound_pct"],
             "gain_vs_all_baselines_pct": r["brh_throughput_gain_pct"],
             "brh_imbalance_reduction_pct": r["brh_imbalance_reduction_pct"]}
 
