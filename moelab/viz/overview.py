@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from moelab.costmodel import MODEL_SHAPES, MoEStepModel
-from moelab.viz.common import refresh
+from moelab.viz.common import color_for, refresh
 
 # One row per paper: what it claims (in plain words) and where the lab shows it.
 LAB_MAP: list[dict[str, str]] = [
@@ -65,14 +65,13 @@ def moe_experts_figure(table: pd.DataFrame, model: MoEStepModel, B: int = 256, *
     :class:`MoEStepModel` (lines), one colour per model shape."""
     pts = moe_points(table, B, model.method)
     fig = go.FigureWidget() if widget else go.Figure()
-    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
-    for i, (name, g) in enumerate(pts.groupby("model", sort=True)):
+    for name, g in pts.groupby("model", sort=True):
         shape = MODEL_SHAPES[name].moe
         D = np.arange(1, shape.num_experts + 1)
         fig.add_scatter(x=D, y=1e3 * model.predict_ms(shape, B, D), mode="lines", name=f"{name} (fit)",
-                        line={"color": colors[i % len(colors)]}, legendgroup=name)
+                        line={"color": color_for(name)}, legendgroup=name)
         fig.add_scatter(x=g["D"], y=1e3 * g["ms_per_layer"], mode="markers", name=f"{name} (measured)",
-                        marker={"color": colors[i % len(colors)], "size": 9}, legendgroup=name)
+                        marker={"color": color_for(name), "size": 9}, legendgroup=name)
     fig.update_layout(title=f"One MoE layer at decode on an H200, batch B={B}: time grows with DISTINCT experts",
                       xaxis_title="distinct experts the batch activates (D)", yaxis_title="microseconds per layer",
                       template="plotly_white")
