@@ -371,8 +371,14 @@ def h200_verify_batch_ms(shape: str = "llama2-7b", ctx: int = 1024) -> Callable[
     kv_seq = 2 * dims[0] * dims[1] * 2 * ctx  # K+V bytes of one sequence per layer (bf16)
     per_byte = float(attn.fit.as_dict()["ms_per_GB"]) / 1e9
 
+    rows = rows.sort_values("q")
+    qs, ms = rows["q"].to_numpy(np.float64), rows["ms_model_est"].to_numpy(np.float64)
+    kv_ms = layers * kv_seq * per_byte
+
     def cost(b: int, q: int) -> float:
-        return float(dv.predict_ms(shape, q)) + layers * (b - 1) * kv_seq * per_byte
+        if not 1 <= q <= qs[-1]:
+            raise ValueError(f"q must be in [1, {qs[-1]:.0f}] (the measured dense_verify range for {shape}); got {q}")
+        return float(np.interp(q, qs, ms)) + (b - 1) * kv_ms
 
     return cost
 
