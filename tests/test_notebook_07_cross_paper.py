@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import execute_notebook
 
-CI_PARAMS = {"K": 2, "G": 2, "SLOTS": 8, "N_TRACE": 192, "N_PAIRS": 1000, "N_REQUESTS": 200, "OUTPUT_LEN": 64,
+CI_PARAMS = {"K": 2, "G": 2, "SLOTS": 8, "N_TRACE": 160, "N_PAIRS": 800, "N_REQUESTS": 150, "OUTPUT_LEN": 64,
              "SHARES": [0.5], "PANEL": True}
 
 
