@@ -36,6 +36,7 @@ FIGURE_GROUPS = {
     "hd vllm methods": ("AR", "ngram", "suffix", "HD", "HD-fixed", "REST"),
     "hd stores": ("W", "S", "L", "P", "bonus"),
     "dsd modes": ("ar", "colocated", "dsd_sync", "dsd_pipelined"),
+    "dsd drafters": ("early_exit", "pld", "hd"),
     "afd": ("theory", "simulation", "attention", "ffn"),
 }
 
@@ -60,12 +61,15 @@ def test_names_sharing_a_figure_have_distinct_colours(group):
     assert len(set(colours)) == len(colours), {n: c for n, c in zip(names, colours)}
 
 
-def test_every_registered_router_has_a_fixed_colour():
+def test_every_registered_router_and_model_has_a_fixed_colour():
+    from moelab.costmodel import MODEL_SHAPES
     from moelab.dsd import MODES
     from moelab.routing import ROUTERS
 
-    for name in [*ROUTERS, *MODES]:
+    for name in [*ROUTERS, *MODES, *MODEL_SHAPES]:
         assert name.lower() in PALETTE, f"{name} has no fixed colour in moelab.viz.common.PALETTE"
+    shapes = [color_for(m) for m in MODEL_SHAPES]  # the overview draws every shape in one figure
+    assert len(set(shapes)) == len(shapes)
 
 
 def _trace_colours(fig: go.Figure) -> dict[str, set[str]]:

@@ -22,7 +22,7 @@ PALETTE: dict[str, str] = {
     "br0": "#d62728", "brh": "#9467bd", "brh_oracle": "#9467bd", "brh_tuned": "#c5b0d5", "brh_tuned_oracle": "#c5b0d5",
     "brh_survival": "#8c564b", "brh_exact_match": "#e377c2", "brh_learned": "#000000",
     # speculative decoding (Hierarchy Drafting, DSD): methods, draft stores, modes
-    "ar": "#7f7f7f", "pld": "#9467bd", "ngram": "#17becf", "suffix": "#bcbd22", "rest": "#ff7f0e",
+    "ar": "#7f7f7f", "early_exit": "#1f77b4", "pld": "#9467bd", "ngram": "#17becf", "suffix": "#bcbd22", "rest": "#ff7f0e",
     "hd": "#d62728", "hd(wsl)": "#d62728", "hd(lsw)": "#8c564b", "hd(swl)": "#e377c2", "hd-fixed": "#ff9896",
     "w": "#2ca02c", "s": "#1f77b4", "l": "#ff7f0e", "p": "#9467bd", "bonus": "#d9d9d9",
     "w-only": "#2ca02c", "s-only": "#1f77b4", "l-only": "#ff7f0e",
@@ -33,7 +33,7 @@ PALETTE: dict[str, str] = {
     "paper": "#7f7f7f", "moelab": "#d62728",
     "qwen3-30b-a3b": "#1f77b4", "olmoe-1b-7b": "#ff7f0e", "mixtral-8x7b": "#2ca02c", "qwen1.5-moe-a2.7b": "#d62728",
     "deepseek-v2-lite": "#9467bd", "gpt-oss-120b": "#8c564b", "gemma-4-26b-a4b": "#e377c2", "deepseek-v3": "#17becf",
-    "tiny-moe": "#bcbd22",
+    "llama-3.1-70b": "#7f7f7f", "tiny-moe": "#bcbd22",
 }
 # Other spellings of the same name.
 ALIASES = {"rr": "round_robin", "l (rest)": "l", "rest/l": "l", "vllm_dp@0.32.0": "vllm_dp@0.32",
