@@ -18,14 +18,3 @@ __all__ = [
     "AttentionModel", "DenseVerifyModel", "MoEStepModel", "expected_distinct_experts",
 ]
 
-
-def __getattr__(name: str):  # deprecated aliases of MODEL_SHAPES for afd/ and balanceroute/ until they switch (to be removed)
-    import warnings
-
-    legacy = {"MOE_SHAPES": lambda: {n: s.moe for n, s in MODEL_SHAPES.items() if s.is_moe},
-              "LAYER_SHAPES": lambda: {n: s for n, s in MODEL_SHAPES.items() if s.is_moe},
-              "MODEL_LAYERS": lambda: {n: s.num_layers for n, s in MODEL_SHAPES.items()}}
-    if name in legacy:
-        warnings.warn(f"moelab.costmodel.{name} is deprecated: use MODEL_SHAPES", DeprecationWarning, stacklevel=2)
-        return legacy[name]()
-    raise AttributeError(f"module 'moelab.costmodel' has no attribute {name!r}")

@@ -137,14 +137,4 @@ class DecodeLayerModel:
         return {"ms_per_GB": self.ms_per_gb, **dict(zip(_OTHER_FEATURES, map(float, self.other_coef)))}
 
 
-
-
-def __getattr__(name: str):  # deprecated aliases (balanceroute/cost.py until it switches to DecodeStepModel)
-    if name in ("LAYER_SHAPES", "MODEL_LAYERS"):
-        import moelab.costmodel as cm
-
-        return getattr(cm, name)
-    raise AttributeError(f"module 'moelab.costmodel.decode_layer' has no attribute {name!r}")
-
-
 __all__ = ["DecodeLayerModel"]
