@@ -101,6 +101,45 @@ def capacity_figure(ratios: Sequence[float] = (0.05, 0.1, 0.2, 0.4), gamma_max: 
     return fig
 
 
+def conditional_acceptance_figure(traces: dict) -> go.Figure:
+    """P(accept draft token j+1 | first j accepted) per recorded drafter, with each drafter's fitted alpha
+    as a flat line (what i.i.d. acceptance would look like)."""
+    colors = {"early_exit": "#1f77b4", "pld": "#ff7f0e", "hd": "#d62728"}
+    fig = go.Figure()
+    for name, tr in traces.items():
+        c = tr.conditional_acceptance()
+        j = np.arange(1, c.size + 1)
+        color = colors.get(name, "#7f7f7f")
+        fig.add_scatter(x=j, y=c, mode="markers+lines", name=f"{tr.drafter} (measured)", line={"color": color})
+        fig.add_scatter(x=j, y=np.full(c.size, tr.alpha()), mode="lines", name=f"{tr.drafter}: i.i.d. at fitted alpha",
+                        line={"color": color, "dash": "dot"})
+    fig.update_layout(title="Acceptance of draft token j given the first j-1 were accepted (recorded on SmolLM2-135M)",
+                      xaxis_title="draft position j", yaxis_title="P(accept)", yaxis_range=[0, 1],
+                      template="plotly_white")
+    return fig
+
+
+def measured_latency_figure(df: pd.DataFrame) -> go.Figure:
+    """Latency per token vs mean RTT: closed form (lines) vs Monte Carlo with measured inputs (markers), and the
+    residual MC / closed form - 1 (bottom). ``df`` columns: mode, rtt, closed_form, measured."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.68, 0.32], vertical_spacing=0.06)
+    for mode, g in df.groupby("mode", sort=False):
+        color = MODE_COLORS[mode]
+        fig.add_scatter(x=g["rtt"], y=g["closed_form"], mode="lines", name=f"{MODE_LABELS[mode]} (closed form)",
+                        line={"color": color}, row=1, col=1)
+        fig.add_scatter(x=g["rtt"], y=g["measured"], mode="markers", name=f"{MODE_LABELS[mode]} (measured inputs)",
+                        marker={"color": color, "symbol": "x", "size": 9}, row=1, col=1)
+        fig.add_scatter(x=g["rtt"], y=100 * (g["measured"] / g["closed_form"] - 1), mode="markers+lines",
+                        marker={"color": color}, showlegend=False, row=2, col=1)
+    fig.add_hline(y=0, line_color="#999", row=2, col=1)
+    fig.update_yaxes(title_text="ms per token", row=1, col=1)
+    fig.update_yaxes(title_text="residual %", row=2, col=1)
+    fig.update_xaxes(title_text="mean RTT (ms)", row=2, col=1)
+    fig.update_layout(title="Latency per token: closed forms vs simulation with recorded acceptance and measured costs",
+                      template="plotly_white", height=600)
+    return fig
+
+
 def dsd_panel(rtt: float = 60.0, alpha: float = 0.8, gamma: int = 5, t_a: float = 10.0, t_ar: float = 50.0,
               t_d: float = 10.0):
     """Sliders for RTT, alpha, gamma, t_a, t_ar (= t_v) and t_d wired to FigureWidgets: latency of
@@ -151,5 +190,5 @@ def dsd_panel(rtt: float = 60.0, alpha: float = 0.8, gamma: int = 5, t_a: float 
     return w.VBox([w.HBox([w.VBox(list(s.values())[:3]), w.VBox(list(s.values())[3:])]), text, bars, curve, regions])
 
 
-__all__ = ["MODE_COLORS", "MODE_LABELS", "breakeven_table_figure", "capacity_figure", "dsd_panel",
+__all__ = ["conditional_acceptance_figure", "measured_latency_figure", "MODE_COLORS", "MODE_LABELS", "breakeven_table_figure", "capacity_figure", "dsd_panel",
            "latency_vs_rtt_figure", "region_map_figure"]
