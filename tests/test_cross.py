@@ -51,3 +51,27 @@ def test_balanceroute_routes_instances_in_the_eldr_cluster(setup, name):
     res = simulate(reqs, make_router(name), setup.eldr.cost, n_workers=3, trace=pool, bits=setup.eldr.bits)
     assert np.isfinite(res.finish_s).all()
     assert set(res.worker) <= {0, 1, 2}
+
+
+def test_panel_and_figures_draw_a_gains_table():
+    import pandas as pd
+
+    from moelab.viz import cross as cviz
+
+    rows = [{"pair": f"{i} x {r}", "instance_router": i, "rank_router": r, "tpot_ms_p50_gain_pct": g,
+             "tpot_ms_p99_gain_pct": g / 2, "distinct_per_layer_step": 40.0, "avg_imbalance": 100.0, "rate": 12.0}
+            for (i, r), g in zip([(i, r) for i in cross.INSTANCE_ROUTERS for r in cross.RANK_ROUTERS], range(6))]
+    table = pd.DataFrame(rows)
+    calls = []
+
+    def run(**kw):
+        calls.append(kw)
+        return table
+
+    box = cviz.panel(run, K=2, G=2, load=1.0, tau=0.1, attention_share=0.3)
+    assert calls == [{"K": 2, "G": 2, "load": 1.0, "tau": 0.1, "attention_share": 0.3}]
+    sliders = box.children[0].children[0].children
+    sliders[0].value = 3  # moving a slider re-runs and redraws
+    assert calls[-1]["K"] == 3
+    assert len(cviz.pairs_figure(table).data) == 2 * len(cross.RANK_ROUTERS)
+    assert len(cviz.causes_figure(table).data) == 2 * len(cross.RANK_ROUTERS)

@@ -205,7 +205,7 @@ def gains_table(df: pd.DataFrame, metrics: tuple[str, ...] = ("tpot_ms_p50", "tp
     out = df[["pair", "instance_router", "rank_router"]].copy()
     for m in metrics:
         out[f"{m}_gain_pct"] = 100 * (1 - df[m].to_numpy() / float(base[m].iloc[0]))
-    for c in ("distinct_per_layer_step", "avg_imbalance", "tpot_ms_p50"):
+    for c in ("distinct_per_layer_step", "avg_imbalance", "tpot_ms_p50", "rate"):
         if c in df.columns:
             out[c] = df[c].to_numpy()
     return out.reset_index(drop=True)

@@ -55,14 +55,20 @@ def panel(run: Any, *, K: int, G: int, load: float, tau: float, attention_share:
     sr = slider("load (x slot capacity)", load, 0.3, 2.0, 0.1)
     st = slider("ELDR band tau", tau, 0.0, 1.0, 0.05)
     sa = slider("attention share of a rank step", attention_share, 0.05, 0.9, 0.05)
-    fig = pairs_figure(run(K=K, G=G, load=load, tau=tau, attention_share=attention_share), widget=True)
+    first = run(K=K, G=G, load=load, tau=tau, attention_share=attention_share)
+    fig = pairs_figure(first, widget=True)
     status = w.HTML()
+
+    def say(table: pd.DataFrame) -> None:
+        status.value = f"arrival rate {float(table['rate'].iloc[0]):.1f} req/s" if "rate" in table.columns else ""
 
     def update(_: Any = None) -> None:
         status.value = "running..."
         table = run(K=sk.value, G=sg.value, load=sr.value, tau=st.value, attention_share=sa.value)
         refresh(fig, pairs_figure(table))
-        status.value = ""
+        say(table)
+
+    say(first)
 
     for s in (sk, sg, sr, st, sa):
         s.observe(update, names="value")
