@@ -11,10 +11,6 @@ from plotly.subplots import make_subplots
 from moelab.viz.common import color_for, refresh, slider
 
 
-def _rank_color(rank_router: str) -> str:
-    return color_for(rank_router)
-
-
 def pairs_figure(table: pd.DataFrame, *, widget: bool = False, title: str = "") -> go.Figure:
     """p50 / p99 TPOT gain of every (instance router x rank router) pair over JSQ x JSQ: bars grouped
     by instance router, one colour per rank router (``cross.gains_table`` rows)."""
@@ -24,7 +20,7 @@ def pairs_figure(table: pd.DataFrame, *, widget: bool = False, title: str = "") 
                                                                       "p99 TPOT gain over jsq x jsq (%)"))
     for rank, g in table.groupby("rank_router", sort=False):
         for col, metric in ((1, "tpot_ms_p50_gain_pct"), (2, "tpot_ms_p99_gain_pct")):
-            fig.add_bar(x=g["instance_router"], y=g[metric], name=f"rank: {rank}", marker_color=_rank_color(rank),
+            fig.add_bar(x=g["instance_router"], y=g[metric], name=f"rank: {rank}", marker_color=color_for(rank),
                         legendgroup=rank, showlegend=col == 1, row=1, col=col)
     fig.update_layout(barmode="group", template="plotly_white", xaxis_title="instance router",
                       xaxis2_title="instance router", title=title or "ELDR picks the instance, BalanceRoute picks the rank")
@@ -38,8 +34,8 @@ def causes_figure(table: pd.DataFrame) -> go.Figure:
                                                         "rank KV imbalance G*max - sum (tokens)"))
     for rank, g in table.groupby("rank_router", sort=False):
         fig.add_bar(x=g["instance_router"], y=g["distinct_per_layer_step"], name=f"rank: {rank}",
-                    marker_color=_rank_color(rank), legendgroup=rank, row=1, col=1)
-        fig.add_bar(x=g["instance_router"], y=g["avg_imbalance"], name=f"rank: {rank}", marker_color=_rank_color(rank),
+                    marker_color=color_for(rank), legendgroup=rank, row=1, col=1)
+        fig.add_bar(x=g["instance_router"], y=g["avg_imbalance"], name=f"rank: {rank}", marker_color=color_for(rank),
                     legendgroup=rank, showlegend=False, row=1, col=2)
     fig.update_layout(barmode="group", template="plotly_white", title="Where each gain comes from")
     return fig
