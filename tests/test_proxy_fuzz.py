@@ -169,3 +169,17 @@ def test_mutation_fuzzer_of_the_bench_finds_nothing():
 
     report = fuzz_proxy_parser(300, seed=1)
     assert report["cases"] == 300 and report["unexpected"] == [] and report["accepted"] > 0 and report["refused"] > 0
+
+
+def test_bench_suite_figures_without_vllm(monkeypatch):
+    """`moelab bench reliability` is registered and names every figure; without vLLM the soak ones say why."""
+    import moelab.models.vllm_engine as vllm_engine
+    from moelab.bench import SUITES, run_suites
+
+    monkeypatch.setattr(vllm_engine, "vllm_status", lambda: (False, "vLLM left out for this test"))
+    assert "reliability" in SUITES
+    figs = {f.name: f for f in run_suites(["reliability"], quick=True)}
+    assert {"fuzz_cases_run", "fuzz_unexpected", "soak_requests_ok", "soak_requests_lost", "soak_fd_growth",
+            "proxy_p50_overhead_ms"} <= set(figs)
+    assert figs["fuzz_cases_run"].value == 1000 and figs["fuzz_unexpected"].value == 0 and figs["fuzz_unexpected"].met
+    assert math.isnan(figs["soak_requests_lost"].value) and "left out" in figs["soak_requests_lost"].note
