@@ -21,6 +21,7 @@ from moelab.eldr.routing import ELDRRouter
 from moelab.eldr.sim import poisson_requests, simulate
 from moelab.eldr.workload import SyntheticConfig, generate
 from moelab.routing import ClusterView, RequestBatch
+from moelab.sim import gain_vs_best
 
 OPERATING_RATE = 60.0
 
@@ -76,8 +77,7 @@ def run(quick: bool = False) -> list[Figure]:
 
     n_op = 2000 if quick else 6000
     runs = {r: run_one(setup, r, rate=OPERATING_RATE, n_requests=n_op, output_len=out_len) for r in (*BASELINES, "eldr")}
-    best = min(BASELINES, key=lambda r: runs[r]["tpot_ms_p50"])
-    gain = 100 * (1 - runs["eldr"]["tpot_ms_p50"] / runs[best]["tpot_ms_p50"])
+    gain, best = gain_vs_best(runs, "eldr", BASELINES)
     red = 100 * (1 - runs["eldr"]["distinct_per_layer_step"] / runs[best]["distinct_per_layer_step"])
     note = (f"synthetic Qwen3-30B-A3B-shaped workload, 16 workers, {OPERATING_RATE:g} req/s, {n_op} requests x {out_len} "
             f"tokens; best baseline {best}: {runs[best]['tpot_ms_p50']:.2f} ms vs ELDR {runs['eldr']['tpot_ms_p50']:.2f} ms")

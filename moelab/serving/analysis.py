@@ -16,6 +16,7 @@ import numpy as np
 
 from moelab._validate import check_int, rng_from
 from moelab.routing import ClusterView, RequestBatch, Router, check_supplies, make_router, router_names
+from moelab.sim import gain_vs_best
 from moelab.traces import ExpertTrace
 
 #: what :func:`assign` can tell a router (requests arrive one by one; nothing finishes meanwhile)
@@ -70,7 +71,8 @@ def compare_routers(trace: ExpertTrace, signatures: np.ndarray, centroids: np.nd
         w = assign(router, signatures, lens, n_workers, order=order)
         out["groups"][name] = w
         out["distinct"][name] = distinct_per_step(trace, w, n_workers)
-    base = [v for k, v in out["distinct"].items() if k != "eldr"]
+    base = [k for k in out["distinct"] if k != "eldr"]
     if "eldr" in out["distinct"] and base:
-        out["eldr_reduction_pct"] = float(100 * (1 - out["distinct"]["eldr"] / min(base)))
+        res = {k: {"distinct": v} for k, v in out["distinct"].items()}
+        out["eldr_reduction_pct"] = gain_vs_best(res, "eldr", base, metric="distinct")[0]
     return out
