@@ -45,6 +45,8 @@ FIELDS: dict[str, str] = {
     "waited_steps": "ClusterView.waited_steps: per request of the batch, routing steps it has waited",
 }
 _BATCH_FIELDS = frozenset({"prompt_len", "signature", "domain", "prompt_key", "prefix_hashes", "output_len"})
+# fields a RequestBatch / ClusterView always has (never None)
+_ALWAYS = frozenset({"prompt_len", "active", "waiting", "kv_tokens", "free_slots", "time_s"})
 
 
 def _check_names(names: Collection[str], what: str) -> frozenset[str]:
@@ -241,8 +243,13 @@ class Router:
                 raise ValueError(f"view has {view.n_workers} workers but the router was reset for {self.n_workers}")
 
     def _check_present(self, batch: RequestBatch, view: ClusterView) -> None:
-        for f in self.requires:
-            if getattr(batch if f in _BATCH_FIELDS else view, f, None) is None:
+        # the optional fields this router requires, worked out once per ``requires`` set (hot path)
+        cache = self.__dict__.get("_present")
+        if cache is None or cache[0] is not self.requires:
+            cache = (self.requires, tuple((f in _BATCH_FIELDS, f) for f in sorted(self.requires) if f not in _ALWAYS))
+            self.__dict__["_present"] = cache
+        for in_batch, f in cache[1]:
+            if getattr(batch if in_batch else view, f, None) is None:
                 where = "RequestBatch" if f in _BATCH_FIELDS else "ClusterView"
                 raise ValueError(f"{f} is required by the {self.name} router ({where}.{f} is None)")
 
