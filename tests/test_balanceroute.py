@@ -489,3 +489,15 @@ def test_regime_point_runs_and_reports_its_attention_share(public_data):
     grid = pd.DataFrame([r, {**r, "G": 4, "brh_throughput_gain_pct": r["brh_throughput_gain_pct"] + 1}])
     gain, setting = rg.max_gain(grid)
     assert gain == grid["brh_throughput_gain_pct"].max() and "G=4" in setting
+
+
+def test_split_and_context_scale_keep_the_optional_columns():
+    tr = RequestTrace(np.arange(10.0), np.arange(1, 11), np.arange(1, 11), np.arange(10) * 7, "synthetic")
+    tr = tr.with_columns(domain=np.arange(10) % 3)
+    train, held = ex.split_trace(tr, 0.3)
+    assert held.arrival_s[0] == 0.0 and held.prompt_key.tolist() == (np.arange(3, 10) * 7).tolist()
+    assert held.domain.tolist() == (np.arange(3, 10) % 3).tolist()
+    scaled = ex.scale_context(held, 2.0)
+    assert scaled.prompt_len.tolist() == (2 * np.arange(4, 11)).tolist() and scaled.domain is not None
+    with pytest.raises(ValueError, match="context_scale must be"):
+        ex.scale_context(held, 1000.0)

@@ -108,10 +108,9 @@ def workload(name: str, *, max_output: int = 1000, max_conversations: int = 20_0
 
 
 def _rezero(trace: RequestTrace, idx: np.ndarray, note: str) -> RequestTrace:
+    # RequestTrace's own row selection keeps every optional column (prompt_key, domain, signature, ...)
     arr = trace.arrival_s[idx]
-    return RequestTrace(arr - (arr[0] if arr.size else 0.0), trace.prompt_len[idx], trace.output_len[idx],
-                        None if trace.prompt_key is None else trace.prompt_key[idx], f"{trace.source}; {note}",
-                        dict(trace.dropped))
+    return trace._take(idx, arrival=arr - (arr[0] if arr.size else 0.0), note=note)
 
 
 def split_trace(trace: RequestTrace, train_frac: float = 0.3) -> tuple[RequestTrace, RequestTrace]:
@@ -131,8 +130,7 @@ def scale_context(trace: RequestTrace, factor: float) -> RequestTrace:
     if factor == 1.0:
         return trace
     p = np.maximum(1, np.round(trace.prompt_len * factor)).astype(np.int64)
-    return RequestTrace(trace.arrival_s, p, trace.output_len, trace.prompt_key, f"{trace.source}; prompts x{factor:g}",
-                        dict(trace.dropped))
+    return replace(trace, prompt_len=p, source=f"{trace.source}; prompts x{factor:g}")
 
 
 def capacity_rps(trace: RequestTrace, cost: DPCost) -> float:
