@@ -501,3 +501,20 @@ def test_split_and_context_scale_keep_the_optional_columns():
     assert scaled.prompt_len.tolist() == (2 * np.arange(4, 11)).tolist() and scaled.domain is not None
     with pytest.raises(ValueError, match="context_scale must be"):
         ex.scale_context(held, 1000.0)
+
+
+def test_regime_figures():
+    from moelab.viz import balanceroute as brviz
+
+    rows = [{"shape": s, "context_scale": c, "slots": 72, "G": 8, "attention_share": 0.1 * c, "brh_throughput_gain_pct": c,
+             "br0_throughput_gain_pct": c / 2, "brh_imbalance_reduction_pct": 50.0, "br0_imbalance_reduction_pct": 60.0}
+            for s in ("qwen3-30b-a3b", "llama-3.1-70b") for c in (1.0, 4.0)]
+    grid = pd.DataFrame(rows)
+    heat = brviz.regime_heatmap(grid, 8, 72)
+    assert heat.data[0].z.shape == (2, 2)
+    with pytest.raises(ValueError, match="no setting with G=4"):
+        brviz.regime_heatmap(grid, 4, 72)
+    with pytest.raises(ValueError, match="metric must be one of"):
+        brviz.regime_heatmap(grid, 8, 72, "nope")
+    fig = brviz.gain_vs_share(grid, 14.5, highlight={"shape": "qwen3-30b-a3b", "context_scale": 1.0, "slots": 72, "G": 8})
+    assert [t.name for t in fig.data] == ["BR-0", "BR-H (paper constants)", "H200 Qwen3 point"]

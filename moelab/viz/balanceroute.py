@@ -133,9 +133,11 @@ def regime_heatmap(grid: pd.DataFrame, G: int, slots: int, metric: str = "brh_th
     return fig
 
 
-def gain_vs_share(grid: pd.DataFrame, paper_gain_pct: float | None = None) -> go.Figure:
+def gain_vs_share(grid: pd.DataFrame, paper_gain_pct: float | None = None,
+                  highlight: dict[str, Any] | None = None) -> go.Figure:
     """Throughput gain of BR-0 and BR-H against the attention share of the step, every grid setting;
-    the paper's G=8 gain as a horizontal line when given."""
+    the paper's G=8 gain as a horizontal line when given; ``highlight`` (a setting: shape, context_scale,
+    slots, G) marked with a star, e.g. the H200 Qwen3 point."""
     fig = go.Figure()
     for col, name, color in (("br0_throughput_gain_pct", "BR-0", color_for("br0")),
                              ("brh_throughput_gain_pct", "BR-H (paper constants)", color_for("brh_oracle"))):
@@ -145,6 +147,17 @@ def gain_vs_share(grid: pd.DataFrame, paper_gain_pct: float | None = None) -> go
                     "symbol": [_SHAPE_SYMBOLS.get(s, "circle") for s in grid["shape"]]},
             text=[f"{r.shape}, x{r.context_scale:g}, {r.slots} slots, G={r.G}" for r in grid.itertuples()],
             hovertemplate="%{text}<br>attention %{x:.0%}<br>gain %{y:+.2f}%<extra></extra>"))
+    if highlight is not None:
+        m = np.ones(len(grid), bool)
+        for k, v in highlight.items():
+            m &= (grid[k] == v).to_numpy()
+        if m.any():
+            r = grid[m].iloc[0]
+            fig.add_trace(go.Scatter(x=[r["attention_share"]], y=[r["brh_throughput_gain_pct"]], mode="markers+text",
+                                     marker={"symbol": "star", "size": 16, "color": "#ffd700",
+                                             "line": {"color": "black", "width": 1}},
+                                     text=[f"{r['shape']} x{r['context_scale']:g}, {int(r['slots'])} slots, G={int(r['G'])}"],
+                                     textposition="top center", name="H200 Qwen3 point"))
     if paper_gain_pct is not None:
         fig.add_hline(y=paper_gain_pct, line_dash="dash", annotation_text=f"paper +{paper_gain_pct:g}% (G=8)")
     fig.update_layout(title="Throughput gain vs the attention share of the step (marker size: G; symbol: shape)",
