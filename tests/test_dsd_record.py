@@ -24,26 +24,25 @@ def lm():
 @pytest.mark.slow
 def test_record_a_tiny_one_for_real(lm, tmp_path):
     from moelab.bench.dsd import record_suite
-    from moelab.hd.specbench import spec_bench_split
+    from moelab.hd.specbench import chat_prompt_ids, spec_bench_split
+    from moelab.models.early_exit import early_exit_draft, greedy_chains, greedy_reference
 
     model, tok = lm
     q = spec_bench_split("eval", per_category=1).head(1)
-    full = record_suite(model, tok, q, exit_layers=model.config.num_hidden_layers, gamma_max=2, max_new_tokens=5,
-                        drafters=("early_exit", "pld"))
+    qid = int(q.iloc[0]["question_id"])
+    ids = chat_prompt_ids(tok, q.iloc[0]["prompt"])
+    ref = greedy_reference(model, ids, 5, tok.eos_token_id)
+    depth = model.config.num_hidden_layers
+    full_chains = greedy_chains(early_exit_draft(model, depth), ids, ref, 2)
+    full = record_suite(model, tok, q, exit_layers=depth, gamma_max=2, max_new_tokens=5, drafters=("early_exit", "pld"),
+                        precomputed={qid: (ref, full_chains)})
     run = full["early_exit"].sequences[0].run
     # a draft with every layer IS the target: each proposal is accepted up to the cap or the end
     assert run.tolist() == [min(2, run.size - p) for p in range(run.size)]
     assert full["pld"].gamma_max == 10 and full["pld"].sequences[0].run.size == run.size
-    # a 2-layer draft on the same reference (its chains passed in: no second target decode)
-    from moelab.hd.specbench import chat_prompt_ids
-    from moelab.models.early_exit import early_exit_draft, greedy_chains, greedy_reference
-
-    ids = chat_prompt_ids(tok, q.iloc[0]["prompt"])
-    ref = greedy_reference(model, ids, 5, tok.eos_token_id)
-    assert len(ref) == run.size
     chains = greedy_chains(early_exit_draft(model, 2), ids, ref, 2)
     shallow = record_suite(model, tok, q, exit_layers=2, gamma_max=2, max_new_tokens=5, drafters=("early_exit",),
-                           precomputed={int(q.iloc[0]["question_id"]): (ref, chains)})["early_exit"]
+                           precomputed={qid: (ref, chains)})["early_exit"]
     assert shallow.sequences[0].run.sum() <= run.sum()
     path = dsd.save_traces(tmp_path / "rec.json", {**full, "shallow": shallow})
     back, _ = dsd.load_traces(path)
