@@ -41,14 +41,13 @@ def _slice(quick: bool) -> tuple[int | None, int]:
 
 def hf_cost(model) -> object:
     """The HF verify-cost curve of ``model`` on this machine (cached per machine and model)."""
-    from moelab.hd.policy import VerifyCost, cached_verify_cost
+    from moelab.hd.policy import VerifyCost, cached_verify_cost, robust_curve
     from moelab.models.lm import verify_cost_curve
 
     def measure() -> VerifyCost:
         c = verify_cost_curve(model, qs=(1, 2, 3, 5, 9, 17, 29), context_len=256, repeat=5)
-        ms = np.maximum.accumulate(c["ms_median"].to_numpy())
-        return VerifyCost(c["q"].tolist(), ms.tolist(), "HF transformers, 1 thread, context 256, "
-                          f"measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}")
+        return robust_curve(c["q"].tolist(), c["ms_min"].tolist(), "HF transformers, 1 thread, context 256, min of 5, "
+                            f"measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}")
 
     return cached_verify_cost("hf", model.moelab_load.name, measure)
 

@@ -199,12 +199,12 @@ def _run_subprocess(spec: dict[str, Any], log: Path, timeout_s: float) -> None:
 
 
 def _code_hash() -> str:
-    """Hash of the HD sources and the vLLM version: cached results from other code are never reused."""
+    """Hash of the drafting sources and the vLLM version: results drafted by other code are never reused."""
     from moelab.models.vllm_engine import _installed_version
 
     h = hashlib.sha256(str(_installed_version()).encode())
-    for f in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(f.read_bytes())
+    for name in ("drafters", "stores", "suffix", "ngram", "policy", "rows", "engine", "vllm_adapter"):
+        h.update((Path(__file__).parent / f"{name}.py").read_bytes())
     return h.hexdigest()[:12]
 
 
@@ -218,7 +218,7 @@ def measure_vllm_cost(model_dir: str | Path, *, qs: Sequence[int] = (2, 3, 5, 9)
     """vLLM's verify cost per step on this machine for ``q`` = 1 + chain length tokens (cached per machine
     and model): chains of ``q - 1`` wrong tokens, so every step emits one token and costs a q-token forward."""
     from moelab.datasets import cache_dir
-    from moelab.hd.policy import cached_verify_cost
+    from moelab.hd.policy import cached_verify_cost, robust_curve
 
     d_lens = sorted({check_int("qs entry", q, low=2, high=65) - 1 for q in qs})
 
@@ -230,10 +230,9 @@ def measure_vllm_cost(model_dir: str | Path, *, qs: Sequence[int] = (2, 3, 5, 9)
         _run_subprocess({"method": "probe", "budget": max(d_lens), "probe": d_lens, "probe_prompt": prompt,
                          "model_dir": str(model_dir), "out_dir": str(out)}, out / "worker.log", timeout_s)
         rows = read_json(out / "probe.json")["rows"]
-        ms = np.maximum.accumulate([max(r["ms"], 1e-3) for r in rows])  # noise must not make q cheaper than q-1
-        return VerifyCost([r["q"] for r in rows], ms.tolist(),
-                          f"vLLM CPU, {Path(model_dir).name}, context {context_tokens}, measured "
-                          f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())}")
+        return robust_curve([r["q"] for r in rows], [r["ms"] for r in rows],
+                            f"vLLM CPU, {Path(model_dir).name}, context {context_tokens}, min over interleaved rounds, "
+                            f"measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}")
 
     return cached_verify_cost("vllm", Path(model_dir).name, measure, refresh=refresh)
 
@@ -271,7 +270,10 @@ def run_vllm_methods(questions: pd.DataFrame, tokenizer: Any, *, methods: Sequen
             if not ok:
                 skipped[m] = why
                 continue
-        out = root / (f"{m}-{run_tag}" if run_tag else m)
+        name = m
+        if m == "HD" and cost is not None:  # results depend on the cost curve the policy read
+            name += "-" + hashlib.sha256(json.dumps(cost.as_dict(), sort_keys=True).encode()).hexdigest()[:8]
+        out = root / (f"{name}-{run_tag}" if run_tag else name)
         out.mkdir(parents=True, exist_ok=True)
         todo = [q for q in qs if not (out / f"q{q['question_id']}.json").is_file()]
         if todo:

@@ -76,6 +76,22 @@ class VerifyCost:
         return {"qs": [int(x) for x in self._q], "ms": [float(x) for x in self._m], "source": self.source}
 
 
+def robust_curve(qs: Sequence[int], ms: Sequence[float], source: str = "") -> VerifyCost:
+    """A cost curve from noisy timings (e.g. minima over repeats on a shared machine): the least-squares
+    line ``a + b * q`` with ``b >= 0`` through the points, so one preempted measurement cannot make every
+    larger ``q`` look expensive (a running maximum would) or a larger ``q`` look cheaper than a smaller one."""
+    q = np.asarray(qs, dtype=float)
+    m = np.asarray(ms, dtype=float)
+    if q.size < 2:
+        return VerifyCost(q.astype(int).tolist(), m.tolist(), source)
+    b, a = np.polyfit(q, m, 1)
+    if b < 0:
+        b, a = 0.0, float(np.mean(m))
+    fit = np.maximum(a + b * q, 1e-3)
+    return VerifyCost(q.astype(int).tolist(), fit.tolist(), f"{source}; linear fit a + b*q to the measured points "
+                                                            f"{[round(float(x), 2) for x in m]} ms")
+
+
 def machine_id() -> str:
     """A short name for this machine (host, CPU model, cores): the key of cached cost curves."""
     cpu = platform.processor() or ""
@@ -224,4 +240,4 @@ def load_curve_json(path: str | Path) -> VerifyCost:
 
 
 __all__ = ["BUDGETS", "MAX_BUDGET", "AcceptanceModel", "VerifyCost", "cached_verify_cost", "check_budget",
-           "load_curve_json", "machine_id", "observe", "plan"]
+           "load_curve_json", "machine_id", "observe", "plan", "robust_curve"]
