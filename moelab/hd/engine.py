@@ -109,7 +109,9 @@ def make_hf_drafter(method: str, S: Any, L: Any, *, budget: int = 8, cost: Verif
     if method == "HD":
         if cost is None:
             raise ValueError("method 'HD' (cost-aware) needs the measured verify-cost curve `cost`")
-        inner = HierarchyDrafter(S, L, order="WSL", max_candidates=max(n_cand, 7), length=length)
+        # candidates the plan could keep (one more than the budget fills, so it has a choice); more would
+        # only make the walk reach L for candidates that are then cut
+        inner = HierarchyDrafter(S, L, order="WSL", max_candidates=min(7, n_cand + 1), length=length)
         return CostAwareDrafter(inner, cost, budget=budget, acceptance=acceptance)
     raise ValueError(f"method must be one of ['AR', 'PLD', 'HD', 'HD-fixed', 'REST']; got {method!r}")
 
