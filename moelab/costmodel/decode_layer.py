@@ -27,6 +27,7 @@ from moelab._validate import check_array, check_real, rng_from
 from moelab.costmodel.fit import FitReport
 from moelab.costmodel.models import AttentionModel, MoEStepModel
 from moelab.costmodel.shapes import ModelShape, model_shape
+from moelab.datasets import load_calibration
 
 
 def _layer_shape(shape: ModelShape | str) -> ModelShape:
@@ -42,8 +43,6 @@ _OTHER_FEATURES = ("fixed_ms", "ms_per_token_TFLOP")
 @functools.lru_cache(maxsize=8)
 def _h200_layer(test_frac: float, seed: int) -> DecodeLayerModel:
     # the fit is deterministic and immutable, so simulators may share one instance
-    from moelab.datasets import load_calibration
-
     return DecodeLayerModel.from_tables(load_calibration("h200", "moe_step"), load_calibration("h200", "attn_step"),
                                         load_calibration("h200", "decode_layer"), test_frac=test_frac, seed=seed)
 

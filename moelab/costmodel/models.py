@@ -11,6 +11,7 @@ import pandas as pd
 from moelab._validate import check_array, check_int
 from moelab.costmodel.fit import FitReport, LinearFit, fit_linear
 from moelab.costmodel.shapes import ModelShape, MoEShape, moe_shape
+from moelab.datasets import load_calibration
 
 
 def _moe_features(shape: MoEShape, B: np.ndarray, D: np.ndarray, ep: int = 1) -> np.ndarray:
@@ -58,8 +59,6 @@ class MoEStepModel:
     @classmethod
     def h200(cls, method: str = "bmm_active") -> MoEStepModel:
         """Fitted on the bundled H200 measurements."""
-        from moelab.datasets import load_calibration
-
         return cls.from_table(load_calibration("h200", "moe_step"), method)
 
     def predict_ms(self, shape: MoEShape | ModelShape | str, B: np.ndarray | int, D: np.ndarray | int, *,
@@ -97,8 +96,6 @@ class AttentionModel:
     @classmethod
     def h200(cls) -> AttentionModel:
         """Fitted on the bundled H200 attention table."""
-        from moelab.datasets import load_calibration
-
         return cls.from_table(load_calibration("h200", "attn_step"))
 
     def predict_ms(self, kv_bytes: np.ndarray | float) -> np.ndarray:
@@ -128,8 +125,6 @@ class DenseVerifyModel:
     @classmethod
     def h200(cls) -> DenseVerifyModel:
         """The bundled H200 ``dense_verify`` table."""
-        from moelab.datasets import load_calibration
-
         return cls(load_calibration("h200", "dense_verify"))
 
     @property

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+from moelab._io import read_json
 from moelab._validate import check_int
 
 
@@ -166,8 +167,6 @@ class ModelShape:
         Mixtral, DeepSeek-V2/V3, GPT-OSS and Llama key names). Dense layers of Qwen-MoE configs
         (``mlp_only_layers`` / ``decoder_sparse_step``) are supported only as leading layers."""
         if not isinstance(config, Mapping):
-            from moelab._io import read_json
-
             config = read_json(config)
         c = config
 

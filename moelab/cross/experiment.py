@@ -27,10 +27,12 @@ import pandas as pd
 
 from moelab._validate import check_int, check_real
 from moelab.costmodel import DecodeStepModel
+from moelab.eldr.experiments import ELDRSetup, synthetic_setup, with_workers
+from moelab.eldr.routing import ELDRRouter
 from moelab.routing import Router, make_router
 from moelab.sim import gain_vs_best
 from moelab.sim.cluster import simulate
-from moelab.traces import RequestTrace, replay_requests
+from moelab.traces import RequestTrace, load_azure_trace, replay_requests
 
 #: instance routers compared (ELDR vs the load balancer both papers start from)
 INSTANCE_ROUTERS = ("jsq", "eldr")
@@ -44,7 +46,7 @@ class CrossSetup:
     """What every run of one experiment shares: the ELDR setup (signatures, centroids per instance,
     replay pool, expert bits), the step model at the chosen attention share, and the cluster shape."""
 
-    eldr: object  # moelab.eldr.experiments.ELDRSetup (imported lazily: a cross module, not a paper)
+    eldr: ELDRSetup
     cost: DecodeStepModel
     n_instances: int
     ranks: int
@@ -69,8 +71,6 @@ class CrossSetup:
 def azure_lengths(kind: str = "conv", max_output: int = 512) -> tuple[tuple[np.ndarray, np.ndarray], str]:
     """(prompt, output) length pairs of the Azure LLM inference trace 2023 (bundled public data), with
     requests longer than ``max_output`` output tokens left out and counted in the note."""
-    from moelab.traces import load_azure_trace
-
     max_output = check_int("max_output", max_output, low=1, high=1 << 16)
     t = load_azure_trace(kind).filter_lengths(max_output=max_output)
     dropped = sum(t.dropped.values())
@@ -90,8 +90,6 @@ def prepare(*, n_instances: int = 4, ranks: int = 4, slots: int = 64, model: str
     the Azure 2023 trace (outputs capped at ``output_len``, the rest left out and counted — real length
     variance is what KV balancing acts on); ``None`` keeps a fixed ``output_len`` and the replayed
     trace rows' prompt lengths."""
-    from moelab.eldr.experiments import synthetic_setup
-
     if lengths not in (None, "azure-conv", "azure-code"):
         raise ValueError(f"lengths must be one of [None, 'azure-conv', 'azure-code']; got {lengths!r}")
 
@@ -109,8 +107,6 @@ def variant(cs: CrossSetup, *, n_instances: int | None = None, ranks: int | None
             attention_share: float | None = None, slots: int | None = None) -> CrossSetup:
     """The same workload and fitted signatures with another cluster shape or attention share (new
     centroids only when ``n_instances`` changes)."""
-    from moelab.eldr.experiments import with_workers
-
     K = cs.n_instances if n_instances is None else check_int("n_instances", n_instances, low=1, high=256)
     G = cs.ranks if ranks is None else check_int("ranks", ranks, low=1, high=64)
     slots = cs.slots if slots is None else check_int("slots", slots, low=1, high=4096)
@@ -135,8 +131,6 @@ def share_sweep(cs: CrossSetup, shares: tuple[float, ...], *, load: float = 1.3,
 
 def _instance_router(cs: CrossSetup, name: str, tau: float, seed: int) -> Router:
     if name == "eldr":
-        from moelab.eldr.routing import ELDRRouter
-
         return ELDRRouter(cs.eldr.centroids(), tau=tau, seed=seed)
     if name == "domain_oracle":
         return make_router(name, n_domains=cs.eldr.n_domains, seed=seed)

@@ -17,6 +17,7 @@ import pandas as pd
 
 from moelab._validate import check_choice, check_int, check_real, rng_from
 from moelab.costmodel import DecodeStepModel
+from moelab.datasets import load_eldr_results
 from moelab.eldr.partition import OnlineRefitter, spherical_kmeans
 from moelab.eldr.routing import DomainOracleRouter, ELDRRouter
 from moelab.eldr.signature import KINDS, SignatureBuilder
@@ -223,8 +224,6 @@ def gains(df: pd.DataFrame, baselines: Sequence[str] = BASELINES) -> pd.DataFram
 
 def paper_gains(model: str = "qwen3-30b-a3b") -> pd.DataFrame:
     """The paper's published p50 TPOT (``load_eldr_results``): best of rr/random/jsq/p2c vs ELDR per rate."""
-    from moelab.datasets import load_eldr_results
-
     t = load_eldr_results()
     models = sorted(t["model"].unique())
     check_choice("model", model, models)

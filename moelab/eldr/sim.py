@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from moelab._validate import check_array
 from moelab.costmodel.step import DecodeStepModel
 from moelab.routing.base import Router
 from moelab.sim.cluster import pack_expert_bits
@@ -26,8 +27,6 @@ def simulate(trace: ExpertTrace, requests: RequestTrace, router: Router, cost: D
     ``signatures`` ([trace.n_requests, d]) attaches each request's trace-row signature when the
     requests do not carry one already."""
     if signatures is not None and requests.signature is None:
-        from moelab._validate import check_array
-
         signatures = check_array("signatures", signatures, ndim=2, dtype=np.float64)
         if signatures.shape[0] != trace.n_requests:
             raise ValueError(f"signatures must have one row per trace request ({trace.n_requests}); "

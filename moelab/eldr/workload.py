@@ -39,6 +39,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from moelab._validate import check_int, check_real, rng_from
+from moelab.datasets import load_routing_counts
+from moelab.eldr.signature import predictability
 from moelab.traces import ExpertTrace, Geometry, default_provenance
 
 OLMOE_DOMAINS = ("arxiv", "book", "c4", "github", "wikipedia")
@@ -63,8 +65,6 @@ class DomainSpread:
 def fit_domain_spread(model: str = "olmoe") -> DomainSpread:
     """Measure expert-popularity and domain-deviation spreads from the real per-domain counts
     (OLMoE-1B-7B: 64 experts, layers 0/7/15; Mixtral-8x7B: 8 experts, layers 0/7/15)."""
-    from moelab.datasets import load_routing_counts
-
     counts = load_routing_counts(model)["expert_counts"]
     n_layers_src = {"olmoe": 16, "mixtral": 32}[model]
     domains = [d for d in OLMOE_DOMAINS if d in counts]
@@ -261,8 +261,6 @@ def distinct_reduction(trace: ExpertTrace, batch: int = 32, n_batches: int = 200
 def workload_stats(trace: ExpertTrace, *, batch: int = 32, n_pairs: int = 20000, seed: int = 0) -> dict[str, float]:
     """The two calibration targets measured on a trace: prefill->decode Spearman rho (raw counts, all
     layers, cosine distances over random pairs) and the same-domain distinct-expert reduction."""
-    from moelab.eldr.signature import predictability
-
     rho = predictability(trace.prefill_counts.astype(np.float64), trace.decode_profiles(), n_pairs=n_pairs, seed=seed)
     return {"rho": rho["rho"], "recall": rho["recall"], **distinct_reduction(trace, batch=batch, seed=seed)}
 

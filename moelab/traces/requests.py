@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from moelab._validate import check_int, check_real, rng_from
+from moelab._validate import check_array, check_int, check_real, rng_from
+from moelab.datasets import public_path
 
 if TYPE_CHECKING:
     from moelab.traces.expert import ExpertTrace
@@ -253,8 +254,6 @@ def load_azure_trace(kind: str = "conv", year: int = 2023, *, nrows: int | None 
     ``$MOELAB_PUBLIC_DATA`` or download). The 2024 week-long traces are large: they are read in
     chunks, and ``nrows`` keeps only the first rows.
     """
-    from moelab.datasets import public_path
-
     if kind not in ("code", "conv"):
         raise ValueError(f"kind must be one of ['code', 'conv']; got {kind!r}")
     if year not in (2023, 2024):
@@ -311,8 +310,6 @@ def replay_requests(
     codes, _ = trace.domain_codes()
     sig = None
     if signatures is not None:
-        from moelab._validate import check_array
-
         signatures = check_array("signatures", signatures, ndim=2, dtype=np.float64)
         if signatures.shape[0] != trace.n_requests:
             raise ValueError(f"signatures must have one row per trace request ({trace.n_requests}); "
