@@ -228,6 +228,7 @@ def drag_slider(page: Any, panel: Any, index: int = 0) -> str:
     handle = slider.locator(".noUi-handle, .ui-slider-handle").first
     tb, hb = track.bounding_box(), handle.bounding_box()
     assert tb and hb, f"slider {label!r} has no visible track/handle"
+    before = readout(slider)
     x, y = hb["x"] + hb["width"] / 2, hb["y"] + hb["height"] / 2
     dx = tb["width"] / 3 * (1 if x < tb["x"] + tb["width"] / 2 else -1)
     page.mouse.move(x, y)
@@ -235,7 +236,15 @@ def drag_slider(page: Any, panel: Any, index: int = 0) -> str:
     for k in range(1, 11):
         page.mouse.move(x + dx * k / 10, y)
     page.mouse.up()
+    if not wait_for(lambda: readout(slider) != before, 5):  # the drag did not take: use the keyboard
+        handle.focus()
+        for _ in range(3):
+            handle.press("ArrowRight" if dx > 0 else "ArrowLeft")
     return label
+
+
+def readout(slider: Any) -> str:
+    return slider.locator(".widget-readout").first.inner_text()
 
 
 def slider_value(panel: Any, index: int = 0) -> str:

@@ -2,7 +2,7 @@
 by Playwright), every cell run through the command palette. Each notebook must finish with no error or
 stderr output and no widget that failed to render; every interactive panel must show its controls and a
 plotly figure, and dragging one of its sliders must change the figure's data. The lecture mode
-(``moelab app``, Voila) is checked the same way on notebook 04.
+(``moelab app``, Voila) is checked the same way on notebook 03.
 
 Notebooks 02 (SmolLM2 speculative decoding: minutes of CPU inference) and 06 (starts a vLLM engine) are
 not run here: their panels are covered by their papermill tests and they would more than double the
@@ -28,25 +28,41 @@ from tests import browser as b
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
-# Small parameters (the same sizes as the papermill tests) and the slider each panel's check drags.
+# Small parameters: a notebook test's ``CI_PARAMS`` when it exposes one (so both tests run the same sizes),
+# else the sizes below (those of the papermill tests); and the slider each panel's check drags.
 NOTEBOOKS: dict[str, dict[str, Any]] = {
     "00_overview": {"params": {}, "slider": 0},
-    "01_eldr": {"params": {"N_TRACE": 384, "N_REQUESTS": 400, "N_WORKERS": 4, "RATES": [20, 100]},
+    "01_eldr": {"params": {"N_TRACE": 384, "N_REQUESTS": 400, "N_WORKERS": 4, "RATES": [20, 100], "N_PAIRS": 2000,
+                           "TAUS": [0.0, 0.1, 2.0]},
                 "slider": 2},  # the rate slider: moves both bars and never re-partitions the workers
     "03_afd_ratio": {"params": {"N": 2000, "r_values": [1, 2, 4, 8, 16], "trace_r_values": [1, 4, 16],
                                 "indep_requests": 300, "map_B": [128], "map_mu_P": [100], "map_mu_D": [100],
                                 "map_distributions": ["geometric", "azure-code"], "map_requests": 200}, "slider": 0},
     "04_dsd_rtt": {"params": {"mc_rounds": 4000, "rounds_per_client": 100}, "slider": 0},
-    "05_balanceroute": {"params": {"N_REQUESTS": 700, "G_VALUES": [4, 8], "SLOTS": 16, "BACKLOG_N": 2500,
-                                   "INTERACTIVE_N": 200, "WINDOW": 128}, "slider": 0},
+    "05_balanceroute": {"params": {}, "slider": 0},
+    "07_cross_paper": {"params": {}, "slider": 0},
 }
+INTERACTIVE_FLAGS = ("interactive", "INTERACTIVE", "PANEL")  # forced on: the browser checks the panels
 NOT_IN_BROWSER = {
     "02_hierarchy_drafting": "SmolLM2 on CPU takes minutes; covered by its papermill test",
     "06_from_your_deployment": "starts a vLLM engine; covered by its papermill test",
 }
-APP_NOTEBOOK = os.environ.get("MOELAB_BROWSER_APP_NOTEBOOK", "04_dsd_rtt")  # lecture-mode check (a light one)
+APP_NOTEBOOK = os.environ.get("MOELAB_BROWSER_APP_NOTEBOOK", "03_afd_ratio")  # lecture-mode check (a light one)
 RUN_TIMEOUT_S = 420
 REDRAW_TIMEOUT_S = 90
+
+
+def browser_params(name: str) -> dict[str, Any]:
+    """The parameters the browser runs ``name`` with (see :data:`NOTEBOOKS`)."""
+    import importlib
+
+    try:
+        params = dict(importlib.import_module(f"tests.test_notebook_{name}").CI_PARAMS)
+    except (ImportError, AttributeError):
+        params = dict(NOTEBOOKS.get(name, {}).get("params", {}))
+    known = notebook_parameters(name)
+    params.update({flag: True for flag in INTERACTIVE_FLAGS if flag in known})
+    return params
 
 
 def _write_copy(name: str, params: dict[str, Any], root: Path) -> None:
@@ -107,6 +123,7 @@ def check_panels(page: Any, where: str, slider_index: int = 0) -> int:
         k = min(slider_index, sliders - 1)
         v0 = b.slider_value(panel, k)
         label = b.drag_slider(page, panel, k)
+        b.wait_for(lambda panel=panel, k=k, v0=v0: b.slider_value(panel, k) != v0, 10)
         v1 = b.slider_value(panel, k)
         assert v1 != v0, f"{where}: dragging slider {label!r} of panel {i} did not move it ({v0})"
         assert b.wait_for(lambda panel=panel, before=before: panel.evaluate(b.JS_PLOT_FINGERPRINTS) != before,
@@ -118,9 +135,9 @@ def check_panels(page: Any, where: str, slider_index: int = 0) -> int:
 
 
 @pytest.mark.parametrize("name", [n for n in available_notebooks() if n not in NOT_IN_BROWSER])
-def test_notebook_in_jupyterlab(name, lab):
+def test_notebook_in_jupyterlab(name, lab, tmp_path):
     server, context, root = lab
-    _write_copy(name, NOTEBOOKS.get(name, {}).get("params", {}), root)
+    _write_copy(name, browser_params(name), root)
     page = context.new_page()
     t0 = time.monotonic()
     try:
@@ -141,6 +158,9 @@ def test_notebook_in_jupyterlab(name, lab):
         n = check_panels(page, name, NOTEBOOKS.get(name, {}).get("slider", 0))
         assert n >= 1 or name not in NOTEBOOKS, f"{name}: no interactive panel rendered"
         print(f"{name}: {n} panel(s); cells ran in {ran_s:.1f} s, {time.monotonic() - t0:.1f} s in all")
+    except BaseException:
+        page.screenshot(path=str(tmp_path / f"{name}-failed.png"), full_page=False)  # for the CI log reader
+        raise
     finally:
         page.close()
         _shutdown_kernels(server)
@@ -154,12 +174,12 @@ def test_not_in_browser_is_explained():
 
 
 def test_app_serves_dashboard(browser, tmp_path):
-    """``moelab app 04`` (Voila): code hidden, markdown shown, the panel renders, a slider redraws its figure."""
+    """``moelab app 03`` (Voila): code hidden, markdown shown, the panel renders, a slider redraws its figure."""
     t0 = time.monotonic()
     port, token = b.free_port(), secrets.token_hex(16)
     log = tmp_path / "voila.log"
     env = b.isolated_env(tmp_path)
-    params = NOTEBOOKS[APP_NOTEBOOK]["params"]
+    params = browser_params(APP_NOTEBOOK)
     cmd = [sys.executable, "-m", "moelab.cli", "app", APP_NOTEBOOK, f"--port={port}", f"--token={token}",
            *(["--params", *(f"{k}={v!r}" for k, v in params.items())] if params else [])]
     with open(log, "wb") as out:
@@ -178,7 +198,10 @@ def test_app_serves_dashboard(browser, tmp_path):
             text = page.locator("body").inner_text()
             code = [c.source for c in nbformat.read(notebooks_dir() / f"{APP_NOTEBOOK}.ipynb", 4).cells
                     if c.cell_type == "code"]
-            shown = [line for src in code for line in src.splitlines() if "import " in line and line in text]
+            markdown = " ".join(c.source for c in nbformat.read(notebooks_dir() / f"{APP_NOTEBOOK}.ipynb", 4).cells
+                                if c.cell_type == "markdown")
+            shown = [line for src in code for line in src.splitlines()
+                     if len(line) > 25 and "(" in line and line in text and line not in markdown]
             assert not shown and page.locator(".jp-CodeMirrorEditor, .cm-editor").count() == 0, \
                 f"app shows the notebook's code: {shown[:3]}"
             assert "Paper" in text or "paper" in text  # ... and its markdown
