@@ -154,13 +154,11 @@ def run(quick: bool = False) -> list[Figure]:
     cpu = cpu_costs(extra)
     loop = RTTDistribution.empirical(extra["loopback_rtt_ms"], "loopback (measured)")
     n_mc = 5_000 if quick else 20_000
-    be = dsd.breakeven_rtt_sync(ee.rounds(GAMMA), t_ar=cpu["t_ar"], t_a=cpu["t_a"], verify_ms=cpu["verify"],
-                                rtt_shape=loop, n_rounds=n_mc, seed=0)
+    be = dsd.breakeven_rtt_sync(ee.rounds(GAMMA), t_ar=cpu["t_ar"], t_a=cpu["t_a"], verify_ms=cpu["verify"])
     be_cf = float(dsd.rtt_breakeven(a_ee, GAMMA, cpu["t_ar"], cpu["t_a"]))
     hd_draft_ms = float(np.median(np.concatenate([s.propose_us for s in hd.sequences]))) / 1e3
     be_hd = dsd.breakeven_rtt_sync(hd.rounds(), t_ar=cpu["t_ar"], t_a=hd_draft_ms / hd.gamma_max,
-                                   verify_ms=lambda q: cpu["verify"](np.minimum(q, cpu["q_max"])), rtt_shape=loop,
-                                   n_rounds=n_mc, seed=0)
+                                   verify_ms=lambda q: cpu["verify"](np.minimum(q, cpu["q_max"])))
     be_hd_cf = float(dsd.rtt_breakeven(a_hd, hd.gamma_max, cpu["t_ar"], hd_draft_ms / hd.gamma_max))
     figs += [
         Figure("dsd", "dsd_breakeven_rtt_ms_measured", be, "ms", "",

@@ -196,20 +196,19 @@ def _pipelined_event(draft: np.ndarray, rtts: np.ndarray, tv: np.ndarray, valid:
     return dur, float(wasted / drafted) if drafted else 0.0, float(np.mean(~valid[:-1])) if K > 1 else 0.0
 
 
-def breakeven_rtt_sync(rounds: dict[str, np.ndarray], *, t_ar: float, t_a: float, verify_ms: VerifyCost | float,
-                       rtt_shape: RTTDistribution, n_rounds: int = 20_000, seed: int | None = 0) -> float:
+def breakeven_rtt_sync(rounds: dict[str, np.ndarray], *, t_ar: float, t_a: float,
+                       verify_ms: VerifyCost | float) -> float:
     """Mean RTT (ms) at which synchronous DSD with these measured inputs stops beating cloud AR.
 
-    Sync latency is ``(sum(n t_a + verify) + sum(RTT)) / tokens`` and ``sum(RTT)`` scales with the mean of
-    ``rtt_shape``, so the break-even solves one linear equation on the simulated rounds. Negative means DSD
-    never beats AR here."""
+    A sync round costs ``n*t_a + RTT + verify(n+1)``, so the RTT law enters the latency per token only
+    through its mean: on the recorded rounds (each used once, in order) the break-even is exact,
+    ``(t_ar * sum(tokens) - sum(n*t_a + verify(n+1))) / rounds``. Negative means DSD never beats AR here."""
     t_ar = check_real("t_ar", t_ar, low=0, low_open=True, high=1e6)
-    at0 = simulate("dsd_sync", rounds, t_a=t_a, verify_ms=verify_ms, rtt=rtt_shape.scaled(0.0), n_rounds=n_rounds,
-                   seed=seed)
-    at1 = simulate("dsd_sync", rounds, t_a=t_a, verify_ms=verify_ms, rtt=rtt_shape.scaled(1.0), n_rounds=n_rounds,
-                   seed=seed)
-    slope = at1.latency_per_token - at0.latency_per_token  # ms per token per ms of mean RTT
-    return float((t_ar - at0.latency_per_token) / slope)
+    t_a = check_real("t_a", t_a, low=0, high=1e6)
+    r = _check_rounds(rounds)
+    n = r["nodes"].astype(np.float64)
+    fixed = n * t_a + _verify(verify_ms, r["nodes"] + 1)
+    return float((t_ar * (r["accepted"] + 1.0).sum() - fixed.sum()) / n.size)
 
 
 # ---------------------------------------------------------------------------------------------------------
