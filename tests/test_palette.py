@@ -140,3 +140,21 @@ def test_widget_state_follows_the_figure_and_static_fallback(monkeypatch):
     html = static_fallback_html(panel)
     assert "1 figure(s)" in html and "moelab app" in html
     assert static_fallback_html(w.VBox([w.IntSlider()])) is None  # no figure: nothing to stand in for
+
+
+def test_notebook_hooks_add_the_fallback_beside_the_live_widget():
+    """In an IPython shell, a panel's display bundle keeps the widget view (JupyterLab and Voila render
+    it) and gains a text/html stand-in (what GitHub, nbviewer or an HTML export show)."""
+    import ipywidgets as w
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from moelab.viz.common import install_notebook_hooks
+
+    ip = InteractiveShell.instance()
+    assert install_notebook_hooks(ip) and install_notebook_hooks(ip)  # idempotent
+    fw = go.FigureWidget()
+    fw.add_bar(x=["a"], y=[1.0], name="jsq")
+    data, _ = ip.display_formatter.format(w.VBox([w.IntSlider(), fw]))
+    assert "application/vnd.jupyter.widget-view+json" in data and "text/html" in data
+    ip.events.trigger("post_execute")  # after a cell: the widget's state holds the trace added after creation
+    assert [t["name"] for t in fw._widget_data] == ["jsq"]
