@@ -104,12 +104,11 @@ def capacity_figure(ratios: Sequence[float] = (0.05, 0.1, 0.2, 0.4), gamma_max: 
 def conditional_acceptance_figure(traces: dict) -> go.Figure:
     """P(accept draft token j+1 | first j accepted) per recorded drafter, with each drafter's fitted alpha
     as a flat line (what i.i.d. acceptance would look like)."""
-    colors = {"early_exit": "#1f77b4", "pld": "#ff7f0e", "hd": "#d62728"}
     fig = go.Figure()
     for name, tr in traces.items():
         c = tr.conditional_acceptance()
         j = np.arange(1, c.size + 1)
-        color = colors.get(name, "#7f7f7f")
+        color = color_for(name)  # the lab's palette: PLD and HD as in notebook 02
         fig.add_scatter(x=j, y=c, mode="markers+lines", name=f"{tr.drafter} (measured)", line={"color": color})
         fig.add_scatter(x=j, y=np.full(c.size, tr.alpha()), mode="lines", name=f"{tr.drafter}: i.i.d. at fitted alpha",
                         line={"color": color, "dash": "dot"})
