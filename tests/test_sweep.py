@@ -274,10 +274,11 @@ def test_eldr_suite_adapter_runs_a_small_point(tmp_path):
 def test_hd_suite_adapter_runs_one_question(tmp_path):
     pytest.importorskip("torch")
     from moelab.hd.evaluate import DEFAULT_METHODS
-    from moelab.sweep.suites import _hd_ids, run_suite
+    from moelab.sweep.suites import _hd_questions, run_suite
 
-    qid = _hd_ids()[0]
-    res = run_suite("hd", {"question_id": [qid], "max_new_tokens": [4]}, out=tmp_path, backend="serial", progress=False)
+    qs = _hd_questions()
+    qid = int(qs.loc[qs["prompt"].str.len().idxmin(), "question_id"])  # the shortest prompt: a short prefill
+    res = run_suite("hd", {"question_id": [qid], "max_new_tokens": [3]}, out=tmp_path, backend="serial", progress=False)
     df = res.frame
     assert len(df) == len(DEFAULT_METHODS) and (df["question_id"] == qid).all()
     assert df.loc[df["method"] == "AR", "mean_accepted"].iloc[0] == pytest.approx(1.0)
