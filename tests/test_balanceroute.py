@@ -139,7 +139,7 @@ def test_simulator_hand_computed_single_worker():
     # G=1, B=1: request 0 (prompt 10, 2 tokens) then request 1 (prompt 20, 1 token), both at t=0
     c = DPCost.synthetic(1, 1, fixed_ms=1.0, ms_per_token=1e-3)
     tr = RequestTrace(np.zeros(2), np.array([10, 20]), np.array([2, 1]), None, "synthetic")
-    res = simulate(tr, make_router("round_robin"), 1, 1, c, warmup_frac=0.0)
+    res = simulate(tr, make_router("round_robin"), 1, 1, c, warmup_lifetimes=0.0)
     # step loads: 10, 11 (request 0), then 20 (request 1); step ms = 1 + load * 1e-3
     np.testing.assert_array_equal(res.steps["max_load"], [10, 11, 20])
     np.testing.assert_allclose(res.steps["step_ms"], [1.01, 1.011, 1.02])
@@ -383,7 +383,7 @@ def test_sglang_balancers():
 def test_engine_queues_a_request_routed_to_a_full_engine_waits_there():
     # G=2, 1 slot each, round robin: r0 -> e0 (5 tokens), r1 -> e1 (1 token), r2 -> e0 (queued behind r0)
     tr = RequestTrace(np.zeros(3), np.array([10, 10, 10]), np.array([5, 1, 1]), None, "synthetic")
-    res = simulate(tr, make_router("sglang_round_robin"), 2, 1, cost(2, 1), warmup_frac=0.0)
+    res = simulate(tr, make_router("sglang_round_robin"), 2, 1, cost(2, 1), warmup_lifetimes=0.0)
     assert res.worker.tolist() == [0, 1, 0]
     adm = res.requests["admit_s"].to_numpy()
     # e1 is free after step 1, but r2 waits for r0 on e0 (admitted when r0 finishes after 5 steps)
@@ -391,7 +391,7 @@ def test_engine_queues_a_request_routed_to_a_full_engine_waits_there():
     assert adm[2] > res.finish_s[1]
     assert res.metrics()["queues"] == "engine"
     # a pooled router would have used the free engine
-    pooled = simulate(tr, make_router("round_robin"), 2, 1, cost(2, 1), warmup_frac=0.0)
+    pooled = simulate(tr, make_router("round_robin"), 2, 1, cost(2, 1), warmup_lifetimes=0.0)
     assert pooled.requests["admit_s"].iloc[2] == pytest.approx(pooled.finish_s[1])
 
 

@@ -35,12 +35,13 @@ H200_POINT = {"shape": "qwen3-30b-a3b", "context_scale": 1.0, "slots": 72, "G": 
 
 
 def regime_point(trace: RequestTrace, shape: str, context_scale: float, slots: int, G: int, *, load: float = 1.2,
-                 n_requests: int | None = None, requests_per_slot: float = 4.0,
+                 n_requests: int | None = None, requests_per_slot: float = 5.0,
                  baselines: tuple[str, ...] = REGIME_BASELINES, brh: str = "brh_oracle",
                  params: ex.BRParams | None = None, seed: int = 0) -> dict[str, Any]:
     """One setting of the map: BR-0, ``brh`` (paper constants unless ``params``) and ``baselines`` on
     the same trace (``context_scale`` x prompts, ``load`` x capacity). ``n_requests`` defaults to
-    ``requests_per_slot * G * slots`` (enough to reach a steady state with a waiting pool)."""
+    ``requests_per_slot * G * slots``: at 1.2 x capacity a run then lasts ~4 request lifetimes, of which
+    the simulator's warm-up drops the first 2 (the cluster filling up), leaving a steady state."""
     cost = DPCost.h200(G, slots, shape)
     n = n_requests if n_requests is not None else int(requests_per_slot * G * slots)
     n = check_int("n_requests", n, low=2)

@@ -49,15 +49,21 @@ SUPPLIES = ("prompt_len", "output_len", "active", "waiting", "kv_tokens", "free_
 
 
 def _summary(router: str, G: int, B: int, steps: pd.DataFrame, trace: RequestTrace, admit: np.ndarray,
-             first: np.ndarray, finish: np.ndarray, warmup_frac: float, engine_queues: bool) -> dict:
+             first: np.ndarray, finish: np.ndarray, warmup_frac: float, warmup_lifetimes: float,
+             engine_queues: bool) -> dict:
     st = steps
-    # Measurement window: busy steps after a warm-up fraction (an empty cluster filling up) and up to
-    # the last admission (the drain tail has no routing decisions left and only lowers occupancy).
+    # Measurement window: busy steps after the warm-up (an empty cluster filling up takes about one
+    # request lifetime, i.e. mean output length in steps: ``warmup_lifetimes`` of them are skipped, at
+    # most half the busy steps, plus ``warmup_frac`` of the rest) and up to the last admission (the drain
+    # tail has no routing decisions left and only lowers occupancy).
     last_adm = np.flatnonzero(st["n_admitted"].to_numpy() > 0)
     end = int(last_adm[-1]) + 1 if last_adm.size else len(st)
     busy = st.iloc[:end]
     busy = busy[busy["n_active"] > 0]
-    busy = busy.iloc[int(len(busy) * warmup_frac):]
+    skip = min(int(round(warmup_lifetimes * float(trace.output_len.mean()))), len(busy) // 2)
+    busy = busy.iloc[skip:]
+    skip_frac = int(len(busy) * warmup_frac)
+    busy = busy.iloc[skip_frac:]
     imb = G * busy["max_load"] - busy["sum_load"]
     idle = np.where(busy["max_load"] > 0, 1 - busy["sum_load"] / (G * busy["max_load"].clip(lower=1)), 0.0)
     dur = busy["step_ms"].to_numpy()
@@ -73,7 +79,7 @@ def _summary(router: str, G: int, B: int, steps: pd.DataFrame, trace: RequestTra
     nb = len(busy)
     return {
         "router": router, "G": G, "slots": B, "n_requests": len(trace), "n_steps": int(len(st)),
-        "queues": "engine" if engine_queues else "pool",
+        "queues": "engine" if engine_queues else "pool", "warmup_steps": skip + skip_frac, "window_steps": len(busy),
         "avg_imbalance": float(imb.mean()) if nb else float("nan"),
         "avg_max_minus_min": float((busy["max_load"] - busy["min_load"]).mean()) if nb else float("nan"),
         "idle_fraction": float(np.average(idle, weights=dur)) if nb else float("nan"),
@@ -94,7 +100,7 @@ def _summary(router: str, G: int, B: int, steps: pd.DataFrame, trace: RequestTra
 
 
 def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, cost: DPCost | None = None, *,
-             pool_view: int = 512, warmup_frac: float = 0.05, max_steps: int = MAX_STEPS,
+             pool_view: int = 512, warmup_lifetimes: float = 2.0, warmup_frac: float = 0.0, max_steps: int = MAX_STEPS,
              kv_capacity_tokens: float | None = None, seed: int | None = 0):
     """Run ``trace`` through ``n_workers`` DP ranks of ``slots`` slots each, routed by ``router``.
 
@@ -112,6 +118,9 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
         ``B`` must match.
     pool_view : int
         How many of the oldest waiting requests a pooled router sees each step (1..100000).
+    warmup_lifetimes : float
+        Request lifetimes (mean output length, in steps) left out of the run-level figures while the
+        cluster fills up (0..10; at most half the busy steps; the count is in ``metrics()["warmup_steps"]``).
     warmup_frac : float
         Fraction of busy steps left out of the run-level averages (cluster filling up).
     max_steps : int
@@ -133,6 +142,7 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
     B = check_int("slots", slots, low=1, high=MAX_SLOTS)
     pool_view = check_int("pool_view", pool_view, low=1, high=MAX_POOL_VIEW)
     warmup_frac = check_real("warmup_frac", warmup_frac, low=0, high=1, high_open=True)
+    warmup_lifetimes = check_real("warmup_lifetimes", warmup_lifetimes, low=0, high=10)
     max_steps = check_int("max_steps", max_steps, low=1, high=10 * MAX_STEPS)
     if not isinstance(trace, RequestTrace):
         raise ValueError(f"trace must be a RequestTrace; got {type(trace).__name__}")
@@ -324,7 +334,7 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
     steps["idle_fraction"] = np.where(steps["max_load"] > 0,
                                       steps["imbalance"] / (G * steps["max_load"].clip(lower=1)), 0.0)
     name = getattr(router, "name", type(router).__name__)
-    summary = _summary(name, G, B, steps, trace, admit, first, finish, warmup_frac, engine_queues)
+    summary = _summary(name, G, B, steps, trace, admit, first, finish, warmup_frac, warmup_lifetimes, engine_queues)
     requests = pd.DataFrame({"arrival_s": trace.arrival_s, "prompt_len": P, "output_len": OUT, "worker": rank_of,
                              "admit_s": admit, "first_token_s": first, "finish_s": finish})
     return SimResult(requests, steps, name, G, B, 0, {**summary, "source": trace.source})

@@ -75,7 +75,7 @@ def run(quick: bool = False) -> list[Figure]:
     # ---- regime map
     grid = rg.regime_grid(held, shapes=rg.REGIME_SHAPES, context_scales=(1.0, 4.0) if quick else (1.0, 4.0, 16.0),
                           slots=(16, 72), g_values=(4, 8, 16) if not quick else (8,), load=load,
-                          requests_per_slot=2.0 if quick else 3.0)
+                          requests_per_slot=2.0 if quick else 5.0)
     gain, setting = rg.max_gain(grid)
     best_row = grid.loc[grid["brh_throughput_gain_pct"].idxmax()]
     figs.append(Figure(SUITE, "br_regime_max_throughput_gain_pct", gain, "%", "", f"{setting}; paper +14.5% (G=8)"))
