@@ -26,7 +26,8 @@ def test_afd_notebook(tmp_path):
     assert ind["gap_pct"] == pytest.approx(100 * (ind["r_sim"] - ind["r_star"]) / ind["r_star"])
     assert len(res["gap_map"]) == 2 and {r["lengths"] for r in res["gap_map"]} == {"geometric", "azure-code"}
     assert {"r32_gap_pct", "b128", "verdict"} <= set(res)
-    assert len(res["verdict"]) == 4 and all(isinstance(v["holds"], bool) for v in res["verdict"])
+    assert len(res["verdict"]) == 5 and all(isinstance(v["holds"], bool) for v in res["verdict"])
+    assert 0 <= res["gap_map_integer_agreement"] <= 1
     assert res["trace"]["name"] == "azure-2023-conv" and res["trace"]["requests"] > 10_000
     assert {"afd_throughput.html", "afd_idle.html", "afd_ratio_table.html", "afd_trace_throughput.html",
             "afd_indep_throughput.html", "afd_gap_map.html"} <= set(out["_figures"])
