@@ -202,6 +202,24 @@ def test_ray_backend_matches_serial_and_local(ray_local, tmp_path):
 
 
 @pytest.mark.slow
+def test_cli_joins_a_running_ray_cluster_by_address(ray_local, tmp_path):
+    """A second driver (the CLI in its own process) joins the module's Ray by --address, runs its
+    points there and disconnects, leaving the cluster up."""
+    import subprocess
+
+    address = ray_local.get_runtime_context().gcs_address
+    argv = [sys.executable, "-m", "moelab.cli", "sweep", "balanceroute", "--backend", "ray", "--address", address,
+            "--grid", "shape=qwen3-30b-a3b", "context_scale=1", "slots=16", "G=2", "requests_per_slot=2",
+            "--out", str(tmp_path), "--no-progress"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "1 points: 1 computed, 0 from the cache" in out.stdout and "on ray" in out.stdout
+    assert pd.read_parquet(tmp_path / "balanceroute.parquet")["n_requests"].tolist() == [2 * 2 * 16]
+    assert ray_local.is_initialized() and ray_local.cluster_resources().get("CPU") == 2
+
+
+@pytest.mark.slow
 def test_unreachable_ray_address_is_a_clear_error(ray_local, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="cannot reach the Ray cluster at '127.0.0.1:1'"):
         run_sweep(poly, {"x": [1], "tag": ["addr"]}, cache_dir=tmp_path, backend="ray", address="127.0.0.1:1",
