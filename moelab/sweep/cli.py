@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except ImportError as exc:  # an optional part the suite needs (torch for hd, ray for --backend ray)
+        print(f"error: {exc} (the suite or backend needs it; see the README's install extras)", file=sys.stderr)
+        return 2
     except RuntimeError as exc:  # e.g. a local Ray that could not start
         print(f"error: {exc}", file=sys.stderr)
         return 1
