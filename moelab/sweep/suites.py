@@ -155,6 +155,12 @@ def balanceroute_point(shape: str = "qwen3-30b-a3b", context_scale: float = 1.0,
                            requests_per_slot=requests_per_slot, seed=seed)
 
 
+def _br_shapes() -> list[str]:
+    from moelab.balanceroute import regime as rg
+
+    return list(rg.REGIME_SHAPES)  # the regime map's own shapes
+
+
 def _br_check(points: list[dict[str, Scalar]]) -> None:
     from moelab._validate import check_choice, check_int, check_real
 
@@ -259,7 +265,7 @@ SUITES: dict[str, Suite] = {
         ("tpot_ms_p50", "tpot_ms_p99", "distinct_per_layer_step"), check=_eldr_check),
     "balanceroute": Suite(
         "balanceroute", balanceroute_point,
-        {"shape": ["qwen3-30b-a3b", "deepseek-v3", "llama-3.1-70b"], "context_scale": [1.0, 4.0, 16.0],
+        {"shape": _br_shapes, "context_scale": [1.0, 4.0, 16.0],
          "slots": [32, 72], "G": [4, 8, 16], "load": [1.2], "requests_per_slot": [4.0], "workload": ["azure-conv"],
          "seed": [0]},
         "BalanceRoute regime map (Azure 2023 held-out part): model shape x context scale x slots x G",
