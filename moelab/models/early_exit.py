@@ -102,16 +102,30 @@ def greedy_chains(model: Any, prompt_ids: Sequence[int], reference: Sequence[int
             model(input_ids=torch.tensor([prompt[:-1]], device=device), past_key_values=cache, use_cache=True)
         pending = prompt[-1]  # the last context token: its KV is not cached yet
         for p in range(len(ref)):
-            base = cache.get_seq_length()
             tok = pending
             for j in range(gamma_max):
                 logits = model(input_ids=torch.tensor([[tok]], device=device), past_key_values=cache,
                                use_cache=True).logits
                 tok = int(logits[0, -1].argmax())
                 out[p, j] = tok
-            cache.crop(base + 1)  # keep the pending token's KV, drop the look-ahead
+            if gamma_max > 1:  # keep the pending token's KV, drop the look-ahead
+                cache.crop(-(gamma_max - 1))
             pending = ref[p]
     return out
+
+
+def greedy_reference(model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
+                     eos_token_id: int | None = None) -> list[int]:
+    """The target's greedy continuation of ``prompt_ids`` (stops after ``max_new_tokens`` or at EOS)."""
+    import torch
+
+    prompt = _ids("prompt_ids", prompt_ids)
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1, high=MAX_POSITIONS)
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt], device=device), max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=eos_token_id, pad_token_id=eos_token_id)
+    return [int(t) for t in out[0, len(prompt):].tolist()]
 
 
 def forward_ms(model: Any, q: int, *, context_len: int = 256, repeats: int = 5, vocab_limit: int = 1000) -> float:
@@ -141,4 +155,4 @@ def forward_ms(model: Any, q: int, *, context_len: int = 256, repeats: int = 5, 
     return float(np.median(times[1:]))
 
 
-__all__ = ["MAX_GAMMA", "MAX_POSITIONS", "early_exit_draft", "forward_ms", "greedy_chains"]
+__all__ = ["MAX_GAMMA", "MAX_POSITIONS", "early_exit_draft", "forward_ms", "greedy_chains", "greedy_reference"]
