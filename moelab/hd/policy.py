@@ -68,6 +68,14 @@ class VerifyCost:
             out = np.where(q > self._q[-1], self._m[-1] + slope * (q - self._q[-1]), out)
         return out
 
+    @property
+    def table(self) -> list[float]:
+        """``c(q)`` for ``q = 0 .. MAX_BUDGET + 1`` as a plain list (the per-step planner reads it)."""
+        t = getattr(self, "_table", None)
+        if t is None:
+            t = self._table = [float(x) for x in self(np.arange(MAX_BUDGET + 2))]
+        return t
+
     def relative(self, q: np.ndarray | float) -> np.ndarray:
         """Cost relative to one token (``c(q) / c(1)``)."""
         return self(q) / self._m[0]
@@ -187,13 +195,18 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
             path.append(nxt)
             node = nxt
         paths.append(path)
-    p = np.asarray(prob[1:])
-    order = np.argsort(-p, kind="stable") + 1  # parents before children (p(child) < p(parent))
-    k_max = min(budget, order.size)
-    gain = 1.0 + np.concatenate([[0.0], np.cumsum(np.asarray(prob)[order[:k_max]])])
-    ratio = gain / cost(np.arange(1, k_max + 2))
-    k = int(np.argmax(ratio))
-    keep = set(order[:k].tolist())
+    # plain Python: a step has a few dozen nodes at most, where numpy's per-call overhead dominates
+    order = sorted(range(1, len(prob)), key=lambda i: -prob[i])  # parents before children (p(child) < p(parent))
+    k_max = min(budget, len(order))
+    table = cost.table
+    best_k, best_ratio, gain = 0, 1.0 / table[1], 1.0
+    for k in range(1, k_max + 1):
+        gain += prob[order[k - 1]]
+        r = gain / table[k + 1]
+        if r > best_ratio:
+            best_k, best_ratio = k, r
+    k = best_k
+    keep = set(order[:k])
     out, srcs = [], []
     seen: set[tuple[int, ...]] = set()
     for cand, src, path in zip(candidates, sources, paths):
