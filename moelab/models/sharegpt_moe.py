@@ -1,0 +1,291 @@
+"""Real-routing inputs from the project's OLMoE-like MoE (``data/models/sharegpt-moe``).
+
+* :func:`sharegpt_requests` — real chat requests (first human turn, rendered as the model was trained:
+  ``"User: ...\\nAssistant:"``) from the *held-out* part of ShareGPT (:func:`moelab.datasets.sharegpt_split`,
+  the same rule and seed the trainer used), checked disjoint from the ids the model was trained on.
+* :func:`specbench_requests` — Spec-Bench's 480 questions (first turn), labelled by task category.
+* :func:`capture_traces` — greedy decode through the HF capture (:func:`moelab.capture.capture`), stored
+  compactly (:mod:`moelab.models.trace_codec`) in ``data/traces/sharegpt-moe-{sharegpt,specbench}``.
+* :func:`load_trace` — the bundled traces as :class:`~moelab.traces.ExpertTrace`.
+* :func:`locality_report` — the statistics the model card reports, recomputed from a trace (functions
+  of :mod:`moelab.eldr.signature`, :mod:`moelab.eldr.workload` and :mod:`moelab.traces.analysis`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moelab._validate import check_choice, check_int, rng_from
+from moelab.models.tiny_moe import SHAREGPT_MOE_PATH, TRACES_DIR
+
+TRACE_NAMES = ("sharegpt", "specbench")
+
+
+def trace_path(which: str = "sharegpt") -> Path:
+    """``data/traces/sharegpt-moe-<which>.npz``."""
+    check_choice("which", which, TRACE_NAMES)
+    return TRACES_DIR / f"sharegpt-moe-{which}.npz"
+
+
+def load_trace(which: str = "sharegpt") -> Any:
+    """A bundled trace of ``sharegpt-moe``: ``"sharegpt"`` (held-out ShareGPT requests, ``domains`` =
+    writing-system language label) or ``"specbench"`` (Spec-Bench questions, ``domains`` = task category)."""
+    from moelab.models.trace_codec import load_compact_trace
+
+    return load_compact_trace(trace_path(which))
+
+
+def _trained_ids(model_dir: Path) -> set[str]:
+    from moelab._io import read_json
+
+    f = model_dir / "sharegpt_train_ids.json"
+    if not f.is_file():
+        return set()
+    rec = read_json(f)
+    return set(rec["ids"] if "ids" in rec else rec["written_ids"])  # export / trainer work-folder record
+
+
+def sharegpt_requests(
+    tokenizer: Any,
+    n: int,
+    *,
+    min_len: int = 8,
+    max_len: int = 256,
+    heldout_fraction: float = 0.2,
+    seed: int = 0,
+    model_dir: str | Path = SHAREGPT_MOE_PATH,
+) -> dict[str, Any]:
+    """The first ``n`` held-out ShareGPT conversations (file order) whose rendered first human turn has
+    ``min_len``..``max_len`` tokens.
+
+    Returns
+    -------
+    dict
+        ``prompts`` (token-id lists), ``ids`` (ShareGPT ids), ``labels`` (:func:`moelab.datasets.script_label`
+        of the prompt), ``skipped`` (held-out conversations passed over: no human turn / too short / too
+        long), ``provenance`` (the ShareGPT file and split).
+    """
+    from moelab.datasets import first_prompt, load_sharegpt, render_chat, script_label, sharegpt_split
+
+    n = check_int("n", n, low=1)
+    check_int("min_len", min_len, low=1)
+    check_int("max_len", max_len, low=min_len)
+    data = load_sharegpt()
+    _, held = sharegpt_split(data.conversations, heldout_fraction, seed=seed)
+    trained = _trained_ids(Path(model_dir))
+    leak = trained & {c.id for c in held}
+    if leak:
+        raise ValueError(f"{len(leak)} held-out ShareGPT ids are in the model's training ids; split settings differ "
+                         f"from training (heldout_fraction={heldout_fraction}, seed={seed})")
+    prompts, ids, labels = [], [], []
+    skipped = {"no_human_turn": 0, "too_short": 0, "too_long": 0}
+    for conv in held:
+        text = first_prompt(conv)
+        if text is None:
+            skipped["no_human_turn"] += 1
+            continue
+        toks = tokenizer(render_chat([("human", text)], open_reply=True), add_special_tokens=False)["input_ids"]
+        if len(toks) < min_len:
+            skipped["too_short"] += 1
+        elif len(toks) > max_len:
+            skipped["too_long"] += 1
+        else:
+            prompts.append(list(toks))
+            ids.append(conv.id)
+            labels.append(script_label(text))
+            if len(prompts) == n:
+                break
+    if len(prompts) < n:
+        raise ValueError(f"n={n}: only {len(prompts)} held-out ShareGPT requests have {min_len}..{max_len} tokens")
+    prov = {**data.provenance(), "split": "moelab.datasets.sharegpt_split", "heldout_fraction": heldout_fraction,
+            "split_seed": seed, "heldout_part": len(held), "selection": f"first {n} held-out conversations (file order) "
+            f"whose rendered first human turn has {min_len}..{max_len} tokens", "skipped": skipped,
+            "disjoint_from_training_ids": len(trained)}
+    return {"prompts": prompts, "ids": ids, "labels": labels, "skipped": skipped, "provenance": prov}
+
+
+def specbench_requests(tokenizer: Any, *, max_len: int = 512) -> dict[str, Any]:
+    """Spec-Bench questions (first turn, rendered like the ShareGPT requests) with at most ``max_len``
+    tokens, labelled by task category (``mt_bench`` subcategories folded, as :func:`moelab.datasets.load_spec_bench`)."""
+    from moelab.datasets import load_spec_bench, render_chat
+
+    check_int("max_len", max_len, low=1)
+    df = load_spec_bench()
+    prompts, ids, labels, too_long = [], [], [], 0
+    for qid, cat, text in zip(df["question_id"], df["category"], df["prompt"]):
+        toks = tokenizer(render_chat([("human", text)], open_reply=True), add_special_tokens=False)["input_ids"]
+        if len(toks) > max_len:
+            too_long += 1
+            continue
+        prompts.append(list(toks))
+        ids.append(f"specbench-{qid}")
+        labels.append(str(cat))
+    prov = {"dataset": "Spec-Bench question.jsonl (data/public/spec-bench, Apache-2.0)", "questions": len(df),
+            "skipped_too_long": too_long, "max_len": max_len}
+    return {"prompts": prompts, "ids": ids, "labels": labels, "skipped": {"too_long": too_long}, "provenance": prov}
+
+
+def _model_commit(model_dir: Path) -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", str(model_dir), "log", "-1", "--format=%H", "--", "."],
+                              capture_output=True, text=True, timeout=30).stdout.strip() or "uncommitted"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def capture_trace(
+    which: str = "sharegpt",
+    *,
+    n_sharegpt: int = 2000,
+    max_new_tokens: int = 128,
+    batch_size: int | None = None,
+    part: tuple[int, int] = (0, 1),
+    threads: int | None = 1,
+    model_dir: str | Path = SHAREGPT_MOE_PATH,
+    progress: bool = True,
+) -> Any:
+    """Capture one bundled trace (or part ``i`` of ``n`` of its requests, for parallel processes; join the
+    parts with :func:`moelab.models.trace_codec.concat_traces`) with the HF backend: greedy, fp32,
+    self-checked, left-padded batches of similar prompt length (``batch_size`` default 250 for ShareGPT,
+    100 for Spec-Bench). ``threads`` sets torch's CPU threads (1 is fastest on a shared, oversubscribed CPU)."""
+    import time
+
+    import torch
+
+    from moelab.capture import capture
+    from moelab.models.tiny_moe import load_tiny_moe
+
+    check_choice("which", which, TRACE_NAMES)
+    i, n_parts = part
+    check_int("part[1]", n_parts, low=1)
+    check_int("part[0]", i, low=0, high=n_parts - 1)
+    if threads is not None:
+        torch.set_num_threads(check_int("threads", threads, low=1, high=4096))
+    model, tok = load_tiny_moe(model_dir)
+    req = sharegpt_requests(tok, n_sharegpt, model_dir=model_dir) if which == "sharegpt" else specbench_requests(tok)
+    sel = slice(i * len(req["ids"]) // n_parts, (i + 1) * len(req["ids"]) // n_parts)
+    bs = batch_size or (250 if which == "sharegpt" else 100)
+    t0 = time.time()
+    trace = capture((model, tok), req["prompts"][sel], max_new_tokens, backend="hf", domains=req["labels"][sel],
+                    request_ids=req["ids"][sel], batch_size=bs, progress=progress, keep_prefill_ids=False,
+                    model_name="moelab-sharegpt-moe")
+    prov = {**trace.provenance, "requests": req["provenance"], "part": [i, n_parts], "threads": threads,
+            "labels": "moelab.datasets.script_label (writing system)" if which == "sharegpt" else "Spec-Bench category",
+            "max_new_tokens": max_new_tokens, "model_commit": _model_commit(Path(model_dir)),
+            "capture_seconds": round(time.time() - t0, 1), "decoding": "greedy, no stop at EOS"}
+    return dataclasses.replace(trace, provenance=prov)
+
+
+def capture_traces(out_dir: str | Path = TRACES_DIR, **kwargs: Any) -> dict[str, Path]:
+    """Capture both bundled traces in this process and save them compactly (``data/traces/sharegpt-moe-*``)."""
+    from moelab.models.trace_codec import save_compact_trace
+
+    return {w: save_compact_trace(capture_trace(w, **kwargs), Path(out_dir) / f"sharegpt-moe-{w}.npz") for w in TRACE_NAMES}
+
+
+def _with_labels(trace: Any, labels: np.ndarray) -> Any:
+    return dataclasses.replace(trace, domains=[f"c{int(c)}" for c in labels])
+
+
+def locality_report(
+    trace: Any,
+    *,
+    n_clusters: int = 8,
+    batch: int = 32,
+    n_pairs: int = 30000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Locality statistics of a captured trace, split in halves (seeded): the count_idf signature (idf and
+    greedy layer mask) and the K-means clusters are fitted on the calibration half, everything is
+    reported on the other (held-out) half.
+
+    Returns
+    -------
+    dict
+        ``rho_count_idf`` / ``recall_count_idf`` (:meth:`SignatureBuilder.report` on the held-out half),
+        ``rho_raw`` / ``recall_raw`` (raw counts, all layers: :func:`moelab.eldr.workload.workload_stats`),
+        ``distinct_reduction_pct_cluster`` (decode-step distinct experts of ``batch`` requests of one
+        signature cluster vs of the mix, :func:`moelab.eldr.workload.distinct_reduction`),
+        ``distinct_reduction_pct_label`` (same, batches of one label; None if no label has ``batch`` requests),
+        ``ari_labels`` (K-means with as many clusters as labels vs the labels,
+        :func:`moelab.traces.analysis.signature_ari`), label counts, sizes.
+    """
+    from sklearn.cluster import KMeans
+
+    from moelab.eldr.signature import SignatureBuilder
+    from moelab.eldr.workload import distinct_reduction, workload_stats
+    from moelab.traces.analysis import signature_ari
+
+    n = trace.n_requests
+    check_int("n_clusters", n_clusters, low=2, high=n // 2)
+    perm = rng_from(seed).permutation(n)
+    cal, held = trace.subset(np.sort(perm[: n // 2])), trace.subset(np.sort(perm[n // 2:]))
+    sb = SignatureBuilder("count_idf", n_pairs=n_pairs, seed=seed).fit(cal)
+    rep = sb.report(held, n_pairs=n_pairs)
+    raw = workload_stats(held, batch=batch, n_pairs=n_pairs, seed=seed)
+    km = KMeans(n_clusters=n_clusters, n_init=10, random_state=seed).fit(sb.transform(cal))
+    held_clusters = km.predict(sb.transform(held))
+    red_c = distinct_reduction(_with_labels(held, held_clusters), batch=batch, seed=seed)
+    codes, names = trace.domain_codes()
+    counts = {name: int(np.sum(codes == i)) for i, name in enumerate(names)}
+    try:
+        red_l = distinct_reduction(held, batch=batch, seed=seed)["reduction_pct"]
+    except ValueError:
+        red_l = None
+    ari = signature_ari(trace, seed=seed) if len(names) >= 2 else None
+    return {
+        "n_requests": n, "n_calibration": cal.n_requests, "n_heldout": held.n_requests,
+        "decode_tokens": int(trace.decode_lens.sum()), "geometry": trace.geometry.to_dict(),
+        "rho_count_idf": rep["rho"], "recall_count_idf": rep["recall"], "layers_kept": rep["layers_kept"],
+        "rho_raw": raw["rho"], "recall_raw": raw["recall"],
+        "distinct_mixed": red_c["distinct_mixed"], "distinct_same_cluster": red_c["distinct_same_domain"],
+        "distinct_reduction_pct_cluster": red_c["reduction_pct"], "distinct_reduction_pct_label": red_l,
+        "n_clusters": n_clusters, "batch": batch, "ari_labels": ari, "label_counts": counts, "seed": seed, "n_pairs": n_pairs,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m moelab.models.sharegpt_moe capture WHICH [--part I/N] --out F`` then
+    ``merge WHICH PART_FILES... [--out F]``: how the bundled traces were made (parts in parallel processes)."""
+    import argparse
+
+    from moelab.models.trace_codec import concat_traces, load_compact_trace, save_compact_trace
+
+    p = argparse.ArgumentParser(prog="python -m moelab.models.sharegpt_moe")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("capture")
+    c.add_argument("which", choices=TRACE_NAMES)
+    c.add_argument("--part", default="0/1")
+    c.add_argument("--n", type=int, default=2000)
+    c.add_argument("--max-new-tokens", type=int, default=128)
+    c.add_argument("--batch-size", type=int, default=None)
+    c.add_argument("--out", required=True)
+    m = sub.add_parser("merge")
+    m.add_argument("which", choices=TRACE_NAMES)
+    m.add_argument("parts", nargs="+")
+    m.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if args.cmd == "capture":
+        i, _, n = args.part.partition("/")
+        if not (i.isdigit() and n.isdigit()):
+            raise ValueError(f"--part must be I/N, e.g. 0/2; got {args.part!r}")
+        trace = capture_trace(args.which, n_sharegpt=args.n, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                              part=(int(i), int(n)), progress=False)
+        print(save_compact_trace(trace, args.out))
+        return 0
+    parts = [load_compact_trace(f) for f in args.parts]
+    prov = {k: v for k, v in parts[0].provenance.items() if k not in ("part", "capture_seconds", "created")}
+    prov.update(parts=len(parts), capture_seconds=[t.provenance.get("capture_seconds") for t in parts],
+                created=[t.provenance.get("created") for t in parts])
+    print(save_compact_trace(concat_traces(parts, prov), args.out or trace_path(args.which)))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
