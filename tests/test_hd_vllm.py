@@ -56,3 +56,32 @@ def test_hd_in_vllm_is_lossless(tmp_path, monkeypatch, public_data):
     # a rerun skips every cached question
     again, _ = run_vllm_methods(q, tok, methods=("AR",), budget=8, max_new_tokens=24, progress=False)
     assert again["wall_s"].tolist() == df[df["method"] == "AR"]["wall_s"].tolist()
+
+
+def test_vllm_figures_from_rows():
+    """The bench's vLLM figures from per-question rows (no engine): names, skipped peers, identity, AR averaging."""
+    import pandas as pd
+
+    from moelab.bench.hd import vllm_figures
+    from moelab.hd.policy import VerifyCost
+
+    def row(m, q, cat, tps, out, acc=0.0):
+        return {"question_id": q, "category": cat, "method": m, "budget": 8, "new_tokens": 4, "wall_s": 4 / tps,
+                "tokens_per_s": tps, "accepted_tokens": acc, "forwards": 4 - acc, "output_ids": out,
+                "draft_us_p50": 10.0 if m == "HD" else float("nan")}
+
+    df = pd.DataFrame([row("AR", 1, "qa", 10.0, [1, 2, 3, 4]), row("AR", 2, "rag", 10.0, [5, 6, 7, 8]),
+                       row("HD", 1, "qa", 15.0, [1, 2, 3, 4], 2.0), row("HD", 2, "rag", 30.0, [5, 6, 7, 8], 2.0),
+                       row("ngram", 1, "qa", 12.0, [1, 2, 3, 4], 1.0), row("ngram", 2, "rag", 12.0, [5, 6, 7, 9], 1.0),
+                       row("HD-fixed", 1, "qa", 11.0, [1, 2, 3, 4]), row("HD-fixed", 2, "rag", 11.0, [5, 6, 7, 8]),
+                       row("REST", 1, "qa", 10.0, [1, 2, 3, 4]), row("REST", 2, "rag", 10.0, [5, 6, 7, 8])])
+    ar = df[df["method"] == "AR"].set_index("question_id")["output_ids"]
+    df["identical"] = [list(o) == list(ar.loc[q]) for q, o in zip(df["question_id"], df["output_ids"])]
+    df2 = pd.DataFrame([row("AR", 1, "qa", 30.0, [1, 2, 3, 4]), row("AR", 2, "rag", 30.0, [5, 6, 7, 8])])
+    figs = {f.name: f for f in vllm_figures(df, df2, {"suffix": "no arctic-inference"}, VerifyCost([1, 9], [1.0, 2.0]),
+                                            "test")}
+    assert figs["hd_vllm_speedup"].value == pytest.approx(22.5 / 20.0)  # AR = mean of its two runs (20 tok/s)
+    assert figs["hd_vllm_min_category_speedup"].value == pytest.approx(15.0 / 20.0)
+    assert figs["hd_vllm_identical"].value == 1.0 and figs["hd_vllm_mat"].value == pytest.approx(2.0)
+    assert "skipped: no arctic-inference" in figs["suffix_vllm_speedup"].note
+    assert figs["ngram_vllm_speedup"].value == pytest.approx(0.6)

