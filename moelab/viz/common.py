@@ -182,21 +182,13 @@ def static_fallback_html(obj: Any) -> str | None:
             f"<code>moelab app</code> to use it (static copies: set MOELAB_PNG=1).</i></p>")
 
 
-def _after_cell(*_: Any) -> None:
-    """IPython post-execute hook: every live FigureWidget's synced state follows its figure."""
-    try:
-        from ipywidgets.widgets.widget import _instances
-    except ImportError:
-        return
-    for w in list(_instances.values()):
-        if hasattr(w, "_widget_data"):
-            sync_widget_state(w)
-
-
 def install_notebook_hooks(ip: Any = None) -> bool:
-    """In an IPython kernel: keep FigureWidget states current after every cell (:func:`sync_widget_state`)
-    and give every widget panel holding a figure a static HTML/PNG fallback (:func:`static_fallback_html`).
-    Called when ``moelab.viz`` is imported; returns False outside IPython. Idempotent."""
+    """In an IPython kernel: give every widget panel holding a figure a static HTML/PNG fallback
+    (:func:`static_fallback_html`) beside its live widget view.
+    Called when ``moelab.viz`` is imported; returns False outside IPython or with ``$MOELAB_VIZ_HOOKS=0``.
+    Idempotent."""
+    if os.environ.get("MOELAB_VIZ_HOOKS") == "0":  # opt out (plain IPython display behaviour)
+        return False
     if ip is None:
         try:
             from IPython import get_ipython
@@ -205,7 +197,6 @@ def install_notebook_hooks(ip: Any = None) -> bool:
         ip = get_ipython()
     if ip is None or getattr(ip, "_moelab_viz_hooks", False):
         return ip is not None
-    ip.events.register("post_execute", _after_cell)
     html = ip.display_formatter.formatters["text/html"]
     for cls in ("ipywidgets.widgets.widget_box.Box", "plotly.basewidget.BaseFigureWidget"):
         module, _, name = cls.rpartition(".")
