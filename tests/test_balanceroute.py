@@ -470,7 +470,7 @@ def test_sharegpt_reader_counts_a_truncated_tail_and_tokenizes(tmp_path):
     path.write_text(text[: text.rindex("again")])  # cut inside the last record
     pairs, dropped = read_conversations(10, path)
     assert pairs == [("hello there", "hi, how can I help?")]
-    assert dropped == {"no_human_or_answer": 1, "truncated_tail": 1}
+    assert dropped["no_human_or_answer"] == 1 and dropped["truncated_tail"] == 1
     p, o = tokenized_lengths(pairs, "tiny-moe")
     assert p[0] >= 1 and o[0] > p[0]
     with pytest.raises(ValueError, match="tokenizer must be one of"):

