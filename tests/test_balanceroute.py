@@ -370,7 +370,7 @@ def test_sglang_balancers():
     assert mt.route(RequestBatch(np.arange(1, 6)), v).tolist() == [0, 1, 2, 0, 1]  # deprecated -> round robin
     tt = make_router("sglang_total_tokens").reset(3)
     v = ClusterView(np.array([1, 1, 1]), np.array([500, 100, 100]), np.full(3, 99), np.array([0, 0, 1]), 0.0,
-                    {"waiting_tokens": np.array([0, 0, 50])})
+                    waiting_tokens=np.array([0, 0, 50]))
     # tokens 500 / 100 / 150: rank 1, then only its request count grows (tokens are not), so it keeps winning
     # until its request count breaks no tie (tokens still lowest) -> rank 1 throughout the report period
     assert tt.route(RequestBatch(np.array([7, 7, 7])), v).tolist() == [1, 1, 1]

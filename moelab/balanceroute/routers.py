@@ -2,7 +2,7 @@
 
 Both see the waiting pool as a :class:`~moelab.routing.RequestBatch` (oldest first) and the cluster as
 a :class:`~moelab.routing.ClusterView` whose ``kv_tokens`` are the worker loads ``L_g`` of the coming
-step. BR-H also reads ``view.extra["active"]`` (per active request: worker, workload, age, prompt
+step. BR-H also reads ``view.active_requests`` (per active request: worker, workload, age, prompt
 length/key and — for the oracle only — true output length), which the DP simulator provides.
 
 Algorithm (spec ``balanceroute.md``):
@@ -84,16 +84,14 @@ class BRH(Router):
         g = view.n_workers
         if self.horizon == 0:
             return view.kv_tokens.astype(np.float64)[:, None]
-        act = getattr(view, "active_requests", None)
-        act = view.extra.get("active") if act is None else act
+        act = view.active_requests
         if act is None:
             raise ValueError("active_requests is required by BR-H with horizon > 0 (the running requests' "
                              "worker, workload and age; the DP simulator supplies it)")
-        if act["worker"].size == 0:
+        if act.worker.size == 0:
             return np.zeros((g, self.horizon + 1))
-        c = self.predictor.truncated_remaining(act["prompt_len"], act["age"], act.get("prompt_key"),
-                                               act.get("output_len"))
-        return projected_loads(g, self.horizon, act["worker"], act["workload"].astype(np.float64), c)
+        c = self.predictor.truncated_remaining(act.prompt_len, act.age, act.prompt_key, act.output_len)
+        return projected_loads(g, self.horizon, act.worker, act.workload.astype(np.float64), c)
 
     # ------------------------------------------------------------------ routing
     def route(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
@@ -123,8 +121,7 @@ class BRH(Router):
             envelope = np.maximum(envelope, loads[w])
 
         # starvation guard: requests that waited too long go first, to the worker with most room
-        waited = getattr(view, "waited_steps", None)
-        waited = view.extra.get("waited_steps") if waited is None else waited
+        waited = view.waited_steps
         if waited is not None:
             for r in np.flatnonzero(np.asarray(waited) >= self.max_wait_steps):
                 if free.max() <= 0:

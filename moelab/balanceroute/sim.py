@@ -35,7 +35,7 @@ import pandas as pd
 
 from moelab._validate import check_int, check_real
 from moelab.balanceroute.cost import MAX_SLOTS, MAX_WORKERS, DPCost
-from moelab.routing.base import ClusterView, RequestBatch, Router, check_supplies
+from moelab.routing.base import ActiveRequests, ClusterView, RequestBatch, Router, check_supplies
 from moelab.sim import SimResult
 from moelab.sim.metrics import percentiles, summarize_requests
 from moelab.traces import RequestTrace
@@ -164,6 +164,8 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
     supplied = set(SUPPLIES) | {c for c in ("prompt_key", "signature", "domain") if getattr(trace, c, None) is not None}
     if trace.prompt_key is None or np.array_equal(trace.prompt_key, trace.prompt_len):
         supplied.discard("prompt_key")  # Azure: the "key" is the prompt length, not a text hash
+    if engine_queues:
+        supplied.add("waiting_tokens")  # per-engine queues: the prompt tokens queued at each rank
     check_supplies(router, supplied, f"the BalanceRoute DP simulator on trace {trace.source!r}")
     if hasattr(router, "set_kv_capacity") and (kv_capacity_tokens is not None
                                                or getattr(router, "kv_capacity_tokens", None) is None):
@@ -211,16 +213,14 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
 
     def view_now(occ: np.ndarray, free: np.ndarray, waiting: np.ndarray, with_active: bool) -> ClusterView:
         loads = slot_w.sum(axis=1)
-        extra: dict = {"step": step}
-        if engine_queues:
-            extra["waiting_tokens"] = queued_tokens.copy()
+        active = None
         if with_active:
             og, os_ = np.nonzero(occ)
             ids = slot_req[og, os_]
-            extra["active"] = {"worker": og, "workload": slot_w[og, os_], "age": slot_gen[og, os_],
-                               "prompt_len": P[ids], "prompt_key": None if K is None else K[ids],
-                               "output_len": OUT[ids]}
-        return ClusterView(occ.sum(axis=1), loads, free, waiting, clock, extra)
+            active = ActiveRequests(og, slot_w[og, os_], slot_gen[og, os_], P[ids],
+                                    None if K is None else K[ids], OUT[ids])
+        return ClusterView(occ.sum(axis=1), loads, free, waiting, clock, step=step, active_requests=active,
+                           waiting_tokens=queued_tokens.copy() if engine_queues else None)
 
     while n_done < N:
         if step >= max_steps:
@@ -270,7 +270,7 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
                 next_fill += take
             if front.size and free.max() > 0:
                 view = view_now(occ, free, None, with_active=True)
-                view.extra["waited_steps"] = step - seen_step[front]
+                view.waited_steps = step - seen_step[front]
                 batch = batch_of(front)
                 t0 = time.perf_counter()
                 where = np.asarray(router.route(batch, view), dtype=np.int64)

@@ -15,8 +15,8 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -72,24 +72,6 @@ class ActiveRequests:
     def __len__(self) -> int:
         return int(np.asarray(self.worker).shape[0])
 
-    # Mapping-style access, kept while routers written against the old ``extra["active"]`` dict remain
-    def __getitem__(self, key: str) -> np.ndarray:
-        value = getattr(self, key, None) if key in _ACTIVE_KEYS else None
-        if value is None:
-            raise KeyError(key)
-        return value
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """Mapping-style ``get`` (``default`` when the column is absent)."""
-        value = getattr(self, key, None) if key in _ACTIVE_KEYS else None
-        return default if value is None else value
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(k for k in _ACTIVE_KEYS if getattr(self, k) is not None)
-
-
-_ACTIVE_KEYS = ("worker", "workload", "age", "prompt_len", "prompt_key", "output_len")
-
 
 @dataclass
 class ClusterView:
@@ -99,11 +81,9 @@ class ClusterView:
     still free (a large number where the worker queues without limit); ``waiting``: requests queued
     at the worker but not yet running; ``time_s``: the simulated clock; ``step``: the driver's step
     counter; ``active_requests`` (:class:`ActiveRequests`), ``waited_steps`` (per request of the
-    batch) and ``waiting_tokens`` (prompt tokens queued per worker) where the driver supplies them. Routers that assign several requests in one call update a
-    private copy (:meth:`copy`, :meth:`admit`) as they go.
-
-    ``extra`` is deprecated: a dict with ``"active"`` / ``"waited_steps"`` / ``"step"`` is read into
-    the typed fields (and mirrored from them) until its last users switch.
+    batch) and ``waiting_tokens`` (prompt tokens queued per worker) where the driver supplies them.
+    Routers that assign several requests in one call update a private copy (:meth:`copy`,
+    :meth:`admit`) as they go.
     """
 
     active: np.ndarray
@@ -111,7 +91,6 @@ class ClusterView:
     free_slots: np.ndarray
     waiting: np.ndarray | None = None
     time_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
     step: int = 0
     active_requests: ActiveRequests | None = None
     waited_steps: np.ndarray | None = None
@@ -126,24 +105,10 @@ class ClusterView:
         for name in ("kv_tokens", "free_slots", "waiting"):
             if getattr(self, name).shape != (g,):
                 raise ValueError(f"{name} must have one entry per worker ({g}); got shape {getattr(self, name).shape}")
-        if self.extra:
-            act = self.extra.get("active")
-            if self.active_requests is None and act is not None:
-                self.active_requests = act if isinstance(act, ActiveRequests) else ActiveRequests(
-                    **{k: act[k] for k in _ACTIVE_KEYS if k in act})
-            if self.waited_steps is None and self.extra.get("waited_steps") is not None:
-                self.waited_steps = np.asarray(self.extra["waited_steps"])
-            if self.waiting_tokens is None and self.extra.get("waiting_tokens") is not None:
-                self.waiting_tokens = np.asarray(self.extra["waiting_tokens"], dtype=np.int64)
-            self.step = int(self.extra.get("step", self.step))
-        if self.active_requests is not None:
-            self.extra.setdefault("active", self.active_requests)
-        if self.waited_steps is not None:
-            self.extra.setdefault("waited_steps", self.waited_steps)
         if self.waiting_tokens is not None:
-            if np.shape(self.waiting_tokens) != (g,):
-                raise ValueError(f"waiting_tokens must have one entry per worker ({g}); got {np.shape(self.waiting_tokens)}")
-            self.extra.setdefault("waiting_tokens", self.waiting_tokens)
+            self.waiting_tokens = np.asarray(self.waiting_tokens, dtype=np.int64)
+            if self.waiting_tokens.shape != (g,):
+                raise ValueError(f"waiting_tokens must have one entry per worker ({g}); got {self.waiting_tokens.shape}")
 
     @property
     def n_workers(self) -> int:
@@ -159,7 +124,7 @@ class ClusterView:
     def copy(self) -> ClusterView:
         """An independent copy a router may book requests onto."""
         return ClusterView(self.active.copy(), self.kv_tokens.copy(), self.free_slots.copy(), self.waiting.copy(),
-                           self.time_s, {}, self.step, self.active_requests, self.waited_steps,
+                           self.time_s, self.step, self.active_requests, self.waited_steps,
                            None if self.waiting_tokens is None else self.waiting_tokens.copy())
 
     def admit(self, worker: int, prompt_len: int) -> None:

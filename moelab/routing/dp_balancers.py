@@ -16,7 +16,7 @@ What each reads (:attr:`Router.requires`): ``active`` (running requests per engi
 (requests queued at the engine), ``time_s`` (for the snapshot period) and ``kv_tokens``. vLLM >= 0.32
 turns ``kv_tokens`` into its ``kv_cache_usage`` with the engine's KV capacity ``kv_capacity_tokens``
 (a constructor argument, or set by the driver with :meth:`set_kv_capacity`); SGLang's ``total_tokens``
-also counts the prompt tokens queued at each rank, ``view.extra["waiting_tokens"]``.
+also counts the prompt tokens queued at each rank, ``view.waiting_tokens``.
 """
 
 from __future__ import annotations
@@ -215,13 +215,13 @@ class SGLangTotalTokens(_EngineQueueRouter):
         self._req = np.zeros(n_workers, np.int64)
         return self
 
-    requires = frozenset({"prompt_len", "active", "waiting", "time_s", "kv_tokens"})
+    requires = frozenset({"prompt_len", "active", "waiting", "time_s", "kv_tokens", "waiting_tokens"})
 
     def _snapshot(self, view: ClusterView) -> None:
-        if "waiting_tokens" not in view.extra:
+        if view.waiting_tokens is None:
             raise ValueError(f"router {self.name!r} requires the prompt tokens queued at each rank "
-                             f"(view.extra['waiting_tokens']); this driver does not supply them")
-        self._tok = view.kv_tokens.astype(np.int64) + np.asarray(view.extra["waiting_tokens"], np.int64)
+                             f"(view.waiting_tokens); this driver does not supply them")
+        self._tok = view.kv_tokens.astype(np.int64) + view.waiting_tokens
         self._req = (view.active + view.waiting).astype(np.int64)
 
     def _pick(self, batch: RequestBatch, i: int, inflight: np.ndarray) -> int:
