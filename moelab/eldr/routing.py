@@ -5,6 +5,20 @@ band = ``{j : s_j >= max_j s_j - tau}`` (among workers with a free slot); route 
 worker in the band (fewest in-flight = running + waiting requests; seeded random tie-break).
 ``tau = 0`` is pure locality; ``tau >= 2`` puts every worker in the band (cosines lie in [-1, 1]),
 i.e. plain JSQ.
+
+Two load guards (the rule kept after the low-load study, issue 11), both only when ``tau > 0``
+(``tau = 0`` stays pure locality; both off with ``min_band=1, spill=None``):
+
+* **min_band** (default 2, only when ``tau > 0``): a band of fewer than ``min_band`` workers is widened
+  to the ``min_band`` most similar ones, so a request whose signature sits right on one centroid still
+  has a load choice (the authors' artifact widens a one-worker band when tau > 0; their code was not
+  readable from here, so this is our reading of that rule, not a copy).
+* **spill** (default 0.25): if the least-loaded worker of the band holds more than
+  ``(1 + spill) * m + 1`` in-flight requests, where ``m`` is the least load over all open workers, the
+  request goes to the globally least-loaded worker (JSQ). At high load the loads are tens of requests
+  and the guard rarely fires (locality wins); at low load one or two extra requests on a worker is a
+  large relative imbalance, locality saves little (few tokens share few experts anyway), and the guard
+  keeps ELDR's tail at JSQ's.
 """
 
 from __future__ import annotations
@@ -25,6 +39,8 @@ class ELDRRouter(Router):
         :meth:`set_centroids` / :meth:`fit`
     tau : band width (>= 0), default 0.1
     seed : tie-break seed
+    min_band : widen a band of fewer workers to the ``min_band`` most similar (tau > 0 only), >= 1
+    spill : load guard (see the module docstring); None turns it off
     refit : an :class:`OnlineRefitter` to refit centroids on recent signatures (optional)
     """
 
@@ -33,10 +49,13 @@ class ELDRRouter(Router):
     tags = frozenset({"locality"})
 
     def __init__(self, centroids: np.ndarray | None = None, tau: float = 0.1, seed: int | None = 0,
-                 refit: OnlineRefitter | None = None) -> None:
+                 refit: OnlineRefitter | None = None, min_band: int = 2, spill: float | None = 0.25) -> None:
         super().__init__(seed)
         self.tau = check_real("tau", tau, low=0)
         self._tau32 = np.float32(self.tau)
+        self.min_band = check_int("min_band", min_band, low=1)
+        self.spill = None if spill is None else check_real("spill", spill, low=0)
+        self._guard = self.spill is not None and self.tau > 0  # tau = 0 stays pure locality (the ablation)
         self.refit = refit
         self.centroids: np.ndarray | None = None
         if centroids is not None:
@@ -91,32 +110,53 @@ class ELDRRouter(Router):
             # [K, d] matrix times a vector streams the centroids once. If every worker in the global band
             # has a free slot, the band among open workers is the same set, so the decision is final.
             s = np.dot(self._c32, sig[0].astype(np.float32))
-            cand = np.flatnonzero(s >= s.max() - self._tau32)
+            cand = self._band(s, self._tau32)
             if view.free_slots[cand].min() > 0:
-                lc = view.active[cand] + view.waiting[cand]
-                best = cand[lc == lc.min()]
+                load = view.active + view.waiting
+                lc = load[cand]
+                m = lc.min()
+                if self._guard and m > (1.0 + self.spill) * load.min() + 1:
+                    cand = np.flatnonzero(view.free_slots > 0)
+                    lc = load[cand]
+                    m = lc.min()
+                best = cand[lc == m]
                 w = best[0] if best.size == 1 else best[self.rng.integers(best.size)]
                 return np.array([w], dtype=np.int64)
         S = sig @ self._ct
         load = view.active + view.waiting
         free = view.free_slots.copy()
         out = np.full(len(batch), UNASSIGNED, dtype=np.int64)
+        big = np.iinfo(np.int64).max
         for i in range(len(batch)):
             open_ = free > 0
             if not open_.any():
                 break
             s = np.where(open_, S[i], -np.inf)
-            score = np.where(s >= s.max() - self.tau, load, np.iinfo(np.int64).max)
-            best = np.flatnonzero(score == score.min())
+            band = np.zeros(s.shape[0], dtype=bool)
+            band[self._band(s, self.tau, int(open_.sum()))] = True
+            lb = np.where(band, load, big)
+            if self._guard and lb.min() > (1.0 + self.spill) * np.where(open_, load, big).min() + 1:
+                lb = np.where(open_, load, big)
+            best = np.flatnonzero(lb == lb.min())
             w = int(best[0]) if best.size == 1 else int(best[self.rng.integers(best.size)])
             out[i] = w
             load[w] += 1
             free[w] -= 1
         return out
 
+    def _band(self, s: np.ndarray, tau: float, n_open: int | None = None) -> np.ndarray:
+        """Workers whose similarity is within ``tau`` of the best; widened to the ``min_band`` most
+        similar when ``tau > 0`` and the band is smaller (never past the ``n_open`` open workers)."""
+        cand = np.flatnonzero(s >= s.max() - tau)
+        want = min(self.min_band, s.shape[0] if n_open is None else n_open)
+        if tau > 0 and cand.size < want:
+            cand = np.argpartition(-s, want - 1)[:want]
+        return cand
+
     def __repr__(self) -> str:
         k = None if self.centroids is None else self.centroids.shape[0]
-        return f"ELDRRouter(K={k}, tau={self.tau}, seed={self.seed}, refit={self.refit is not None})"
+        return (f"ELDRRouter(K={k}, tau={self.tau}, min_band={self.min_band}, spill={self.spill}, seed={self.seed}, "
+                f"refit={self.refit is not None})")
 
 
 class DomainOracleRouter(Router):
