@@ -455,3 +455,49 @@ def test_hostile_inputs_refused():
         cache.lookup(np.array([1, -2, 3, 4]))
     with pytest.raises(ValueError, match="MAX_BALANCED_N"):
         spherical_kmeans(np.ones((MAX_BALANCED_N + 1, 2)), 2)
+
+
+def test_adjusted_rand_index_known_values():
+    from moelab.eldr.experiments import adjusted_rand_index
+
+    a = np.array([0, 0, 1, 1, 2, 2])
+    assert adjusted_rand_index(a, a) == 1.0
+    assert adjusted_rand_index(a, np.array([5, 5, 7, 7, 9, 9])) == 1.0  # label names do not matter
+    # by hand: contingency [[2, 0], [1, 1]]: sum C(n_ij, 2) = 1, rows 1 + 1 = 2, columns 3 + 0 = 3, pairs 6,
+    # expected 2 * 3 / 6 = 1, so ARI = (1 - 1) / (2.5 - 1) = 0; and [[2, 0], [0, 1], [0, 1]] vs [[2, 0], [0, 2]]
+    assert math.isclose(adjusted_rand_index([0, 0, 1, 1], [0, 0, 0, 1]), 0.0, abs_tol=1e-12)
+    assert math.isclose(adjusted_rand_index([0, 0, 1, 2], [0, 0, 1, 1]), (1 - 1 * 2 / 6) / (0.5 * (1 + 2) - 1 * 2 / 6))
+    with pytest.raises(ValueError, match="same length"):
+        adjusted_rand_index([0, 1], [0, 1, 2])
+
+
+def test_default_sweep_gains_and_paper_table(small_workload):
+    from moelab.eldr import experiments as ex
+
+    setup = ex.prepare(small_workload.trace, small_cost(), 4, n_pairs=500, prefix_counts=small_workload.prefix_counts)
+    df = ex.default_sweep(setup, rates=[20, 60], ks=[4, 8], n_requests=60, output_len=16)
+    assert set(df["n_workers"]) == {4, 8} and len(df) == 2 * 2 * (len(ex.BASELINES) + 1)
+    g = ex.sweep_gains(df)
+    assert len(g) == 4 and {"p50_gain_pct", "p99_gain_pct"} <= set(g.columns)
+    row = df[(df["n_workers"] == 8) & (df["rate"] == 60)]
+    best = row[row["router"] != "eldr"]["tpot_ms_p99"].min()
+    eldr = row[row["router"] == "eldr"]["tpot_ms_p99"].iloc[0]
+    got = g[(g["n_workers"] == 8) & (g["rate"] == 60)]["p99_gain_pct"].iloc[0]
+    assert math.isclose(got, 100 * (1 - eldr / best))
+    # two-sided table: the paper's rates we ran, our gain, the real-trace gain and the ratios
+    cmp = ex.compare_with_paper(df[df["n_workers"] == 4], real=df[df["n_workers"] == 8])
+    assert list(cmp["rate"]) == [20.0, 60.0]
+    assert np.allclose(cmp["ratio_synthetic"], cmp["tpot_gain_pct"] / cmp["paper_gain_pct"])
+    assert np.allclose(cmp["ratio_real"], cmp["real_tpot_gain_pct"] / cmp["paper_gain_pct"])
+    assert ex.paper_peak_rate() in set(ex.paper_gains()["rate"])
+
+
+def test_projection_cost_keeps_trace_geometry(small_workload):
+    from moelab.costmodel import MODEL_SHAPES
+    from moelab.eldr.experiments import projection_cost
+
+    c = projection_cost(small_workload.trace)
+    g = small_workload.trace.geometry
+    c.check_geometry(g.num_layers, g.num_experts, g.top_k)
+    assert c.shape.moe.expert_bytes == MODEL_SHAPES["qwen3-30b-a3b"].moe.expert_bytes  # Qwen3-sized experts
+    assert "projection" in c.shape.source

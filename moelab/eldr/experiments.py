@@ -16,13 +16,13 @@ import numpy as np
 import pandas as pd
 
 from moelab._validate import check_choice, check_int, check_real, rng_from
-from moelab.costmodel import DecodeStepModel
+from moelab.costmodel import MODEL_SHAPES, DecodeStepModel
 from moelab.datasets import load_eldr_results
 from moelab.eldr.partition import OnlineRefitter, spherical_kmeans
 from moelab.eldr.routing import DomainOracleRouter, ELDRRouter
 from moelab.eldr.signature import KINDS, SignatureBuilder
 from moelab.eldr.sim import pack_expert_bits, poisson_requests, simulate
-from moelab.eldr.workload import SyntheticConfig, SyntheticWorkload, generate
+from moelab.eldr.workload import SyntheticConfig, SyntheticWorkload, distinct_reduction, generate
 from moelab.routing import Router, available_routers, make_router, router_names
 from moelab.sim import gains_table
 from moelab.traces import ExpertTrace
@@ -31,6 +31,9 @@ BASELINES = router_names("eldr_paper")  # the paper's four load balancers (tagge
 # the paper's baselines, the KV-load balancer, the domain oracle and ELDR (the rows of notebook 01's sweep)
 SWEEP_ROUTERS = (*BASELINES, "least_kv", "domain_oracle", "eldr")
 PAPER_RATES = (20, 40, 60, 80, 100)
+#: the default no-regression sweep of issue 11: every paper rate at K = 8, 16 and 32 decode workers,
+#: the per-worker load of the paper's 16-worker cluster held fixed (rate scaled by K/16)
+DEFAULT_SWEEP_K = (8, 16, 32)
 
 
 @dataclass
@@ -234,9 +237,95 @@ def paper_gains(model: str = "qwen3-30b-a3b") -> pd.DataFrame:
                          "paper_gain_pct": (100 * (1 - t["eldr"] / best)).to_numpy()})
 
 
-def compare_with_paper(df: pd.DataFrame, model: str = "qwen3-30b-a3b") -> pd.DataFrame:
-    """Our gains next to the paper's at the same arrival rates (rates we did not run are left out)."""
-    return gains(df).merge(paper_gains(model), on="rate", how="inner")
+def compare_with_paper(df: pd.DataFrame, model: str = "qwen3-30b-a3b", real: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Two-sided, per rate: the paper's p50 TPOT gain, ours (``df``: the calibrated synthetic workload)
+    and, when given, ours on a real trace (``real``: a rate sweep on it), with ``ours / paper`` ratios
+    (> 1 is an overshoot, a finding to explain, not a pass). Rates we did not run are left out."""
+    out = gains(df).merge(paper_gains(model), on="rate", how="inner")
+    out["ratio_synthetic"] = out["tpot_gain_pct"] / out["paper_gain_pct"]
+    if real is not None:
+        g = gains(real)[["rate", "tpot_gain_pct", "distinct_reduction_pct"]].rename(
+            columns={"tpot_gain_pct": "real_tpot_gain_pct", "distinct_reduction_pct": "real_distinct_reduction_pct"})
+        out = out.merge(g, on="rate", how="left")
+        out["ratio_real"] = out["real_tpot_gain_pct"] / out["paper_gain_pct"]
+    return out
+
+
+def paper_peak_rate(model: str = "qwen3-30b-a3b") -> float:
+    """The arrival rate at which the paper's published p50 TPOT gain peaks (read from ``eldr-results``)."""
+    p = paper_gains(model)
+    return float(p.loc[p["paper_gain_pct"].idxmax(), "rate"])
+
+
+def default_sweep(setup: ELDRSetup, *, rates: Sequence[float] = PAPER_RATES, ks: Sequence[int] = DEFAULT_SWEEP_K,
+                  routers: Sequence[str] = (*BASELINES, "eldr"), **kw: Any) -> pd.DataFrame:
+    """The no-regression sweep: every router at every rate for every K in ``ks`` (rate scaled by
+    ``K/16``, so each worker sees the paper's 16-worker per-worker load). One row per run."""
+    rows = []
+    for k in ks:
+        s = setup if k == setup.n_workers else with_workers(setup, k)
+        rows.extend(run_one(s, r, rate=rate, rate_scale=k / 16, **kw) for rate in rates for r in routers)
+    return pd.DataFrame(rows)
+
+
+def sweep_gains(df: pd.DataFrame, baselines: Sequence[str] = BASELINES) -> pd.DataFrame:
+    """Per (K, rate): ELDR's p50 and p99 TPOT gain (%) over the best baseline of each metric."""
+    p50 = gains_table(df, "eldr", baselines, by=["n_workers", "rate"], metric="tpot_ms_p50")
+    p99 = gains_table(df, "eldr", baselines, by=["n_workers", "rate"], metric="tpot_ms_p99")
+    return pd.DataFrame({"n_workers": p50["n_workers"], "rate": p50["rate"], "best_baseline_p50": p50["best_baseline"],
+                         "p50_gain_pct": p50["gain_pct"], "best_baseline_p99": p99["best_baseline"],
+                         "p99_gain_pct": p99["gain_pct"]})
+
+
+def projection_cost(trace: ExpertTrace, like: str = "qwen3-30b-a3b") -> DecodeStepModel:
+    """A PROJECTION step model: the trace's routing geometry (layers, experts, top-k) with the expert,
+    attention and head sizes of ``like`` (default Qwen3-30B-A3B), priced on the measured H200 tables."""
+    g = trace.geometry
+    shape = MODEL_SHAPES[like].with_(num_layers=g.num_layers, num_experts=g.num_experts, top_k=g.top_k,
+                                     first_dense_layers=0, source=f"projection: {g.model_name} routing, {like} sizes")
+    return DecodeStepModel.h200(shape)
+
+
+def adjusted_rand_index(a: np.ndarray, b: np.ndarray) -> float:
+    """Adjusted Rand index of two labelings (Hubert & Arabie 1985), from the contingency table."""
+    a = np.unique(np.asarray(a), return_inverse=True)[1]
+    b = np.unique(np.asarray(b), return_inverse=True)[1]
+    if a.shape != b.shape or a.size < 2:
+        raise ValueError("labelings must have the same length >= 2")
+    M = np.zeros((a.max() + 1, b.max() + 1), np.int64)
+    np.add.at(M, (a, b), 1)
+
+    def c2(x: np.ndarray) -> float:
+        return float((x * (x - 1) / 2).sum())
+
+    idx, ra, rb, tot = c2(M), c2(M.sum(1)), c2(M.sum(0)), a.size * (a.size - 1) / 2
+    exp = ra * rb / tot
+    den = 0.5 * (ra + rb) - exp
+    return 1.0 if den == 0 else (idx - exp) / den
+
+
+def real_trace_report(trace: ExpertTrace, *, n_workers: int = 16, rates: Sequence[float] = PAPER_RATES,
+                      n_requests: int = 2000, output_len: int = 512, n_pairs: int = 10000, like: str = "qwen3-30b-a3b",
+                      seed: int = 0, routers: Sequence[str] = SWEEP_ROUTERS) -> tuple[dict, pd.DataFrame]:
+    """ELDR end to end on any real :class:`ExpertTrace`: held-out count_idf rho and decode-expert
+    recall, same-task distinct-expert reduction (B = min(32, smallest task)), K-means (one cluster per
+    task) vs task labels ARI, and the decode-cluster rate sweep of every router with the PROJECTION
+    cost (:func:`projection_cost`: real routing, measured H200 kernel costs of ``like``-sized experts).
+    Returns the statistics and the sweep."""
+    cost = projection_cost(trace, like)
+    setup = prepare(trace, cost, n_workers, n_pairs=n_pairs, seed=seed)
+    rep = setup.builder("count_idf").report(setup.pool, n_pairs=n_pairs)
+    codes, names = trace.domain_codes()
+    smallest = int(np.bincount(codes).min())
+    red = distinct_reduction(trace, batch=max(2, min(32, smallest)), seed=seed)
+    X = setup.builder("count_idf").transform(trace)
+    km = spherical_kmeans(X, len(names), balanced=False, seed=seed)
+    df = rate_sweep(setup, rates=rates, routers=routers, n_requests=n_requests, output_len=output_len, seed=seed)
+    stats = {"trace": trace.geometry.model_name, "n_requests": trace.n_requests, "n_tasks": len(names),
+             "rho": rep["rho"], "recall": rep["recall"], "layers_kept": rep["layers_kept"],
+             "distinct_reduction_pct": red["reduction_pct"], "reduction_batch": red["batch"],
+             "kmeans_ari": adjusted_rand_index(km.labels, codes), "n_workers": n_workers, "cost": cost.shape.source}
+    return stats, df
 
 
 def tau_sweep(setup: ELDRSetup, taus: Sequence[float] = (0.0, 0.05, 0.1, 0.2, 0.3, 2.0), *, rate: float = 60.0,
@@ -288,6 +377,7 @@ def prefix_cache_ablation(setup: ELDRSetup, *, rate: float = 60.0, **kw) -> pd.D
     return pd.DataFrame(rows)
 
 
-__all__ = ["BASELINES", "PAPER_RATES", "SWEEP_ROUTERS", "ELDRSetup", "build_router", "compare_with_paper", "gains",
+__all__ = ["BASELINES", "DEFAULT_SWEEP_K", "PAPER_RATES", "adjusted_rand_index", "default_sweep", "paper_peak_rate",
+           "projection_cost", "real_trace_report", "sweep_gains", "SWEEP_ROUTERS", "ELDRSetup", "build_router", "compare_with_paper", "gains",
            "kmeans_ablation", "paper_gains", "rate_for_batch", "refit_ablation", "prefix_cache_ablation", "prepare", "rate_sweep", "run_one",
            "signature_ablation", "synthetic_setup", "tau_sweep", "with_workers"]
