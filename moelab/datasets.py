@@ -75,6 +75,11 @@ PUBLIC_FILES: dict[str, PublicFile] = {
         "https://github.com/hemingkx/Spec-Bench/blob/fd2c1cd7d2201ef71db4c5f4e455008f017967bf/Leaderboard.md",
         "Apache-2.0",
     ),
+    "deepep-lowlatency": PublicFile(
+        "published-tables/deepep_v1_lowlatency_h800.csv",
+        "https://github.com/deepseek-ai/DeepEP (README of V1, now docs/legacy.md)",
+        "MIT",
+    ),
     "eldr-results": PublicFile(
         "eldr-results/main_task_p50_tpot_ms.csv",
         "https://github.com/casys-kaist/ELDR/tree/390c238c/results/camera-ready-20261010-completed",
@@ -88,7 +93,8 @@ PUBLIC_FILES: dict[str, PublicFile] = {
 }
 
 # Tables whose public source is a rendered page, not a raw file: they are read from a local copy only.
-_LOCAL_ONLY = {"olmoe-routing-counts", "mixtral-routing-counts", "specbench-leaderboard", "eldr-results", "llmservingsim-moe"}
+_LOCAL_ONLY = {"olmoe-routing-counts", "mixtral-routing-counts", "specbench-leaderboard", "deepep-lowlatency",
+               "eldr-results", "llmservingsim-moe"}
 
 
 def repo_root() -> Path:

@@ -35,9 +35,11 @@ import numpy as np
 import pandas as pd
 
 from moelab._validate import check_array, check_choice, check_int
-from moelab.afd.coefficients import AFDCoefficients
+from moelab.afd.coefficients import AFDCoefficients, check_coefficients
+from moelab.costmodel import MODEL_SHAPES, expected_distinct_experts
+from moelab.datasets import load_calibration, public_path
 
-LINK_TABLE = "deepep_v1_lowlatency_h800.csv"
+LINK_TABLE = "deepep-lowlatency"  # moelab.datasets name of the bundled DeepEP table
 # the DeepEP table's per-call volume: 128 tokens x hidden 7168 x top-8 copies, FP8 dispatch / BF16 combine
 _DEEPEP_REF_BYTES = {"dispatch": 128 * 7168 * 8 * 1, "combine": 128 * 7168 * 8 * 2}
 
@@ -58,8 +60,6 @@ class Geometry:
 def geometry(shape: str) -> Geometry:
     """The geometry of a MoE shape from the one registry, :data:`moelab.costmodel.MODEL_SHAPES` (every
     layer runs attention and the FFN ping-pong, so all ``num_layers`` count)."""
-    from moelab.costmodel import MODEL_SHAPES
-
     s = MODEL_SHAPES.get(shape)
     if s is None or not s.is_moe:
         known = sorted(n for n, m in MODEL_SHAPES.items() if m.is_moe)
@@ -175,8 +175,6 @@ class StageTables:
 
     # ---- FFN ---------------------------------------------------------------------------------------
     def distinct_experts(self, n_tokens: np.ndarray | float) -> np.ndarray:
-        from moelab.costmodel import expected_distinct_experts
-
         return expected_distinct_experts(n_tokens, self.geometry.num_experts, self.geometry.top_k)
 
     def _moe_layer_ms(self, n: float, D: float) -> tuple[float, bool]:
@@ -243,8 +241,6 @@ class LinearStages:
     (``attention_ms(T) = a_A T + b_A``, ``ffn_ms(n) = a_F n + b_F``, both links ``a_C B + b_C``)."""
 
     def __init__(self, coeffs: AFDCoefficients | None = None) -> None:
-        from moelab.afd.coefficients import check_coefficients
-
         self.coeffs = check_coefficients(coeffs)
         self.unit = self.coeffs.unit
         self.coverage = Coverage()
@@ -349,12 +345,7 @@ def link_table() -> pd.DataFrame:
 
 @functools.lru_cache(maxsize=1)
 def _bundled_tables() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    from moelab.datasets import load_calibration, public_path
-
-    # the DeepEP table sits beside the Spec-Bench leaderboard in data/public/published-tables
-    path = public_path("specbench-leaderboard").parent / LINK_TABLE
-    if not path.is_file():
-        raise FileNotFoundError(f"the DeepEP link table {path} is missing (data/public/published-tables)")
+    path = public_path("deepep-lowlatency")
     if path.stat().st_size > 1_000_000:
         raise ValueError(f"{path} is larger than 1 MB; not the DeepEP table")
     return load_calibration("h200", "attn_step"), load_calibration("h200", "moe_step"), pd.read_csv(path)

@@ -52,6 +52,7 @@ from moelab.afd.theory import (
     ratio_terms,
     throughput_per_instance,
 )
+from moelab.traces.requests import load_azure_trace
 
 LENGTH_SOURCES = ("geometric", "azure-conv", "azure-code")
 
@@ -88,8 +89,6 @@ class LengthDistribution:
         (decode steps rounded to integers >= 1; the realised means are what :attr:`mean_prompt` and
         :attr:`mean_decode` report and what the theory is given)."""
         check_choice("kind", kind, LENGTH_SOURCES[1:])
-        from moelab.traces.requests import load_azure_trace
-
         tr = load_azure_trace(kind.split("-", 1)[1], 2023)
         prompt = tr.prompt_len.astype(np.float64)
         decode = tr.output_len.astype(np.float64)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from moelab._validate import check_array, check_int, check_real
 from moelab.afd.coefficients import AFDCoefficients
@@ -167,8 +168,6 @@ def idle_ratios(r: np.ndarray | float, B: int, mu_P: float, mu_D: float, N: floa
 def ratio_table(B_values=(64, 128, 256, 512), mu_P_values=(100, 500, 2000), mu_D_values=(100, 500, 1000),
                 N: float | None = DEFAULT_REQUESTS, coeffs: AFDCoefficients | None = None):
     """r* and its binding term for every combination of B, mu_P and mu_D (one row each)."""
-    import pandas as pd
-
     rows = []
     for B in B_values:
         for mu_P in mu_P_values:
