@@ -501,3 +501,20 @@ def test_projection_cost_keeps_trace_geometry(small_workload):
     c.check_geometry(g.num_layers, g.num_experts, g.top_k)
     assert c.shape.moe.expert_bytes == MODEL_SHAPES["qwen3-30b-a3b"].moe.expert_bytes  # Qwen3-sized experts
     assert "projection" in c.shape.source
+
+
+@pytest.mark.slow
+def test_regime_map_grid_and_prefix_ablation(small_workload):
+    from moelab.eldr import experiments as ex
+
+    rm = ex.regime_map((0.5, 1.5), rates=[60], ks=[4], taus=[0.0, 0.1], n_trace=64, n_requests=40, output_len=8,
+                       n_pairs=300)
+    assert len(rm) == 2 * 2 and set(rm["tau"]) == {0.0, 0.1}
+    assert rm.groupby("domain_scale")["rho"].nunique().eq(1).all()  # one measured rho per generated workload
+    assert np.isfinite(rm[["p50_gain_pct", "p99_gain_pct", "oracle_gap_pct"]].to_numpy()).all()
+    with pytest.raises(ValueError, match="scale"):
+        ex.regime_map((-1.0,), rates=[60], ks=[4], n_trace=64, n_requests=10, output_len=4, n_pairs=300)
+    setup = ex.prepare(small_workload.trace, small_cost(), 4, n_pairs=500, prefix_counts=small_workload.prefix_counts)
+    pc = ex.prefix_cache_ablation(setup, rate=60, n_requests=60, output_len=16)
+    assert list(pc["prefix_cache"])[:2] == ["co-indexed (= full prefill)", "suffix only"]  # no duplicated row
+    assert pc["signature_err"].iloc[0] == 0 and pc["signature_err"].iloc[1] > 0

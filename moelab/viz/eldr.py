@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from moelab.viz.common import color_for, slider
+from moelab.viz.common import color_for, refresh, slider
 
 
 def _color(name: str) -> str:
@@ -73,6 +73,67 @@ def fig_paper_comparison(cmp: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def fig_paper_two_sided(cmp: pd.DataFrame) -> go.Figure:
+    """Per rate: the paper's gain, ours on the calibrated synthetic workload and (when the table has it)
+    ours on the real trace, with the ours/paper ratio on a second axis (1 = same gain)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("p50 TPOT gain over the best baseline (%)", "ours / paper"))
+    x = [f"{r:g}" for r in cmp["rate"]]
+    fig.add_bar(x=x, y=cmp["paper_gain_pct"], name="paper", marker_color=_color("paper"), row=1, col=1)
+    fig.add_bar(x=x, y=cmp["tpot_gain_pct"], name="ours, synthetic", marker_color=_color("eldr"), row=1, col=1)
+    fig.add_scatter(x=x, y=cmp["ratio_synthetic"], name="ratio, synthetic", marker_color=_color("eldr"), row=1, col=2)
+    if "real_tpot_gain_pct" in cmp:
+        fig.add_bar(x=x, y=cmp["real_tpot_gain_pct"], name="ours, real trace (projection)", marker_color="#9467bd",
+                    row=1, col=1)
+        fig.add_scatter(x=x, y=cmp["ratio_real"], name="ratio, real trace", marker_color="#9467bd", row=1, col=2)
+    fig.add_hline(y=1.0, line_dash="dot", row=1, col=2)
+    fig.update_xaxes(title_text="arrival rate (req/s)")
+    fig.update_layout(barmode="group", template="plotly_white", title="ELDR vs the paper, two-sided")
+    return fig
+
+
+def fig_regime_map(df: pd.DataFrame, *, n_workers: int, tau: float, metric: str = "p50_gain_pct",
+                   paper_rho: tuple[float, float] | None = None, real_point: tuple[float, float] | None = None) -> go.Figure:
+    """Heatmap of ELDR's gain (``metric``) over measured rho (y) x arrival rate (x) at one K and tau,
+    with the paper's rho range shaded and the real trace's (rate, rho) point marked."""
+    d = df[(df["n_workers"] == n_workers) & np.isclose(df["tau"], tau)]
+    if d.empty:
+        raise ValueError(f"no regime-map rows at n_workers={n_workers}, tau={tau}")
+    z = d.pivot_table(index="rho", columns="rate", values=metric)
+    fig = go.Figure(go.Heatmap(z=z.to_numpy(), x=z.columns.astype(float), y=z.index.astype(float), zmid=0,
+                               colorscale="RdBu", colorbar={"title": "%"},
+                               text=np.round(z.to_numpy(), 1), texttemplate="%{text}",
+                               hovertemplate="rate %{x} req/s<br>rho %{y:.2f}<br>%{z:.1f}%<extra></extra>"))
+    if paper_rho is not None:
+        fig.add_hrect(y0=paper_rho[0], y1=paper_rho[1], line_width=2, line_dash="dash", fillcolor="rgba(0,0,0,0)",
+                      annotation_text="paper's rho range")
+    if real_point is not None:
+        fig.add_scatter(x=[real_point[0]], y=[real_point[1]], mode="markers+text", text=["real trace"],
+                        textposition="top center", marker={"symbol": "star", "size": 16, "color": "black"},
+                        showlegend=False)
+    fig.update_layout(title=f"ELDR {metric.replace('_', ' ')} over the best baseline, K={n_workers}, tau={tau:g}",
+                      xaxis_title="arrival rate (req/s at 16 workers; x K/16)",
+                      yaxis_title="measured held-out count_idf rho", template="plotly_white", height=420)
+    return fig
+
+
+def regime_panel(df: pd.DataFrame, **kw: Any) -> Any:
+    """The regime map with K and tau sliders (over the values the grid has) and a metric choice."""
+    import ipywidgets as w
+
+    ks, taus = sorted(df["n_workers"].unique()), sorted(df["tau"].unique())
+    k = w.SelectionSlider(options=[int(x) for x in ks], value=int(ks[len(ks) // 2]), description="K")
+    t = w.SelectionSlider(options=[float(x) for x in taus], value=float(taus[0]), description="tau")
+    m = w.Dropdown(options=["p50_gain_pct", "p99_gain_pct", "oracle_gap_pct"], description="metric")
+    fig = go.FigureWidget(fig_regime_map(df, n_workers=k.value, tau=t.value, metric=m.value, **kw))
+
+    def update(_: Any = None) -> None:
+        refresh(fig, fig_regime_map(df, n_workers=k.value, tau=t.value, metric=m.value, **kw))
+
+    for widget in (k, t, m):
+        widget.observe(update, names="value")
+    return w.VBox([w.HBox([k, t, m]), fig])
+
+
 def fig_ablation(df: pd.DataFrame, column: str, title: str) -> go.Figure:
     """p50 TPOT and distinct experts per configuration of one ablation column."""
     d = df.dropna(subset=["tpot_ms_p50"]) if "tpot_ms_p50" in df else df
@@ -127,4 +188,5 @@ def eldr_panel(setups: dict[str, Any], run_one: Any, *, n_requests: int, output_
     return w.VBox([w.HBox([geometry, router]), workers, tau, rate, fig])
 
 
-__all__ = ["eldr_panel", "fig_ablation", "fig_costmodel", "fig_greedy_curve", "fig_paper_comparison", "fig_rate_sweep"]
+__all__ = ["eldr_panel", "fig_ablation", "fig_costmodel", "fig_greedy_curve", "fig_paper_comparison", "fig_paper_two_sided",
+           "fig_rate_sweep", "fig_regime_map", "regime_panel"]
