@@ -518,3 +518,21 @@ def test_regime_map_grid_and_prefix_ablation(small_workload):
     pc = ex.prefix_cache_ablation(setup, rate=60, n_requests=60, output_len=16)
     assert list(pc["prefix_cache"])[:2] == ["co-indexed (= full prefill)", "suffix only"]  # no duplicated row
     assert pc["signature_err"].iloc[0] == 0 and pc["signature_err"].iloc[1] > 0
+
+
+def test_decode_drift_within_a_request():
+    """drift_walk moves a request's decode routing while it generates: its first and last decode tokens
+    share fewer experts than without it (same seed, everything else equal)."""
+    from dataclasses import replace
+
+    def overlap(walk: float) -> float:
+        cfg = replace(SMALL, decode_tokens=16, drift_walk=walk, mix_max=0.0, subtopics=1)
+        t = generate(60, cfg, seed=1).trace
+        ids = t.decode_ids.reshape(60, 16, cfg.num_layers, cfg.top_k)
+        a = np.stack([expert_counts(ids[i, :4], cfg.num_experts).ravel() for i in range(60)]).astype(float)
+        b = np.stack([expert_counts(ids[i, -4:], cfg.num_experts).ravel() for i in range(60)]).astype(float)
+        return float(np.mean(np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)))
+
+    assert overlap(1.5) < overlap(0.0) - 0.05
+    with pytest.raises(ValueError, match="drift_walk"):
+        SyntheticConfig(drift_walk=-0.1).validate()

@@ -19,7 +19,9 @@ Generative model (all logits in Gumbel units, per layer ``l`` and expert ``e``):
     topic   t : a_dt = a_d + s * subtopic_sigma * z_dt   (``subtopics`` per domain; the label stays d)
     request r : b_r = (1-m) a_dt + m a_d' + s * request_sigma * z_r   (prefill routing logits; m ~ U(0, mix_max)
                 mixes in a random second domain d' — the request's label stays d)
-    decode    : c_r = b_r + s * drift_sigma * z'_r       (the generated text drifts from the prompt)
+    decode    : c_r(t) = b_r + s * drift_sigma * z'_r + s * drift_walk * (t / (T-1)) * z''_r
+                (the generated text drifts from the prompt, and keeps drifting while it is generated:
+                token t of T moves linearly from the first decode distribution towards a second one)
 
 ``s`` (``sharpness``) sets how peaked one request's routing is relative to the per-token Gumbel noise.
     token top-k: Gumbel top-k of the logits (exact, distinct experts per token)
@@ -86,9 +88,14 @@ def fit_domain_spread(model: str = "olmoe") -> DomainSpread:
 class SyntheticConfig:
     """Parameters of the synthetic workload (see the module docstring for the model).
 
-    ``domain_scale = 1`` keeps the domain spread measured on the real counts. The default
-    ``request_sigma`` is what :func:`calibrate` returns for the Qwen3-30B-A3B geometry (reproducible:
-    ``calibrate(SyntheticConfig())``; measured there: rho 0.81, same-domain reduction 20.2% at B=32)."""
+    ``domain_scale = 1`` keeps the domain spread measured on the real counts. The defaults include
+    domain overlap (``mix_max=0.25``: up to a quarter of a request's routing from a second domain),
+    structure below the label (``subtopics=4``, ``subtopic_sigma=0.3``) and decode drift within a
+    request (``drift_walk=0.3``); with those fixed, ``request_sigma`` is the one calibrated parameter
+    (:func:`calibrate` over 0.8 / 1.0 / 1.3 on 384 requests of the Qwen3-30B-A3B geometry, seed 0:
+    raw-count rho 0.87 / 0.85 / 0.85, same-domain reduction 21.7 / 19.8 / 16.4% at B=32, held-out
+    count_idf rho 0.68 / 0.64 / 0.64 -> 1.0, the closest to the middle of the paper's 17-21%). The
+    targets are statistics, never the TPOT gain."""
 
     num_layers: int = 48
     num_experts: int = 128
@@ -97,11 +104,12 @@ class SyntheticConfig:
     n_domains: int = 8
     sharpness: float = 2.0
     domain_scale: float = 1.0
-    request_sigma: float = 1.3
-    mix_max: float = 0.0
-    subtopics: int = 1
-    subtopic_sigma: float = 0.0
+    request_sigma: float = 1.0
+    mix_max: float = 0.25
+    subtopics: int = 4
+    subtopic_sigma: float = 0.3
     drift_sigma: float = 0.5
+    drift_walk: float = 0.3
     prompt_len_mean: int = 600
     prefix_tokens: int = 128
     decode_tokens: int = 32
@@ -116,6 +124,7 @@ class SyntheticConfig:
         check_real("domain_scale", self.domain_scale, low=0)
         check_real("request_sigma", self.request_sigma, low=0)
         check_real("drift_sigma", self.drift_sigma, low=0)
+        check_real("drift_walk", self.drift_walk, low=0)
         check_real("mix_max", self.mix_max, low=0, high=0.5)
         check_int("subtopics", self.subtopics, low=1)
         check_real("subtopic_sigma", self.subtopic_sigma, low=0)
@@ -219,7 +228,13 @@ def generate(
         # summed router probabilities (the gate_prob signal): prompt tokens x softmax of their logits
         probs[idx] = suffix_len[idx, None, None] * _softmax(req) + P0 * _softmax(dom_logits[domain[idx]])
         dec = req + cfg.sharpness * cfg.drift_sigma * rng.standard_normal((idx.size, L, E))
-        tok = _gumbel_topk(np.broadcast_to(dec[:, None], (idx.size, cfg.decode_tokens, L, E)), k, rng)
+        if cfg.drift_walk > 0:  # drift within the request: token t of T moves along a second direction
+            ramp = np.linspace(0.0, 1.0, cfg.decode_tokens, dtype=np.float32)[None, :, None, None]
+            walk = (cfg.sharpness * cfg.drift_walk * rng.standard_normal((idx.size, 1, L, E))).astype(np.float32)
+            dec_t = dec[:, None].astype(np.float32) + ramp * walk
+        else:
+            dec_t = np.broadcast_to(dec[:, None], (idx.size, cfg.decode_tokens, L, E))
+        tok = _gumbel_topk(dec_t, k, rng)
         decode_ids[s * cfg.decode_tokens:(s + idx.size) * cfg.decode_tokens] = tok.reshape(-1, L, k)
 
     prompt_len = P0 + suffix_len
@@ -273,7 +288,7 @@ def calibrate(
     config: SyntheticConfig | None = None,
     *,
     n_requests: int = 512,
-    request_sigmas: tuple[float, ...] = (1.0, 1.3, 1.6),
+    request_sigmas: tuple[float, ...] = (0.8, 1.0, 1.3),
     domain_scales: tuple[float, ...] = (1.0,),
     batch: int = 32,
     seed: int = 0,
