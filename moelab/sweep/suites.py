@@ -277,7 +277,7 @@ SUITES: dict[str, Suite] = {
         {"question_id": _hd_ids, "max_new_tokens": [128], "temperature": [0.0], "seed": [0]},
         "Hierarchy Drafting on Spec-Bench, one evaluation question per point (SmolLM2-135M)",
         ("moelab.hd", "moelab.models", *_FLOOR), _hd_data,
-        ("method", "mean_accepted", "projected_h200_7b_speedup", "identical"), _hd_versions, _hd_check),
+        ("method", "mean_accepted", "cpu_speedup", "identical"), _hd_versions, _hd_check),
 }
 
 

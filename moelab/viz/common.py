@@ -135,16 +135,20 @@ def refresh(widget: Any, fig: Any) -> None:
 
 
 def sync_widget_state(widget: Any) -> None:
-    """Store a ``FigureWidget``'s current figure in its synced state (``_widget_data``/``_widget_layout``).
+    """Make a ``FigureWidget``'s kernel-side state (``_widget_data``/``_widget_layout``) the figure it
+    shows now, without messaging the views that already draw it.
 
     Plotly sends later edits to the browser as one-off messages and keeps the state a new view starts
     from at the figure the widget was created with; a view created later (Voila, which connects after
-    the notebook ran; a reopened page; a second ``display``) would draw that stale first figure."""
+    the notebook ran; a reopened page; a second ``display``) would draw that stale first figure. The
+    trait values are written directly: assigning them would also push a full-state change to the live
+    views on top of the edit messages already sent, and plotly's front end then redraws twice from two
+    sources (seen as empty figures in JupyterLab)."""
     from copy import deepcopy
 
     if hasattr(widget, "_widget_data") and hasattr(widget, "_layout_obj"):
-        widget._widget_data = deepcopy(widget._data)
-        widget._widget_layout = deepcopy(widget._layout_obj._props)
+        widget._trait_values["_widget_data"] = deepcopy(widget._data)
+        widget._trait_values["_widget_layout"] = deepcopy(widget._layout_obj._props)
 
 
 def _figure_widgets(obj: Any) -> list[Any]:
