@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from moelab._io import FileFormatError
 from moelab.bench.core import Figure
 from moelab.costmodel import DecodeLayerModel, DecodeStepModel, MoEStepModel
 from moelab.datasets import repo_root
@@ -69,14 +70,28 @@ def route_us_p50(centroids: np.ndarray, signatures: np.ndarray, calls: int = 300
 
 
 def real_trace_path() -> str | None:
-    """The real trace the real-trace figures run on: a ShareGPT-MoE trace when one is bundled under
-    ``data/traces/``, else the tiny-MoE held-out trace; None when neither is there."""
+    """The real trace the real-trace figures run on: the task-labelled ShareGPT-MoE Spec-Bench trace
+    when bundled under ``data/traces/`` (the paper's Task workload is task-labelled), else any other
+    ShareGPT-MoE trace, else the tiny-MoE held-out trace; None when none is there."""
     root = repo_root() / "data" / "traces"
-    for pattern in ("sharegpt-moe*.npz", "tiny-moe-heldout.npz"):
+    for pattern in ("sharegpt-moe-specbench.npz", "sharegpt-moe*.npz", "tiny-moe-heldout.npz"):
         found = sorted(root.glob(pattern)) if root.is_dir() else []
         if found:
             return str(found[0])
     return None
+
+
+def load_real_trace(path: str) -> ExpertTrace:
+    """An :class:`ExpertTrace` from ``path``: the plain format, or the compact one the project MoE's
+    bundled traces use (:func:`moelab.models.trace_codec.load_compact_trace`, numpy only)."""
+    try:
+        return ExpertTrace.load(path)
+    except FileFormatError as exc:
+        if "CompactExpertTrace" not in str(exc):
+            raise
+        from moelab.models.trace_codec import load_compact_trace
+
+        return load_compact_trace(path)
 
 
 def run(quick: bool = False) -> list[Figure]:
@@ -135,7 +150,7 @@ def run(quick: bool = False) -> list[Figure]:
 
     path = real_trace_path()
     if path is not None:
-        trace = ExpertTrace.load(path)
+        trace = load_real_trace(path)
         peak = paper_peak_rate()
         stats, df = real_trace_report(trace, n_workers=16, rates=[peak], n_requests=600 if quick else 2000,
                                       output_len=out_len, n_pairs=3000 if quick else 10_000,
