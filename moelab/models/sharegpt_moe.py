@@ -269,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--max-new-tokens", type=int, default=128)
     c.add_argument("--batch-size", type=int, default=None)
     c.add_argument("--out", required=True)
+    c.add_argument("--model-dir", default=str(SHAREGPT_MOE_PATH))
     m = sub.add_parser("merge")
     m.add_argument("which", choices=TRACE_NAMES)
     m.add_argument("parts", nargs="+")
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (i.isdigit() and n.isdigit()):
             raise ValueError(f"--part must be I/N, e.g. 0/2; got {args.part!r}")
         trace = capture_trace(args.which, n_sharegpt=args.n, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                              part=(int(i), int(n)), progress=False)
+                              part=(int(i), int(n)), progress=False, model_dir=args.model_dir)
         print(save_compact_trace(trace, args.out))
         return 0
     parts = [load_compact_trace(f) for f in args.parts]
