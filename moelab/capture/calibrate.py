@@ -66,8 +66,12 @@ ATTN_TABLE_MODELS = ("qwen3-30b-a3b", "mixtral-8x7b")
 def _attn_shape(name: str) -> AttnShape:
     s = MODEL_SHAPES[name]
     return AttnShape(s.q_heads, s.kv_heads, s.head_dim)
-DENSE_SHAPES = {"llama2-7b": DenseShape(4096, 11008, 32, 32, 32), "tinyllama-1.1b": DenseShape(2048, 5632, 32, 4, 22),
-                "llama-160m": DenseShape(768, 3072, 12, 12, 12)}
+def _dense_shape(name: str) -> DenseShape:
+    s = MODEL_SHAPES[name]
+    return DenseShape(s.hidden, s.dense_ffn, s.q_heads, s.kv_heads, s.num_layers)
+
+
+DENSE_TABLE_MODELS = ("llama2-7b", "tinyllama-1.1b", "llama-160m")
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,7 @@ def full_plan(reps: int = 50) -> Plan:
     """The H200 tables' grid: five MoE shapes, bf16, ``reps`` CUDA-graph replays per point."""
     return Plan({n: MODEL_SHAPES[n].moe for n in MOE_TABLE_MODELS}, (1, 8, 32, 64, 128, 256),
                 (2, 4, 6, 8, 16, 32, 60, 64, 96, 128), {n: _attn_shape(n) for n in ATTN_TABLE_MODELS},
-                (1, 8, 32, 128, 256), (512, 2048, 8192), dict(DENSE_SHAPES), (1, 2, 4, 8, 16, 24, 28, 32, 48, 64, 128),
+                (1, 8, 32, 128, 256), (512, 2048, 8192), {n: _dense_shape(n) for n in DENSE_TABLE_MODELS}, (1, 2, 4, 8, 16, 24, 28, 32, 48, 64, 128),
                 1024, "bfloat16", reps, 10, 4)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import MappingProxyType
 
 from moelab._io import read_json
@@ -202,16 +203,14 @@ class ModelShape:
             source=f"Hugging Face config ({c.get('model_type', 'unknown model_type')})")
 
 
-def _tiny_moe() -> ModelShape:
-    # the project's own MoE: read from its bundled config, so the registry cannot drift from the model
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "data" / "models" / "tiny-moe" / "config.json"
+def _project_moe(name: str, copy: ModelShape) -> ModelShape:
+    """One of the project's own MoEs, read from its bundled ``data/models/<name>/config.json`` so the
+    registry cannot drift from the model; ``copy`` holds that config's values for an install without
+    the data folder."""
+    path = Path(__file__).resolve().parents[2] / "data" / "models" / name / "config.json"
     if path.is_file():
-        return replace(ModelShape.from_hf_config(str(path)), source="data/models/tiny-moe/config.json")
-    # installed without the data folder: the values of that config
-    return ModelShape(6, 128, 4, 2, 32, 4096, num_experts=32, top_k=2, expert_ffn=128,
-                      source="data/models/tiny-moe/config.json (copy)")
+        return replace(ModelShape.from_hf_config(str(path)), source=f"data/models/{name}/config.json")
+    return replace(copy, source=f"data/models/{name}/config.json (copy)")
 
 
 _SHAPES: dict[str, ModelShape] = {
@@ -257,8 +256,19 @@ _SHAPES: dict[str, ModelShape] = {
     # 64 q / 8 kv heads of 128, FFN 28672, vocab 128256.
     "llama-3.1-70b": ModelShape(80, 8192, 64, 8, 128, 128256, dense_ffn=28672,
                                 source="huggingface.co/meta-llama/Llama-3.1-70B/config.json"),
-    # The project's own tiny MoE (data/models/tiny-moe, trained by `moelab train-moe`).
-    "tiny-moe": _tiny_moe(),
+    # Dense Llama-style models whose verify forwards `moelab calibrate` measures (dense_verify.csv):
+    # meta-llama/Llama-2-7b-hf, TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T and JackFram/llama-160m
+    # config.json files.
+    "llama2-7b": ModelShape(32, 4096, 32, 32, 128, 32000, dense_ffn=11008,
+                            source="huggingface.co/meta-llama/Llama-2-7b-hf/config.json"),
+    "tinyllama-1.1b": ModelShape(22, 2048, 32, 4, 64, 32000, dense_ffn=5632,
+                                 source="huggingface.co/TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T/config.json"),
+    "llama-160m": ModelShape(12, 768, 12, 12, 64, 32000, dense_ffn=3072,
+                             source="huggingface.co/JackFram/llama-160m/config.json"),
+    # The project's own MoEs (data/models/, trained by `moelab train-moe`).
+    "tiny-moe": _project_moe("tiny-moe", ModelShape(6, 128, 4, 2, 32, 4096, num_experts=32, top_k=2, expert_ffn=128)),
+    "sharegpt-moe": _project_moe("sharegpt-moe", ModelShape(8, 128, 4, 2, 32, 8192, num_experts=64, top_k=8,
+                                                            expert_ffn=64)),
 }
 
 #: name -> :class:`ModelShape`; read-only (a table fit of other shapes takes them as an argument).

@@ -33,7 +33,8 @@ PALETTE: dict[str, str] = {
     "paper": "#7f7f7f", "moelab": "#d62728",
     "qwen3-30b-a3b": "#1f77b4", "olmoe-1b-7b": "#ff7f0e", "mixtral-8x7b": "#2ca02c", "qwen1.5-moe-a2.7b": "#d62728",
     "deepseek-v2-lite": "#9467bd", "gpt-oss-120b": "#8c564b", "gemma-4-26b-a4b": "#e377c2", "deepseek-v3": "#17becf",
-    "llama-3.1-70b": "#7f7f7f", "tiny-moe": "#bcbd22",
+    "llama-3.1-70b": "#7f7f7f", "tiny-moe": "#bcbd22", "sharegpt-moe": "#aec7e8", "llama2-7b": "#ffbb78",
+    "tinyllama-1.1b": "#98df8a", "llama-160m": "#c5b0d5",
 }
 # Other spellings of the same name.
 ALIASES = {"rr": "round_robin", "l (rest)": "l", "rest/l": "l", "vllm_dp@0.32.0": "vllm_dp@0.32",
