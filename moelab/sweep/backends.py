@@ -11,33 +11,35 @@ import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from moelab.sweep.core import _call
-
 Point = tuple[str, dict[str, Any]]
+#: ``call(fn, name, key, params) -> (key, parquet bytes)``: runs one point (the driver's encoder)
+Call = Callable[[Callable[..., Any], str, str, dict[str, Any]], tuple[str, bytes]]
 
 
-def execute(backend: str, fn: Callable[..., Any], name: str, todo: Sequence[Point], *, workers: int | None = None,
-            address: str | None = None) -> Iterator[tuple[str, bytes]]:
-    """Run ``todo`` on ``backend``; yields results in completion order."""
+def execute(backend: str, call: Call, fn: Callable[..., Any], name: str, todo: Sequence[Point], *,
+            workers: int | None = None, address: str | None = None) -> Iterator[tuple[str, bytes]]:
+    """Run ``call(fn, name, key, params)`` for each point of ``todo`` on ``backend``; yields results in
+    completion order. ``call`` must be a module-level function (it is pickled to the workers)."""
     if backend == "ray":
-        return _ray(fn, name, todo, workers=workers, address=address)
+        return _ray(call, fn, name, todo, workers=workers, address=address)
     if address is not None:
         raise ValueError(f"--address/address is only for the ray backend; got backend={backend!r}")
     if not todo:
         return iter(())
     if backend == "serial":
-        return (_call(fn, name, k, p) for k, p in todo)
-    return _local(fn, name, todo, workers=workers)
+        return (call(fn, name, k, p) for k, p in todo)
+    return _local(call, fn, name, todo, workers=workers)
 
 
-def _local(fn: Callable[..., Any], name: str, todo: Sequence[Point], *, workers: int | None) -> Iterator[tuple[str, bytes]]:
+def _local(call: Call, fn: Callable[..., Any], name: str, todo: Sequence[Point], *,
+           workers: int | None) -> Iterator[tuple[str, bytes]]:
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     n = min(workers or os.cpu_count() or 1, len(todo))
     # spawn: fresh interpreters, safe beside threads (BLAS, torch, a Ray driver) in this process
     with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as pool:
-        futures = [pool.submit(_call, fn, name, k, p) for k, p in todo]
+        futures = [pool.submit(call, fn, name, k, p) for k, p in todo]
         try:
             for fut in as_completed(futures):
                 yield fut.result()
@@ -104,7 +106,7 @@ def ray_session(workers: int | None = None, address: str | None = None) -> tuple
     return ray, True
 
 
-def _ray(fn: Callable[..., Any], name: str, todo: Sequence[Point], *, workers: int | None,
+def _ray(call: Call, fn: Callable[..., Any], name: str, todo: Sequence[Point], *, workers: int | None,
          address: str | None) -> Iterator[tuple[str, bytes]]:
     if not todo:  # nothing to compute: start no Ray, but still refuse a bad address
         joined = ray_address(address)
@@ -113,7 +115,7 @@ def _ray(fn: Callable[..., Any], name: str, todo: Sequence[Point], *, workers: i
         return
     ray, started = ray_session(workers, address)
     try:
-        task = ray.remote(num_cpus=1, max_retries=0)(_call)
+        task = ray.remote(num_cpus=1, max_retries=0)(call)
         fn_ref = ray.put(fn)
         pending = [task.remote(fn_ref, name, k, p) for k, p in todo]
         try:

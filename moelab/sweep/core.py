@@ -34,6 +34,8 @@ import pandas as pd
 
 from moelab import __version__
 from moelab._io import atomic_write_bytes
+from moelab._validate import check_choice, check_int
+from moelab.sweep import backends
 
 BACKENDS = ("serial", "local", "ray")
 MAX_ENTRY_BYTES = 64 * 2**20  # one cache entry; larger files are not read
@@ -377,9 +379,6 @@ def run_sweep(
     progress : bool
         Show a tqdm progress bar.
     """
-    from moelab._validate import check_choice, check_int
-    from moelab.sweep import backends
-
     check_choice("backend", backend, BACKENDS)
     if workers is not None:
         workers = check_int("workers", workers, low=1, high=1024)
@@ -426,7 +425,7 @@ def run_sweep(
     bar = tqdm(total=len(keys), initial=n_cached, desc=desc or name.split(":")[-1], unit="pt",
                disable=not progress, leave=progress)
     try:
-        for key, blob in backends.execute(backend, fn, name, todo, workers=workers, address=address):
+        for key, blob in backends.execute(backend, _call, fn, name, todo, workers=workers, address=address):
             cache.store(key, blob)  # at once: an interrupted sweep keeps every finished point
             frames[key] = decode_entry(blob, key)
             bar.update(1)
