@@ -30,6 +30,7 @@ import numpy as np
 
 from moelab._validate import check_choice, check_int, check_real, rng_from
 from moelab.dsd.rtt import RTTDistribution
+from moelab.dsd.server import capacity_search
 from moelab.dsd.theory import MODES
 
 MAX_ROUNDS = 5_000_000
@@ -313,21 +314,6 @@ class BatchedCapacity:
     rates: dict[str, dict[int, float]]
 
 
-def _max_clients(rate: Callable[[int], float], target: float, max_c: int) -> float:
-    if rate(1) < target:
-        raise ValueError(f"target_fraction too high: one unloaded client reaches only {rate(1):.4g} < {target:.4g}")
-    lo, hi = 1, 2
-    while hi <= max_c and rate(hi) >= target:
-        lo, hi = hi, hi * 2
-    if hi > max_c:
-        raise ValueError(f"max_clients={max_c} clients still meet the target; raise it")
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if rate(mid) >= target else (lo, mid)
-    r_lo, r_hi = rate(lo), rate(lo + 1)
-    return lo + (float(np.clip((r_lo - target) / (r_lo - r_hi), 0, 1)) if r_lo > r_hi else 0.0)
-
-
 def capacity_batched(rounds: dict[str, np.ndarray], *, verify_batch_ms: Callable[[int, int], float],
                      draft_batch_ms: Callable[[int], float], t_a: float, rtt: RTTDistribution,
                      target_fraction: float = 0.25, max_batch: int = 16, rounds_per_client: int = 60,
@@ -348,8 +334,8 @@ def capacity_batched(rounds: dict[str, np.ndarray], *, verify_batch_ms: Callable
         return f
 
     target = frac * min(rate("colocated")(1), rate("dsd")(1))
-    col = _max_clients(rate("colocated"), target, max_clients)
-    dsd = _max_clients(rate("dsd"), target, max_clients)
+    col = capacity_search(rate("colocated"), target, max_clients, target_name="the rate target_fraction asks for", max_name="max_clients")[1]
+    dsd = capacity_search(rate("dsd"), target, max_clients, target_name="the rate target_fraction asks for", max_name="max_clients")[1]
     return BatchedCapacity(col, dsd, dsd / col, target, {k: dict(sorted(v.items())) for k, v in cache.items()})
 
 

@@ -18,6 +18,7 @@ per-client rate still meets a target, and :func:`capacity_ratio` compares the tw
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -154,19 +155,28 @@ def max_clients(mode: str, target_rate: float, *, alpha: float, gamma: int, t_d:
                              rtt_jitter=rtt_jitter, rounds_per_client=rounds_per_client, seed=seed).per_client_rate
         return rates[c]
 
-    if rate(1) < target_rate:
-        raise ValueError(f"target_rate must be at most one unloaded client's rate ({rates[1]:.4g}); got {target_rate:g}")
+    lo, interp = capacity_search(rate, target_rate, max_c)
+    return Capacity(mode, target_rate, lo, interp, dict(sorted(rates.items())))
+
+
+def capacity_search(rate: Callable[[int], float], target: float, max_c: int, *, target_name: str = "target_rate",
+                    max_name: str = "max_c") -> tuple[int, float]:
+    """The largest client count ``C <= max_c`` with ``rate(C) >= target`` (doubling, then bisection) and
+    where the rate crosses ``target`` between ``C`` and ``C + 1``, linearly interpolated. ``rate`` must be
+    non-increasing in ``C``; the names are the caller's parameters, for the error messages."""
+    if rate(1) < target:
+        raise ValueError(f"{target_name} must be at most one unloaded client's rate ({rate(1):.4g}); got {target:g}")
     lo, hi = 1, 2
-    while hi <= max_c and rate(hi) >= target_rate:
+    while hi <= max_c and rate(hi) >= target:
         lo, hi = hi, hi * 2
     if hi > max_c:
-        raise ValueError(f"max_c must be larger: {max_c} clients still meet target_rate={target_rate:g}")
+        raise ValueError(f"{max_name} must be larger: {max_c} clients still meet {target_name}={target:g}")
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if rate(mid) >= target_rate else (lo, mid)
+        lo, hi = (mid, hi) if rate(mid) >= target else (lo, mid)
     r_lo, r_hi = rate(lo), rate(lo + 1)
-    frac = (r_lo - target_rate) / (r_lo - r_hi) if r_lo > r_hi else 0.0
-    return Capacity(mode, target_rate, lo, lo + float(np.clip(frac, 0, 1)), dict(sorted(rates.items())))
+    frac = (r_lo - target) / (r_lo - r_hi) if r_lo > r_hi else 0.0
+    return lo, lo + float(np.clip(frac, 0, 1))
 
 
 @dataclass(frozen=True)
