@@ -179,6 +179,48 @@ def _inclusion(logits: np.ndarray, k: int) -> np.ndarray:
     return pi / pi.sum(axis=-1, keepdims=True)
 
 
+def _domain_logits(cfg: SyntheticConfig, spread: DomainSpread, rng: np.random.Generator) -> np.ndarray:
+    """Domain logits ``a_d`` [D, L, E] (global popularity + domain deviation, times ``sharpness``)."""
+    L, E = cfg.num_layers, cfg.num_experts
+    sg, sd = spread.at(L)
+    glob = sg[:, None] * rng.standard_normal((L, E))
+    dom_logits = glob[None] + cfg.domain_scale * sd[None, :, None] * rng.standard_normal((cfg.n_domains, L, E))
+    dom_logits *= cfg.sharpness
+    return dom_logits
+
+
+def _topic_logits(cfg: SyntheticConfig, dom_logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Sub-topic logits ``a_dt`` [D, subtopics, L, E] around each domain's."""
+    return dom_logits[:, None] + cfg.sharpness * cfg.subtopic_sigma * rng.standard_normal(
+        (cfg.n_domains, cfg.subtopics, cfg.num_layers, cfg.num_experts))
+
+
+def _request_logits(cfg: SyntheticConfig, dom_logits: np.ndarray, sub: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Prefill routing logits ``b_r`` [n, L, E] of requests whose sub-topic logits are ``sub`` [n, L, E]:
+    a random second domain mixed in (share ``U(0, mix_max)``) plus per-request noise."""
+    n = sub.shape[0]
+    mix = cfg.mix_max * rng.random((n, 1, 1))  # share of a second domain (the label stays the first)
+    other = dom_logits[rng.integers(0, cfg.n_domains, size=n)]
+    req = (1 - mix) * sub + mix * other
+    return req + cfg.sharpness * cfg.request_sigma * rng.standard_normal((n, cfg.num_layers, cfg.num_experts))
+
+
+def _decode_topk(cfg: SyntheticConfig, req: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Decode top-k ids [n, T, L, k] of requests with prefill logits ``req`` [n, L, E] (drift, then the
+    within-request walk), and each request's mean decode logits over its T tokens [n, L, E]."""
+    n, L, E = req.shape
+    dec = req + cfg.sharpness * cfg.drift_sigma * rng.standard_normal((n, L, E))
+    if cfg.drift_walk > 0:  # drift within the request: token t of T moves along a second direction
+        ramp = np.linspace(0.0, 1.0, cfg.decode_tokens, dtype=np.float32)[None, :, None, None]
+        walk = (cfg.sharpness * cfg.drift_walk * rng.standard_normal((n, 1, L, E))).astype(np.float32)
+        dec_t = dec[:, None].astype(np.float32) + ramp * walk
+        mean = dec + 0.5 * walk[:, 0]
+    else:
+        dec_t = np.broadcast_to(dec[:, None], (n, cfg.decode_tokens, L, E))
+        mean = dec
+    return _gumbel_topk(dec_t, cfg.top_k, rng), mean
+
+
 def generate(
     n_requests: int,
     config: SyntheticConfig | None = None,
@@ -195,14 +237,10 @@ def generate(
     spread = spread or fit_domain_spread("olmoe")
     rng = rng_from(seed)
     L, E, k = cfg.num_layers, cfg.num_experts, cfg.top_k
-    sg, sd = spread.at(L)
-    glob = sg[:, None] * rng.standard_normal((L, E))
-    dom_logits = glob[None] + cfg.domain_scale * sd[None, :, None] * rng.standard_normal((cfg.n_domains, L, E))
-    dom_logits *= cfg.sharpness
+    dom_logits = _domain_logits(cfg, spread, rng)
     domain = rng.permutation(np.arange(n) % cfg.n_domains)
     # sub-topics inside a domain: structure a signature can see and a domain label cannot
-    topic_logits = dom_logits[:, None] + cfg.sharpness * cfg.subtopic_sigma * rng.standard_normal(
-        (cfg.n_domains, cfg.subtopics, L, E))
+    topic_logits = _topic_logits(cfg, dom_logits, rng)
     topic = rng.integers(0, cfg.subtopics, size=n)
     names = [OLMOE_DOMAINS[d] if d < len(OLMOE_DOMAINS) else f"domain{d}" for d in range(cfg.n_domains)]
 
@@ -218,23 +256,12 @@ def generate(
     chunk = max(1, int(2_000_000 // (cfg.decode_tokens * L * E)))  # bounds the Gumbel buffer to ~8 MB
     for s in range(0, n, chunk):
         idx = np.arange(s, min(n, s + chunk))
-        mix = cfg.mix_max * rng.random((idx.size, 1, 1))  # share of a second domain (the label stays the first)
-        other = dom_logits[rng.integers(0, cfg.n_domains, size=idx.size)]
-        sub = topic_logits[domain[idx], topic[idx]]
-        req = (1 - mix) * sub + mix * other
-        req = req + cfg.sharpness * cfg.request_sigma * rng.standard_normal((idx.size, L, E))
+        req = _request_logits(cfg, dom_logits, topic_logits[domain[idx], topic[idx]], rng)
         pre = rng.multinomial(suffix_len[idx, None] * k, _inclusion(req, k))
         prefill[idx] = pre + prefix_hist[domain[idx]]
         # summed router probabilities (the gate_prob signal): prompt tokens x softmax of their logits
         probs[idx] = suffix_len[idx, None, None] * _softmax(req) + P0 * _softmax(dom_logits[domain[idx]])
-        dec = req + cfg.sharpness * cfg.drift_sigma * rng.standard_normal((idx.size, L, E))
-        if cfg.drift_walk > 0:  # drift within the request: token t of T moves along a second direction
-            ramp = np.linspace(0.0, 1.0, cfg.decode_tokens, dtype=np.float32)[None, :, None, None]
-            walk = (cfg.sharpness * cfg.drift_walk * rng.standard_normal((idx.size, 1, L, E))).astype(np.float32)
-            dec_t = dec[:, None].astype(np.float32) + ramp * walk
-        else:
-            dec_t = np.broadcast_to(dec[:, None], (idx.size, cfg.decode_tokens, L, E))
-        tok = _gumbel_topk(dec_t, k, rng)
+        tok, _ = _decode_topk(cfg, req, rng)
         decode_ids[s * cfg.decode_tokens:(s + idx.size) * cfg.decode_tokens] = tok.reshape(-1, L, k)
 
     prompt_len = P0 + suffix_len
