@@ -9,12 +9,17 @@ Like vLLM's prefix caching: only FULL blocks are shareable, keyed by a SHA-256 c
 prompt's token blocks (a block's key covers every token before it); a request's partial last block
 is private. Blocks whose reference count drops to zero stay cached and are evicted least-recently
 used first when a new block is needed.
+
+Requests are admitted from per-token routing ids (:meth:`SignatureCache.admit`) or, when only block
+histograms are kept (bounded memory), from per-block histograms (:meth:`SignatureCache.admit_blocks`);
+both share, evict and validate the same way.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,12 +112,54 @@ class SignatureCache:
 
         ``prefill_ids`` [P, L, k] are the routing ids a full prefill would produce; only the rows of
         the uncached suffix are read (that is all a prefix-cached prefill computes)."""
-        if request_id in self.tables:
-            raise ValueError(f"request_id {request_id!r} is already admitted")
+        self._check_new(request_id)
         tokens = _token_ids(prompt_tokens)
         ids = np.asarray(prefill_ids)
         if ids.ndim != 3 or ids.shape[:2] != (tokens.size, self.num_layers):
             raise ValueError(f"prefill_ids must have shape (P={tokens.size}, L={self.num_layers}, k); got {ids.shape}")
+        bs = self.block_size
+
+        def block(i: int) -> np.ndarray:
+            seg = ids[i * bs:(i + 1) * bs]
+            if seg.size and (seg.min() < 0 or seg.max() >= self.num_experts):
+                raise ValueError(f"prefill_ids must be expert ids in [0, {self.num_experts - 1}]")
+            return expert_counts(seg, self.num_experts)
+
+        return self._admit(request_id, tokens, block)
+
+    def admit_blocks(self, request_id: str, prompt_tokens: np.ndarray, block_hists: np.ndarray) -> Admission:
+        """:meth:`admit` from per-block expert histograms instead of per-token routing ids.
+
+        ``block_hists`` [ceil(P / block_size), L, E]: row ``i`` counts the expert picks of prompt tokens
+        ``[i * block_size, (i + 1) * block_size)`` (the last block may be partial). Same sharing,
+        eviction and validation as :meth:`admit`: only the rows of the uncached suffix are read, and
+        they must be integer counts that fit the cache's histograms."""
+        self._check_new(request_id)
+        tokens = _token_ids(prompt_tokens)
+        h = np.asarray(block_hists)
+        n_blocks = -(-tokens.size // self.block_size)
+        want = (n_blocks, self.num_layers, self.num_experts)
+        if h.shape != want:
+            raise ValueError(f"block_hists must have shape (ceil(P/block_size)={n_blocks}, L={self.num_layers}, "
+                             f"E={self.num_experts}); got {h.shape}")
+        if h.size and h.dtype.kind not in "iu":
+            raise ValueError(f"block_hists must be integer counts; got dtype {h.dtype}")
+        top = int(np.iinfo(self.hist.dtype).max)
+
+        def block(i: int) -> np.ndarray:
+            b = h[i]
+            if b.min() < 0 or b.max() > top:
+                raise ValueError(f"block_hists must be counts in [0, {top}]; block {i} has {b.min()} .. {b.max()}")
+            return b
+
+        return self._admit(request_id, tokens, block)
+
+    def _check_new(self, request_id: str) -> None:
+        if request_id in self.tables:
+            raise ValueError(f"request_id {request_id!r} is already admitted")
+
+    def _admit(self, request_id: str, tokens: np.ndarray, block: Callable[[int], np.ndarray]) -> Admission:
+        """Reuse the cached full-block prefix; compute (``block(i)``: the histogram of block i) the rest."""
         bs = self.block_size
         n_full = tokens.size // bs
         keys = self._keys(tokens)
@@ -126,11 +173,9 @@ class SignatureCache:
         self.hits += hit
         try:
             for i in range(hit, -(-tokens.size // bs)):
-                seg = ids[i * bs:(i + 1) * bs]
-                if seg.size and (seg.min() < 0 or seg.max() >= self.num_experts):
-                    raise ValueError(f"prefill_ids must be expert ids in [0, {self.num_experts - 1}]")
+                counts = block(i)
                 b = self._alloc()
-                self.hist[b] = expert_counts(seg, self.num_experts)
+                self.hist[b] = counts
                 self._ref(b)
                 table.append(b)
                 # Full blocks become shareable; the partial last block stays private. A full block whose
