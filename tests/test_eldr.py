@@ -374,9 +374,11 @@ def test_calibrate_picks_from_grid(public_data):
 
     from moelab.eldr.workload import calibrate
 
-    cfg, rows = calibrate(replace(SMALL, n_domains=2), n_requests=64, request_sigmas=(0.5, 2.0), batch=8)
-    assert len(rows) == 2 and cfg.request_sigma in (0.5, 2.0)
-    assert all({"rho", "reduction_pct"} <= set(r) for r in rows)
+    cfg, rows = calibrate(replace(SMALL, n_domains=2), n_requests=64, knobs=("request_sigma",),
+                          grids={"request_sigma": (0.5, 2.0)}, batch=8, n_pairs=400)
+    grid = [r for r in rows if r["step"].startswith("sweep")]
+    assert {r["request_sigma"] for r in grid} >= {0.5, 2.0} and cfg.request_sigma in {r["request_sigma"] for r in grid}
+    assert all({"rho_raw", "rho_count_idf", "reduction_pct"} <= set(r) for r in rows)
 
 
 def test_user_trace_runs_unchanged(small_workload, tmp_path):
