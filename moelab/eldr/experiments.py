@@ -19,13 +19,14 @@ from moelab._validate import check_choice, check_int, check_real, rng_from
 from moelab.costmodel import MODEL_SHAPES, DecodeStepModel
 from moelab.datasets import load_eldr_results
 from moelab.eldr.partition import OnlineRefitter, spherical_kmeans
+from moelab.eldr.prefix import ConversationWorkload, cache_signatures, conversation_arrivals
 from moelab.eldr.routing import DomainOracleRouter, ELDRRouter
 from moelab.eldr.signature import KINDS, SignatureBuilder
 from moelab.eldr.sim import pack_expert_bits, poisson_requests, simulate
 from moelab.eldr.workload import SyntheticConfig, SyntheticWorkload, distinct_reduction, generate
 from moelab.routing import Router, available_routers, make_router, router_names
 from moelab.sim import gain_vs_best, gains_table
-from moelab.traces import ExpertTrace
+from moelab.traces import ExpertTrace, RequestTrace
 
 BASELINES = router_names("eldr_paper")  # the paper's four load balancers (tagged in the ROUTERS registry)
 # the paper's baselines, the KV-load balancer, the domain oracle and ELDR (the rows of notebook 01's sweep)
@@ -362,25 +363,104 @@ def signature_ablation(setup: ELDRSetup, kinds: Sequence[str] = KINDS, *, rate: 
     return pd.DataFrame(rows)
 
 
-def prefix_cache_ablation(setup: ELDRSetup, *, rate: float = 60.0, **kw) -> pd.DataFrame:
-    """Prefix caching and signatures on the shared-prefix workload (each domain's system prompt).
+#: the signature modes of :func:`prefix_cache_ablation`
+PREFIX_MODES = ("full prefill", "co-indexed", "suffix only")
 
-    ``co-indexed (= full prefill)``: signature = sum of all KV blocks' histograms, cached blocks
-    included — by the :class:`~moelab.eldr.cache.SignatureCache` invariant (tested, and checked in
-    notebook 01 §5) exactly the full-prefill signature, so ONE run stands for both. ``suffix only``:
-    a signature from the computed (uncached) suffix alone — the failure mode co-indexing avoids.
-    ``signature_err`` is the mean cosine distance of the row's signatures to the full-prefill ones."""
-    full = setup.signatures(kw.get("kind", "count_idf"))
-    rows = [{**run_one(setup, "eldr", rate=rate, **kw), "prefix_cache": "co-indexed (= full prefill)",
-             "signature_err": 0.0}]
-    if setup.prefix_counts is not None:
-        suf = setup.signatures(kw.get("kind", "count_idf"), suffix_only=True)
-        err = float(np.mean(1 - np.sum(full * suf, axis=1)))
-        rows.append({**run_one(setup, "eldr", rate=rate, suffix_only=True, **kw), "prefix_cache": "suffix only",
-                     "signature_err": err})
-    best = min((run_one(setup, r, rate=rate, **kw) for r in BASELINES), key=lambda m: m["tpot_ms_p50"])
-    rows.append({**best, "prefix_cache": f"best baseline ({best['router']})", "signature_err": float("nan")})
-    return pd.DataFrame(rows)
+
+def prefix_setup(workload: ConversationWorkload, cost: DecodeStepModel, n_workers: int = 16, *, calib_frac: float = 0.5,
+                 n_pairs: int = 30000, seed: int = 0) -> ELDRSetup:
+    """The shared-prefix conversation workload (:func:`moelab.eldr.prefix.generate_conversations`) split
+    BY CONVERSATION: the first ``calib_frac`` of the conversations calibrate the signatures and centroids
+    (offline, on full prefills), the other conversations' requests are the replay pool (served once each,
+    through the prefix cache, by :func:`prefix_cache_ablation`)."""
+    n_workers = check_int("n_workers", n_workers, low=1)
+    calib_frac = check_real("calib_frac", calib_frac, low=0, high=1, low_open=True, high_open=True)
+    trace = workload.trace
+    g = trace.geometry
+    cost.check_geometry(g.num_layers, g.num_experts, g.top_k)
+    n_cal = int(round(calib_frac * workload.n_conversations))
+    cal = np.flatnonzero(workload.conversation < n_cal)
+    pool = np.flatnonzero(workload.conversation >= n_cal)
+    if cal.size < max(2, n_workers) or pool.size < 1:
+        raise ValueError(f"workload too small: {workload.n_conversations} conversations give {cal.size} calibration "
+                         f"requests for n_workers={n_workers} (need >= max(2, n_workers)) and {pool.size} to serve")
+    served = trace.subset(pool)
+    return ELDRSetup(trace.subset(cal), served, cost, n_workers, n_pairs, seed, pack_expert_bits(served))
+
+
+def prefix_cache_ablation(
+    setup: ELDRSetup,
+    workload: ConversationWorkload,
+    *,
+    rate: float = 60.0,
+    capacity_blocks: int | Sequence[int] = 4096,
+    block_size: int = 16,
+    in_flight: int = 8,
+    turn_gap_s: float = 20.0,
+    output_len: int = 512,
+    rate_scale: float = 1.0,
+    tau: float = 0.1,
+    kind: str = "count_idf",
+    slots: int = 256,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Prefix caching and signatures, measured on the shared-prefix conversation workload.
+
+    ``setup`` comes from :func:`prefix_setup` on ``workload``. Its served requests arrive as
+    conversations (:func:`~moelab.eldr.prefix.conversation_arrivals`: ``rate`` x ``rate_scale`` req/s,
+    turns ``turn_gap_s`` apart) and go, in arrival order, through a KV-block signature cache of each
+    size in ``capacity_blocks`` (:func:`~moelab.eldr.prefix.cache_signatures`). ELDR then runs the
+    decode-cluster simulation on those arrivals once per signature mode: ``full prefill`` (no cache),
+    ``co-indexed`` (sum over the whole block table, cached blocks included: equal to full prefill by the
+    cache invariant — measured here, ``counts_equal_full``) and ``suffix only`` (the blocks the request
+    computed itself), plus the best of the paper's baselines on the same arrivals. One row per mode and
+    capacity: ``signature_err`` (mean cosine distance of the ``kind`` signatures to the full-prefill
+    ones), ``hit_rate`` (prompt tokens served from cache), ``evictions`` and the run's metrics."""
+    rate_scale = check_real("rate_scale", rate_scale, low=0, low_open=True)
+    output_len = check_int("output_len", output_len, low=1)
+    check_choice("kind", kind, KINDS)
+    caps = [capacity_blocks] if isinstance(capacity_blocks, (int, np.integer)) else list(capacity_blocks)
+    if not caps:
+        raise ValueError("capacity_blocks must name at least one cache size (blocks)")
+    pool = setup.pool
+    rows = workload.rows_of(pool.request_ids)
+    sim_rate = rate * rate_scale
+    arrival = conversation_arrivals(workload, rows, rate=sim_rate, turn_gap_s=turn_gap_s, seed=seed)
+    order = np.argsort(arrival, kind="stable")
+    codes, _ = pool.domain_codes()
+    offsets = rng_from(seed).integers(0, pool.decode_lens[order])
+    reqs = RequestTrace(arrival[order], pool.prompt_lens[order], np.full(order.size, output_len), None,
+                        f"shared-prefix conversations at {sim_rate:g} req/s (seed {seed})", {}, codes[order], None,
+                        order, offsets)
+    builder = setup.builder(kind)
+    base = {"rate": float(rate), "sim_rate": float(sim_rate), "tau": tau, "kind": kind, "n_workers": setup.n_workers,
+            "block_size": block_size, "in_flight": in_flight}
+
+    def run(router: str, sig: np.ndarray | None = None) -> dict:
+        r = build_router(setup, router, tau=tau, kind=kind, seed=seed)
+        res = simulate(pool, reqs, r, setup.cost, n_workers=setup.n_workers,
+                       signatures=sig if "signature" in r.requires else None, slots=slots, bits=setup.bits)
+        return {"router": router, **base, **res.metrics()}
+
+    full = builder.transform(pool.prefill_counts)
+
+    def err(sig: np.ndarray) -> float:
+        return float(np.mean(1.0 - np.sum(full * sig, axis=1)))
+
+    nan = float("nan")
+    out = [{**run("eldr", full), "prefix_cache": PREFIX_MODES[0], "capacity_blocks": nan, "hit_rate": nan,
+            "evictions": nan, "signature_err": err(full), "counts_equal_full": True}]
+    for cap in caps:
+        cs = cache_signatures(workload, rows, arrival, block_size=block_size, capacity_blocks=cap, in_flight=in_flight)
+        for mode, counts in zip(PREFIX_MODES[1:], (cs.coindexed, cs.suffix)):
+            sig = builder.transform(counts)
+            out.append({**run("eldr", sig), "prefix_cache": mode, "capacity_blocks": cs.capacity_blocks,
+                        "hit_rate": cs.hit_rate, "evictions": cs.evictions, "signature_err": err(sig),
+                        "counts_equal_full": bool(np.array_equal(counts, cs.full))})
+    best = min((run(r) for r in BASELINES), key=lambda m: m["tpot_ms_p50"])
+    out.append({**best, "prefix_cache": f"best baseline ({best['router']})", "capacity_blocks": nan, "hit_rate": nan,
+                "evictions": nan, "signature_err": nan, "counts_equal_full": nan})
+    return pd.DataFrame(out)
 
 
 def regime_map(scales: Sequence[float] = (0.25, 0.5, 1.0, 1.5), *, rates: Sequence[float] = PAPER_RATES,
@@ -417,5 +497,6 @@ def regime_map(scales: Sequence[float] = (0.25, 0.5, 1.0, 1.5), *, rates: Sequen
 
 __all__ = ["BASELINES", "DEFAULT_SWEEP_K", "PAPER_RATES", "adjusted_rand_index", "default_sweep", "paper_peak_rate",
            "projection_cost", "real_trace_report", "regime_map", "sweep_gains", "SWEEP_ROUTERS", "ELDRSetup", "build_router", "compare_with_paper", "gains",
-           "kmeans_ablation", "paper_gains", "rate_for_batch", "refit_ablation", "prefix_cache_ablation", "prepare", "rate_sweep", "run_one",
+           "kmeans_ablation", "paper_gains", "rate_for_batch", "refit_ablation", "PREFIX_MODES", "prefix_cache_ablation",
+           "prefix_setup", "prepare", "rate_sweep", "run_one",
            "signature_ablation", "synthetic_setup", "tau_sweep", "with_workers"]

@@ -14,19 +14,22 @@ Routing (per prompt token ``j``, ``k`` expert picks per layer):
 * system prompt tokens: the domain's logits ``a_d`` (fixed per domain, like ``generate``'s shared prefix);
 * user turn ``t``: the conversation's request logits ``b_c`` (sub-topic + second-domain mix + request noise,
   ``generate``'s ``b_r``) plus per-turn noise ``s * turn_sigma * z_ct``;
-* assistant reply ``t`` (read back in later prompts): the mean decode logits of turn ``t`` (``generate``'s
-  drift and within-request walk, averaged over the reply); the reply's decode ids are Gumbel top-k of the
-  same decode logits, exactly as in ``generate``.
+* assistant reply ``t`` (read back in later prompts): its decode routing. The reply's decode ids are
+  Gumbel top-k of turn ``t``'s decode logits (``generate``'s drift and within-request walk, exactly as in
+  ``generate``); reply token ``j`` routes, when read back, like captured decode token ``j mod T`` — a
+  causal model routes a token the same way whether it is decoded or prefilled, and the simulator
+  replays the ``T`` captured decode tokens cyclically the same way.
 
-A token's picks are drawn from a generator seeded by its conversation (the system prompt's once per
-domain), in token order, so **a token's routing is a deterministic function of the prefix that ends at
-it** (the system-prompt tokens fix the domain; the first user turn fixes the conversation): the same
-prefix always gives the same KV-block histograms, in every turn that repeats it, as causal attention
-would. Approximation (stated): each token's ``k`` picks per layer are ``k`` independent draws from the
-top-k inclusion probabilities (``workload._inclusion``) rather than ``k`` distinct experts — the same
+Every prompt token's routing is drawn once, in token order, and every later prompt that repeats it
+repeats its ids, so **a token's routing is a deterministic function of the prefix that ends at it**
+(the system-prompt tokens fix the domain; the first user turn fixes the conversation): the same prefix
+always gives the same KV-block histograms, as causal attention would. Approximation (stated): a system
+prompt or user token's ``k`` picks per layer are ``k`` independent draws from the top-k inclusion
+probabilities (``workload._inclusion``) rather than ``k`` distinct experts — the same
 ``Multinomial(P*k, pi)`` law ``generate`` uses for prefill counts, now per token. Memory stays bounded:
-the trace holds prompt tokens and ``[N, L, E]`` counts; per-token ids are regenerated per conversation
-on demand (a small LRU of conversations), never stored for the whole workload.
+per-token ids are kept once per conversation (its last prompt; each domain's system prompt once),
+``uint8`` when the model has at most 256 experts — the size of per-block histograms — and the
+workload's total is checked against :data:`MAX_ID_BYTES`.
 
 **Signatures through the cache** (:func:`cache_signatures`). The requests (turns arriving in the order
 of :func:`conversation_arrivals`) are admitted into a :class:`~moelab.eldr.cache.SignatureCache` (block
@@ -44,7 +47,7 @@ table, cached blocks included) and ``suffix`` (only the blocks it computed itsel
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,8 +69,9 @@ from moelab.traces import ExpertTrace, default_provenance, expert_counts
 
 #: most prompt tokens a generated workload may hold over all its requests (turns repeat their history)
 MAX_PROMPT_TOKENS = 50_000_000
+#: most bytes of per-token routing ids a generated workload may keep
+MAX_ID_BYTES = 1 << 30
 _VOCAB = 32000
-_MEMO = 64  # conversations whose per-token routing ids are kept (LRU)
 
 
 @dataclass(frozen=True)
@@ -103,21 +107,13 @@ def _draw_ids(pi: np.ndarray, n: int, k: int, rng: np.random.Generator) -> np.nd
     return (pos - np.arange(L)[None, :, None] * E).astype(np.int16)
 
 
-@dataclass(frozen=True)
-class _Conversation:
-    tokens: np.ndarray  # int32 [P_last]: the last turn's prompt (every earlier prompt is a prefix of it)
-    ids: np.ndarray  # int16 [P_last, L, k]: per-token routing ids of those tokens
-    prompt_lens: np.ndarray  # [turns]
-    decode_ids: np.ndarray  # int16 [turns, T, L, k]
-
-
 @dataclass(frozen=True, eq=False)
 class ConversationWorkload:
     """A generated shared-prefix conversation workload (see the module docstring).
 
     ``trace``: one row per request (turn), ``prefill_counts`` = full prefill; ``conversation`` and
-    ``turn`` (0-based) of each row. Per-token routing ids are regenerated on demand
-    (:meth:`prompt_ids`, :meth:`block_hists`)."""
+    ``turn`` (0-based) of each row; per-token routing ids through :meth:`prompt_ids` and
+    :meth:`block_hists`."""
 
     trace: ExpertTrace
     conversation: np.ndarray
@@ -126,36 +122,31 @@ class ConversationWorkload:
     conversations: ConversationConfig
     spread: DomainSpread
     seed: int
-    _state: dict = field(repr=False, default_factory=dict)
-    _memo: OrderedDict = field(repr=False, default_factory=OrderedDict)
+    _sys_ids: np.ndarray = field(repr=False, default=None)  # [D, S, L, k]
+    _conv_ids: list = field(repr=False, default_factory=list)  # per conversation [P_last - S, L, k]
+    _domain: np.ndarray = field(repr=False, default=None)  # per conversation
+    _index: dict = field(repr=False, default_factory=dict)
 
     @property
     def n_conversations(self) -> int:
         """Conversations in the workload."""
-        return int(self.conversation.max()) + 1
-
-    def _conv(self, c: int) -> _Conversation:
-        if c in self._memo:
-            self._memo.move_to_end(c)
-            return self._memo[c]
-        conv = _make_conversation(self.config, self.conversations, self._state, c)
-        self._memo[c] = conv
-        if len(self._memo) > _MEMO:
-            self._memo.popitem(last=False)
-        return conv
+        return len(self._conv_ids)
 
     def rows_of(self, request_ids: list[str]) -> np.ndarray:
         """Trace rows of the given request ids (e.g. a subset's)."""
-        index = self._state.setdefault("index", {r: i for i, r in enumerate(self.trace.request_ids)})
-        missing = [r for r in request_ids if r not in index]
+        if not self._index:
+            self._index.update({r: i for i, r in enumerate(self.trace.request_ids)})
+        missing = [r for r in request_ids if r not in self._index]
         if missing:
             raise ValueError(f"request_ids must belong to this workload; {missing[0]!r} does not")
-        return np.array([index[r] for r in request_ids], dtype=np.int64)
+        return np.array([self._index[r] for r in request_ids], dtype=np.int64)
 
     def prompt_ids(self, row: int) -> np.ndarray:
         """Per-token routing ids [P, L, k] of request ``row``'s prompt (a deterministic function of its prefix)."""
         row = check_int("row", row, low=0, high=self.trace.n_requests - 1)
-        return self._conv(int(self.conversation[row])).ids[: int(self.trace.prompt_lens[row])]
+        c = int(self.conversation[row])
+        sys = self._sys_ids[self._domain[c]]
+        return np.concatenate([sys, self._conv_ids[c][: int(self.trace.prompt_lens[row]) - sys.shape[0]]])
 
     def block_hists(self, row: int, block_size: int) -> np.ndarray:
         """Expert histograms of request ``row``'s KV blocks, int32 [ceil(P / block_size), L, E]."""
@@ -166,32 +157,6 @@ class ConversationWorkload:
         nb = -(-P // bs)
         flat = ((np.arange(P)[:, None, None] // bs) * L + np.arange(L)[None, :, None]) * E + ids
         return np.bincount(flat.ravel(), minlength=nb * L * E).reshape(nb, L, E).astype(np.int32)
-
-
-def _make_conversation(cfg: SyntheticConfig, cc: ConversationConfig, st: dict, c: int) -> _Conversation:
-    """Conversation ``c``, entirely from its own seed and the shared domain state (so it can be regenerated)."""
-    rng = np.random.default_rng(int(st["conv_seed"][c]))
-    L, k = cfg.num_layers, cfg.top_k
-    d, tp = int(st["domain"][c]), int(st["topic"][c])
-    n_turns = int(min(rng.geometric(1.0 / cc.turns_mean), cc.max_turns))
-    user_len = 1 + rng.poisson(cc.user_tokens_mean - 1, size=n_turns)
-    reply_len = 1 + rng.poisson(cc.reply_tokens_mean - 1, size=n_turns - 1)
-    b = _request_logits(cfg, st["dom_logits"], st["topic_logits"][d, tp][None], rng)
-    user = b + cfg.sharpness * cc.turn_sigma * rng.standard_normal((n_turns, L, cfg.num_experts))
-    dec_ids, dec_mean = _decode_topk(cfg, user, rng)
-    tokens, ids = [st["sys_tokens"][d]], [st["sys_ids"][d]]
-    prompt_lens = np.empty(n_turns, np.int64)
-    P = st["sys_tokens"].shape[1]
-    for t in range(n_turns):
-        if t:  # the previous reply, read back as part of this prompt
-            tokens.append(rng.integers(0, _VOCAB, size=reply_len[t - 1], dtype=np.int32))
-            ids.append(_draw_ids(_inclusion(dec_mean[t - 1], k), int(reply_len[t - 1]), k, rng))
-            P += int(reply_len[t - 1])
-        tokens.append(rng.integers(0, _VOCAB, size=user_len[t], dtype=np.int32))
-        ids.append(_draw_ids(_inclusion(user[t], k), int(user_len[t]), k, rng))
-        P += int(user_len[t])
-        prompt_lens[t] = P
-    return _Conversation(np.concatenate(tokens), np.concatenate(ids), prompt_lens, dec_ids)
 
 
 def generate_conversations(
@@ -210,45 +175,79 @@ def generate_conversations(
     cc = (conversations or ConversationConfig()).validate()
     spread = spread or fit_domain_spread("olmoe")
     rng = rng_from(seed)
-    E, k, S = cfg.num_experts, cfg.top_k, cfg.prefix_tokens
+    L, E, k, S, T = cfg.num_layers, cfg.num_experts, cfg.top_k, cfg.prefix_tokens, cfg.decode_tokens
+    id_dtype = np.uint8 if E <= 256 else np.int16
     dom_logits = _domain_logits(cfg, spread, rng)
     domain = rng.permutation(np.arange(n) % cfg.n_domains)
     topic_logits = _topic_logits(cfg, dom_logits, rng)
     topic = rng.integers(0, cfg.subtopics, size=n)
     sys_tokens = rng.integers(0, _VOCAB, size=(cfg.n_domains, S), dtype=np.int32)
     sys_ids = np.stack([_draw_ids(_inclusion(dom_logits[d], k), S, k, rng) for d in range(cfg.n_domains)])
-    st = {"dom_logits": dom_logits, "topic_logits": topic_logits, "domain": domain, "topic": topic,
-          "sys_tokens": sys_tokens, "sys_ids": sys_ids, "conv_seed": rng.integers(0, 1 << 62, size=n)}
+    sys_ids = sys_ids.astype(id_dtype)
+    sys_counts = np.stack([expert_counts(sys_ids[d], E) for d in range(cfg.n_domains)])
+    n_turns = np.minimum(rng.geometric(1.0 / cc.turns_mean, size=n), cc.max_turns)
+    first = np.concatenate([[0], np.cumsum(n_turns)])  # turn rows of conversation c: first[c] .. first[c+1]
+    user_len = 1 + rng.poisson(cc.user_tokens_mean - 1, size=first[-1])
+    reply_len = 1 + rng.poisson(cc.reply_tokens_mean - 1, size=first[-1])  # the last turn's reply is never read back
+    conv_of = np.repeat(np.arange(n), n_turns)
+    turn_of = np.arange(first[-1]) - first[conv_of]
+    history = np.cumsum(user_len + reply_len) - _first_cumsum(user_len + reply_len, first, conv_of)
+    prompt_len = S + history - reply_len  # system prompt + earlier turns and replies + this user turn
+    total_tokens = int(prompt_len.sum())
+    id_bytes = int((prompt_len[first[1:] - 1] - S).sum()) * L * k * np.dtype(id_dtype).itemsize
+    if total_tokens > MAX_PROMPT_TOKENS or id_bytes > MAX_ID_BYTES:
+        raise ValueError(f"n_conversations={n} asks for {total_tokens} prompt tokens over all turns and {id_bytes} bytes "
+                         f"of routing ids (bounds MAX_PROMPT_TOKENS={MAX_PROMPT_TOKENS}, MAX_ID_BYTES={MAX_ID_BYTES}); "
+                         f"use fewer or shorter conversations")
+    N = int(first[-1])
+    counts = np.empty((N, L, E), np.int32)
+    dec = np.empty((N * T, L, k), np.int16)
+    tokens = np.empty(total_tokens, np.int32)
+    offsets = np.concatenate([[0], np.cumsum(prompt_len)]).astype(np.int64)
+    conv_ids: list[np.ndarray] = []
+    chunk = max(1, int(2_000_000 // (T * L * E * cc.turns_mean)))  # bounds the Gumbel buffer like generate's
+    for s in range(0, n, chunk):
+        cs = np.arange(s, min(n, s + chunk))
+        b = _request_logits(cfg, dom_logits, topic_logits[domain[cs], topic[cs]], rng)
+        rows = np.arange(first[cs[0]], first[cs[-1] + 1])
+        user = b[conv_of[rows] - s] + cfg.sharpness * cc.turn_sigma * rng.standard_normal((rows.size, L, E))
+        tok, _ = _decode_topk(cfg, user, rng)  # [turns, T, L, k]: each turn's reply
+        dec[rows[0] * T:(rows[-1] + 1) * T] = tok.reshape(-1, L, k)
+        pi = _inclusion(user, k)
+        for c in cs.tolist():
+            d = int(domain[c])
+            parts, words = [], []
+            for j in range(first[c], first[c + 1]):
+                r = j - rows[0]
+                parts.append(_draw_ids(pi[r], int(user_len[j]), k, rng).astype(id_dtype))
+                words.append(rng.integers(0, _VOCAB, size=user_len[j], dtype=np.int32))
+                if j < first[c + 1] - 1:  # the reply, read back in the next turn's prompt
+                    parts.append(tok[r][np.arange(reply_len[j]) % T].astype(id_dtype))
+                    words.append(rng.integers(0, _VOCAB, size=reply_len[j], dtype=np.int32))
+            ids = np.concatenate(parts)
+            text = np.concatenate([sys_tokens[d], *words])
+            conv_ids.append(ids)
+            for j in range(first[c], first[c + 1]):
+                P = int(prompt_len[j])
+                tokens[offsets[j]:offsets[j + 1]] = text[:P]
+                counts[j] = sys_counts[d] + expert_counts(ids[:P - S], E)
     names = [OLMOE_DOMAINS[d] if d < len(OLMOE_DOMAINS) else f"domain{d}" for d in range(cfg.n_domains)]
-    rids, doms, toks, counts, dec, conv_of, turn_of, total = [], [], [], [], [], [], [], 0
-    memo: OrderedDict = OrderedDict()
-    for c in range(n):
-        conv = _make_conversation(cfg, cc, st, c)
-        total += int(conv.prompt_lens.sum())
-        if total > MAX_PROMPT_TOKENS:
-            raise ValueError(f"n_conversations={n} asks for more than MAX_PROMPT_TOKENS={MAX_PROMPT_TOKENS} prompt "
-                             f"tokens over all turns (use fewer or shorter conversations)")
-        for t, P in enumerate(conv.prompt_lens.tolist()):
-            rids.append(f"c{c}-t{t}")
-            doms.append(names[domain[c]])
-            toks.append(conv.tokens[:P])
-            counts.append(expert_counts(conv.ids[:P], E).astype(np.int32))
-            dec.append(conv.decode_ids[t])
-            conv_of.append(c)
-            turn_of.append(t)
-        if c >= n - _MEMO:
-            memo[c] = conv
-    plen = np.array([t.size for t in toks], dtype=np.int64)
     prov = default_provenance("synthetic", cfg.model_name, generator="moelab.eldr.prefix.generate_conversations",
                               seed=seed, config={f: getattr(cfg, f) for f in cfg.__dataclass_fields__},
                               conversations={f: getattr(cc, f) for f in cc.__dataclass_fields__},
                               spread_source=spread.source)
     trace = ExpertTrace(
-        rids, doms, np.concatenate(toks), np.concatenate([[0], np.cumsum(plen)]).astype(np.int64), np.stack(counts),
-        np.concatenate(dec), np.arange(len(rids) + 1, dtype=np.int64) * cfg.decode_tokens, cfg.geometry, prov,
+        [f"c{c}-t{t}" for c, t in zip(conv_of.tolist(), turn_of.tolist())], [names[domain[c]] for c in conv_of],
+        tokens, offsets, counts, dec, np.arange(N + 1, dtype=np.int64) * T, cfg.geometry, prov,
     )
-    return ConversationWorkload(trace, np.array(conv_of, np.int64), np.array(turn_of, np.int64), cfg, cc, spread,
-                                seed, st, memo)
+    return ConversationWorkload(trace, conv_of.astype(np.int64), turn_of.astype(np.int64), cfg, cc, spread, seed,
+                                sys_ids, conv_ids, domain)
+
+
+def _first_cumsum(x: np.ndarray, first: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """For each element, the cumulative sum of ``x`` up to (excluding) its group's first element."""
+    before = np.concatenate([[0], np.cumsum(x)])[first[:-1]]
+    return before[group]
 
 
 def conversation_arrivals(workload: ConversationWorkload, rows: np.ndarray, *, rate: float, turn_gap_s: float = 20.0,
@@ -347,5 +346,5 @@ def cache_signatures(workload: ConversationWorkload, rows: np.ndarray, arrival_s
     return CachedSignatures(tr.prefill_counts[rows], co, suf, cached, plen, cache.evictions, cache.hits, bs, cap, window)
 
 
-__all__ = ["MAX_PROMPT_TOKENS", "CachedSignatures", "ConversationConfig", "ConversationWorkload", "cache_signatures",
+__all__ = ["MAX_ID_BYTES", "MAX_PROMPT_TOKENS", "CachedSignatures", "ConversationConfig", "ConversationWorkload", "cache_signatures",
            "conversation_arrivals", "generate_conversations"]
