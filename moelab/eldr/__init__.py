@@ -4,11 +4,18 @@ signature (prefill counts -> unit vector) -> partition (balanced spherical K-mea
 decode worker) -> routing (locality band tau) -> sim (decode cluster with a calibrated cost model).
 ``cache`` keeps per-KV-block expert histograms so prefix caching leaves signatures exact;
 ``workload`` generates the realistic-scale synthetic workload (clearly labelled synthetic);
+``prefix`` the shared-prefix multi-turn conversation workload and signatures built through the cache;
 ``experiments`` runs the paper's sweeps and ablations.
 """
 
 from moelab.eldr.cache import Admission, SignatureCache
 from moelab.eldr.partition import KMeansResult, OnlineRefitter, align_centroids, spherical_kmeans
+from moelab.eldr.prefix import (
+    ConversationConfig,
+    ConversationWorkload,
+    cache_signatures,
+    generate_conversations,
+)
 from moelab.eldr.routing import DomainOracleRouter, ELDRRouter
 from moelab.eldr.signature import KINDS, SignatureBuilder, decode_recall, greedy_layer_mask, predictability
 from moelab.eldr.sim import pack_expert_bits, poisson_requests, simulate
@@ -21,7 +28,8 @@ from moelab.eldr.workload import (
 )
 
 __all__ = [
-    "KINDS", "Admission", "DomainOracleRouter", "ELDRRouter", "KMeansResult", "OnlineRefitter",
+    "KINDS", "Admission", "ConversationConfig", "ConversationWorkload", "DomainOracleRouter", "ELDRRouter",
+    "KMeansResult", "OnlineRefitter", "cache_signatures", "generate_conversations",
     "SignatureBuilder", "SignatureCache", "SyntheticConfig", "SyntheticWorkload", "align_centroids",
     "decode_recall", "fit_domain_spread", "generate", "greedy_layer_mask", "pack_expert_bits",
     "poisson_requests", "predictability", "simulate", "spherical_kmeans", "workload_stats",
