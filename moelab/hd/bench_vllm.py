@@ -2,10 +2,12 @@
 REST-alone) as a ``custom_class`` drafter — same engine, same LM, same budget, one question at a time
 (Spec-Bench's batch size 1), float32, greedy or sampled.
 
-Each method runs in its own subprocess with its own engine (vLLM keeps per-process global state; two
-engines in one process disturb each other). Per-question results are cached atomically
-(``cache_dir()/hd/vllm-runs/<run key>/<method>/q<id>.json``): a rerun skips every question already done,
-so the full benchmark is resumable. Speed = output tokens / wall time of the request (prefill included,
+Each method keeps one warm engine in its own process (:mod:`moelab.hd.vllm_pool`), and the methods run
+back to back on each question, their order rotated (:func:`interleaved_points`), so a shared machine's
+changing load falls on every method alike. The runner is the sweep runner (:func:`moelab.sweep.core.run_sweep`,
+also ``moelab sweep hd-vllm``): every (question, method) result is cached under a key of the point, the
+drafting code (:data:`RUN_CODE`), vLLM's version and the data (Spec-Bench, the S store), so a rerun skips
+what is done and the full benchmark is resumable. Speed = output tokens / wall time of the request (prefill included,
 as Spec-Bench times it); mean accepted tokens = output tokens / target forwards, from vLLM's own
 speculative-decoding counters.
 """
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +93,11 @@ def _spec_counters(engine: Any) -> tuple[float, float]:
     return acc, drafts
 
 
-def _worker(spec: dict[str, Any]) -> int:
-    """Run one method over the questions of ``spec`` (called in a subprocess)."""
+def _make_engine(spec: dict[str, Any]) -> tuple[Any, float]:
+    """The engine of ``spec`` (its method's speculative config, batch size 1), warmed up; and its start time."""
     from moelab.models.vllm_engine import generate, make_engine
 
     method, budget = spec["method"], int(spec["budget"])
-    out_dir = Path(spec["out_dir"])
     cost = VerifyCost(**spec["cost"]) if spec.get("cost") else None
     kw: dict[str, Any] = {}
     sc = None
@@ -112,39 +114,67 @@ def _worker(spec: dict[str, Any]) -> int:
                          seed=int(spec.get("seed", 0)), disable_log_stats=False, **kw)
     start_s = time.perf_counter() - t0
     generate(engine, [[1, 2, 3, 4]], 4, progress=False)  # warm-up
-    if spec.get("probe"):
-        return _probe(engine, spec, start_s)
-    from moelab.hd import vllm_adapter
+    return engine, start_s
 
-    temperature = float(spec.get("temperature", 0.0))
-    for q in spec["questions"]:
-        path = out_dir / f"q{q['question_id']}.json"
-        if path.is_file():
+
+def _run_question(engine: Any, method: str, budget: int, q: dict[str, Any], *, max_new_tokens: int,
+                  temperature: float, seed: int) -> dict[str, Any]:
+    """One question through a warm engine: output, wall time, vLLM's speculative counters, HD's own stats."""
+    from moelab.hd import vllm_adapter
+    from moelab.models.vllm_engine import generate
+
+    acc0, dr0 = _spec_counters(engine)
+    stats0 = vllm_adapter.ACTIVE.rows.stats.as_dict() if vllm_adapter.ACTIVE is not None else None
+    n_us0 = len(vllm_adapter.ACTIVE.rows.stats.draft_us) if vllm_adapter.ACTIVE is not None else 0
+    t = time.perf_counter()
+    g = generate(engine, [q["prompt_ids"]], int(max_new_tokens), temperature=temperature, seed=seed, progress=False)[0]
+    wall = time.perf_counter() - t
+    acc1, dr1 = _spec_counters(engine)
+    n = len(g.output_ids)
+    accepted = acc1 - acc0 if method != "AR" else 0.0
+    rec = {"question_id": q["question_id"], "category": q["category"], "method": method, "budget": budget,
+           "engine": "vllm", "temperature": temperature, "new_tokens": n, "wall_s": wall,
+           "tokens_per_s": n / wall if wall > 0 else float("nan"), "accepted_tokens": accepted,
+           "drafts": dr1 - dr0 if method != "AR" else 0.0,
+           "forwards": (n - accepted) if np.isfinite(accepted) else float("nan"),
+           "output_ids": list(g.output_ids)}
+    if vllm_adapter.ACTIVE is not None and stats0 is not None:
+        st = vllm_adapter.ACTIVE.rows.stats
+        us = st.draft_us[n_us0:]
+        rec["draft_us_p50"] = float(np.median(us)) if us else float("nan")
+        rec["hd_drafted_tokens"] = st.drafted_tokens - stats0["drafted_tokens"]
+        rec["hd_accepted_tokens"] = st.accepted_tokens - stats0["accepted_tokens"]
+    return rec
+
+
+def serve(spec: dict[str, Any]) -> int:
+    """Engine server (run by :class:`moelab.hd.vllm_pool.EngineServer` in a child process): build the
+    engine of ``spec``, answer ``{"ready": true}``, then one JSON record per question read from stdin
+    (one JSON object per line) until EOF. Answers go to a private copy of stdout; the process's own
+    stdout and stderr (vLLM's logs) go to stderr, which the parent sends to a log file."""
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    engine, start_s = _make_engine(spec)
+    answers.write(json.dumps({"ready": True, "engine_start_s": start_s}) + "\n")
+    for line in sys.stdin:
+        if not line.strip():
             continue
-        acc0, dr0 = _spec_counters(engine)
-        stats0 = vllm_adapter.ACTIVE.rows.stats.as_dict() if vllm_adapter.ACTIVE is not None else None
-        n_us0 = len(vllm_adapter.ACTIVE.rows.stats.draft_us) if vllm_adapter.ACTIVE is not None else 0
-        t = time.perf_counter()
-        g = generate(engine, [q["prompt_ids"]], int(spec["max_new_tokens"]), temperature=temperature,
-                     seed=int(spec.get("seed", 0)), progress=False)[0]
-        wall = time.perf_counter() - t
-        acc1, dr1 = _spec_counters(engine)
-        n = len(g.output_ids)
-        accepted = acc1 - acc0 if method != "AR" else 0.0
-        rec = {"question_id": q["question_id"], "category": q["category"], "method": method, "budget": budget,
-               "engine": "vllm", "temperature": temperature, "new_tokens": n, "wall_s": wall,
-               "tokens_per_s": n / wall if wall > 0 else float("nan"), "accepted_tokens": accepted,
-               "drafts": dr1 - dr0 if method != "AR" else 0.0,
-               "forwards": (n - accepted) if np.isfinite(accepted) else float("nan"),
-               "output_ids": list(g.output_ids), "engine_start_s": start_s}
-        if vllm_adapter.ACTIVE is not None and stats0 is not None:
-            st = vllm_adapter.ACTIVE.rows.stats
-            us = st.draft_us[n_us0:]
-            rec["draft_us_p50"] = float(np.median(us)) if us else float("nan")
-            rec["hd_drafted_tokens"] = st.drafted_tokens - stats0["drafted_tokens"]
-            rec["hd_accepted_tokens"] = st.accepted_tokens - stats0["accepted_tokens"]
-        atomic_write_json(path, rec)
+        try:
+            q = json.loads(line)
+            rec = _run_question(engine, spec["method"], int(spec["budget"]), q, max_new_tokens=int(q["max_new_tokens"]),
+                                temperature=float(q["temperature"]), seed=int(q.get("seed", 0)))
+            rec["engine_start_s"] = start_s
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+            rec = {"error": f"{type(exc).__name__}: {exc}"}
+        answers.write(json.dumps(rec) + "\n")
     return 0
+
+
+def _worker(spec: dict[str, Any]) -> int:
+    """One-shot worker (the verify-cost probe), called in a subprocess."""
+    engine, start_s = _make_engine(spec)
+    return _probe(engine, spec, start_s)
 
 
 def _probe(engine: Any, spec: dict[str, Any], start_s: float) -> int:
@@ -185,32 +215,109 @@ def preload_libraries() -> str:
     return have
 
 
+def worker_env() -> dict[str, str]:
+    """Environment of every vLLM worker process (same for every method)."""
+    return dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind",
+                VLLM_NO_USAGE_STATS="1", LD_PRELOAD=preload_libraries())
+
+
 def _run_subprocess(spec: dict[str, Any], log: Path, timeout_s: float) -> None:
     spec_path = log.with_suffix(".spec.json")
     atomic_write_json(spec_path, spec)
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind",
-               VLLM_NO_USAGE_STATS="1", LD_PRELOAD=preload_libraries())
     with open(log, "wb") as fh:
         proc = subprocess.run([sys.executable, "-m", "moelab.hd.bench_vllm", str(spec_path)], stdout=fh,
-                              stderr=subprocess.STDOUT, env=env, timeout=timeout_s, check=False)
+                              stderr=subprocess.STDOUT, env=worker_env(), timeout=timeout_s, check=False)
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-1500:]
         raise RuntimeError(f"vLLM worker for {spec['method']} failed (exit {proc.returncode}); log {log}:\n{tail}")
 
 
-def _code_hash() -> str:
-    """Hash of the drafting sources and the vLLM version: results drafted by other code are never reused."""
+#: the code a vLLM result depends on (hashed into every cached (question, method) result's key)
+RUN_CODE = ("moelab.hd.drafters", "moelab.hd.stores", "moelab.hd.suffix", "moelab.hd.ngram", "moelab.hd.policy",
+            "moelab.hd.rows", "moelab.hd.engine", "moelab.hd.vllm_adapter", "moelab.hd.vllm_pool", "moelab.hd.bench_vllm",
+            "moelab.models.vllm_engine", "moelab.models.lm_loading")
+
+
+def run_code_version() -> str:
+    """Code version of a vLLM result: :data:`RUN_CODE`'s sources and the vLLM version."""
     from moelab.models.vllm_engine import _installed_version
+    from moelab.sweep.core import code_version
 
-    h = hashlib.sha256(str(_installed_version()).encode())
-    for name in ("drafters", "stores", "suffix", "ngram", "policy", "rows", "engine", "vllm_adapter"):
-        h.update((Path(__file__).parent / f"{name}.py").read_bytes())
-    return h.hexdigest()[:12]
+    return code_version(*RUN_CODE, extra=[f"vllm=={_installed_version()}"])
 
 
-def _run_key(model_dir: str, budget: int, max_new_tokens: int, temperature: float, extra: Any = None) -> str:
-    raw = json.dumps([str(model_dir), budget, max_new_tokens, temperature, extra, _code_hash()], sort_keys=True)
-    return hashlib.sha256(raw.encode()).hexdigest()[:12]
+def run_data_files() -> list[Path]:
+    """The data a vLLM result depends on: Spec-Bench and the shipped S store (L is rebuilt from the
+    ShareGPT package per tokenizer; its file name carries that)."""
+    from moelab.datasets import public_path
+    from moelab.hd.stores import default_model_store_path
+
+    return [public_path("spec-bench", download=False), default_model_store_path()]
+
+
+MAX_MODEL_LEN = 4096  # every Spec-Bench eval prompt (<= ~3.3k SmolLM2 tokens) plus 512 new tokens fits
+
+
+@lru_cache(maxsize=1)
+def _question_table() -> dict[int, dict[str, Any]]:
+    from transformers import AutoTokenizer
+
+    from moelab.datasets import load_spec_bench
+    from moelab.models.lm import DEFAULT_LM, chat_prompt_ids, lm_folder
+
+    tok = AutoTokenizer.from_pretrained(str(lm_folder(DEFAULT_LM)))
+    return {int(r.question_id): {"question_id": int(r.question_id), "category": str(r.category),
+                                 "prompt_ids": chat_prompt_ids(tok, r.prompt)} for r in load_spec_bench().itertuples()}
+
+
+def vllm_point(question_id: int, method: str = "AR", budget: int = 8, max_new_tokens: int = 128,
+               temperature: float = 0.0, seed: int = 0, l_max_tokens: int = 0, cost: str = "",
+               tag: str = "") -> dict[str, Any]:
+    """One Spec-Bench question through one method's warm vLLM engine (SmolLM2-135M, float32, batch 1).
+
+    The point function of the ``hd-vllm`` sweep suite and of :func:`run_vllm_methods`. ``tag`` keeps a
+    repeated measurement (e.g. AR again at the end) apart in the cache; ``l_max_tokens`` 0 means L's
+    default size. HD (cost-aware) reads ``cost`` (a :class:`~moelab.hd.policy.VerifyCost` as JSON) or, when it
+    is empty, this machine's measured verify-cost curve (:func:`measure_vllm_cost`); the row records the
+    curve's hash."""
+    from moelab.datasets import cache_dir
+    from moelab.hd import vllm_pool
+    from moelab.models.lm import DEFAULT_LM, lm_folder
+
+    if method not in VLLM_METHODS:
+        raise ValueError(f"method must be one of {list(VLLM_METHODS)}; got {method!r}")
+    qs = _question_table()
+    if question_id not in qs:
+        raise ValueError(f"question_id must be a Spec-Bench question id; got {question_id!r}")
+    model_dir = str(lm_folder(DEFAULT_LM))
+    curve = None
+    if method == "HD":
+        curve = VerifyCost(**json.loads(cost)) if cost else measure_vllm_cost(model_dir)
+    spec = {"method": method, "budget": int(budget), "model_dir": model_dir, "max_model_len": MAX_MODEL_LEN,
+            "cost": curve.as_dict() if curve is not None else None, "l_max_tokens": int(l_max_tokens) or None, "seed": 0}
+    srv = vllm_pool.server(spec, cache_dir() / "hd" / "vllm-engines")
+    vllm_pool.settle()
+    try:
+        rec = srv.ask({**qs[question_id], "max_new_tokens": int(max_new_tokens), "temperature": float(temperature),
+                       "seed": int(seed)})
+    finally:
+        vllm_pool.mark_done()
+    rec.pop("temperature", None)
+    rec.pop("budget", None)
+    rec["cost_curve"] = hashlib.sha256(json.dumps(curve.as_dict(), sort_keys=True).encode()).hexdigest()[:8] \
+        if curve is not None else ""
+    return rec
+
+
+def interleaved_points(question_ids: Sequence[int], methods: Sequence[str], **fixed: Any) -> list[dict[str, Any]]:
+    """Sweep points question by question, every method on a question back to back, the methods' order
+    rotated from one question to the next (so no method is always first after a question change)."""
+    ms = list(methods)
+    pts = []
+    for i, q in enumerate(question_ids):
+        rot = ms[i % len(ms):] + ms[:i % len(ms)]
+        pts += [{"question_id": int(q), "method": m, **fixed} for m in rot]
+    return pts
 
 
 def measure_vllm_cost(model_dir: str | Path, *, qs: Sequence[int] = (2, 3, 5, 9), context_tokens: int = 256,
@@ -237,60 +344,57 @@ def measure_vllm_cost(model_dir: str | Path, *, qs: Sequence[int] = (2, 3, 5, 9)
     return cached_verify_cost("vllm", Path(model_dir).name, measure, refresh=refresh)
 
 
-def run_vllm_methods(questions: pd.DataFrame, tokenizer: Any, *, methods: Sequence[str] = VLLM_METHODS,
+def run_vllm_methods(questions: pd.DataFrame, tokenizer: Any = None, *, methods: Sequence[str] = VLLM_METHODS,
                      budget: int = 8, max_new_tokens: int = 128, temperature: float = 0.0,
-                     model_dir: str | Path | None = None, cost: VerifyCost | None = None,
-                     l_max_tokens: int | None = None, timeout_s: float = 3600.0, run_tag: str = "",
-                     progress: bool = True) -> tuple[pd.DataFrame, dict[str, str]]:
-    """Run ``methods`` in vLLM on ``questions`` (Spec-Bench rows with ``prompt``); per-question results are
-    cached, so an interrupted run resumes. Returns the per-question table and ``{method: reason}`` for
-    methods skipped (e.g. suffix without arctic-inference). ``run_tag`` keeps a repeated run of a method
-    (e.g. AR measured again at the end) apart from the first in the cache."""
+                     cost: VerifyCost | None = None, l_max_tokens: int | None = None, run_tag: str = "",
+                     out: str | Path | None = None, progress: bool = True) -> tuple[pd.DataFrame, dict[str, str]]:
+    """Run ``methods`` in vLLM on ``questions`` (Spec-Bench rows), interleaved question by question
+    (:func:`interleaved_points`, one warm engine per method), through the sweep runner: every
+    (question, method) result is cached, so an interrupted run resumes. Returns the per-question
+    table and ``{method: reason}`` for methods skipped (e.g. suffix without arctic-inference).
+    ``run_tag`` keeps a repeated run of a method (e.g. AR measured again at the end) apart from the first.
+    ``cost``: the verify-cost curve cost-aware HD reads (default: this machine's, measured once and cached).
+    Speeds are only comparable when nothing else runs the engines' cores (the runner is serial for that).
+    ``tokenizer`` is unused (kept for callers; prompts come from Spec-Bench by question id)."""
     from moelab.datasets import cache_dir
-    from moelab.models.lm import DEFAULT_LM, chat_prompt_ids, lm_folder
+    from moelab.sweep.core import run_sweep
 
     budget = check_budget(budget)
-    check_int("max_new_tokens", max_new_tokens, low=1, high=4096)
+    check_int("max_new_tokens", max_new_tokens, low=1, high=MAX_MODEL_LEN // 2)
     check_real("temperature", temperature, low=0.0)
     bad = sorted(set(methods) - set(VLLM_METHODS))
     if bad:
         raise ValueError(f"methods must be among {list(VLLM_METHODS)}; got unknown {bad}")
-    model_dir = str(model_dir or lm_folder(DEFAULT_LM))
-    if "HD" in methods and cost is None:
-        cost = measure_vllm_cost(model_dir)
-    qs = [{"question_id": int(r.question_id), "category": str(r.category),
-           "prompt_ids": chat_prompt_ids(tokenizer, r.prompt)} for r in questions.itertuples()]
-    key = _run_key(model_dir, budget, max_new_tokens, temperature, l_max_tokens)
-    root = cache_dir() / "hd" / "vllm-runs" / key
     skipped: dict[str, str] = {}
-    rows = []
-    for m in methods:
-        if m == "suffix":
-            ok, why = suffix_status()
-            if not ok:
-                skipped[m] = why
-                continue
-        name = m
-        if m == "HD" and cost is not None:  # results depend on the cost curve the policy read
-            name += "-" + hashlib.sha256(json.dumps(cost.as_dict(), sort_keys=True).encode()).hexdigest()[:8]
-        out = root / (f"{name}-{run_tag}" if run_tag else name)
-        out.mkdir(parents=True, exist_ok=True)
-        todo = [q for q in qs if not (out / f"q{q['question_id']}.json").is_file()]
-        if todo:
-            if progress:
-                print(f"vLLM {m}: {len(todo)} of {len(qs)} questions to run (budget {budget})", file=sys.stderr, flush=True)
-            _run_subprocess({"method": m, "budget": budget, "questions": todo, "model_dir": model_dir,
-                             "out_dir": str(out), "max_new_tokens": max_new_tokens, "temperature": temperature,
-                             "cost": cost.as_dict() if cost is not None and m == "HD" else None,
-                             "l_max_tokens": l_max_tokens}, out / "worker.log", timeout_s)
-        for q in qs:
-            rows.append(read_json(out / f"q{q['question_id']}.json"))
-    df = pd.DataFrame(rows)
+    if "suffix" in methods:
+        ok, why = suffix_status()
+        if not ok:
+            skipped["suffix"] = why
+    run = [m for m in methods if m not in skipped]
+    if not run:
+        return pd.DataFrame(), skipped
+    pts = interleaved_points([int(q) for q in questions["question_id"]], run, budget=budget,
+                             max_new_tokens=int(max_new_tokens), temperature=float(temperature), seed=0,
+                             l_max_tokens=int(l_max_tokens or 0),
+                             cost=json.dumps(cost.as_dict(), sort_keys=True) if cost is not None else "", tag=str(run_tag))
+    for p in pts:  # only cost-aware HD reads the curve: the other methods' results (and cache keys) do not depend on it
+        if p["method"] != "HD":
+            p["cost"] = ""
+    res = run_sweep(vllm_point, pts, cache_dir=Path(out) if out else cache_dir() / "hd" / "vllm-sweep",
+                    backend="serial", code=run_code_version(), data=data_hash_of_run(), progress=progress,
+                    desc="vLLM Spec-Bench")
+    df = res.frame
     if len(df):
         ar = df[df["method"] == "AR"].set_index("question_id")["output_ids"]
         df["identical"] = [None if temperature > 0 or qid not in ar.index else list(o) == list(ar.loc[qid])
                            for qid, o in zip(df["question_id"], df["output_ids"])]
     return df, skipped
+
+
+def data_hash_of_run() -> str:
+    from moelab.sweep.core import data_hash
+
+    return data_hash(run_data_files())
 
 
 def summarize_vllm(df: pd.DataFrame) -> pd.DataFrame:
@@ -325,28 +429,30 @@ def full_table_path() -> Path:
     return repo_root() / "data" / "hd" / FULL_TABLE
 
 
-def full_benchmark(*, methods: Sequence[str] = ("AR", "ngram", "suffix", "HD", "HD-fixed", "REST"), budget: int = 8,
-                   max_new_tokens: int = 128, temperatures: Sequence[float] = (0.0, 1.0),
-                   per_category: int | None = None, out: str | Path | None = None) -> pd.DataFrame:
-    """The whole Spec-Bench evaluation split in vLLM (every category, every question, ``max_new_tokens``
-    tokens, each temperature): resumable (per-question cache), then one table with one row per method,
-    category and temperature, stamped with date, commit and machine, written to ``out``
-    (default ``data/hd/specbench_vllm_full.csv``). Hours on a 2-core CPU; run it where there is time."""
-    import subprocess as sp
+FULL_METHODS = ("AR", "ngram", "suffix", "HD")
 
-    from transformers import AutoTokenizer
+
+def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, max_new_tokens: int = 128,
+                   temperatures: Sequence[float] = (0.0,), per_category: int | None = None,
+                   out: str | Path | None = None, cache: str | Path | None = None,
+                   progress: bool = True) -> pd.DataFrame:
+    """The whole Spec-Bench evaluation in vLLM (every category, all 480 questions, ``max_new_tokens``
+    tokens, each temperature), the methods interleaved question by question (:func:`run_vllm_methods`):
+    resumable (every (question, method) result cached; a rerun skips what is done), then one table with
+    one row per method, category and temperature, stamped with date, commit and machine, written to
+    ``out`` (default ``data/hd/specbench_vllm_full.csv``). Hours on a 2-core CPU: give it a quiet machine
+    (``moelab sweep hd-vllm`` runs the same points)."""
+    import subprocess as sp
 
     from moelab.datasets import repo_root
     from moelab.hd.policy import machine_id
     from moelab.hd.specbench import spec_bench_split
-    from moelab.models.lm import DEFAULT_LM, lm_folder
 
     questions = spec_bench_split("eval", per_category=per_category)
-    tok = AutoTokenizer.from_pretrained(str(lm_folder(DEFAULT_LM)))
     tables = []
     for t in temperatures:
-        df, skipped = run_vllm_methods(questions, tok, methods=methods, budget=budget, max_new_tokens=max_new_tokens,
-                                       temperature=float(t))
+        df, skipped = run_vllm_methods(questions, methods=methods, budget=budget, max_new_tokens=max_new_tokens,
+                                       temperature=float(t), out=cache, progress=progress)
         summ = summarize_vllm(df)
         summ["temperature"] = float(t)
         tables.append(summ)
@@ -372,8 +478,10 @@ def full_benchmark(*, methods: Sequence[str] = ("AR", "ngram", "suffix", "HD", "
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) == 2 and args[0] == "--serve":
+        return serve(read_json(args[1]))
     if len(args) != 1:
-        print("usage: python -m moelab.hd.bench_vllm SPEC.json (internal worker)", file=sys.stderr)
+        print("usage: python -m moelab.hd.bench_vllm [--serve] SPEC.json (internal worker)", file=sys.stderr)
         return 2
     return _worker(read_json(args[0]))
 
@@ -382,5 +490,6 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["FULL_TABLE", "VLLM_METHODS", "full_benchmark", "full_table_path", "measure_vllm_cost", "run_vllm_methods", "speculative_config_for", "suffix_status",
-           "summarize_vllm"]
+__all__ = ["FULL_METHODS", "FULL_TABLE", "MAX_MODEL_LEN", "RUN_CODE", "VLLM_METHODS", "full_benchmark", "full_table_path",
+           "interleaved_points", "measure_vllm_cost", "run_code_version", "run_data_files", "run_vllm_methods", "serve",
+           "speculative_config_for", "suffix_status", "summarize_vllm", "vllm_point", "worker_env"]

@@ -1,11 +1,12 @@
-"""Spec-Bench questions for HD: the documented store/evaluation split and prompt formatting.
+"""Spec-Bench questions for HD: the evaluation set and prompt formatting.
 
-Split (fixed, no randomness): inside each of the six categories, questions are sorted by
-``question_id``; every fourth one (sorted position ``% 4 == 3``: 20 per category, 120 in all) belongs to
-the **store** split, used only to build the model store S from the target's own outputs; the other 360
-are the **eval** split. The CI / benchmark slice takes the first ``per_category`` eval questions of each
-category, so S never sees a question it is evaluated on. Only the first turn of each question is used
-(MT-bench's second turn needs the model's own first answer; we keep every method on identical prompts).
+Every one of Spec-Bench's 480 questions is evaluated. No store is built from Spec-Bench: S comes from
+the target's own outputs on ShareGPT prompts that share no 64-character stretch with any Spec-Bench
+turn, and L from ShareGPT conversations (:mod:`moelab.hd.builders`), so no store has seen a question it
+is evaluated on. (An earlier version kept every fourth question per category apart to build S from; the
+``"store"`` split is gone with it.) The CI / benchmark slice takes the first ``per_category`` questions of
+each category by id. Only the first turn of each question is used (MT-bench's second turn needs the
+model's own first answer; we keep every method on identical prompts).
 """
 
 from __future__ import annotations
@@ -16,18 +17,17 @@ from moelab._validate import check_choice, check_int
 from moelab.datasets import SPEC_BENCH_CATEGORIES, load_spec_bench
 from moelab.models.lm import chat_prompt_ids
 
-SPLITS = ("store", "eval")
-STORE_EVERY = 4  # every 4th question of a category (sorted position % 4 == 3) builds the model store
+SPLITS = ("eval",)
 
 
 def spec_bench_split(split: str = "eval", *, per_category: int | None = None,
                      categories: tuple[str, ...] = SPEC_BENCH_CATEGORIES) -> pd.DataFrame:
-    """Spec-Bench questions of one side of the documented split.
+    """Spec-Bench's evaluation questions (all of them, or a per-category slice).
 
     Parameters
     ----------
-    split : {"eval", "store"}
-        ``"store"``: the questions whose target outputs build S; ``"eval"``: the rest.
+    split : {"eval"}
+        ``"eval"``: every question (the only split; see the module docstring).
     per_category : int, optional
         Keep only the first ``per_category`` questions (by id) of each category (the benchmark slice).
     categories : tuple of str
@@ -44,9 +44,6 @@ def spec_bench_split(split: str = "eval", *, per_category: int | None = None,
     if per_category is not None:
         check_int("per_category", per_category, low=1)
     df = load_spec_bench().sort_values("question_id")
-    pos = df.groupby("category").cumcount()
-    in_store = (pos % STORE_EVERY) == STORE_EVERY - 1
-    df = df[in_store if split == "store" else ~in_store]
     df = df[df["category"].isin(categories)]
     if per_category is not None:
         df = df.groupby("category", sort=False).head(per_category)

@@ -18,7 +18,15 @@ Suites
 ``hd``
     :func:`moelab.hd.evaluate.run_specbench` on SmolLM2-135M, one Spec-Bench evaluation question per
     point (every method on that question: one row per method). The default grid is the full run
-    (all 360 evaluation questions, 128 tokens; ~3 h on 2 cores, spread it with ``--backend ray``).
+    (all 480 Spec-Bench questions, 128 tokens; hours on 2 cores, spread it with ``--backend ray``). HF
+    transformers engine: tree verification and exact per-store accounting (the research engine).
+``hd-vllm``
+    :func:`moelab.hd.bench_vllm.vllm_point`: one (question, method) per point in vLLM (the deployment
+    engine; AR, vLLM's ngram and suffix, HD), the methods back to back on each question with their order
+    rotated, one warm engine per method. The default grid is the full benchmark (all 480 questions x
+    4 methods, 128 tokens, greedy). Speeds compare only on a machine doing nothing else: run it with the
+    default ``--backend serial``-like single worker (``--workers 1``); ``--backend ray`` spreads
+    questions over machines (each then compares its methods on its own questions).
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ class Suite:
     columns: tuple[str, ...] = ()  # result columns worth printing in the CLI summary
     extra_versions: Callable[[], list[str]] = field(default=lambda: [])
     check: Callable[[list[dict[str, Scalar]]], None] | None = None
+    code_fn: Callable[[], Sequence[str]] | None = None  # more code targets, looked up when needed (lazy imports)
+    arrange: Callable[[list[dict[str, Scalar]]], list[dict[str, Scalar]]] | None = None  # run order of the points
 
     def default(self, name: str) -> list[Scalar]:
         v = self.params[name]
@@ -63,7 +73,8 @@ class Suite:
         return {k: list(overrides[k]) if k in overrides else self.default(k) for k in self.params}
 
     def code_version(self) -> str:
-        return code_version(*self.code, extra=self.extra_versions())
+        more = tuple(self.code_fn()) if self.code_fn is not None else ()
+        return code_version(*self.code, *more, extra=self.extra_versions())
 
     def data_hash(self) -> str:
         return data_hash(self.data())
@@ -228,7 +239,7 @@ def _hd_check(points: list[dict[str, Scalar]]) -> None:
     ids = set(_hd_ids())
     for p in points:
         if p["question_id"] not in ids:
-            raise ValueError(f"question_id must be a Spec-Bench evaluation-split id ({len(ids)} ids in "
+            raise ValueError(f"question_id must be a Spec-Bench evaluation id ({len(ids)} ids in "
                              f"{min(ids)}..{max(ids)}, see moelab.hd.spec_bench_split('eval')); got {p['question_id']!r}")
         check_int("max_new_tokens", p["max_new_tokens"], low=1, high=4096)
         check_real("temperature", p["temperature"], low=0)
@@ -251,6 +262,57 @@ def _hd_versions() -> list[str]:
         except PackageNotFoundError:
             out.append(f"{pkg} absent")
     return out
+
+
+def hd_vllm_point(question_id: int, method: str = "AR", budget: int = 8, max_new_tokens: int = 128,
+                  temperature: float = 0.0, seed: int = 0, l_max_tokens: int = 0, cost: str = "",
+                  tag: str = "") -> dict:
+    """One Spec-Bench question through one method in vLLM (:func:`moelab.hd.bench_vllm.vllm_point`)."""
+    from moelab.hd.bench_vllm import vllm_point
+
+    return vllm_point(question_id, method, budget, max_new_tokens, temperature, seed, l_max_tokens, cost, tag)
+
+
+def _hd_vllm_check(points: list[dict[str, Scalar]]) -> None:
+    from moelab.hd.bench_vllm import VLLM_METHODS, suffix_status
+
+    _hd_check([{**p, "seed": p.get("seed", 0)} for p in points])
+    for p in points:
+        if p["method"] not in VLLM_METHODS:
+            raise ValueError(f"method must be one of {list(VLLM_METHODS)}; got {p['method']!r}")
+        if p["method"] == "suffix" and not suffix_status()[0]:
+            raise ValueError(suffix_status()[1])
+
+
+def _hd_vllm_arrange(points: list[dict[str, Scalar]]) -> list[dict[str, Scalar]]:
+    """Question by question, the methods of a question back to back in an order rotated per question
+    (as :func:`moelab.hd.bench_vllm.interleaved_points`), so every method meets the same machine load."""
+    groups: dict[tuple, list[dict[str, Scalar]]] = {}
+    for p in points:
+        groups.setdefault(tuple((k, v) for k, v in sorted(p.items()) if k != "method"), []).append(p)
+    out: list[dict[str, Scalar]] = []
+    for i, group in enumerate(groups.values()):
+        r = i % len(group)
+        out += group[r:] + group[:r]
+    return out
+
+
+def _hd_vllm_code() -> tuple[str, ...]:
+    from moelab.hd.bench_vllm import RUN_CODE
+
+    return RUN_CODE
+
+
+def _hd_vllm_data() -> list[Path]:
+    from moelab.hd.bench_vllm import run_data_files
+
+    return run_data_files()
+
+
+def _hd_vllm_versions() -> list[str]:
+    from moelab.models.vllm_engine import _installed_version
+
+    return [f"vllm=={_installed_version()}"]
 
 
 SUITES: dict[str, Suite] = {
@@ -278,6 +340,13 @@ SUITES: dict[str, Suite] = {
         "Hierarchy Drafting on Spec-Bench, one evaluation question per point (SmolLM2-135M)",
         ("moelab.hd", "moelab.models", *_FLOOR), _hd_data,
         ("method", "mean_accepted", "cpu_speedup", "identical"), _hd_versions, _hd_check),
+    "hd-vllm": Suite(
+        "hd-vllm", hd_vllm_point,
+        {"question_id": _hd_ids, "method": ["AR", "ngram", "suffix", "HD"], "budget": [8], "max_new_tokens": [128],
+         "temperature": [0.0], "seed": [0], "l_max_tokens": [0], "cost": [""], "tag": [""]},
+        "Spec-Bench in vLLM, one (question, method) per point, methods interleaved (SmolLM2-135M, float32)",
+        (), _hd_vllm_data, ("method", "category", "tokens_per_s", "new_tokens"), _hd_vllm_versions, _hd_vllm_check,
+        code_fn=_hd_vllm_code, arrange=_hd_vllm_arrange),
 }
 
 
@@ -321,6 +390,8 @@ def run_suite(name: str, overrides: Mapping[str, Sequence[Scalar]] | None = None
     points = expand_grid(grid, allowed=suite.params)
     if suite.check is not None:
         suite.check(points)
+    if suite.arrange is not None:
+        points = suite.arrange(points)
     return run_sweep(suite.fn, points, cache_dir=Path(out) / "cache" / name, backend=backend, workers=workers,
                      address=address, code=suite.code_version(), data=suite.data_hash(), allowed=suite.params,
                      progress=progress, desc=f"sweep {name}")

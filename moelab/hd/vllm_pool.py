@@ -1,0 +1,167 @@
+"""Persistent vLLM engines, one per speculative method, serving one Spec-Bench question at a time.
+
+Why servers: a fair speed comparison on a shared CPU needs the methods measured under the same
+conditions. Running all of AR, then all of ngram, ... puts each method in a different stretch of the
+machine's load; keeping one warm engine per method and running the methods back to back on each
+question (their order rotated from question to question) puts them side by side in time, and no two
+engines ever compute at once. Each engine lives in its own process (vLLM keeps per-process global
+state; two engines in one process disturb each other) and answers JSON lines on a private pipe; its
+own log output goes to a file.
+
+The point function :func:`moelab.hd.bench_vllm.vllm_point` uses :func:`server`; the sweep runner
+(``moelab sweep hd-vllm``) caches each (question, method) result, so a run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from moelab._io import atomic_write_json
+
+#: at most this many engines stay warm at once (each holds the model, a KV cache and, for HD/REST, L)
+MAX_ENGINES = 6
+#: seconds between two questions: idle OpenMP threads of the previous engine spin for ~0.2 s after it
+#: stops, and the next engine must not share the cores with them
+SETTLE_S = 0.3
+
+
+class EngineServer:
+    """One warm vLLM engine in a child process (``python -m moelab.hd.bench_vllm --serve SPEC``).
+
+    Parameters
+    ----------
+    spec : dict
+        Engine settings (``method``, ``budget``, ``model_dir``, ``max_model_len``, ``cost``, ...), as
+        :func:`moelab.hd.bench_vllm.serve` reads them.
+    log_dir : path
+        Where the spec file and the engine's log are written.
+    start_timeout_s : float
+        How long engine start may take.
+    """
+
+    def __init__(self, spec: dict[str, Any], log_dir: Path, *, start_timeout_s: float = 900.0) -> None:
+        from moelab.hd.bench_vllm import worker_env
+
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.spec = spec
+        self.log = log_dir / f"{spec['method']}-b{spec['budget']}.log"
+        spec_path = self.log.with_suffix(".spec.json")
+        atomic_write_json(spec_path, spec)
+        self._log_fh = open(self.log, "wb")  # noqa: SIM115 - lives as long as the server
+        self.proc = subprocess.Popen([sys.executable, "-m", "moelab.hd.bench_vllm", "--serve", str(spec_path)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_fh,
+                                     env=worker_env())
+        self.last_used = time.monotonic()
+        ready = self._read(start_timeout_s)
+        if ready.get("ready") is not True:
+            self.close()
+            raise RuntimeError(f"vLLM engine for {spec['method']} did not start: {ready}; log {self.log}:\n{self._tail()}")
+        self.start_s = float(ready.get("engine_start_s", float("nan")))
+
+    def _tail(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-1500:]
+        except OSError:
+            return ""
+
+    def _read(self, timeout_s: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                raise TimeoutError(f"vLLM engine for {self.spec['method']} gave no answer in {timeout_s:.0f} s; "
+                                   f"log {self.log}:\n{self._tail()}")
+            ready, _, _ = select.select([self.proc.stdout], [], [], min(left, 5.0))
+            if ready:
+                line = self.proc.stdout.readline()
+                if not line:
+                    code = self.proc.wait()
+                    raise RuntimeError(f"vLLM engine for {self.spec['method']} exited (code {code}); log {self.log}:\n"
+                                       f"{self._tail()}")
+                return json.loads(line)
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM engine for {self.spec['method']} exited (code {self.proc.returncode}); "
+                                   f"log {self.log}:\n{self._tail()}")
+
+    def ask(self, question: dict[str, Any], *, timeout_s: float = 1800.0) -> dict[str, Any]:
+        """Run one question (``question_id``, ``category``, ``prompt_ids``, ``max_new_tokens``,
+        ``temperature``, ``seed``) and return the engine's record of it."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"vLLM engine for {self.spec['method']} is not running; log {self.log}")
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(question) + "\n").encode())
+        self.proc.stdin.flush()
+        rec = self._read(timeout_s)
+        self.last_used = time.monotonic()
+        if "error" in rec:
+            raise RuntimeError(f"vLLM engine for {self.spec['method']} failed on question {question.get('question_id')}: "
+                               f"{rec['error']}")
+        return rec
+
+    def close(self) -> None:
+        """Stop the engine process (EOF first, then terminate, then kill)."""
+        if self.proc.poll() is None:
+            try:
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+        self._log_fh.close()
+
+
+_SERVERS: dict[str, EngineServer] = {}
+_LAST_ASK = [0.0]
+
+
+def server(spec: dict[str, Any], log_dir: Path) -> EngineServer:
+    """The warm engine for ``spec`` (started on first use; the least recently used one is stopped when
+    more than :data:`MAX_ENGINES` would be warm)."""
+    key = json.dumps(spec, sort_keys=True)
+    srv = _SERVERS.get(key)
+    if srv is not None and srv.proc.poll() is None:
+        return srv
+    if srv is not None:
+        srv.close()
+        del _SERVERS[key]
+    while len(_SERVERS) >= MAX_ENGINES:
+        old = min(_SERVERS, key=lambda k: _SERVERS[k].last_used)
+        _SERVERS.pop(old).close()
+    _SERVERS[key] = EngineServer(spec, log_dir)
+    return _SERVERS[key]
+
+
+def settle() -> None:
+    """Wait until :data:`SETTLE_S` has passed since the last question ended (see its comment)."""
+    wait = SETTLE_S - (time.monotonic() - _LAST_ASK[0])
+    if wait > 0:
+        time.sleep(wait)
+
+
+def mark_done() -> None:
+    _LAST_ASK[0] = time.monotonic()
+
+
+def close_all() -> None:
+    """Stop every warm engine (also run at interpreter exit)."""
+    while _SERVERS:
+        _SERVERS.popitem()[1].close()
+
+
+atexit.register(close_all)
+
+__all__ = ["MAX_ENGINES", "SETTLE_S", "EngineServer", "close_all", "mark_done", "server", "settle"]
