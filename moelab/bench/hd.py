@@ -2,7 +2,7 @@
 
 Slice: the first ``per_category`` questions of each category of the *eval* split
 (:func:`moelab.hd.specbench.spec_bench_split`), greedy, float32. ``quick``: 1 question per category, 24
-tokens; full: 2 per category, 64 tokens; any size via ``MOELAB_HD_PER_CATEGORY`` (``all`` = the 60 eval
+tokens; full: 2 per category, 64 tokens; any size via ``MOELAB_HD_PER_CATEGORY`` (``all`` = all 80
 questions per category) and ``MOELAB_HD_TOKENS``; skip the vLLM half with ``MOELAB_HD_VLLM=0``.
 
 * **HF engine** (transformers, tree verification, this CPU): AR for real; PLD, HD-fixed (the paper's
