@@ -117,7 +117,10 @@ def test_multi_turn_prefixes_hit_the_cache(work):
     a first turn reuses its system prompt's full blocks once any earlier request of its domain came."""
     tr = work.trace
     rows = np.arange(tr.n_requests)
-    arrival = conversation_arrivals(work, rows, rate=20, turn_gap_s=2.0, seed=1)
+    arrival = conversation_arrivals(work, rows, rate=20, sessions=6, seed=1)
+    later = work.turn > 0
+    assert (arrival[later] > arrival[np.flatnonzero(later) - 1]).all()  # a conversation's turns keep their order
+    assert np.isclose(arrival.min(), 0) and np.unique(arrival).size == rows.size
     cs = cache_signatures(work, rows, arrival, block_size=BS, capacity_blocks=4000, in_flight=3)
     expect = np.zeros(rows.size, np.int64)
     seen: set[str] = set()
@@ -136,7 +139,7 @@ def test_multi_turn_prefixes_hit_the_cache(work):
 def test_coindexed_equals_full_and_suffix_differs(work):
     tr = work.trace
     rows = np.arange(tr.n_requests)
-    arrival = conversation_arrivals(work, rows, rate=20, turn_gap_s=2.0, seed=1)
+    arrival = conversation_arrivals(work, rows, rate=20, sessions=6, seed=1)
     big = cache_signatures(work, rows, arrival, block_size=BS, capacity_blocks=4000)
     small = cache_signatures(work, rows, arrival, block_size=BS, capacity_blocks=60, in_flight=2)
     assert small.evictions > 0 and 0 < small.hit_rate < big.hit_rate
@@ -156,7 +159,7 @@ def test_prefix_cache_ablation_measures(work):
     assert not set(work.conversation[work.rows_of(setup.calib.request_ids)]) & set(
         work.conversation[work.rows_of(setup.pool.request_ids)])  # split by conversation
     pc = ex.prefix_cache_ablation(setup, work, rate=40, capacity_blocks=[4000, 40], block_size=BS, in_flight=2,
-                                  turn_gap_s=1.0, output_len=8)
+                                  sessions=4, output_len=8)
     modes = pc["prefix_cache"].tolist()
     assert modes[:5] == ["full prefill", "co-indexed", "suffix only", "co-indexed", "suffix only"]
     assert modes[5].startswith("best baseline")
@@ -193,8 +196,8 @@ def test_bad_parameters(work):
         cache_signatures(work, rows + 10_000, arrival, block_size=BS)
     with pytest.raises(ValueError, match="rate"):
         conversation_arrivals(work, rows, rate=0)
-    with pytest.raises(ValueError, match="turn_gap_s"):
-        conversation_arrivals(work, rows, rate=1, turn_gap_s=-1)
+    with pytest.raises(ValueError, match="sessions"):
+        conversation_arrivals(work, rows, rate=1, sessions=0)
     with pytest.raises(ValueError, match="request_ids"):
         work.rows_of(["nope"])
     setup = ex.prefix_setup(work, small_cost(), 2, n_pairs=300)

@@ -396,7 +396,7 @@ def prefix_cache_ablation(
     capacity_blocks: int | Sequence[int] = 4096,
     block_size: int = 16,
     in_flight: int = 8,
-    turn_gap_s: float = 20.0,
+    sessions: int = 64,
     output_len: int = 512,
     rate_scale: float = 1.0,
     tau: float = 0.1,
@@ -407,8 +407,8 @@ def prefix_cache_ablation(
     """Prefix caching and signatures, measured on the shared-prefix conversation workload.
 
     ``setup`` comes from :func:`prefix_setup` on ``workload``. Its served requests arrive as
-    conversations (:func:`~moelab.eldr.prefix.conversation_arrivals`: ``rate`` x ``rate_scale`` req/s,
-    turns ``turn_gap_s`` apart) and go, in arrival order, through a KV-block signature cache of each
+    conversations (:func:`~moelab.eldr.prefix.conversation_arrivals`: ``rate`` x ``rate_scale`` req/s
+    from ``sessions`` concurrent conversations) and go, in arrival order, through a KV-block signature cache of each
     size in ``capacity_blocks`` (:func:`~moelab.eldr.prefix.cache_signatures`). ELDR then runs the
     decode-cluster simulation on those arrivals once per signature mode: ``full prefill`` (no cache),
     ``co-indexed`` (sum over the whole block table, cached blocks included: equal to full prefill by the
@@ -425,7 +425,7 @@ def prefix_cache_ablation(
     pool = setup.pool
     rows = workload.rows_of(pool.request_ids)
     sim_rate = rate * rate_scale
-    arrival = conversation_arrivals(workload, rows, rate=sim_rate, turn_gap_s=turn_gap_s, seed=seed)
+    arrival = conversation_arrivals(workload, rows, rate=sim_rate, sessions=sessions, seed=seed)
     order = np.argsort(arrival, kind="stable")
     codes, _ = pool.domain_codes()
     offsets = rng_from(seed).integers(0, pool.decode_lens[order])
@@ -434,7 +434,7 @@ def prefix_cache_ablation(
                         order, offsets)
     builder = setup.builder(kind)
     base = {"rate": float(rate), "sim_rate": float(sim_rate), "tau": tau, "kind": kind, "n_workers": setup.n_workers,
-            "block_size": block_size, "in_flight": in_flight}
+            "block_size": block_size, "in_flight": in_flight, "sessions": sessions}
 
     def run(router: str, sig: np.ndarray | None = None) -> dict:
         r = build_router(setup, router, tau=tau, kind=kind, seed=seed)

@@ -250,26 +250,45 @@ def _first_cumsum(x: np.ndarray, first: np.ndarray, group: np.ndarray) -> np.nda
     return before[group]
 
 
-def conversation_arrivals(workload: ConversationWorkload, rows: np.ndarray, *, rate: float, turn_gap_s: float = 20.0,
+def conversation_arrivals(workload: ConversationWorkload, rows: np.ndarray, *, rate: float, sessions: int = 64,
                           seed: int = 0) -> np.ndarray:
-    """Arrival time (s) of each of ``rows``: conversations start as a Poisson process whose request rate
-    is ``rate`` on average (``rate`` x conversations / requests in ``rows``), and turn ``t + 1`` arrives
-    ``Exp(turn_gap_s)`` after turn ``t`` (the reply's decode plus the user's reading and typing: an
-    assumption, not coupled to the simulated decode time). The earliest arrival is at 0."""
+    """Arrival time (s) of each of ``rows``: a Poisson stream at ``rate`` req/s served by ``sessions``
+    concurrent conversations. Each arrival is the next turn of a uniformly chosen open session; a session
+    whose conversation has no turn left opens the next conversation (in a seeded random order), so the
+    turns of one conversation keep their order and about ``sessions`` other requests arrive between two
+    of its turns (``sessions / rate`` seconds) — the quantity that decides whether its history is still
+    cached. An assumption, stated: the gap is not coupled to the simulated decode time of the reply.
+    The first arrival is at 0."""
     rate = check_real("rate", rate, low=0, low_open=True)
-    gap = check_real("turn_gap_s", turn_gap_s, low=0)
+    sessions = check_int("sessions", sessions, low=1)
     rows = check_array("rows", rows, ndim=1).astype(np.int64)
     if rows.size == 0 or rows.min() < 0 or rows.max() >= workload.trace.n_requests:
         raise ValueError(f"rows must be a non-empty selection of the workload's {workload.trace.n_requests} requests")
     rng = rng_from(seed)
-    convs, conv_idx = np.unique(workload.conversation[rows], return_inverse=True)
-    start = np.cumsum(rng.exponential(rows.size / (rate * convs.size), size=convs.size))
-    turns = workload.turn[rows]
-    gaps = rng.exponential(gap, size=(convs.size, int(workload.turn.max()) + 1)) if gap > 0 else \
-        np.zeros((convs.size, int(workload.turn.max()) + 1))
-    offset = np.concatenate([np.zeros((convs.size, 1)), np.cumsum(gaps, axis=1)[:, :-1]], axis=1)
-    arrival = start[conv_idx] + offset[conv_idx, turns]
-    return arrival - arrival.min()
+    n = rows.size
+    times = np.cumsum(rng.exponential(1.0 / rate, size=n))
+    times -= times[0]
+    convs = workload.conversation[rows]
+    by_turn = np.lexsort((workload.turn[rows], convs))  # rows grouped by conversation, turns in order
+    starts = np.flatnonzero(np.r_[True, convs[by_turn][1:] != convs[by_turn][:-1]])
+    ends = np.r_[starts[1:], n]
+    queue = deque(rng.permutation(starts.size).tolist())
+    cursor = {}  # open session -> next position in by_turn
+    open_: list[int] = []
+    arrival = np.empty(n)
+    for slot in range(n):
+        while len(open_) < sessions and queue:
+            c = queue.popleft()
+            open_.append(c)
+            cursor[c] = int(starts[c])
+        j = int(rng.integers(len(open_)))
+        c = open_[j]
+        arrival[by_turn[cursor[c]]] = times[slot]
+        cursor[c] += 1
+        if cursor[c] == ends[c]:
+            open_[j] = open_[-1]
+            open_.pop()
+    return arrival
 
 
 @dataclass(frozen=True, eq=False)
