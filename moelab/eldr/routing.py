@@ -110,20 +110,27 @@ class ELDRRouter(Router):
                 self.set_centroids(new)
         if sig.shape[0] == 1:
             # fast path (one request): the common case in an event-driven cluster. A row-major float32
-            # [K, d] matrix times a vector streams the centroids once. If every worker in the global band
-            # has a free slot, the band among open workers is the same set, so the decision is final.
+            # [K, d] matrix times a vector streams the centroids once; the band and load logic over K
+            # workers runs on Python lists (a dozen tiny numpy calls cost more than the product). If every
+            # worker in the global band has a free slot, the band among open workers is the same set, so
+            # the decision is final. Same arithmetic and tie-break as the general path below.
             s = np.dot(self._c32, sig[0].astype(np.float32))
-            cand = self._band(s, self._tau32)
-            if view.free_slots[cand].min() > 0:
-                load = view.active + view.waiting
-                lc = load[cand]
-                m = lc.min()
-                if self._guard and m > (1.0 + self.spill) * load.min() + 1:
-                    cand = np.flatnonzero(view.free_slots > 0)
-                    lc = load[cand]
-                    m = lc.min()
-                best = cand[lc == m]
-                w = best[0] if best.size == 1 else best[self.rng.integers(best.size)]
+            thr = float(s.max() - self._tau32)  # float32 arithmetic, as in the band of the general path
+            sl = s.tolist()
+            cand = [j for j, v in enumerate(sl) if v >= thr]
+            if self.tau > 0 and len(cand) < min(self.min_band, len(sl)):
+                cand = self._band(s, self._tau32).tolist()
+            free = view.free_slots.tolist()
+            if min(free[j] for j in cand) > 0:
+                load = [a + w for a, w in zip(view.active.tolist(), view.waiting.tolist())]
+                lc = [load[j] for j in cand]
+                m = min(lc)
+                if self._guard and m > (1.0 + self.spill) * min(load) + 1:
+                    cand = [j for j, f in enumerate(free) if f > 0]
+                    lc = [load[j] for j in cand]
+                    m = min(lc)
+                best = [j for j, x in zip(cand, lc) if x == m]
+                w = best[0] if len(best) == 1 else best[self.rng.integers(len(best))]
                 return np.array([w], dtype=np.int64)
         S = sig @ self._ct
         load = view.active + view.waiting
