@@ -96,6 +96,9 @@ def test_targets_come_from_sources():
     assert (t["reduction_pct"].low, t["reduction_pct"].high) == PAPER_REDUCTION_PCT
     assert t["domain_overlap"].value == pytest.approx(cal.real_domain_overlap("olmoe")["overlap"])
     assert t["decode_drift"].value == 0.05 and t["decode_drift"].holds(0.06) and not t["decode_drift"].holds(0.08)
+    assert t["rho_raw"].penalty(0.75) == 0 and t["rho_raw"].penalty(0.6) == pytest.approx(0.1 / 0.11)
+    assert t["rho_count_idf"].penalty(0.75) == pytest.approx(0.06 / 0.11)
+    assert t["domain_overlap"].weight < 1  # another model's statistic weighs less than the paper's
     real = cal.load_real_trace(cal.REAL_TRACE)
     if real is not None:  # the target is the bundled real trace's drift, measured now
         assert cal.calibration_targets()["decode_drift"].value == pytest.approx(cal.decode_drift(real)["decode_drift"])
@@ -114,11 +117,11 @@ def test_calibrate_workload_small_search():
         assert len(rows) >= 2 and (rows["statistic"] == cal.IDENTIFIES[knob]).all()
         assert getattr(res.config, knob) in set(rows[knob])  # the chosen value was evaluated
         assert rows["target"].eq(tg[cal.IDENTIFIES[knob]].value).all()
-    # the last knob's choice minimises its loss among its evaluations (own error + 0.25 x the others)
+    # the last knob's choice minimises the joint loss among its evaluations (weighted distances to targets)
     rows = pts[pts["knob"] == "drift_sigma"]
 
     def loss(r):
-        return abs(r["error"]) + 0.25 * sum(abs(t.error(r[name])) for name, t in tg.items() if name != "rho_raw")
+        return sum(t.penalty(r[name]) for name, t in tg.items())
 
     best = rows.loc[rows.apply(loss, axis=1).idxmin(), "drift_sigma"]
     assert res.config.drift_sigma == best

@@ -75,9 +75,9 @@ REAL_TRACE = "sharegpt-moe-sharegpt"  # real ShareGPT requests: the within-reque
 REAL_TASK_TRACE = "sharegpt-moe-specbench"  # task-labelled: its same-task reduction is the real reduction
 KNOBS = ("drift_walk", "domain_scale", "request_sigma", "mix_max", "drift_sigma")
 DEFAULT_GRIDS: dict[str, tuple[float, ...]] = {
-    "drift_walk": (0.3, 0.6, 1.0, 1.5),
-    "domain_scale": (0.5, 0.7, 0.85, 1.0),
-    "request_sigma": (0.4, 0.6, 0.8, 1.0),
+    "drift_walk": (0.3, 0.6, 1.0),
+    "domain_scale": (0.6, 0.75, 0.9, 1.0, 1.2),
+    "request_sigma": (0.2, 0.4, 0.6, 0.8, 1.0),
     "mix_max": (0.1, 0.25, 0.4, 0.5),
     "drift_sigma": (0.2, 0.4, 0.6, 0.8),
 }
@@ -198,6 +198,8 @@ class Target:
     low: float
     high: float
     source: str
+    weight: float = 1.0
+    range_only: bool = False
 
     @property
     def scale(self) -> float:
@@ -209,6 +211,12 @@ class Target:
 
     def holds(self, x: float) -> bool:
         return self.low <= x <= self.high
+
+    def penalty(self, x: float) -> float:
+        """What the search minimises: ``weight`` x the distance to the point (or, ``range_only``, to the
+        range; 0 inside it) in units of :attr:`scale`."""
+        d = max(self.low - x, x - self.high, 0.0) if self.range_only else abs(x - self.value)
+        return self.weight * d / self.scale
 
 
 def _traces_dir():
@@ -240,7 +248,13 @@ def load_real_trace(name: str = REAL_TRACE) -> ExpertTrace | None:
 
 
 DRIFT_TOL = 0.02  # decode_drift of a measured trace: +- this is "matched" (about its seed-to-seed spread)
-OVERLAP_TOL = 0.01  # domain_overlap: +- this
+# domain_overlap: +- this. The domains are drawn per seed, so the overlap moves with it: at one config,
+# seed 0 gave 0.571 and seed 1 0.527 (n=256); a tighter tolerance would fit the draw, not the knob
+OVERLAP_TOL = 0.04
+# OLMoE's overlap is measured on another model (64 experts) and other domains (pretraining sources, not the
+# paper's tasks): it weighs half as much as the paper's own statistics when the two conflict (they do: see
+# calibrate_workload)
+OVERLAP_WEIGHT = 0.5
 
 
 def calibration_targets(real_drift: float | None = None) -> dict[str, Target]:
@@ -250,12 +264,12 @@ def calibration_targets(real_drift: float | None = None) -> dict[str, Target]:
     mid_rho, mid_red = 0.5 * sum(PAPER_RHO), 0.5 * sum(PAPER_REDUCTION_PCT)
     t = {
         "rho_count_idf": Target("rho_count_idf", mid_rho, *PAPER_RHO, "paper PAPER_RHO 0.70-0.92 (count_idf signature)"),
-        "rho_raw": Target("rho_raw", mid_rho, *PAPER_RHO, "paper PAPER_RHO 0.70-0.92 (range only)"),
+        "rho_raw": Target("rho_raw", mid_rho, *PAPER_RHO, "paper PAPER_RHO 0.70-0.92 (range only)", range_only=True),
         "reduction_pct": Target("reduction_pct", mid_red, *PAPER_REDUCTION_PCT, "paper PAPER_REDUCTION_PCT 17-21%"),
     }
     ov = real_domain_overlap("olmoe")["overlap"]
     t["domain_overlap"] = Target("domain_overlap", ov, ov - OVERLAP_TOL, ov + OVERLAP_TOL,
-                                 "OLMoE-1B-7B real per-domain counts, layers 0/7/15 (measured)")
+                                 "OLMoE-1B-7B real per-domain counts, layers 0/7/15 (measured)", weight=OVERLAP_WEIGHT)
     if real_drift is None:
         tr = load_real_trace(REAL_TRACE)
         real_drift = None if tr is None else decode_drift(tr)["decode_drift"]
@@ -289,8 +303,8 @@ def calibrate_workload(
     n_requests: int = 256,
     knobs: Sequence[str] = KNOBS,
     grids: Mapping[str, Sequence[float]] | None = None,
-    sweeps: int = 1,
-    cross_weight: float = 0.25,
+    sweeps: int = 3,
+    cross_weight: float = 1.0,
     batch: int = 32,
     n_pairs: int = 4000,
     train_seed: int = 0,
@@ -302,9 +316,12 @@ def calibrate_workload(
     knob's grid (``DEFAULT_GRIDS``); later sweeps the current value +- half the grid's median spacing.
     Where the knob's identifying statistic (``IDENTIFIES``) crosses its target between two adjacent
     evaluated values, the linear interpolation between them (rounded to 0.01) is evaluated too. The
-    knob takes the evaluated value with the smallest loss: the absolute error of its own statistic
-    plus ``cross_weight`` times the absolute errors of the other targeted statistics (errors in units
-    of each target's half-range), so a knob's side effects count but its own statistic decides.
+    knob takes the evaluated value with the smallest loss: :meth:`Target.penalty` of its own statistic
+    plus ``cross_weight`` times the penalties of the other targeted statistics (distances in units of
+    each target's half-range, times its weight). ``cross_weight=1`` (default) is plain coordinate
+    descent on the joint objective — needed because the statistics are coupled (the measured
+    ``extra["sensitivity"]`` shows it: ``mix_max`` and ``domain_scale`` move overlap AND reduction);
+    ``cross_weight=0`` matches each knob to its own statistic only.
 
     Every workload is generated with ``train_seed`` (common random numbers: statistics move with the
     knob, not with the noise); the chosen config is then regenerated with ``heldout_seed`` and
@@ -348,8 +365,8 @@ def calibrate_workload(
 
     def loss(knob: str, s: dict[str, float]) -> float:
         own = IDENTIFIES[knob]
-        others = sum(abs(t.error(s[name])) for name, t in targets.items() if name != own and name in s)
-        return abs(targets[own].error(s[own])) + float(cross_weight) * others
+        others = sum(t.penalty(s[name]) for name, t in targets.items() if name != own and name in s)
+        return targets[own].penalty(s[own]) + float(cross_weight) * others
 
     sensitivity: dict[str, dict[str, float]] = {}
     for sw in range(sweeps):
@@ -426,16 +443,21 @@ def calibration_table(
     batch: int = 32,
     n_pairs: int = 5000,
     real: bool = True,
+    trace: ExpertTrace | None = None,
 ) -> pd.DataFrame:
     """One row per statistic: ``statistic | target | source | generated | real ShareGPT-MoE trace |
     within target``; ``generated`` is measured on ``n_requests`` requests of ``config`` (default: the
     calibrated defaults) generated with ``seed`` (default 1: the held-out seed of the calibration).
     Statistics without a target (recall) show the target as NaN; Mixtral's real overlap is added as a
-    reference row (8 experts, top-2: not a target)."""
+    reference row (8 experts, top-2: not a target). ``trace``: measure this (already generated) trace
+    instead of generating one (``config``, ``n_requests`` and ``seed`` are then not used for it)."""
     cfg = (config or SyntheticConfig()).validate()
     batch = check_int("batch", batch, low=2)
-    n = check_int("n_requests", n_requests, low=batch * cfg.n_domains, low_name="batch * n_domains")
-    gen = generated_stats(generate(n, cfg, seed=seed).trace, batch=batch, n_pairs=n_pairs, seed=seed)
+    if trace is None:
+        n = check_int("n_requests", n_requests, low=batch * cfg.n_domains, low_name="batch * n_domains")
+        trace = generate(n, cfg, seed=seed).trace
+    gen = generated_stats(trace, batch=batch, n_pairs=n_pairs, seed=seed)
+    n = trace.n_requests
     tgt = calibration_targets()
     rs = real_trace_stats() if real else {}
     rows = []
