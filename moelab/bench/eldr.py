@@ -9,7 +9,7 @@ ELDR's p50 TPOT against the best of round-robin / random / JSQ / P2C on the same
 Also (issue 11): the no-regression minimum over the default sweep (rates 20-100 req/s x K in {8, 16,
 32}, per-worker load held at the 16-worker cluster's; ``eldr_min_p50_gain_pct``, ``eldr_min_p99_gain_pct``),
 ELDR's distance to the domain oracle, co-indexed vs suffix-only signatures on the shared-prefix
-workload, and the real-trace figures (``eldr_real_*``) on the newest bundled real trace (a PROJECTION:
+conversation workload through the KV-block signature cache (``eldr_prefix_*``), and the real-trace figures (``eldr_real_*``) on the newest bundled real trace (a PROJECTION:
 real routing, H200 kernel costs of Qwen3-sized experts). The paper's gains come from the ``eldr-results``
 table, never typed in. Wall-clock figures depend on the machine's load; each note records it.
 """
@@ -30,11 +30,14 @@ from moelab.eldr.experiments import (
     default_sweep,
     paper_gains,
     paper_peak_rate,
+    prefix_cache_ablation,
+    prefix_setup,
     prepare,
     real_trace_report,
     run_one,
     sweep_gains,
 )
+from moelab.eldr.prefix import generate_conversations
 from moelab.eldr.routing import ELDRRouter
 from moelab.eldr.sim import poisson_requests, simulate
 from moelab.eldr.workload import SyntheticConfig, generate
@@ -94,6 +97,38 @@ def load_real_trace(path: str) -> ExpertTrace:
         return load_compact_trace(path)
 
 
+#: the shared-prefix conversation workload of the prefix-cache figures (KV blocks of 16 tokens)
+PREFIX_CAPACITY_BLOCKS = 4096
+PREFIX_SESSIONS = 64
+
+
+def prefix_figures(quick: bool, cost: DecodeStepModel) -> list[Figure]:
+    """Prefix caching for real (:func:`moelab.eldr.experiments.prefix_cache_ablation`): shared system
+    prompts and multi-turn conversations through the KV-block signature cache, ELDR with co-indexed vs
+    suffix-only signatures on the same arrivals (16 workers, the operating rate)."""
+    n_conv = 64 if quick else 200
+    conv = generate_conversations(n_conv, SyntheticConfig(), seed=0)
+    setup = prefix_setup(conv, cost, 16, calib_frac=0.3, n_pairs=3000 if quick else 10_000)
+    pc = prefix_cache_ablation(setup, conv, rate=OPERATING_RATE, capacity_blocks=PREFIX_CAPACITY_BLOCKS, block_size=16,
+                               sessions=PREFIX_SESSIONS, output_len=512).set_index("prefix_cache")
+    co, suf, full = pc.loc["co-indexed"], pc.loc["suffix only"], pc.loc["full prefill"]
+    src = (f"synthetic shared-prefix workload: {n_conv} conversations ({conv.config.prefix_tokens}-token system prompt per "
+           f"domain, mean {conv.conversations.turns_mean:g} turns), {setup.pool.n_requests} served requests from "
+           f"{PREFIX_SESSIONS} sessions at {OPERATING_RATE:g} req/s, 16 workers, {PREFIX_CAPACITY_BLOCKS} blocks x 16 tokens")
+    exact = "equal" if bool(co["counts_equal_full"]) else "NOT equal"
+    return [
+        Figure("eldr", "eldr_prefix_coindexed_gain_pct", 100 * (1 - co["tpot_ms_p50"] / suf["tpot_ms_p50"]), "%", "",
+               f"ELDR p50 TPOT with co-indexed signatures {co['tpot_ms_p50']:.3f} ms vs suffix-only "
+               f"{suf['tpot_ms_p50']:.3f} ms (full prefill {full['tpot_ms_p50']:.3f} ms; co-indexed counts {exact} "
+               f"to full prefill); {src}"),
+        Figure("eldr", "eldr_prefix_hit_rate_pct", 100 * co["hit_rate"], "%", "",
+               f"prompt tokens served from the prefix cache, {int(co['evictions'])} block evictions; {src}"),
+        Figure("eldr", "eldr_prefix_suffix_signature_err", suf["signature_err"], "", "",
+               f"mean cosine distance of suffix-only count_idf signatures to full-prefill ones (co-indexed: "
+               f"{co['signature_err']:.1e}); {src}"),
+    ]
+
+
 def run(quick: bool = False) -> list[Figure]:
     """Measure the ELDR figures (``quick``: a smaller trace and fewer requests)."""
     n_trace = 512 if quick else 2048
@@ -132,12 +167,7 @@ def run(quick: bool = False) -> list[Figure]:
     figs.append(Figure("eldr", "eldr_oracle_gap_pct", 100 * (runs["eldr"]["tpot_ms_p50"] / oracle["tpot_ms_p50"] - 1),
                        "%", "", f"ELDR p50 TPOT vs the domain-label oracle's ({oracle['tpot_ms_p50']:.2f} ms), same "
                        f"arrivals; > 0: ELDR slower than the oracle"))
-    suffix = run_one(setup, "eldr", rate=OPERATING_RATE, n_requests=n_op, output_len=out_len, suffix_only=True)
-    figs.append(Figure("eldr", "eldr_prefix_coindexed_gain_pct",
-                       100 * (1 - runs["eldr"]["tpot_ms_p50"] / suffix["tpot_ms_p50"]), "%", "",
-                       f"co-indexed (full-prefill) signatures vs suffix-only ones (the shared {wl.config.prefix_tokens}-"
-                       f"token per-domain system prompt left out), p50 TPOT {runs['eldr']['tpot_ms_p50']:.2f} vs "
-                       f"{suffix['tpot_ms_p50']:.2f} ms"))
+    figs.extend(prefix_figures(quick, setup.cost))
 
     n_sw = 600 if quick else 1500
     g = sweep_gains(default_sweep(setup, n_requests=n_sw, output_len=out_len))
