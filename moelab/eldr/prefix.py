@@ -28,8 +28,8 @@ prompt or user token's ``k`` picks per layer are ``k`` independent draws from th
 probabilities (``workload._inclusion``) rather than ``k`` distinct experts — the same
 ``Multinomial(P*k, pi)`` law ``generate`` uses for prefill counts, now per token. Memory stays bounded:
 per-token ids are kept once per conversation (its last prompt; each domain's system prompt once),
-``uint8`` when the model has at most 256 experts — the size of per-block histograms — and the
-workload's total is checked against :data:`MAX_ID_BYTES`.
+``uint8`` when the model has at most 256 experts (about the memory per-block histograms would take),
+and the workload's total is checked against :data:`MAX_ID_BYTES`.
 
 **Signatures through the cache** (:func:`cache_signatures`). The requests (turns arriving in the order
 of :func:`conversation_arrivals`) are admitted into a :class:`~moelab.eldr.cache.SignatureCache` (block
@@ -40,7 +40,9 @@ cluster the prefix cache lives on the prefill tier and a request holds its block
 runs: a request is released once ``in_flight`` later requests have been admitted (a documented in-flight
 window standing for the prefill tier's concurrency; earlier if the next admission needs the blocks),
 after which its full blocks stay cached, evictable LRU. Replies are decoded on the decode tier, so they
-reach the prefill cache only as part of the next turn's prompt. Each request's counts three ways:
+reach the prefill cache only as part of the next turn's prompt. One cache stands for the prefill tier
+(one prefill instance, or a prefix-aware prefill router that keeps a conversation on the instance that
+holds its history) — a simplification, stated. Each request's counts three ways:
 ``full`` (its full prefill, no cache), ``coindexed`` (``cache.counts``: the sum over its whole block
 table, cached blocks included) and ``suffix`` (only the blocks it computed itself).
 """
