@@ -4,8 +4,9 @@
   ``"User: ...\\nAssistant:"``) from the *held-out* part of ShareGPT (:func:`moelab.datasets.sharegpt_split`,
   the same rule and seed the trainer used), checked disjoint from the ids the model was trained on.
 * :func:`specbench_requests` — Spec-Bench's 480 questions (first turn), labelled by task category.
-* :func:`capture_traces` — greedy decode through the HF capture (:func:`moelab.capture.capture`), stored
-  compactly (:mod:`moelab.models.trace_codec`) in ``data/traces/sharegpt-moe-{sharegpt,specbench}``.
+* :func:`capture_traces` — greedy decode through the HF capture (:func:`moelab.capture.capture`; through
+  vLLM with ``backend="vllm"``), stored compactly (:mod:`moelab.models.trace_codec`) in
+  ``data/traces/sharegpt-moe-{sharegpt,specbench}``.
 * :func:`load_trace` — the bundled traces as :class:`~moelab.traces.ExpertTrace`.
 * :func:`locality_report` — the statistics the model card reports, recomputed from a trace (functions
   of :mod:`moelab.eldr.signature`, :mod:`moelab.eldr.workload` and :mod:`moelab.traces.analysis`).
@@ -149,11 +150,18 @@ def capture_trace(
     threads: int | None = 1,
     model_dir: str | Path = SHAREGPT_MOE_PATH,
     progress: bool = True,
+    backend: str = "hf",
+    engine: Any = None,
 ) -> Any:
     """Capture one bundled trace (or part ``i`` of ``n`` of its requests, for parallel processes; join the
-    parts with :func:`moelab.models.trace_codec.concat_traces`) with the HF backend: greedy, fp32,
-    self-checked, left-padded batches of similar prompt length (``batch_size`` default 250 for ShareGPT,
-    100 for Spec-Bench). ``threads`` sets torch's CPU threads (1 is fastest on a shared, oversubscribed CPU)."""
+    parts with :func:`moelab.models.trace_codec.concat_traces`): greedy, fp32, no stop at EOS.
+
+    ``backend="hf"`` (how the bundled traces were made): the HF hook capture, self-checked, left-padded
+    batches of similar prompt length (``batch_size`` default 250 for ShareGPT, 100 for Spec-Bench).
+    ``backend="vllm"``: vLLM's model code with moelab's hooks (:func:`moelab.capture.vllm_driver.capture_vllm`,
+    float32 on CPU, continuous batching with at most ``batch_size`` sequences per step); ``engine`` reuses an
+    engine of this model from :func:`moelab.models.vllm_engine.make_engine` (default: one is made).
+    ``threads`` sets torch's CPU threads (1 is fastest on a shared, oversubscribed CPU)."""
     import time
 
     import torch
@@ -162,23 +170,45 @@ def capture_trace(
     from moelab.models.tiny_moe import load_tiny_moe
 
     check_choice("which", which, TRACE_NAMES)
+    check_choice("backend", backend, ("hf", "vllm"))
+    if engine is not None and backend != "vllm":
+        raise ValueError(f"engine is only used with backend='vllm'; got backend={backend!r}")
     i, n_parts = part
     check_int("part[1]", n_parts, low=1)
     check_int("part[0]", i, low=0, high=n_parts - 1)
     if threads is not None:
         torch.set_num_threads(check_int("threads", threads, low=1, high=4096))
-    model, tok = load_tiny_moe(model_dir)
+    if backend == "hf":
+        model, tok = load_tiny_moe(model_dir)
+    else:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     req = sharegpt_requests(tok, n_sharegpt, model_dir=model_dir) if which == "sharegpt" else specbench_requests(tok)
     sel = slice(i * len(req["ids"]) // n_parts, (i + 1) * len(req["ids"]) // n_parts)
-    bs = batch_size or (250 if which == "sharegpt" else 100)
+    bs = check_int("batch_size", batch_size or (250 if which == "sharegpt" else 100), low=1)
     t0 = time.time()
-    trace = capture((model, tok), req["prompts"][sel], max_new_tokens, backend="hf", domains=req["labels"][sel],
-                    request_ids=req["ids"][sel], batch_size=bs, progress=progress, keep_prefill_ids=False,
-                    model_name="moelab-sharegpt-moe")
+    if backend == "hf":
+        target, opts = (model, tok), {"batch_size": bs}
+    else:
+        from moelab.models.vllm_engine import make_engine
+
+        longest = max(len(p) for p in req["prompts"][sel])
+        target = engine if engine is not None else make_engine(
+            model_dir, max_model_len=max(16, longest + max_new_tokens + 1), max_num_seqs=bs)
+        sched = target.llm_engine.vllm_config.scheduler_config
+        opts = {}
+        vllm_prov = {"max_num_seqs": int(sched.max_num_seqs), "max_num_batched_tokens": int(sched.max_num_batched_tokens),
+                     "dtype": str(target.llm_engine.model_config.dtype)}
+    trace = capture(target, req["prompts"][sel], max_new_tokens, backend=backend, domains=req["labels"][sel],
+                    request_ids=req["ids"][sel], progress=progress, keep_prefill_ids=False,
+                    model_name="moelab-sharegpt-moe", **opts)
     prov = {**trace.provenance, "requests": req["provenance"], "part": [i, n_parts], "threads": threads,
             "labels": "moelab.datasets.script_label (writing system)" if which == "sharegpt" else "Spec-Bench category",
             "max_new_tokens": max_new_tokens, "model_commit": _model_commit(Path(model_dir)),
             "capture_seconds": round(time.time() - t0, 1), "decoding": "greedy, no stop at EOS"}
+    if backend == "vllm":
+        prov["vllm_engine"] = vllm_prov
     return dataclasses.replace(trace, provenance=prov)
 
 
@@ -254,8 +284,9 @@ def locality_report(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m moelab.models.sharegpt_moe capture WHICH [--part I/N] --out F`` then
-    ``merge WHICH PART_FILES... [--out F]``: how the bundled traces were made (parts in parallel processes)."""
+    """``python -m moelab.models.sharegpt_moe capture WHICH [--part I/N] [--backend hf|vllm] --out F`` then
+    ``merge WHICH PART_FILES... [--out F]``: how the bundled traces were made (parts in parallel processes;
+    ``--backend vllm`` recaptures them through vLLM)."""
     import argparse
 
     from moelab.models.trace_codec import concat_traces, load_compact_trace, save_compact_trace
@@ -270,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--batch-size", type=int, default=None)
     c.add_argument("--out", required=True)
     c.add_argument("--model-dir", default=str(SHAREGPT_MOE_PATH))
+    c.add_argument("--backend", choices=("hf", "vllm"), default="hf",
+                   help="hf: the HF hook capture (the bundled traces); vllm: through vLLM with moelab's hooks")
     m = sub.add_parser("merge")
     m.add_argument("which", choices=TRACE_NAMES)
     m.add_argument("parts", nargs="+")
@@ -280,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (i.isdigit() and n.isdigit()):
             raise ValueError(f"--part must be I/N, e.g. 0/2; got {args.part!r}")
         trace = capture_trace(args.which, n_sharegpt=args.n, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                              part=(int(i), int(n)), progress=False, model_dir=args.model_dir)
+                              part=(int(i), int(n)), progress=False, model_dir=args.model_dir, backend=args.backend)
         print(save_compact_trace(trace, args.out))
         return 0
     parts = [load_compact_trace(f) for f in args.parts]
