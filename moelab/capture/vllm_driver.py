@@ -165,6 +165,10 @@ def _capture(engine: Any, token_lists: list[list[int]], max_new_tokens: int, *, 
     vllm = require_vllm()
     info = install_hooks(engine)
     L, k, E = info["num_layers"], info["top_k"], info["num_experts"]
+    no_gate = sorted(set(info["layer_ids"]) - set(info["gates"]))
+    if with_probs and no_gate:  # the probabilities of those layers would silently stay zero
+        raise RuntimeError(f"vLLM capture: no GateLinear router found for MoE layers {no_gate[:8]} of this model, so "
+                           "router probabilities cannot be recorded; capture with with_probs=False")
     n = len(token_lists)
     max_len = engine.llm_engine.model_config.max_model_len
     too_long = [i for i, t in enumerate(token_lists) if len(t) + max_new_tokens + 1 > max_len]
