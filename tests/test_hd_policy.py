@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from moelab.hd import HierarchyDrafter, NGramTable, replay_greedy
 from moelab.hd.drafters import CostAwareDrafter
@@ -68,3 +70,48 @@ def test_row_drafters_follow_rows_and_reset_on_reuse():
     rows.propose(0, np.array([5, 6, 5]), 3)
     assert rows.stats.resets == 1
     assert rows.propose(1, np.array([5, 6, 5]), 0) == []  # no room left: nothing
+
+
+def reference_plan(candidates, sources, model, cost, budget):
+    """plan() written node by node (the trie of the candidates, then the best prefix of the likeliest nodes)."""
+    prob, children, n_children, paths = [1.0], {}, [0], []
+    for cand, src in zip(candidates, sources):
+        node, path = 0, []
+        for depth, t in enumerate(cand):
+            nxt = children.get((node, t))
+            if nxt is None:
+                letter = src[depth] if len(src) == len(cand) and len(cand) > 1 else src[:1]
+                nxt = children[(node, t)] = len(prob)
+                prob.append(prob[node] * model.alpha(letter, n_children[node] > 0))
+                n_children[node] += 1
+                n_children.append(0)
+            path.append(nxt)
+            node = nxt
+        paths.append(path)
+    order = sorted(range(1, len(prob)), key=lambda i: -prob[i])
+    ratios = [(1 + sum(prob[i] for i in order[:k])) / float(cost(k + 1)) for k in range(min(budget, len(order)) + 1)]
+    k = max(range(len(ratios)), key=lambda j: (ratios[j], -j))  # the smallest k with the best ratio
+    keep = set(order[:k])
+    out, srcs = [], []
+    for cand, src, path in zip(candidates, sources, paths):
+        n = 0
+        while n < len(path) and path[n] in keep:
+            n += 1
+        if n and tuple(cand[:n]) not in out:
+            out.append(tuple(cand[:n]))
+            srcs.append(src[:n] if len(src) == len(cand) and len(cand) > 1 else src)
+    return out, srcs
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=5).map(tuple), min_size=1, max_size=5),
+       st.lists(st.sampled_from("WSL"), min_size=5, max_size=5), st.integers(1, 12),
+       st.lists(st.tuples(st.sampled_from("WSL"), st.booleans(), st.booleans()), max_size=30),
+       st.booleans(), st.sampled_from([FLAT, STEEP, VerifyCost([1, 9], [10.0, 14.0])]))
+def test_plan_equals_the_node_by_node_trie(cands, letters, budget, history, per_token, cost):
+    model = AcceptanceModel()
+    for store, alt, ok in history:
+        model.record(store, alt, ok)
+    srcs = ["".join(letters[(i + d) % 5] for d in range(len(c))) if per_token else letters[i]
+            for i, c in enumerate(cands)]
+    assert plan(cands, srcs, model, cost, budget) == reference_plan(cands, srcs, model, cost, budget)

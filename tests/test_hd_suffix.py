@@ -77,3 +77,39 @@ def test_suffix_store_files_and_errors(tmp_path):
         SuffixStore.build([[1, 12]], vocab_size=10)
     with pytest.raises(ValueError, match="at least one non-empty"):
         SuffixStore.build([[], []])
+
+
+def brute_lookup(docs, ctx, depth, length, k):
+    """REST's answer by brute force: suffixes longest first, continuations by count (ties: first occurrence in
+    suffix-array order, i.e. sorted by the tokens that follow), distinct, until ``k``."""
+    out = []
+    for m in range(min(depth, len(ctx)), 0, -1):
+        suf = list(ctx[-m:])
+        occ = []
+        for d in docs:
+            d = list(d)
+            for i in range(len(d) - m + 1):
+                if d[i:i + m] == suf:
+                    occ.append((d[i + m:] + [-1] * 40, tuple(d[i + m:i + m + length])))
+        if not occ:
+            continue
+        occ.sort(key=lambda x: x[0])  # the suffix array's order of these occurrences
+        counts = Counter(c for _, c in occ)
+        for c in sorted(counts, key=lambda c: -counts[c]):
+            if c and c not in out:
+                out.append(c)
+        if len(out) >= k:
+            break
+    return out[:k]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=30), min_size=1, max_size=4),
+       st.lists(st.integers(0, 4), min_size=1, max_size=12), st.integers(1, 3), st.integers(1, 6))
+def test_suffix_lookup_tops_up_with_shorter_suffixes_and_memo_is_exact(docs, ctx, length, k):
+    store = SuffixStore.build(docs, vocab_size=5, length=length, max_samples=10_000)
+    want = brute_lookup(docs, ctx, store.depth, length, k)
+    assert store.lookup(ctx, k) == want
+    assert store.lookup(ctx, k) == want  # memoised answer
+    assert store.lookup(ctx, 1) == want[:1]  # a smaller k from the memo
+    assert store.lookup(ctx, k + 2) == brute_lookup(docs, ctx, store.depth, length, k + 2)  # a larger k is recomputed

@@ -69,7 +69,7 @@ class Drafter:
 
     def accept(self, new_tokens: Sequence[int]) -> None:
         """Append the tokens the target produced this step."""
-        self.context.extend(int(t) for t in new_tokens)
+        self.context.extend(map(int, new_tokens))
 
     def draft(self) -> Draft:  # pragma: no cover - overridden
         return Draft([], [])
@@ -194,14 +194,17 @@ class HierarchyDrafter(Drafter):
         seen: set[tuple[int, ...]] = set()
         ctx = self.context
         L, G = self.length, self.max_candidates
+        counters, stores = self.counters, self._stores
         for letter in self.order:
-            c = self.counters[letter]
+            c = counters[letter]
             c.queries += 1
-            got = self._stores[letter].lookup(ctx, G)
-            if got:
-                c.lookup_hits += 1
+            got = stores[letter].lookup(ctx, G)
+            if not got:
+                continue
+            c.lookup_hits += 1
             for cand in got:
-                cand = cand[:L]
+                if len(cand) > L:
+                    cand = cand[:L]
                 if cand and cand not in seen:
                     seen.add(cand)
                     cands.append(cand)
@@ -291,8 +294,8 @@ class CostAwareDrafter(Drafter):
         b = self.budget if budget is None else min(self.budget, check_budget(budget))
         d = self.inner.draft_chain(b) if self.chain else self.inner.draft()
         cands, srcs = plan(d.candidates, d.sources, self.acceptance, self.cost, b)
-        self._last = Draft(cands, srcs)
-        return Draft(cands, [s[:1] for s in srcs]) if not self.chain else Draft(cands, srcs)
+        self._last = last = Draft(cands, srcs)
+        return last if self.chain else Draft(cands, [x[:1] for x in srcs])
 
     def observe(self, draft: Draft, accepted: Sequence[int]) -> None:
         observe(self.acceptance, self._last.candidates, self._last.sources, accepted)

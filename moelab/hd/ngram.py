@@ -65,6 +65,8 @@ class NGramTable:
         self.meta = dict(meta or {})
         self._index = {m: dict(zip(_pack_rows(k).tolist(), range(k.shape[0]))) for m, (k, _, _) in self.tables.items()}
         self._memo: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+        self._max_m = max(self.tables, default=1)
+        self._answers: dict[tuple[tuple[int, ...], int], list[tuple[int, ...]]] = {}  # (tail, k) -> lookup()
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -143,7 +145,22 @@ class NGramTable:
 
     # ------------------------------------------------------------------ query
     def lookup(self, context: Sequence[int], k: int = 7) -> list[tuple[int, ...]]:
-        """Up to ``k`` distinct continuations of ``context``: longest matching key first, most frequent first."""
+        """Up to ``k`` distinct continuations of ``context``: longest matching key first, most frequent first.
+
+        The answer depends only on the last ``max(key lengths)`` tokens and ``k``; it is memoised per
+        (tail, k) (bounded: cleared when it reaches 65,536 entries), so a repeated tail costs one dict probe."""
+        n = len(context)
+        tail = tuple(context[max(0, n - self._max_m):])
+        hit = self._answers.get((tail, k))
+        if hit is not None:
+            return list(hit)
+        out = self._lookup(tail, k)
+        if len(self._answers) >= 65_536:
+            self._answers.clear()
+        self._answers[(tail, k)] = out
+        return list(out)
+
+    def _lookup(self, context: Sequence[int], k: int) -> list[tuple[int, ...]]:
         out: list[tuple[int, ...]] = []
         n = len(context)
         for m, index in self._index.items():

@@ -171,51 +171,93 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
     stitched from several lookups). Returns the kept candidates (root-to-leaf paths of the chosen prefix-closed node set, in their
     original order, truncated) and their sources; empty lists mean "draft nothing this step".
     """
-    budget = check_budget(budget)
+    if type(budget) is not int or not 1 <= budget <= MAX_BUDGET:  # the per-step fast path skips the checker
+        budget = check_budget(budget)
     if not candidates:
         return [], []
-    # trie of the candidates: node -> (parent, token, store, alternative, prob)
-    parent: list[int] = [-1]
+    # The trie of the candidates, built one candidate at a time: a candidate shares its first ``l`` nodes
+    # with the earlier candidate it has the longest common prefix with, and adds ``len - l`` new nodes
+    # (ids in creation order, as a node-by-node trie would number them). Plain Python: a step has a
+    # dozen nodes, where numpy's per-call overhead dominates.
+    acc, tried = model.accepted, model.tried
+    alphas: dict[tuple[str, bool], float] = {}  # alpha per (store, alternative), computed once per step
     prob: list[float] = [1.0]
-    children: dict[tuple[int, int], int] = {}
-    n_children: list[int] = [0]
     paths: list[list[int]] = []
-    for cand, src in zip(candidates, sources):
-        node, path = 0, []
-        for depth, t in enumerate(cand):
-            nxt = children.get((node, int(t)))
-            if nxt is None:
-                nxt = len(parent)
-                alt = n_children[node] > 0
-                children[(node, int(t))] = nxt
-                n_children[node] += 1
-                parent.append(node)
-                n_children.append(0)
-                prob.append(prob[node] * model.alpha(_src_at(src, depth, len(cand)), alt))
-            path.append(nxt)
-            node = nxt
+    for i, cand in enumerate(candidates):
+        src = sources[i]
+        n_c = len(cand)
+        best, alt = 0, i > 0 and any(len(c) for c in candidates[:i])  # root already has a child?
+        best_j = -1
+        for j in range(i):
+            other = candidates[j]
+            lim = min(n_c, len(other))
+            lcp = 0
+            while lcp < lim and cand[lcp] == other[lcp]:
+                lcp += 1
+            if lcp > best:
+                best, best_j = lcp, j
+        if best:
+            # the parent (this candidate's first `best` tokens) has a child iff an earlier candidate
+            # passes through it and goes on (it then differs at depth `best`)
+            alt = False
+            for j in range(i):
+                other = candidates[j]
+                if len(other) > best and other[:best] == cand[:best]:
+                    alt = True
+                    break
+        path = paths[best_j][:best] if best else []
+        if best < n_c:
+            pp = prob[path[-1]] if path else 1.0
+            nid = len(prob)
+            if n_c > 1 and len(src) == n_c:  # one store letter per token (stitched chains)
+                for depth in range(best, n_c):
+                    ak = (src[depth], alt and depth == best)
+                    a = alphas.get(ak)
+                    if a is None:
+                        a = alphas[ak] = (acc.get(ak, 0) + 1.0) / (tried.get(ak, 0) + 2.0)
+                    pp *= a
+                    prob.append(pp)
+            else:
+                letter = src[:1]
+                ak = (letter, alt)
+                a = alphas.get(ak)
+                if a is None:
+                    a = alphas[ak] = (acc.get(ak, 0) + 1.0) / (tried.get(ak, 0) + 2.0)
+                pp *= a
+                prob.append(pp)
+                if best + 1 < n_c:
+                    ak = (letter, False)
+                    a = alphas.get(ak)
+                    if a is None:
+                        a = alphas[ak] = (acc.get(ak, 0) + 1.0) / (tried.get(ak, 0) + 2.0)
+                    for _ in range(best + 1, n_c):
+                        pp *= a
+                        prob.append(pp)
+            path = path + list(range(nid, len(prob)))
         paths.append(path)
-    # plain Python: a step has a few dozen nodes at most, where numpy's per-call overhead dominates
-    order = sorted(range(1, len(prob)), key=lambda i: -prob[i])  # parents before children (p(child) < p(parent))
-    k_max = min(budget, len(order))
+    # likeliest first, ties in node order (stable): parents before children (p(child) < p(parent))
+    order = sorted(range(1, len(prob)), key=prob.__getitem__, reverse=True)
     table = cost.table
     best_k, best_ratio, gain = 0, 1.0 / table[1], 1.0
-    for k in range(1, k_max + 1):
+    for k in range(1, min(budget, len(order)) + 1):
         gain += prob[order[k - 1]]
         r = gain / table[k + 1]
         if r > best_ratio:
             best_k, best_ratio = k, r
-    k = best_k
-    keep = set(order[:k])
+    if best_k == 0:
+        return [], []
+    keep = set(order[:best_k])  # prefix-closed: the kept nodes of a path are a prefix of it
     out, srcs = [], []
     seen: set[tuple[int, ...]] = set()
     for cand, src, path in zip(candidates, sources, paths):
-        n = 0
-        while n < len(path) and path[n] in keep:
-            n += 1
-        c = tuple(int(t) for t in cand[:n])
-        if c and c not in seen:
-            # drop a kept candidate that is a prefix of another kept one (the trie keeps its nodes anyway)
+        n = len(keep.intersection(path))
+        if not n:
+            continue
+        c = cand[:n]
+        if type(c) is not tuple:
+            c = tuple(map(int, c))
+        if c not in seen:
+            # the same kept prefix through two candidates is proposed once
             seen.add(c)
             out.append(c)
             srcs.append(src[:n] if len(src) == len(cand) and len(cand) > 1 else src)

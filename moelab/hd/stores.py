@@ -63,31 +63,34 @@ class ContextStore:
         """Append tokens; every n-gram that becomes complete is (re)inserted as most recent."""
         toks = self.tokens
         start = len(toks)
-        toks.extend(int(t) for t in new_tokens)
+        toks.extend(map(int, new_tokens))
         L = self.length
+        table, per_key = self._table, self.per_key
         for end in range(max(start, L), len(toks)):  # `end` = last token of a continuation
-            cont = tuple(toks[end - L + 1:end + 1])
             kend = end - L + 1  # keys end just before the continuation
+            cont = tuple(toks[kend:end + 1])
             for m in self.key_lengths:
                 if kend < m:
                     continue
                 key = tuple(toks[kend - m:kend])
-                bucket = self._table.get(key)
+                bucket = table.get(key)
                 if bucket is None:
-                    bucket = self._table[key] = OrderedDict()
+                    table[key] = OrderedDict(((cont, None),))
+                    continue
                 bucket[cont] = None
                 bucket.move_to_end(cont, last=False)  # most recent first
-                if len(bucket) > self.per_key:
+                if len(bucket) > per_key:
                     bucket.popitem(last=True)
 
     def lookup(self, context: Sequence[int], k: int = 7) -> list[tuple[int, ...]]:
         """Up to ``k`` continuations of ``context``'s last tokens (longest key first, most recent first)."""
         out: list[tuple[int, ...]] = []
         n = len(context)
+        table = self._table
         for m in self.key_lengths:
             if n < m:
                 continue
-            bucket = self._table.get(tuple(context[n - m:]))
+            bucket = table.get(tuple(context[n - m:]))
             if not bucket:
                 continue
             for c in bucket:

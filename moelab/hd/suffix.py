@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ FORMAT = "moelab.hd.suffix/1"
 L_MAX_TOKENS = 8_000_000  # ShareGPT tokens indexed by the default L (REST indexes all of ShareGPT)
 S_RESERVED_TAIL = 4000  # conversations at the end of the ShareGPT file that only S's prompts may come from
 _WORDS = 2  # packed uint64 words per sort key
+_PY_SAMPLES = 12  # match ranges up to this many occurrences are ranked in plain Python
 
 
 def _bits_for(max_id: int) -> int:
@@ -88,7 +89,11 @@ class SuffixStore:
         elif self.bits <= 32:
             self._tok1 = self._tok1.astype(np.uint32)
         self._keys = _pack_words(self._tok1, self.order.astype(np.int64), self.bits, self.per_word, _WORDS)
-        self._memo: OrderedDict[tuple[int, ...], list[tuple[int, ...]]] = OrderedDict()
+        self._order_mv = memoryview(np.ascontiguousarray(self.order))
+        self._tok1_mv = memoryview(self._tok1)
+        # LRU memos: context tail -> (k asked, answer); match range -> (k asked, ranked continuations)
+        self._memo: OrderedDict[tuple[int, ...], tuple[int, list[tuple[int, ...]]]] = OrderedDict()
+        self._rank_memo: OrderedDict[tuple[int, int, int], tuple[int, list[tuple[int, ...]]]] = OrderedDict()
         self._memo_size = check_int("memo", memo, low=0)
 
     # ------------------------------------------------------------------ build
@@ -128,100 +133,154 @@ class SuffixStore:
 
     # ------------------------------------------------------------------ query
     def lookup(self, context: Sequence[int], k: int = 7) -> list[tuple[int, ...]]:
-        """Up to ``k`` distinct continuations: the longest matching suffix first, most frequent first."""
+        """Up to ``k`` distinct continuations: the longest matching suffix first, most frequent first.
+
+        Answers are memoised per context tail (the last ``depth`` tokens) and per match range, both LRU:
+        short suffixes recur at almost every step, so most of a lookup's work is done once per store."""
         n = len(context)
-        key = tuple(int(t) for t in context[max(0, n - self.depth):])
-        hit = self._memo.get(key)
-        if hit is not None:
-            self._memo.move_to_end(key)
-            return hit[:k]
+        key = tuple(map(int, context[max(0, n - self.depth):]))
+        memo = self._memo
+        hit = memo.get(key)
+        if hit is not None and (hit[0] >= k or len(hit[1]) < hit[0]):  # asked for as many, or exhausted
+            memo.move_to_end(key)
+            return hit[1][:k]
         out: list[tuple[int, ...]] = []
         seen: set[tuple[int, ...]] = set()
-        for m, lo, hi in self._longest_first(key):
-            for c in self._ranked(m, lo, hi, k):
+        for m, lo, hi in self._suffix_ranges(key):
+            for c in self._ranked_memo(m, lo, hi, k):
                 if c not in seen:
                     seen.add(c)
                     out.append(c)
             if len(out) >= k:
                 break
+        out = out[:k]
         if self._memo_size:
-            self._memo[key] = out
-            if len(self._memo) > self._memo_size:
-                self._memo.popitem(last=False)
-        return out[:k]
+            memo[key] = (k, out)
+            memo.move_to_end(key)
+            if len(memo) > self._memo_size:
+                memo.popitem(last=False)
+        return out
 
     def _longest_first(self, context: tuple[int, ...]):
-        """``(m, lo, hi)`` for the occurring suffixes of ``context``, longest first. A suffix occurs only if
-        every shorter one does, so the longest is found by binary search over ``m`` (about 3 probes)."""
-        n = len(context)
-        lo_m, hi_m, best = 0, min(self.depth, n), None
-        while lo_m < hi_m:
-            mid = (lo_m + hi_m + 1) // 2
-            r = self._match(context[n - mid:])
-            if r is None:
-                hi_m = mid - 1
-            else:
-                lo_m, best = mid, r
-        if best is None:
-            return
-        yield (lo_m, *best)
-        for m in range(lo_m - 1, 0, -1):
-            r = self._match(context[n - m:])
-            if r is not None:
-                yield (m, *r)
+        """``(m, lo, hi)`` for the occurring suffixes of ``context``, longest first (see :meth:`_suffix_ranges`)."""
+        yield from self._suffix_ranges(tuple(context[max(0, len(context) - self.depth):]))
+
+    def _suffix_ranges(self, key: tuple[int, ...]) -> list[tuple[int, int, int]]:
+        """``(m, lo, hi)`` for every occurring suffix of ``key`` (at most ``depth`` tokens), longest first.
+
+        A suffix occurs only if every shorter one does, so these are ``m = M .. 1`` for the longest
+        occurring ``M``. The first packed word of every suffix is searched in one vectorised
+        ``np.searchsorted`` pair; suffixes longer than one word narrow their first word's range with the
+        second word (the sorted keys of one first-word range are sorted by the second word)."""
+        n = len(key)
+        top = 1 << self.bits
+        # trailing tokens inside the vocabulary: a suffix holding any other id matches nothing
+        ok = 0
+        while ok < n and 0 <= key[n - 1 - ok] < top - 1:
+            ok += 1
+        if not ok:
+            return []
+        bits, pw = self.bits, self.per_word
+        lows, highs = [], []
+        for m in range(1, ok + 1):
+            w = min(m, pw)
+            val = 0
+            for t in key[n - m:n - m + w]:
+                val = (val << bits) | (t + 1)
+            shift = bits * (pw - w)
+            lows.append(val << shift)
+            highs.append(((val + 1) << shift) - 1)
+        k0 = self._keys[0]
+        a = np.searchsorted(k0, np.array(lows, dtype=np.uint64), side="left").tolist()
+        b = np.searchsorted(k0, np.array(highs, dtype=np.uint64), side="right").tolist()
+        out: list[tuple[int, int, int]] = []
+        k1 = self._keys[1] if _WORDS > 1 else None
+        for m in range(1, ok + 1):
+            lo, hi = a[m - 1], b[m - 1]
+            if lo >= hi:
+                break
+            if m > pw:
+                w = m - pw
+                val = 0
+                for t in key[n - m + pw:n]:
+                    val = (val << bits) | (t + 1)
+                shift = bits * (pw - w)
+                part = k1[lo:hi]
+                lo, hi = (lo + int(np.searchsorted(part, np.uint64(val << shift), side="left")),
+                          lo + int(np.searchsorted(part, np.uint64(((val + 1) << shift) - 1), side="right")))
+                if lo >= hi:
+                    break
+            out.append((m, lo, hi))
+        out.reverse()
+        return out
 
     def _match(self, suffix: tuple[int, ...]) -> tuple[int, int] | None:
-        lo, hi = 0, self.order.size
-        top = 1 << self.bits
-        for w in range(_WORDS):
-            part = suffix[w * self.per_word:(w + 1) * self.per_word]
-            if not part:
-                break
-            val = 0
-            for t in part:
-                t += 1
-                if t <= 0 or t >= top:
-                    return None
-                val = (val << self.bits) | t
-            shift = self.bits * (self.per_word - len(part))
-            keys = self._keys[w][lo:hi]
-            a = int(np.searchsorted(keys, np.uint64(val << shift), side="left"))
-            b = int(np.searchsorted(keys, np.uint64(((val + 1) << shift) - 1), side="right"))
-            lo, hi = lo + a, lo + b
-            if lo >= hi:
-                return None
-        return lo, hi
+        """The range of ``order`` whose positions start with ``suffix`` (at most ``depth`` tokens), or None."""
+        r = self._suffix_ranges(tuple(suffix))
+        return (r[0][1], r[0][2]) if r and r[0][0] == len(suffix) else None
+
+    def _ranked_memo(self, m: int, lo: int, hi: int, k: int) -> list[tuple[int, ...]]:
+        """:meth:`_ranked` memoised per match range (LRU)."""
+        key = (m, lo, hi)
+        rm = self._rank_memo
+        hit = rm.get(key)
+        if hit is not None and (hit[0] >= k or len(hit[1]) < hit[0]):
+            rm.move_to_end(key)
+            return hit[1][:k]
+        got = self._ranked(m, lo, hi, k)
+        if self._memo_size:
+            rm[key] = (k, got)
+            rm.move_to_end(key)
+            if len(rm) > 4 * self._memo_size:
+                rm.popitem(last=False)
+        return got
 
     def _ranked(self, m: int, lo: int, hi: int, k: int | None = None) -> list[tuple[int, ...]]:
-        """The (at most ``k``) most frequent continuations after the occurrences ``lo:hi`` of an ``m``-token match."""
+        """The (at most ``k``) most frequent continuations after the occurrences ``lo:hi`` of an ``m``-token
+        match, ties in the order of first occurrence; a continuation stops at its document's boundary."""
         cnt = hi - lo
+        L = self.length
+        if cnt <= min(_PY_SAMPLES, self.max_samples):  # a few occurrences: plain Python over memoryviews beats numpy's call overhead
+            order, tok = self._order_mv, self._tok1_mv
+            counts: dict[tuple[int, ...], int] = {}
+            for i in range(lo, hi):
+                p = order[i] + m
+                c = []
+                for t in tok[p:p + L]:
+                    if t == 0:
+                        break
+                    c.append(t - 1)
+                c = tuple(c)
+                counts[c] = counts.get(c, 0) + 1
+            ranked = sorted(counts, key=counts.__getitem__, reverse=True)  # stable: ties keep first-seen order
+            out = [c for c in ranked if c]
+            return out if k is None else out[:k]
         if cnt > self.max_samples:
             idx = lo + (np.arange(self.max_samples, dtype=np.int64) * cnt) // self.max_samples
         else:
             idx = np.arange(lo, hi, dtype=np.int64)
         start = self.order[idx].astype(np.int64) + m
-        conts = self._tok1[start[:, None] + np.arange(self.length)].astype(np.int64)  # +1 shifted, 0 = boundary
+        conts = self._tok1[start[:, None] + np.arange(L)].astype(np.int64)  # +1 shifted, 0 = boundary
         conts[np.cumsum(conts == 0, axis=1) > 0] = 0  # a continuation ends at its document's boundary
-        if self.length * self.bits <= 63:
-            packed = np.zeros(conts.shape[0], dtype=np.int64)
-            for j in range(self.length):
-                packed = (packed << self.bits) | conts[:, j]
+        if L * self.bits <= 64:
+            packed = np.zeros(conts.shape[0], dtype=np.uint64)
+            for j in range(L):
+                packed = (packed << np.uint64(self.bits)) | conts[:, j].astype(np.uint64)
             keys = packed.tolist()
         else:
             keys = [tuple(r) for r in conts.tolist()]
-        # a few dozen samples: Python's Counter beats numpy's per-call overhead; ties keep first-seen order
-        counts = Counter(keys)
-        first = {}
-        for i, key_ in enumerate(keys):
-            first.setdefault(key_, i)
-        ranked = sorted(counts, key=lambda x: (-counts[x], first[x]))
+        # a few dozen samples: Python's dict beats numpy's per-call overhead; ties keep first-seen order
+        counts2: dict = {}
+        for key_ in keys:
+            counts2[key_] = counts2.get(key_, 0) + 1
+        ranked = sorted(counts2, key=counts2.__getitem__, reverse=True)
         out = []
         mask = (1 << self.bits) - 1
         for key_ in ranked:
             if isinstance(key_, tuple):
                 r = list(key_)
             else:
-                r = [(key_ >> (self.bits * (self.length - 1 - j))) & mask for j in range(self.length)]
+                r = [(key_ >> (self.bits * (L - 1 - j))) & mask for j in range(L)]
             c = []
             for t in r:
                 if t == 0:
