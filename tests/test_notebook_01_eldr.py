@@ -12,12 +12,21 @@ def test_notebook_01_eldr(tmp_path, public_data):
     res = execute_notebook("01_eldr", {"N_TRACE": 384, "N_REQUESTS": 400, "N_WORKERS": 4, "RATES": [20, 100],
                                        "N_PAIRS": 2000, "TAUS": [0.0, 0.1, 2.0], "ABLATION_RATE": 100,
                                        "REAL_WORKERS": 4, "REAL_RATES": [20, 100], "REGIME_SCALES": [0.5, 1.5],
-                                       "REGIME_KS": [4], "REGIME_TAUS": [0.1]}, tmp_path)
+                                       "REGIME_KS": [4], "REGIME_TAUS": [0.1], "N_CONVERSATIONS": 24,
+                                       "PREFIX_CAPACITIES": [4096, 128]}, tmp_path)
     r = res["eldr"]
     assert r["costmodel_moe_median_abs_err_pct"] <= 10
     assert r["costmodel_layer_median_abs_err_pct"] <= 10
     assert r["balanced_max_cluster"] <= r["balanced_cap"]
     assert r["cache_exact_fraction"] == 1.0
+    # prefix caching for real (shared system prompts, multi-turn): co-indexed == full prefill (measured), suffix-only
+    # signatures drift; the small cache evicts and hits less
+    pc = r["prefix_cache"]
+    assert pc["prefix_cache"][:5] == ["full prefill", "co-indexed", "suffix only", "co-indexed", "suffix only"]
+    assert pc["tpot_ms_p50"][1] == pc["tpot_ms_p50"][0] == pc["tpot_ms_p50"][3]
+    assert pc["signature_err"][1] == pc["signature_err"][0] < 1e-9 < pc["signature_err"][2]
+    assert pc["hit_rate"][1] > pc["hit_rate"][3] > 0 and pc["evictions"][3] > 0
+    assert "eldr_prefix_cache.html" in res["_figures"]
     assert 0.5 < r["workload_rho"] <= 1.0
     assert r["workload_same_domain_reduction_pct"] > 5
     # the cause is visible: at the loaded operating point ELDR touches fewer distinct experts per step
