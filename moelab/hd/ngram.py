@@ -172,7 +172,13 @@ class NGramTable:
             cands = self._memo.get((m, row))
             if cands is None:
                 cands = [tuple(t for t in c if t >= 0) for c in self.tables[m][1][row].tolist() if c[0] >= 0]
+                cands = list(dict.fromkeys(cands))  # distinct, in rank order (a foreign file may repeat rows)
                 self._memo[(m, row)] = cands
+            if not out:  # the longest key's continuations are distinct already
+                out = cands[:k]
+                if len(out) >= k:
+                    return out
+                continue
             for c in cands:
                 if c not in out:
                     out.append(c)

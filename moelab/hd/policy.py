@@ -183,58 +183,57 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
     alphas: dict[tuple[str, bool], float] = {}  # alpha per (store, alternative), computed once per step
     prob: list[float] = [1.0]
     paths: list[list[int]] = []
-    for i, cand in enumerate(candidates):
-        src = sources[i]
+    has_child: set[int] = set()
+    for cand, src in zip(candidates, sources):
         n_c = len(cand)
-        best, alt = 0, i > 0 and any(len(c) for c in candidates[:i])  # root already has a child?
-        best_j = -1
-        for j in range(i):
-            other = candidates[j]
-            lim = min(n_c, len(other))
-            lcp = 0
-            while lcp < lim and cand[lcp] == other[lcp]:
-                lcp += 1
-            if lcp > best:
-                best, best_j = lcp, j
-        if best:
-            # the parent (this candidate's first `best` tokens) has a child iff an earlier candidate
-            # passes through it and goes on (it then differs at depth `best`)
-            alt = False
-            for j in range(i):
-                other = candidates[j]
-                if len(other) > best and other[:best] == cand[:best]:
-                    alt = True
-                    break
-        path = paths[best_j][:best] if best else []
-        if best < n_c:
-            pp = prob[path[-1]] if path else 1.0
-            nid = len(prob)
-            if n_c > 1 and len(src) == n_c:  # one store letter per token (stitched chains)
-                for depth in range(best, n_c):
-                    ak = (src[depth], alt and depth == best)
-                    a = alphas.get(ak)
-                    if a is None:
-                        a = alphas[ak] = (acc.get(ak, 0) + 1.0) / (tried.get(ak, 0) + 2.0)
-                    pp *= a
-                    prob.append(pp)
-            else:
-                letter = src[:1]
-                ak = (letter, alt)
+        best, best_path = 0, None
+        if n_c:
+            first = cand[0]
+            for other, other_path in zip(candidates, paths):  # the earlier candidates
+                if other and other[0] == first:
+                    lim = min(n_c, len(other))
+                    lcp = 1
+                    while lcp < lim and cand[lcp] == other[lcp]:
+                        lcp += 1
+                    if lcp > best:
+                        best, best_path = lcp, other_path
+        if best == n_c:  # nothing new: a prefix of (or equal to) an earlier candidate
+            paths.append(best_path[:best] if best else [])
+            continue
+        parent = best_path[best - 1] if best else 0
+        alt = parent in has_child
+        has_child.add(parent)
+        pp = prob[parent]
+        nid = len(prob)
+        if n_c > 1 and len(src) == n_c:  # one store letter per token (stitched chains)
+            for depth in range(best, n_c):
+                ak = (src[depth], alt and depth == best)
                 a = alphas.get(ak)
                 if a is None:
                     a = alphas[ak] = (acc.get(ak, 0) + 1.0) / (tried.get(ak, 0) + 2.0)
                 pp *= a
                 prob.append(pp)
-                if best + 1 < n_c:
-                    ak = (letter, False)
-                    a = alphas.get(ak)
-                    if a is None:
-                        a = alphas[ak] = (acc.get(ak, 0) + 1.0) / (tried.get(ak, 0) + 2.0)
-                    for _ in range(best + 1, n_c):
-                        pp *= a
-                        prob.append(pp)
-            path = path + list(range(nid, len(prob)))
-        paths.append(path)
+        else:
+            letter = src[:1]
+            ak = (letter, alt)
+            a = alphas.get(ak)
+            if a is None:
+                a = alphas[ak] = (acc.get(ak, 0) + 1.0) / (tried.get(ak, 0) + 2.0)
+            pp *= a
+            prob.append(pp)
+            if best + 1 < n_c:
+                ak = (letter, False)
+                a = alphas.get(ak)
+                if a is None:
+                    a = alphas[ak] = (acc.get(ak, 0) + 1.0) / (tried.get(ak, 0) + 2.0)
+                for _ in range(best + 1, n_c):
+                    pp *= a
+                    prob.append(pp)
+        end_id = len(prob)
+        if end_id - nid > 1:
+            has_child.update(range(nid, end_id - 1))
+        new = list(range(nid, end_id))
+        paths.append(best_path[:best] + new if best else new)
     # likeliest first, ties in node order (stable): parents before children (p(child) < p(parent))
     order = sorted(range(1, len(prob)), key=prob.__getitem__, reverse=True)
     table = cost.table
