@@ -108,7 +108,8 @@ def test_calibrate_workload_small_search():
     tg = cal.calibration_targets(real_drift=0.05)
     grids = {"drift_walk": (0.0, 1.5), "domain_scale": (0.7, 1.0), "request_sigma": (0.6, 1.2),
              "mix_max": (0.0, 0.4), "drift_sigma": (0.2, 0.8)}
-    res = cal.calibrate_workload(SMALL, n_requests=64, grids=grids, sweeps=1, batch=8, n_pairs=400, targets=tg)
+    res = cal.calibrate_workload(SMALL, n_requests=64, grids=grids, sweeps=1, newton_steps=0, batch=8, n_pairs=400,
+                                 targets=tg)
     pts = res.points
     assert not any("gain" in c for c in pts.columns)  # never the TPOT gain
     assert set(cal.KNOBS) <= set(pts.columns) and pts["step"].iloc[-1] == "chosen (held-out seed)"
@@ -129,6 +130,22 @@ def test_calibrate_workload_small_search():
     assert set(res.extra["sensitivity"].index) == set(cal.KNOBS)
 
 
+def test_calibrate_workload_joint_steps_never_raise_the_loss():
+    tg = cal.calibration_targets(real_drift=0.05)
+    grids = {"request_sigma": (0.6, 1.2), "mix_max": (0.0, 0.4)}
+    res = cal.calibrate_workload(SMALL, n_requests=64, knobs=("request_sigma", "mix_max"), grids=grids, sweeps=1,
+                                 newton_steps=2, batch=8, n_pairs=400, targets=tg)
+    pts = res.points
+
+    def joint(r):
+        return sum(t.penalty(r[name]) for name, t in tg.items())
+
+    before = joint(pts[pts["step"] == "before joint steps"].iloc[0])
+    chosen = joint(pts[pts["step"] == "chosen (train seed)"].iloc[0])
+    assert chosen <= before + 1e-12
+    assert (pts["step"].str.startswith("joint step")).sum() <= 2
+
+
 def test_calibrate_workload_bad_input():
     with pytest.raises(ValueError, match="sweeps"):
         cal.calibrate_workload(SMALL, sweeps=0)
@@ -140,9 +157,19 @@ def test_calibrate_workload_bad_input():
         cal.calibrate_workload(SMALL, grids={"mix_max": (0.1, 0.9)})
     with pytest.raises(ValueError, match="n_requests"):
         cal.calibrate_workload(SMALL, n_requests=4)
+    with pytest.raises(ValueError, match="newton_steps"):
+        cal.calibrate_workload(SMALL, newton_steps=-1)
 
 
 # ---------------------------------------------------------------- the table notebook 01 shows
+
+def test_calibration_table_of_a_given_trace(small_trace):
+    t = calibration_table(trace=small_trace, batch=8, n_pairs=400, seed=0, real=False).set_index("key")
+    s = cal.generated_stats(small_trace, batch=8, n_pairs=400, seed=0)
+    for key in ("rho_count_idf", "reduction_pct", "domain_overlap", "decode_drift"):
+        assert t.loc[key, "generated"] == pytest.approx(s[key])
+    assert t.attrs["n_requests"] == small_trace.n_requests
+
 
 def test_calibration_table_small():
     t = calibration_table(SMALL, n_requests=64, seed=1, batch=8, n_pairs=400)
@@ -163,3 +190,24 @@ def test_calibration_table_small():
         assert row.loc["reduction_pct", "real ShareGPT-MoE trace"] == pytest.approx(task["distinct_reduction_pct_label"])
     with pytest.raises(ValueError, match="n_requests"):
         calibration_table(SMALL, n_requests=2)
+
+
+# ---------------------------------------------------------------- the calibrated defaults
+
+@pytest.mark.slow
+def test_calibrated_defaults_reach_their_targets():
+    """The SyntheticConfig defaults are the calibration's output; their docstring gives the statistics
+    reached at n=256 on the held-out seed 1. Regenerated here (same n, seed, pairs) against the targets
+    read now: the ones it reached must still hold (a recalibration is due when the real trace's
+    drift moves, which makes this fail), the ones it did not are held to the documented shortfall."""
+    tr = generate(256, SyntheticConfig(), seed=1).trace
+    s = cal.generated_stats(tr, batch=32, n_pairs=4000, seed=1)
+    tg = cal.calibration_targets()
+    assert tg["rho_count_idf"].holds(s["rho_count_idf"]), s
+    assert tg["rho_raw"].holds(s["rho_raw"]), s
+    if "decode_drift" in tg:  # fails when the real trace's drift moves by > 0.02: recalibrate drift_walk
+        assert tg["decode_drift"].holds(s["decode_drift"]), (s, tg["decode_drift"])
+    # the reduction lands just below the paper's 17% (documented: 16.6%)
+    assert PAPER_REDUCTION_PCT[0] - 0.6 <= s["reduction_pct"] <= PAPER_REDUCTION_PCT[1], s
+    # OLMoE's overlap is not reached (it conflicts with the paper's reduction): documented 0.48 vs 0.57
+    assert s["domain_overlap"] == pytest.approx(0.48, abs=0.02) and s["domain_overlap"] < tg["domain_overlap"].value
