@@ -57,11 +57,12 @@ def _load() -> str:
 
 
 def route_us_p50(centroids: np.ndarray, signatures: np.ndarray, calls: int = 3000, seed: int = 0) -> float:
-    """Median wall-clock microseconds of one ELDR route decision (one request, K = len(centroids))."""
+    """Median wall-clock microseconds of one ELDR route decision (one request, K = len(centroids), a float32
+    signature as a serving router's signature builder would hand it over)."""
     rng = np.random.default_rng(seed)
     n_workers = centroids.shape[0]
     router = ELDRRouter(centroids, tau=0.1).reset(n_workers)
-    batches = [RequestBatch(np.array([500]), s[None]) for s in signatures[:256]]
+    batches = [RequestBatch(np.array([500]), s[None].astype(np.float32)) for s in signatures[:256]]
     view = ClusterView(rng.integers(0, 60, n_workers), rng.integers(0, 50000, n_workers), np.full(n_workers, 1 << 30))
     times = np.empty(calls)
     for i in range(calls):
@@ -143,12 +144,13 @@ def run(quick: bool = False) -> list[Figure]:
     with threadpool_limits(1):  # one routing thread, as in a serving router; BLAS threads only add overhead
         route_us = route_us_p50(setup.centroids(), sig)
     figs = [Figure("eldr", "eldr_route_us_p50", route_us, "us", "<= 20",
-                   f"one request, K=16, count_idf signature of dimension {sig.shape[1]} (fitted on the synthetic "
+                   f"one request, K=16, float32 count_idf signature of dimension {sig.shape[1]} (fitted on the synthetic "
                    f"Qwen3-30B-A3B-shaped workload: 48 layers x 128 experts before masking), numpy; {_load()}")]
     reqs = poisson_requests(setup.pool, rate=100.0, n_requests=n_req, output_len=out_len, seed=1)
     router = ELDRRouter(setup.centroids(), tau=0.1)
     t0 = time.perf_counter()
-    res = simulate(setup.pool, reqs, router, setup.cost, n_workers=16, signatures=sig, bits=setup.bits)
+    res = simulate(setup.pool, reqs, router, setup.cost, n_workers=16, signatures=sig.astype(np.float32),
+                   bits=setup.bits)
     sim_s = time.perf_counter() - t0
     figs.append(Figure("eldr", "eldr_sim_seconds", sim_s, "s", "<= 10",
                        f"16 workers, {n_req} requests x {out_len} tokens at 100 req/s, ELDR routing, {len(res.steps)} steps "

@@ -114,15 +114,16 @@ class ELDRRouter(Router):
             # workers runs on Python lists (a dozen tiny numpy calls cost more than the product). If every
             # worker in the global band has a free slot, the band among open workers is the same set, so
             # the decision is final. Same arithmetic and tie-break as the general path below.
-            s = np.dot(self._c32, sig[0].astype(np.float32))
-            thr = float(s.max() - self._tau32)  # float32 arithmetic, as in the band of the general path
+            v = sig[0] if sig.dtype == np.float32 else sig[0].astype(np.float32)
+            s = np.dot(self._c32, v)
             sl = s.tolist()
+            thr = float(np.float32(max(sl)) - self._tau32)  # float32 arithmetic, as in the general path's band
             cand = [j for j, v in enumerate(sl) if v >= thr]
             if self.tau > 0 and len(cand) < min(self.min_band, len(sl)):
                 cand = self._band(s, self._tau32).tolist()
             free = view.free_slots.tolist()
             if min(free[j] for j in cand) > 0:
-                load = [a + w for a, w in zip(view.active.tolist(), view.waiting.tolist())]
+                load = (view.active + view.waiting).tolist()
                 lc = [load[j] for j in cand]
                 m = min(lc)
                 if self._guard and m > (1.0 + self.spill) * min(load) + 1:

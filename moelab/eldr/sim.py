@@ -27,7 +27,8 @@ def simulate(trace: ExpertTrace, requests: RequestTrace, router: Router, cost: D
     ``signatures`` ([trace.n_requests, d]) attaches each request's trace-row signature when the
     requests do not carry one already."""
     if signatures is not None and requests.signature is None:
-        signatures = check_array("signatures", signatures, ndim=2, dtype=np.float64)
+        f32 = np.asarray(signatures).dtype == np.float32  # float32 signatures stay float32
+        signatures = check_array("signatures", signatures, ndim=2, dtype=np.float32 if f32 else np.float64)
         if signatures.shape[0] != trace.n_requests:
             raise ValueError(f"signatures must have one row per trace request ({trace.n_requests}); "
                              f"got {signatures.shape[0]}")

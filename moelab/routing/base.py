@@ -139,7 +139,8 @@ class RequestBatch:
     """Requests to place, in arrival order. ``prompt_len`` is required; the rest is what a router
     may use if the driver supplies it: ``signature`` [n, d] (ELDR), ``domain`` (int codes, oracle),
     ``output_len`` (true lengths, for oracle predictors), ``request_id``, ``prompt_key``,
-    ``prefix_hashes`` (a tuple of block hashes per request). Signatures must be finite."""
+    ``prefix_hashes`` (a tuple of block hashes per request). Signatures must be finite; they are kept as
+    float32 when given as float32, else converted to float64."""
 
     prompt_len: np.ndarray
     signature: np.ndarray | None = None
@@ -162,7 +163,9 @@ class RequestBatch:
                     raise ValueError(f"{name} must have one entry per request ({n}); got shape {value.shape}")
                 setattr(self, name, value)
         if self.signature is not None:
-            sig = np.asarray(self.signature, dtype=np.float64)
+            sig = np.asarray(self.signature)
+            if sig.dtype != np.float32:  # float32 signatures stay float32 (a router's hot path reads them as is)
+                sig = sig.astype(np.float64)
             sig = sig[None, :] if sig.ndim == 1 else sig
             if sig.ndim != 2 or sig.shape[0] != n:
                 raise ValueError(f"signature must have shape (n_requests={n}, dim); got {sig.shape}")

@@ -86,7 +86,8 @@ class RequestTrace:
         if (self.trace_row is None) != (self.trace_offset is None):
             raise ValueError("trace_row and trace_offset must be given together")
         if self.signature is not None:
-            sig = np.asarray(self.signature, dtype=np.float64)
+            sig = np.asarray(self.signature)
+            sig = sig if sig.dtype == np.float32 else sig.astype(np.float64)  # float32 stays float32
             if sig.ndim != 2 or sig.shape[0] != n:
                 raise ValueError(f"signature must have shape (n_requests={n}, dim); got {sig.shape}")
             if not np.isfinite(sig).all():
