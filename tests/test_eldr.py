@@ -297,7 +297,7 @@ def test_simulator_bad_input(small_workload):
 def test_eldr_reduces_distinct_experts(small_workload):
     from moelab.eldr.experiments import gains, prepare, rate_sweep
 
-    setup = prepare(small_workload.trace, small_cost(), 4, n_pairs=2000, prefix_counts=small_workload.prefix_counts)
+    setup = prepare(small_workload.trace, small_cost(), 4, n_pairs=2000)
     df = rate_sweep(setup, rates=(600.0,), routers=("jsq", "round_robin", "eldr", "domain_oracle"), n_requests=400,
                     output_len=64)
     g = gains(df)
@@ -476,7 +476,7 @@ def test_adjusted_rand_index_known_values():
 def test_default_sweep_gains_and_paper_table(small_workload):
     from moelab.eldr import experiments as ex
 
-    setup = ex.prepare(small_workload.trace, small_cost(), 4, n_pairs=500, prefix_counts=small_workload.prefix_counts)
+    setup = ex.prepare(small_workload.trace, small_cost(), 4, n_pairs=500)
     df = ex.default_sweep(setup, rates=[20, 60], ks=[4, 8], n_requests=60, output_len=16)
     assert set(df["n_workers"]) == {4, 8} and len(df) == 2 * 2 * (len(ex.BASELINES) + 1)
     g = ex.sweep_gains(df)

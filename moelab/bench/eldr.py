@@ -136,8 +136,7 @@ def run(quick: bool = False) -> list[Figure]:
     n_req = 10_000
     out_len = 512
     wl = generate(n_trace, SyntheticConfig(), seed=0)
-    setup = prepare(wl.trace, DecodeStepModel.h200("qwen3-30b-a3b"), 16, n_pairs=10_000 if quick else 30_000,
-                    prefix_counts=wl.prefix_counts)
+    setup = prepare(wl.trace, DecodeStepModel.h200("qwen3-30b-a3b"), 16, n_pairs=10_000 if quick else 30_000)
     sig = setup.signatures()
     from threadpoolctl import threadpool_limits
 

@@ -48,7 +48,6 @@ class ELDRSetup:
     n_pairs: int = 30000
     seed: int = 0
     bits: np.ndarray = field(default=None, repr=False)
-    prefix_counts: np.ndarray | None = field(default=None, repr=False)
     _builders: dict = field(default_factory=dict, repr=False)
     _centroids: dict = field(default_factory=dict, repr=False)
 
@@ -64,15 +63,10 @@ class ELDRSetup:
             self._builders[kind] = SignatureBuilder(kind, n_pairs=self.n_pairs, seed=self.seed).fit(self.calib)
         return self._builders[kind]
 
-    def signatures(self, kind: str = "count_idf", *, suffix_only: bool = False) -> np.ndarray:
-        """Pool signatures; ``suffix_only`` drops the shared-prefix part of the prefill counts (what a
-        prefix-cached prefill sees when the signature is NOT co-indexed with the KV cache)."""
-        b = self.builder(kind)
-        if not suffix_only:
-            return b.transform(self.pool)
-        if self.prefix_counts is None:
-            raise ValueError("suffix_only needs prefix_counts (the synthetic workload's shared-prefix histograms)")
-        return b.transform(self.pool.prefill_counts - self.prefix_counts)
+    def signatures(self, kind: str = "count_idf") -> np.ndarray:
+        """Pool signatures (full prefill counts; prefix caching is studied through the signature cache,
+        :func:`prefix_cache_ablation`)."""
+        return self.builder(kind).transform(self.pool)
 
     def centroids(self, kind: str = "count_idf", balanced: bool = True) -> np.ndarray:
         """One centroid per worker: (balanced) spherical K-means of the calibration signatures (cached)."""
@@ -91,7 +85,6 @@ def prepare(
     calib_frac: float = 0.5,
     n_pairs: int = 30000,
     seed: int = 0,
-    prefix_counts: np.ndarray | None = None,
 ) -> ELDRSetup:
     """Split ``trace`` into a calibration part (signature fit, K-means) and a replay pool (seeded)."""
     n_workers = check_int("n_workers", n_workers, low=1)
@@ -104,9 +97,8 @@ def prepare(
         raise ValueError(f"trace too small: {trace.n_requests} requests give {n_cal} calibration requests for "
                          f"n_workers={n_workers} (need >= max(2, n_workers)) and a non-empty pool")
     cal, pool = np.sort(perm[:n_cal]), np.sort(perm[n_cal:])
-    pc = None if prefix_counts is None else np.asarray(prefix_counts)[pool]
     return ELDRSetup(trace.subset(cal), trace.subset(pool), cost, n_workers, n_pairs, seed,
-                     pack_expert_bits(trace.subset(pool)), pc)
+                     pack_expert_bits(trace.subset(pool)))
 
 
 def with_workers(setup: ELDRSetup, n_workers: int) -> ELDRSetup:
@@ -114,7 +106,7 @@ def with_workers(setup: ELDRSetup, n_workers: int) -> ELDRSetup:
     (centroids are recomputed for the new K)."""
     n_workers = check_int("n_workers", n_workers, low=1, high=setup.calib.n_requests)
     return ELDRSetup(setup.calib, setup.pool, setup.cost, n_workers, setup.n_pairs, setup.seed, setup.bits,
-                     setup.prefix_counts, setup._builders, {})
+                     setup._builders, {})
 
 
 def synthetic_setup(
@@ -133,7 +125,7 @@ def synthetic_setup(
     cfg = SyntheticConfig(num_layers=cost.num_layers, num_experts=moe.num_experts, top_k=moe.top_k, model_name=model,
                           **config)
     wl = generate(n_trace, cfg, seed=seed)
-    return prepare(wl.trace, cost, n_workers, n_pairs=n_pairs, seed=seed, prefix_counts=wl.prefix_counts), wl
+    return prepare(wl.trace, cost, n_workers, n_pairs=n_pairs, seed=seed), wl
 
 
 def rate_for_batch(setup: ELDRSetup, batch: int, output_len: int = 512) -> float:
@@ -180,7 +172,6 @@ def run_one(
     kind: str = "count_idf",
     balanced: bool = True,
     slots: int = 256,
-    suffix_only: bool = False,
     rate_scale: float = 1.0,
     refit_window_s: float | None = None,
     seed: int = 0,
@@ -192,12 +183,12 @@ def run_one(
     ``sim_rate`` is what was simulated."""
     rate_scale = check_real("rate_scale", rate_scale, low=0, low_open=True)
     r = build_router(setup, router, tau=tau, kind=kind, balanced=balanced, refit_window_s=refit_window_s, seed=seed)
-    sig = setup.signatures(kind, suffix_only=suffix_only) if "signature" in r.requires else None
+    sig = setup.signatures(kind) if "signature" in r.requires else None
     reqs = poisson_requests(setup.pool, rate=rate * rate_scale, n_requests=n_requests, output_len=output_len, seed=seed)
     res = simulate(setup.pool, reqs, r, setup.cost, n_workers=setup.n_workers, signatures=sig, slots=slots,
                    bits=setup.bits)
     return {"router": router, "rate": float(rate), "sim_rate": float(rate * rate_scale), "tau": tau, "kind": kind, "balanced": balanced,
-            "suffix_only": suffix_only, "refit_window_s": refit_window_s, "n_workers": setup.n_workers,
+            "refit_window_s": refit_window_s, "n_workers": setup.n_workers,
             "n_refits": getattr(getattr(r, "refit", None), "n_refits", 0), **res.metrics()}
 
 
