@@ -301,5 +301,5 @@ def test_hd_suite_adapter_runs_one_question(tmp_path):
     assert len(df) == len(DEFAULT_METHODS) and (df["question_id"] == qid).all()
     assert df.loc[df["method"] == "AR", "mean_accepted"].iloc[0] == pytest.approx(1.0)
     assert df.loc[df["method"] == "HD(WSL)", "identical"].iloc[0]  # lossless: the measured run equals AR
-    with pytest.raises(ValueError, match="evaluation-split id"):
+    with pytest.raises(ValueError, match="evaluation id"):
         run_suite("hd", {"question_id": [-1]}, out=tmp_path, backend="serial", progress=False)
