@@ -87,23 +87,25 @@ def test_vllm_figures_from_rows():
     assert figs["ngram_vllm_speedup"].value == pytest.approx(0.6)
 
 
-def test_interleaved_points_rotate_methods_and_sweep_suite_agrees():
-    """Every method runs on a question back to back with the others, each method first equally often; the
-    ``hd-vllm`` sweep suite orders its points the same way and refuses an unknown method."""
-    from moelab.hd.bench_vllm import interleaved_points
+def test_sweep_suite_rotates_methods_and_drops_cost_where_unread():
+    """The ``hd-vllm`` suite (the one route of every vLLM run) puts every method of a question back to back,
+    each method first equally often; only cost-aware HD keeps ``cost`` (the others' points merge); an
+    unknown method is refused."""
     from moelab.sweep.core import expand_grid
     from moelab.sweep.suites import coerce, get_suite
 
     ms = ["AR", "ngram", "HD"]
-    pts = interleaved_points([81, 82, 83, 84, 85, 86], ms, budget=8)
-    assert [p["question_id"] for p in pts] == [q for q in (81, 82, 83, 84, 85, 86) for _ in ms]
-    firsts = [pts[i]["method"] for i in range(0, len(pts), len(ms))]
-    assert sorted(firsts) == sorted(ms * 2) and all(p["budget"] == 8 for p in pts)
     suite = get_suite("hd-vllm")
-    grid = coerce(suite, suite.grid({"question_id": [81, 82, 83], "method": ms}))
-    arranged = suite.arrange(expand_grid(grid, allowed=suite.params))
-    assert [(p["question_id"], p["method"]) for p in arranged] == \
-        [(p["question_id"], p["method"]) for p in interleaved_points([81, 82, 83], ms)]
+    qs = [81, 82, 83, 84, 85, 86]
+    grid = coerce(suite, suite.grid({"question_id": qs, "method": ms, "cost": ["", '{"q": [1]}']}))
+    pts = suite.arrange(expand_grid(grid, allowed=suite.params))
+    hd = [p for p in pts if p["method"] == "HD"]
+    assert len(pts) == len(qs) * (len(ms) + 1) and len(hd) == 2 * len(qs)
+    assert all(p["cost"] == "" for p in pts if p["method"] != "HD")
+    base = [p for p in pts if p["cost"] == ""]  # one point per (question, method), questions in order
+    assert [p["question_id"] for p in base] == [q for q in qs for _ in ms]
+    firsts = [base[i]["method"] for i in range(0, len(base), len(ms))]
+    assert sorted(firsts) == sorted(ms * 2)
     with pytest.raises(ValueError, match="method must be one of"):
         suite.check(expand_grid(coerce(suite, suite.grid({"question_id": [81], "method": ["bogus"]})),
                                 allowed=suite.params))

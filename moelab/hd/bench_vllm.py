@@ -3,8 +3,8 @@ REST-alone) as a ``custom_class`` drafter — same engine, same LM, same budget,
 (Spec-Bench's batch size 1), float32, greedy or sampled.
 
 Each method keeps one warm engine in its own process (:mod:`moelab.hd.vllm_pool`), and the methods run
-back to back on each question, their order rotated (:func:`interleaved_points`), so a shared machine's
-changing load falls on every method alike. The runner is the sweep runner (:func:`moelab.sweep.core.run_sweep`,
+back to back on each question, their order rotated (:func:`arrange_points`), so a shared machine's
+changing load falls on every method alike. The runner is the ``hd-vllm`` sweep suite (:func:`moelab.sweep.suites.run_suite`,
 also ``moelab sweep hd-vllm``): every (question, method) result is cached under a key of the point, the
 drafting code (:data:`RUN_CODE`), vLLM's version and the data (Spec-Bench, the S store), so a rerun skips
 what is done and the full benchmark is resumable. Speed = output tokens / wall time of the request (prefill included,
@@ -238,14 +238,6 @@ RUN_CODE = ("moelab.hd.drafters", "moelab.hd.stores", "moelab.hd.suffix", "moela
             "moelab.models.vllm_engine", "moelab.models.lm_loading")
 
 
-def run_code_version() -> str:
-    """Code version of a vLLM result: :data:`RUN_CODE`'s sources and the vLLM version."""
-    from moelab.models.vllm_engine import _installed_version
-    from moelab.sweep.core import code_version
-
-    return code_version(*RUN_CODE, extra=[f"vllm=={_installed_version()}"])
-
-
 def run_data_files() -> list[Path]:
     """The data a vLLM result depends on: Spec-Bench and the shipped S store (L is rebuilt from the
     ShareGPT package per tokenizer; its file name carries that)."""
@@ -309,15 +301,28 @@ def vllm_point(question_id: int, method: str = "AR", budget: int = 8, max_new_to
     return rec
 
 
-def interleaved_points(question_ids: Sequence[int], methods: Sequence[str], **fixed: Any) -> list[dict[str, Any]]:
-    """Sweep points question by question, every method on a question back to back, the methods' order
-    rotated from one question to the next (so no method is always first after a question change)."""
-    ms = list(methods)
-    pts = []
-    for i, q in enumerate(question_ids):
-        rot = ms[i % len(ms):] + ms[:i % len(ms)]
-        pts += [{"question_id": int(q), "method": m, **fixed} for m in rot]
-    return pts
+def arrange_points(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Normal form and run order of vLLM sweep points (the ``hd-vllm`` suite's ``arrange``).
+
+    Only cost-aware HD reads ``cost``: the other methods' points drop it, so their results (and cache
+    keys) do not depend on a curve they never read, and the duplicates this makes merge. Then question by
+    question: every method of a question back to back with the others, their order rotated from one
+    question to the next, so no method is always first after a question change and a shared machine's
+    changing load falls on every method alike."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    seen: set[tuple] = set()
+    for p in points:
+        p = dict(p) if p.get("method") == "HD" else {**p, "cost": ""}
+        key = tuple(sorted(p.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        groups.setdefault(tuple((k, v) for k, v in sorted(p.items()) if k != "method"), []).append(p)
+    out: list[dict[str, Any]] = []
+    for i, group in enumerate(groups.values()):
+        r = i % len(group)
+        out += group[r:] + group[:r]
+    return out
 
 
 def measure_vllm_cost(model_dir: str | Path, *, qs: Sequence[int] = (2, 3, 5, 9), context_tokens: int = 256,
@@ -349,15 +354,15 @@ def run_vllm_methods(questions: pd.DataFrame, tokenizer: Any = None, *, methods:
                      cost: VerifyCost | None = None, l_max_tokens: int | None = None, run_tag: str = "",
                      out: str | Path | None = None, progress: bool = True) -> tuple[pd.DataFrame, dict[str, str]]:
     """Run ``methods`` in vLLM on ``questions`` (Spec-Bench rows), interleaved question by question
-    (:func:`interleaved_points`, one warm engine per method), through the sweep runner: every
-    (question, method) result is cached, so an interrupted run resumes. Returns the per-question
+    (:func:`arrange_points`, one warm engine per method), as the ``hd-vllm`` sweep suite with its cache in
+    ``out`` (default :func:`default_runs_dir`): every (question, method) result is cached, so an
+    interrupted run resumes, and ``moelab sweep hd-vllm --out`` the same folder shares the results. Returns the per-question
     table and ``{method: reason}`` for methods skipped (e.g. suffix without arctic-inference).
     ``run_tag`` keeps a repeated run of a method (e.g. AR measured again at the end) apart from the first.
     ``cost``: the verify-cost curve cost-aware HD reads (default: this machine's, measured once and cached).
     Speeds are only comparable when nothing else runs the engines' cores (the runner is serial for that).
     ``tokenizer`` is unused (kept for callers; prompts come from Spec-Bench by question id)."""
-    from moelab.datasets import cache_dir
-    from moelab.sweep.core import run_sweep
+    from moelab.sweep.suites import run_suite
 
     budget = check_budget(budget)
     check_int("max_new_tokens", max_new_tokens, low=1, high=MAX_MODEL_LEN // 2)
@@ -373,16 +378,11 @@ def run_vllm_methods(questions: pd.DataFrame, tokenizer: Any = None, *, methods:
     run = [m for m in methods if m not in skipped]
     if not run:
         return pd.DataFrame(), skipped
-    pts = interleaved_points([int(q) for q in questions["question_id"]], run, budget=budget,
-                             max_new_tokens=int(max_new_tokens), temperature=float(temperature), seed=0,
-                             l_max_tokens=int(l_max_tokens or 0),
-                             cost=json.dumps(cost.as_dict(), sort_keys=True) if cost is not None else "", tag=str(run_tag))
-    for p in pts:  # only cost-aware HD reads the curve: the other methods' results (and cache keys) do not depend on it
-        if p["method"] != "HD":
-            p["cost"] = ""
-    res = run_sweep(vllm_point, pts, cache_dir=Path(out) if out else cache_dir() / "hd" / "vllm-sweep",
-                    backend="serial", code=run_code_version(), data=data_hash_of_run(), progress=progress,
-                    desc="vLLM Spec-Bench")
+    grid = {"question_id": [int(q) for q in questions["question_id"]], "method": run, "budget": [budget],
+            "max_new_tokens": [int(max_new_tokens)], "temperature": [float(temperature)], "seed": [0],
+            "l_max_tokens": [int(l_max_tokens or 0)],
+            "cost": [json.dumps(cost.as_dict(), sort_keys=True) if cost is not None else ""], "tag": [str(run_tag)]}
+    res = run_suite("hd-vllm", grid, out=Path(out) if out else default_runs_dir(), backend="serial", progress=progress)
     df = res.frame
     if len(df):
         ar = df[df["method"] == "AR"].set_index("question_id")["output_ids"]
@@ -391,10 +391,12 @@ def run_vllm_methods(questions: pd.DataFrame, tokenizer: Any = None, *, methods:
     return df, skipped
 
 
-def data_hash_of_run() -> str:
-    from moelab.sweep.core import data_hash
+def default_runs_dir() -> Path:
+    """Where :func:`run_vllm_methods` and :func:`full_benchmark` keep results (``$MOELAB_CACHE/hd/vllm-runs``);
+    ``moelab sweep hd-vllm --out`` this folder runs and resumes the same cached points."""
+    from moelab.datasets import cache_dir
 
-    return data_hash(run_data_files())
+    return cache_dir() / "hd" / "vllm-runs"
 
 
 def summarize_vllm(df: pd.DataFrame) -> pd.DataFrame:
@@ -491,5 +493,5 @@ if __name__ == "__main__":
 
 
 __all__ = ["FULL_METHODS", "FULL_TABLE", "MAX_MODEL_LEN", "RUN_CODE", "VLLM_METHODS", "full_benchmark", "full_table_path",
-           "interleaved_points", "measure_vllm_cost", "run_code_version", "run_data_files", "run_vllm_methods", "serve",
+           "arrange_points", "default_runs_dir", "measure_vllm_cost", "run_data_files", "run_vllm_methods", "serve",
            "speculative_config_for", "suffix_status", "summarize_vllm", "vllm_point", "worker_env"]

@@ -287,16 +287,9 @@ def _hd_vllm_check(points: list[dict[str, Scalar]]) -> None:
 
 
 def _hd_vllm_arrange(points: list[dict[str, Scalar]]) -> list[dict[str, Scalar]]:
-    """Question by question, the methods of a question back to back in an order rotated per question
-    (as :func:`moelab.hd.bench_vllm.interleaved_points`), so every method meets the same machine load."""
-    groups: dict[tuple, list[dict[str, Scalar]]] = {}
-    for p in points:
-        groups.setdefault(tuple((k, v) for k, v in sorted(p.items()) if k != "method"), []).append(p)
-    out: list[dict[str, Scalar]] = []
-    for i, group in enumerate(groups.values()):
-        r = i % len(group)
-        out += group[r:] + group[:r]
-    return out
+    from moelab.hd.bench_vllm import arrange_points
+
+    return arrange_points(points)
 
 
 def _hd_vllm_code() -> tuple[str, ...]:
