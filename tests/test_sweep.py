@@ -118,8 +118,13 @@ def test_interrupted_run_resumes(tmp_path, monkeypatch):
         run_sweep(poly, _grid("resume"), cache_dir=tmp_path, backend="serial", progress=False)
     assert calls("resume") == 5
     monkeypatch.delenv(FAIL_ENV)
+    # a look at the progress computes nothing: the four finished points, two missing
+    peek = run_sweep(poly, _grid("resume"), cache_dir=tmp_path, backend="serial", progress=False, compute=False)
+    assert (peek.computed, peek.cached, peek.missing, calls("resume")) == (0, 4, 2, 5)
+    assert sorted(set(peek.frame["x"])) == [1, 2] and len(peek.frame) == 4
     res = run_sweep(poly, _grid("resume"), cache_dir=tmp_path, backend="serial", progress=False)
-    assert (res.computed, res.cached) == (2, 4)
+    assert (res.computed, res.cached, res.missing) == (2, 4, 0)
+    pd.testing.assert_frame_equal(res.frame.iloc[:4], peek.frame)
 
 
 def test_corrupt_entries_are_recomputed_with_a_warning_naming_them(tmp_path):
@@ -274,6 +279,11 @@ def test_cli_balanceroute_suite_runs_and_reruns_from_cache(tmp_path, capsys):
     assert df["attention_share"].iloc[1] > df["attention_share"].iloc[0]  # 4x longer prompts: more attention
     assert main(argv) == 0
     assert "2 points: 0 computed, 2 from the cache" in capsys.readouterr().out
+    # --cached-only with one more point: shows the two cached, runs nothing, writes no results file
+    (tmp_path / "balanceroute.parquet").unlink()
+    assert main([*argv[:6], "context_scale=1,4,16", *argv[7:], "--cached-only"]) == 0
+    assert "3 points: 2 cached, 1 not yet computed" in capsys.readouterr().out
+    assert not (tmp_path / "balanceroute.parquet").exists()
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ engines ever compute at once. Each engine lives in its own process (vLLM keeps p
 state; two engines in one process disturb each other) and answers JSON lines on a private pipe; its
 own log output goes to a file.
 
-The point function :func:`moelab.hd.bench_vllm.vllm_point` uses :func:`server`; the sweep runner
+The point function :func:`moelab.hd.vllm_worker.vllm_point` uses :func:`server`; the sweep runner
 (``moelab sweep hd-vllm``) caches each (question, method) result, so a run resumes where it stopped.
 """
 
@@ -33,13 +33,13 @@ SETTLE_S = 0.3
 
 
 class EngineServer:
-    """One warm vLLM engine in a child process (``python -m moelab.hd.bench_vllm --serve SPEC``).
+    """One warm vLLM engine in a child process (``python -m moelab.hd.vllm_worker --serve SPEC``).
 
     Parameters
     ----------
     spec : dict
         Engine settings (``method``, ``budget``, ``model_dir``, ``max_model_len``, ``cost``, ...), as
-        :func:`moelab.hd.bench_vllm.serve` reads them.
+        :func:`moelab.hd.vllm_worker.serve` reads them.
     log_dir : path
         Where the spec file and the engine's log are written.
     start_timeout_s : float
@@ -47,7 +47,7 @@ class EngineServer:
     """
 
     def __init__(self, spec: dict[str, Any], log_dir: Path, *, start_timeout_s: float = 900.0) -> None:
-        from moelab.hd.bench_vllm import worker_env
+        from moelab.hd.vllm_worker import worker_env
 
         log_dir.mkdir(parents=True, exist_ok=True)
         self.spec = spec
@@ -55,7 +55,7 @@ class EngineServer:
         spec_path = self.log.with_suffix(".spec.json")
         atomic_write_json(spec_path, spec)
         self._log_fh = open(self.log, "wb")  # noqa: SIM115 - lives as long as the server
-        self.proc = subprocess.Popen([sys.executable, "-m", "moelab.hd.bench_vllm", "--serve", str(spec_path)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "moelab.hd.vllm_worker", "--serve", str(spec_path)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_fh,
                                      env=worker_env())
         self.last_used = time.monotonic()

@@ -1,4 +1,4 @@
-"""``moelab sweep SUITE [--backend serial|local|ray] [--address A] [--grid k=v1,v2 ...] [--out DIR]``."""
+"""``moelab sweep SUITE [--backend serial|local|ray] [--address A] [--grid k=v1,v2 ...] [--out DIR] [--cached-only]``."""
 
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="values for some parameters (the others keep the suite's defaults)")
     p.add_argument("--out", default="runs/sweep", help="results go to OUT/SUITE.parquet, the cache to OUT/cache/SUITE")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--cached-only", action="store_true",
+                   help="compute nothing: show the points already cached (e.g. a long run's progress while it runs)")
     return p
 
 
@@ -62,10 +64,16 @@ def main(argv: list[str] | None = None) -> int:
         overrides = parse_grid_args(args.grid)
         grid = coerce(suite, suite.grid(overrides))
         res = run_suite(args.suite, overrides, out=args.out, backend=args.backend, workers=args.workers,
-                        address=args.address, progress=not args.no_progress)
+                        address=args.address, progress=not args.no_progress, compute=not args.cached_only)
         out = Path(args.out).expanduser().resolve()
         import io
 
+        if args.cached_only:
+            if len(res.frame):
+                print(_summary(res, suite, grid))
+            print(f"\n{res.points} points: {res.cached} cached, {res.missing} not yet computed (--cached-only: "
+                  f"nothing run, no results file written)\ncache:   {res.cache_dir.resolve()}")
+            return 0
         buf = io.BytesIO()
         res.frame.to_parquet(buf, index=False)
         path = atomic_write_bytes(out / f"{args.suite}.parquet", buf.getvalue())

@@ -328,6 +328,7 @@ class SweepResult:
     seconds: float = 0.0
     backend: str = "serial"
     cache_dir: Path | None = None
+    missing: int = 0  # points neither cached nor computed (``compute=False``): not in ``frame``
 
     @property
     def points(self) -> int:
@@ -352,6 +353,7 @@ def run_sweep(
     allowed: Iterable[str] | None = None,
     progress: bool = True,
     desc: str | None = None,
+    compute: bool = True,
 ) -> SweepResult:
     """Run ``fn(**point)`` over ``grid`` with a result cache; only missing points are computed.
 
@@ -378,6 +380,9 @@ def run_sweep(
         Parameter names ``fn`` takes (unknown grid names are refused).
     progress : bool
         Show a tqdm progress bar.
+    compute : bool
+        ``False``: compute nothing, return the cached points only (``missing`` counts the others), e.g. to
+        look at a long run's progress while it runs.
     """
     check_choice("backend", backend, BACKENDS)
     if workers is not None:
@@ -419,6 +424,11 @@ def run_sweep(
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     todo = [(k, p) for k, p in zip(keys, points) if k not in frames]
     n_cached = len(keys) - len(todo)
+    if not compute:
+        done = [k for k in keys if k in frames]
+        frame = pd.concat([frames[k] for k in done], ignore_index=True) if done else pd.DataFrame()
+        return SweepResult(frame, keys, 0, n_cached, [], time.perf_counter() - t0, backend, Path(cache_dir),
+                           missing=len(todo))
 
     from tqdm.auto import tqdm
 

@@ -21,7 +21,7 @@ Suites
     (all 480 Spec-Bench questions, 128 tokens; hours on 2 cores, spread it with ``--backend ray``). HF
     transformers engine: tree verification and exact per-store accounting (the research engine).
 ``hd-vllm``
-    :func:`moelab.hd.bench_vllm.vllm_point`: one (question, method) per point in vLLM (the deployment
+    :func:`moelab.hd.vllm_worker.vllm_point`: one (question, method) per point in vLLM (the deployment
     engine; AR, vLLM's ngram and suffix, HD), the methods back to back on each question with their order
     rotated, one warm engine per method. The default grid is the full benchmark (all 480 questions x
     4 methods, 128 tokens, greedy). Speeds compare only on a machine doing nothing else: run it with the
@@ -269,14 +269,14 @@ def _hd_versions() -> list[str]:
 def hd_vllm_point(question_id: int, method: str = "AR", budget: int = 8, max_new_tokens: int = 128,
                   temperature: float = 0.0, seed: int = 0, l_max_tokens: int = 0, cost: str = "",
                   tag: str = "") -> dict:
-    """One Spec-Bench question through one method in vLLM (:func:`moelab.hd.bench_vllm.vllm_point`)."""
-    from moelab.hd.bench_vllm import vllm_point
+    """One Spec-Bench question through one method in vLLM (:func:`moelab.hd.vllm_worker.vllm_point`)."""
+    from moelab.hd.vllm_worker import vllm_point
 
     return vllm_point(question_id, method, budget, max_new_tokens, temperature, seed, l_max_tokens, cost, tag)
 
 
 def _hd_vllm_check(points: list[dict[str, Scalar]]) -> None:
-    from moelab.hd.bench_vllm import VLLM_METHODS, suffix_status
+    from moelab.hd.vllm_worker import VLLM_METHODS, suffix_status
 
     _hd_check(points)
     for p in points:
@@ -293,13 +293,13 @@ def _hd_vllm_arrange(points: list[dict[str, Scalar]]) -> list[dict[str, Scalar]]
 
 
 def _hd_vllm_code() -> tuple[str, ...]:
-    from moelab.hd.bench_vllm import RUN_CODE
+    from moelab.hd.vllm_worker import RUN_CODE
 
     return RUN_CODE
 
 
 def _hd_vllm_data() -> list[Path]:
-    from moelab.hd.bench_vllm import run_data_files
+    from moelab.hd.vllm_worker import run_data_files
 
     return run_data_files()
 
@@ -374,8 +374,9 @@ def coerce(suite: Suite, grid: Mapping[str, Sequence[Scalar]]) -> dict[str, list
 
 def run_suite(name: str, overrides: Mapping[str, Sequence[Scalar]] | None = None, *, out: str | Path = "runs/sweep",
               backend: str = "local", workers: int | None = None, address: str | None = None,
-              progress: bool = True) -> Any:
+              progress: bool = True, compute: bool = True) -> Any:
     """Run a registered suite's grid (defaults with ``overrides``); the cache is ``out/cache``.
+    ``compute=False`` runs nothing and returns the cached points (see :func:`~moelab.sweep.core.run_sweep`).
 
     Returns the :class:`~moelab.sweep.core.SweepResult`."""
     from moelab.sweep.core import expand_grid, run_sweep
@@ -389,7 +390,7 @@ def run_suite(name: str, overrides: Mapping[str, Sequence[Scalar]] | None = None
         points = suite.arrange(points)
     return run_sweep(suite.fn, points, cache_dir=Path(out) / "cache" / name, backend=backend, workers=workers,
                      address=address, code=suite.code_version(), data=suite.data_hash(), allowed=suite.params,
-                     progress=progress, desc=f"sweep {name}")
+                     progress=progress, desc=f"sweep {name}", compute=compute)
 
 
 __all__ = ["SUITES", "Suite", "balanceroute_point", "coerce", "eldr_point", "get_suite", "hd_question", "run_suite"]
