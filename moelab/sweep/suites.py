@@ -24,8 +24,9 @@ Suites
     :func:`moelab.hd.vllm_worker.vllm_point`: one (question, method) per point in vLLM (the deployment
     engine; AR, vLLM's ngram and suffix, HD), the methods back to back on each question with their order
     rotated, one warm engine per method. The default grid is the full benchmark (all 480 questions x
-    4 methods, 128 tokens, greedy). Speeds compare only on a machine doing nothing else: run it with the
-    default ``--backend serial``-like single worker (``--workers 1``); ``--backend ray`` spreads
+    4 methods, 128 tokens, greedy), the same points and cache as
+    :func:`moelab.hd.bench_vllm.full_benchmark` with ``--out $MOELAB_CACHE/hd/vllm-runs``. Speeds compare
+    only on a machine doing nothing else: run it with ``--backend serial``; ``--backend ray`` spreads
     questions over machines (each then compares its methods on its own questions).
 """
 
