@@ -6,14 +6,16 @@ import pytest
 
 from tests.helpers import execute_notebook
 
+# small sizes, also the browser test's (tests/test_browser.py reads CI_PARAMS and turns the panels on)
+CI_PARAMS = {"N_TRACE": 384, "N_REQUESTS": 400, "N_WORKERS": 4, "RATES": [20, 100], "N_PAIRS": 2000,
+             "TAUS": [0.0, 0.1, 2.0], "ABLATION_RATE": 100, "REAL_WORKERS": 4, "REAL_RATES": [20, 100],
+             "REGIME_SCALES": [0.5, 1.5], "REGIME_KS": [4], "REGIME_TAUS": [0.1], "N_CONVERSATIONS": 24,
+             "PREFIX_CAPACITIES": [4096, 128]}
+
 
 @pytest.mark.notebook
 def test_notebook_01_eldr(tmp_path, public_data):
-    res = execute_notebook("01_eldr", {"N_TRACE": 384, "N_REQUESTS": 400, "N_WORKERS": 4, "RATES": [20, 100],
-                                       "N_PAIRS": 2000, "TAUS": [0.0, 0.1, 2.0], "ABLATION_RATE": 100,
-                                       "REAL_WORKERS": 4, "REAL_RATES": [20, 100], "REGIME_SCALES": [0.5, 1.5],
-                                       "REGIME_KS": [4], "REGIME_TAUS": [0.1], "N_CONVERSATIONS": 24,
-                                       "PREFIX_CAPACITIES": [4096, 128]}, tmp_path)
+    res = execute_notebook("01_eldr", CI_PARAMS, tmp_path)
     r = res["eldr"]
     assert r["costmodel_moe_median_abs_err_pct"] <= 10
     assert r["costmodel_layer_median_abs_err_pct"] <= 10

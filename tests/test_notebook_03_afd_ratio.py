@@ -7,13 +7,15 @@ import pytest
 import moelab.afd as afd
 from tests.helpers import execute_notebook
 
+# small sizes, also the browser test's (tests/test_browser.py reads CI_PARAMS and turns the panels on)
+CI_PARAMS = {"N": 2000, "r_values": [1, 2, 4, 8, 16], "trace_r_values": [1, 4, 16], "indep_requests": 300,
+             "map_B": [128], "map_mu_P": [100], "map_mu_D": [100], "map_distributions": ["geometric", "azure-code"],
+             "map_requests": 200, "interactive": False}
+
 
 @pytest.mark.notebook
 def test_afd_notebook(tmp_path):
-    params = {"N": 2000, "r_values": [1, 2, 4, 8, 16], "trace_r_values": [1, 4, 16], "indep_requests": 300,
-              "map_B": [128], "map_mu_P": [100], "map_mu_D": [100], "map_distributions": ["geometric", "azure-code"],
-              "map_requests": 200, "interactive": False}
-    out = execute_notebook("03_afd_ratio", params, tmp_path)
+    out = execute_notebook("03_afd_ratio", CI_PARAMS, tmp_path)
     res = out["03_afd_ratio"]
     assert len(res["check_values"]) == 5 and res["check_max_abs_err"] <= 0.1
     assert res["r_star"] == pytest.approx(afd.optimal_ratio(256, 100, 500, N=2000))

@@ -8,12 +8,14 @@ import moelab.dsd as dsd
 from tests.helpers import execute_notebook
 from tests.test_dsd import SPEC_TABLE
 
+# small sizes, also the browser test's (tests/test_browser.py reads CI_PARAMS and turns the panels on)
+CI_PARAMS = {"mc_rounds": 2000, "rounds_per_client": 40, "measured_rounds": 2000, "rtt_means": [0.0, 50.0],
+             "cap_rounds_per_client": 20, "interactive": False}
+
 
 @pytest.mark.notebook
 def test_dsd_notebook(tmp_path):
-    out = execute_notebook("04_dsd_rtt", {"mc_rounds": 2000, "rounds_per_client": 40, "measured_rounds": 2000,
-                                          "rtt_means": [0.0, 50.0], "cap_rounds_per_client": 20,
-                                          "interactive": False}, tmp_path)
+    out = execute_notebook("04_dsd_rtt", CI_PARAMS, tmp_path)
     res = out["04_dsd_rtt"]
     for t_ar, row in SPEC_TABLE.items():
         for alpha, expected in row.items():
