@@ -46,13 +46,13 @@ def test_hd_in_vllm_is_lossless(tmp_path, monkeypatch, public_data):
     tok = AutoTokenizer.from_pretrained(str(lm_folder()))
     q = spec_bench_split("eval", per_category=1, categories=("summarization", "qa"))
     cost = VerifyCost([1, 9], [10.0, 13.0], "test: a cheap-verification curve, so HD drafts")
-    df, _ = run_vllm_methods(q, tok, methods=("AR", "HD", "HD-fixed"), budget=8, max_new_tokens=24, cost=cost,
-                             progress=False)
+    # the default (cost-aware) HD; HD-fixed and REST go through the same adapter and rows (2 engines, not 4, in CI)
+    df, _ = run_vllm_methods(q, tok, methods=("AR", "HD"), budget=8, max_new_tokens=24, cost=cost, progress=False)
     assert df[df["method"] != "AR"]["identical"].all()  # token for token vLLM's greedy output
-    hd = df[df["method"] == "HD-fixed"]
+    hd = df[df["method"] == "HD"]
     assert (hd["hd_drafted_tokens"] > 0).all() and hd["hd_accepted_tokens"].sum() > 0  # it really speculated
     s = summarize_vllm(df).set_index(["method", "category"])
-    assert s.loc[("HD-fixed", "overall"), "mean_accepted"] > 1.0 and s.loc[("AR", "overall"), "mean_accepted"] == 1.0
+    assert s.loc[("HD", "overall"), "mean_accepted"] > 1.0 and s.loc[("AR", "overall"), "mean_accepted"] == 1.0
     # a rerun skips every cached question
     again, _ = run_vllm_methods(q, tok, methods=("AR",), budget=8, max_new_tokens=24, progress=False)
     assert again["wall_s"].tolist() == df[df["method"] == "AR"]["wall_s"].tolist()

