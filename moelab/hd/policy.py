@@ -205,16 +205,22 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
     alphas: dict[str, tuple[float, float]] = {}  # store -> (alpha first child, alpha alternative), once per step
     threshold = cost.draft_threshold(budget)
     if threshold > 0.0:
-        # A node's probability is a product of alphas (each <= 1), so it is at most the largest alpha of
-        # the stores the draft uses: below the threshold, nothing is worth verifying (no tree needed).
-        hi = 0.0
+        # A node's probability is a product of alphas (each <= 1 for consistent counts), so none exceeds
+        # that of the root child it descends from: the first candidate's first-child alpha or a later
+        # candidate's alternative alpha. Below the threshold nothing pays: no tree is needed.
+        hi, first, ok = -1.0, True, True
         for cand, src in zip(candidates, sources):
+            if not cand:
+                continue
             for letter in (src if len(cand) > 1 and len(src) == len(cand) else (src[:1],)):
-                ab = alphas.get(letter)
-                if ab is None:
+                if letter not in alphas:
                     ab = alphas[letter] = _alphas(acc, tried, letter)
-                    hi = max(hi, ab[0], ab[1])
-        if hi < threshold and hi <= 1.0:
+                    ok = ok and ab[0] <= 1.0 and ab[1] <= 1.0
+            a = alphas[src[:1]][not first]
+            first = False
+            if a > hi:
+                hi = a
+        if ok and hi < threshold:
             return [], []
     prob: list[float] = [1.0]
     root_used = False  # whether the root has a child yet (node 0's children are alternatives after the first)
