@@ -115,3 +115,37 @@ def test_plan_equals_the_node_by_node_trie(cands, letters, budget, history, per_
     srcs = ["".join(letters[(i + d) % 5] for d in range(len(c))) if per_token else letters[i]
             for i, c in enumerate(cands)]
     assert plan(cands, srcs, model, cost, budget) == reference_plan(cands, srcs, model, cost, budget)
+
+
+@pytest.mark.parametrize("cost", [STEEP, VerifyCost([1, 9], [10.0, 14.0]), VerifyCost([1, 2, 5], [10.0, 10.5, 20.0])])
+def test_draft_threshold_is_exact(cost):
+    """Below the threshold no K pays; just above the K = 1 bound, one node does (on these curves)."""
+    t = cost.table
+    for budget in (1, 4, 8, 28):
+        thr = cost.draft_threshold(budget)
+        assert thr == pytest.approx(min((t[k + 1] / t[1] - 1) / k for k in range(1, budget + 1)), rel=1e-6)
+        for k in range(1, budget + 1):
+            assert (1 + k * thr) / t[k + 1] < 1 / t[1]
+    p = (t[2] / t[1] - 1) * 1.01  # a node just likely enough to pay for one more verified token
+    model = AcceptanceModel()
+    for _ in range(1000):
+        model.record("W", False, True)  # alpha(W, first) -> ~1: drafted whenever K = 1 pays
+    if p < 1:
+        assert plan([(1,)], ["W"], model, cost, budget=1) == ([(1,)], ["W"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), max_size=5).map(tuple), min_size=1, max_size=6),
+       st.lists(st.sampled_from("WSL"), min_size=6, max_size=6), st.integers(1, 12),
+       st.lists(st.tuples(st.sampled_from("WSL"), st.booleans(), st.integers(0, 6)), max_size=12),
+       st.booleans(), st.sampled_from([STEEP, VerifyCost([1, 9], [10.0, 14.0]), VerifyCost([1, 2, 5], [10.0, 10.5, 20.0])]))
+def test_plan_early_exit_equals_the_node_by_node_trie(cands, letters, budget, history, per_token, cost):
+    """Mostly rejected stores (the early exit's case), empty candidates and duplicates included."""
+    model = AcceptanceModel()
+    for store, alt, rejections in history:
+        model.record(store, alt, True)
+        for _ in range(rejections):
+            model.record(store, alt, False)
+    srcs = ["".join(letters[(i + d) % 6] for d in range(len(c))) if per_token else letters[i]
+            for i, c in enumerate(cands)]
+    assert plan(cands, srcs, model, cost, budget) == reference_plan(cands, srcs, model, cost, budget)

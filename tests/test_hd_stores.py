@@ -225,3 +225,57 @@ def test_bad_drafter_inputs():
     with pytest.raises(ValueError, match="method"):
         make_drafter("HD(WQ)")
     assert method_label("HD") == "HD(WSL)" and method_label("W") == "W-only" and method_label("LSW") == "HD(LSW)"
+
+
+def reference_context_lookups(tokens, key_lengths, length, per_key, ctx, k):
+    """W written with an ordered dict per key, the way the paper describes it: every n-gram re-inserted as most
+    recent, the least recently seen evicted; lookup = longest key first, most recent first, distinct."""
+    from collections import OrderedDict
+
+    table = {}
+    for end in range(length, len(tokens)):
+        kend = end - length + 1
+        cont = tuple(tokens[kend:end + 1])
+        for m in sorted(set(key_lengths), reverse=True):
+            if kend < m:
+                continue
+            bucket = table.setdefault(tuple(tokens[kend - m:kend]), OrderedDict())
+            bucket[cont] = None
+            bucket.move_to_end(cont, last=False)
+            if len(bucket) > per_key:
+                bucket.popitem(last=True)
+    out = []
+    for m in sorted(set(key_lengths), reverse=True):
+        if len(ctx) < m:
+            continue
+        for c in table.get(tuple(ctx[len(ctx) - m:]), ()):
+            if c not in out:
+                out.append(c)
+                if len(out) >= max(k, 1):
+                    return out
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=60), st.lists(st.integers(1, 5), min_size=1, max_size=8),
+       st.sampled_from([(1,), (2,), (1, 2), (1, 2, 3)]), st.integers(1, 4), st.integers(1, 4), st.integers(1, 9))
+def test_context_store_equals_the_ordered_dict_reference(tokens, chunks, key_lengths, length, per_key, k):
+    w = ContextStore(key_lengths, length=length, per_key=per_key)
+    w.reset(tokens[:chunks[0]])
+    pos = chunks[0]
+    for size in [*chunks[1:], len(tokens)]:  # extended in steps of several tokens, as accept() does
+        w.extend(tokens[pos:pos + size])
+        pos += size
+        seen = tokens[:pos]
+        for ctx in (seen, seen[-1:], [0], [1, 2]):
+            assert w.lookup(ctx, k) == reference_context_lookups(seen, key_lengths, length, per_key, ctx, k)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 4), min_size=2, max_size=40), min_size=1, max_size=5),
+       st.lists(st.integers(0, 4), min_size=1, max_size=4), st.permutations([1, 2, 3, 5, 7, 20]))
+def test_ngram_lookup_is_the_same_whatever_k_callers_asked_for_before(seqs, ctx, ks):
+    table = NGramTable.build(seqs, key_lengths=(1, 2), length=2, per_key=4)
+    for k in ks:  # the memo holds the full answer: any k is its first k, in any order of calls
+        want = table._lookup(tuple(ctx[-2:]), k)  # computed for exactly this k, no memo
+        assert table.lookup(ctx, k) == want and len(want) <= k

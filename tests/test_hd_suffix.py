@@ -113,3 +113,16 @@ def test_suffix_lookup_tops_up_with_shorter_suffixes_and_memo_is_exact(docs, ctx
     assert store.lookup(ctx, k) == want  # memoised answer
     assert store.lookup(ctx, 1) == want[:1]  # a smaller k from the memo
     assert store.lookup(ctx, k + 2) == brute_lookup(docs, ctx, store.depth, length, k + 2)  # a larger k is recomputed
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), min_size=20, max_size=80), min_size=1, max_size=4),
+       st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=10), min_size=1, max_size=6),
+       st.lists(st.integers(1, 9), min_size=1, max_size=6), st.integers(3, 20))
+def test_suffix_memos_answer_as_a_fresh_store_whatever_was_asked_before(docs, ctxs, ks, max_samples):
+    # long match ranges (a 3-token alphabet) take the vectorised, sampled ranking path too
+    store = SuffixStore.build(docs, vocab_size=4, length=3, max_samples=max_samples)
+    for ctx in ctxs:
+        for k in ks:
+            fresh = SuffixStore.build(docs, vocab_size=4, length=3, max_samples=max_samples, memo=0)
+            assert store.lookup(ctx, k) == fresh.lookup(ctx, k)

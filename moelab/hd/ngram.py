@@ -24,6 +24,7 @@ _SHIFT = 21  # packed key = t0 << 21 | t1: vocabularies up to 2M tokens
 
 
 _MAX_ID = 1 << _SHIFT
+_ALL = 1 << 30  # "every continuation" as a lookup size
 
 
 def _pack(key: Sequence[int]) -> int:
@@ -66,7 +67,7 @@ class NGramTable:
         self._index = {m: dict(zip(_pack_rows(k).tolist(), range(k.shape[0]))) for m, (k, _, _) in self.tables.items()}
         self._memo: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         self._max_m = max(self.tables, default=1)
-        self._answers: dict[tuple[tuple[int, ...], int], list[tuple[int, ...]]] = {}  # (tail, k) -> lookup()
+        self._answers: dict[tuple[int, ...], list[tuple[int, ...]]] = {}  # tail -> every continuation, ranked
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -147,18 +148,21 @@ class NGramTable:
     def lookup(self, context: Sequence[int], k: int = 7) -> list[tuple[int, ...]]:
         """Up to ``k`` distinct continuations of ``context``: longest matching key first, most frequent first.
 
-        The answer depends only on the last ``max(key lengths)`` tokens and ``k``; it is memoised per
-        (tail, k) (bounded: cleared when it reaches 65,536 entries), so a repeated tail costs one dict probe."""
+        The answer depends only on the last ``max(key lengths)`` tokens, and the answer for ``k`` is the
+        first ``k`` of the full answer (every distinct continuation, in that order), so the full answer is
+        memoised per tail (bounded: cleared when it reaches 65,536 entries): a repeated tail costs one dict
+        probe whatever ``k`` callers ask for."""
         n = len(context)
         tail = tuple(context[max(0, n - self._max_m):])
-        hit = self._answers.get((tail, k))
-        if hit is not None:
-            return list(hit)
-        out = self._lookup(tail, k)
-        if len(self._answers) >= 65_536:
-            self._answers.clear()
-        self._answers[(tail, k)] = out
-        return list(out)
+        full = self._answers.get(tail)
+        if full is None:
+            if k < 1:
+                return self._lookup(tail, k)
+            full = self._lookup(tail, _ALL)
+            if len(self._answers) >= 65_536:
+                self._answers.clear()
+            self._answers[tail] = full
+        return full[:k]
 
     def _lookup(self, context: Sequence[int], k: int) -> list[tuple[int, ...]]:
         out: list[tuple[int, ...]] = []

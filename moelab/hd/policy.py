@@ -76,6 +76,19 @@ class VerifyCost:
             t = self._table = [float(x) for x in self(np.arange(MAX_BUDGET + 2))]
         return t
 
+    def draft_threshold(self, budget: int) -> float:
+        """A node probability that no draft node reaching it pays at ``budget``: when every node of a draft
+        is less likely than this, ``K = 0`` beats every ``K <= budget`` (``(1 + K p) / c(K + 1) < 1 / c(1)``
+        for ``p`` below ``(c(K + 1) / c(1) - 1) / K``; a 1e-9 relative margin covers rounding). Cached."""
+        th = getattr(self, "_thresholds", None)
+        if th is None:
+            th = self._thresholds = {}
+        v = th.get(budget)
+        if v is None:
+            t = self.table
+            v = th[budget] = min((t[k + 1] / t[1] * (1 - 1e-9) - 1) / k for k in range(1, budget + 1))
+        return v
+
     def relative(self, q: np.ndarray | float) -> np.ndarray:
         """Cost relative to one token (``c(q) / c(1)``)."""
         return self(q) / self._m[0]
@@ -163,93 +176,132 @@ def _src_at(src: str, depth: int, n: int) -> str:
     return src[depth] if len(src) == n and n > 1 else src[:1]
 
 
+def _alphas(acc: dict[tuple[str, bool], int], tried: dict[tuple[str, bool], int], store: str) -> tuple[float, float]:
+    """``(alpha(store, first child), alpha(store, alternative))`` from the counts (:meth:`AcceptanceModel.alpha`)."""
+    return ((acc.get((store, False), 0) + 1.0) / (tried.get((store, False), 0) + 2.0),
+            (acc.get((store, True), 0) + 1.0) / (tried.get((store, True), 0) + 2.0))
+
+
 def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: AcceptanceModel, cost: VerifyCost,
          budget: int) -> tuple[list[tuple[int, ...]], list[str]]:
     """The sub-tree of ``candidates`` worth verifying (see the module docstring).
 
     A source is one store letter per candidate, or a string with one letter per token (chains
-    stitched from several lookups). Returns the kept candidates (root-to-leaf paths of the chosen prefix-closed node set, in their
-    original order, truncated) and their sources; empty lists mean "draft nothing this step".
+    stitched from several lookups). Returns the kept candidates (root-to-leaf paths of the chosen
+    prefix-closed node set, in their original order, truncated) and their sources; empty lists mean
+    "draft nothing this step".
     """
     if type(budget) is not int or not 1 <= budget <= MAX_BUDGET:  # the per-step fast path skips the checker
         budget = check_budget(budget)
     if not candidates:
         return [], []
     # The trie of the candidates, built one candidate at a time: a candidate shares its first ``l`` nodes
-    # with the earlier candidate it has the longest common prefix with, and adds ``len - l`` new nodes
-    # (ids in creation order, as a node-by-node trie would number them). Plain Python: a step has a
-    # dozen nodes, where numpy's per-call overhead dominates.
+    # with the (first) earlier candidate it has the longest common prefix with, and adds ``len - l`` new
+    # nodes (ids in creation order, as a node-by-node trie would number them). Plain Python: a step has a
+    # dozen nodes, where numpy's per-call overhead dominates. Paths are not materialised: candidate ``i``
+    # keeps ``segs[i] = (j, l, first, end)``: the candidate it branches from, ``l``, and its new node ids
+    # ``first:end``, which is all the final count of its kept prefix needs.
     acc, tried = model.accepted, model.tried
-    alphas: dict[tuple[str, bool], float] = {}  # alpha per (store, alternative), computed once per step
+    alphas: dict[str, tuple[float, float]] = {}  # store -> (alpha first child, alpha alternative), once per step
+    threshold = cost.draft_threshold(budget)
+    if threshold > 0.0:
+        # A node's probability is a product of alphas (each <= 1 for consistent counts), so none exceeds
+        # that of the root child it descends from: the first candidate's first-child alpha or a later
+        # candidate's alternative alpha. Below the threshold nothing pays: no tree is needed.
+        hi, first, ok = -1.0, True, True
+        for cand, src in zip(candidates, sources):
+            if not cand:
+                continue
+            for letter in (src if len(cand) > 1 and len(src) == len(cand) else (src[:1],)):
+                if letter not in alphas:
+                    ab = alphas[letter] = _alphas(acc, tried, letter)
+                    ok = ok and ab[0] <= 1.0 and ab[1] <= 1.0
+            a = alphas[src[:1]][not first]
+            first = False
+            if a > hi:
+                hi = a
+        if ok and hi < threshold:
+            return [], []
     prob: list[float] = [1.0]
-    paths: list[list[int]] = []
-    has_child: set[int] = set()
-    for cand, src in zip(candidates, sources):
+    root_used = False  # whether the root has a child yet (node 0's children are alternatives after the first)
+    branched: set[int] = set()  # other nodes given a second child by a later candidate
+    segs: list[tuple[int, int, int, int]] = []
+    for i, (cand, src) in enumerate(zip(candidates, sources)):
         n_c = len(cand)
-        best, best_path = 0, None
+        best, j_best = 0, -1
         if n_c:
             first = cand[0]
-            for other, other_path in zip(candidates, paths):  # the earlier candidates
+            for j in range(i):  # the earlier candidates
+                other = candidates[j]
                 if other and other[0] == first:
                     lim = min(n_c, len(other))
                     lcp = 1
                     while lcp < lim and cand[lcp] == other[lcp]:
                         lcp += 1
                     if lcp > best:
-                        best, best_path = lcp, other_path
+                        best, j_best = lcp, j
         if best == n_c:  # nothing new: a prefix of (or equal to) an earlier candidate
-            paths.append(best_path[:best] if best else [])
+            segs.append((j_best, best, 0, 0))
             continue
-        parent = best_path[best - 1] if best else 0
-        alt = parent in has_child
-        has_child.add(parent)
-        pp = prob[parent]
+        if best:  # the node at depth best - 1 of candidate j_best's path, in the segment that created it
+            j, d = j_best, best - 1
+            while d < segs[j][1]:
+                j = segs[j][0]
+            parent = segs[j][2] + d - segs[j][1]
+            # it has a child already if it is inside its segment or an earlier candidate branched there
+            alt = parent != segs[j][3] - 1 or parent in branched
+            branched.add(parent)
+        else:
+            parent, alt, root_used = 0, root_used, True
         nid = len(prob)
         if n_c > 1 and len(src) == n_c:  # one store letter per token (stitched chains)
+            pp = prob[parent]
             for depth in range(best, n_c):
-                ak = (src[depth], alt and depth == best)
-                a = alphas.get(ak)
-                if a is None:
-                    a = alphas[ak] = (acc.get(ak, 0) + 1.0) / (tried.get(ak, 0) + 2.0)
-                pp *= a
+                letter = src[depth]
+                ab = alphas.get(letter)
+                if ab is None:
+                    ab = alphas[letter] = _alphas(acc, tried, letter)
+                pp *= ab[alt and depth == best]
                 prob.append(pp)
         else:
             letter = src[:1]
-            ak = (letter, alt)
-            a = alphas.get(ak)
-            if a is None:
-                a = alphas[ak] = (acc.get(ak, 0) + 1.0) / (tried.get(ak, 0) + 2.0)
-            pp *= a
+            ab = alphas.get(letter)
+            if ab is None:
+                ab = alphas[letter] = _alphas(acc, tried, letter)
+            pp = prob[parent] * ab[alt]
             prob.append(pp)
-            if best + 1 < n_c:
-                ak = (letter, False)
-                a = alphas.get(ak)
-                if a is None:
-                    a = alphas[ak] = (acc.get(ak, 0) + 1.0) / (tried.get(ak, 0) + 2.0)
-                for _ in range(best + 1, n_c):
-                    pp *= a
-                    prob.append(pp)
-        end_id = len(prob)
-        if end_id - nid > 1:
-            has_child.update(range(nid, end_id - 1))
-        new = list(range(nid, end_id))
-        paths.append(best_path[:best] + new if best else new)
-    # likeliest first, ties in node order (stable): parents before children (p(child) < p(parent))
-    order = sorted(range(1, len(prob)), key=prob.__getitem__, reverse=True)
+            a = ab[0]
+            for _ in range(best + 1, n_c):  # the rest of the chain: first children
+                pp *= a
+                prob.append(pp)
+        segs.append((j_best, best, nid, len(prob)))
+    # the likeliest K nodes, for every K: expected tokens per unit of cost (the values alone suffice)
+    ps = sorted(prob[1:], reverse=True)
     table = cost.table
     best_k, best_ratio, gain = 0, 1.0 / table[1], 1.0
-    for k in range(1, min(budget, len(order)) + 1):
-        gain += prob[order[k - 1]]
+    for k in range(1, min(budget, len(ps)) + 1):
+        gain += ps[k - 1]
         r = gain / table[k + 1]
         if r > best_ratio:
             best_k, best_ratio = k, r
     if best_k == 0:
         return [], []
-    keep = set(order[:best_k])  # prefix-closed: the kept nodes of a path are a prefix of it
+    # likeliest first, ties in node order (stable): parents before children (p(child) < p(parent)), so the
+    # kept set is prefix-closed and a candidate's kept prefix is counted node by node
+    kept = [False] * len(prob)
+    for x in sorted(range(1, len(prob)), key=prob.__getitem__, reverse=True)[:best_k]:
+        kept[x] = True
+    ns: list[int] = []
     out, srcs = [], []
     seen: set[tuple[int, ...]] = set()
-    for cand, src, path in zip(candidates, sources, paths):
-        n = len(keep.intersection(path))
+    for (j, shared, nid, end), cand, src in zip(segs, candidates, sources):
+        n = min(ns[j], shared) if shared else 0  # kept nodes among those shared with candidate j
+        if n == shared:
+            x = nid
+            while x < end and kept[x]:
+                x += 1
+            n += x - nid
+        ns.append(n)
         if not n:
             continue
         c = cand[:n]

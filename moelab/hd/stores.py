@@ -15,7 +15,6 @@ S and L files record the tokenizer's identity; loading one with another tokenize
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -56,7 +55,8 @@ class ContextStore:
     def reset(self, prompt: Sequence[int] = ()) -> None:
         """Forget everything and index ``prompt``."""
         self.tokens: list[int] = []
-        self._table: dict[tuple[int, ...], OrderedDict[tuple[int, ...], None]] = {}
+        # key -> its continuations, most recent first (a short plain list: cheaper than an ordered dict)
+        self._table: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
         self.extend(prompt)
 
     def extend(self, new_tokens: Sequence[int]) -> None:
@@ -65,26 +65,27 @@ class ContextStore:
         start = len(toks)
         toks.extend(map(int, new_tokens))
         L = self.length
-        table, per_key = self._table, self.per_key
+        table, per_key, key_lengths = self._table, self.per_key, self.key_lengths
         for end in range(max(start, L), len(toks)):  # `end` = last token of a continuation
             kend = end - L + 1  # keys end just before the continuation
             cont = tuple(toks[kend:end + 1])
-            for m in self.key_lengths:
+            for m in key_lengths:
                 if kend < m:
                     continue
                 key = tuple(toks[kend - m:kend])
                 bucket = table.get(key)
                 if bucket is None:
-                    table[key] = OrderedDict(((cont, None),))
-                    continue
-                bucket[cont] = None
-                bucket.move_to_end(cont, last=False)  # most recent first
-                if len(bucket) > per_key:
-                    bucket.popitem(last=True)
+                    table[key] = [cont]
+                elif bucket[0] != cont:  # (already the most recent: nothing to do)
+                    if cont in bucket:
+                        bucket.remove(cont)
+                    elif len(bucket) >= per_key:
+                        bucket.pop()  # evict the least recently seen
+                    bucket.insert(0, cont)
 
     def lookup(self, context: Sequence[int], k: int = 7) -> list[tuple[int, ...]]:
         """Up to ``k`` continuations of ``context``'s last tokens (longest key first, most recent first)."""
-        out: list[tuple[int, ...]] = []
+        out: list[tuple[int, ...]] | None = None
         n = len(context)
         table = self._table
         for m in self.key_lengths:
@@ -93,12 +94,17 @@ class ContextStore:
             bucket = table.get(tuple(context[n - m:]))
             if not bucket:
                 continue
+            if out is None:  # the longest key's continuations are distinct already (k < 1 gives one)
+                out = bucket[:max(k, 1)]
+                if len(out) >= k:
+                    return out
+                continue
             for c in bucket:
                 if c not in out:
                     out.append(c)
                     if len(out) >= k:
                         return out
-        return out
+        return [] if out is None else out
 
 
 def default_store_path(kind: str) -> Path:

@@ -36,6 +36,7 @@ L_MAX_TOKENS = 8_000_000  # ShareGPT tokens indexed by the default L (REST index
 S_RESERVED_TAIL = 4000  # conversations at the end of the ShareGPT file that only S's prompts may come from
 _WORDS = 2  # packed uint64 words per sort key
 _PY_SAMPLES = 12  # match ranges up to this many occurrences are ranked in plain Python
+_RANK_MIN = 8  # continuations ranked per match range at least (memoised for callers asking for more)
 
 
 def _bits_for(max_id: int) -> int:
@@ -91,8 +92,9 @@ class SuffixStore:
         self._keys = _pack_words(self._tok1, self.order.astype(np.int64), self.bits, self.per_word, _WORDS)
         self._order_mv = memoryview(np.ascontiguousarray(self.order))
         self._tok1_mv = memoryview(self._tok1)
-        # LRU memos: context tail -> (k asked, answer); match range -> (k asked, ranked continuations)
-        self._memo: OrderedDict[tuple[int, ...], tuple[int, list[tuple[int, ...]]]] = OrderedDict()
+        # LRU memos: context tail -> (k asked, answer, its match ranges); match range -> (k ranked, ranking)
+        self._memo: OrderedDict[tuple[int, ...], tuple[int, list[tuple[int, ...]], list[tuple[int, int, int]]]] \
+            = OrderedDict()
         self._rank_memo: OrderedDict[tuple[int, int, int], tuple[int, list[tuple[int, ...]]]] = OrderedDict()
         self._memo_size = check_int("memo", memo, low=0)
 
@@ -141,12 +143,16 @@ class SuffixStore:
         key = tuple(map(int, context[max(0, n - self.depth):]))
         memo = self._memo
         hit = memo.get(key)
-        if hit is not None and (hit[0] >= k or len(hit[1]) < hit[0]):  # asked for as many, or exhausted
-            memo.move_to_end(key)
-            return hit[1][:k]
+        if hit is not None:
+            if hit[0] >= k or len(hit[1]) < hit[0]:  # asked for as many, or exhausted
+                memo.move_to_end(key)
+                return hit[1][:k]
+            ranges = hit[2]  # asked for fewer before: the match ranges are known
+        else:
+            ranges = self._suffix_ranges(key)
         out: list[tuple[int, ...]] = []
         seen: set[tuple[int, ...]] = set()
-        for m, lo, hi in self._suffix_ranges(key):
+        for m, lo, hi in ranges:
             for c in self._ranked_memo(m, lo, hi, k):
                 if c not in seen:
                     seen.add(c)
@@ -155,7 +161,7 @@ class SuffixStore:
                 break
         out = out[:k]
         if self._memo_size:
-            memo[key] = (k, out)
+            memo[key] = (k, out, ranges)
             memo.move_to_end(key)
             if len(memo) > self._memo_size:
                 memo.popitem(last=False)
@@ -227,13 +233,15 @@ class SuffixStore:
         if hit is not None and (hit[0] >= k or len(hit[1]) < hit[0]):
             rm.move_to_end(key)
             return hit[1][:k]
-        got = self._ranked(m, lo, hi, k)
+        # rank a few more than asked (the cost is the same): a later caller asking for more is served too
+        kk = max(k, _RANK_MIN) if k >= 1 else k
+        got = self._ranked(m, lo, hi, kk)
         if self._memo_size:
-            rm[key] = (k, got)
+            rm[key] = (kk, got)
             rm.move_to_end(key)
             if len(rm) > 4 * self._memo_size:
                 rm.popitem(last=False)
-        return got
+        return got if kk == k else got[:k]  # the first k of a longer ranking are the k-ranking
 
     def _ranked(self, m: int, lo: int, hi: int, k: int | None = None) -> list[tuple[int, ...]]:
         """The (at most ``k``) most frequent continuations after the occurrences ``lo:hi`` of an ``m``-token
