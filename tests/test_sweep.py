@@ -110,12 +110,6 @@ def test_second_run_is_served_from_the_cache(tmp_path):
     assert (more.computed, more.cached, calls("cache")) == (2, 6, 8)
     other = run_sweep(poly, _grid("cache"), cache_dir=tmp_path, backend="serial", code="v2", progress=False)
     assert other.computed == 6
-    # code versions per point: a change to the code of the x=2 points re-runs those two only
-    per = run_sweep(poly, _grid("cache"), cache_dir=tmp_path, backend="serial", code=lambda p: "v2", progress=False)
-    assert per.computed == 0
-    part = run_sweep(poly, _grid("cache"), cache_dir=tmp_path, backend="serial",
-                     code=lambda p: "v3" if p["x"] == 2 else "v2", progress=False)
-    assert (part.computed, part.cached) == (2, 4)
 
 
 def test_interrupted_run_resumes(tmp_path, monkeypatch):

@@ -228,20 +228,13 @@ def _run_subprocess(spec: dict[str, Any], log: Path, timeout_s: float) -> None:
         raise RuntimeError(f"vLLM worker for {spec['method']} failed (exit {proc.returncode}); log {log}:\n{tail}")
 
 
-#: the code every vLLM result depends on: the engine, its worker and the LM loader
-ENGINE_CODE = ("moelab.hd.vllm_worker", "moelab.hd.vllm_pool", "moelab.models.vllm_engine", "moelab.models.lm_loading")
-#: and HD's (cost-aware, fixed, REST-alone) results, on the drafter and its stores too
-RUN_CODE = (*ENGINE_CODE, "moelab.hd.drafters", "moelab.hd.stores", "moelab.hd.suffix", "moelab.hd.ngram",
-            "moelab.hd.policy", "moelab.hd.rows", "moelab.hd.engine", "moelab.hd.vllm_adapter")
-HD_METHODS = ("HD", "HD-fixed", "REST")
-
-
-def run_code(method: str) -> tuple[str, ...]:
-    """The modules a ``method``'s cached results depend on (hashed into their keys): AR, ngram and suffix
-    run vLLM's own code and never call moelab's drafter, so a drafter change re-runs HD's points only."""
-    if method not in VLLM_METHODS:
-        raise ValueError(f"method must be one of {list(VLLM_METHODS)}; got {method!r}")
-    return RUN_CODE if method in HD_METHODS else ENGINE_CODE
+#: the code a vLLM result depends on (hashed into every cached (question, method) result's key). Every method's
+#: key hashes all of it, AR's too: a speedup compares methods measured back to back on a question, so a drafter
+#: change re-measures every method, never HD alone against peers timed under another load (tried and undone:
+#: HD re-run alone on a quieter machine read 1.87x where the interleaved run read 1.50x).
+RUN_CODE = ("moelab.hd.drafters", "moelab.hd.stores", "moelab.hd.suffix", "moelab.hd.ngram", "moelab.hd.policy",
+            "moelab.hd.rows", "moelab.hd.engine", "moelab.hd.vllm_adapter", "moelab.hd.vllm_pool", "moelab.hd.vllm_worker",
+            "moelab.models.vllm_engine", "moelab.models.lm_loading")
 
 
 def run_data_files() -> list[Path]:
@@ -350,5 +343,5 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["MAX_MODEL_LEN", "PROBE_TOKEN", "ENGINE_CODE", "HD_METHODS", "RUN_CODE", "VLLM_METHODS", "SuffixUnavailableError", "measure_vllm_cost",
-           "run_code", "run_data_files", "serve", "speculative_config_for", "suffix_status", "vllm_point", "worker_env"]
+__all__ = ["MAX_MODEL_LEN", "PROBE_TOKEN", "RUN_CODE", "VLLM_METHODS", "SuffixUnavailableError", "measure_vllm_cost",
+           "run_data_files", "serve", "speculative_config_for", "suffix_status", "vllm_point", "worker_env"]

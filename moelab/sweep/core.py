@@ -348,7 +348,7 @@ def run_sweep(
     backend: str = "local",
     workers: int | None = None,
     address: str | None = None,
-    code: str | Callable[[Mapping[str, Scalar]], str] | None = None,
+    code: str | None = None,
     data: str = "",
     allowed: Iterable[str] | None = None,
     progress: bool = True,
@@ -376,8 +376,6 @@ def run_sweep(
         else a Ray instance on this machine (reused when ``ray.init`` was already called).
     code, data : str
         Code version and data hash in the key (default: a hash of ``fn``'s module source; no data).
-        ``code`` may be a function of the point, for points whose results depend on different code
-        (e.g. only HD's points in vLLM depend on the drafter's modules).
     allowed : iterable of str, optional
         Parameter names ``fn`` takes (unknown grid names are refused).
     progress : bool
@@ -407,8 +405,7 @@ def run_sweep(
 
         cache_dir = _cache_root() / "sweep"
     cache = ResultCache(cache_dir)
-    code_of = code if callable(code) else (lambda _p, _c=code: _c)
-    keys = [point_key(name, p, code_of(p), data) for p in points]
+    keys = [point_key(name, p, code, data) for p in points]
     if len(set(keys)) != len(keys):
         raise ValueError("grid has repeated points")
 

@@ -57,8 +57,7 @@ class Suite:
     columns: tuple[str, ...] = ()  # result columns worth printing in the CLI summary
     extra_versions: Callable[[], list[str]] = field(default=lambda: [])
     check: Callable[[list[dict[str, Scalar]]], None] | None = None
-    # more code targets of one point (looked up when needed: lazy imports), when points depend on different code
-    point_code: Callable[[Mapping[str, Scalar]], Sequence[str]] | None = None
+    code_fn: Callable[[], Sequence[str]] | None = None  # more code targets, looked up when needed (lazy imports)
     arrange: Callable[[list[dict[str, Scalar]]], list[dict[str, Scalar]]] | None = None  # run order of the points
 
     def default(self, name: str) -> list[Scalar]:
@@ -74,29 +73,9 @@ class Suite:
                              f"{sorted(self.params)}")
         return {k: list(overrides[k]) if k in overrides else self.default(k) for k in self.params}
 
-    def code_targets(self, point: Mapping[str, Scalar] | None = None) -> tuple[str, ...]:
-        """The modules a point's result depends on (the suite's, plus :attr:`point_code`'s for ``point``)."""
-        more = tuple(self.point_code(point)) if self.point_code is not None and point is not None else ()
-        return tuple(sorted({*self.code, *more}))
-
-    def code_version(self, point: Mapping[str, Scalar] | None = None) -> str:
-        """Hash of :meth:`code_targets`' sources and the suite's extra versions."""
-        return code_version(*self.code_targets(point), extra=self.extra_versions())
-
-    def code_of_points(self) -> str | Callable[[Mapping[str, Scalar]], str]:
-        """What :func:`~moelab.sweep.core.run_sweep` takes as ``code``: one version, or (with
-        :attr:`point_code`) a function of the point, each set of modules hashed once per call."""
-        if self.point_code is None:
-            return self.code_version()
-        memo: dict[tuple[str, ...], str] = {}
-
-        def code(point: Mapping[str, Scalar]) -> str:
-            targets = self.code_targets(point)
-            if targets not in memo:
-                memo[targets] = code_version(*targets, extra=self.extra_versions())
-            return memo[targets]
-
-        return code
+    def code_version(self) -> str:
+        more = tuple(self.code_fn()) if self.code_fn is not None else ()
+        return code_version(*self.code, *more, extra=self.extra_versions())
 
     def data_hash(self) -> str:
         return data_hash(self.data())
@@ -314,10 +293,10 @@ def _hd_vllm_arrange(points: list[dict[str, Scalar]]) -> list[dict[str, Scalar]]
     return arrange_points(points)
 
 
-def _hd_vllm_code(point: Mapping[str, Scalar]) -> tuple[str, ...]:
-    from moelab.hd.vllm_worker import run_code
+def _hd_vllm_code() -> tuple[str, ...]:
+    from moelab.hd.vllm_worker import RUN_CODE
 
-    return run_code(str(point["method"]))
+    return RUN_CODE
 
 
 def _hd_vllm_data() -> list[Path]:
@@ -363,7 +342,7 @@ SUITES: dict[str, Suite] = {
          "temperature": [0.0], "seed": [0], "l_max_tokens": [0], "cost": [""], "tag": [""]},
         "Spec-Bench in vLLM, one (question, method) per point, methods interleaved (SmolLM2-135M, float32)",
         (), _hd_vllm_data, ("method", "category", "tokens_per_s", "new_tokens"), _hd_vllm_versions, _hd_vllm_check,
-        point_code=_hd_vllm_code, arrange=_hd_vllm_arrange),
+        code_fn=_hd_vllm_code, arrange=_hd_vllm_arrange),
 }
 
 
@@ -411,7 +390,7 @@ def run_suite(name: str, overrides: Mapping[str, Sequence[Scalar]] | None = None
     if suite.arrange is not None:
         points = suite.arrange(points)
     return run_sweep(suite.fn, points, cache_dir=Path(out) / "cache" / name, backend=backend, workers=workers,
-                     address=address, code=suite.code_of_points(), data=suite.data_hash(), allowed=suite.params,
+                     address=address, code=suite.code_version(), data=suite.data_hash(), allowed=suite.params,
                      progress=progress, desc=f"sweep {name}", compute=compute)
 
 
