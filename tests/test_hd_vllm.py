@@ -97,15 +97,18 @@ def test_sweep_suite_rotates_methods_and_drops_cost_where_unread():
     ms = ["AR", "ngram", "HD"]
     suite = get_suite("hd-vllm")
     qs = [81, 82, 83, 84, 85, 86]
-    grid = coerce(suite, suite.grid({"question_id": qs, "method": ms, "cost": ["", '{"q": [1]}']}))
+    pts = suite.arrange(expand_grid(coerce(suite, suite.grid({"question_id": qs, "method": ms})), allowed=suite.params))
+    assert [p["question_id"] for p in pts] == [q for q in qs for _ in ms]  # a question's methods back to back
+    firsts = [pts[i]["method"] for i in range(0, len(pts), len(ms))]
+    assert sorted(firsts) == sorted(ms * 2)  # each method first equally often
+    # HD at a given curve: the others' points drop the curve and merge; HD stays in its question's block
+    grid = coerce(suite, suite.grid({"question_id": qs, "method": ms, "cost": ['{"q": [1]}']}))
     pts = suite.arrange(expand_grid(grid, allowed=suite.params))
-    hd = [p for p in pts if p["method"] == "HD"]
-    assert len(pts) == len(qs) * (len(ms) + 1) and len(hd) == 2 * len(qs)
-    assert all(p["cost"] == "" for p in pts if p["method"] != "HD")
-    base = [p for p in pts if p["cost"] == ""]  # one point per (question, method), questions in order
-    assert [p["question_id"] for p in base] == [q for q in qs for _ in ms]
-    firsts = [base[i]["method"] for i in range(0, len(base), len(ms))]
-    assert sorted(firsts) == sorted(ms * 2)
+    assert [p["question_id"] for p in pts] == [q for q in qs for _ in ms]
+    assert all((p["cost"] != "") == (p["method"] == "HD") for p in pts)
+    assert sorted(pts[i]["method"] for i in range(0, len(pts), len(ms))) == sorted(ms * 2)
+    both = coerce(suite, suite.grid({"question_id": qs, "method": ms, "cost": ["", '{"q": [1]}']}))
+    assert len(suite.arrange(expand_grid(both, allowed=suite.params))) == len(qs) * (len(ms) + 1)
     with pytest.raises(ValueError, match="method must be one of"):
         suite.check(expand_grid(coerce(suite, suite.grid({"question_id": [81], "method": ["bogus"]})),
                                 allowed=suite.params))

@@ -44,7 +44,8 @@ def arrange_points(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if key in seen:
             continue
         seen.add(key)
-        groups.setdefault(tuple((k, v) for k, v in sorted(p.items()) if k != "method"), []).append(p)
+        # a question's group: every method of it, HD at whatever curve (so HD rotates with its peers too)
+        groups.setdefault(tuple((k, v) for k, v in sorted(p.items()) if k not in ("method", "cost")), []).append(p)
     out: list[dict[str, Any]] = []
     for i, group in enumerate(groups.values()):
         r = i % len(group)
