@@ -31,3 +31,12 @@ def test_notebook_02_runs_and_records_results(tmp_path, public_data):
                  "hd_vs_published"):
         assert f"{name}.html" in res["_figures"]
     assert "hd_summary.csv" in res["_figures"] and "hd_questions.csv" in res["_figures"]
+    from moelab.hd.bench_vllm import full_table_path
+
+    if full_table_path().is_file():  # §6 shows the committed full benchmark: complete, every question, lossless
+        full = r["full_benchmark"]
+        assert full["complete"] and full["questions"] == 480 and full["identical"]
+        assert set(full["speedup"]) == {"AR", "ngram", "suffix", "HD"} and full["speedup"]["AR"] == 1.0
+        assert "hd_vllm_full_speedup.html" in res["_figures"]
+    else:
+        assert "full_benchmark" not in r
