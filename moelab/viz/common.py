@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,53 @@ def color_for(name: str) -> str:
 
     digest = hashlib.sha1(key.encode()).digest()
     return FALLBACK_COLORS[digest[0] % len(FALLBACK_COLORS)]
+
+
+def untitled_axes(fig: Any) -> list[str]:
+    """The cartesian axes of ``fig`` that a reader cannot name: they carry a trace but have no title.
+
+    An axis counts when a trace that is not ``visible=False`` is drawn on it (tables, pies, indicators,
+    Sankey diagrams and polar/geo traces have no cartesian axes). It is not reported when it is hidden
+    (``visible=False``) or shows no tick labels, or when an axis it shares carries the title: the titled
+    axis it ``matches``, or a titled axis of its ``matches`` group in the same subplot column (x axes) or
+    row (y axes), as in a ``make_subplots`` grid with shared axes. Layout annotations (subplot titles)
+    are not axis titles: the lab does not use them as such.
+
+    Parameters
+    ----------
+    fig : plotly.graph_objects.Figure or FigureWidget
+        The figure to check.
+
+    Returns
+    -------
+    list of str
+        Layout names of the untitled axes (``"xaxis"``, ``"yaxis2"``, ...), sorted; empty when every
+        plotted axis has a title.
+    """
+    layout = fig.layout.to_plotly_json()
+    axes = {k: v for k, v in layout.items() if re.fullmatch(r"[xy]axis\d*", k)}
+    used = {axis + (getattr(trace, axis) or axis[0])[1:] for trace in fig.data
+            if trace.visible is not False and hasattr(trace, "xaxis") for axis in ("xaxis", "yaxis")}
+
+    def titled(name: str) -> bool:
+        return bool(str((axes.get(name, {}).get("title") or {}).get("text") or "").strip())
+
+    def group(name: str) -> str:  # the last axis of its ``matches`` chain (a reference "x2" names "xaxis2")
+        chain = [name]
+        while (ref := axes.get(chain[-1], {}).get("matches")) and ref[0] + "axis" + ref[1:] not in chain:
+            chain.append(ref[0] + "axis" + ref[1:])
+        return chain[-1]
+
+    def shares_title(name: str) -> bool:
+        axis = axes.get(name, {})
+        return any(other[0] == name[0] and other != name and titled(other) and group(other) == group(name)
+                   and (axis.get("matches") == other[0] + other[5:]
+                        or list(axes[other].get("domain", [0, 1])) == list(axis.get("domain", [0, 1])))
+                   for other in axes)
+
+    return [name for name in sorted(used)
+            if not titled(name) and axes.get(name, {}).get("visible") is not False
+            and axes.get(name, {}).get("showticklabels") is not False and not shares_title(name)]
 
 
 FIGURES_ENV = "MOELAB_FIGURES"
