@@ -55,7 +55,8 @@ def idle_figure(df: pd.DataFrame, *, B: int, mu_P: float, mu_D: float, N: float 
                         marker={"color": _IDLE_COLORS[side], "size": 9, "symbol": "diamond"})
     fig.add_vline(x=optimal_ratio(B, mu_P, mu_D, N, c), line_dash="dash", line_color="black", annotation_text="r*")
     fig.update_layout(title="Idle share of each side: they cross where neither waits for the other",
-                      xaxis_title="r", yaxis_title="idle share of time", yaxis_tickformat=".0%",
+                      xaxis_title="r = attention instances per FFN instance", yaxis_title="idle share of time",
+                      yaxis_tickformat=".0%",
                       template="plotly_white")
     return fig
 
@@ -112,6 +113,7 @@ def gap_map_figure(df: pd.DataFrame) -> go.Figure:
                                  text=np.round(wide.to_numpy(), 1), texttemplate="%{text}",
                                  hovertemplate="B=%{y}, %{x}: %{z:.1f}%<extra></extra>"), row=1, col=i)
     fig.update_yaxes(title_text="B (slots)", row=1, col=1)
+    fig.update_xaxes(title_text="workload: P mu_P / D mu_D (mean prompt / decode tokens)")
     fig.update_layout(title="(simulated optimum - r*) / r*, % (|.| <= 10 is the paper's promise)",
                       template="plotly_white", height=360)
     return fig

@@ -41,7 +41,8 @@ def bars(df: pd.DataFrame, metric: str, title: str, yaxis: str) -> go.Figure:
     fig = go.Figure()
     for router, g in df.groupby("router", sort=False):
         fig.add_trace(go.Bar(x=[f"G={v}" for v in g["G"]], y=g[metric], name=router, marker_color=_color(router)))
-    fig.update_layout(barmode="group", title=title, yaxis_title=yaxis, template="plotly_white")
+    fig.update_layout(barmode="group", title=title, xaxis_title="G (DP decode ranks)", yaxis_title=yaxis,
+                      template="plotly_white")
     return fig
 
 
@@ -52,7 +53,8 @@ def decision_times(results: dict[str, Any]) -> go.Figure:
         d = res.steps["decision_ms"].to_numpy()
         d = d[np.isfinite(d)]
         fig.add_trace(go.Box(y=np.maximum(d, 1e-4), name=name, marker_color=_color(name), boxpoints=False))
-    fig.update_layout(title="Router decision time per routing step", yaxis_type="log", yaxis_title="ms",
+    fig.update_layout(title="Router decision time per routing step", yaxis_type="log", xaxis_title="router",
+                      yaxis_title="decision time per routing step (ms)",
                       template="plotly_white", showlegend=False)
     return fig
 

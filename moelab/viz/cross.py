@@ -23,7 +23,8 @@ def pairs_figure(table: pd.DataFrame, *, widget: bool = False, title: str = "") 
             fig.add_bar(x=g["instance_router"], y=g[metric], name=f"rank: {rank}", marker_color=color_for(rank),
                         legendgroup=rank, showlegend=col == 1, row=1, col=col)
     fig.update_layout(barmode="group", template="plotly_white", xaxis_title="instance router",
-                      xaxis2_title="instance router", title=title or "ELDR picks the instance, BalanceRoute picks the rank")
+                      xaxis2_title="instance router", yaxis_title="p50 TPOT gain (%)",
+                      yaxis2_title="p99 TPOT gain (%)", title=title or "ELDR picks the instance, BalanceRoute picks the rank")
     return fig
 
 
@@ -37,6 +38,9 @@ def causes_figure(table: pd.DataFrame) -> go.Figure:
                     marker_color=color_for(rank), legendgroup=rank, row=1, col=1)
         fig.add_bar(x=g["instance_router"], y=g["avg_imbalance"], name=f"rank: {rank}", marker_color=color_for(rank),
                     legendgroup=rank, showlegend=False, row=1, col=2)
+    fig.update_xaxes(title_text="instance router")
+    fig.update_yaxes(title_text="distinct experts / layer / step", row=1, col=1)
+    fig.update_yaxes(title_text="G*max - sum of rank KV loads (tokens)", row=1, col=2)
     fig.update_layout(barmode="group", template="plotly_white", title="Where each gain comes from")
     return fig
 

@@ -18,7 +18,8 @@ def fig_signature_similarity(signatures: np.ndarray, domains: list[str]) -> go.F
     fig = go.Figure(go.Heatmap(z=sim, x=labels, y=labels, colorscale="Viridis", zmin=0, zmax=1,
                                colorbar={"title": "cosine"}))
     fig.update_layout(title="Prefill signatures of the live trace (requests grouped by domain)",
-                      template="plotly_white", xaxis={"showticklabels": False}, yaxis={"showticklabels": False})
+                      template="plotly_white", xaxis={"showticklabels": False, "title": "request (grouped by domain)"},
+                      yaxis={"showticklabels": False, "title": "request (grouped by domain)"})
     return fig
 
 
@@ -31,7 +32,7 @@ def fig_domain_experts(trace: Any, layer: int) -> go.Figure:
     fig = go.Figure(go.Heatmap(z=share, x=[f"e{e}" for e in range(share.shape[1])], y=names, colorscale="Blues",
                                colorbar={"title": "share"}))
     fig.update_layout(title=f"Which experts each domain's prompts use (MoE layer {layer}, captured through vLLM)",
-                      xaxis_title="expert", template="plotly_white")
+                      xaxis_title="expert", yaxis_title="prompt domain", template="plotly_white")
     return fig
 
 
@@ -41,7 +42,7 @@ def fig_distinct_experts(distinct: dict[str, float], n_workers: int) -> go.Figur
     fig = go.Figure(go.Bar(x=names, y=[distinct[n] for n in names], marker_color=[color_for(n) for n in names],
                            text=[f"{distinct[n]:.2f}" for n in names], textposition="outside"))
     fig.update_layout(title=f"Distinct experts loaded per layer per decode step ({n_workers} decode workers, live trace)",
-                      yaxis_title="distinct experts / layer / step", template="plotly_white")
+                      xaxis_title="router", yaxis_title="distinct experts / layer / step", template="plotly_white")
     return fig
 
 

@@ -156,7 +156,8 @@ def dsd_panel(rtt: float = 60.0, alpha: float = 0.8, gamma: int = 5, t_a: float 
     text = w.HTML()
     bars = go.FigureWidget(go.Bar(x=[MODE_LABELS[m] for m in MODES], y=[0] * 4,
                                   marker_color=[MODE_COLORS[m] for m in MODES]))
-    bars.update_layout(title="Latency per token at this point", yaxis_title="ms per token", template="plotly_white")
+    bars.update_layout(title="Latency per token at this point", xaxis_title="decoding mode", yaxis_title="ms per token",
+                       template="plotly_white")
     curve = latency_vs_rtt_figure(alpha=alpha, gamma=gamma, t_ar=t_ar, t_a=t_a, t_d=t_d, widget=True)
     regions = region_map_figure(gamma=gamma, t_ar=t_ar, t_a=t_a, t_d=t_d, n=61, widget=True)
     regions.add_scatter(x=[rtt], y=[alpha], mode="markers", marker={"color": "black", "size": 12, "symbol": "star"},

@@ -55,6 +55,8 @@ def fig_rate_sweep(df: pd.DataFrame) -> go.Figure:
         fig.add_scatter(x=g["rate"], y=g["distinct_per_layer_step"], mode="lines+markers", name=router, line=style,
                         row=1, col=2, legendgroup=router, showlegend=False)
     fig.update_xaxes(title_text="arrival rate (req/s)")
+    fig.update_yaxes(title_text="p50 TPOT (ms)", row=1, col=1)
+    fig.update_yaxes(title_text="distinct experts / layer / step", row=1, col=2)
     fig.update_layout(title="Decode cluster: every router across arrival rates", template="plotly_white")
     return fig
 
@@ -69,7 +71,8 @@ def fig_paper_comparison(cmp: pd.DataFrame) -> go.Figure:
     low = float(cmp["paper_gain_pct"].min())  # from the paper's table (data/public/eldr-results), not typed in
     fig.add_hline(y=low, line_dash="dot", annotation_text=f"paper's lowest gain at these rates {low:.1f}%")
     fig.update_layout(barmode="group", title="ELDR p50 TPOT gain over the best of RR/Random/JSQ/P2C",
-                      yaxis_title="%", template="plotly_white")
+                      xaxis_title="arrival rate", yaxis_title="reduction vs the best baseline (%)",
+                      template="plotly_white")
     return fig
 
 
@@ -87,6 +90,8 @@ def fig_paper_two_sided(cmp: pd.DataFrame) -> go.Figure:
         fig.add_scatter(x=x, y=cmp["ratio_real"], name="ratio, real trace", marker_color="#9467bd", row=1, col=2)
     fig.add_hline(y=1.0, line_dash="dot", row=1, col=2)
     fig.update_xaxes(title_text="arrival rate (req/s)")
+    fig.update_yaxes(title_text="p50 TPOT gain (%)", row=1, col=1)
+    fig.update_yaxes(title_text="our gain / paper's gain (1 = same)", row=1, col=2)
     fig.update_layout(barmode="group", template="plotly_white", title="ELDR vs the paper, two-sided")
     return fig
 
@@ -142,6 +147,8 @@ def fig_ablation(df: pd.DataFrame, column: str, title: str) -> go.Figure:
     fig.add_bar(x=labels, y=d["tpot_ms_p50"], marker_color=_color("eldr"), showlegend=False, row=1, col=1)
     fig.add_bar(x=labels, y=d["distinct_per_layer_step"], marker_color="#ff9896", showlegend=False, row=1, col=2)
     fig.update_xaxes(title_text=column)
+    fig.update_yaxes(title_text="p50 TPOT (ms)", row=1, col=1)
+    fig.update_yaxes(title_text="distinct experts / layer / step", row=1, col=2)
     fig.update_layout(title=title, template="plotly_white")
     return fig
 
@@ -161,6 +168,10 @@ def eldr_panel(setups: dict[str, Any], run_one: Any, *, n_requests: int, output_
     for name in ("jsq", "chosen"):
         fig.add_bar(x=["p50", "p99"], y=[0, 0], name=name, row=1, col=1, legendgroup=name)
         fig.add_bar(x=["mean"], y=[0], name=name, row=1, col=2, showlegend=False, legendgroup=name)
+    fig.update_xaxes(title_text="TPOT percentile over requests", row=1, col=1)
+    fig.update_xaxes(title_text="over decode steps", row=1, col=2)
+    fig.update_yaxes(title_text="TPOT (ms)", row=1, col=1)
+    fig.update_yaxes(title_text="distinct experts / layer / step", row=1, col=2)
     fig.update_layout(template="plotly_white", barmode="group", height=380)
     cache: dict[tuple, Any] = {}
 

@@ -102,8 +102,8 @@ def fig_speedup_by_category(summary: pd.DataFrame, engine: str = "vLLM engine", 
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="AR")
     budget = summary["budget"].dropna().unique() if "budget" in summary else []
     btxt = f", budget {int(budget[0])}" if len(budget) == 1 else ""
-    fig.update_layout(barmode="group", template="plotly_white", yaxis_title="speedup over AR (x)",
-                      title=f"Speedup over AR by category ({engine}{btxt})")
+    fig.update_layout(barmode="group", template="plotly_white", xaxis_title="Spec-Bench category",
+                      yaxis_title="speedup over AR (x)", title=f"Speedup over AR by category ({engine}{btxt})")
     return fig
 
 
@@ -117,8 +117,8 @@ def fig_mat_by_category(summary: pd.DataFrame, methods: Sequence[str] | None = N
         g = summary[summary["method"] == m].set_index("category").reindex(cats)
         fig.add_bar(x=cats, y=g["mean_accepted"], name=m, marker_color=color_for(m))
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="AR = 1.00")
-    fig.update_layout(barmode="group", template="plotly_white", yaxis_title="mean accepted tokens / forward",
-                      title=f"Spec-Bench slice: mean accepted tokens by category ({engine})")
+    fig.update_layout(barmode="group", template="plotly_white", xaxis_title="Spec-Bench category",
+                      yaxis_title="mean accepted tokens / forward", title=f"Spec-Bench slice: mean accepted tokens by category ({engine})")
     return fig
 
 
@@ -130,8 +130,8 @@ def fig_published(compare: pd.DataFrame) -> go.Figure:
         fig.add_bar(x=compare["category"], y=compare[col], name=col,
                     marker_pattern_shape="/" if dash else "", opacity=0.6 if dash else 1.0)
     fig.add_hline(y=1.0, line_dash="dot")
-    fig.update_layout(barmode="group", template="plotly_white", yaxis_title="speedup over AR (x)",
-                      title="Speedup over autoregressive decoding: ours vs the Spec-Bench leaderboard")
+    fig.update_layout(barmode="group", template="plotly_white", xaxis_title="Spec-Bench category",
+                      yaxis_title="speedup over AR (x)", title="Speedup over autoregressive decoding: ours vs the Spec-Bench leaderboard")
     return fig
 
 
@@ -146,6 +146,9 @@ def fig_store_shares(summary: pd.DataFrame, method: str = "HD(WSL)", engine: str
                     marker_color=STORE_COLORS[letter], row=1, col=1, legendgroup=letter)
         fig.add_bar(x=g["category"], y=g[f"{letter}_accept_share"], name=STORE_NAMES[letter],
                     marker_color=STORE_COLORS[letter], row=1, col=2, legendgroup=letter, showlegend=False)
+    fig.update_xaxes(title_text="Spec-Bench category")
+    fig.update_yaxes(title_text="lookup hit rate (hits / lookups)", row=1, col=1)
+    fig.update_yaxes(title_text="share of accepted draft tokens", row=1, col=2)
     fig.update_layout(barmode="group", template="plotly_white", title=f"{method}: which store pays off where ({engine})")
     return fig
 
