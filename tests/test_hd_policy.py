@@ -149,3 +149,22 @@ def test_plan_early_exit_equals_the_node_by_node_trie(cands, letters, budget, hi
     srcs = ["".join(letters[(i + d) % 6] for d in range(len(c))) if per_token else letters[i]
             for i, c in enumerate(cands)]
     assert plan(cands, srcs, model, cost, budget) == reference_plan(cands, srcs, model, cost, budget)
+
+
+def test_hf_curve_keeps_the_step_from_one_token_to_two():
+    """HF on a CPU: q = 1 runs matrix-vector products, q >= 2 GEMMs (a step up); one line through every
+    point would make a 2-token verification look nearly free, the split curve keeps it dear."""
+    from moelab.bench.hd import hf_curve
+    from moelab.hd.policy import robust_curve
+
+    qs, ms = [1, 2, 3, 5, 9], [100.0, 170.0, 180.0, 200.0, 230.0]
+    line = robust_curve(qs, ms)
+    split = hf_curve(qs, ms)
+    assert split.relative(1) == 1.0 and split(1) == 100.0
+    assert split.relative(2) > 1.6 > line.relative(2)  # the line hides the step
+    assert np.all(np.diff(split(np.arange(1, 30))) >= 0)  # never cheaper for more tokens
+    # a noisy q >= 2 point below q = 1 cannot make verification cheaper than one token
+    low = hf_curve([1, 2, 3], [100.0, 60.0, 70.0])
+    assert min(low.ms) == 100.0
+    # where the split cannot apply (two points, or no q = 1 point first) it is robust_curve's line
+    assert hf_curve([1, 9], [10.0, 13.0]).ms == robust_curve([1, 9], [10.0, 13.0]).ms
