@@ -191,14 +191,26 @@ JS_MARK_PANELS = """() => {
 
 
 # Plotly figures with a cartesian axis lacking a title (a units check the report lists, not an assertion).
-JS_UNTITLED_AXES = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).flatMap(el => {
-    const L = el.layout || {}, title = (L.title && (L.title.text || L.title)) || '(untitled figure)';
-    const types = (el.data || []).map(t => t.type || 'scatter');
-    if (!types.length || types.every(t => t === 'table' || t === 'pie')) return [];
-    const missing = Object.keys(L).filter(k => /^[xy]axis[0-9]*$/.test(k) && L[k].visible !== false
-        && !(L[k].title && (L[k].title.text || typeof L[k].title === 'string')) && L[k].type !== 'category');
-    return missing.length ? [String(title).slice(0, 90) + ': no title on ' + missing.join(', ')] : [];
-})"""
+JS_FIGURES = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => ({
+    layout: JSON.parse(JSON.stringify(el.layout || {})),
+    data: (el.data || []).map(t => ({type: t.type || 'scatter', xaxis: t.xaxis, yaxis: t.yaxis, visible: t.visible})),
+}))"""
+
+
+def untitled_figure_axes(page: Any) -> list[str]:
+    """One line per plotly figure on ``page`` with an axis a reader cannot name, as the lab's own checker
+    (:func:`moelab.viz.untitled_axes`) judges the figure the browser drew (its layout and traces' axes)."""
+    import plotly.graph_objects as go
+
+    from moelab.viz import untitled_axes
+
+    out = []
+    for spec in page.evaluate(JS_FIGURES):
+        fig = go.Figure(spec, skip_invalid=True)
+        if missing := untitled_axes(fig):
+            title = fig.layout.title.text or "(untitled figure)"
+            out.append(f"{title[:90]}: no title on {', '.join(missing)}")
+    return out
 
 
 def error_texts(page: Any, *, loading: bool = True) -> list[str]:

@@ -166,9 +166,8 @@ def test_notebook_in_jupyterlab(name, lab, tmp_path):
         assert not errors, f"{name}: " + "\n".join(errors)
         assert done, f"{name}: cells still running after {RUN_TIMEOUT_S} s: {b.code_prompts(page)}"
         # an interactive notebook shows at least one panel; a notebook without one passes trivially
-        untitled = page.evaluate(b.JS_UNTITLED_AXES)
-        if untitled:  # reported (run with -s), not asserted: the notebooks' owners fix their figures
-            print(f"\n{name}: axes without a title (units):\n  " + "\n  ".join(sorted(set(untitled))))
+        untitled = b.untitled_figure_axes(page)
+        assert not untitled, f"{name}: axes without a title (units):\n  " + "\n  ".join(sorted(set(untitled)))
         n = check_panels(page, name, NOTEBOOKS.get(name, {}).get("slider", 0), NOTEBOOKS.get(name, {}).get("skip_panels", ()))
         assert n >= 1 or name not in NOTEBOOKS, f"{name}: no interactive panel rendered"
         print(f"{name}: {n} panel(s); cells ran in {ran_s:.1f} s, {time.monotonic() - t0:.1f} s in all")

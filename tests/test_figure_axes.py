@@ -78,6 +78,28 @@ def test_a_subplot_title_is_not_an_axis_title():
     assert untitled_axes(fig) == ["yaxis"]
 
 
+def test_browser_check_judges_what_the_page_drew():
+    """tests/browser.py checks the figures on a live page with the same rules: the page's layout and each
+    trace's axes (as plotly.js holds them: titles as objects, axes unset on single-axis traces)."""
+    from tests.browser import untitled_figure_axes
+
+    shared = make_subplots(rows=2, cols=1, shared_xaxes=True)  # the top x axis carries no title of its own
+    shared.add_scatter(x=[1], y=[1], row=1, col=1)
+    shared.add_scatter(x=[1], y=[1], row=2, col=1)
+    shared.update_xaxes(title_text="RTT (ms)", row=2, col=1)
+    shared.update_yaxes(title_text="ms per token")
+    bare = go.Figure(go.Scatter(x=[1], y=[1]), layout={"title": {"text": "bare"}, "yaxis_title": "P(accept)"})
+
+    def spec(fig):
+        return {"layout": fig.layout.to_plotly_json(),
+                "data": [{"type": t.type, "xaxis": getattr(t, "xaxis", None), "yaxis": getattr(t, "yaxis", None),
+                          "visible": None} for t in fig.data]}
+
+    table = {"layout": {}, "data": [{"type": "table", "xaxis": None, "yaxis": None, "visible": None}]}
+    page = SimpleNamespace(evaluate=lambda js: [spec(shared), table, spec(bare)])
+    assert untitled_figure_axes(page) == ["bare: no title on xaxis"]
+
+
 # --- synthetic inputs ------------------------------------------------------------------------------
 
 
