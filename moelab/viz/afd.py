@@ -35,7 +35,8 @@ def throughput_figure(df: pd.DataFrame, *, B: int, mu_P: float, mu_D: float, N: 
     fig.add_scatter(x=df["r"], y=df["sim_throughput"], mode="markers+lines", name="simulation",
                     marker={"color": color_for("simulation"), "size": 9}, line={"dash": "dot", "width": 1})
     fig.add_vline(x=r_star, line_dash="dash", line_color="black", annotation_text=f"r* = {r_star:.2f}")
-    fig.update_layout(title=f"Throughput per instance (B={B}, mu_P={mu_P:g}, mu_D={mu_D:g}, N={N})",
+    horizon = "N = inf" if N is None else f"N = {N:,.0f}"  # N comes from a log slider: 10**3.25 is not round
+    fig.update_layout(title=f"Throughput per instance (B={B}, mu_P={mu_P:g}, mu_D={mu_D:g}, {horizon})",
                       xaxis_title="r = attention instances per FFN instance",
                       yaxis_title=f"tokens per {c.unit.rstrip('s')} per instance", template="plotly_white")
     return fig
