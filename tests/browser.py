@@ -190,7 +190,7 @@ JS_MARK_PANELS = """() => {
 }"""
 
 
-# Plotly figures with a cartesian axis lacking a title (a units check the report lists, not an assertion).
+# Every plotly figure on the page: its layout and each trace's axes, for the lab's axis-title checker below.
 JS_FIGURES = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => ({
     layout: JSON.parse(JSON.stringify(el.layout || {})),
     data: (el.data || []).map(t => ({type: t.type || 'scatter', xaxis: t.xaxis, yaxis: t.yaxis, visible: t.visible})),
