@@ -18,6 +18,7 @@ DELEGATED = {
     "serve-router": ("moelab.serving.proxy", "HTTP router proxy in front of OpenAI-compatible vLLM servers"),
     "sweep": ("moelab.sweep.cli", "run an experiment grid (ELDR, BalanceRoute, HD) serially, on a process pool or Ray"),
     "build-hd-stores": ("moelab.hd.builders", "build Hierarchy Drafting's S (target outputs on ShareGPT) and L stores"),
+    "book": ("moelab.book", "build the executed lab as a static HTML book (Sphinx + myst-nb; works offline)"),
     "app": ("moelab.app", "serve one notebook as a Voila dashboard for a lecture (code hidden, widgets live)"),
 }
 

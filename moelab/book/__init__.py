@@ -1,0 +1,259 @@
+"""The executed lab as a static book: ``moelab book build [OUT]``.
+
+The book is a Sphinx site (``myst-nb`` renders the executed notebooks, ``sphinx-book-theme`` gives the table
+of contents and the toggles) that works from any static file server with no network:
+
+* notebooks are reused from ``moelab notebooks run`` (``runs/``) when that copy was executed without an
+  error after the source notebook was last changed; the others are executed here with papermill;
+* plotly figures are stored by the kernel as ``application/vnd.plotly.v1+json``, which Sphinx cannot show:
+  each becomes an HTML ``<div>`` drawn by the ``plotly.min.js`` of the installed plotly package, served
+  from the site itself (so the figures stay interactive: zoom, hover, legend);
+* MathJax is the npm package ``mathjax@3.2.2`` (Apache-2.0), vendored in ``moelab/book/static/vendor``;
+* solution cells (nbgrader ``solution: true`` or ``jupyter.source_hidden``) are collapsed behind a toggle;
+* ipywidgets panels need a running kernel: in the book each is replaced by a note that says how to open
+  the notebook live (every page also starts with that command and, given a repository, a Binder link).
+
+The site is written into a temporary folder beside ``OUT`` and swapped in only when the whole build
+succeeded, so a failing notebook never leaves a half-written book over a good one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moelab.datasets import repo_root
+from moelab.notebooks import notebooks_dir, resolve, run_notebook
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+VENDOR = Path(__file__).parent / "static" / "vendor"
+#: pages besides the notebooks, in reading order: (file in the repository, page name)
+EXTRA_PAGES = (("COURSE.md", "course"), ("notebooks/NOTATION.md", "notation"))
+
+
+class BookError(ValueError):
+    """A book could not be built (a notebook failed, an output folder is unusable); the message says which."""
+
+
+@dataclass(frozen=True)
+class BookBuild:
+    """What :func:`build_book` did: the site folder, per notebook whether it was reused or executed and
+    how long that took, and the seconds the Sphinx build itself took."""
+
+    out: Path
+    pages: tuple[str, ...]
+    reused: tuple[str, ...]
+    executed: dict[str, float] = field(default_factory=dict)
+    sphinx_seconds: float = 0.0
+    seconds: float = 0.0
+
+
+def check_output_folder(out: str | os.PathLike) -> Path:
+    """``out`` as an absolute path that can become the site: not a file, its parent a writable folder."""
+    path = Path(out).expanduser().resolve()
+    if path.exists() and not path.is_dir():
+        raise BookError(f"OUT must be a folder; {path} is a file")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise BookError(f"OUT {path} cannot be written: {parent} is not writable")
+    return path
+
+
+def reusable(executed: Path, source: Path) -> bool:
+    """Whether ``executed`` is a papermill run of ``source`` that finished without an error and is newer
+    than the source's last change."""
+    if not executed.is_file() or executed.stat().st_mtime < source.stat().st_mtime:
+        return False
+    try:
+        meta = json.loads(executed.read_text()).get("metadata", {}).get("papermill", {})
+    except (OSError, ValueError):
+        return False
+    return bool(meta) and not meta.get("exception")
+
+
+def _plotly_html(spec: dict[str, Any], div_id: str) -> str:
+    import plotly.io as pio  # lazy: plotly is only needed while a book is built
+
+    return pio.to_html(spec, include_plotlyjs=False, full_html=False, div_id=div_id, include_mathjax=False,
+                       config={"responsive": True})
+
+
+def live_note(name: str, binder_repo: str | None) -> str:
+    """The Markdown that opens every notebook page: how to run this notebook live."""
+    lines = [f"**Run this notebook live.** In a clone of the repository: `moelab lab`, then open "
+             f"`notebooks/{name}.ipynb` (sliders and panels need the live kernel)."]
+    if binder_repo:
+        url = f"https://mybinder.org/v2/gh/{binder_repo}/HEAD?labpath=notebooks%2F{name}.ipynb"
+        lines.append(f"Or on Binder: [launch {name}]({url}).")
+    return "```{note}\n" + " ".join(lines) + "\n```"
+
+
+def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None) -> dict[str, Any]:
+    """A copy of an executed notebook ready for Sphinx: plotly outputs as HTML, widget panels as a note,
+    solution cells collapsed, the live-run note first."""
+    nb = copy.deepcopy(nb)
+    figure = 0
+    for cell in nb["cells"]:
+        meta = cell.setdefault("metadata", {})
+        tags = meta.setdefault("tags", [])
+        solution = meta.get("nbgrader", {}).get("solution") or meta.get("jupyter", {}).get("source_hidden")
+        if cell["cell_type"] == "code" and solution and "hide-input" not in tags:
+            tags.append("hide-input")
+        for out in cell.get("outputs", []):
+            data = out.get("data")
+            if not data:
+                continue
+            if PLOTLY_MIME in data:
+                figure += 1
+                data["text/html"] = _plotly_html(data.pop(PLOTLY_MIME), f"{name}-figure-{figure}")
+            if WIDGET_MIME in data:
+                data.pop(WIDGET_MIME)
+                data.pop("text/plain", None)
+                data["text/markdown"] = ("*An interactive panel: its sliders need a live kernel (see the note at "
+                                         "the top of this page).*")
+    nb["cells"].insert(0, {"cell_type": "markdown", "metadata": {}, "source": live_note(name, binder_repo)})
+    return nb
+
+
+CONF = '''\
+project = "moelab: a lab for MoE LLM serving"
+author = "the moelab authors"
+extensions = ["myst_nb", "sphinx_togglebutton"]
+html_theme = "sphinx_book_theme"
+html_title = "moelab"
+html_context = {"default_mode": "light"}  # an unset mode makes the theme log a console error
+html_static_path = ["_static"]
+html_js_files = ["vendor/plotly.min.js"]
+mathjax_path = "vendor/mathjax/tex-chtml-full.js"
+nb_execution_mode = "off"
+nb_ipywidgets_js = {}
+myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "html_image"]
+suppress_warnings = ["mystnb.unknown_mime_type", "myst.header"]
+exclude_patterns = ["_build"]
+html_theme_options = {"show_toc_level": 2, "use_download_button": True}
+'''
+
+
+def _index(pages: Sequence[str], titles: dict[str, str]) -> str:
+    lines = ["# moelab: a lab for Mixture-of-Experts LLM serving", "",
+             "Five serving papers reproduced end to end, one executed notebook each. "
+             "Start with the overview; the notation page defines every symbol the lessons use.", "",
+             "```{toctree}", ":maxdepth: 1", ""]
+    lines += [f"{titles.get(p, p)} <{p}>" for p in pages]
+    return "\n".join(lines + ["```", ""])
+
+
+def _title(nb: dict[str, Any], fallback: str) -> str:
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            for line in "".join(cell["source"]).splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return fallback
+
+
+def build_book(out: str | os.PathLike = "book", *, names: Sequence[str] | None = None,
+               executed_dir: str | os.PathLike | None = "runs", params: dict[str, Any] | None = None,
+               binder_repo: str | None = None, timeout_s: int = 1200) -> BookBuild:
+    """Build the executed lab into a static site at ``out``.
+
+    Parameters
+    ----------
+    out : path
+        The site folder (replaced whole, only after a successful build).
+    names : notebook names or unique prefixes; all of them when None.
+    executed_dir : folder of ``moelab notebooks run`` outputs to reuse (None: execute every notebook).
+    params : papermill parameters for the notebooks executed here (e.g. a preset).
+    binder_repo : ``OWNER/NAME`` of the repository on GitHub, for a Binder link on every page.
+    timeout_s : per-cell execution limit of the notebooks executed here.
+
+    Returns
+    -------
+    BookBuild
+    """
+    t0 = time.perf_counter()
+    site = check_output_folder(out)
+    try:
+        chosen = resolve(list(names) if names else None)
+    except ValueError as exc:
+        raise BookError(str(exc)) from exc
+    site.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{site.name}.building-", dir=site.parent))
+    try:
+        src = staging / "src"
+        (src / "_static" / "vendor").mkdir(parents=True)
+        executed, reused, titles = {}, [], {}
+        runs = Path(executed_dir).expanduser().resolve() if executed_dir else None
+        for name in chosen:
+            source = notebooks_dir() / f"{name}.ipynb"
+            if runs is not None and reusable(runs / f"{name}.ipynb", source):
+                path = runs / f"{name}.ipynb"
+                reused.append(name)
+            else:
+                run = run_notebook(name, dict(params or {}), staging / "executed", timeout_s=timeout_s)
+                if not run.ok:
+                    raise BookError(f"notebook {name} failed: {run.error}; the book was not written")
+                path, executed[name] = run.output, run.seconds
+            nb = prepare_notebook(json.loads(path.read_text()), name, binder_repo)
+            titles[name] = _title(nb, name)
+            (src / f"{name}.ipynb").write_text(json.dumps(nb))
+        pages = list(chosen)
+        for rel, page in EXTRA_PAGES:
+            if (repo_root() / rel).is_file():
+                shutil.copyfile(repo_root() / rel, src / f"{page}.md")
+                pages.append(page)
+        (src / "index.md").write_text(_index(pages, titles))
+        (src / "conf.py").write_text(CONF)
+        shutil.copytree(VENDOR, src / "_static" / "vendor", dirs_exist_ok=True)
+        import plotly  # lazy: plotly is only needed while a book is built
+
+        shutil.copyfile(Path(plotly.__file__).parent / "package_data" / "plotly.min.js",
+                        src / "_static" / "vendor" / "plotly.min.js")
+        t_sphinx = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", str(src), str(staging / "html")],
+                              capture_output=True, text=True, timeout=max(60, timeout_s))
+        if done.returncode != 0:
+            raise BookError(f"sphinx failed: {(done.stderr or done.stdout).strip()[-800:]}")
+        sphinx_seconds = time.perf_counter() - t_sphinx
+        old = None
+        if site.exists():
+            old = site.with_name(f".{site.name}.old-{os.getpid()}")
+            site.rename(old)
+        (staging / "html").rename(site)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return BookBuild(site, tuple(pages), tuple(reused), executed, sphinx_seconds, time.perf_counter() - t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``moelab book build [OUT] [--names ...] [--from DIR] [--binder OWNER/NAME]``."""
+    parser = argparse.ArgumentParser(prog="moelab book", description="build the executed lab as a static HTML site")
+    sub = parser.add_subparsers(dest="action", required=True)
+    build = sub.add_parser("build", help="execute (or reuse) the notebooks and build the site")
+    build.add_argument("out", nargs="?", default="book", help="site folder (default: book)")
+    build.add_argument("--names", nargs="*", help="notebook names or unique prefixes (default: all)")
+    build.add_argument("--from", dest="executed_dir", default="runs",
+                       help="reuse notebooks executed by 'moelab notebooks run' from this folder (default: runs)")
+    build.add_argument("--binder", dest="binder_repo", help="OWNER/NAME on GitHub: add a Binder link to every page")
+    args = parser.parse_args(argv)
+    done = build_book(args.out, names=args.names, executed_dir=args.executed_dir, binder_repo=args.binder_repo)
+    print(f"book: {done.out}/index.html ({len(done.pages)} pages; reused {len(done.reused)} executed notebooks, "
+          f"executed {len(done.executed)}; sphinx {done.sphinx_seconds:.1f} s, total {done.seconds:.1f} s)")
+    print(f"serve it offline: python -m http.server --bind 127.0.0.1 --directory {done.out} 8000")
+    return 0
