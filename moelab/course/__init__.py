@@ -4,6 +4,8 @@
 registers that notebook's exercises when this package is imported.
 """
 
+# each notebook's module registers its exercises in EXERCISES on import
+from moelab.course import afd, overview  # noqa: F401  (imported for registration)
 from moelab.course.check import (
     EXERCISES,
     Exercise,
