@@ -61,7 +61,7 @@ def test_afd_notebook(tmp_path):
     assert len(res["check_values"]) == 5 and res["check_max_abs_err"] <= 0.1
     assert res["r_star"] == pytest.approx(afd.optimal_ratio(256, 100, 500, N=2000))
     assert res["worked_example"][0]["r*"] == pytest.approx(res["r_star"])
-    assert res["predict_short_decode"]["r_star"] == pytest.approx(afd.optimal_ratio(256, 100, 100, N=2000))
+    assert res["predict_long_prompt"]["r_star"] == pytest.approx(afd.optimal_ratio(256, 2000, 500, N=2000))
     assert len(res["ratio_table"]) == 36
     ind = res["indep"]
     # the independent simulation: recorded as measured, with its fit errors and extrapolation counts
