@@ -58,3 +58,9 @@ def test_overview_notebook(tmp_path):
     assert res["fit_median_abs_err_pct"] < 10
     assert {"overview_lab_map.html", "overview_moe_time_vs_experts.html", "overview_decode_step.html",
             "overview_distinct_experts.html"} <= set(out["_figures"])
+    # every figure saved is also shown: each saved title appears in a plotly output of the executed notebook
+    shown = [o["data"]["application/vnd.plotly.v1+json"]["layout"].get("title", {}).get("text", "")
+             for c in json.loads((tmp_path / "00_overview.ipynb").read_text())["cells"] if c["cell_type"] == "code"
+             for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    saved = [f for f in out["_figures"] if f.endswith(".html")]
+    assert len(shown) >= len(saved), (shown, saved)

@@ -76,3 +76,9 @@ def test_afd_notebook(tmp_path):
     assert res["trace"]["name"] == "azure-2023-conv" and res["trace"]["requests"] > 10_000
     assert {"afd_bundle.html", "afd_throughput.html", "afd_idle.html", "afd_ratio_table.html",
             "afd_trace_throughput.html", "afd_indep_throughput.html", "afd_gap_map.html"} <= set(out["_figures"])
+    # every figure saved is also shown: each saved title appears in a plotly output of the executed notebook
+    shown = [o["data"]["application/vnd.plotly.v1+json"]["layout"].get("title", {}).get("text", "")
+             for c in json.loads((tmp_path / "03_afd_ratio.ipynb").read_text())["cells"] if c["cell_type"] == "code"
+             for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    saved = [f for f in out["_figures"] if f.endswith(".html")]
+    assert len(shown) >= len(saved), (shown, saved)
