@@ -31,3 +31,35 @@ def test_afd_panel_updates_on_slider_and_calibration():
     assert all(c.disabled for c in coef) and "h200" in status.value
     sim_box.value = False
     assert np.all(np.isnan(np.array(f_tp.data[1].y, dtype=float)))
+
+
+def test_throughput_axis_names_the_unit_whole():
+    # the H200 coefficients are in ms: the axis once read "tokens per m"
+    from moelab.viz.afd import throughput_figure
+
+    sim = afd.sweep([1, 2], 64, 100, 100, requests=200, seed=0)
+    h200 = afd.coefficients_from_tables("h200", B=64)
+    fig = throughput_figure(sim, B=64, mu_P=100, mu_D=100, N=200, coeffs=h200)
+    assert fig.layout.yaxis.title.text == "tokens per ms per instance"
+    paper = throughput_figure(sim, B=64, mu_P=100, mu_D=100, N=200)
+    assert paper.layout.yaxis.title.text == "tokens per cycle per instance"
+
+
+def test_pipeline_schedule_settles_at_the_slowest_stage():
+    from moelab.viz.afd import PIPELINE_STAGES, bundle_diagram, pipeline_schedule
+
+    times = {"attention": 3.0, "A→F link": 1.0, "FFN": 5.0, "F→A link": 1.0}
+    sched = pipeline_schedule(times, microbatches=3, steps=4)
+    assert len(sched) == 3 * 4 * len(PIPELINE_STAGES)
+    ffn = sched[sched["stage"] == "FFN"].sort_values("start")
+    # the FFN is the slowest stage: once busy it never idles, one microbatch every t_F
+    assert np.allclose(np.diff(ffn["start"].to_numpy())[2:], times["FFN"])
+    for _, group in sched.groupby("stage"):  # one server per stage: no two microbatches overlap on it
+        g = group.sort_values("start")
+        assert np.all(g["start"].to_numpy()[1:] >= g["end"].to_numpy()[:-1] - 1e-12)
+    with pytest.raises(ValueError, match="stage_ms"):
+        pipeline_schedule({"attention": 1.0})
+    fig = bundle_diagram(4, 256, 100, 500, 10_000)
+    assert len(fig.data) == len(PIPELINE_STAGES) and "t_cyc" in fig.layout.annotations[1].text
+    with pytest.raises(ValueError, match="r must be"):
+        bundle_diagram(0)

@@ -1,10 +1,39 @@
-"""The overview notebook runs headless and records the MoE-layer fact from the H200 tables."""
+"""The overview notebook is the map: it draws the decode step as a sum of terms, asks the distinct-experts
+question before it reveals the answer, checks its exercises, runs headless and records the MoE-layer fact."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from moelab.costmodel import MODEL_SHAPES, expected_distinct_experts
+from moelab.datasets import repo_root
 from tests.helpers import execute_notebook
+
+NOTEBOOK = repo_root() / "notebooks" / "00_overview.ipynb"
+
+
+def test_map_structure_links_and_nbgrader_metadata():
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    code = [c for c in cells if c["cell_type"] == "code"]
+    assert all(not c["outputs"] and c["execution_count"] is None for c in code), "commit the notebook without outputs"
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    for name in ("01_eldr", "02_hierarchy_drafting", "03_afd_ratio", "04_dsd_rtt", "05_balanceroute",
+                 "06_from_your_deployment", "07_cross_paper"):
+        assert f"]({name}.ipynb)" in text, f"no link to {name}"
+    assert "](NOTATION.md" in text and "D = E" in text
+    order = ["decode_step_figure()", "MY_GUESS = None", "expected_distinct_experts(PREDICT_BATCH"]
+    first = [next(i for i, c in enumerate(code) if key in "".join(c["source"])) for key in order]
+    assert first == sorted(first)
+    solutions = [c for c in code if "### BEGIN SOLUTION" in "".join(c["source"])]
+    checks = [c for c in code if "require(EXERCISES[" in "".join(c["source"])]
+    assert len(solutions) >= 2 and len(checks) == len(solutions)
+    for c in solutions:
+        assert c["metadata"]["nbgrader"]["solution"] and c["metadata"]["jupyter"]["source_hidden"]
+        assert "hide-input" in c["metadata"]["tags"]
+    for c in checks:
+        assert c["metadata"]["nbgrader"]["grade"] and c["metadata"]["nbgrader"]["locked"]
 
 
 @pytest.mark.notebook
@@ -13,6 +42,11 @@ def test_overview_notebook(tmp_path):
     res = out["00_overview"]
     assert res["notebooks"] == ["01_eldr", "02_hierarchy_drafting", "03_afd_ratio", "04_dsd_rtt",
                                 "05_balanceroute", "07_cross_paper", "06_from_your_deployment"]
+    assert res["reading_order"][0] == "00_overview" and set(res["reading_order"][1:]) == set(res["notebooks"])
+    shape = MODEL_SHAPES["qwen3-30b-a3b"].moe
+    d = res["distinct_experts"]
+    assert d["D"] == pytest.approx(float(expected_distinct_experts(32, shape.num_experts, shape.top_k)))
+    assert d["D"] < min(shape.num_experts, shape.top_k * 32)
     qwen = res["moe_layer"]["qwen3-30b-a3b"]
     # the measured headline of the calibration README: 47 us at D=8 vs 308 us at D=128
     assert (qwen["D_min"], qwen["D_max"]) == (8, 128)
@@ -22,4 +56,11 @@ def test_overview_notebook(tmp_path):
     assert qwen["fitted_ratio"] == pytest.approx(qwen["measured_ratio"], rel=0.15)
     assert all(s["measured_ratio"] > 1.5 for s in res["moe_layer"].values())
     assert res["fit_median_abs_err_pct"] < 10
-    assert {"overview_lab_map.html", "overview_moe_time_vs_experts.html"} <= set(out["_figures"])
+    assert {"overview_lab_map.html", "overview_moe_time_vs_experts.html", "overview_decode_step.html",
+            "overview_distinct_experts.html"} <= set(out["_figures"])
+    # every figure saved is also shown: each saved title appears in a plotly output of the executed notebook
+    shown = [o["data"]["application/vnd.plotly.v1+json"]["layout"].get("title", {}).get("text", "")
+             for c in json.loads((tmp_path / "00_overview.ipynb").read_text())["cells"] if c["cell_type"] == "code"
+             for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    saved = [f for f in out["_figures"] if f.endswith(".html")]
+    assert len(shown) >= len(saved), (shown, saved)

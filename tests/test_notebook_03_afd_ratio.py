@@ -1,16 +1,57 @@
-"""The AFD notebook runs headless with small parameters and records both the reproduction and the test."""
+"""The AFD notebook runs headless with small parameters, teaches before it measures, and records both the
+reproduction and the test."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 import moelab.afd as afd
+from moelab.datasets import repo_root
 from tests.helpers import execute_notebook
 
 # small sizes, also the browser test's (tests/test_browser.py reads CI_PARAMS and turns the panels on)
-CI_PARAMS = {"N": 2000, "r_values": [1, 2, 4, 8, 16], "trace_r_values": [1, 4, 16], "indep_requests": 300,
-             "map_B": [128], "map_mu_P": [100], "map_mu_D": [100], "map_distributions": ["geometric", "azure-code"],
-             "map_requests": 200, "interactive": False}
+CI_PARAMS = {"N": 2000, "R_VALUES": [1, 2, 4, 8, 16], "TRACE_R_VALUES": [1, 4, 16], "INDEP_REQUESTS": 300,
+             "MAP_B": [128], "MAP_MU_P": [100], "MAP_MU_D": [100], "MAP_DISTRIBUTIONS": ["geometric", "azure-code"],
+             "MAP_REQUESTS": 200, "INTERACTIVE": False}
+NOTEBOOK = repo_root() / "notebooks" / "03_afd_ratio.ipynb"
+
+
+def _cells():
+    return json.loads(NOTEBOOK.read_text())["cells"]
+
+
+def test_lesson_structure_and_nbgrader_metadata():
+    cells = _cells()
+    code = [c for c in cells if c["cell_type"] == "code"]
+    assert all(not c["outputs"] and c["execution_count"] is None for c in code), "commit the notebook without outputs"
+    text = ["".join(c["source"]) for c in cells]
+    # the mechanism (LaTeX) and the worked example come before the first measurement
+    first_sim = next(i for i, t in enumerate(text) if "simulated_optimum(" in t)
+    assert any("$$" in t and "r^*" in t for t in text[:first_sim])
+    assert any("worked_row(" in t for t in text[:first_sim]) and any("MY_GUESS" in t for t in text[:first_sim])
+    # the headline within the first third of the code cells
+    headline = next(i for i, c in enumerate(code) if "throughput_figure(" in "".join(c["source"]))
+    assert headline / len(code) <= 0.35
+    # exercises: a solution cell with nbgrader markers and metadata, then a locked check cell
+    solutions = [c for c in code if "### BEGIN SOLUTION" in "".join(c["source"])]
+    assert len(solutions) >= 4
+    for c in solutions:
+        nb = c["metadata"]["nbgrader"]
+        assert nb["solution"] and not nb["grade"] and not nb["locked"] and nb["schema_version"] == 3
+        assert c["metadata"]["jupyter"]["source_hidden"] and "hide-input" in c["metadata"]["tags"]
+        assert "### END SOLUTION" in "".join(c["source"])
+    checks = [c for c in code if "require(EXERCISES[" in "".join(c["source"])]
+    assert len(checks) == len(solutions)
+    for c in checks:
+        nb = c["metadata"]["nbgrader"]
+        assert nb["grade"] and nb["locked"] and nb["points"] > 0 and not nb["solution"] and nb["schema_version"] == 3
+    ids = [c["metadata"]["nbgrader"]["grade_id"] for c in solutions + checks]
+    assert len(ids) == len(set(ids))
+    # one symbol, one meaning: AFD's cycle time is t_cyc, tau is ELDR's band
+    assert not any("\\tau" in t and "not the paper's" not in t for t in text if t)
+    assert "NOTATION.md" in text[0] and "04_dsd_rtt.ipynb" in text[-1]
 
 
 @pytest.mark.notebook
@@ -19,6 +60,8 @@ def test_afd_notebook(tmp_path):
     res = out["03_afd_ratio"]
     assert len(res["check_values"]) == 5 and res["check_max_abs_err"] <= 0.1
     assert res["r_star"] == pytest.approx(afd.optimal_ratio(256, 100, 500, N=2000))
+    assert res["worked_example"][0]["r*"] == pytest.approx(res["r_star"])
+    assert res["predict_long_prompt"]["r_star"] == pytest.approx(afd.optimal_ratio(256, 2000, 500, N=2000))
     assert len(res["ratio_table"]) == 36
     ind = res["indep"]
     # the independent simulation: recorded as measured, with its fit errors and extrapolation counts
@@ -31,5 +74,11 @@ def test_afd_notebook(tmp_path):
     assert len(res["verdict"]) == 5 and all(isinstance(v["holds"], bool) for v in res["verdict"])
     assert 0 <= res["gap_map_integer_agreement"] <= 1
     assert res["trace"]["name"] == "azure-2023-conv" and res["trace"]["requests"] > 10_000
-    assert {"afd_throughput.html", "afd_idle.html", "afd_ratio_table.html", "afd_trace_throughput.html",
-            "afd_indep_throughput.html", "afd_gap_map.html"} <= set(out["_figures"])
+    assert {"afd_bundle.html", "afd_throughput.html", "afd_idle.html", "afd_ratio_table.html",
+            "afd_trace_throughput.html", "afd_indep_throughput.html", "afd_gap_map.html"} <= set(out["_figures"])
+    # every figure saved is also shown: each saved title appears in a plotly output of the executed notebook
+    shown = [o["data"]["application/vnd.plotly.v1+json"]["layout"].get("title", {}).get("text", "")
+             for c in json.loads((tmp_path / "03_afd_ratio.ipynb").read_text())["cells"] if c["cell_type"] == "code"
+             for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    saved = [f for f in out["_figures"] if f.endswith(".html")]
+    assert len(shown) >= len(saved), (shown, saved)

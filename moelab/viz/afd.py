@@ -11,12 +11,22 @@ from moelab.afd import (
     coefficients_from_tables,
     idle_ratios,
     optimal_ratio,
+    stage_times,
     sweep,
     throughput_per_instance,
 )
 from moelab.viz.common import color_for, refresh, slider
 
 _IDLE_COLORS = {side: color_for(side) for side in ("attention", "ffn")}  # the lab's palette
+
+
+# Axis words for each coefficient unit: "ms" must not lose its "s" the way a plural would ("tokens per m").
+_UNIT_SINGULAR = {"cycles": "cycle", "cycle": "cycle", "ms": "ms", "us": "µs", "s": "second", "seconds": "second"}
+
+
+def unit_singular(unit: str) -> str:
+    """The time unit as it reads after "tokens per": ``"cycles"`` -> ``"cycle"``, ``"ms"`` -> ``"ms"``."""
+    return _UNIT_SINGULAR.get(unit, unit)
 
 
 def _theory_grid(r_max: float) -> np.ndarray:
@@ -38,7 +48,7 @@ def throughput_figure(df: pd.DataFrame, *, B: int, mu_P: float, mu_D: float, N: 
     horizon = "N = inf" if N is None else f"N = {N:,.0f}"  # N comes from a log slider: 10**3.25 is not round
     fig.update_layout(title=f"Throughput per instance (B={B}, mu_P={mu_P:g}, mu_D={mu_D:g}, {horizon})",
                       xaxis_title="r = attention instances per FFN instance",
-                      yaxis_title=f"tokens per {c.unit.rstrip('s')} per instance", template="plotly_white")
+                      yaxis_title=f"tokens per {unit_singular(c.unit)} per instance", template="plotly_white")
     return fig
 
 
@@ -91,7 +101,7 @@ def measured_figure(res, *, title: str | None = None) -> go.Figure:
     fig.add_hline(y=0, line_color="#999", row=2, col=1)
     for x, label, dash in ((res.r_star, f"r* = {res.r_star:.2f}", "dash"), (res.r_sim, f"sim opt = {res.r_sim}", "dot")):
         fig.add_vline(x=x, line_dash=dash, line_color="black", annotation_text=label, row=1, col=1)
-    fig.update_yaxes(title_text=f"tokens per {res.unit} per instance", row=1, col=1)
+    fig.update_yaxes(title_text=f"tokens per {unit_singular(res.unit)} per instance", row=1, col=1)
     fig.update_yaxes(title_text="residual %", row=2, col=1)
     fig.update_xaxes(title_text="r = attention instances per FFN instance", row=2, col=1)
     fig.update_layout(title=title or f"Independent simulation, B={res.B}, {res.lengths} lengths "
@@ -176,4 +186,112 @@ def afd_panel(B: int = 256, mu_P: float = 100, mu_D: float = 500, N: float = 10_
     return w.VBox([w.HBox([left, right]), status, f_tp, f_idle])
 
 
-__all__ = ["afd_panel", "gap_map_figure", "idle_figure", "measured_figure", "ratio_table_figure", "throughput_figure"]
+# the four stages a microbatch passes through in one step, in order (the two link directions are separate servers)
+PIPELINE_STAGES = ("attention", "A→F link", "FFN", "F→A link")
+
+
+def pipeline_schedule(stage_ms: dict[str, float], microbatches: int = 3, steps: int = 2) -> pd.DataFrame:
+    """Start and end of every (microbatch, step, stage) when each stage is one server taking work in order.
+
+    A microbatch's next step starts only after its F→A transfer is back; a stage serves microbatches
+    first come, first served. In steady state a step of the bundle lasts as long as its slowest stage.
+
+    Parameters
+    ----------
+    stage_ms : dict
+        Duration of each of :data:`PIPELINE_STAGES` (any time unit, all > 0).
+    microbatches : int
+        Microbatches in flight (>= 1).
+    steps : int
+        Decode steps drawn per microbatch (>= 1).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``microbatch, step, stage, start, end``.
+    """
+    if int(microbatches) < 1 or int(steps) < 1:
+        raise ValueError(f"microbatches and steps must be >= 1, got microbatches={microbatches}, steps={steps}")
+    missing = [name for name in PIPELINE_STAGES if name not in stage_ms]
+    if missing or any(not np.isfinite(stage_ms[n]) or stage_ms[n] <= 0 for n in PIPELINE_STAGES):
+        raise ValueError(f"stage_ms must give a finite time > 0 for each of {PIPELINE_STAGES}, got {stage_ms}")
+    server_free = dict.fromkeys(PIPELINE_STAGES, 0.0)
+    ready = [0.0] * int(microbatches)
+    rows = []
+    for step in range(int(steps)):
+        for mb in range(int(microbatches)):
+            t = ready[mb]
+            for name in PIPELINE_STAGES:
+                start = max(t, server_free[name])
+                t = start + float(stage_ms[name])
+                server_free[name] = t
+                rows.append({"microbatch": mb, "step": step, "stage": name, "start": start, "end": t})
+            ready[mb] = t
+    return pd.DataFrame(rows)
+
+
+def bundle_diagram(r: int = 4, B: int = 256, mu_P: float = 100, mu_D: float = 500, N: float | None = 10_000, *,
+                   coeffs: AFDCoefficients | None = None, microbatches: int = 3, steps: int = 2) -> go.Figure:
+    """The rA-1F bundle (top: r attention instances feeding one FFN instance) and its four-stage pipeline
+    (bottom: when each microbatch occupies each stage), with stage times from the closed form's linear model.
+
+    Parameters
+    ----------
+    r : int
+        Attention instances drawn (1 to 12, so the boxes stay readable).
+    B, mu_P, mu_D, N :
+        The workload, as in :func:`moelab.afd.stage_times`.
+    coeffs : AFDCoefficients, optional
+        Stage-latency coefficients; the paper's fit by default.
+    microbatches, steps : int
+        Microbatches in flight and steps drawn in the timeline.
+    """
+    from plotly.subplots import make_subplots
+
+    r = int(r)
+    if not 1 <= r <= 12:
+        raise ValueError(f"r must be an integer in [1, 12] (attention instances drawn), got {r}")
+    c = coeffs or AFDCoefficients()
+    st = stage_times(np.array([float(r)]), B, mu_P, mu_D, N, c)
+    t_A, t_C, t_F = float(st["t_A"][0]), float(st["t_C"][0]), float(st["t_F"][0])
+    durations = {"attention": t_A, "A→F link": t_C, "FFN": t_F, "F→A link": t_C}
+    sched = pipeline_schedule(durations, microbatches, steps)
+    fig = make_subplots(rows=2, cols=1, row_heights=[0.45, 0.55], vertical_spacing=0.14,
+                        subplot_titles=(f"an rA–1F bundle: r = {r} attention instances × B = {B} slots → one FFN "
+                                        f"instance ({r * B} tokens per step)",
+                                        f"one step = the slowest stage: t_cyc = max(t_A, t_C, t_F) = "
+                                        f"{max(t_A, t_C, t_F):.3g} {c.unit}"))
+    # top: boxes drawn as shapes in a 0..10 x 0..4 canvas
+    height = 3.6 / r
+    for i in range(r):
+        y0 = 0.2 + i * height
+        fig.add_shape(type="rect", x0=0.3, x1=3.3, y0=y0 + 0.05 * height, y1=y0 + 0.9 * height,
+                      fillcolor=color_for("attention"), opacity=0.35, line={"color": color_for("attention")},
+                      row=1, col=1)
+        fig.add_annotation(x=1.8, y=y0 + 0.47 * height, text=f"attention {i + 1}: B slots + KV cache",
+                           showarrow=False, font={"size": 10}, row=1, col=1)
+        fig.add_annotation(x=6.6, y=2.0, ax=3.3, ay=y0 + 0.47 * height, xref="x", yref="y", axref="x", ayref="y",
+                           showarrow=True, arrowhead=2, arrowcolor="#777", text="", row=1, col=1)
+    fig.add_shape(type="rect", x0=6.6, x1=9.7, y0=1.2, y1=2.8, fillcolor=color_for("ffn"), opacity=0.35,
+                  line={"color": color_for("ffn")}, row=1, col=1)
+    fig.add_annotation(x=8.15, y=2.0, text=f"FFN instance<br>(MoE weights)<br>r·B = {r * B} tokens", showarrow=False,
+                       font={"size": 11}, row=1, col=1)
+    fig.update_xaxes(range=[0, 10], visible=False, row=1, col=1)
+    fig.update_yaxes(range=[0, 4], visible=False, row=1, col=1)
+    # bottom: the pipeline timeline, one bar per (microbatch, step, stage)
+    stage_colors = {"attention": color_for("attention"), "A→F link": "#999999", "FFN": color_for("ffn"),
+                    "F→A link": "#cccccc"}
+    for name in PIPELINE_STAGES:
+        part = sched[sched["stage"] == name]
+        fig.add_bar(x=part["end"] - part["start"], base=part["start"], y=[name] * len(part), orientation="h",
+                    marker={"color": stage_colors[name], "line": {"color": "white", "width": 1}}, name=name,
+                    text=[f"mb{m + 1}" for m in part["microbatch"]], textposition="inside",
+                    hovertemplate="%{text}: %{base:.3g} to %{x:.3g} long<extra>" + name + "</extra>", row=2, col=1)
+    fig.update_yaxes(title_text="stage", categoryorder="array", categoryarray=list(PIPELINE_STAGES)[::-1], row=2, col=1)
+    fig.update_xaxes(title_text=f"time ({c.unit})", row=2, col=1)
+    fig.update_layout(template="plotly_white", height=620, barmode="overlay", showlegend=False,
+                      title="The problem: how many attention instances should feed one FFN instance?")
+    return fig
+
+
+__all__ = ["PIPELINE_STAGES", "afd_panel", "bundle_diagram", "pipeline_schedule", "unit_singular", "gap_map_figure", "idle_figure", "measured_figure", "ratio_table_figure", "throughput_figure"]

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from moelab.costmodel import MODEL_SHAPES, MoEStepModel
+from moelab.costmodel import MODEL_SHAPES, MoEStepModel, expected_distinct_experts
 from moelab.viz.common import color_for, refresh
 
 # One row per paper: what it claims (in plain words) and where the lab shows it.
@@ -95,4 +95,92 @@ def moe_panel(table: pd.DataFrame, model: MoEStepModel, B: int = 256) -> Any:
     return w.VBox([pick, fig])
 
 
-__all__ = ["LAB_MAP", "lab_map", "lab_map_figure", "moe_experts_figure", "moe_panel", "moe_points"]
+# The decode step as a sum of terms, left to right as the formula in notebook 00 writes it, with the paper
+# whose method moves each term and the notebook that shows it.
+DECODE_TERMS: list[dict[str, str]] = [
+    {"term": "1 / tokens per target forward", "symbol": "1/a", "paper": "HD", "notebook": "02_hierarchy_drafting",
+     "how": "drafts several tokens, one forward verifies them all"},
+    {"term": "max over DP ranks (the barrier)", "symbol": "max_g", "paper": "BalanceRoute",
+     "notebook": "05_balanceroute", "how": "routes so the slowest rank is less slow"},
+    {"term": "attention over the KV cache", "symbol": "t_attn", "paper": "AFD", "notebook": "03_afd_ratio",
+     "how": "sizes attention vs FFN machines so neither stage waits"},
+    {"term": "MoE weight reads (distinct experts D)", "symbol": "t_MoE(D)", "paper": "ELDR", "notebook": "01_eldr",
+     "how": "batches requests that use the same experts"},
+    {"term": "round trip not hidden by drafting", "symbol": "t_RTT", "paper": "DSD", "notebook": "04_dsd_rtt",
+     "how": "drafts on the edge while the round trip is in flight"},
+]
+
+
+# one colour per term, distinct from each other (the lab palette gives two of these paper names one colour)
+_TERM_COLORS = dict(zip([row["paper"] for row in DECODE_TERMS], ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]))
+
+
+def decode_step_figure() -> go.Figure:
+    """The decode step drawn once as a sum of terms, each labelled with the paper that moves it.
+
+    A schematic: box widths are equal on purpose (the sizes depend on the model, batch and hardware; the
+    notebooks measure them), the point is which paper acts on which term.
+    """
+    fig = go.Figure()
+    pieces = ["t_token  =", "1/a", "×  [  max_g (", "t_attn", "+", "t_MoE(D)", "+ t_link )", "+", "t_RTT", "]"]
+    boxed = {row["symbol"]: row for row in DECODE_TERMS}
+    x = 0.0
+    for piece in pieces:
+        width = 1.6 if piece in boxed or piece.startswith("×") else 0.9 if len(piece) > 2 else 0.4
+        if piece.startswith("×"):  # the barrier's max carries its own box: BalanceRoute acts on it
+            row = boxed["max_g"]
+        else:
+            row = boxed.get(piece)
+        if row is not None:
+            color = _TERM_COLORS[row["paper"]]
+            fig.add_shape(type="rect", x0=x, x1=x + width, y0=0.45, y1=1.0, fillcolor=color, opacity=0.25,
+                          line={"color": color})
+            fig.add_annotation(x=x + width / 2, y=0.3, text=f"<b>{row['paper']}</b><br>{row['term']}<br>"
+                               f"<i>{row['how']}</i><br>notebook {row['notebook'][:2]}", showarrow=False,
+                               font={"size": 10, "color": color}, yanchor="top")
+        fig.add_annotation(x=x + width / 2, y=0.72, text=piece, showarrow=False, font={"size": 15})
+        x += width + 0.1
+    fig.update_xaxes(visible=False, range=[-0.1, x])
+    fig.update_yaxes(visible=False, range=[-0.75, 1.1])
+    fig.update_layout(title="One decode step, term by term, and which paper moves which term",
+                      template="plotly_white", height=330, margin={"l": 10, "r": 10})
+    return fig
+
+
+def distinct_experts_figure(num_experts: int, top_k: int, batch: int, *, guess: float | None = None,
+                            batch_max: int | None = None) -> go.Figure:
+    """The expected distinct experts ``D = E(1 - (1 - k/E)^B)`` of a random batch against B, with the
+    naive ``min(E, k·B)``, the point at ``batch`` and, when given, the reader's guess.
+
+    Parameters
+    ----------
+    num_experts, top_k : int
+        Experts per MoE layer E and experts per token k (1 <= k <= E).
+    batch : int
+        The batch the reader predicted for (>= 1).
+    guess : float, optional
+        The reader's guess of D at ``batch``.
+    batch_max : int, optional
+        Right end of the axis (default: four times ``batch``, at least enough to saturate).
+    """
+    if int(batch) < 1:
+        raise ValueError(f"batch must be an integer >= 1, got {batch}")
+    right = int(batch_max or max(4 * int(batch), 8))
+    grid = np.arange(0, right + 1)
+    curve = expected_distinct_experts(grid, num_experts, top_k)
+    at = float(expected_distinct_experts(int(batch), num_experts, top_k))
+    fig = go.Figure()
+    fig.add_scatter(x=grid, y=curve, mode="lines", name="D = E(1 - (1 - k/E)^B)", line={"color": color_for("theory")})
+    fig.add_scatter(x=grid, y=np.minimum(num_experts, top_k * grid), mode="lines", name="min(E, k·B): no overlap",
+                    line={"dash": "dot", "color": "#999"})
+    fig.add_scatter(x=[batch], y=[at], mode="markers+text", name=f"B = {batch}", text=[f"D = {at:.1f}"],
+                    textposition="top left", marker={"size": 11, "color": color_for("theory")})
+    if guess is not None:
+        fig.add_scatter(x=[batch], y=[float(guess)], mode="markers", name="your guess",
+                        marker={"size": 12, "symbol": "x", "color": "#d62728"})
+    fig.update_layout(title=f"Distinct experts a random batch touches (E = {num_experts}, k = {top_k})",
+                      xaxis_title="tokens in the batch (B)", yaxis_title="distinct experts (D)", template="plotly_white")
+    return fig
+
+
+__all__ = ["DECODE_TERMS", "LAB_MAP", "decode_step_figure", "distinct_experts_figure", "lab_map", "lab_map_figure", "moe_experts_figure", "moe_panel", "moe_points"]

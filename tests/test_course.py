@@ -1,0 +1,109 @@
+"""The exercise checkers: every registered exercise accepts its solution and rejects a typical wrong
+answer with a message; bad input (a string, None, NaN, a list of the wrong shape) is feedback, never an
+exception."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from moelab.course import (
+    EXERCISES,
+    Feedback,
+    check_array,
+    check_callable,
+    check_choice,
+    check_number,
+    exercise,
+    require,
+)
+
+BAD_ANSWERS = ["abc", None, float("nan"), float("inf"), [1.0, 2.0, 3.0], [[1.0], [2.0, 3.0]], {"a": 1}, True,
+               np.zeros((2, 2)), lambda *a: "not a number", lambda *a: 1 / 0]
+
+
+def test_registry_covers_the_notebooks_and_levels():
+    assert {"03", "00"} <= {e.notebook for e in EXERCISES.values()}
+    per_notebook = {nb: [e for e in EXERCISES.values() if e.notebook == nb] for nb in ("00", "03")}
+    assert len(per_notebook["03"]) >= 4 and len(per_notebook["00"]) >= 2
+    for entries in per_notebook.values():
+        assert {e.level for e in entries} >= {"easy", "hard"}
+    assert all(key == e.key and e.prompt for key, e in EXERCISES.items())
+
+
+@pytest.mark.parametrize("key", sorted(EXERCISES))
+def test_checker_passes_the_solution(key):
+    ex = EXERCISES[key]
+    feedback = ex.check(ex.solution(**ex.context), **ex.context)
+    assert isinstance(feedback, Feedback) and feedback.ok, feedback.message
+    assert require(feedback) is feedback
+
+
+@pytest.mark.parametrize("key", sorted(EXERCISES))
+def test_checker_fails_the_wrong_answer_with_a_message(key):
+    ex = EXERCISES[key]
+    feedback = ex.check(ex.wrong(**ex.context), **ex.context)
+    assert isinstance(feedback, Feedback) and not feedback.ok and not bool(feedback)
+    assert len(feedback.message) > 20 and "Hint:" in feedback.message
+    with pytest.raises(AssertionError, match="Hint"):
+        require(feedback)
+
+
+@pytest.mark.parametrize("key", sorted(EXERCISES))
+@pytest.mark.parametrize("bad", BAD_ANSWERS, ids=lambda b: type(b).__name__)
+def test_checker_turns_bad_input_into_feedback(key, bad):
+    ex = EXERCISES[key]
+    feedback = ex.check(bad, **ex.context)
+    assert isinstance(feedback, Feedback) and not feedback.ok
+    assert any(word in feedback.message for word in ("expected", "must be", "raised", "return"))
+
+
+def test_check_number_messages():
+    assert check_number("x", 3.01, 3.0)
+    assert check_number("x", np.float32(3.0), 3.0) and check_number("x", np.array([3.0]), 3.0)
+    wrong = check_number("x", 4.0, 3.0, hint="look at y")
+    assert "4" in wrong.message and "3" in wrong.message and "too high" in wrong.message and "look at y" in wrong.message
+    for bad, shown in (("abc", "str 'abc'"), (None, "None"), (math.nan, "nan"), ([1, 2], "list")):
+        fb = check_number("x", bad, 3.0)
+        assert not fb and "expected a number for `x`" in fb.message and shown in fb.message
+    assert not check_number("x", True, 1.0)  # a bool is not a number here
+    with pytest.raises(ValueError, match="rtol"):
+        check_number("x", 1.0, 1.0, rtol=-1)
+
+
+def test_check_array_shape_first_then_first_wrong_element():
+    assert check_array("a", [1, 2, 3], np.array([1.0, 2.0, 3.0]))
+    shape = check_array("a", [1, 2], [1, 2, 3])
+    assert not shape and "(3,)" in shape.message and "(2,)" in shape.message
+    elem = check_array("a", [1, 5, 3, 9], [1, 2, 3, 4])
+    assert not elem and "2 of 4" in elem.message and "`a`[1]" in elem.message
+    for bad in ("abc", None, [1, [2]], [1, math.nan, 3]):
+        fb = check_array("a", bad, [1, 2, 3])
+        assert not fb and fb.message
+
+
+def test_check_choice_and_callable():
+    assert check_choice("c", " Up ", "up", ["up", "down"])
+    assert not check_choice("c", "sideways", "up", ["up", "down"])
+    assert "one of" in check_choice("c", 3, "up", ["up", "down"]).message
+    with pytest.raises(ValueError, match="expected"):
+        check_choice("c", "up", "left", ["up", "down"])
+    cases = [((1, 2), 3.0), ((2, 2), 4.0)]
+    assert check_callable("add", lambda a, b: a + b, cases)
+    assert "add(2, 2)" in check_callable("add", lambda a, b: 3.0, cases).message
+    assert "raised" in check_callable("add", lambda a: a, cases).message
+    assert "expected a function" in check_callable("add", 3, cases).message
+
+
+def test_feedback_renders_for_jupyter():
+    assert Feedback(True, "fine")._repr_markdown_().startswith("✅")
+    assert Feedback(False, "no")._repr_markdown_().startswith("❌")
+    with pytest.raises(TypeError, match="Feedback"):
+        require(True)
+
+
+def test_exercise_rejects_a_bad_level():
+    with pytest.raises(ValueError, match="level"):
+        exercise("99", "x", "tricky", "?", check_number, solution=lambda: 1, wrong=lambda: 2)
