@@ -1,0 +1,20 @@
+"""Checked exercises for the lab's notebooks.
+
+:mod:`moelab.course.check` holds the checkers and the registry :data:`EXERCISES`; one module per notebook
+registers that notebook's exercises when this package is imported.
+"""
+
+from moelab.course.check import (
+    EXERCISES,
+    Exercise,
+    Feedback,
+    check_array,
+    check_callable,
+    check_choice,
+    check_number,
+    exercise,
+    require,
+)
+
+__all__ = ["EXERCISES", "Exercise", "Feedback", "check_array", "check_callable", "check_choice",
+           "check_number", "exercise", "require"]
