@@ -38,10 +38,13 @@ FIRST_RESULT_GOAL = 0.35
 
 # words after which a number is a label (a section, proposition, part, step...), not a result
 _LABEL_WORDS = r"(?:proposition|part|section|§|step|exercise|deliver|notebook|table|figure|eq\.?|chapter|level)"
-_LABEL_BEFORE = re.compile(_LABEL_WORDS + r"\s*$", re.IGNORECASE)
+# (plural labels and ranges too: "sections 3.1–3.4", "propositions 2 and 3")
+_LABEL_BEFORE = re.compile(_LABEL_WORDS + r"s?\s*(?:[\d.]+\s*(?:–|-|,|and|to)\s*)*$", re.IGNORECASE)
+_MATH_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 # a maximal "word" that holds a digit: 135M, H200, 04_dsd_rtt, 2606.25091, 0.5, t_1
 _NUMBER_WORD = re.compile(r"[A-Za-z0-9_.\-]*\d[A-Za-z0-9_.\-]*%?")
-_MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+?\$", re.DOTALL)
+_DISPLAY_MATH = re.compile(r"\$\$.+?\$\$", re.DOTALL)
+_MATH = re.compile(r"\$[^$\n]+?\$")
 _CODE_SPAN = re.compile(r"`([^`\n]+)`")
 _LINK_TARGET = re.compile(r"\]\([^)\s]*\)")
 _HTML_TAG = re.compile(r"<[^>\n]+>")
@@ -56,7 +59,7 @@ def _allowed_word(word: str) -> bool:
         return True
     if re.match(r"[A-Za-z_]", core):  # a name that starts with a letter: H200, SmolLM2-135M, M1, r_A, t_2
         return True
-    if re.fullmatch(r"\d+(?:\.\d+)?[MBK](?:-[A-Za-z0-9\-]+)?", core):  # a model size: 135M, 7B, 160M-draft
+    if re.fullmatch(r"\d+(?:\.\d+)?[A-Z](?:-[A-Za-z0-9\-]+)?", core):  # a size or a role: 135M, 7B, 1F (rA-1F)
         return True
     if re.fullmatch(r"(?:19|20)\d\d", core):  # a year
         return True
@@ -72,7 +75,7 @@ def typed_numbers(markdown: str) -> list[str]:
 
     Allowed: headings' numbers (section titles), a number right after a label word (Proposition 3,
     Part 2, step 1, §7), ordered-list markers (``1.``), names that start with a letter (H200,
-    SmolLM2-135M, M1, r_A), model sizes (135M, 7B), years, arXiv ids, notebook numbers (04, 04_dsd_rtt), identifiers and file names in code
+    SmolLM2-135M, M1, r_A), sizes and roles (135M, 7B, the 1F of rA-1F), years, arXiv ids, notebook numbers (04, 04_dsd_rtt), identifiers and file names in code
     spans without spaces (``dense_verify.csv``), link targets and HTML attributes, and single-digit
     integers inside LaTeX math (the constants of a definition, as in ``1 - alpha^{gamma+1}``).
     Everything else (``1.5x``, ``60 ms``, ``0.8`` typed into a sentence or a formula) is reported.
@@ -88,6 +91,14 @@ def typed_numbers(markdown: str) -> list[str]:
         The offending words, in order.
     """
     found: list[str] = []
+
+    def math(m: re.Match) -> str:
+        # sub/superscripts (t_{12}), commands and symbols (\alpha, x2) are not quantities
+        body = re.sub(r"[_^]\{[^{}]*\}|[_^]\w|\\[A-Za-z]+|[A-Za-z]+\d*", " ", m.group(0))
+        found.extend(w for w in _MATH_NUMBER.findall(body) if not re.fullmatch(r"\d", w))
+        return " "
+
+    markdown = _DISPLAY_MATH.sub(math, markdown)  # display math may span lines
     for line in markdown.splitlines():
         if line.lstrip().startswith("#"):  # a heading: section numbers
             continue
@@ -96,12 +107,6 @@ def typed_numbers(markdown: str) -> list[str]:
         line = _HTML_TAG.sub(" ", line)
         line = _HTML_ENTITY.sub(" ", line)
         line = _CODE_SPAN.sub(lambda m: " " if " " not in m.group(1).strip() else f" {m.group(1)} ", line)
-
-        def math(m: re.Match) -> str:
-            found.extend(w for w in _NUMBER_WORD.findall(m.group(0))
-                         if not re.fullmatch(r"\d", w.strip(".-")) and not _allowed_word(w))
-            return " "
-
         line = _MATH.sub(math, line)
         for m in _NUMBER_WORD.finditer(line):
             word = m.group(0)
