@@ -127,3 +127,27 @@ def test_bench_suite_prints_the_stable_names():
     assert {"lesson_exercises_total", "lesson_checkers_reject_wrong", "notebook_typed_numbers",
             "notebook_figures_unshown"} <= names
     assert {f"notebook_first_result_cell_frac_{n}" for n in NOTEBOOKS} <= names
+
+
+def test_runner_finds_exactly_the_shown_figures(tmp_path, monkeypatch):
+    """tests/helpers.py's check: a figure saved and displayed is found by its layout.meta stamp in the
+    outputs (plotly JSON or an HTML renderer's escaped copy); one saved and not displayed is reported."""
+    import json
+
+    import plotly.graph_objects as go
+
+    from moelab.viz import save_figure
+    from tests.helpers import shown_figures, unshown_figures
+
+    monkeypatch.setenv("MOELAB_PNG", "0")
+    shown, hidden, as_html = (go.Figure(go.Scatter(x=[1], y=[2])) for _ in range(3))
+    for fig, name in ((shown, "shown_one"), (hidden, "hidden_one"), (as_html, "html_one")):
+        save_figure(fig, name, tmp_path)
+    executed = {"cells": [{"cell_type": "code", "outputs": [
+        {"output_type": "display_data", "data": {"application/vnd.plotly.v1+json": shown.to_plotly_json()}},
+        {"output_type": "display_data", "data": {"text/html": as_html.to_html(include_plotlyjs=False)}}]}],
+        "metadata": {}}
+    path = tmp_path / "executed.ipynb"
+    path.write_text(json.dumps(executed))
+    assert shown_figures(executed) == {"shown_one", "html_one"}
+    assert unshown_figures("99_example", tmp_path, path) == ["hidden_one"]
