@@ -13,7 +13,8 @@ Everything here reads the committed ``.ipynb`` files as JSON (static, no executi
   explain: results must be rendered from the run (``display(Markdown(...))``), not typed.
 * **unshown figure**: a ``save_figure(X, ...)`` call whose ``X`` is never displayed afterwards: neither a
   later ``display(..., X, ...)`` / ``X.show()`` nor the last expression of its cell or of a later cell
-  before one that rebinds ``X`` (either branch of a conditional expression counts). A call inside a loop counts as shown only when the loop
+  before one that rebinds ``X`` (a conditional expression ``panel if c else X`` does not count: it shows
+  ``X`` on one branch only). A call inside a loop counts as shown only when the loop
   body itself displays ``X`` (otherwise only the last iteration's figure reaches the page).
 """
 
@@ -237,12 +238,11 @@ def _shown_names(node: ast.AST) -> set[str]:
 
 
 def _last_expression_names(tree: ast.Module) -> set[str]:
-    """Names the cell's last statement shows as its result (``X``, or either branch of ``a if c else X``)."""
-    if not tree.body or not isinstance(tree.body[-1], ast.Expr):
+    """The name the cell's last statement shows as its result (a bare ``X``; ``panel if c else X`` shows
+    ``X`` only on one branch, so it does not count)."""
+    if not tree.body or not isinstance(tree.body[-1], ast.Expr) or not isinstance(tree.body[-1].value, ast.Name):
         return set()
-    value = tree.body[-1].value
-    candidates = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
-    return {v.id for v in candidates if isinstance(v, ast.Name)}
+    return {tree.body[-1].value.id}
 
 
 def _assigns(tree: ast.Module, name: str) -> bool:
