@@ -25,11 +25,11 @@ def test_bad_input_is_an_error_line(argv, needle, capsys):
 
 
 def test_served_copy_has_the_parameters(tmp_path):
-    path = app.prepare_notebook("04_dsd_rtt", {"mc_rounds": 500}, tmp_path)
+    path = app.prepare_notebook("04_dsd_rtt", {"MC_ROUNDS": 500}, tmp_path)
     nb = nbformat.read(path, as_version=4)
     tags = [c.metadata.get("tags", []) for c in nb.cells]
     at = next(i for i, t in enumerate(tags) if "parameters" in t)
-    assert "injected-parameters" in tags[at + 1] and "mc_rounds = 500" in nb.cells[at + 1].source
+    assert "injected-parameters" in tags[at + 1] and "MC_ROUNDS = 500" in nb.cells[at + 1].source
     assert app.prepare_notebook("04_dsd_rtt", {}, tmp_path).parent.name == "notebooks"  # no params: the original
 
 

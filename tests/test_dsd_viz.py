@@ -22,6 +22,8 @@ def test_dsd_panel_updates_on_sliders():
     assert bars.data[0].y[2] > expected[2]  # sync DSD pays the longer round trip
     assert list(regions.data[-1].x) == [200]
     z_before = np.array(regions.data[1].z)
+    title_before = regions.layout.title.text
     s_tar.value = 20  # a fast target: the AR-vs-DSD map changes
     assert not np.array_equal(z_before, np.array(regions.data[1].z))
+    assert regions.layout.title.text != title_before and "t_ar=20" in regions.layout.title.text
     assert "at no RTT" in text.value or "below RTT" in text.value

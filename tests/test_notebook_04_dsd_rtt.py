@@ -9,8 +9,8 @@ from tests.helpers import execute_notebook
 from tests.test_dsd import SPEC_TABLE
 
 # small sizes, also the browser test's (tests/test_browser.py reads CI_PARAMS and turns the panels on)
-CI_PARAMS = {"mc_rounds": 2000, "rounds_per_client": 40, "measured_rounds": 2000, "rtt_means": [0.0, 50.0],
-             "cap_rounds_per_client": 20, "interactive": False}
+CI_PARAMS = {"MC_ROUNDS": 2000, "ROUNDS_PER_CLIENT": 40, "MEASURED_ROUNDS": 2000, "RTT_MEANS": [0.0, 50.0],
+             "CAP_ROUNDS_PER_CLIENT": 20, "INTERACTIVE": False}
 
 
 @pytest.mark.notebook
@@ -34,5 +34,9 @@ def test_dsd_notebook(tmp_path):
     assert set(res["breakeven"]) == {"early_exit_measured", "early_exit_closed_form", "hd_measured", "hd_closed_form"}
     assert len(res["pipelining"]) == 4 and len(res["capacity_batched"]) == 2
     assert len(res["verdict"]) == 5 and all(isinstance(v["holds"], bool) for v in res["verdict"])
-    assert {"dsd_breakeven_table.html", "dsd_latency_vs_rtt.html", "dsd_region_map.html", "dsd_capacity.html",
+    # the lesson: worked example at the parameters, the prediction revealed, the headline map saved and shown
+    assert res["latency_at_point"]["ar"] == 50.0 and res["expected_tokens"] == float(dsd.expected_tokens(0.8, 5))
+    assert res["breakeven_at_point"] == float(dsd.rtt_breakeven(0.8, 5, 50.0, 10.0))
+    assert 0.0 <= res["prediction"]["dsd_share"] <= 1.0
+    assert {"dsd_timeline.html", "dsd_headline_region_map.html", "dsd_breakeven_table.html", "dsd_latency_vs_rtt.html", "dsd_region_map.html", "dsd_capacity.html",
             "dsd_conditional_acceptance.html", "dsd_measured_latency.html"} <= set(out["_figures"])

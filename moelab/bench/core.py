@@ -20,6 +20,7 @@ SUITES: dict[str, str] = {
     "sweep": "moelab.bench.sweep",
     "cross": "moelab.bench.cross",
     "reliability": "moelab.bench.reliability",
+    "notebooks": "moelab.bench.notebooks",
 }
 
 

@@ -115,6 +115,7 @@ def untitled_axes(fig: Any) -> list[str]:
 
 
 FIGURES_ENV = "MOELAB_FIGURES"
+FIGURE_META_KEY = "moelab_figure"  # layout.meta key save_figure stamps with the file name (tests find shown figures)
 PNG_ENV = "MOELAB_PNG"  # "0": HTML only (fast, for CI); "1": PNG required; unset: PNG when a Chromium exists
 
 
@@ -141,8 +142,13 @@ def _chromium() -> str | None:
 
 def save_figure(fig: Any, name: str, out_dir: str | os.PathLike | None = None, *, png: bool | None = None) -> dict[str, Path]:
     """Write ``fig`` as an HTML file (always) and a PNG (when kaleido finds a Chromium; ``png=True``
-    or ``$MOELAB_PNG=1`` makes a failed export an error, ``$MOELAB_PNG=0`` skips it). Returns the paths."""
+    or ``$MOELAB_PNG=1`` makes a failed export an error, ``$MOELAB_PNG=0`` skips it). Returns the paths.
+
+    The figure's ``layout.meta`` gets ``{FIGURE_META_KEY: name}`` (when meta is empty or a dict), so the
+    copy a notebook displays afterwards can be matched to the file exactly."""
     out = figures_dir(out_dir)
+    if fig.layout.meta is None or isinstance(fig.layout.meta, dict):  # stamp the name: a shown copy carries it
+        fig.update_layout(meta={**(fig.layout.meta or {}), FIGURE_META_KEY: name})
     written = {"html": atomic_write_text(out / f"{name}.html", fig.to_html(include_plotlyjs="cdn", full_html=True))}
     if png is None and os.environ.get(PNG_ENV) in ("0", "1"):
         png = os.environ[PNG_ENV] == "1"

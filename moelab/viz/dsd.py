@@ -177,6 +177,7 @@ def dsd_panel(rtt: float = 60.0, alpha: float = 0.8, gamma: int = 5, t_a: float 
                 if isinstance(new, go.Heatmap):
                     old.z, old.text = new.z, new.text
             regions.data[-1].x, regions.data[-1].y = [v["rtt"]], [v["alpha"]]
+            regions.layout.title = new_map.layout.title  # the title names gamma and the times: keep it current
         be = float(rtt_breakeven(v["alpha"], kw["gamma"], v["t_ar"], v["t_a"]))
         best = MODES[int(np.argmin(lat))]
         text.value = (f"<b>fastest: {MODE_LABELS[best]}</b>; sync DSD beats cloud AR "

@@ -1,0 +1,349 @@
+"""The ``notebooks`` benchmark suite: are the committed notebooks lessons? (issue 26)
+
+Everything here reads the committed ``.ipynb`` files as JSON (static, no execution) except
+``lesson_checkers_reject_wrong``, which calls every registered exercise checker. Definitions:
+
+* **exercise**: a locked nbgrader check cell (``metadata.nbgrader``: ``grade: true, locked: true``);
+  each exercise has one, after its solution cell.
+* **lesson notebook**: a notebook with at least one exercise.
+* **first result cell**: the first code cell tagged :data:`HEADLINE_TAG` (the cell that shows the
+  notebook's headline figure or live panel). Its position is ``(index + 1) / code cells``: the fraction
+  of the notebook's code a reader runs before seeing the result; 1.0 when no cell is tagged.
+* **typed number**: a number in a markdown cell that the allow-list (:func:`typed_numbers`) does not
+  explain: results must be rendered from the run (``display(Markdown(...))``), not typed.
+* **unshown figure**: a ``save_figure(X, ...)`` call whose ``X`` is never displayed afterwards: neither a
+  later ``display(..., X, ...)`` / ``X.show()`` nor the last expression of its cell or of a later cell
+  before one that rebinds ``X`` (a conditional expression ``panel if c else X`` does not count: it shows
+  ``X`` on one branch only). A call inside a loop counts as shown only when the loop
+  body itself displays ``X`` (otherwise only the last iteration's figure reaches the page).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import pkgutil
+import re
+from pathlib import Path
+from typing import Any
+
+from moelab.bench.core import Figure
+
+SUITE = "notebooks"
+HEADLINE_TAG = "headline"
+SOLUTION_BEGIN = "### BEGIN SOLUTION"
+SOLUTION_END = "### END SOLUTION"
+NBGRADER_SCHEMA = 3
+FIRST_RESULT_GOAL = 0.35
+
+# words after which a number is a label (a section, proposition, part, step...), not a result
+_LABEL_WORDS = r"(?:proposition|part|section|§|step|exercise|deliver|notebook|table|figure|eq\.?|chapter|level)"
+# (plural labels and ranges too: "sections 3.1–3.4", "propositions 2 and 3")
+_LABEL_BEFORE = re.compile(_LABEL_WORDS + r"s?\s*(?:[\d.]+\s*(?:–|-|,|and|to)\s*)*$", re.IGNORECASE)
+_MATH_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+# a maximal "word" that holds a digit: 135M, H200, 04_dsd_rtt, 2606.25091, 0.5, t_1
+_NUMBER_WORD = re.compile(r"[A-Za-z0-9_.\-]*\d[A-Za-z0-9_.\-]*%?")
+_DISPLAY_MATH = re.compile(r"\$\$.+?\$\$", re.DOTALL)
+_MATH = re.compile(r"\$[^$\n]+?\$")
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+_LINK_TARGET = re.compile(r"\]\([^)\s]*\)")
+_HTML_TAG = re.compile(r"<[^>\n]+>")
+_HTML_ENTITY = re.compile(r"&#?\w+;")
+_LIST_MARKER = re.compile(r"^\s*\d+[.)]\s")
+
+
+def _allowed_word(word: str) -> bool:
+    """Whether a digit-holding word is a name or an identifier rather than a typed quantity."""
+    core = word.strip(".-")
+    if not core:
+        return True
+    if re.match(r"[A-Za-z_]", core):  # a name that starts with a letter: H200, SmolLM2-135M, M1, r_A, t_2
+        return True
+    if re.fullmatch(r"\d+(?:\.\d+)?[A-Z](?:-[A-Za-z0-9\-]+)?", core):  # a size or a role: 135M, 7B, 1F (rA-1F)
+        return True
+    if re.fullmatch(r"(?:19|20)\d\d", core):  # a year
+        return True
+    if re.fullmatch(r"\d{4}\.\d{4,5}(?:v\d+)?", core):  # an arXiv id
+        return True
+    if re.fullmatch(r"0\d(?:_\w+)?", core):  # a notebook number or name: 04, 04_dsd_rtt
+        return True
+    return False
+
+
+def typed_numbers(markdown: str) -> list[str]:
+    """The numbers in one markdown cell that the allow-list does not explain.
+
+    Allowed: headings' numbers (section titles), a number right after a label word (Proposition 3,
+    Part 2, step 1, §7), ordered-list markers (``1.``), names that start with a letter (H200,
+    SmolLM2-135M, M1, r_A), sizes and roles (135M, 7B, the 1F of rA-1F), years, arXiv ids, notebook numbers (04, 04_dsd_rtt), identifiers and file names in code
+    spans without spaces (``dense_verify.csv``), link targets and HTML attributes, and single-digit
+    integers inside LaTeX math (the constants of a definition, as in ``1 - alpha^{gamma+1}``).
+    Everything else (``1.5x``, ``60 ms``, ``0.8`` typed into a sentence or a formula) is reported.
+
+    Parameters
+    ----------
+    markdown : str
+        The cell's source.
+
+    Returns
+    -------
+    list of str
+        The offending words, in order.
+    """
+    found: list[str] = []
+
+    def math(m: re.Match) -> str:
+        # sub/superscripts (t_{12}), commands and symbols (\alpha, x2) are not quantities
+        body = re.sub(r"[_^]\{[^{}]*\}|[_^]\w|\\[A-Za-z]+|[A-Za-z]+\d*", " ", m.group(0))
+        found.extend(w for w in _MATH_NUMBER.findall(body) if not re.fullmatch(r"\d", w))
+        return " "
+
+    markdown = _DISPLAY_MATH.sub(math, markdown)  # display math may span lines
+    for line in markdown.splitlines():
+        if line.lstrip().startswith("#"):  # a heading: section numbers
+            continue
+        line = _LIST_MARKER.sub("", line)  # "1. " of an ordered list
+        line = _LINK_TARGET.sub("]", line)
+        line = _HTML_TAG.sub(" ", line)
+        line = _HTML_ENTITY.sub(" ", line)
+        line = _CODE_SPAN.sub(lambda m: " " if " " not in m.group(1).strip() else f" {m.group(1)} ", line)
+        line = _MATH.sub(math, line)
+        for m in _NUMBER_WORD.finditer(line):
+            word = m.group(0)
+            if _allowed_word(word) or _LABEL_BEFORE.search(line[:m.start()]):
+                continue
+            found.append(word)
+    return found
+
+
+def notebooks_dir() -> Path:
+    """The committed notebooks' folder."""
+    from moelab.notebooks import notebooks_dir as nb_dir
+
+    return nb_dir()
+
+
+def load_notebook(name_or_path: str | Path) -> dict[str, Any]:
+    """A committed notebook as JSON, by name (``"04_dsd_rtt"``) or path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = notebooks_dir() / f"{name_or_path}.ipynb"
+    if not path.is_file():
+        raise ValueError(f"notebook must name a file in {notebooks_dir()}; got {name_or_path!r}")
+    return json.loads(path.read_text())
+
+
+def notebook_names() -> list[str]:
+    """Names of the committed notebooks, sorted."""
+    return sorted(p.stem for p in notebooks_dir().glob("[0-9][0-9]_*.ipynb"))
+
+
+def _source(cell: dict) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else str(src)
+
+
+def code_cells(nb: dict) -> list[dict]:
+    """The notebook's code cells, in order."""
+    return [c for c in nb.get("cells", []) if c.get("cell_type") == "code"]
+
+
+def _nbgrader(cell: dict) -> dict:
+    return cell.get("metadata", {}).get("nbgrader") or {}
+
+
+def exercise_cells(nb: dict) -> list[dict]:
+    """The locked, graded nbgrader check cells: one per exercise."""
+    return [c for c in code_cells(nb) if _nbgrader(c).get("grade") is True and _nbgrader(c).get("locked") is True]
+
+
+def solution_cells(nb: dict) -> list[dict]:
+    """Cells carrying nbgrader solution metadata or solution markers."""
+    return [c for c in code_cells(nb) if _nbgrader(c).get("solution") is True or SOLUTION_BEGIN in _source(c)]
+
+
+def is_lesson(nb: dict) -> bool:
+    """A lesson notebook has at least one exercise."""
+    return bool(exercise_cells(nb))
+
+
+def first_result_cell_frac(nb: dict) -> float:
+    """``(index + 1) / code cells`` of the first code cell tagged :data:`HEADLINE_TAG`; 1.0 when none is."""
+    cells = code_cells(nb)
+    for i, cell in enumerate(cells):
+        if HEADLINE_TAG in cell.get("metadata", {}).get("tags", []):
+            return (i + 1) / len(cells)
+    return 1.0
+
+
+def nbgrader_problems(nb: dict) -> list[str]:
+    """What is wrong with the notebook's nbgrader cells (empty when all are valid).
+
+    Solution cells need ``{solution: true, grade: false, locked: false, grade_id, schema_version: 3}``,
+    both solution markers, ``jupyter.source_hidden: true`` and the ``hide-input`` tag; check cells need
+    ``{grade: true, locked: true, points > 0, solution: false, grade_id, schema_version: 3}``; every
+    ``grade_id`` is unique."""
+    problems, ids = [], []
+    for cell in solution_cells(nb):
+        meta, src = _nbgrader(cell), _source(cell)
+        gid = meta.get("grade_id", "?")
+        want = {"solution": True, "grade": False, "locked": False, "schema_version": NBGRADER_SCHEMA}
+        wrong = {k: meta.get(k) for k, v in want.items() if meta.get(k) != v}
+        if wrong or not meta.get("grade_id"):
+            problems.append(f"solution cell {gid}: nbgrader metadata {wrong or 'without grade_id'}")
+        if SOLUTION_BEGIN not in src or SOLUTION_END not in src:
+            problems.append(f"solution cell {gid}: missing {SOLUTION_BEGIN!r} / {SOLUTION_END!r}")
+        if cell.get("metadata", {}).get("jupyter", {}).get("source_hidden") is not True:
+            problems.append(f"solution cell {gid}: source not hidden (jupyter.source_hidden)")
+        if "hide-input" not in cell.get("metadata", {}).get("tags", []):
+            problems.append(f"solution cell {gid}: no 'hide-input' tag")
+        ids.append(meta.get("grade_id"))
+    for cell in exercise_cells(nb):
+        meta = _nbgrader(cell)
+        gid = meta.get("grade_id", "?")
+        if meta.get("solution") is not False or meta.get("schema_version") != NBGRADER_SCHEMA or not meta.get("grade_id"):
+            problems.append(f"check cell {gid}: nbgrader metadata {meta}")
+        if not isinstance(meta.get("points"), (int, float)) or meta.get("points", 0) <= 0:
+            problems.append(f"check cell {gid}: points must be > 0, got {meta.get('points')!r}")
+        if SOLUTION_BEGIN in _source(cell):
+            problems.append(f"check cell {gid}: holds solution markers")
+        ids.append(meta.get("grade_id"))
+    dupes = sorted({i for i in ids if ids.count(i) > 1 and i})
+    if dupes:
+        problems.append(f"grade_id used twice: {dupes}")
+    return problems
+
+
+def _parse(source: str) -> ast.Module | None:
+    # IPython magics and shell escapes are not Python: blank them (keeps line numbers)
+    lines = ["" if ln.lstrip().startswith(("%", "!")) else ln for ln in source.splitlines()]
+    try:
+        return ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None
+
+
+def _shown_names(node: ast.AST) -> set[str]:
+    """Names displayed by ``node``: ``display(..., X)`` arguments and ``X.show()`` receivers."""
+    shown = set()
+    for call in ast.walk(node):
+        if not isinstance(call, ast.Call):
+            continue
+        if isinstance(call.func, ast.Name) and call.func.id == "display":
+            shown |= {a.id for a in call.args if isinstance(a, ast.Name)}
+        if isinstance(call.func, ast.Attribute) and call.func.attr == "show" and isinstance(call.func.value, ast.Name):
+            shown.add(call.func.value.id)
+    return shown
+
+
+def _last_expression_names(tree: ast.Module) -> set[str]:
+    """The name the cell's last statement shows as its result (a bare ``X``; ``panel if c else X`` shows
+    ``X`` only on one branch, so it does not count)."""
+    if not tree.body or not isinstance(tree.body[-1], ast.Expr) or not isinstance(tree.body[-1].value, ast.Name):
+        return set()
+    return {tree.body[-1].value.id}
+
+
+def _assigns(tree: ast.Module, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in ast.walk(tree))
+
+
+def unshown_figures(nb: dict) -> list[str]:
+    """The figures a notebook saves with ``save_figure`` but never displays (see the module docstring).
+
+    Returns
+    -------
+    list of str
+        ``"<cell index>:<variable>"`` per unshown save (``"<cell index>:<expression>"`` when the saved
+        figure is not a variable, which can never be shown afterwards).
+    """
+    trees = [(i, _parse(_source(c))) for i, c in enumerate(nb.get("cells", [])) if c.get("cell_type") == "code"]
+    trees = [(i, t) for i, t in trees if t is not None]
+    unshown = []
+    for pos, (i, tree) in enumerate(trees):
+        loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While, ast.AsyncFor))]
+        for call in ast.walk(tree):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "save_figure"
+                    and call.args):
+                continue
+            target = call.args[0]
+            if not isinstance(target, ast.Name):
+                unshown.append(f"{i}:{ast.unparse(target)}")
+                continue
+            name = target.id
+            loop = next((lp for lp in loops if any(n is call for n in ast.walk(lp))), None)
+            if loop is not None:
+                shown = name in _shown_names(loop)
+            else:
+                shown = name in _shown_names(tree) or name in _last_expression_names(tree)
+                for _, later in trees[pos + 1:]:
+                    if shown or _assigns(later, name):  # a later cell that rebinds the name shows another figure
+                        break
+                    shown = name in _shown_names(later) or name in _last_expression_names(later)
+            if not shown:
+                unshown.append(f"{i}:{name}")
+    return unshown
+
+
+def markdown_typed_numbers(nb: dict) -> list[str]:
+    """Typed numbers over all markdown cells of ``nb`` (:func:`typed_numbers`)."""
+    return [w for c in nb.get("cells", []) if c.get("cell_type") == "markdown" for w in typed_numbers(_source(c))]
+
+
+def import_course_modules() -> dict[str, Any]:
+    """Import every module of :mod:`moelab.course` (each registers its exercises) and return the registry."""
+    import moelab.course as course
+
+    for info in pkgutil.iter_modules(course.__path__):
+        importlib.import_module(f"moelab.course.{info.name}")
+    from moelab.course.check import EXERCISES
+
+    return EXERCISES
+
+
+def checker_verdicts() -> dict[str, bool]:
+    """Per registered exercise: does its checker accept the solution and reject the typical wrong answer
+    with a message? (Both, so a checker that rejects everything does not count.)"""
+    verdicts = {}
+    for key, ex in sorted(import_course_modules().items()):
+        ctx = dict(ex.context or {})
+        good = ex.check(ex.solution(**ctx), **ctx)
+        bad = ex.check(ex.wrong(**ctx), **ctx)
+        verdicts[key] = bool(good.ok) and not bad.ok and bool(str(bad.message).strip())
+    return verdicts
+
+
+def run(quick: bool = False) -> list[Figure]:
+    """The suite's figures (``quick`` changes nothing: the suite reads files and runs checkers only)."""
+    notebooks = {name: load_notebook(name) for name in notebook_names()}
+    exercises = sum(len(exercise_cells(nb)) for nb in notebooks.values())
+    lessons = sorted(n for n, nb in notebooks.items() if is_lesson(nb))
+    figs = [Figure(SUITE, "lesson_exercises_total", float(exercises), "exercises", "",
+                   f"locked nbgrader check cells across the notebooks; lessons: {', '.join(lessons) or 'none'}")]
+    verdicts = checker_verdicts()
+    rejecting = [k for k, ok in verdicts.items() if ok]
+    figs.append(Figure(SUITE, "lesson_checkers_reject_wrong", len(rejecting) / len(verdicts) if verdicts else 0.0,
+                       "fraction", ">= 1.0",
+                       f"{len(rejecting)} of {len(verdicts)} registered checkers accept their solution and reject "
+                       f"their typical wrong answer with a message"
+                       + (f"; failing: {sorted(set(verdicts) - set(rejecting))}" if len(rejecting) < len(verdicts) else "")))
+    for name, nb in notebooks.items():
+        figs.append(Figure(SUITE, f"notebook_first_result_cell_frac_{name}", first_result_cell_frac(nb), "fraction",
+                           f"<= {FIRST_RESULT_GOAL}",
+                           f"(index + 1) / {len(code_cells(nb))} code cells of the first cell tagged "
+                           f"'{HEADLINE_TAG}' (1.0: none tagged)"))
+    typed = {n: markdown_typed_numbers(nb) for n, nb in notebooks.items()}
+    figs.append(Figure(SUITE, "notebook_typed_numbers", float(sum(map(len, typed.values()))), "numbers", "<= 0",
+                       "numbers in markdown outside the allow-list: "
+                       + ", ".join(f"{n} {len(v)}" for n, v in typed.items() if v)))
+    unshown = {n: unshown_figures(nb) for n, nb in notebooks.items()}
+    figs.append(Figure(SUITE, "notebook_figures_unshown", float(sum(map(len, unshown.values()))), "figures", "<= 0",
+                       "save_figure calls never displayed (static): "
+                       + ", ".join(f"{n} {v}" for n, v in unshown.items() if v)))
+    return figs
+
+
+__all__ = ["HEADLINE_TAG", "SUITE", "checker_verdicts", "code_cells", "exercise_cells", "first_result_cell_frac",
+           "import_course_modules", "is_lesson", "load_notebook", "markdown_typed_numbers", "nbgrader_problems",
+           "notebook_names", "run", "solution_cells", "typed_numbers", "unshown_figures"]

@@ -1,0 +1,76 @@
+"""The six lesson diagrams (moelab.viz.diagrams): every axis titled or hidden, drawn to scale where the
+mechanism is a time or load budget, and bad arguments rejected with a message naming the parameter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moelab.dsd import latency_per_token
+from moelab.viz import diagrams as d
+from moelab.viz import untitled_axes
+
+BUILDERS = {
+    "eldr": d.eldr_tier_diagram,
+    "hd": d.hd_walk_diagram,
+    "afd": d.afd_bundle_diagram,
+    "dsd": d.dsd_timeline_diagram,
+    "dp": d.dp_barrier_diagram,
+    "two_level": d.two_level_routing_diagram,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_every_diagram_has_a_title_and_no_untitled_axis(name):
+    fig = BUILDERS[name]()
+    assert untitled_axes(fig) == []
+    assert str(fig.layout.title.text or "").strip()
+    assert len(fig.layout.shapes) + len(fig.data) > 0  # something is drawn
+    fig.to_json()  # serialisable (the notebook runner saves it)
+
+
+def test_schematic_diagrams_hide_their_axes():
+    for name in ("eldr", "hd", "afd", "two_level"):
+        fig = BUILDERS[name]()
+        assert fig.layout.xaxis.visible is False and fig.layout.yaxis.visible is False, name
+
+
+@pytest.mark.parametrize("gamma,t_a,rtt,t_v", [(5, 10.0, 60.0, 50.0), (3, 20.0, 10.0, 30.0), (4, 0.0, 0.0, 5.0)])
+def test_dsd_timeline_matches_the_closed_forms(gamma, t_a, rtt, t_v):
+    rounds = 3
+    seg = d.dsd_timeline(gamma=gamma, t_a=t_a, rtt=rtt, t_v=t_v, rounds=rounds)
+    # with every draft accepted (alpha -> 0 makes E = 1, so latency per token = time per round)
+    for mode in ("dsd_sync", "dsd_pipelined"):
+        per_round = float(latency_per_token(mode, alpha=0.0, gamma=gamma, t_a=t_a, t_v=t_v, rtt=rtt))
+        downlinks = sorted(end for _, kind, _, end in seg[mode] if kind == "downlink")
+        assert len(downlinks) == rounds
+        assert np.allclose(np.diff(downlinks), per_round)
+        for lane, kind, start, end in seg[mode]:
+            assert end >= start
+            assert (lane, kind) in {("edge", "draft"), ("network", "uplink"), ("cloud", "verify"),
+                                    ("network", "downlink")}
+    # sync: a round is draft + uplink + verify + downlink, back to back
+    assert np.isclose(max(e for *_, e in seg["dsd_sync"]), rounds * (gamma * t_a + rtt + t_v))
+
+
+def test_dp_barrier_places_the_request_inside_a_margin():
+    fig = d.dp_barrier_diagram((6.0, 9.0, 4.0, 7.0), new_request=2.0)
+    load, margin, new = fig.data
+    assert list(margin.y) == [3.0, 0.0, 5.0, 2.0]
+    assert list(new.x) == ["rank 2"]  # the largest margin that fits the request
+
+
+@pytest.mark.parametrize("call, param", [
+    (lambda: d.eldr_tier_diagram(n_decode=0), "n_decode"),
+    (lambda: d.eldr_tier_diagram(n_decode=3, routed_to=3), "routed_to"),
+    (lambda: d.hd_walk_diagram(accepted=9), "accepted"),
+    (lambda: d.hd_walk_diagram(stores_hit="X"), "stores_hit"),
+    (lambda: d.afd_bundle_diagram(r_a=0), "r_a"),
+    (lambda: d.dsd_timeline_diagram(rtt=-1.0), "rtt"),
+    (lambda: d.dsd_timeline_diagram(gamma=0), "gamma"),
+    (lambda: d.dp_barrier_diagram([1.0, float("nan")]), "loads"),
+    (lambda: d.two_level_routing_diagram(ranks=4, rank=4), "rank"),
+])
+def test_bad_arguments_name_the_parameter(call, param):
+    with pytest.raises(ValueError, match=param):
+        call()
