@@ -4,6 +4,8 @@
 registers that notebook's exercises when this package is imported.
 """
 
+# each notebook's module registers its exercises in EXERCISES on import
+from moelab.course import afd, dsd, overview  # noqa: E402, F401  (imported for registration)
 from moelab.course.check import (
     EXERCISES,
     Exercise,
@@ -15,9 +17,6 @@ from moelab.course.check import (
     exercise,
     require,
 )
-
-# each notebook's module registers its exercises in EXERCISES on import
-from moelab.course import afd, dsd, overview  # noqa: E402, F401  (imported for registration)
 
 __all__ = ["EXERCISES", "Exercise", "Feedback", "check_array", "check_callable", "check_choice",
            "check_number", "exercise", "require"]
