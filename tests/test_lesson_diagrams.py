@@ -13,7 +13,6 @@ from moelab.viz import untitled_axes
 BUILDERS = {
     "eldr": d.eldr_tier_diagram,
     "hd": d.hd_walk_diagram,
-    "afd": d.afd_bundle_diagram,
     "dsd": d.dsd_timeline_diagram,
     "dp": d.dp_barrier_diagram,
     "two_level": d.two_level_routing_diagram,
@@ -30,7 +29,7 @@ def test_every_diagram_has_a_title_and_no_untitled_axis(name):
 
 
 def test_schematic_diagrams_hide_their_axes():
-    for name in ("eldr", "hd", "afd", "two_level"):
+    for name in ("eldr", "hd", "two_level"):
         fig = BUILDERS[name]()
         assert fig.layout.xaxis.visible is False and fig.layout.yaxis.visible is False, name
 
@@ -65,7 +64,6 @@ def test_dp_barrier_places_the_request_inside_a_margin():
     (lambda: d.eldr_tier_diagram(n_decode=3, routed_to=3), "routed_to"),
     (lambda: d.hd_walk_diagram(accepted=9), "accepted"),
     (lambda: d.hd_walk_diagram(stores_hit="X"), "stores_hit"),
-    (lambda: d.afd_bundle_diagram(r_a=0), "r_a"),
     (lambda: d.dsd_timeline_diagram(rtt=-1.0), "rtt"),
     (lambda: d.dsd_timeline_diagram(gamma=0), "gamma"),
     (lambda: d.dp_barrier_diagram([1.0, float("nan")]), "loads"),

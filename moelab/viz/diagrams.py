@@ -150,50 +150,6 @@ def hd_walk_diagram(draft: Sequence[str] = ("the", "cat", "sat", "on"), accepted
     return fig
 
 
-def afd_bundle_diagram(r_a: int = 3, stages: int = 4, micro_batches: int = 6) -> go.Figure:
-    """Attention-FFN disaggregation: an rA-1F bundle (``r_a`` attention instances feed one FFN instance)
-    and its pipeline of ``stages`` stages (attention, send, FFN, receive) over ``micro_batches``
-    micro-batches, one time slot per stage: in steady state every stage is busy, so the slowest stage
-    sets the step time.
-
-    Parameters
-    ----------
-    r_a : int
-        Attention instances in the bundle, 1..8.
-    stages : int
-        Pipeline stages, 2..6 (the first four are named attention, A->F, FFN, F->A).
-    micro_batches : int
-        Micro-batches drawn in the pipeline, 1..10.
-    """
-    r_a = check_int("r_a", r_a, low=1, high=8)
-    stages = check_int("stages", stages, low=2, high=6)
-    micro_batches = check_int("micro_batches", micro_batches, low=1, high=10)
-    names = ["attention", "A->F", "FFN", "F->A", "stage 5", "stage 6"][:stages]
-    colors = [color_for("attention"), "#c7c7c7", color_for("ffn"), "#c7c7c7", "#9edae5", "#dbdb8d"]
-    slots = micro_batches + stages - 1
-    width = 4.0 + slots * 0.8 + 0.4
-    height = max(r_a * 0.9, stages * 0.8) + 1.6
-    fig = _canvas(f"AFD: the {r_a}A-1F bundle and its {stages}-stage pipeline", width=width, height=height,
-                  fig_height=400)
-    mid = height / 2
-    for i in range(r_a):
-        y = mid + ((r_a - 1) / 2 - i) * 0.9
-        _box(fig, 0.1, y - 0.35, 1.5, y + 0.35, f"attention {i}", fill="#e5f5e0", line=color_for("attention"),
-             font_size=10)
-        _arrow(fig, 1.5, y, 2.5, mid)
-    _box(fig, 2.5, mid - 0.5, 3.6, mid + 0.5, "FFN", fill="#efedf5", line=color_for("ffn"))
-    top = height - 0.9
-    for s, name in enumerate(names):
-        y = top - s * 0.8
-        fig.add_annotation(x=4.0 - 0.05, y=y, text=name, showarrow=False, xanchor="right", font={"size": 10})
-        for b in range(micro_batches):
-            x0 = 4.0 + (b + s) * 0.8
-            _box(fig, x0, y - 0.3, x0 + 0.75, y + 0.3, f"mb{b}", fill=colors[s], font_size=9)
-    fig.add_annotation(x=4.0 + slots * 0.4, y=top + 0.65, showarrow=False, font={"size": 11},
-                       text="time slots: micro-batch b is in stage s during slot b + s")
-    return fig
-
-
 def dsd_timeline(*, gamma: int, t_a: float, rtt: float, t_v: float, rounds: int = 2) -> dict[str, list[tuple]]:
     """The segments of the DSD timeline drawn by :func:`dsd_timeline_diagram`, as data.
 
@@ -356,5 +312,5 @@ def two_level_routing_diagram(n_instances: int = 2, ranks: int = 4, instance: in
     return fig
 
 
-__all__ = ["afd_bundle_diagram", "dp_barrier_diagram", "dsd_timeline", "dsd_timeline_diagram",
+__all__ = ["dp_barrier_diagram", "dsd_timeline", "dsd_timeline_diagram",
            "eldr_tier_diagram", "hd_walk_diagram", "two_level_routing_diagram"]
