@@ -20,8 +20,9 @@ import re
 import pytest
 
 from moelab.bench import notebooks as nbs
+from moelab.course import lessons
 
-NOTEBOOKS = nbs.notebook_names()
+NOTEBOOKS = lessons.notebook_names()
 # Notebooks rewritten as lessons (each must stay one).
 EXPECTED_LESSONS = ("00_overview", "03_afd_ratio", "04_dsd_rtt")
 # minimum exercises per lesson: 2 in the map (00) and the deployment notebook (06), 4 in every paper notebook
@@ -33,8 +34,8 @@ TYPED_NUMBERS_BASELINE = {"01_eldr": 48, "02_hierarchy_drafting": 18,
 # figures saved but never displayed, per notebook not yet rewritten as a lesson (static; may only shrink)
 UNSHOWN_BASELINE = {"05_balanceroute": 2, "06_from_your_deployment": 1}
 
-LOADED = {name: nbs.load_notebook(name) for name in NOTEBOOKS}
-LESSONS = sorted(name for name, nb in LOADED.items() if nbs.is_lesson(nb))
+LOADED = {name: lessons.load_notebook(name) for name in NOTEBOOKS}
+LESSONS = sorted(name for name, nb in LOADED.items() if lessons.is_lesson(nb))
 
 
 @pytest.mark.parametrize("text, typed", [
@@ -81,10 +82,10 @@ def test_expected_lessons_are_lessons():
 def test_lesson_structure(name):
     nb = LOADED[name]
     need = MIN_EXERCISES.get(name, PAPER_MIN_EXERCISES)
-    assert len(nbs.exercise_cells(nb)) >= need, f"{name}: fewer than {need} exercises"
-    assert nbs.nbgrader_problems(nb) == []
-    assert len(nbs.solution_cells(nb)) >= len(nbs.exercise_cells(nb)), f"{name}: an exercise without a solution"
-    code = nbs.code_cells(nb)
+    assert len(lessons.exercise_cells(nb)) >= need, f"{name}: fewer than {need} exercises"
+    assert lessons.nbgrader_problems(nb) == []
+    assert len(lessons.solution_cells(nb)) >= len(lessons.exercise_cells(nb)), f"{name}: an exercise without a solution"
+    code = lessons.code_cells(nb)
     assert sum("parameters" in c.get("metadata", {}).get("tags", []) for c in code) == 1
     frac = nbs.first_result_cell_frac(nb)
     assert frac <= nbs.FIRST_RESULT_GOAL, f"{name}: headline cell at {frac:.2f} of the code cells"
@@ -97,9 +98,9 @@ def test_lesson_structure(name):
 @pytest.mark.parametrize("name", LESSONS)
 def test_lesson_check_cells_name_registered_exercises(name):
     registry = nbs.import_course_modules()
-    cells = nbs.code_cells(LOADED[name])
+    cells = lessons.code_cells(LOADED[name])
     for i, cell in enumerate(cells):
-        if cell not in nbs.exercise_cells(LOADED[name]):
+        if cell not in lessons.exercise_cells(LOADED[name]):
             continue
         keys = re.findall(r'EXERCISES\["([^"]+)"\]', "".join(cell["source"]))
         assert len(keys) == 1 and keys[0] in registry, f"{name}: check cell {i} names {keys}"
