@@ -19,6 +19,7 @@ DELEGATED = {
     "sweep": ("moelab.sweep.cli", "run an experiment grid (ELDR, BalanceRoute, HD) serially, on a process pool or Ray"),
     "build-hd-stores": ("moelab.hd.builders", "build Hierarchy Drafting's S (target outputs on ShareGPT) and L stores"),
     "book": ("moelab.book", "build the executed lab as a static HTML book (Sphinx + myst-nb; works offline)"),
+    "course": ("moelab.course.release", "hand out the lessons as nbgrader labs (course release OUT)"),
     "app": ("moelab.app", "serve one notebook as a Voila dashboard for a lecture (code hidden, widgets live)"),
 }
 
