@@ -16,8 +16,8 @@ DELEGATED = {
     "train-moe": ("moelab.models.train", "train a project MoE (--preset sharegpt-moe | tiny-moe): corpus, tokenizer, model"),
     "calibrate": ("moelab.capture.calibrate", "measure step costs on this machine's GPU (or --smoke on CPU)"),
     "serve-router": ("moelab.serving.proxy", "HTTP router proxy in front of OpenAI-compatible vLLM servers"),
-    "sweep": ("moelab.sweep.cli", "run an experiment grid (ELDR, BalanceRoute, HD) serially, on a process pool or Ray"),
-    "build-hd-stores": ("moelab.hd.builders", "build Hierarchy Drafting's S (target outputs on ShareGPT) and L stores"),
+    "sweep": ("moelab.bench.sweep_cli", "run an experiment grid (ELDR, BalanceRoute, HD) serially, on a process pool or Ray"),
+    "build-hd-stores": ("moelab.make.hd_stores", "build Hierarchy Drafting's S (target outputs on ShareGPT) and L stores"),
     "app": ("moelab.app", "serve one notebook as a Voila dashboard for a lecture (code hidden, widgets live)"),
 }
 

@@ -77,7 +77,7 @@ def make_row_drafters(cfg: dict[str, Any], *, tokenizer_path: str, budget: int) 
     c = cfg.get("cost")
     if not isinstance(c, dict):
         raise ValueError("method 'hd' (cost-aware) needs cfg['cost'] = {'qs': [...], 'ms': [...]}, the measured "
-                         "verify-cost curve (moelab.hd.vllm_worker.measure_vllm_cost)")
+                         "verify-cost curve (moelab.bench.specbench.measure_vllm_cost)")
     cost = VerifyCost(c["qs"], c["ms"], c.get("source", ""))
     shared = AcceptanceModel()
     return RowDrafters(

@@ -2,32 +2,139 @@
 REST-alone) as a ``custom_class`` drafter — same engine, same LM, same budget, one question at a time
 (Spec-Bench's batch size 1), float32, greedy or sampled.
 
-Each method keeps one warm engine in its own process (:mod:`moelab.hd.vllm_pool`), and the methods run
-back to back on each question, their order rotated (:func:`arrange_points`), so a shared machine's
-changing load falls on every method alike. The runner is the ``hd-vllm`` sweep suite (:func:`moelab.sweep.suites.run_suite`,
-also ``moelab sweep hd-vllm``): every (question, method) result is cached under a key of the point, the
-drafting code (:data:`RUN_CODE`), vLLM's version and the data (Spec-Bench, the S store), so a rerun skips
-what is done and the full benchmark is resumable. Speed = output tokens / wall time of the request (prefill included,
-as Spec-Bench times it); mean accepted tokens = output tokens / target forwards, from vLLM's own
-speculative-decoding counters.
+Each method keeps one warm engine in its own process (:mod:`moelab.bench.specbench.engine_pool`), and the
+methods run back to back on each question, their order rotated (:func:`arrange_points`), so a shared
+machine's changing load falls on every method alike. The runner is the ``hd-vllm`` sweep suite
+(:data:`HD_VLLM_SUITE`, also ``moelab sweep hd-vllm``): every (question, method) result is cached under a key
+of the point, the drafting code (:data:`RUN_CODE`), vLLM's version and the data (Spec-Bench, the S store), so
+a rerun skips what is done and the full benchmark is resumable. Speed = output tokens / wall time of the
+request (prefill included, as Spec-Bench times it); mean accepted tokens = output tokens / target forwards,
+from vLLM's own speculative-decoding counters.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
+import subprocess
 import time
 from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from moelab._io import atomic_write_text, read_json
 from moelab._validate import check_int, check_real
-from moelab.hd.policy import VerifyCost, check_budget
-from moelab.hd.vllm_worker import MAX_MODEL_LEN, VLLM_METHODS, measure_vllm_cost, suffix_status
+from moelab.bench.specbench.engine_pool import mark_done, run_once, server, settle
+from moelab.bench.specbench.engine_protocol import MAX_MODEL_LEN
+from moelab.costmodel.verify import VerifyCost, cached_verify_cost, fit_verify_cost, machine_id
+from moelab.datasets import cache_dir, load_spec_bench, public_path, repo_root
+from moelab.hd.methods import vllm_methods
+from moelab.hd.policy import check_budget
+from moelab.hd.results import full_table_path, summarize_vllm
+from moelab.hd.specbench import spec_bench_split
+from moelab.hd.stores import default_model_store_path
+from moelab.models.lm import DEFAULT_LM, chat_prompt_ids, lm_folder
+from moelab.models.vllm_engine import _installed_version
+from moelab.sweep.core import Scalar
+from moelab.sweep.suite import Suite, run_suite
 
 FULL_TOKENS = 128  # new tokens per question in the full benchmark (and in moelab bench hd's vLLM half)
+#: result labels of the methods vLLM runs (:data:`moelab.hd.methods.METHODS`)
+VLLM_METHODS = vllm_methods()
+
+
+def suffix_status() -> tuple[bool, str]:
+    """Whether vLLM's suffix decoding can run here (``arctic-inference`` importable) and why not."""
+    if importlib.util.find_spec("arctic_inference") is None:
+        return False, ("vLLM's suffix decoding needs `pip install arctic-inference` (builds from source); it is not "
+                       "installed here, so suffix is skipped")
+    return True, "arctic-inference installed"
+
+
+#: the code a vLLM result depends on (hashed into every cached (question, method) result's key). Every method's
+#: key hashes all of it, AR's too: a speedup compares methods measured back to back on a question, so a drafter
+#: change re-measures every method, never HD alone against peers timed under another load (tried and undone:
+#: HD re-run alone on a quieter machine read 1.87x where the interleaved run read 1.50x).
+RUN_CODE = ("moelab.hd.drafters", "moelab.hd.stores", "moelab.hd.suffix", "moelab.hd.ngram", "moelab.hd.policy",
+            "moelab.hd.rows", "moelab.hd.engine", "moelab.hd.methods", "moelab.hd.vllm_adapter",
+            "moelab.costmodel.verify", "moelab.bench.specbench.engine_protocol", "moelab.bench.specbench.engine_pool",
+            "moelab.bench.specbench.engine_worker", "moelab.models.vllm_engine", "moelab.models.lm_loading")
+
+
+def run_data_files() -> list[Path]:
+    """The data a vLLM result depends on: Spec-Bench and the shipped S store (L is rebuilt from the
+    ShareGPT package per tokenizer; its file name carries that)."""
+    return [public_path("spec-bench", download=False), default_model_store_path()]
+
+
+@lru_cache(maxsize=1)
+def _question_table() -> dict[int, dict[str, Any]]:
+    from transformers import AutoTokenizer  # lazy: transformers pulls in torch
+
+    tok = AutoTokenizer.from_pretrained(str(lm_folder(DEFAULT_LM)))
+    return {int(r.question_id): {"question_id": int(r.question_id), "category": str(r.category),
+                                 "prompt_ids": chat_prompt_ids(tok, r.prompt)} for r in load_spec_bench().itertuples()}
+
+
+def vllm_point(question_id: int, method: str = "AR", budget: int = 8, max_new_tokens: int = 128,
+               temperature: float = 0.0, seed: int = 0, l_max_tokens: int = 0, cost: str = "",
+               tag: str = "") -> dict[str, Any]:
+    """One Spec-Bench question through one method's warm vLLM engine (SmolLM2-135M, float32, batch 1).
+
+    The point function of the ``hd-vllm`` sweep suite and of :func:`run_vllm_methods`. ``tag`` keeps a
+    repeated measurement (e.g. AR again at the end) apart in the cache; ``l_max_tokens`` 0 means L's
+    default size. HD (cost-aware) reads ``cost`` (a :class:`~moelab.costmodel.verify.VerifyCost` as JSON) or, when it
+    is empty, this machine's measured verify-cost curve (:func:`measure_vllm_cost`); the row records the
+    curve's hash."""
+    if method not in VLLM_METHODS:
+        raise ValueError(f"method must be one of {list(VLLM_METHODS)}; got {method!r}")
+    qs = _question_table()
+    if question_id not in qs:
+        raise ValueError(f"question_id must be a Spec-Bench question id; got {question_id!r}")
+    model_dir = str(lm_folder(DEFAULT_LM))
+    curve = None
+    if method == "HD":
+        curve = VerifyCost(**json.loads(cost)) if cost else measure_vllm_cost(model_dir)
+    spec = {"method": method, "budget": int(budget), "model_dir": model_dir, "max_model_len": MAX_MODEL_LEN,
+            "cost": curve.as_dict() if curve is not None else None, "l_max_tokens": int(l_max_tokens) or None, "seed": 0}
+    srv = server(spec, cache_dir() / "hd" / "vllm-engines")
+    settle()
+    try:
+        rec = srv.ask({**qs[question_id], "max_new_tokens": int(max_new_tokens), "temperature": float(temperature),
+                       "seed": int(seed)})
+    finally:
+        mark_done()
+    rec.pop("temperature", None)
+    rec.pop("budget", None)
+    rec["cost_curve"] = hashlib.sha256(json.dumps(curve.as_dict(), sort_keys=True).encode()).hexdigest()[:8] \
+        if curve is not None else ""
+    return rec
+
+
+def measure_vllm_cost(model_dir: str | Path, *, qs: Sequence[int] = (2, 3, 5, 9), context_tokens: int = 256,
+                      timeout_s: float = 900.0, refresh: bool = False) -> VerifyCost:
+    """vLLM's verify cost per step on this machine for ``q`` = 1 + chain length tokens (cached per machine
+    and model): chains of ``q - 1`` wrong tokens, so every step emits one token and costs a q-token forward."""
+    d_lens = sorted({check_int("qs entry", q, low=2, high=65) - 1 for q in qs})
+
+    def measure() -> VerifyCost:
+        out = cache_dir() / "hd" / "vllm-probe" / f"probe-{int(time.time())}"
+        out.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(0)
+        prompt = rng.integers(100, 20000, size=context_tokens).tolist()
+        run_once({"method": "probe", "budget": max(d_lens), "probe": d_lens, "probe_prompt": prompt,
+                         "model_dir": str(model_dir), "out_dir": str(out)}, out / "worker.log", timeout_s)
+        rows = read_json(out / "probe.json")["rows"]
+        return fit_verify_cost([r["q"] for r in rows], [r["ms"] for r in rows],
+                            f"vLLM CPU, {Path(model_dir).name}, context {context_tokens}, min over interleaved rounds, "
+                            f"measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}")
+
+    return cached_verify_cost("vllm", Path(model_dir).name, measure, refresh=refresh)
 
 
 def arrange_points(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -55,6 +162,41 @@ def arrange_points(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _question_ids() -> list[int]:
+    return [int(i) for i in spec_bench_split("eval")["question_id"]]
+
+
+def _check_points(points: list[dict[str, Scalar]]) -> None:
+    ids = set(_question_ids())
+    for p in points:
+        if p["question_id"] not in ids:
+            raise ValueError(f"question_id must be a Spec-Bench evaluation id ({len(ids)} ids in "
+                             f"{min(ids)}..{max(ids)}, see moelab.hd.spec_bench_split('eval')); got {p['question_id']!r}")
+        check_int("max_new_tokens", p["max_new_tokens"], low=1, high=MAX_MODEL_LEN // 2)
+        check_real("temperature", p["temperature"], low=0)
+        check_int("seed", p["seed"], low=0)
+        if p["method"] not in VLLM_METHODS:
+            raise ValueError(f"method must be one of {list(VLLM_METHODS)}; got {p['method']!r}")
+        if p["method"] == "suffix" and not suffix_status()[0]:
+            raise ValueError(suffix_status()[1])
+
+
+def _vllm_version() -> list[str]:
+    return [f"vllm=={_installed_version()}"]
+
+
+#: the ``hd-vllm`` sweep suite: one (question, method) per point (``moelab sweep hd-vllm``); its default grid
+#: is the full benchmark (all 480 questions x 4 methods, 128 tokens, greedy), the points and cache of
+#: :func:`full_benchmark` with ``--out $MOELAB_CACHE/hd/vllm-runs``
+HD_VLLM_SUITE = Suite(
+    "hd-vllm", vllm_point,
+    {"question_id": _question_ids, "method": ["AR", "ngram", "suffix", "HD"], "budget": [8], "max_new_tokens": [128],
+     "temperature": [0.0], "seed": [0], "l_max_tokens": [0], "cost": [""], "tag": [""]},
+    "Spec-Bench in vLLM, one (question, method) per point, methods interleaved (SmolLM2-135M, float32)",
+    RUN_CODE, run_data_files, ("method", "category", "tokens_per_s", "new_tokens"), _vllm_version, _check_points,
+    arrange=arrange_points)
+
+
 def run_vllm_methods(questions: pd.DataFrame, *, methods: Sequence[str] = VLLM_METHODS,
                      budget: int = 8, max_new_tokens: int = FULL_TOKENS, temperature: float = 0.0,
                      cost: VerifyCost | None = None, l_max_tokens: int | None = None, run_tag: str = "",
@@ -70,8 +212,6 @@ def run_vllm_methods(questions: pd.DataFrame, *, methods: Sequence[str] = VLLM_M
     Speeds are only comparable when nothing else runs the engines' cores (the runner is serial for that).
     ``compute=False`` runs nothing and returns the results cached so far. Prompts come from Spec-Bench by
     question id (the workers tokenize them with the target's own chat template)."""
-    from moelab.sweep.suites import run_suite
-
     budget = check_budget(budget)
     check_int("max_new_tokens", max_new_tokens, low=1, high=MAX_MODEL_LEN // 2)
     check_real("temperature", temperature, low=0.0)
@@ -90,7 +230,7 @@ def run_vllm_methods(questions: pd.DataFrame, *, methods: Sequence[str] = VLLM_M
             "max_new_tokens": [int(max_new_tokens)], "temperature": [float(temperature)], "seed": [0],
             "l_max_tokens": [int(l_max_tokens or 0)],
             "cost": [json.dumps(cost.as_dict(), sort_keys=True) if cost is not None else ""], "tag": [str(run_tag)]}
-    res = run_suite("hd-vllm", grid, out=Path(out) if out else default_runs_dir(), backend="serial", progress=progress,
+    res = run_suite(HD_VLLM_SUITE, grid, out=Path(out) if out else default_runs_dir(), backend="serial", progress=progress,
                     compute=compute)
     df = res.frame
     if len(df):
@@ -103,41 +243,7 @@ def run_vllm_methods(questions: pd.DataFrame, *, methods: Sequence[str] = VLLM_M
 def default_runs_dir() -> Path:
     """Where :func:`run_vllm_methods` and :func:`full_benchmark` keep results (``$MOELAB_CACHE/hd/vllm-runs``);
     ``moelab sweep hd-vllm --out`` this folder runs and resumes the same cached points."""
-    from moelab.datasets import cache_dir
-
     return cache_dir() / "hd" / "vllm-runs"
-
-
-def summarize_vllm(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (method, category) and overall: speedup over AR (mean per-question tokens/s ratio, Spec-Bench),
-    mean accepted tokens, identical outputs."""
-    from moelab.datasets import SPEC_BENCH_CATEGORIES
-
-    ar = df[df["method"] == "AR"].set_index("question_id")["tokens_per_s"]
-    out = []
-    for (m, cat), g in list(df.groupby(["method", "category"], sort=False)) + \
-            [((m, "overall"), g) for m, g in df.groupby("method", sort=False)]:
-        base = ar.reindex(g["question_id"]).to_numpy()
-        fw = g["forwards"].sum()
-        out.append({"engine": "vllm", "method": m, "category": cat, "budget": int(g["budget"].iloc[0]),
-                    "questions": len(g), "tokens_per_s": float(g["tokens_per_s"].mean()),
-                    "speedup": float(g["tokens_per_s"].mean() / np.nanmean(base)),
-                    "mean_accepted": float(g["new_tokens"].sum() / fw) if fw > 0 else float("nan"),
-                    "identical": None if g["identical"].isna().any() else bool(g["identical"].all()),
-                    "draft_us_p50": float(g["draft_us_p50"].median()) if "draft_us_p50" in g else float("nan")})
-    res = pd.DataFrame(out)
-    order = {c: i for i, c in enumerate([*SPEC_BENCH_CATEGORIES, "overall"])}
-    return res.assign(_o=res["category"].map(order)).sort_values(["method", "_o"]).drop(columns="_o") \
-        .reset_index(drop=True)
-
-
-FULL_TABLE = "specbench_vllm_full.csv"  # in data/hd/: the committed full-benchmark table (when it has been run)
-
-
-def full_table_path() -> Path:
-    from moelab.datasets import repo_root
-
-    return repo_root() / "data" / "hd" / FULL_TABLE
 
 
 FULL_METHODS = ("AR", "ngram", "suffix", "HD")
@@ -158,13 +264,6 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
     ``compute=False`` runs nothing: the table of the questions every method has finished so far (column
     ``complete`` False while some are missing), written only where ``out`` says — the committed table is
     only ever a complete run."""
-    import subprocess as sp
-
-    from moelab.datasets import repo_root
-    from moelab.hd.policy import machine_id
-    from moelab.hd.specbench import spec_bench_split
-    from moelab.sweep.suites import get_suite
-
     questions = spec_bench_split("eval", per_category=per_category)
     # categories in turn (1st question of each, then the 2nd, ...): a run stopped part-way has covered every
     # category alike, so compute=False tables mean something before the end
@@ -192,7 +291,7 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
         tables.append(summ)
     res = pd.concat(tables, ignore_index=True)
     try:
-        commit = sp.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo_root(), capture_output=True, text=True,
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo_root(), capture_output=True, text=True,
                         check=False).stdout.strip()
     except OSError:
         commit = ""
@@ -200,16 +299,15 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
     res["commit"] = commit
     # the measuring code's version every cached result is keyed on (RUN_CODE, vLLM's version): a table
     # written at a later commit is still that code's measurement
-    res["run_code"] = get_suite("hd-vllm").code_version()
+    res["run_code"] = HD_VLLM_SUITE.code_version()
     res["machine"] = machine_id()
     res["questions_per_category"] = per_category or "all"
     res["max_new_tokens"] = max_new_tokens
-    from moelab._io import atomic_write_text
-
     if out is not None or ("complete" in res and bool(res["complete"].fillna(True).all())):
         atomic_write_text(Path(out) if out else full_table_path(), res.to_csv(index=False))
     return res
 
 
-__all__ = ["FULL_METHODS", "FULL_TABLE", "FULL_TOKENS", "VLLM_METHODS", "arrange_points", "default_runs_dir", "full_benchmark",
-           "full_table_path", "measure_vllm_cost", "run_vllm_methods", "summarize_vllm"]
+__all__ = ["FULL_METHODS", "FULL_TOKENS", "HD_VLLM_SUITE", "RUN_CODE", "VLLM_METHODS", "arrange_points",
+           "default_runs_dir", "full_benchmark", "measure_vllm_cost", "run_data_files", "run_vllm_methods",
+           "suffix_status", "vllm_point"]
