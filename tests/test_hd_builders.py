@@ -8,8 +8,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from moelab.hd import builders
 from moelab.hd.suffix import S_RESERVED_TAIL
+from moelab.make import hd_stores as builders
 
 
 class CharTokenizer:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from moelab.costmodel.verify import VerifyCost
 from moelab.hd.lookahead import (
     best_jacobi_window,
     hf_lookahead_enabled,
     jacobi_window_decision,
     lookahead_gain_bound,
 )
-from moelab.hd.policy import VerifyCost
 
 STEEP = VerifyCost([1, 2, 29], [162.0, 201.4, 1264.0])  # the shape of the HF CPU curve: ~0.24x per extra token
 FLAT = VerifyCost([1, 9], [151.2, 157.2])  # the shape of vLLM's CPU curve: ~0.005x per extra token

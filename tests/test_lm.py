@@ -11,10 +11,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from moelab.costmodel.verify import VerifyCost  # noqa: E402
 from moelab.hd import HierarchyDrafter, PLDDrafter, generate, replay_greedy, spec_bench_split  # noqa: E402
-from moelab.hd.engine import make_hf_drafter  # noqa: E402
-from moelab.hd.evaluate import run_specbench  # noqa: E402
-from moelab.hd.policy import VerifyCost  # noqa: E402
+from moelab.hd.experiments import run_specbench  # noqa: E402
+from moelab.hd.methods import make_hf_drafter  # noqa: E402
 from moelab.hd.stores import load_default_model_store, load_default_statistics_store  # noqa: E402
 from moelab.models import load_lm  # noqa: E402
 from moelab.models.lm import LMSession, chat_prompt_ids, set_cpu_threads, verify_cost_curve  # noqa: E402
@@ -72,8 +72,9 @@ def test_specbench_harness_replay_equals_real_run_and_sampling(lm, public_data):
     model, tok = lm
     S, L = load_default_model_store(tok), load_default_statistics_store(tok)
     q = spec_bench_split("eval", per_category=1, categories=("math_reasoning",))
-    run = run_specbench(model, tok, q, methods=("AR", "PLD", "HD(WSL)", "S"), model_store=S, statistics_store=L,
-                        max_new_tokens=12, measure=("HD(WSL)",))
+    factories = {"PLD": (lambda: PLDDrafter(), 10), "HD(WSL)": (lambda: HierarchyDrafter(S, L), 28),
+                 "S-only": (lambda: HierarchyDrafter(S, L, order="S"), 28)}
+    run = run_specbench(model, tok, q, factories=factories, max_new_tokens=12, measure=("HD(WSL)",))
     rows = run.questions.set_index("method")
     assert rows.loc["HD(WSL)", "identical"] and rows.loc["HD(WSL)", "measured"]
     assert not rows.loc["S-only", "measured"] and np.isnan(rows.loc["S-only", "tokens_per_s"])
@@ -83,13 +84,15 @@ def test_specbench_harness_replay_equals_real_run_and_sampling(lm, public_data):
     summary = run.summary().set_index(["method", "category"])
     assert summary.loc[("AR", "overall"), "mean_accepted"] == 1.0
     assert summary.loc[("HD(WSL)", "overall"), "engine"] == "hf" and summary.loc[("HD(WSL)", "overall"), "budget"] == 28
-    sampled = run_specbench(model, tok, q, methods=("AR", "HD(WSL)"), model_store=S, statistics_store=L,
-                            max_new_tokens=8, temperature=1.0, seed=3)
+    sampled = run_specbench(model, tok, q, factories={"HD(WSL)": factories["HD(WSL)"]}, max_new_tokens=8,
+                            temperature=1.0, seed=3)
     srows = sampled.questions.set_index("method")
     assert srows["measured"].all() and srows["identical"].isna().all()
     assert (sampled.steps["mode"] == "run").all() and srows.loc["HD(WSL)", "new_tokens"] >= 1
     with pytest.raises(ValueError, match="temperature"):
-        run_specbench(model, tok, q, methods=("AR",), temperature=-1.0)
+        run_specbench(model, tok, q, factories={}, temperature=-1.0)
+    with pytest.raises(ValueError, match="measure"):
+        run_specbench(model, tok, q, factories={}, measure=("HD",))
 
 
 @needs_smollm2

@@ -31,7 +31,7 @@ def test_notebook_02_runs_and_records_results(tmp_path, public_data):
                  "hd_vs_published"):
         assert f"{name}.html" in res["_figures"]
     assert "hd_summary.csv" in res["_figures"] and "hd_questions.csv" in res["_figures"]
-    from moelab.hd.bench_vllm import full_table_path
+    from moelab.hd.results import full_table_path
 
     if full_table_path().is_file():  # §6 shows the committed full benchmark: complete, every question, lossless
         full = r["full_benchmark"]

@@ -174,10 +174,10 @@ def test_mutation_fuzzer_of_the_bench_finds_nothing():
 def test_bench_suite_figures_without_vllm(monkeypatch):
     """`moelab bench reliability` is registered and names every figure; without vLLM the soak ones say why."""
     import moelab.models.vllm_engine as vllm_engine
-    from moelab.bench import SUITES, run_suites
+    from moelab.bench import BENCH_SUITES, run_suites
 
     monkeypatch.setattr(vllm_engine, "vllm_status", lambda: (False, "vLLM left out for this test"))
-    assert "reliability" in SUITES
+    assert "reliability" in BENCH_SUITES
     figs = {f.name: f for f in run_suites(["reliability"], quick=True)}
     assert {"fuzz_cases_run", "fuzz_unexpected", "soak_requests_ok", "soak_requests_lost", "soak_fd_growth",
             "proxy_p50_overhead_ms"} <= set(figs)

@@ -288,7 +288,7 @@ def test_cli_balanceroute_suite_runs_and_reruns_from_cache(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_eldr_suite_adapter_runs_a_small_point(tmp_path):
-    from moelab.sweep.suites import run_suite
+    from moelab.bench.suites import run_named_suite as run_suite
 
     res = run_suite("eldr", {"rate": [60.0], "K": [4], "router": ["jsq", "eldr"], "n_trace": [128], "n_pairs": [500],
                              "n_requests": [150], "output_len": [64]}, out=tmp_path, backend="serial", progress=False)
@@ -301,15 +301,18 @@ def test_eldr_suite_adapter_runs_a_small_point(tmp_path):
 @pytest.mark.slow
 def test_hd_suite_adapter_runs_one_question(tmp_path):
     pytest.importorskip("torch")
-    from moelab.hd.evaluate import DEFAULT_METHODS
-    from moelab.sweep.suites import _hd_questions, run_suite
+    from moelab.bench.suites import _hd_questions
+    from moelab.bench.suites import run_named_suite as run_suite
+    from moelab.hd.experiments import HF_METHODS
+    from moelab.hd.policy import BUDGETS
 
     qs = _hd_questions()
     qid = int(qs.loc[qs["prompt"].str.len().idxmin(), "question_id"])  # the shortest prompt: a short prefill
     res = run_suite("hd", {"question_id": [qid], "max_new_tokens": [3]}, out=tmp_path, backend="serial", progress=False)
     df = res.frame
-    assert len(df) == len(DEFAULT_METHODS) and (df["question_id"] == qid).all()
+    # the equal-budget experiment of `moelab bench hd`: AR + every method at every budget
+    assert len(df) == 1 + len(HF_METHODS) * len(BUDGETS) and (df["question_id"] == qid).all()
     assert df.loc[df["method"] == "AR", "mean_accepted"].iloc[0] == pytest.approx(1.0)
-    assert df.loc[df["method"] == "HD(WSL)", "identical"].iloc[0]  # lossless: the measured run equals AR
+    assert df.loc[df["method"] == "HD@8", "identical"].iloc[0]  # lossless: the measured cost-aware run equals AR
     with pytest.raises(ValueError, match="evaluation id"):
         run_suite("hd", {"question_id": [-1]}, out=tmp_path, backend="serial", progress=False)

@@ -4,6 +4,6 @@
 ``moelab.bench.<suite>`` with a function ``run(quick: bool) -> list[Figure]``.
 """
 
-from moelab.bench.core import SUITES, Figure, median_time, run_suites
+from moelab.bench.core import BENCH_SUITES, Figure, median_time, run_suites
 
-__all__ = ["SUITES", "Figure", "median_time", "run_suites"]
+__all__ = ["BENCH_SUITES", "Figure", "median_time", "run_suites"]

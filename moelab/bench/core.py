@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 # suite name -> module; each module exposes run(quick: bool) -> list[Figure]
-SUITES: dict[str, str] = {
+BENCH_SUITES: dict[str, str] = {
     "costmodel": "moelab.bench.costmodel",
     "afd": "moelab.bench.afd",
     "dsd": "moelab.bench.dsd",
@@ -65,12 +65,12 @@ def median_time(fn: Callable[[], object], *, repeat: int = 7, warmup: int = 1) -
 
 def run_suites(names: Iterable[str] | None = None, *, quick: bool = False) -> list[Figure]:
     """Run the named suites (all when ``names`` is empty) and return their figures."""
-    names = list(names or SUITES)
-    unknown = [n for n in names if n not in SUITES]
+    names = list(names or BENCH_SUITES)
+    unknown = [n for n in names if n not in BENCH_SUITES]
     if unknown:
-        raise ValueError(f"benchmark suite must be one of {sorted(SUITES)}; got {unknown}")
+        raise ValueError(f"benchmark suite must be one of {sorted(BENCH_SUITES)}; got {unknown}")
     figures: list[Figure] = []
     for name in names:
-        module = importlib.import_module(SUITES[name])
+        module = importlib.import_module(BENCH_SUITES[name])
         figures.extend(module.run(quick=quick))
     return figures

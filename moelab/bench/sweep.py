@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 from moelab.bench.core import Figure
+from moelab.sweep import run_sweep
+from moelab.sweep.backends import ray_session
 
 SUITE = "sweep"
 _MASK = (1 << 64) - 1
@@ -43,8 +45,6 @@ def _load() -> str:
 
 
 def run(quick: bool = False) -> list[Figure]:
-    from moelab.sweep import run_sweep
-    from moelab.sweep.backends import ray_session
 
     n, points, n_noop = (200_000, 8, 100) if quick else (500_000, 16, 400)
     grid = {"n": [n], "seed": list(range(points))}

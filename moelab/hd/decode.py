@@ -33,6 +33,7 @@ import numpy as np
 
 from moelab._validate import check_int, check_real, rng_from
 from moelab.hd.drafters import Drafter, NoDrafter
+from moelab.models.lm import LMSession
 
 
 @dataclass
@@ -195,8 +196,6 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
     -------
     GenerationResult
     """
-    from moelab.models.lm import LMSession
-
     ids = _validate(prompt_ids, max_new_tokens, temperature)
     rng = rng_from(seed)
     eos = set() if eos_token_id is None else ({int(eos_token_id)} if np.isscalar(eos_token_id)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from moelab._validate import check_int
-from moelab.hd.policy import AcceptanceModel, VerifyCost, check_budget, observe, plan
+from moelab.costmodel.verify import VerifyCost
+from moelab.hd.policy import AcceptanceModel, check_budget, observe, plan
 from moelab.hd.stores import ContextStore, Store
 
 STORE_LETTERS = "WSL"

@@ -1,9 +1,7 @@
-"""One HD drafter for both engines: the stores and the drafting methods by name.
+"""HD's drafters for a batching engine (vLLM): the stores and the per-row drafters of an adapter config.
 
-* HF transformers (:mod:`moelab.hd.decode`): tree verification, exact per-store accounting (research).
-* vLLM (:mod:`moelab.hd.vllm_adapter` + :mod:`moelab.hd.rows`): one chain per request (deployment speed).
-
-Both take their drafters from here, so a method name means the same store walk in both engines.
+The HF engine's drafters come from :func:`moelab.hd.methods.make_hf_drafter`; both follow the one method
+table (:data:`moelab.hd.methods.METHODS`), so a method name means the same store walk in both engines.
 """
 
 from __future__ import annotations
@@ -12,14 +10,17 @@ from functools import lru_cache
 from typing import Any
 
 from moelab._validate import check_int
+from moelab.costmodel.verify import VerifyCost
 from moelab.hd.drafters import CostAwareDrafter, Draft, Drafter, HierarchyDrafter, check_order
-from moelab.hd.policy import AcceptanceModel, VerifyCost, check_budget
+from moelab.hd.policy import AcceptanceModel, check_budget
 from moelab.hd.rows import RowDrafters
+from moelab.hd.stores import load_default_model_store, load_default_statistics_store, load_store
 
 
 @lru_cache(maxsize=4)
 def _tokenizer(path: str) -> Any:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers pulls in torch
+
 
     return AutoTokenizer.from_pretrained(path)
 
@@ -28,8 +29,6 @@ def load_stores(tokenizer: Any, *, s_path: str | None = None, l_max_tokens: int 
                 need: str = "SL") -> tuple[Any, Any]:
     """S (n-gram table; the shipped file unless ``s_path``) and L (the ShareGPT suffix index), checked
     against ``tokenizer``; only the letters in ``need`` are loaded (the others are None)."""
-    from moelab.hd.stores import load_default_model_store, load_default_statistics_store, load_store
-
     S = L = None
     if "S" in need:
         S = load_store(s_path, tokenizer, "model") if s_path else load_default_model_store(tokenizer)
@@ -78,7 +77,7 @@ def make_row_drafters(cfg: dict[str, Any], *, tokenizer_path: str, budget: int) 
     c = cfg.get("cost")
     if not isinstance(c, dict):
         raise ValueError("method 'hd' (cost-aware) needs cfg['cost'] = {'qs': [...], 'ms': [...]}, the measured "
-                         "verify-cost curve (moelab.hd.vllm_worker.measure_vllm_cost)")
+                         "verify-cost curve (moelab.bench.specbench.measure_vllm_cost)")
     cost = VerifyCost(c["qs"], c["ms"], c.get("source", ""))
     shared = AcceptanceModel()
     return RowDrafters(
@@ -87,33 +86,4 @@ def make_row_drafters(cfg: dict[str, Any], *, tokenizer_path: str, budget: int) 
         lambda d, m: d.draft(m))
 
 
-def make_hf_drafter(method: str, S: Any, L: Any, *, budget: int = 8, cost: VerifyCost | None = None,
-                    acceptance: AcceptanceModel | None = None) -> Drafter:
-    """A drafter for the HF engine at an equal verification ``budget`` (draft tokens per forward).
-
-    ``"HD"`` = cost-aware HD (needs ``cost``), ``"HD-fixed"`` = the hierarchy's tree with
-    ``budget // 4`` candidates of 4 tokens (28 = the paper's 7x4), ``"PLD"`` = a chain of ``budget``
-    tokens, ``"REST"`` = L alone (as HD-fixed), ``"AR"`` = nothing."""
-    from moelab.hd.drafters import NoDrafter, PLDDrafter
-
-    budget = check_budget(budget)
-    if method == "AR":
-        return NoDrafter()
-    if method == "PLD":
-        return PLDDrafter(num_pred_tokens=budget)
-    length = min(4, budget)
-    n_cand = max(1, budget // length)
-    if method in ("HD-fixed", "REST"):
-        order = "L" if method == "REST" else "WSL"
-        return HierarchyDrafter(S, L if "L" in order else None, order=order, max_candidates=n_cand, length=length)
-    if method == "HD":
-        if cost is None:
-            raise ValueError("method 'HD' (cost-aware) needs the measured verify-cost curve `cost`")
-        # candidates the plan could keep (one more than the budget fills, so it has a choice); more would
-        # only make the walk reach L for candidates that are then cut
-        inner = HierarchyDrafter(S, L, order="WSL", max_candidates=min(7, n_cand + 1), length=length)
-        return CostAwareDrafter(inner, cost, budget=budget, acceptance=acceptance)
-    raise ValueError(f"method must be one of ['AR', 'PLD', 'HD', 'HD-fixed', 'REST']; got {method!r}")
-
-
-__all__ = ["load_stores", "make_hf_drafter", "make_row_drafters"]
+__all__ = ["load_stores", "make_row_drafters"]

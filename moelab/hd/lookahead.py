@@ -3,7 +3,7 @@
 The paper fills W also with n-grams that a Lookahead/Jacobi window produces: ``n`` extra guessed positions
 verified in the same forward as the draft, whose outputs become n-grams for later steps. Those positions
 cost verification time now and can only pay back later, through extra accepted tokens. With ``c(q)`` the
-measured time of one target forward over ``q`` tokens (:class:`moelab.hd.policy.VerifyCost`), a best draft
+measured time of one target forward over ``q`` tokens (:class:`moelab.costmodel.verify.VerifyCost`), a best draft
 of ``K`` tokens with ``E`` expected tokens per step (accepted + bonus), and ``g`` the extra accepted tokens
 per step that each window token brings, the window pays iff
 
@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from moelab._validate import check_int, check_real
-from moelab.hd.policy import MAX_BUDGET, VerifyCost
+from moelab.costmodel.verify import VerifyCost
+from moelab.hd.policy import MAX_BUDGET
 
 PUBLISHED_LOOKAHEAD_MAT = 1.64  # Spec-Bench leaderboard, Vicuna-7B v1.3 (A100 and RTX3090 rows agree)
 MIN_LOOKAHEAD_WINDOW_TOKENS = 28  # 7 window positions x (5 - 1) levels

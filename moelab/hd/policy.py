@@ -6,146 +6,29 @@ where ``alpha`` is the running per-store acceptance rate (accepted / tried over 
 was accepted, with a Beta(1, 1) prior), learned from the verification outcomes of earlier steps. The
 expected tokens of a step that verifies the ``K`` most likely nodes are ``1 + sum(p)`` (the bonus token
 always comes), its cost ``c(K + 1)``, the measured time of one target forward over ``K + 1`` tokens
-(:class:`VerifyCost`). The policy keeps the ``K`` that maximises expected tokens per unit of cost,
+(:class:`moelab.costmodel.verify.VerifyCost`). The policy keeps the ``K`` that maximises expected tokens per unit of cost,
 subject to the budget; ``K = 0`` (draft nothing) wins when no store is confident enough to pay for
 the extra verified tokens.
 
-The measured cost curve is cached per machine and model (:func:`cached_verify_cost`).
+The measured cost curve is cached per machine and model (:func:`moelab.costmodel.verify.cached_verify_cost`).
 """
 
 from __future__ import annotations
 
-import json
-import platform
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from moelab._validate import check_int
+from moelab.costmodel.verify import TABLE_MAX_Q, VerifyCost
 
 BUDGETS = (4, 8, 16, 28)  # draft tokens verified per forward; 28 = the paper's 7 candidates x 4 tokens
-MAX_BUDGET = 64
+MAX_BUDGET = TABLE_MAX_Q - 1  # the cost table covers every budget's K + 1 tokens
 
 
 def check_budget(budget: int) -> int:
     """Validate a verification budget (draft tokens per forward, 1..64)."""
     return check_int("budget", budget, low=1, high=MAX_BUDGET)
-
-
-@dataclass
-class VerifyCost:
-    """Measured cost of one target forward over ``q`` tokens (ms), linearly interpolated in ``q``.
-
-    Parameters
-    ----------
-    qs, ms : sequences
-        Measured points (``qs`` increasing, starting at 1).
-    source : str
-        Where the points come from (engine, machine, model, date).
-    """
-
-    qs: Sequence[int]
-    ms: Sequence[float]
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        q = np.asarray(self.qs, dtype=float)
-        m = np.asarray(self.ms, dtype=float)
-        if q.ndim != 1 or q.size < 1 or q.shape != m.shape or q[0] != 1 or np.any(np.diff(q) <= 0):
-            raise ValueError("qs must be increasing, start at 1 and have one ms per entry")
-        if not np.all(np.isfinite(m)) or np.any(m <= 0):
-            raise ValueError("ms must be finite and > 0")
-        self._q, self._m = q, m
-
-    def __call__(self, q: np.ndarray | float) -> np.ndarray:
-        q = np.asarray(q, dtype=float)
-        out = np.interp(q, self._q, self._m)
-        if self._q.size >= 2:  # beyond the last point: continue the last slope
-            slope = (self._m[-1] - self._m[-2]) / (self._q[-1] - self._q[-2])
-            out = np.where(q > self._q[-1], self._m[-1] + slope * (q - self._q[-1]), out)
-        return out
-
-    @property
-    def table(self) -> list[float]:
-        """``c(q)`` for ``q = 0 .. MAX_BUDGET + 1`` as a plain list (the per-step planner reads it)."""
-        t = getattr(self, "_table", None)
-        if t is None:
-            t = self._table = [float(x) for x in self(np.arange(MAX_BUDGET + 2))]
-        return t
-
-    def draft_threshold(self, budget: int) -> float:
-        """A node probability that no draft node reaching it pays at ``budget``: when every node of a draft
-        is less likely than this, ``K = 0`` beats every ``K <= budget`` (``(1 + K p) / c(K + 1) < 1 / c(1)``
-        for ``p`` below ``(c(K + 1) / c(1) - 1) / K``; a 1e-9 relative margin covers rounding). Cached."""
-        th = getattr(self, "_thresholds", None)
-        if th is None:
-            th = self._thresholds = {}
-        v = th.get(budget)
-        if v is None:
-            t = self.table
-            v = th[budget] = min((t[k + 1] / t[1] * (1 - 1e-9) - 1) / k for k in range(1, budget + 1))
-        return v
-
-    def relative(self, q: np.ndarray | float) -> np.ndarray:
-        """Cost relative to one token (``c(q) / c(1)``)."""
-        return self(q) / self._m[0]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"qs": [int(x) for x in self._q], "ms": [float(x) for x in self._m], "source": self.source}
-
-
-def robust_curve(qs: Sequence[int], ms: Sequence[float], source: str = "") -> VerifyCost:
-    """A cost curve from noisy timings (e.g. minima over repeats on a shared machine): the least-squares
-    line ``a + b * q`` with ``b >= 0`` through the points, so one preempted measurement cannot make every
-    larger ``q`` look expensive (a running maximum would) or a larger ``q`` look cheaper than a smaller one."""
-    q = np.asarray(qs, dtype=float)
-    m = np.asarray(ms, dtype=float)
-    if q.size < 2:
-        return VerifyCost(q.astype(int).tolist(), m.tolist(), source)
-    b, a = np.polyfit(q, m, 1)
-    if b < 0:
-        b, a = 0.0, float(np.mean(m))
-    fit = np.maximum(a + b * q, 1e-3)
-    return VerifyCost(q.astype(int).tolist(), fit.tolist(), f"{source}; linear fit a + b*q to the measured points "
-                                                            f"{[round(float(x), 2) for x in m]} ms")
-
-
-def machine_id() -> str:
-    """A short name for this machine (host, CPU model, cores): the key of cached cost curves."""
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import os
-
-    raw = f"{platform.node()}|{cpu}|{os.cpu_count()}"
-    return "".join(c if c.isalnum() else "-" for c in raw)[:80]
-
-
-def cached_verify_cost(engine: str, model: str, measure: Callable[[], VerifyCost], *, refresh: bool = False) -> VerifyCost:
-    """The verify-cost curve of ``model`` on ``engine`` for this machine: read from the cache, or measured
-    once with ``measure()`` and cached (``cache_dir()/hd/verify-cost/<engine>-<model>-<machine>.json``)."""
-    from moelab._io import atomic_write_json, read_json
-    from moelab.datasets import cache_dir
-
-    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{engine}-{model}-{machine_id()}")
-    path = cache_dir() / "hd" / "verify-cost" / f"{slug}.json"
-    if path.is_file() and not refresh:
-        d = read_json(path)
-        try:
-            return VerifyCost(d["qs"], d["ms"], d.get("source", ""))
-        except (KeyError, TypeError, ValueError):
-            pass  # a damaged cache entry is measured again
-    vc = measure()
-    atomic_write_json(path, vc.as_dict())
-    return vc
 
 
 @dataclass
@@ -339,11 +222,4 @@ def observe(model: AcceptanceModel, candidates: Sequence[Sequence[int]], sources
         model.record(src, alt, depth < len(acc) and acc[depth] == t)
 
 
-def load_curve_json(path: str | Path) -> VerifyCost:
-    """A cost curve from a JSON file ``{"qs": [...], "ms": [...], "source": ...}``."""
-    d = json.loads(Path(path).read_text(encoding="utf-8"))
-    return VerifyCost(d["qs"], d["ms"], d.get("source", ""))
-
-
-__all__ = ["BUDGETS", "MAX_BUDGET", "AcceptanceModel", "VerifyCost", "cached_verify_cost", "check_budget",
-           "load_curve_json", "machine_id", "observe", "plan", "robust_curve"]
+__all__ = ["BUDGETS", "MAX_BUDGET", "AcceptanceModel", "check_budget", "observe", "plan"]

@@ -2,7 +2,7 @@
 
 Every one of Spec-Bench's 480 questions is evaluated. No store is built from Spec-Bench: S comes from
 the target's own outputs on ShareGPT prompts that share no 64-character stretch with any Spec-Bench
-turn, and L from ShareGPT conversations (:mod:`moelab.hd.builders`), so no store has seen a question it
+turn, and L from ShareGPT conversations (:mod:`moelab.make.hd_stores`), so no store has seen a question it
 is evaluated on. (An earlier version kept every fourth question per category apart to build S from; the
 ``"store"`` split is gone with it.) The CI / benchmark slice takes the first ``per_category`` questions of
 each category by id. Only the first turn of each question is used (MT-bench's second turn needs the

@@ -3,14 +3,14 @@
 * **W** (:class:`ContextStore`) — per request: n-grams of the prompt and of the tokens accepted so far,
   keyed by the last 1-2 tokens, LRU per key (most recent continuation first).
 * **S** — model-dependent: the top-100k n-grams of the TARGET model's own greedy outputs on ShareGPT
-  prompts disjoint from Spec-Bench (built by :mod:`moelab.hd.builders`, ``moelab build-hd-stores``);
+  prompts disjoint from Spec-Bench (built by :mod:`moelab.make.hd_stores`, ``moelab build-hd-stores``);
   the one for SmolLM2-135M-Instruct ships in ``data/hd/``.
 * **L** — statistics-dependent: REST's exact suffix index over ShareGPT (:class:`moelab.hd.suffix.SuffixStore`),
   built once per tokenizer into the cache dir.
 
 S and L files record the tokenizer's identity; loading one with another tokenizer is a
 :class:`StoreFileError` naming the file and the field. This module builds nothing (see
-:mod:`moelab.hd.builders`), so it imports neither models nor decoding.
+:mod:`moelab.make.hd_stores`), so it imports neither models nor decoding.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from moelab._validate import check_int
+from moelab.datasets import repo_root
 from moelab.hd.identity import store_meta, tokenizer_identity
 from moelab.hd.ngram import NGramTable, StoreFileError
 from moelab.hd.suffix import L_MAX_TOKENS, SuffixStore, load_sharegpt_suffix_store
@@ -109,8 +110,6 @@ class ContextStore:
 
 def default_store_path(kind: str) -> Path:
     """The shipped S (``"model"``) store for the default target, SmolLM2-135M-Instruct."""
-    from moelab.datasets import repo_root
-
     letter = {"model": "S", "statistics": "L"}.get(kind)
     if letter is None:
         raise ValueError(f"kind must be one of ['model', 'statistics']; got {kind!r}")

@@ -28,8 +28,10 @@ import numpy as np
 
 from moelab._io import atomic_save_npz
 from moelab._validate import check_int
+from moelab.datasets import cache_dir
 from moelab.hd.identity import store_meta, tokenizer_identity
 from moelab.hd.ngram import StoreFileError, load_store_npz, read_store_meta
+from moelab.models.corpus import sharegpt_conversations
 
 FORMAT = "moelab.hd.suffix/1"
 L_MAX_TOKENS = 8_000_000  # ShareGPT tokens indexed by the default L (REST indexes all of ShareGPT)
@@ -347,8 +349,6 @@ def sharegpt_token_documents(tokenizer: Any, *, max_tokens: int = L_MAX_TOKENS, 
                              batch: int = 512) -> tuple[list[np.ndarray], dict[str, Any]]:
     """ShareGPT turns (every role) tokenized by ``tokenizer``, one document per turn, conversations taken from
     the front of the file until ``max_tokens`` tokens (never past the part reserved for S's prompts)."""
-    from moelab.models.corpus import sharegpt_conversations
-
     check_int("max_tokens", max_tokens, low=1)
     prov: dict[str, Any] = {}
     if conversations is None:
@@ -382,8 +382,6 @@ def build_sharegpt_suffix_store(tokenizer: Any, *, max_tokens: int = L_MAX_TOKEN
 
 def sharegpt_suffix_store_path(tokenizer: Any, max_tokens: int = L_MAX_TOKENS) -> Path:
     """Cache location of the ShareGPT suffix store for ``tokenizer`` (built once per tokenizer and size)."""
-    from moelab.datasets import cache_dir
-
     sha = tokenizer_identity(tokenizer)["sha256"][:12]
     return cache_dir() / "hd" / f"L-sharegpt-suffix-{sha}-{max_tokens}.npz"
 

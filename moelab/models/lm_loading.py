@@ -15,6 +15,7 @@ from typing import Any
 
 from moelab._io import atomic_write_json, read_json
 from moelab._validate import check_choice, check_int
+from moelab.datasets import cache_dir
 
 
 @dataclass(frozen=True)
@@ -100,13 +101,14 @@ def _gguf_cache_key(name: str, gguf: Path, spec: PackagedGGUF | None) -> str:
 
 
 def _torch_dtype(dtype: str):
-    import torch
+    import torch  # lazy: torch is heavy and optional
 
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[dtype]
 
 
 def _load_gguf(gguf: Path):
     """Dequantize a GGUF into a transformers model (fp32) + tokenizer, without needing accelerate."""
+    # lazy: torch and transformers are heavy and optional (import moelab.models stays light)
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -127,7 +129,7 @@ def _load_gguf(gguf: Path):
 
 def _write_cache(folder: Path, model, tokenizer, meta: dict[str, Any]) -> None:
     """Write config + safetensors + tokenizer into a temp folder, then rename it into place."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # lazy: torch is heavy and optional
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
@@ -150,7 +152,7 @@ def _write_cache(folder: Path, model, tokenizer, meta: dict[str, Any]) -> None:
 
 
 def _load_folder(folder: str, dtype: str, **kw: Any):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: transformers pulls in torch
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=_torch_dtype(dtype), **kw)
     tokenizer = AutoTokenizer.from_pretrained(folder, **kw)
@@ -159,7 +161,6 @@ def _load_folder(folder: str, dtype: str, **kw: Any):
 
 def lm_cache_root() -> Path:
     """Where dequantized GGUF models are cached (``moelab.datasets.cache_dir()/lm``)."""
-    from moelab.datasets import cache_dir
 
     return cache_dir() / "lm"
 
@@ -292,7 +293,7 @@ def set_cpu_threads(n: int | None) -> int:
 
     On a shared, oversubscribed CPU, one thread per process is often several times faster than two:
     busy-waiting worker threads fight the other processes for the cores."""
-    import torch
+    import torch  # lazy: torch is heavy and optional
 
     prev = torch.get_num_threads()
     if n is not None:

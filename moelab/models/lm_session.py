@@ -24,7 +24,7 @@ class LMSession:
     """
 
     def __init__(self, model: Any) -> None:
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # lazy: transformers pulls in torch
 
         self.model = model
         self.device = next(model.parameters()).device
@@ -34,7 +34,7 @@ class LMSession:
         self.forwards = 0
 
     def _forward(self, ids, positions, mask):
-        import torch
+        import torch  # lazy: torch is heavy and optional
 
         with torch.inference_mode():
             out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask,
@@ -46,7 +46,7 @@ class LMSession:
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray | None:
         """Append ``ids`` to the cache (causal); returns the logits of the last position (None if empty)."""
-        import torch
+        import torch  # lazy: torch is heavy and optional
 
         if self._pending:
             raise RuntimeError("commit() the previous tree before prefilling more tokens")
@@ -63,7 +63,7 @@ class LMSession:
         """Score a token tree in one forward pass; returns logits ``[N, vocab]`` (row i predicts the token
         after node i). ``parents[0] == -1`` (the root) and ``parents[i] < i``. A chain (parents = i-1)
         runs without an explicit mask, exactly like plain decoding."""
-        import torch
+        import torch  # lazy: torch is heavy and optional
 
         if self._pending:
             raise RuntimeError("commit() the previous tree before the next forward_tree")
@@ -100,7 +100,7 @@ class LMSession:
 
     def commit(self, keep: Sequence[int]) -> None:
         """Keep tree nodes ``keep`` (a root-to-node path, node indices in order) in the KV cache; drop the rest."""
-        import torch
+        import torch  # lazy: torch is heavy and optional
 
         keep = [int(k) for k in keep]
         if any(k < 0 or k >= self._pending for k in keep) or keep != sorted(set(keep)):

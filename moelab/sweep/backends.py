@@ -6,9 +6,12 @@ workers on other machines need no shared file system (only moelab installed at t
 
 from __future__ import annotations
 
+import logging
+import multiprocessing as mp
 import os
 import socket
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 Point = tuple[str, dict[str, Any]]
@@ -33,9 +36,6 @@ def execute(backend: str, call: Call, fn: Callable[..., Any], name: str, todo: S
 
 def _local(call: Call, fn: Callable[..., Any], name: str, todo: Sequence[Point], *,
            workers: int | None) -> Iterator[tuple[str, bytes]]:
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
     n = min(workers or os.cpu_count() or 1, len(todo))
     # spawn: fresh interpreters, safe beside threads (BLAS, torch, a Ray driver) in this process
     with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as pool:
@@ -78,7 +78,7 @@ def ray_session(workers: int | None = None, address: str | None = None) -> tuple
     """``(ray, started_here)``: the running Ray session (reused), else one joined (``address`` or
     ``$RAY_ADDRESS``) or started on this machine with ``workers`` CPUs and no dashboard."""
     try:
-        import ray
+        import ray  # lazy: Ray is an optional extra and slow to import
     except ImportError:
         raise ValueError("the ray backend needs Ray: pip install 'moelab[ray]'") from None
     address = ray_address(address)
@@ -86,8 +86,6 @@ def ray_session(workers: int | None = None, address: str | None = None) -> tuple
         check_reachable(address)
     if ray.is_initialized():
         return ray, False
-    import logging
-
     if address is None:
         try:
             ray.init(num_cpus=workers or min(4, os.cpu_count() or 1), include_dashboard=False,

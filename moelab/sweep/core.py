@@ -13,6 +13,7 @@ key) is recomputed with a :class:`SweepCacheWarning` naming the file. Results ar
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import io
@@ -31,11 +32,15 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm.auto import tqdm
 
 from moelab import __version__
 from moelab._io import atomic_write_bytes
 from moelab._validate import check_choice, check_int
-from moelab.sweep import backends
+from moelab.datasets import cache_dir as moelab_cache_dir
+from moelab.sweep.backends import execute
 
 BACKENDS = ("serial", "local", "ray")
 MAX_ENTRY_BYTES = 64 * 2**20  # one cache entry; larger files are not read
@@ -112,8 +117,6 @@ def parse_grid_args(pairs: Sequence[str]) -> dict[str, list[Scalar]]:
 
     Values are Python literals where they parse as one (``20``, ``0.1``, ``True``, ``None``), else
     strings. An empty list (``rate=``) and a name given twice are errors."""
-    import ast
-
     out: dict[str, list[Scalar]] = {}
     for pair in pairs:
         name, sep, raw = pair.partition("=")
@@ -257,9 +260,6 @@ def _same(a: Any, b: Any) -> bool:
 
 def encode_entry(key: str, params: Mapping[str, Scalar], rows: list[dict[str, Any]]) -> bytes:
     """Parquet bytes of one point's rows, with its key and parameters in the schema metadata."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     table = pa.Table.from_pandas(pd.DataFrame(rows), preserve_index=False)
     meta = dict(table.schema.metadata or {})
     meta[_KEY_META] = key.encode()
@@ -271,9 +271,6 @@ def encode_entry(key: str, params: Mapping[str, Scalar], rows: list[dict[str, An
 
 def decode_entry(data: bytes, key: str, source: str = "<bytes>") -> pd.DataFrame:
     """The rows of a cache entry; ``ValueError`` when it is unreadable or belongs to another key."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     try:
         table = pq.read_table(io.BytesIO(data))
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -401,9 +398,7 @@ def run_sweep(
     if code is None:
         code = code_version(fn.__module__)
     if cache_dir is None:
-        from moelab.datasets import cache_dir as _cache_root
-
-        cache_dir = _cache_root() / "sweep"
+        cache_dir = moelab_cache_dir() / "sweep"
     cache = ResultCache(cache_dir)
     keys = [point_key(name, p, code, data) for p in points]
     if len(set(keys)) != len(keys):
@@ -430,12 +425,10 @@ def run_sweep(
         return SweepResult(frame, keys, 0, n_cached, [], time.perf_counter() - t0, backend, Path(cache_dir),
                            missing=len(todo))
 
-    from tqdm.auto import tqdm
-
     bar = tqdm(total=len(keys), initial=n_cached, desc=desc or name.split(":")[-1], unit="pt",
                disable=not progress, leave=progress)
     try:
-        for key, blob in backends.execute(backend, _call, fn, name, todo, workers=workers, address=address):
+        for key, blob in execute(backend, _call, fn, name, todo, workers=workers, address=address):
             cache.store(key, blob)  # at once: an interrupted sweep keeps every finished point
             frames[key] = decode_entry(blob, key)
             bar.update(1)

@@ -3,24 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 import warnings
 from pathlib import Path
 
 from moelab._io import atomic_write_bytes
+from moelab.bench.suites import SWEEP_SUITES, get_suite, run_named_suite
+from moelab.sweep.core import BACKENDS, parse_grid_args
+from moelab.sweep.suite import coerce
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from moelab.sweep.core import BACKENDS
-    from moelab.sweep.suites import SUITES
-
     lines = "\n".join(f"  {s.name:<14}{s.description}\n  {'':<14}parameters: {', '.join(s.params)}"
-                      for s in SUITES.values())
+                      for s in SWEEP_SUITES.values())
     p = argparse.ArgumentParser(
         prog="moelab sweep", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run an experiment grid with a result cache (reruns compute only missing points).",
         epilog=f"suites:\n{lines}\n\nexample: moelab sweep eldr --grid rate=20,60,100 K=8,16 tau=0.05,0.1 --backend ray")
-    p.add_argument("suite", help=f"one of {', '.join(SUITES)}")
+    p.add_argument("suite", help=f"one of {', '.join(SWEEP_SUITES)}")
     p.add_argument("--backend", default="local", choices=BACKENDS,
                    help="serial (this process), local (process pool, default) or ray")
     p.add_argument("--address", help="Ray cluster to join (host:port, ray://host:port, auto); default $RAY_ADDRESS, "
@@ -57,17 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     old_show = warnings.showwarning
     warnings.showwarning = show
     try:
-        from moelab.sweep.core import parse_grid_args
-        from moelab.sweep.suites import coerce, get_suite, run_suite
-
         suite = get_suite(args.suite)
         overrides = parse_grid_args(args.grid)
         grid = coerce(suite, suite.grid(overrides))
-        res = run_suite(args.suite, overrides, out=args.out, backend=args.backend, workers=args.workers,
+        res = run_named_suite(args.suite, overrides, out=args.out, backend=args.backend, workers=args.workers,
                         address=args.address, progress=not args.no_progress, compute=not args.cached_only)
         out = Path(args.out).expanduser().resolve()
-        import io
-
         if args.cached_only:
             if len(res.frame):
                 print(_summary(res, suite, grid))

@@ -17,6 +17,7 @@ offline corpus) so that :mod:`moelab.hd.stores` needs neither decoding nor model
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import sys
@@ -26,12 +27,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from moelab._io import atomic_save_npz, load_npz
 from moelab._validate import check_choice, check_int
+from moelab.datasets import cache_dir, load_spec_bench
+from moelab.hd.decode import generate
 from moelab.hd.ngram import NGramTable
-from moelab.hd.stores import load_default_statistics_store, store_meta
+from moelab.hd.stores import default_model_store_path, load_default_statistics_store, store_meta
 from moelab.hd.suffix import L_MAX_TOKENS, S_RESERVED_TAIL, sharegpt_suffix_store_path
+from moelab.models.corpus import sharegpt_conversations
+from moelab.models.lm import DEFAULT_LM, chat_prompt_ids, greedy_generate_batch, lm_folder, load_lm
+from moelab.models.vllm_engine import generate as vllm_generate
+from moelab.models.vllm_engine import make_engine
 
 S_PROMPTS = 1000
 S_MAX_NEW_TOKENS = 128
@@ -46,8 +54,6 @@ def _norm(text: str) -> str:
 
 
 def _spec_bench_texts() -> list[str]:
-    from moelab.datasets import load_spec_bench
-
     df = load_spec_bench()
     out = []
     for turns in df["turns"]:
@@ -75,9 +81,6 @@ def sharegpt_s_prompts(tokenizer: Any, *, n: int = S_PROMPTS, max_prompt_tokens:
     stretch with any Spec-Bench turn. Returns the ids and provenance (conversation indices, counts of
     what was skipped and why); fewer than ``n`` prompts is reported, not padded.
     """
-    from moelab.models.corpus import sharegpt_conversations
-    from moelab.models.lm import chat_prompt_ids
-
     check_int("n", n, low=1, high=S_RESERVED_TAIL)
     check_int("max_prompt_tokens", max_prompt_tokens, low=8, high=4096)
     prov: dict[str, Any] = {}
@@ -129,8 +132,6 @@ def sharegpt_s_prompts(tokenizer: Any, *, n: int = S_PROMPTS, max_prompt_tokens:
 
 # ------------------------------------------------------------------------------------------ S generation
 def _gen_cache_dir(key: str) -> Path:
-    from moelab.datasets import cache_dir
-
     return cache_dir() / "hd" / f"s-outputs-{key}"
 
 
@@ -170,8 +171,6 @@ def target_outputs_vllm(model_dir: str | Path, prompts: Sequence[Sequence[int]],
     ``cached_only`` returns only the chunks already generated (in order, stopping at the first missing one)
     without starting an engine: S from a partial run, its prompt count reported as it is.
     """
-    from moelab.models.vllm_engine import generate, make_engine
-
     check_int("max_new_tokens", max_new_tokens, low=1, high=4096)
     check_int("chunk", chunk, low=1)
     if not prompts:
@@ -192,7 +191,7 @@ def target_outputs_vllm(model_dir: str | Path, prompts: Sequence[Sequence[int]],
             if engine is None:
                 engine = make_engine(model_dir, max_model_len=max(1024, max(len(p) for p in prompts) + max_new_tokens),
                                      max_num_seqs=max_num_seqs, kv_cache_gib=kv_cache_gib)
-            gens = generate(engine, part, max_new_tokens, progress=False)
+            gens = vllm_generate(engine, part, max_new_tokens, progress=False)
             got = [list(g.output_ids) for g in gens]
             _save_chunk(path, got)
             gen_tokens += sum(len(g) for g in got)
@@ -216,9 +215,6 @@ def target_greedy_outputs(model: Any, tokenizer: Any, prompts: Sequence[str], *,
     ``batch_size=None`` decodes one prompt at a time with exact greedy decoding (what a CPU does best: no
     padding of long prompts); an int uses left-padded batches through ``transformers.generate`` (GPUs).
     """
-    from moelab.hd.decode import generate
-    from moelab.models.lm import chat_prompt_ids, greedy_generate_batch
-
     if not prompts:
         raise ValueError("prompts must not be empty")
     check_int("max_new_tokens", max_new_tokens, low=1)
@@ -227,8 +223,6 @@ def target_greedy_outputs(model: Any, tokenizer: Any, prompts: Sequence[str], *,
                                      batch_size=batch_size, progress=progress)
     it: Iterable[str] = prompts
     if progress:
-        from tqdm.auto import tqdm
-
         it = tqdm(prompts, desc="target greedy outputs")
     return [generate(model, chat_prompt_ids(tokenizer, p), None, max_new_tokens=max_new_tokens,
                      eos_token_id=tokenizer.eos_token_id).tokens for p in it]
@@ -293,13 +287,10 @@ def build_s_store(*, model: str | None = None, prompts: int = S_PROMPTS, max_new
                   out: str | Path | None = None, engine: str = "vllm", cached_only: bool = False,
                   progress: bool = True) -> Path:
     """Generate the target's outputs on ShareGPT prompts and write S (default: ``data/hd/<lm>.S.npz``)."""
-    from moelab.hd.stores import default_model_store_path
-    from moelab.models.lm import DEFAULT_LM, lm_folder, load_lm
-
     check_choice("engine", engine, ("vllm", "hf"))
     name = model or DEFAULT_LM
     folder = lm_folder(name)
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers pulls in torch
 
     tok = AutoTokenizer.from_pretrained(str(folder))
     tok.moelab_name = name
@@ -314,8 +305,6 @@ def build_s_store(*, model: str | None = None, prompts: int = S_PROMPTS, max_new
             raise ValueError("no generated S outputs are cached yet; run without --cached-only first")
         info = {**info, "prompts_used": len(outputs)}
     else:
-        from moelab.hd.decode import generate
-
         m, tok = load_lm(name)
         outputs = [generate(m, p, None, max_new_tokens=max_new_tokens, eos_token_id=tok.eos_token_id).tokens
                    for p in ids]
@@ -329,8 +318,6 @@ def build_s_store(*, model: str | None = None, prompts: int = S_PROMPTS, max_new
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``moelab build-hd-stores``: build S (target outputs on ShareGPT) and/or L (ShareGPT suffix index)."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="moelab build-hd-stores", description=main.__doc__)
     ap.add_argument("--stores", default="SL", help="which stores to build: S, L or SL (default SL)")
     ap.add_argument("--model", default=None, help="target LM (default: smollm2-135m-instruct)")
@@ -351,9 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_int("--l-max-tokens", args.l_max_tokens, low=1000)
         check_choice("--engine", args.engine, ("vllm", "hf"))
         if "L" in stores:
-            from transformers import AutoTokenizer
-
-            from moelab.models.lm import DEFAULT_LM, lm_folder
+            from transformers import AutoTokenizer  # lazy: transformers pulls in torch
 
             tok = AutoTokenizer.from_pretrained(str(lm_folder(args.model or DEFAULT_LM)))
             tok.moelab_name = args.model or DEFAULT_LM

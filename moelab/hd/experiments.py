@@ -1,4 +1,5 @@
-"""Spec-Bench-style evaluation of database drafters on a real target model.
+"""HD's own experiment: Spec-Bench-style evaluation of the drafters at an equal budget on a real target model
+(HF transformers, tree verification; :func:`run_hf`), and its tables.
 
 Conventions (Spec-Bench): *mean accepted tokens* = tokens produced per target forward (1.00 for AR),
 pooled over the steps of a category; *speedup* = mean per-question tokens/s of a method over that of AR.
@@ -33,45 +34,19 @@ import pandas as pd
 
 from moelab._io import atomic_write_text
 from moelab._validate import check_int, check_real
+from moelab.costmodel.verify import VerifyCost, cached_verify_cost, fit_verify_cost
 from moelab.datasets import SPEC_BENCH_CATEGORIES
 from moelab.hd.decode import GenerationResult, generate, replay_greedy
-from moelab.hd.drafters import Drafter, HierarchyDrafter, NoDrafter, PLDDrafter, check_order
+from moelab.hd.drafters import Drafter, NoDrafter
+from moelab.hd.methods import get_method, make_hf_drafter
+from moelab.hd.policy import BUDGETS, check_budget
 from moelab.hd.stores import Store
+from moelab.models.lm import chat_prompt_ids, verify_cost_curve
 
-DEFAULT_METHODS = ("AR", "PLD", "W", "S", "L", "HD(WSL)", "HD(LSW)", "HD(SWL)")
-
-
-def make_drafter(method: str, model_store: Store | None = None, statistics_store: Store | None = None, *,
-                 max_candidates: int = 7, length: int = 4) -> Drafter:
-    """A fresh drafter for a method name: ``AR``, ``PLD``, a single store ``W``/``S``/``L`` (or
-    ``W-only``), or HD with an order: ``HD`` (= WSL), ``HD(LSW)``, or just the letters ``WSL``."""
-    if not isinstance(method, str) or not method:
-        raise ValueError(f"method must be a non-empty string; got {method!r}")
-    if method == "AR":
-        return NoDrafter()
-    if method == "PLD":
-        return PLDDrafter()
-    order = method
-    if method == "HD":
-        order = "WSL"
-    elif method.startswith("HD(") and method.endswith(")"):
-        order = method[3:-1]
-    elif method.endswith("-only"):
-        order = method[:-5]
-    try:
-        check_order(order)
-    except ValueError:
-        raise ValueError(f"method must be 'AR', 'PLD', 'HD', 'HD(<order>)', a store order such as 'WSL', or a "
-                         f"single store 'W'/'S'/'L'; got {method!r}") from None
-    return HierarchyDrafter(model_store, statistics_store, order=order, max_candidates=max_candidates,
-                            length=length)
-
-
-def method_label(method: str) -> str:
-    """Canonical display name (``W`` -> ``W-only``, ``HD`` -> ``HD(WSL)``, ``LSW`` -> ``HD(LSW)``)."""
-    if method in ("AR", "PLD"):
-        return method
-    return make_drafter(method, object(), object()).name
+#: the budget of the per-category tables and of the measured (wall-clock) runs
+BUDGET = 8
+#: the methods of the equal-budget experiment, every one at every budget (AR runs once, as the reference)
+HF_METHODS = ("pld", "hd_fixed", "hd", "rest")
 
 
 def _row(method: str, q: pd.Series, res: GenerationResult, drafter: Drafter, measured: bool,
@@ -127,11 +102,9 @@ class SpecBenchRun:
         return out
 
 
-def run_specbench(model: Any, tokenizer: Any, questions: pd.DataFrame, *, methods: Sequence[str] = DEFAULT_METHODS,
-                  model_store: Store | None = None, statistics_store: Store | None = None,
-                  max_new_tokens: int = 32, max_candidates: int = 7, length: int = 4,
-                  measure: Sequence[str] = ("HD(WSL)", "PLD"), temperature: float = 0.0, seed: int = 0,
-                  factories: Mapping[str, tuple[Callable[[], Drafter], int]] | None = None,
+def run_specbench(model: Any, tokenizer: Any, questions: pd.DataFrame, *,
+                  factories: Mapping[str, tuple[Callable[[], Drafter], int]], max_new_tokens: int = 32,
+                  measure: Sequence[str] = (), temperature: float = 0.0, seed: int = 0,
                   progress: Callable[[str], None] | None = None) -> SpecBenchRun:
     """Evaluate ``methods`` on ``questions`` (rows of :func:`moelab.hd.specbench.spec_bench_split`).
 
@@ -141,10 +114,9 @@ def run_specbench(model: Any, tokenizer: Any, questions: pd.DataFrame, *, method
         The target (e.g. from :func:`moelab.models.load_lm`).
     questions : DataFrame
         Needs ``question_id, category, prompt``.
-    methods : sequence of str
-        Method names (see :func:`make_drafter`); AR is always run.
-    model_store, statistics_store
-        S and L for the methods that use them.
+    factories : mapping
+        ``{label: (make_drafter, budget)}``: every method to run, by its row label, with a factory of fresh
+        drafters (e.g. :func:`moelab.hd.methods.make_hf_drafter` at a budget); AR is always run.
     max_new_tokens : int
         Tokens generated per question (greedy; stops early at EOS).
     measure : sequence of str
@@ -154,33 +126,28 @@ def run_specbench(model: Any, tokenizer: Any, questions: pd.DataFrame, *, method
         speculative sampling (no replay exists for sampling); ``identical`` is then None.
     seed : int
         Seeds sampling (each question and method gets its own stream derived from it).
-    factories : mapping, optional
-        ``{label: (make_drafter, budget)}``: methods built by a factory (e.g. cost-aware HD at a budget,
-        :func:`moelab.hd.engine.make_hf_drafter`); labels in ``methods`` found here use it.
     progress : callable, optional
         Called with a short status line per question.
     """
-    from moelab.models.lm import chat_prompt_ids
-
     check_int("max_new_tokens", max_new_tokens, low=1)
     check_real("temperature", temperature, low=0.0)
     check_int("seed", seed, low=0)
     if questions is None or len(questions) == 0:
         raise ValueError("questions must hold at least one row")
-    factories = dict(factories or {})
-    methods = [m if m in factories else method_label(m) for m in methods]
-    measure = {m if m in factories else method_label(m) for m in measure}
+    factories = dict(factories)
+    methods = list(factories)
+    unknown = sorted(set(measure) - set(factories))
+    if unknown:
+        raise ValueError(f"measure must name methods of factories ({methods}); got unknown {unknown}")
+    measure = set(measure)
     eos = tokenizer.eos_token_id
 
     def new_drafter(m: str) -> Drafter:
-        if m in factories:
-            return factories[m][0]()
-        return make_drafter(m, model_store, statistics_store, max_candidates=max_candidates, length=length)
+        return factories[m][0]()
 
-    def budget_of(m: str) -> int | None:
-        if m in factories:
-            return int(factories[m][1])
-        return None if m == "AR" else (10 if m == "PLD" else max_candidates * length)
+    def budget_of(m: str) -> int:
+        return int(factories[m][1])
+
     rows, step_rows = [], []
     for i, (_, q) in enumerate(questions.iterrows()):
         ids = chat_prompt_ids(tokenizer, q["prompt"])
@@ -207,7 +174,7 @@ def run_specbench(model: Any, tokenizer: Any, questions: pd.DataFrame, *, method
     steps = pd.concat(step_rows, ignore_index=True) if step_rows else pd.DataFrame(
         columns=["method", "question_id", "category", "mode", "step", "tree_size", "accepted", "draft_us", "sources"])
     config = {"methods": methods, "measure": sorted(measure), "max_new_tokens": max_new_tokens,
-              "max_candidates": max_candidates, "length": length, "n_questions": len(questions),
+              "budgets": {m: budget_of(m) for m in methods}, "n_questions": len(questions),
               "temperature": temperature, "seed": seed,
               "question_ids": [int(x) for x in questions["question_id"]],
               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -274,5 +241,42 @@ def compare_published(summary: pd.DataFrame, published: pd.DataFrame, *, device:
     return pd.DataFrame(rows)
 
 
-__all__ = ["DEFAULT_METHODS", "SpecBenchRun", "compare_published", "make_drafter", "method_label",
-           "run_specbench", "summarize"]
+def hf_cost(model: Any) -> VerifyCost:
+    """The HF verify-cost curve of ``model`` on this machine: the minima over repeats of
+    :func:`moelab.models.lm.verify_cost_curve`, fitted with ``q = 1`` apart
+    (:func:`moelab.costmodel.verify.fit_verify_cost`: one new token runs matrix-vector products, two or
+    more run matrix products, a step up in cost on a CPU); cached per machine and model."""
+
+    def measure() -> VerifyCost:
+        c = verify_cost_curve(model, qs=(1, 2, 3, 5, 9, 17, 29), context_len=256, repeat=5)
+        return fit_verify_cost(c["q"].tolist(), c["ms_min"].tolist(), "HF transformers, 1 thread, context 256, min of "
+                               f"5, measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}", first_point_apart=True)
+
+    # "hf-transformers": curves cached under "hf" were one line through every point (no q = 1 apart)
+    return cached_verify_cost("hf-transformers", model.moelab_load.name, measure)
+
+
+def run_hf(model: Any, tok: Any, questions: pd.DataFrame, S: Store, L: Store, tokens: int,
+           budgets: Sequence[int] | None = None, measure_budget: int = BUDGET, temperature: float = 0.0,
+           seed: int = 0) -> tuple[SpecBenchRun, VerifyCost]:
+    """The equal-budget experiment in HF transformers: every method of :data:`HF_METHODS` at every budget
+    (default :data:`moelab.hd.policy.BUDGETS`), replayed exactly against AR's greedy output; cost-aware HD
+    and PLD also run for real at ``measure_budget`` (speed, identity). Row labels ``"<label>@<budget>"``
+    (e.g. ``"HD@8"``). Returns the run and the verify-cost curve cost-aware HD read (:func:`hf_cost`)."""
+    budgets = tuple(budgets or BUDGETS)
+    for b in budgets:
+        check_budget(b)
+    cost = hf_cost(model)
+    factories: dict[str, tuple[Callable[[], Drafter], int]] = {}
+    for b in budgets:
+        for name in HF_METHODS:
+            factories[f"{get_method(name).label}@{b}"] = (
+                lambda name=name, b=b: make_hf_drafter(name, S, L, budget=b, cost=cost), b)
+    measure = [f"{get_method(m).label}@{measure_budget}" for m in ("hd", "pld")]
+    measure = [m for m in measure if m in factories]
+    return run_specbench(model, tok, questions, factories=factories, max_new_tokens=tokens, measure=measure,
+                         temperature=temperature, seed=seed), cost
+
+
+__all__ = ["BUDGET", "HF_METHODS", "SpecBenchRun", "compare_published", "hf_cost", "run_hf", "run_specbench",
+           "summarize"]

@@ -8,7 +8,9 @@ engines ever compute at once. Each engine lives in its own process (vLLM keeps p
 state; two engines in one process disturb each other) and answers JSON lines on a private pipe; its
 own log output goes to a file.
 
-The point function :func:`moelab.hd.vllm_worker.vllm_point` uses :func:`server`; the sweep runner
+The parent side of the process boundary (the child is :mod:`moelab.bench.specbench.engine_worker`; what
+both read is :mod:`moelab.bench.specbench.engine_protocol`). The point function
+:func:`moelab.bench.specbench.vllm_runs.vllm_point` uses :func:`server`; the sweep runner
 (``moelab sweep hd-vllm``) caches each (question, method) result, so a run resumes where it stopped.
 """
 
@@ -18,12 +20,12 @@ import atexit
 import json
 import select
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from moelab._io import atomic_write_json
+from moelab.bench.specbench.engine_protocol import worker_command, worker_env
 
 #: at most this many engines stay warm at once (each holds the model, a KV cache and, for HD/REST, L)
 MAX_ENGINES = 6
@@ -33,13 +35,13 @@ SETTLE_S = 0.3
 
 
 class EngineServer:
-    """One warm vLLM engine in a child process (``python -m moelab.hd.vllm_worker --serve SPEC``).
+    """One warm vLLM engine in a child process (:func:`~moelab.bench.specbench.engine_protocol.worker_command`).
 
     Parameters
     ----------
     spec : dict
         Engine settings (``method``, ``budget``, ``model_dir``, ``max_model_len``, ``cost``, ...), as
-        :func:`moelab.hd.vllm_worker.serve` reads them.
+        :func:`moelab.bench.specbench.engine_worker.serve` reads them.
     log_dir : path
         Where the spec file and the engine's log are written.
     start_timeout_s : float
@@ -47,16 +49,13 @@ class EngineServer:
     """
 
     def __init__(self, spec: dict[str, Any], log_dir: Path, *, start_timeout_s: float = 900.0) -> None:
-        from moelab.hd.vllm_worker import worker_env
-
         log_dir.mkdir(parents=True, exist_ok=True)
         self.spec = spec
         self.log = log_dir / f"{spec['method']}-b{spec['budget']}.log"
         spec_path = self.log.with_suffix(".spec.json")
         atomic_write_json(spec_path, spec)
         self._log_fh = open(self.log, "wb")  # noqa: SIM115 - lives as long as the server
-        self.proc = subprocess.Popen([sys.executable, "-m", "moelab.hd.vllm_worker", "--serve", str(spec_path)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_fh,
+        self.proc = subprocess.Popen(worker_command(spec_path, serve=True), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_fh,
                                      env=worker_env())
         self.last_used = time.monotonic()
         ready = self._read(start_timeout_s)
@@ -162,6 +161,18 @@ def close_all() -> None:
         _SERVERS.popitem()[1].close()
 
 
+def run_once(spec: dict[str, Any], log: Path, timeout_s: float) -> None:
+    """Run a one-shot worker (the verify-cost probe) on ``spec``; its output goes to ``log``."""
+    spec_path = log.with_suffix(".spec.json")
+    atomic_write_json(spec_path, spec)
+    with open(log, "wb") as fh:
+        proc = subprocess.run(worker_command(spec_path, serve=False), stdout=fh, stderr=subprocess.STDOUT,
+                              env=worker_env(), timeout=timeout_s, check=False)
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace")[-1500:]
+        raise RuntimeError(f"vLLM worker for {spec['method']} failed (exit {proc.returncode}); log {log}:\n{tail}")
+
+
 atexit.register(close_all)
 
-__all__ = ["MAX_ENGINES", "SETTLE_S", "EngineServer", "close_all", "mark_done", "server", "settle"]
+__all__ = ["MAX_ENGINES", "SETTLE_S", "EngineServer", "close_all", "mark_done", "run_once", "server", "settle"]

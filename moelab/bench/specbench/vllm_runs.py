@@ -1,0 +1,313 @@
+"""Spec-Bench in vLLM: AR, vLLM's own ``ngram`` and ``suffix`` speculators, and HD (cost-aware, fixed,
+REST-alone) as a ``custom_class`` drafter — same engine, same LM, same budget, one question at a time
+(Spec-Bench's batch size 1), float32, greedy or sampled.
+
+Each method keeps one warm engine in its own process (:mod:`moelab.bench.specbench.engine_pool`), and the
+methods run back to back on each question, their order rotated (:func:`arrange_points`), so a shared
+machine's changing load falls on every method alike. The runner is the ``hd-vllm`` sweep suite
+(:data:`HD_VLLM_SUITE`, also ``moelab sweep hd-vllm``): every (question, method) result is cached under a key
+of the point, the drafting code (:data:`RUN_CODE`), vLLM's version and the data (Spec-Bench, the S store), so
+a rerun skips what is done and the full benchmark is resumable. Speed = output tokens / wall time of the
+request (prefill included, as Spec-Bench times it); mean accepted tokens = output tokens / target forwards,
+from vLLM's own speculative-decoding counters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import subprocess
+import time
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from moelab._io import atomic_write_text, read_json
+from moelab._validate import check_int, check_real
+from moelab.bench.specbench.engine_pool import mark_done, run_once, server, settle
+from moelab.bench.specbench.engine_protocol import MAX_MODEL_LEN
+from moelab.costmodel.verify import VerifyCost, cached_verify_cost, fit_verify_cost, machine_id
+from moelab.datasets import cache_dir, load_spec_bench, public_path, repo_root
+from moelab.hd.methods import vllm_methods
+from moelab.hd.policy import check_budget
+from moelab.hd.results import full_table_path, summarize_vllm
+from moelab.hd.specbench import spec_bench_split
+from moelab.hd.stores import default_model_store_path
+from moelab.models.lm import DEFAULT_LM, chat_prompt_ids, lm_folder
+from moelab.models.vllm_engine import _installed_version
+from moelab.sweep.core import Scalar
+from moelab.sweep.suite import Suite, run_suite
+
+FULL_TOKENS = 128  # new tokens per question in the full benchmark (and in moelab bench hd's vLLM half)
+#: result labels of the methods vLLM runs (:data:`moelab.hd.methods.METHODS`)
+VLLM_METHODS = vllm_methods()
+
+
+def suffix_status() -> tuple[bool, str]:
+    """Whether vLLM's suffix decoding can run here (``arctic-inference`` importable) and why not."""
+    if importlib.util.find_spec("arctic_inference") is None:
+        return False, ("vLLM's suffix decoding needs `pip install arctic-inference` (builds from source); it is not "
+                       "installed here, so suffix is skipped")
+    return True, "arctic-inference installed"
+
+
+#: the code a vLLM result depends on (hashed into every cached (question, method) result's key). Every method's
+#: key hashes all of it, AR's too: a speedup compares methods measured back to back on a question, so a drafter
+#: change re-measures every method, never HD alone against peers timed under another load (tried and undone:
+#: HD re-run alone on a quieter machine read 1.87x where the interleaved run read 1.50x).
+RUN_CODE = ("moelab.hd.drafters", "moelab.hd.stores", "moelab.hd.suffix", "moelab.hd.ngram", "moelab.hd.policy",
+            "moelab.hd.rows", "moelab.hd.engine", "moelab.hd.methods", "moelab.hd.vllm_adapter",
+            "moelab.costmodel.verify", "moelab.bench.specbench.engine_protocol", "moelab.bench.specbench.engine_pool",
+            "moelab.bench.specbench.engine_worker", "moelab.models.vllm_engine", "moelab.models.lm_loading")
+
+
+def run_data_files() -> list[Path]:
+    """The data a vLLM result depends on: Spec-Bench and the shipped S store (L is rebuilt from the
+    ShareGPT package per tokenizer; its file name carries that)."""
+    return [public_path("spec-bench", download=False), default_model_store_path()]
+
+
+@lru_cache(maxsize=1)
+def _question_table() -> dict[int, dict[str, Any]]:
+    from transformers import AutoTokenizer  # lazy: transformers pulls in torch
+
+    tok = AutoTokenizer.from_pretrained(str(lm_folder(DEFAULT_LM)))
+    return {int(r.question_id): {"question_id": int(r.question_id), "category": str(r.category),
+                                 "prompt_ids": chat_prompt_ids(tok, r.prompt)} for r in load_spec_bench().itertuples()}
+
+
+def vllm_point(question_id: int, method: str = "AR", budget: int = 8, max_new_tokens: int = 128,
+               temperature: float = 0.0, seed: int = 0, l_max_tokens: int = 0, cost: str = "",
+               tag: str = "") -> dict[str, Any]:
+    """One Spec-Bench question through one method's warm vLLM engine (SmolLM2-135M, float32, batch 1).
+
+    The point function of the ``hd-vllm`` sweep suite and of :func:`run_vllm_methods`. ``tag`` keeps a
+    repeated measurement (e.g. AR again at the end) apart in the cache; ``l_max_tokens`` 0 means L's
+    default size. HD (cost-aware) reads ``cost`` (a :class:`~moelab.costmodel.verify.VerifyCost` as JSON) or, when it
+    is empty, this machine's measured verify-cost curve (:func:`measure_vllm_cost`); the row records the
+    curve's hash."""
+    if method not in VLLM_METHODS:
+        raise ValueError(f"method must be one of {list(VLLM_METHODS)}; got {method!r}")
+    qs = _question_table()
+    if question_id not in qs:
+        raise ValueError(f"question_id must be a Spec-Bench question id; got {question_id!r}")
+    model_dir = str(lm_folder(DEFAULT_LM))
+    curve = None
+    if method == "HD":
+        curve = VerifyCost(**json.loads(cost)) if cost else measure_vllm_cost(model_dir)
+    spec = {"method": method, "budget": int(budget), "model_dir": model_dir, "max_model_len": MAX_MODEL_LEN,
+            "cost": curve.as_dict() if curve is not None else None, "l_max_tokens": int(l_max_tokens) or None, "seed": 0}
+    srv = server(spec, cache_dir() / "hd" / "vllm-engines")
+    settle()
+    try:
+        rec = srv.ask({**qs[question_id], "max_new_tokens": int(max_new_tokens), "temperature": float(temperature),
+                       "seed": int(seed)})
+    finally:
+        mark_done()
+    rec.pop("temperature", None)
+    rec.pop("budget", None)
+    rec["cost_curve"] = hashlib.sha256(json.dumps(curve.as_dict(), sort_keys=True).encode()).hexdigest()[:8] \
+        if curve is not None else ""
+    return rec
+
+
+def measure_vllm_cost(model_dir: str | Path, *, qs: Sequence[int] = (2, 3, 5, 9), context_tokens: int = 256,
+                      timeout_s: float = 900.0, refresh: bool = False) -> VerifyCost:
+    """vLLM's verify cost per step on this machine for ``q`` = 1 + chain length tokens (cached per machine
+    and model): chains of ``q - 1`` wrong tokens, so every step emits one token and costs a q-token forward."""
+    d_lens = sorted({check_int("qs entry", q, low=2, high=65) - 1 for q in qs})
+
+    def measure() -> VerifyCost:
+        out = cache_dir() / "hd" / "vllm-probe" / f"probe-{int(time.time())}"
+        out.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(0)
+        prompt = rng.integers(100, 20000, size=context_tokens).tolist()
+        run_once({"method": "probe", "budget": max(d_lens), "probe": d_lens, "probe_prompt": prompt,
+                         "model_dir": str(model_dir), "out_dir": str(out)}, out / "worker.log", timeout_s)
+        rows = read_json(out / "probe.json")["rows"]
+        return fit_verify_cost([r["q"] for r in rows], [r["ms"] for r in rows],
+                            f"vLLM CPU, {Path(model_dir).name}, context {context_tokens}, min over interleaved rounds, "
+                            f"measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}")
+
+    return cached_verify_cost("vllm", Path(model_dir).name, measure, refresh=refresh)
+
+
+def arrange_points(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Normal form and run order of vLLM sweep points (the ``hd-vllm`` suite's ``arrange``).
+
+    Only cost-aware HD reads ``cost``: the other methods' points drop it, so their results (and cache
+    keys) do not depend on a curve they never read, and the duplicates this makes merge. Then question by
+    question: every method of a question back to back with the others, their order rotated from one
+    question to the next, so no method is always first after a question change and a shared machine's
+    changing load falls on every method alike."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    seen: set[tuple] = set()
+    for p in points:
+        p = dict(p) if p.get("method") == "HD" else {**p, "cost": ""}
+        key = tuple(sorted(p.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        # a question's group: every method of it, HD at whatever curve (so HD rotates with its peers too)
+        groups.setdefault(tuple((k, v) for k, v in sorted(p.items()) if k not in ("method", "cost")), []).append(p)
+    out: list[dict[str, Any]] = []
+    for i, group in enumerate(groups.values()):
+        r = i % len(group)
+        out += group[r:] + group[:r]
+    return out
+
+
+def _question_ids() -> list[int]:
+    return [int(i) for i in spec_bench_split("eval")["question_id"]]
+
+
+def _check_points(points: list[dict[str, Scalar]]) -> None:
+    ids = set(_question_ids())
+    for p in points:
+        if p["question_id"] not in ids:
+            raise ValueError(f"question_id must be a Spec-Bench evaluation id ({len(ids)} ids in "
+                             f"{min(ids)}..{max(ids)}, see moelab.hd.spec_bench_split('eval')); got {p['question_id']!r}")
+        check_int("max_new_tokens", p["max_new_tokens"], low=1, high=MAX_MODEL_LEN // 2)
+        check_real("temperature", p["temperature"], low=0)
+        check_int("seed", p["seed"], low=0)
+        if p["method"] not in VLLM_METHODS:
+            raise ValueError(f"method must be one of {list(VLLM_METHODS)}; got {p['method']!r}")
+        if p["method"] == "suffix" and not suffix_status()[0]:
+            raise ValueError(suffix_status()[1])
+
+
+def _vllm_version() -> list[str]:
+    return [f"vllm=={_installed_version()}"]
+
+
+#: the ``hd-vllm`` sweep suite: one (question, method) per point (``moelab sweep hd-vllm``); its default grid
+#: is the full benchmark (all 480 questions x 4 methods, 128 tokens, greedy), the points and cache of
+#: :func:`full_benchmark` with ``--out $MOELAB_CACHE/hd/vllm-runs``
+HD_VLLM_SUITE = Suite(
+    "hd-vllm", vllm_point,
+    {"question_id": _question_ids, "method": ["AR", "ngram", "suffix", "HD"], "budget": [8], "max_new_tokens": [128],
+     "temperature": [0.0], "seed": [0], "l_max_tokens": [0], "cost": [""], "tag": [""]},
+    "Spec-Bench in vLLM, one (question, method) per point, methods interleaved (SmolLM2-135M, float32)",
+    RUN_CODE, run_data_files, ("method", "category", "tokens_per_s", "new_tokens"), _vllm_version, _check_points,
+    arrange=arrange_points)
+
+
+def run_vllm_methods(questions: pd.DataFrame, *, methods: Sequence[str] = VLLM_METHODS,
+                     budget: int = 8, max_new_tokens: int = FULL_TOKENS, temperature: float = 0.0,
+                     cost: VerifyCost | None = None, l_max_tokens: int | None = None, run_tag: str = "",
+                     out: str | Path | None = None, progress: bool = True,
+                     compute: bool = True) -> tuple[pd.DataFrame, dict[str, str]]:
+    """Run ``methods`` in vLLM on ``questions`` (Spec-Bench rows), interleaved question by question
+    (:func:`arrange_points`, one warm engine per method), as the ``hd-vllm`` sweep suite with its cache in
+    ``out`` (default :func:`default_runs_dir`): every (question, method) result is cached, so an
+    interrupted run resumes, and ``moelab sweep hd-vllm --out`` the same folder shares the results. Returns the per-question
+    table and ``{method: reason}`` for methods skipped (e.g. suffix without arctic-inference).
+    ``run_tag`` keeps a repeated run of a method (e.g. AR measured again at the end) apart from the first.
+    ``cost``: the verify-cost curve cost-aware HD reads (default: this machine's, measured once and cached).
+    Speeds are only comparable when nothing else runs the engines' cores (the runner is serial for that).
+    ``compute=False`` runs nothing and returns the results cached so far. Prompts come from Spec-Bench by
+    question id (the workers tokenize them with the target's own chat template)."""
+    budget = check_budget(budget)
+    check_int("max_new_tokens", max_new_tokens, low=1, high=MAX_MODEL_LEN // 2)
+    check_real("temperature", temperature, low=0.0)
+    bad = sorted(set(methods) - set(VLLM_METHODS))
+    if bad:
+        raise ValueError(f"methods must be among {list(VLLM_METHODS)}; got unknown {bad}")
+    skipped: dict[str, str] = {}
+    if "suffix" in methods:
+        ok, why = suffix_status()
+        if not ok:
+            skipped["suffix"] = why
+    run = [m for m in methods if m not in skipped]
+    if not run:
+        return pd.DataFrame(), skipped
+    grid = {"question_id": [int(q) for q in questions["question_id"]], "method": run, "budget": [budget],
+            "max_new_tokens": [int(max_new_tokens)], "temperature": [float(temperature)], "seed": [0],
+            "l_max_tokens": [int(l_max_tokens or 0)],
+            "cost": [json.dumps(cost.as_dict(), sort_keys=True) if cost is not None else ""], "tag": [str(run_tag)]}
+    res = run_suite(HD_VLLM_SUITE, grid, out=Path(out) if out else default_runs_dir(), backend="serial", progress=progress,
+                    compute=compute)
+    df = res.frame
+    if len(df):
+        ar = df[df["method"] == "AR"].set_index("question_id")["output_ids"]
+        df["identical"] = [None if temperature > 0 or qid not in ar.index else list(o) == list(ar.loc[qid])
+                           for qid, o in zip(df["question_id"], df["output_ids"])]
+    return df, skipped
+
+
+def default_runs_dir() -> Path:
+    """Where :func:`run_vllm_methods` and :func:`full_benchmark` keep results (``$MOELAB_CACHE/hd/vllm-runs``);
+    ``moelab sweep hd-vllm --out`` this folder runs and resumes the same cached points."""
+    return cache_dir() / "hd" / "vllm-runs"
+
+
+FULL_METHODS = ("AR", "ngram", "suffix", "HD")
+
+
+def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, max_new_tokens: int = FULL_TOKENS,
+                   temperatures: Sequence[float] = (0.0,), per_category: int | None = None,
+                   out: str | Path | None = None, cache: str | Path | None = None,
+                   progress: bool = True, compute: bool = True) -> pd.DataFrame:
+    """The whole Spec-Bench evaluation in vLLM (every category, all 480 questions, ``max_new_tokens``
+    tokens, each temperature), the methods interleaved question by question (:func:`run_vllm_methods`):
+    resumable (every (question, method) result cached; a rerun skips what is done), then one table with
+    one row per method, category and temperature, stamped with date, commit, machine and the measuring
+    code's version (``run_code``), written to
+    ``out`` (default ``data/hd/specbench_vllm_full.csv``). Hours on a 2-core CPU: give it a quiet machine
+    (``moelab sweep hd-vllm --out`` :func:`default_runs_dir` runs the same points).
+
+    ``compute=False`` runs nothing: the table of the questions every method has finished so far (column
+    ``complete`` False while some are missing), written only where ``out`` says — the committed table is
+    only ever a complete run."""
+    questions = spec_bench_split("eval", per_category=per_category)
+    # categories in turn (1st question of each, then the 2nd, ...): a run stopped part-way has covered every
+    # category alike, so compute=False tables mean something before the end
+    rank = questions.groupby("category", sort=False).cumcount()
+    questions = questions.assign(_rank=rank).sort_values("_rank", kind="stable").drop(columns="_rank")
+    tables = []
+    for t in temperatures:
+        df, skipped = run_vllm_methods(questions, methods=methods, budget=budget, max_new_tokens=max_new_tokens,
+                                       temperature=float(t), out=cache, progress=progress, compute=compute)
+        ran = [m for m in methods if m not in skipped]
+        for m, why in skipped.items():
+            tables.append(pd.DataFrame([{"engine": "vllm", "method": m, "category": "overall", "budget": budget,
+                                         "temperature": float(t), "skipped": why}]))
+        if len(df):  # the questions every method has finished (all of them unless compute=False)
+            per_q = df.groupby("question_id")["method"].nunique()
+            df = df[df["question_id"].isin(per_q.index[per_q == len(ran)])]
+        complete = len(df) == len(questions) * len(ran)
+        if not len(df):
+            tables.append(pd.DataFrame([{"engine": "vllm", "method": m, "category": "overall", "budget": budget,
+                                         "temperature": float(t), "questions": 0, "complete": False} for m in ran]))
+            continue
+        summ = summarize_vllm(df)
+        summ["complete"] = complete
+        summ["temperature"] = float(t)
+        tables.append(summ)
+    res = pd.concat(tables, ignore_index=True)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo_root(), capture_output=True, text=True,
+                        check=False).stdout.strip()
+    except OSError:
+        commit = ""
+    res["date"] = time.strftime("%Y-%m-%d", time.gmtime())
+    res["commit"] = commit
+    # the measuring code's version every cached result is keyed on (RUN_CODE, vLLM's version): a table
+    # written at a later commit is still that code's measurement
+    res["run_code"] = HD_VLLM_SUITE.code_version()
+    res["machine"] = machine_id()
+    res["questions_per_category"] = per_category or "all"
+    res["max_new_tokens"] = max_new_tokens
+    if out is not None or ("complete" in res and bool(res["complete"].fillna(True).all())):
+        atomic_write_text(Path(out) if out else full_table_path(), res.to_csv(index=False))
+    return res
+
+
+__all__ = ["FULL_METHODS", "FULL_TOKENS", "HD_VLLM_SUITE", "RUN_CODE", "VLLM_METHODS", "arrange_points",
+           "default_runs_dir", "full_benchmark", "measure_vllm_cost", "run_data_files", "run_vllm_methods",
+           "suffix_status", "vllm_point"]

@@ -1,0 +1,181 @@
+"""The verify cost of a speculative decoder: one target forward over ``q`` tokens, as a curve in ``q``.
+
+One curve type (:class:`VerifyCost`, measured points linearly interpolated) and one fit
+(:func:`fit_verify_cost`, a line ``fixed + per_token * q`` through noisy timings on the floor's
+:func:`moelab.costmodel.fit.fit_linear`) serve every engine: HF transformers and vLLM alike. Curves
+are cached per machine and model (:func:`cached_verify_cost`), since measuring one takes minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moelab._io import atomic_write_json, read_json
+from moelab.costmodel.fit import fit_linear
+from moelab.datasets import cache_dir
+
+#: ``c(q)`` is tabulated for ``q = 0 .. TABLE_MAX_Q``: 64 draft tokens (the largest budget HD allows) + the bonus
+TABLE_MAX_Q = 65
+
+
+@dataclass
+class VerifyCost:
+    """Measured cost of one target forward over ``q`` tokens (ms), linearly interpolated in ``q``.
+
+    Parameters
+    ----------
+    qs, ms : sequences
+        Measured points: ``qs`` increasing and starting at 1, ``ms`` finite, > 0 and non-decreasing
+        (verifying more tokens never costs less; a decreasing curve would make the planner over-draft).
+    source : str
+        Where the points come from (engine, machine, model, date).
+    """
+
+    qs: Sequence[int]
+    ms: Sequence[float]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        q = np.asarray(self.qs, dtype=float)
+        m = np.asarray(self.ms, dtype=float)
+        if q.ndim != 1 or q.size < 1 or q.shape != m.shape or q[0] != 1 or np.any(np.diff(q) <= 0):
+            raise ValueError("qs must be increasing, start at 1 and have one ms per entry")
+        if not np.all(np.isfinite(m)) or np.any(m <= 0):
+            raise ValueError("ms must be finite and > 0")
+        if np.any(np.diff(m) < 0):
+            raise ValueError(f"ms must not decrease as q grows (a forward over more tokens never costs less); got "
+                             f"{[round(float(x), 3) for x in m]} at q = {[int(x) for x in q]}: fit noisy timings "
+                             "with fit_verify_cost")
+        self._q, self._m = q, m
+
+    def __call__(self, q: np.ndarray | float) -> np.ndarray:
+        q = np.asarray(q, dtype=float)
+        out = np.interp(q, self._q, self._m)
+        if self._q.size >= 2:  # beyond the last point: continue the last slope
+            slope = (self._m[-1] - self._m[-2]) / (self._q[-1] - self._q[-2])
+            out = np.where(q > self._q[-1], self._m[-1] + slope * (q - self._q[-1]), out)
+        return out
+
+    @property
+    def table(self) -> list[float]:
+        """``c(q)`` for ``q = 0 .. TABLE_MAX_Q`` as a plain list (the per-step planner reads it)."""
+        t = getattr(self, "_table", None)
+        if t is None:
+            t = self._table = [float(x) for x in self(np.arange(TABLE_MAX_Q + 1))]
+        return t
+
+    def draft_threshold(self, budget: int) -> float:
+        """A node probability that no draft node reaching it pays at ``budget``: when every node of a draft
+        is less likely than this, ``K = 0`` beats every ``K <= budget`` (``(1 + K p) / c(K + 1) < 1 / c(1)``
+        for ``p`` below ``(c(K + 1) / c(1) - 1) / K``; a 1e-9 relative margin covers rounding). Cached."""
+        th = getattr(self, "_thresholds", None)
+        if th is None:
+            th = self._thresholds = {}
+        v = th.get(budget)
+        if v is None:
+            t = self.table
+            v = th[budget] = min((t[k + 1] / t[1] * (1 - 1e-9) - 1) / k for k in range(1, budget + 1))
+        return v
+
+    def relative(self, q: np.ndarray | float) -> np.ndarray:
+        """Cost relative to one token (``c(q) / c(1)``)."""
+        return self(q) / self._m[0]
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"qs", "ms", "source"}`` (JSON-ready; :func:`load_curve_json` reads it back)."""
+        return {"qs": [int(x) for x in self._q], "ms": [float(x) for x in self._m], "source": self.source}
+
+
+def fit_verify_cost(qs: Sequence[int], ms: Sequence[float], source: str = "", *,
+                    first_point_apart: bool = False) -> VerifyCost:
+    """A cost curve from noisy timings (e.g. minima over repeats on a shared machine).
+
+    The non-negative least-squares line ``fixed + per_token * q`` through the points (one preempted
+    measurement cannot make every larger ``q`` look expensive, as a running maximum would, nor a larger
+    ``q`` look cheaper than a smaller one).
+
+    Parameters
+    ----------
+    qs, ms : sequences
+        Measured points (``qs`` increasing from 1).
+    source : str
+        Where the timings come from (the curve's ``source`` adds the fit and the raw points).
+    first_point_apart : bool
+        Keep ``q = 1`` as measured and fit the line through ``q >= 2`` only, never below ``q = 1``. On a
+        CPU, one new token runs matrix-vector products and two or more run matrix products (a step up in
+        cost, HF transformers); one line through every point hides that step and makes a 2-token
+        verification look nearly free. Applies with at least 3 points starting at ``q = 1``.
+
+    Returns
+    -------
+    VerifyCost
+        Non-decreasing by construction (both coefficients are >= 0).
+    """
+    q = np.asarray(qs, dtype=float)
+    m = np.asarray(ms, dtype=float)
+    if q.ndim != 1 or q.shape != m.shape or q.size < 1:
+        raise ValueError("qs and ms must be 1-D with one ms per q (at least one point)")
+    if not np.all(np.isfinite(m)) or np.any(m <= 0):
+        raise ValueError(f"ms must be finite and > 0; got {m.tolist()}")
+    raw = f"the measured points {[round(float(x), 2) for x in m]} ms"
+    if q.size < 2:
+        return VerifyCost(q.astype(int).tolist(), m.tolist(), source)
+    apart = first_point_apart and q.size >= 3 and q[0] == 1
+    q_fit, m_fit = (q[1:], m[1:]) if apart else (q, m)
+    line, _ = fit_linear(np.column_stack([np.ones_like(q_fit), q_fit]), m_fit, ("fixed_ms", "per_token_ms"),
+                         relative=False)
+    if apart:
+        ms_out = [float(m[0]), *np.maximum(line.predict(np.column_stack([np.ones_like(q_fit), q_fit])), m[0]).tolist()]
+        how = "q = 1 as measured (matrix-vector path), q >= 2 a linear fit a + b*q to"
+    else:
+        ms_out = np.maximum(line.predict(np.column_stack([np.ones_like(q), q])), 1e-3).tolist()
+        how = "linear fit a + b*q to"
+    return VerifyCost(q.astype(int).tolist(), ms_out, f"{source}; {how} {raw}")
+
+
+def machine_id() -> str:
+    """A short name for this machine (host, CPU model, cores): the key of cached cost curves."""
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    raw = f"{platform.node()}|{cpu}|{os.cpu_count()}"
+    return "".join(c if c.isalnum() else "-" for c in raw)[:80]
+
+
+def cached_verify_cost(engine: str, model: str, measure: Callable[[], VerifyCost], *,
+                       refresh: bool = False) -> VerifyCost:
+    """The verify-cost curve of ``model`` on ``engine`` for this machine: read from the cache, or measured
+    once with ``measure()`` and cached (``cache_dir()/hd/verify-cost/<engine>-<model>-<machine>.json``)."""
+    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{engine}-{model}-{machine_id()}")
+    path = cache_dir() / "hd" / "verify-cost" / f"{slug}.json"
+    if path.is_file() and not refresh:
+        d = read_json(path)
+        try:
+            return VerifyCost(d["qs"], d["ms"], d.get("source", ""))
+        except (KeyError, TypeError, ValueError):
+            pass  # a damaged (or decreasing) cache entry is measured again
+    vc = measure()
+    atomic_write_json(path, vc.as_dict())
+    return vc
+
+
+def load_curve_json(path: str | Path) -> VerifyCost:
+    """A cost curve from a JSON file ``{"qs": [...], "ms": [...], "source": ...}``."""
+    d = json.loads(Path(path).read_text(encoding="utf-8"))
+    return VerifyCost(d["qs"], d["ms"], d.get("source", ""))
+
+
+__all__ = ["TABLE_MAX_Q", "VerifyCost", "cached_verify_cost", "fit_verify_cost", "load_curve_json", "machine_id"]
