@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from moelab.serving import RouterProxy, validate_payload
-from moelab.serving.http import HTTPError
+from moelab.serving.proxy import HTTPError
 
 
 def _dead_port() -> int:
@@ -22,13 +22,19 @@ def _dead_port() -> int:
         return s.getsockname()[1]
 
 
-async def _raw(port: int, data: bytes, timeout: float = 10.0) -> tuple[int, bytes]:
+async def _raw(port: int, data: bytes, timeout: float = 10.0, *, to_eof: bool = True) -> tuple[int, bytes]:
+    """Send raw bytes; the answer's status and body. The proxy closes every connection after its answer
+    (so reading to EOF also waits until the request is counted); ``to_eof=False`` reads only up to the
+    answer's Content-Length (for an early answer while the proxy still drains an announced body)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(data)
-    await writer.drain()
-    raw = await asyncio.wait_for(reader.read(), timeout)
-    writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
+    try:
+        writer.write(data)
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+        lengths = [int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")]
+        body = await asyncio.wait_for(reader.readexactly(lengths[0]) if lengths and not to_eof else reader.read(), timeout)
+    finally:
+        writer.close()
     return int(head.split(b" ")[1]), body
 
 
@@ -43,9 +49,10 @@ def run(coro):
 
 def test_unreachable_backends_malformed_requests_and_metrics():
     async def go():
-        proxy = RouterProxy([f"http://127.0.0.1:{_dead_port()}", f"http://127.0.0.1:{_dead_port()}"], "round_robin",
-                            connect_timeout_s=1, health_interval_s=60, retries=1)
-        _, port = await proxy.start()
+        backends = [ScriptedBackend(), ScriptedBackend()]
+        proxy, port = await _proxy_over(*backends, retries=1)
+        for be in backends:  # up at start, gone after: the next request finds both refusing connections
+            await be.stop()
         try:
             ok_body = {"model": "m", "prompt": "hello", "max_tokens": 4}
             status, body = await _raw(port, _post("/v1/completions", ok_body))
@@ -54,23 +61,24 @@ def test_unreachable_backends_malformed_requests_and_metrics():
             assert proxy.retried == 1
             status, body = await _raw(port, _post("/v1/completions", ok_body))
             assert status == 503 and b"no backend is up" in body
-            assert (await _raw(port, b"GET /health HTTP/1.1\r\n\r\n"))[0] == 503
+            assert (await _raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))[0] == 503
             assert (await _raw(port, _post("/v1/completions", b"{oops")))[0] == 400
             assert (await _raw(port, _post("/v1/completions", {"prompt": ""})))[0] == 400
             assert (await _raw(port, _post("/v1/completions", {"prompt": "x", "max_tokens": 0})))[0] == 400
             assert (await _raw(port, _post("/v1/chat/completions", {"messages": "hi"})))[0] == 400
-            assert (await _raw(port, b"GET /v1/completions HTTP/1.1\r\n\r\n"))[0] == 405
-            assert (await _raw(port, b"GET /nowhere HTTP/1.1\r\n\r\n"))[0] == 404
-            assert (await _raw(port, b"POST /v1/completions HTTP/1.1\r\n\r\n"))[0] == 411
-            assert (await _raw(port, b"GARBAGE\r\n\r\n"))[0] == 400
-            big = b"POST /v1/completions HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n"
-            assert (await _raw(port, big))[0] == 413
-            status, body = await _raw(port, b"GET /metrics.json HTTP/1.1\r\n\r\n")
+            assert (await _raw(port, b"GET /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n"))[0] == 405
+            assert (await _raw(port, b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n"))[0] == 404
+            assert (await _raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n"))[0] == 411
+            status, body = await _raw(port, b"GARBAGE\r\n\r\n")
+            assert status == 400 and json.loads(body)["error"]["message"]  # the parser's refusal, as JSON
+            big = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n"
+            assert (await _raw(port, big, to_eof=False))[0] == 413
+            status, body = await _raw(port, b"GET /metrics.json HTTP/1.1\r\nHost: x\r\n\r\n")
             m = json.loads(body)
             assert status == 200 and m["router"] == "round_robin" and len(m["backends"]) == 2
             assert m["backends"][0]["failed"] == 1 and m["backends"][0]["marked_down"] == 1
             assert m["responses_by_status"]["502"] == 1 and m["responses_by_status"]["400"] == 5
-            status, body = await _raw(port, b"GET /metrics HTTP/1.1\r\n\r\n")
+            status, body = await _raw(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             text = body.decode()
             assert 'moelab_proxy_backend_up{backend="0"' in text and "# TYPE moelab_proxy_routed_total counter" in text
             assert 'moelab_proxy_responses_total{code="502"} 1' in text
@@ -80,13 +88,40 @@ def test_unreachable_backends_malformed_requests_and_metrics():
     run(go())
 
 
+def test_backends_unreachable_at_start_are_named_and_marked_down():
+    async def go():
+        good = ScriptedBackend()
+        url = await good.start()
+        dead = f"http://127.0.0.1:{_dead_port()}"
+        proxy = RouterProxy([dead, url], "round_robin", health_interval_s=60, connect_timeout_s=2)
+        _, port = await proxy.start()
+        try:
+            assert [b.index for b in proxy.down_at_start] == [0] and "ConnectionRefusedError" in proxy.backends[0].last_error
+            status, body = await _raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert status == 200 and json.loads(body)["down"][0]["url"] == dead
+            for prompt in ("a", "b", "c"):
+                assert (await _raw(port, _post("/v1/completions", {"prompt": prompt})))[0] == 200
+            assert good.completions == 3 and proxy.retried == 0
+        finally:
+            await proxy.stop()
+            await good.stop()
+
+    run(go())
+
+
 def test_client_that_never_sends_times_out():
+    """A client that never finishes its request head is disconnected after client_timeout_s; one that never
+    sends the body its Content-Length announced gets a 408."""
     async def go():
         proxy = RouterProxy([f"http://127.0.0.1:{_dead_port()}"], client_timeout_s=0.3, health_interval_s=60)
         _, port = await proxy.start()
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"POST /v1/completions HTTP/1.1\r\n")  # head never finished
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the proxy, well within 5 s
+            writer.close()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{")
             raw = await asyncio.wait_for(reader.read(), 5)
             assert raw.startswith(b"HTTP/1.1 408")
             writer.close()
@@ -333,18 +368,20 @@ def test_strict_request_framing():
 
         try:
             assert (await _raw(port, req("Content-Length: 50")))[0] == 200
-            assert (await _raw(port, req("Content-Length: 50", "Content-Length: 50")))[0] == 200  # equal duplicates are fine
-            for headers in (["Content-Length: 5_0"], ["Content-Length: +50"], ["Content-Length: 0x32"], ["Content-Length: 5 0"],
+            for headers in (["Content-Length: 50", "Content-Length: 50"],  # equal duplicates too (RFC 9112 allows refusing)
+                            ["Content-Length: 5_0"], ["Content-Length: +50"], ["Content-Length: 0x32"], ["Content-Length: 5 0"],
                             ["Content-Length: -1"], ["Content-Length: 50", "Content-Length: 49"], ["Content-Length: 50, 51"],
                             ["Content-Length: 1" + "0" * 30], ["Content-Length: 50", "Transfer-Encoding: chunked"],
-                            ["Content-Length : 50"], ["Content-Length: 50", " folded: line"], ["Bad Name: 1", "Content-Length: 50"]):
+                            ["Content-Length : 50"], ["Content-Length: 50", " folded: line"], ["Bad Name: 1", "Content-Length: 50"],
+                            ["Transfer-Encoding: gzip"], ["Transfer-Encoding: chunked"]):  # neither a gzip nor a chunked body
                 status, resp = await _raw(port, req(*headers))
                 assert status == 400, (headers, status, resp)
-            assert (await _raw(port, req("Transfer-Encoding: chunked")))[0] == 411
-            assert (await _raw(port, req("Transfer-Encoding: gzip")))[0] == 501
-            assert (await _raw(port, b"GET /health HTTP/2.0\r\n\r\n"))[0] == 400
-            assert (await _raw(port, b"GET health HTTP/1.1\r\n\r\n"))[0] == 400
-            assert be.completions == 2
+            chunked = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n32\r\n" + body + b"\r\n0\r\n\r\n"
+            assert (await _raw(port, chunked))[0] == 411  # a well-formed chunked body: not supported
+            assert (await _raw(port, b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n"))[0] == 400
+            assert (await _raw(port, b"GET health HTTP/1.1\r\nHost: x\r\n\r\n"))[0] == 400
+            assert (await _raw(port, b"GET /health HTTP/1.1\r\n\r\n"))[0] == 400  # HTTP/1.1 needs Host
+            assert be.completions == 1
         finally:
             await proxy.stop()
             await be.stop()
@@ -391,7 +428,7 @@ def test_metrics_count_only_real_requests():
                 w.close()
             await asyncio.sleep(0.2)
             assert (await _raw(port, _post("/v1/completions", {"prompt": "a"})))[0] == 200
-            assert (await _raw(port, b"GET /metrics.json HTTP/1.1\r\n\r\n"))[0] == 200
+            assert (await _raw(port, b"GET /metrics.json HTTP/1.1\r\nHost: x\r\n\r\n"))[0] == 200
             assert proxy.status_counts == {200: 2}
         finally:
             await proxy.stop()
