@@ -150,6 +150,11 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
+def _printable(text: str) -> str:
+    """``text`` without control characters (tab kept): what may go into a response head."""
+    return "".join(c for c in text if c == "\t" or (" " <= c and c != "\x7f"))
+
+
 class SignatureSource(Protocol):
     """Anything that turns a request payload into a routing signature (``None``: no signature)."""
 
@@ -749,9 +754,11 @@ class RouterProxy:
         return False
 
     def _client_response(self, up: aiohttp.ClientResponse) -> web.StreamResponse:
-        resp = web.StreamResponse(status=up.status, reason=up.reason)
+        """The client's response head from a backend's: its status and end-to-end headers, less any header
+        aiohttp's client let through with a control character (aiohttp's server refuses to write those)."""
+        resp = web.StreamResponse(status=up.status, reason=_printable(up.reason or ""))
         for k, v in up.headers.items():
-            if k.lower() not in NOT_RELAYED:
+            if k.lower() not in NOT_RELAYED and _printable(k) == k and _printable(v) == v:
                 resp.headers.add(k, v)
         resp.force_close()
         return resp
@@ -766,10 +773,11 @@ class RouterProxy:
         read is not the backend's fault (status 499, backend not marked down)."""
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=self.response_timeout_s)
         resp: web.StreamResponse | None = None
+        committed = False  # bytes of this attempt went to the client: it can no longer be retried
 
         def failed(msg: str) -> tuple[web.StreamResponse, int, bool, bool, str]:
             self._mark_down(b, msg)
-            if resp is not None and resp.prepared:  # part of a stream reached the client: close it unfinished
+            if resp is not None and committed:  # part of a stream reached the client: close it unfinished
                 if request.transport is not None:
                     request.transport.abort()
                 return resp, 502, False, False, msg
@@ -787,6 +795,7 @@ class RouterProxy:
                     data = await read_bounded(up.content, MAX_RESPONSE_BYTES, self.response_timeout_s)
                     resp = self._client_response(up)
                     resp.content_length = len(data)
+                    committed = True
                     if not (await self._to_client(request, resp, data) and await self._finish(request, resp)):
                         return resp, 499, True, False, "client closed the connection or did not read"
                     return resp, up.status, up.status < 400, False, ""
@@ -799,6 +808,7 @@ class RouterProxy:
                     if len(first) > MAX_FIRST_EVENT_BYTES:
                         raise ReplyTooLargeError(f"first stream event larger than {MAX_FIRST_EVENT_BYTES} bytes")
                 resp = self._client_response(up)
+                committed = True
                 if not await self._to_client(request, resp, first):
                     return resp, 499, True, False, "client closed the connection or did not read"
                 total = len(first)
