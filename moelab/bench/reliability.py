@@ -58,10 +58,11 @@ class FaultyBackend:
 
     ``GET /health`` answers ``{}``, ``GET /v1/models`` a model with ``max_model_len`` 512, ``POST
     /v1/completions`` (and chat) an echo of the prompt (``"stream": true``: three server-sent events and
-    ``[DONE]``, chunked; ``stream_bytes`` pads the events to about that many bytes). Each of :attr:`health`,
+    ``[DONE]``, chunked; ``stream_bytes`` pads them to about that many bytes in all, in events of about 64 KiB).
+    Each of :attr:`health`,
     :attr:`models` and :attr:`completion` is a mode, changeable while it runs:
 
-    ``"ok"``; ``"cut_body"`` (a ``Content-Length`` body cut in half, then the connection closed);
+    ``"ok"``; ``"cut_body"`` (a ``Content-Length`` body cut inside its first half, then the connection closed);
     ``"cut_chunked"`` (a chunked body cut inside its first chunk); ``"cut_after_event"`` (a stream's first
     whole event, then cut inside the next chunk); ``"hang"`` (the head, then nothing until ``hang_s``);
     ``"status_503"``.
@@ -117,9 +118,10 @@ class FaultyBackend:
                 payload = json.loads(body)
                 prompt = payload.get("prompt", payload.get("messages"))
                 if payload.get("stream"):
-                    pad = " " * max(0, self.stream_bytes // 3 - 80)
-                    events = [b"data: " + json.dumps({"choices": [{"text": f"{i}:{prompt}{pad}"[:1 << 24]}]}).encode()
-                              + b"\n\n" for i in range(3)] + [b"data: [DONE]\n\n"]
+                    n_events = max(3, self.stream_bytes >> 16)  # events of about 64 KiB when padded
+                    pad = " " * max(0, self.stream_bytes // n_events - 80)
+                    events = [b"data: " + json.dumps({"choices": [{"text": f"{i}:{prompt}{pad}"}]}).encode()
+                              + b"\n\n" for i in range(n_events)] + [b"data: [DONE]\n\n"]
                     await self._reply(writer, self.completion, events, chunked=True)
                 else:
                     data = json.dumps({"choices": [{"text": f"echo:{prompt}"}]}).encode()
@@ -136,8 +138,8 @@ class FaultyBackend:
             writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy")
         elif mode in ("hang", "cut_body"):
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(whole))
-            if mode == "cut_body":
-                writer.write(whole[: len(whole) // 2])
+            if mode == "cut_body":  # cut inside the first part (a stream's first event): a retryable failure
+                writer.write(whole[: len(parts[0]) // 2])
             else:
                 await writer.drain()
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -496,8 +498,9 @@ def _wait_listening(port: int, proc: subprocess.Popen, timeout_s: float) -> None
     raise TimeoutError(f"moelab serve-router on port {port} did not answer within {timeout_s:g} s")
 
 
-class _BackendThread:
-    """A :class:`FaultyBackend` served by an event loop in a daemon thread (the soak's driver is threads)."""
+class BackendInThread:
+    """A :class:`FaultyBackend` served by an event loop in a daemon thread (for drivers that are threads or
+    other processes: the soak, a test of the command line)."""
 
     def __init__(self, backend: FaultyBackend) -> None:
         self.backend = backend
@@ -555,7 +558,7 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
     servers = [launch_server(model, p, log_path=logs / f"server{i}.log", **server_kw) for i, p in enumerate(ports)]
     routers: list[subprocess.Popen] = []
     lock = threading.Lock()
-    faulty = _BackendThread(FaultyBackend(completion="cut_chunked"))
+    faulty = BackendInThread(FaultyBackend(completion="cut_chunked"))
     slow_client: socket.socket | None = None
     try:
         router_port, solo_port = _free_port(), _free_port()
