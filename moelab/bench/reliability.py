@@ -47,6 +47,9 @@ import numpy as np
 
 from moelab._validate import check_choice, check_int, check_real
 from moelab.bench.core import Figure
+from moelab.datasets import repo_root
+from moelab.models import vllm_engine
+from moelab.models.vllm_engine import launch_server, stop_server, wait_healthy
 from moelab.serving.proxy import RouterProxy
 
 SUITE = "reliability"
@@ -534,8 +537,6 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
 
     Cost: two server starts plus one restart (each ~40-90 s of CPU on a 2-core machine) and
     ``n_requests`` completions of ``max_tokens`` tokens."""
-    from moelab.models.vllm_engine import launch_server, stop_server, wait_healthy
-
     n_requests = check_int("n_requests", n_requests, low=20, high=100_000)
     concurrency = check_int("concurrency", concurrency, low=1, high=256)
     max_tokens = check_int("max_tokens", max_tokens, low=1, high=64)
@@ -746,11 +747,8 @@ def run(quick: bool = False) -> list[Figure]:
             Figure(SUITE, "proxy_recovers_after_cut_health", rec["recovered"], "", ">= 1",
                    f"marked down: {rec['marked_down']}, served while down: {rec['served_while_down']}/4, routed to it "
                    f"after recovery: {rec['routed_after_recovery']}")]
-    from moelab.datasets import repo_root
-    from moelab.models.vllm_engine import vllm_status
-
     model = Path(os.environ.get("MOELAB_VLLM_TEST_MODEL", repo_root() / "data" / "models" / "tiny-moe"))
-    ok, why = vllm_status()
+    ok, why = vllm_engine.vllm_status()  # through the module: a test can leave vLLM out
     if not ok or not (model / "config.json").is_file():
         why = why if not ok else f"no model at {model}"
         names = ("soak_requests_ok", "soak_requests_lost", "soak_fd_growth", "proxy_p50_overhead_ms")

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -205,6 +206,4 @@ __all__ = ["PrefillCountServer", "main"]
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main())
