@@ -1,12 +1,17 @@
-"""Property/fuzz tests (hypothesis, bounded example counts) of the router proxy's request parser, its
-HTTP framing in both directions and its payload validation: whatever bytes arrive, the answer is a
-parsed request or a clean HTTP error, never another exception; what is accepted is what was framed."""
+"""Property/fuzz tests (hypothesis, bounded example counts) of the router proxy's HTTP handling in both
+directions and its payload validation, through a real running proxy (aiohttp) on loopback: whatever bytes a
+client or a backend sends, the answer is a well-formed HTTP answer with a status the input deserves (or, for
+a request whose head never ends, a closed connection), never a 500 or a hang; what is accepted is what was
+framed; a backend reply that breaks framing is a 502 and marks the backend down."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
+import socket
+import threading
 
 import pytest
 
@@ -14,43 +19,119 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from moelab.serving.http import (  # noqa: E402
-    MAX_DIGITS,
-    BackendProtocolError,
+from moelab.bench.reliability import FaultyBackend  # noqa: E402
+from moelab.serving.proxy import (  # noqa: E402
+    NUMERIC_FIELDS,
     HTTPError,
-    iter_body,
+    RouterProxy,
+    _max_tokens,
+    _sequences,
     parse_json,
-    parse_response_head,
-    read_request,
+    validate_payload,
 )
-from moelab.serving.proxy import NUMERIC_FIELDS, _max_tokens, _sequences, validate_payload  # noqa: E402
 
-FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                      HealthCheck.function_scoped_fixture])
 CLIENT_STATUSES = {400, 408, 411, 413, 501}
+CAP = 2000  # the fuzzed proxy's max_body_bytes
+CLIENT_TIMEOUT_S = 0.2
 
 
-def _parse(data: bytes, max_body_bytes: int = 4096):
-    async def go():
-        reader = asyncio.StreamReader(limit=64 * 1024)
-        reader.feed_data(data)
-        reader.feed_eof()
-        return await read_request(reader, max_body_bytes=max_body_bytes, timeout_s=1.0)
+class RawBackend:
+    """A loopback backend that answers every request with :attr:`reply` (raw bytes), then closes."""
 
-    return asyncio.run(go())
+    def __init__(self) -> None:
+        self.reply = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+        self.server = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _handle(self, reader, writer) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, ValueError):
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            length = next((int(x.split(b":")[1]) for x in head.split(b"\r\n") if x.lower().startswith(b"content-length:")), 0)
+            await asyncio.wait_for(reader.readexactly(length), 5)
+            writer.write(self.reply)
+            await writer.drain()
+        writer.close()
 
 
-def _outcome(data: bytes, **kw):
-    try:
-        return _parse(data, **kw)
-    except HTTPError as exc:
-        assert exc.status in CLIENT_STATUSES, exc.status
-        return exc
+class LiveProxies:
+    """Two proxies served by an event loop in a thread, for the whole module: ``client`` in front of a
+    well-behaved backend (client-side fuzzing), ``backend`` in front of a :class:`RawBackend` (replies)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.call(self._start())
+
+    def call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
+
+    async def _start(self) -> None:
+        self.good, self.raw = FaultyBackend(), RawBackend()
+        self.client = RouterProxy([await self.good.start()], "round_robin", client_timeout_s=CLIENT_TIMEOUT_S,
+                                  max_body_bytes=CAP, health_interval_s=60, connect_timeout_s=2, max_model_len=512)
+        self.backend = RouterProxy([await self.raw.start()], "round_robin", retries=0, health_interval_s=60,
+                                   connect_timeout_s=2, response_timeout_s=2)
+        await self.client.start()
+        await self.backend.start()
+
+    async def _stop(self) -> None:
+        await self.client.stop()
+        await self.backend.stop()
+        await self.good.stop()
+        self.raw.server.close()
+
+    def close(self) -> None:
+        self.call(self._stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
 
 
-@FUZZ
+@pytest.fixture(scope="module")
+def live():
+    proxies = LiveProxies()
+    yield proxies
+    proxies.close()
+
+
+def exchange(port: int, data: bytes, timeout_s: float = 10.0) -> tuple[int, bytes]:
+    """Send ``data``; the answer as ``(status, body)`` (a ``100 Continue`` skipped): status 0 if the proxy
+    closed without answering. A malformed or cut answer fails the test."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+        s.sendall(data)
+        raw = b""
+        while chunk := s.recv(1 << 16):
+            raw += chunk
+    if not raw:
+        return 0, b""
+    while raw.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"):
+        raw = raw[len(b"HTTP/1.1 100 Continue\r\n\r\n"):]
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    assert sep, f"answer without a complete head: {raw[:200]!r}"
+    lines = head.split(b"\r\n")
+    version, status = lines[0].split(b" ")[:2]
+    assert version in (b"HTTP/1.1", b"HTTP/1.0", b"HTTP/0.9"), lines[0]  # 0.9: aiohttp's label for a versionless line
+    lengths = [int(line.split(b":")[1]) for line in lines[1:] if line.lower().startswith(b"content-length:")]
+    if lengths:
+        assert len(lengths) == 1 and len(body) == lengths[0], (lines, len(body))
+    return int(status), body
+
+
+def _is_complete_head(data: bytes) -> bool:
+    return b"\r\n\r\n" in data
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=600))
-def test_arbitrary_bytes_parse_or_fail_cleanly(data):
-    _outcome(data)
+def test_arbitrary_bytes_get_a_clean_answer(live, data):
+    status, _ = exchange(live.client.port, data)
+    assert status in CLIENT_STATUSES | {200, 404, 405} or (status == 0 and not _is_complete_head(data)), status
 
 
 header_name = st.sampled_from(["Host", "Content-Length", "content-length", "Transfer-Encoding", "Expect", "X-A",
@@ -66,33 +147,33 @@ header_value = st.one_of(st.sampled_from(["5", "05", "5_0", "+5", "-1", " 5", "5
        version=st.sampled_from(["HTTP/1.1", "HTTP/1.0", "HTTP/2", "HTTP/1.1 ", "http/1.1"]),
        headers=st.lists(st.tuples(header_name, header_value), max_size=5),
        body=st.binary(max_size=40))
-def test_structured_requests_are_framed_strictly(method, target, version, headers, body):
+def test_structured_requests_are_framed_strictly(live, method, target, version, headers, body):
     raw = (f"{method} {target} {version}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n").encode("latin-1") + body
-    got = _outcome(raw)
-    if isinstance(got, HTTPError) or got is None:
+    status, answer = exchange(live.client.port, raw)
+    assert status in CLIENT_STATUSES | {200, 404, 405, 503} or status == 0, (status, answer)
+    if status in CLIENT_STATUSES or status == 0:
+        if status:
+            assert json.loads(answer)["error"]["message"]  # every refusal names what is wrong, as JSON
         return
-    # accepted: the framing was exactly right and the body is what Content-Length said
-    lengths = [v.strip() for k, v in headers if k.lower() == "content-length"]
+    # accepted (routed, or answered by path): the framing was exactly right
     assert all(k.strip() == k and k and " " not in k for k, _ in headers)
     assert not any(k.lower() == "transfer-encoding" for k, _ in headers)
     assert version in ("HTTP/1.1", "HTTP/1.0") and target.startswith(("/", "http://")) and " " not in target
-    if lengths:
-        assert all(v.isdigit() and len(v) <= MAX_DIGITS and v.isascii() for v in lengths)
-        assert len({int(v) for v in lengths}) == 1
-        assert got.body == body[: int(lengths[0])] and len(got.body) == int(lengths[0])
-    else:
-        assert got.body == b"" and method not in ("POST", "PUT")
+    lengths = [v.strip() for k, v in headers if k.lower() == "content-length"]
+    assert len(lengths) <= 1 and all(v.isdigit() and v.isascii() for v in lengths)
+    if version == "HTTP/1.1":
+        assert any(k.lower() == "host" for k, _ in headers)
 
 
 @FUZZ
-@given(st.integers(min_value=0, max_value=3000), st.integers(min_value=1, max_value=2000))
-def test_content_length_against_the_cap(length, cap):
-    raw = b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % length + b"x" * length
-    got = _outcome(raw, max_body_bytes=cap)
-    if length > cap:
-        assert isinstance(got, HTTPError) and got.status == 413 and got.unread == length
+@given(st.integers(min_value=0, max_value=2 * CAP))
+def test_content_length_against_the_cap(live, length):
+    raw = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % length + b"x" * length
+    status, answer = exchange(live.client.port, raw)
+    if length > CAP:
+        assert status == 413 and b"at most 2000 bytes" in answer
     else:
-        assert got.body == b"x" * length
+        assert status == 400 and b"JSON" in answer  # read whole, then refused as JSON
 
 
 @FUZZ
@@ -140,35 +221,38 @@ status_line = st.sampled_from(["HTTP/1.1 200 OK", "HTTP/1.1 200", "HTTP/1.0 503 
 
 @FUZZ
 @given(status=status_line, headers=st.lists(st.tuples(header_name, header_value), max_size=4), body=st.binary(max_size=80))
-def test_backend_responses_relay_or_raise_protocol_errors(status, headers, body):
-    lines = [status.encode()] + [f"{k}: {v}".encode("latin-1") for k, v in headers]
-    try:
-        head = parse_response_head(lines)
-    except BackendProtocolError:
-        return
+def test_backend_replies_are_relayed_or_502(live, status, headers, body):
+    """Whatever a backend replies, the client gets it relayed as framed, or a 502 and the backend is marked
+    down; never a 500, a hang or a broken answer."""
+    live.raw.reply = (status + "\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n").encode("latin-1") + body
 
-    async def read_all() -> bytes:
-        reader = asyncio.StreamReader(limit=64 * 1024)
-        reader.feed_data(body)
-        reader.feed_eof()
-        return b"".join([c async for c in iter_body(reader, head, 1.0)])
+    async def reset() -> None:
+        live.backend.backends[0].up = True
 
-    try:
-        got = asyncio.run(read_all())
-    except (ConnectionError, asyncio.IncompleteReadError):  # BackendProtocolError is a ConnectionError
+    live.call(reset())
+    got, answer = exchange(live.backend.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 15\r\n\r\n"
+                           b'{"prompt": "x"}')
+    if got == 502:
+        assert not live.backend.backends[0].up and json.loads(answer)["error"]["message"]
         return
-    if head.content_length is not None and not head.chunked and head.status not in (204, 304):
-        assert got == body[: head.content_length]
-    elif not head.chunked and head.status not in (204, 304):
-        assert got == body
+    assert got == int(status.split(" ")[1]) == 200, (got, answer)
+    clean = all(k and k == k.strip() and " " not in k for k, _ in headers)
+    lengths = [v for k, v in headers if k.lower() == "content-length"]
+    if clean and not any(k.lower() == "transfer-encoding" for k, _ in headers):
+        if lengths:
+            assert answer == body[: int(lengths[0])]
+        else:
+            assert answer == body  # delimited by the connection's close
 
 
 def test_mutation_fuzzer_of_the_bench_finds_nothing():
-    """The `moelab bench reliability` fuzzer (seeded byte mutations of valid requests) on a small budget."""
-    from moelab.bench.reliability import fuzz_proxy_parser
+    """The `moelab bench reliability` fuzzer (seeded byte mutations of valid requests, sent to a running
+    proxy) on a small budget."""
+    from moelab.bench.reliability import fuzz_proxy_server
 
-    report = fuzz_proxy_parser(300, seed=1)
-    assert report["cases"] == 300 and report["unexpected"] == [] and report["accepted"] > 0 and report["refused"] > 0
+    report = fuzz_proxy_server(300, seed=1)
+    assert report["cases"] == 300 and report["unexpected"] == [] and report["n_unexpected"] == 0
+    assert report["refused"] > 0 and report["accepted"] + report["refused"] + report["closed"] == 300
 
 
 def test_bench_suite_figures_without_vllm(monkeypatch):
@@ -179,7 +263,8 @@ def test_bench_suite_figures_without_vllm(monkeypatch):
     monkeypatch.setattr(vllm_engine, "vllm_status", lambda: (False, "vLLM left out for this test"))
     assert "reliability" in BENCH_SUITES
     figs = {f.name: f for f in run_suites(["reliability"], quick=True)}
-    assert {"fuzz_cases_run", "fuzz_unexpected", "soak_requests_ok", "soak_requests_lost", "soak_fd_growth",
-            "proxy_p50_overhead_ms"} <= set(figs)
+    assert {"fuzz_cases_run", "fuzz_unexpected", "proxy_recovers_after_cut_health", "soak_requests_ok",
+            "soak_requests_lost", "soak_fd_growth", "proxy_p50_overhead_ms"} <= set(figs)
+    assert figs["proxy_recovers_after_cut_health"].value == 1 and figs["proxy_recovers_after_cut_health"].met
     assert figs["fuzz_cases_run"].value == 1000 and figs["fuzz_unexpected"].value == 0 and figs["fuzz_unexpected"].met
     assert math.isnan(figs["soak_requests_lost"].value) and "left out" in figs["soak_requests_lost"].note

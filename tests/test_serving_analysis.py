@@ -40,17 +40,27 @@ def test_bad_inputs_are_refused(small_trace):
         distinct_per_step(small_trace, np.zeros(small_trace.n_requests, dtype=int), 1, max_steps=0)
 
 
-def test_signature_client_refuses_non_finite_counts(monkeypatch):
+def test_signature_client_refuses_non_finite_counts():
     """NaN/inf prefill counts from the service are refused before any signature reaches a router."""
     import asyncio
 
     import moelab.serving.signatures as sigmod
 
-    async def fake_http_json(url, method, path, body, timeout_s):  # the service answering a poisoned payload
-        return 200, {"counts": [[1.0, float("nan")], [0.0, 2.0]]}
+    async def go():
+        async def poisoned_service(reader, writer):  # a loopback service answering a poisoned payload
+            await reader.readuntil(b"\r\n\r\n")
+            body = b'{"counts": [[1.0, NaN], [0.0, 2.0]]}'
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            await writer.drain()
+            writer.close()
 
-    monkeypatch.setattr(sigmod, "http_json", fake_http_json)
-    client = sigmod.ELDRSignatureClient("http://127.0.0.1:1", builder=None)
-    with pytest.raises(ValueError, match="finite"):
-        asyncio.run(client.counts({"prompt": "x"}))
-    assert client.requests == 0
+        server = await asyncio.start_server(poisoned_service, "127.0.0.1", 0)
+        client = sigmod.ELDRSignatureClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", builder=None)
+        try:
+            with pytest.raises(ValueError, match="finite"):
+                await client.counts({"prompt": "x"})
+        finally:
+            server.close()
+        return client
+
+    assert asyncio.run(go()).requests == 0

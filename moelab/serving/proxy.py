@@ -1,10 +1,16 @@
-"""``moelab serve-router``: an asyncio HTTP proxy that routes OpenAI-compatible requests across N
-vLLM servers with moelab's routers (round_robin, random, jsq, p2c, least_kv, eldr, ...).
+"""``moelab serve-router``: an HTTP proxy that routes OpenAI-compatible requests across N vLLM servers with
+moelab's routers (round_robin, random, jsq, p2c, least_kv, eldr, ...).
 
 Why a proxy: the routers in :mod:`moelab.routing` were written against a simulated cluster; this puts
 the same objects (``Router.route(RequestBatch, ClusterView)``) in front of live servers. The proxy
 keeps its own view of every backend — requests in flight, KV tokens they hold (prompt + requested
 output tokens, an upper bound), whether it is up — and answers with a routing decision per request.
+
+Why aiohttp: one maintained dependency gives both sides a proxy needs — a server whose HTTP/1.1 parser
+(llhttp, the parser of Node.js) frames strictly (one decimal ``Content-Length``, no ``Content-Length`` next
+to ``Transfer-Encoding``, token header names, no folded lines: the rules that stop request smuggling), and
+a client that streams a backend's reply as it arrives, with connect and read deadlines. starlette +
+uvicorn + httpx would be three packages (and an ASGI layer between the socket and the proxy) for the same.
 
 Behaviour, in plain words:
 
@@ -12,24 +18,34 @@ Behaviour, in plain words:
   ``"stream": true`` server-sent-event stream) is relayed as the backend sends it.
 * Each backend takes at most ``max_inflight`` requests; beyond that requests wait in a bounded queue
   (``max_queue``, ``queue_timeout_s``) and get HTTP 503 when it is full or the wait runs out.
-* A backend that refuses connections, drops one before answering, or answers 5xx is marked down and
-  the request is retried on another backend (at most ``retries`` times). A streaming response that
-  breaks after bytes reached the client cannot be replayed: the client connection is closed and the
-  error counted. A health loop (``GET /health`` every ``health_interval_s``) brings backends back.
-* Hostile input stays with its own request: HTTP framing is strict (:mod:`moelab.serving.http`), the
-  body must be strict JSON (400 otherwise, also for nesting too deep to parse), and every numeric field
-  must lie in the range vLLM accepts, token counts within the model's context (:data:`NUMERIC_FIELDS`;
-  400 naming the field), so nothing a client sends can overflow the proxy's own load accounting. A body
-  over ``max_body_bytes`` gets a 413 the client can read (the rest of the body is read and dropped, within
-  bounds, before the connection closes). A backend answer that breaks HTTP framing is a 502 and marks the
-  backend down, like a refused connection.
+* A backend that refuses connections, drops one before answering, answers 502/503/504, breaks HTTP
+  framing, cuts its body short (a chunked body cut inside a chunk included) or stays silent past
+  ``response_timeout_s`` is marked down and the request is retried on another backend (at most
+  ``retries`` times): every read of a backend's reply is bounded in bytes and time, and every failure
+  class (:data:`moelab.serving.client.BACKEND_ERRORS`) means "this backend is unhealthy", never a crash.
+  A stream is committed to a backend once its first whole event arrived; one that breaks after that
+  cannot be replayed: the client connection is closed (an unfinished stream) and the error counted.
+* A supervised health loop (``GET /health`` every ``health_interval_s``; a reply that is not a whole 200
+  is a failure) brings backends back; an exception in a round is logged and the loop goes on, and if
+  the loop task itself ends it is started again. At start-up every backend is asked ``GET /v1/models``:
+  those that do not answer it whole are marked down (and named), the rest serve.
+* A client that does not read its answer loses it after ``client_write_timeout_s`` (its connection is
+  closed), so it cannot hold a backend slot; a client that does not send its request within
+  ``client_timeout_s`` is disconnected.
+* Hostile input stays with its own request: HTTP framing is aiohttp's strict parser (a 400 with an
+  OpenAI-style JSON error), an HTTP/1.1 request needs ``Host``, chunked request bodies get 411, the body
+  must be strict JSON (400 otherwise, also for nesting too deep to parse), and every numeric field must
+  lie in the range vLLM accepts, token counts within the model's context (:data:`NUMERIC_FIELDS`; 400
+  naming the field), so nothing a client sends can overflow the proxy's own load accounting. A body over
+  ``max_body_bytes`` gets a 413 the client can read (aiohttp reads and drops the rest of the body for a
+  few seconds before closing).
 * ``GET /metrics`` (Prometheus text) and ``GET /metrics.json`` expose per-backend load, in-flight
   counts, routing decisions (per backend and the most recent ones) and errors; ``GET /health``.
   Responses are counted per status for real requests only (a bare TCP connect/close is not one).
 * It binds to loopback only (the lab's setting) and never imports torch or vLLM.
 
 ELDR needs each request's prefill expert counts. The method used here is a *prefill pass*: a
-signature service (:class:`moelab.capture.vllm_backend.PrefillCountServer`, a vLLM engine with
+signature service (:class:`moelab.capture.vllm_service.PrefillCountServer`, a vLLM engine with
 moelab's capture hooks) runs the prompt's prefill and returns its per-layer expert counts; the proxy
 turns them into a signature (:class:`~moelab.serving.signatures.ELDRSignatureClient`) and the ELDR
 router picks the decode server. True prefill->decode KV transfer needs a GPU KV connector; on CPU
@@ -44,6 +60,7 @@ import contextlib
 import errno
 import itertools
 import json
+import logging
 import math
 import sys
 import time
@@ -51,31 +68,91 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import aiohttp
 import numpy as np
+from aiohttp import web
+from aiohttp.http import HttpVersion10, HttpVersion11
 
 from moelab._validate import check_choice, check_int, check_loopback_host, check_real
 from moelab.routing import ClusterView, RequestBatch, Router, make_router
-from moelab.serving.http import (
-    MAX_HEAD_BYTES,
-    HTTPError,
-    Request,
-    ResponseHead,
-    error_body,
-    http_json,
-    iter_body,
-    open_backend,
-    read_request,
-    render_response,
+from moelab.serving.client import (
+    BACKEND_ERRORS,
+    MAX_RESPONSE_BYTES,
+    MAX_SMALL_REPLY_BYTES,
+    ReplyTooLargeError,
+    fetch_json,
+    new_session,
+    read_bounded,
     split_url,
 )
+from moelab.serving.signatures import ELDRSignatureClient, fit_eldr_router
+from moelab.traces import ExpertTrace
+
+log = logging.getLogger(__name__)
 
 ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions")
 # routers that decide from what a live proxy knows (load, KV tokens, a signature); the domain oracle and
 # BalanceRoute's output-length predictors need information a live request does not carry
 LIVE_ROUTERS = ("round_robin", "random", "jsq", "p2c", "least_kv", "vllm_dp", "eldr")
-MAX_DRAIN_BYTES = 32 << 20  # request bytes read and dropped after an early error answer (a 413, say)
-LINGER_S = 5.0  # and for at most this long
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade"}
+LINGER_S = 5.0  # after an early answer (a 413, say), aiohttp reads and drops the client's body this long
+MAX_FIRST_EVENT_BYTES = 1 << 20  # a stream's bytes held back until its first whole event
+# headers of a backend reply not passed on: hop-by-hop ones, and the framing aiohttp sets for the client
+NOT_RELAYED = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade", "content-length",
+               "transfer-encoding", "server", "date"}
+REASONS = {400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+           411: "Length Required", 413: "Payload Too Large", 500: "Internal Server Error", 501: "Not Implemented",
+           502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+
+
+class HTTPError(Exception):
+    """An error the proxy answers with ``status`` and a JSON body ``{"error": {"message": ...}}``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def error_body(message: str, status: int) -> bytes:
+    """OpenAI-style error JSON."""
+    return json.dumps({"error": {"message": message, "type": REASONS.get(status, "error"), "code": status}}).encode()
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r} in a JSON object")
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
+
+
+def parse_json(body: bytes) -> Any:
+    """Strict JSON: UTF-8, no ``NaN``/``Infinity``, no duplicate keys; anything else (nesting past
+    the interpreter's recursion limit, integers of more than 4300 digits) is ``HTTPError(400)``."""
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=_no_constant, object_pairs_hook=_no_duplicate_keys)
+    except RecursionError:
+        raise HTTPError(400, "request body is not acceptable JSON: nested too deeply") from None
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise HTTPError(400, f"request body is not valid JSON: {exc}") from None
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` of a failure, naming the OS error under an aiohttp connection error."""
+    inner = getattr(exc, "os_error", None)
+    if isinstance(inner, OSError):
+        return f"{type(inner).__name__}: {inner}"
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def _printable(text: str) -> str:
+    """``text`` without control characters (tab kept): what may go into a response head."""
+    return "".join(c for c in text if c == "\t" or (" " <= c and c != "\x7f"))
 
 
 class SignatureSource(Protocol):
@@ -226,6 +303,52 @@ def _sequences(payload: dict[str, Any]) -> int:
     return max(int(payload.get("n") or 1), int(payload.get("best_of") or 1))
 
 
+def _build_router(router: str | Router, seed: int) -> Router:
+    """The router object for a name of :data:`LIVE_ROUTERS` (or the router object passed)."""
+    if isinstance(router, str):
+        check_choice("router", router, LIVE_ROUTERS)
+        if router == "eldr":
+            raise ValueError("router 'eldr' needs fitted centroids and a signature source: build it with "
+                             "moelab.serving.signatures.fit_eldr_router (the CLI does: --router eldr --signature-url "
+                             "... --eldr-calibration ...)")
+        router = make_router(router, seed=seed)
+    return router
+
+
+class _ProxyRequestHandler(web.RequestHandler):
+    """aiohttp's per-connection protocol with one change: a request aiohttp's parser refuses (bad framing,
+    no ``Host``) is answered with the proxy's OpenAI-style JSON error and counted in its metrics."""
+
+    proxy: RouterProxy
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if request.writer.output_size > 0:  # as aiohttp's own: an answer already started cannot be replaced
+            raise ConnectionError("response already started; cannot send an error answer")
+        text = " ".join(line.strip() for line in (message or REASONS.get(status, "error")).splitlines()
+                        if line.strip().strip("^"))
+        log.debug("refused a malformed request with %s: %s", status, text)
+        self.proxy.status_counts[status] = self.proxy.status_counts.get(status, 0) + 1
+        resp = web.Response(status=status, body=error_body(f"malformed HTTP request: {text}"[:500], status),
+                            content_type="application/json")
+        resp.force_close()
+        return resp
+
+
+class _ProxyServer(web.Server):
+    """aiohttp's low-level server making :class:`_ProxyRequestHandler` protocols (``_kwargs``/``_loop`` are
+    what aiohttp's own ``__call__`` passes: the per-connection limits and timeouts set below)."""
+
+    def __init__(self, proxy: RouterProxy, **kwargs: Any) -> None:
+        super().__init__(proxy._handle, **kwargs)
+        self.proxy = proxy
+
+    def __call__(self) -> web.RequestHandler:
+        handler = _ProxyRequestHandler(self, loop=self._loop, **self._kwargs)
+        handler.proxy = self.proxy
+        return handler
+
+
 class RouterProxy:
     """Route OpenAI-compatible requests across loopback vLLM servers with a moelab :class:`Router`.
 
@@ -241,9 +364,10 @@ class RouterProxy:
         Requests in flight per backend before requests queue at the proxy.
     max_queue : int
         Requests that may wait for a slot; more get HTTP 503 at once.
-    queue_timeout_s, connect_timeout_s, response_timeout_s, client_timeout_s : float
-        Wait for a slot; connect to a backend; backend silent (first byte or between chunks);
-        receiving a client's request.
+    queue_timeout_s, connect_timeout_s, response_timeout_s, client_timeout_s, client_write_timeout_s : float
+        Wait for a slot; connect to a backend (also the bound of a health probe); backend silent (first
+        byte or between chunks); receiving a client's request; one write to a client that does not read
+        (past it the client's connection is closed and the backend's slot freed).
     retries : int
         Further backends tried after a failed attempt.
     health_interval_s : float
@@ -264,8 +388,8 @@ class RouterProxy:
 
     def __init__(self, backends: list[str], router: str | Router = "jsq", *, host: str = "127.0.0.1", port: int = 0,
                  max_inflight: int = 32, max_queue: int = 256, queue_timeout_s: float = 60.0, connect_timeout_s: float = 3.0,
-                 response_timeout_s: float = 120.0, client_timeout_s: float = 30.0, retries: int = 2,
-                 health_interval_s: float = 2.0, signature_source: SignatureSource | None = None,
+                 response_timeout_s: float = 120.0, client_timeout_s: float = 30.0, client_write_timeout_s: float = 30.0,
+                 retries: int = 2, health_interval_s: float = 2.0, signature_source: SignatureSource | None = None,
                  max_body_bytes: int = 1 << 20, decisions_kept: int = 200, seed: int = 0,
                  max_model_len: int | None = None, max_n: int = DEFAULT_MAX_N) -> None:
         if not backends:
@@ -274,14 +398,7 @@ class RouterProxy:
         self.backends = [Backend(i, url.rstrip("/")) for i, url in enumerate(backends)]
         for b in self.backends:
             check_loopback_host(f"backend URL {b.url!r} host", b.host)
-        if isinstance(router, str):
-            check_choice("router", router, LIVE_ROUTERS)
-            if router == "eldr":
-                raise ValueError("router 'eldr' needs fitted centroids and a signature source: build it with "
-                                 "moelab.serving.signatures.fit_eldr_router (the CLI does: --router eldr --signature-url "
-                                 "... --eldr-calibration ...)")
-            router = make_router(router, seed=seed)
-        self.router = router
+        self.router = _build_router(router, seed)
         if self.router.name == "eldr" and signature_source is None:
             raise ValueError("the ELDR router needs signature_source= (prefill expert counts of each request)")
         self.router.reset(len(self.backends))
@@ -292,6 +409,7 @@ class RouterProxy:
         self.connect_timeout_s = check_real("connect_timeout_s", connect_timeout_s, low=0, low_open=True)
         self.response_timeout_s = check_real("response_timeout_s", response_timeout_s, low=0, low_open=True)
         self.client_timeout_s = check_real("client_timeout_s", client_timeout_s, low=0, low_open=True)
+        self.client_write_timeout_s = check_real("client_write_timeout_s", client_write_timeout_s, low=0, low_open=True)
         self.retries = check_int("retries", retries, low=0)
         self.health_interval_s = check_real("health_interval_s", health_interval_s, low=0, low_open=True)
         self.max_body_bytes = check_int("max_body_bytes", max_body_bytes, low=1)
@@ -306,76 +424,132 @@ class RouterProxy:
         self.retried = 0
         self.rejected_queue_full = 0
         self.timed_out_in_queue = 0
+        self.slow_clients_dropped = 0
+        self.health_round_errors = 0
+        self.health_loop_restarts = 0
+        self.down_at_start: list[Backend] = []
         self._ids = itertools.count()
         self._slot_freed = asyncio.Condition()
-        self._server: asyncio.base_events.Server | None = None
+        self._runner: web.ServerRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task | None = None
+        self._stopping = False
         self._t0 = time.monotonic()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> tuple[str, int]:
-        """Start listening and the health loop; returns the bound ``(host, port)``."""
-        self._server = await asyncio.start_server(self._handle, self.host, self.port, limit=64 * 1024)
-        self.port = self._server.sockets[0].getsockname()[1]
-        await self._learn_context()
-        self._health_task = asyncio.create_task(self._health_loop())
+        """Start listening and the health loop; returns the bound ``(host, port)``.
+
+        Every backend is asked ``GET /v1/models`` first: one that does not answer it whole is marked down
+        (listed in :attr:`down_at_start`; the health loop brings it back), the others serve."""
+        self._stopping = False
+        self._session = new_session()
+        # keepalive_timeout also bounds the wait for a connection's first request head (aiohttp starts it
+        # at connect), so a client that never finishes its head is disconnected after client_timeout_s
+        server = _ProxyServer(self, keepalive_timeout=self.client_timeout_s, lingering_time=min(LINGER_S, self.client_timeout_s),
+                              max_line_size=8190, max_field_size=8190, access_log=None)
+        self._runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
+        try:
+            await site.start()
+        except BaseException:
+            await self.stop()
+            raise
+        self.port = self._runner.addresses[0][1]
+        answered = await self._learn_context(mark_down=True)
+        self.down_at_start = [b for b in self.backends if b.index not in answered]
+        self._start_health_task()
         return self.host, self.port
 
     async def stop(self) -> None:
-        """Stop listening and the health loop."""
+        """Stop listening, the health loop and the client session."""
+        self._stopping = True
         if self._health_task:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
-        if self._server:
-            self._server.close()
-            await self._server.wait_closed()
+        if self._runner:
+            await self._runner.cleanup()
+        if self._session:
+            await self._session.close()
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def _start_health_task(self) -> None:
+        self._health_task = asyncio.create_task(self._health_loop(), name="moelab-proxy-health")
+        self._health_task.add_done_callback(self._health_task_ended)
+
+    def _health_task_ended(self, task: asyncio.Task) -> None:
+        """Supervision: the health loop never ends by itself, so if its task ends (cancelled or killed by an
+        error that escaped a round) while the proxy runs, say so and start a new one."""
+        if self._stopping:
+            return
+        why = "cancelled" if task.cancelled() else _describe(task.exception()) if task.exception() else "returned"
+        log.error("proxy health loop ended (%s); starting it again", why)
+        self.health_loop_restarts += 1
+        self._start_health_task()
+
     async def _health_loop(self) -> None:
         while True:  # backends start "up"; failed requests mark them down sooner than this loop
             await asyncio.sleep(self.health_interval_s)
-            await self.check_health()
-            if not self._context_known:
-                await self._learn_context()
+            try:
+                await self.check_health()
+                if not self._context_known:
+                    await self._learn_context()
+            except Exception:  # a bug or a failure no probe caught must not end recovery: log, go on
+                self.health_round_errors += 1
+                log.exception("proxy health round failed; the loop goes on")
 
-    async def _learn_context(self) -> None:
-        """Take ``max_model_len`` from the backends' ``/v1/models`` (the smallest one reported)."""
-        if self._context_known:
-            return
+    async def _learn_context(self, *, mark_down: bool = False) -> set[int]:
+        """Ask every backend's ``/v1/models`` (each within ``connect_timeout_s``) and take ``max_model_len``
+        from the answers (the smallest one reported). Returns the indices of the backends that answered it
+        whole; with ``mark_down`` the others are marked down, naming what went wrong."""
+        async def ask(b: Backend) -> tuple[Backend, int | None, str]:
+            try:
+                status, data = await fetch_json(self._session, b.url, "GET", "/v1/models", timeout_s=self.connect_timeout_s)
+            except BACKEND_ERRORS as exc:
+                return b, None, f"GET /v1/models failed: {_describe(exc)}"
+            if status != 200:
+                return b, None, f"GET /v1/models answered {status}"
+            lens = []
+            if isinstance(data, dict) and isinstance(data.get("data"), list):
+                lens = [m.get("max_model_len") for m in data["data"] if isinstance(m, dict)]
+            lens = [n for n in lens if isinstance(n, int) and not isinstance(n, bool) and n >= 1]
+            return b, (min(lens) if lens else 0), ""
 
-        async def ask(b: Backend) -> int | None:
-            with contextlib.suppress(OSError, asyncio.TimeoutError, ConnectionError):
-                status, data = await http_json(b.url, "GET", "/v1/models", timeout_s=self.connect_timeout_s)
-                if status == 200 and isinstance(data, dict) and isinstance(data.get("data"), list):
-                    lens = [m.get("max_model_len") for m in data["data"] if isinstance(m, dict)]
-                    lens = [n for n in lens if isinstance(n, int) and not isinstance(n, bool) and n >= 1]
-                    return min(lens) if lens else None
-            return None
-
-        found = [n for n in await asyncio.gather(*(ask(b) for b in self.backends)) if n is not None]
-        if found:
+        answered, found = set(), []
+        for b, n, why in await asyncio.gather(*(ask(b) for b in self.backends)):
+            if n is None:
+                if mark_down:
+                    self._mark_down(b, why)
+                continue
+            answered.add(b.index)
+            if n:
+                found.append(n)
+        if found and not self._context_known:
             self.max_model_len = min(min(found), DEFAULT_CONTEXT_CAP)
             self._context_known = True
+        return answered
 
     async def check_health(self) -> None:
-        """``GET /health`` every backend once (bounded by ``connect_timeout_s``) and update ``up``."""
+        """``GET /health`` every backend once (bounded by ``connect_timeout_s``) and update ``up``: only a whole
+        200 reply counts as healthy (a cut, oversized or late reply is a failure)."""
         async def probe(b: Backend) -> None:
             try:
-                status, _ = await http_json(b.url, "GET", "/health", timeout_s=self.connect_timeout_s)
-                healthy = status == 200
-            except (OSError, asyncio.TimeoutError, ConnectionError):
-                healthy = False
+                status, _ = await fetch_json(self._session, b.url, "GET", "/health", timeout_s=self.connect_timeout_s)
+                healthy, why = status == 200, f"health check answered {status}"
+            except BACKEND_ERRORS as exc:
+                healthy, why = False, f"health check failed: {_describe(exc)}"
             b.health_failures = 0 if healthy else b.health_failures + 1
             if healthy and not b.up:
                 b.up = True
                 async with self._slot_freed:
                     self._slot_freed.notify_all()
             elif b.health_failures >= 2 and b.up:  # one slow answer from a busy server is not death
-                self._mark_down(b, "health check failed twice")
+                self._mark_down(b, why + " (twice)")
 
         await asyncio.gather(*(probe(b) for b in self.backends))
 
@@ -447,81 +621,90 @@ class RouterProxy:
             self._slot_freed.notify_all()
 
     # ------------------------------------------------------------------ request handling
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        status: int | None = None  # None: no request came (a bare connect/close is not counted)
-        unread = 0
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Every request aiohttp parsed: answer it, count its status, never raise (a bug answers 500)."""
+        status = 500
         try:
-            try:
-                try:
-                    req = await read_request(reader, max_body_bytes=self.max_body_bytes, timeout_s=self.client_timeout_s,
-                                             writer=writer)
-                except HTTPError as exc:
-                    unread = 0 if exc.status == 408 else max(exc.unread, MAX_HEAD_BYTES)  # 408: the client is silent
-                    raise
-                if req is None:
-                    return
-                status = await self._dispatch(req, writer)
-            except HTTPError as exc:
-                status = exc.status
-                writer.write(render_response(exc.status, error_body(exc.message, exc.status)))
-            except Exception as exc:  # a bug must answer 500, never hang the client
-                status = 500
-                writer.write(render_response(500, error_body(f"proxy error: {type(exc).__name__}: {exc}", 500)))
-            with contextlib.suppress(ConnectionError, OSError):
-                await writer.drain()
-            if unread:
-                await self._linger(reader, writer, unread)
+            resp, status = await self._dispatch(request)
+        except HTTPError as exc:
+            resp, status = self._error(exc.status, exc.message), exc.status
+        except Exception as exc:  # a bug must answer 500, never hang the client
+            log.exception("proxy error on %s %s", request.method, request.path)
+            resp = self._error(500, f"proxy error: {type(exc).__name__}: {exc}")
         finally:
-            if status is not None:
-                self.status_counts[status] = self.status_counts.get(status, 0) + 1
-            writer.close()
-            with contextlib.suppress(ConnectionError, OSError):
-                await writer.wait_closed()
+            self.status_counts[status] = self.status_counts.get(status, 0) + 1
+        return resp
 
-    async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, nbytes: int) -> None:
-        """After an early error answer: half-close, then read and drop what the client is still sending
-        (at most ``MAX_DRAIN_BYTES`` and ``LINGER_S``), so that closing with unread bytes does not reset
-        the connection before the client has read the answer."""
-        left = min(nbytes, MAX_DRAIN_BYTES)
-        deadline = time.monotonic() + min(self.client_timeout_s, LINGER_S)
-        with contextlib.suppress(ConnectionError, OSError, asyncio.TimeoutError):
-            if writer.can_write_eof():
-                writer.write_eof()
-            while left > 0:
-                data = await asyncio.wait_for(reader.read(min(left, 1 << 16)), max(0.0, deadline - time.monotonic()))
-                if not data:
-                    return
-                left -= len(data)
+    @staticmethod
+    def _error(status: int, message: str) -> web.Response:
+        resp = web.Response(status=status, body=error_body(message, status), content_type="application/json")
+        resp.force_close()
+        return resp
 
-    async def _dispatch(self, req: Request, writer: asyncio.StreamWriter) -> int:
-        if req.method == "GET" and req.path == "/health":
+    @staticmethod
+    def _json(obj: Any, status: int = 200) -> web.Response:
+        resp = web.Response(status=status, body=json.dumps(obj).encode(), content_type="application/json")
+        resp.force_close()
+        return resp
+
+    async def _dispatch(self, request: web.BaseRequest) -> tuple[web.StreamResponse, int]:
+        if request.version not in (HttpVersion10, HttpVersion11):
+            raise HTTPError(400, f"HTTP/{request.version.major}.{request.version.minor} is not supported (HTTP/1.0 or 1.1)")
+        if "Transfer-Encoding" in request.headers:  # aiohttp refuses every coding but a well-formed chunked body
+            raise HTTPError(411, "chunked request bodies are not supported: send Content-Length")
+        path = request.path
+        if request.method == "GET" and path == "/health":
             up = sum(b.up for b in self.backends)
-            status = 200 if up else 503
-            writer.write(render_response(status, json.dumps({"backends_up": up, "backends": len(self.backends)}).encode()))
-            return status
-        if req.method == "GET" and req.path == "/metrics":
-            writer.write(render_response(200, self.prometheus().encode(), "text/plain; version=0.0.4"))
-            return 200
-        if req.method == "GET" and req.path == "/metrics.json":
-            writer.write(render_response(200, json.dumps(self.metrics()).encode()))
-            return 200
-        if req.method == "GET" and req.path == "/v1/models":
+            down = [{"index": b.index, "url": b.url, "last_error": b.last_error} for b in self.backends if not b.up]
+            return self._json({"backends_up": up, "backends": len(self.backends), "down": down}, 200 if up else 503), \
+                200 if up else 503
+        if request.method == "GET" and path == "/metrics":
+            resp = web.Response(status=200, text=self.prometheus(), content_type="text/plain")
+            resp.headers["Content-Type"] = "text/plain; version=0.0.4"
+            resp.force_close()
+            return resp, 200
+        if request.method == "GET" and path == "/metrics.json":
+            return self._json(self.metrics()), 200
+        if request.method == "GET" and path == "/v1/models":
             for b in self.backends:
                 if b.up:
-                    with contextlib.suppress(OSError, asyncio.TimeoutError, ConnectionError):
-                        status, data = await http_json(b.url, "GET", "/v1/models", timeout_s=self.connect_timeout_s)
-                        writer.write(render_response(status, json.dumps(data).encode()))
-                        return status
+                    with contextlib.suppress(*BACKEND_ERRORS):
+                        status, data = await fetch_json(self._session, b.url, "GET", "/v1/models",
+                                                        timeout_s=self.connect_timeout_s)
+                        return self._json(data, status), status
             raise HTTPError(503, "no backend is up")
-        if req.path in ROUTED_PATHS:
-            if req.method != "POST":
-                raise HTTPError(405, f"{req.path} takes POST")
-            return await self._proxy(req, writer)
-        raise HTTPError(404, f"unknown path {req.path!r}; routed: {list(ROUTED_PATHS)}, also GET /health, /metrics, "
+        if path in ROUTED_PATHS:
+            if request.method != "POST":
+                raise HTTPError(405, f"{path} takes POST")
+            return await self._proxy(request, await self._read_body(request))
+        raise HTTPError(404, f"unknown path {path!r}; routed: {list(ROUTED_PATHS)}, also GET /health, /metrics, "
                              "/metrics.json, /v1/models")
 
-    async def _proxy(self, req: Request, writer: asyncio.StreamWriter) -> int:
-        payload = validate_payload(req.path, req.json(), max_model_len=self.max_model_len or DEFAULT_CONTEXT_CAP,
+    async def _read_body(self, request: web.BaseRequest) -> bytes:
+        """The request body: it needs a ``Content-Length`` of at most ``max_body_bytes`` and must arrive
+        within ``client_timeout_s`` (408 otherwise; 400 if the client stops before its length)."""
+        length = request.content_length
+        if length is None:
+            raise HTTPError(411, "a request body needs a Content-Length header")
+        if length > self.max_body_bytes:
+            raise HTTPError(413, f"request body must be at most {self.max_body_bytes} bytes; got {length}")
+        if request.headers.get("Expect", "").lower() == "100-continue":  # curl waits a second for this otherwise
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        try:
+            body = await asyncio.wait_for(read_bounded(request.content, self.max_body_bytes, self.client_timeout_s),
+                                          self.client_timeout_s)
+        except asyncio.TimeoutError:
+            raise HTTPError(408, f"request body not received within {self.client_timeout_s:g} s") from None
+        except ReplyTooLargeError:
+            raise HTTPError(413, f"request body must be at most {self.max_body_bytes} bytes") from None
+        except (aiohttp.ClientError, ConnectionError, OSError, EOFError, ValueError) as exc:
+            raise HTTPError(400, f"request body broken off before its Content-Length {length}: {_describe(exc)}") from None
+        if len(body) != length:
+            raise HTTPError(400, f"body shorter than its Content-Length {length}")
+        return body
+
+    async def _proxy(self, request: web.BaseRequest, body: bytes) -> tuple[web.StreamResponse, int]:
+        payload = validate_payload(request.path, parse_json(body), max_model_len=self.max_model_len or DEFAULT_CONTEXT_CAP,
                                    max_n=self.max_n)
         rid = next(self._ids)
         prompt_len = _prompt_len(payload)
@@ -530,8 +713,8 @@ class RouterProxy:
         if self.signature_source is not None:
             try:
                 signature = await self.signature_source.signature(payload)
-            except (OSError, asyncio.TimeoutError, ConnectionError, ValueError) as exc:
-                raise HTTPError(502, f"signature service failed: {type(exc).__name__}: {exc}") from None
+            except (*BACKEND_ERRORS, ConnectionError) as exc:
+                raise HTTPError(502, f"signature service failed: {_describe(exc)}") from None
         tried: set[int] = set()
         last_error = ""
         for attempt in range(self.retries + 1):
@@ -545,75 +728,114 @@ class RouterProxy:
             tried.add(b.index)
             ok = False
             try:
-                status, ok, retryable, last_error = await self._forward(b, req, writer, stream=bool(payload.get("stream")))
+                resp, status, ok, retryable, last_error = await self._forward(b, request, body,
+                                                                              stream=bool(payload.get("stream")))
             finally:
                 await self._release(b, kv, ok)
             if not retryable:
-                return status
+                return resp, status
         raise HTTPError(502, f"request failed on {len(tried)} backend(s) ({self.retries} retries); last error: {last_error}")
 
-    async def _forward(self, b: Backend, req: Request, writer: asyncio.StreamWriter, *, stream: bool
-                       ) -> tuple[int, bool, bool, str]:
-        """One attempt on backend ``b``: returns ``(status, ok, retryable, error)``.
-
-        Non-streaming responses are buffered whole, so a backend dying mid-response is retried;
-        streams are relayed as they arrive and can only be retried before their first byte. A client
-        that goes away is not the backend's fault (status 499, backend not marked down)."""
+    async def _to_client(self, request: web.BaseRequest, resp: web.StreamResponse, data: bytes) -> bool:
+        """Write to the client within ``client_write_timeout_s`` (preparing the response first if needed);
+        ``False`` if the client is gone or does not read, and then its connection is closed."""
         try:
-            r, w, head = await open_backend(b.host, b.port, "POST", req.path, req.body,
-                                            connect_timeout_s=self.connect_timeout_s, head_timeout_s=self.response_timeout_s)
-        except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
-            msg = f"backend {b.index} ({b.url}): {type(exc).__name__}: {exc}"
+            if not resp.prepared:
+                await asyncio.wait_for(resp.prepare(request), self.client_write_timeout_s)
+            if data:
+                await asyncio.wait_for(resp.write(data), self.client_write_timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            self.slow_clients_dropped += 1
+        except (ConnectionError, OSError, RuntimeError):  # RuntimeError: aiohttp's "connection closed"
+            pass
+        if request.transport is not None:
+            request.transport.abort()
+        return False
+
+    def _client_response(self, up: aiohttp.ClientResponse) -> web.StreamResponse:
+        """The client's response head from a backend's: its status and end-to-end headers, less any header
+        aiohttp's client let through with a control character (aiohttp's server refuses to write those)."""
+        resp = web.StreamResponse(status=up.status, reason=_printable(up.reason or ""))
+        for k, v in up.headers.items():
+            if k.lower() not in NOT_RELAYED and _printable(k) == k and _printable(v) == v:
+                resp.headers.add(k, v)
+        resp.force_close()
+        return resp
+
+    async def _forward(self, b: Backend, request: web.BaseRequest, body: bytes, *, stream: bool
+                       ) -> tuple[web.StreamResponse, int, bool, bool, str]:
+        """One attempt on backend ``b``: returns ``(response, status, ok, retryable, error)``.
+
+        Non-streaming replies are read whole (bounded) before the client sees a byte, so a backend failing
+        mid-reply is retried; a stream is held back until its first whole event (``\\n\\n``) and relayed as
+        it arrives after that, so it can be retried only until then. A client that goes away or does not
+        read is not the backend's fault (status 499, backend not marked down)."""
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=self.response_timeout_s)
+        resp: web.StreamResponse | None = None
+        committed = False  # bytes of this attempt went to the client: it can no longer be retried
+
+        def failed(msg: str) -> tuple[web.StreamResponse, int, bool, bool, str]:
             self._mark_down(b, msg)
-            return 502, False, True, msg
+            if resp is not None and committed:  # part of a stream reached the client: close it unfinished
+                if request.transport is not None:
+                    request.transport.abort()
+                return resp, 502, False, False, msg
+            return self._error(502, msg), 502, False, True, msg
 
-        async def to_client(data: bytes) -> bool:
-            try:
-                writer.write(data)
-                await writer.drain()
-                return True
-            except (ConnectionError, OSError):
-                return False
-
-        sent_any = False
         try:
-            # Only "gateway/unavailable" answers say the backend itself is unwell; another 5xx belongs to
-            # this one request and is passed through, so a poison request cannot mark every backend down.
-            if head.status in (502, 503, 504):
-                body = b"".join([c async for c in iter_body(r, head, self.response_timeout_s)])
-                msg = f"backend {b.index} answered {head.status}: {body[:200]!r}"
-                self._mark_down(b, msg)
-                return head.status, False, True, msg
-            out_head = self._client_head(head)
-            if stream:
-                sent_any = True
-                if not await to_client(out_head):
-                    return 499, True, False, "client closed the connection"
-                async for chunk in iter_body(r, head, self.response_timeout_s):
-                    if not await to_client(chunk):
-                        return 499, True, False, "client closed the connection"
-            else:
-                body = b"".join([c async for c in iter_body(r, head, self.response_timeout_s)])
-                sent_any = True
-                if not await to_client(out_head + body):
-                    return 499, True, False, "client closed the connection"
-            return head.status, head.status < 400, False, ""
-        except (OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
-            msg = f"backend {b.index} ({b.url}) broke mid-response: {type(exc).__name__}: {exc}"
-            self._mark_down(b, msg)
-            if sent_any:  # part of a stream reached the client: close it, the client sees an incomplete stream
-                writer.transport.abort()
-                return 502, False, False, msg
-            return 502, False, True, msg
-        finally:
-            w.close()
+            async with self._session.post(b.url + request.path, data=body, headers={"Content-Type": "application/json"},
+                                          timeout=timeout, allow_redirects=False) as up:
+                # Only "gateway/unavailable" answers say the backend itself is unwell; another 5xx belongs to
+                # this one request and is passed through, so a poison request cannot mark every backend down.
+                if up.status in (502, 503, 504):
+                    text = await read_bounded(up.content, MAX_SMALL_REPLY_BYTES, self.response_timeout_s)
+                    return failed(f"backend {b.index} answered {up.status}: {text[:200]!r}")
+                if not stream:
+                    data = await read_bounded(up.content, MAX_RESPONSE_BYTES, self.response_timeout_s)
+                    resp = self._client_response(up)
+                    resp.content_length = len(data)
+                    committed = True
+                    if not (await self._to_client(request, resp, data) and await self._finish(request, resp)):
+                        return resp, 499, True, False, "client closed the connection or did not read"
+                    return resp, up.status, up.status < 400, False, ""
+                first = b""
+                while b"\n\n" not in first:
+                    chunk = await asyncio.wait_for(up.content.readany(), self.response_timeout_s)
+                    if not chunk:
+                        break
+                    first += chunk
+                    if len(first) > MAX_FIRST_EVENT_BYTES:
+                        raise ReplyTooLargeError(f"first stream event larger than {MAX_FIRST_EVENT_BYTES} bytes")
+                resp = self._client_response(up)
+                committed = True
+                if not await self._to_client(request, resp, first):
+                    return resp, 499, True, False, "client closed the connection or did not read"
+                total = len(first)
+                while chunk := await asyncio.wait_for(up.content.readany(), self.response_timeout_s):
+                    total += len(chunk)
+                    if total > MAX_RESPONSE_BYTES:
+                        raise ReplyTooLargeError(f"backend reply larger than {MAX_RESPONSE_BYTES} bytes")
+                    if not await self._to_client(request, resp, chunk):
+                        return resp, 499, True, False, "client closed the connection or did not read"
+            if not await self._finish(request, resp):
+                return resp, 499, True, False, "client closed the connection or did not read"
+            return resp, up.status, up.status < 400, False, ""
+        except BACKEND_ERRORS as exc:
+            return failed(f"backend {b.index} ({b.url}) failed: {_describe(exc)}")
 
-    @staticmethod
-    def _client_head(head: ResponseHead) -> bytes:
-        lines = [f"HTTP/1.1 {head.status} {head.reason}"]
-        lines += [f"{k}: {v}" for k, v in head.headers if k not in HOP_BY_HOP]
-        lines.append("Connection: close")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    async def _finish(self, request: web.BaseRequest, resp: web.StreamResponse) -> bool:
+        """End a relayed stream (its last chunk) within the client write deadline."""
+        try:
+            await asyncio.wait_for(resp.write_eof(), self.client_write_timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            self.slow_clients_dropped += 1
+        except (ConnectionError, OSError, RuntimeError):
+            pass
+        if request.transport is not None:
+            request.transport.abort()
+        return False
 
     # ------------------------------------------------------------------ metrics
     def metrics(self) -> dict[str, Any]:
@@ -623,7 +845,8 @@ class RouterProxy:
             "uptime_s": round(time.monotonic() - self._t0, 3),
             "waiting": self.waiting, "max_queue": self.max_queue, "max_inflight": self.max_inflight,
             "retried": self.retried, "rejected_queue_full": self.rejected_queue_full,
-            "timed_out_in_queue": self.timed_out_in_queue,
+            "timed_out_in_queue": self.timed_out_in_queue, "slow_clients_dropped": self.slow_clients_dropped,
+            "health_round_errors": self.health_round_errors, "health_loop_restarts": self.health_loop_restarts,
             "responses_by_status": {str(k): v for k, v in sorted(self.status_counts.items())},
             "backends": [{"index": b.index, "url": b.url, "up": b.up, "in_flight": b.in_flight, "kv_tokens": b.kv_tokens,
                           "routed": b.routed, "completed": b.completed, "failed": b.failed, "marked_down": b.marked_down,
@@ -654,9 +877,14 @@ class RouterProxy:
         family("retries_total", "counter", "attempts retried on another backend", [("", float(self.retried))])
         family("rejected_total", "counter", "requests rejected because the queue was full or timed out",
                [('{reason="queue_full"}', float(self.rejected_queue_full)), ('{reason="queue_timeout"}', float(self.timed_out_in_queue))])
+        family("slow_clients_dropped_total", "counter", "client connections closed for not reading within the write deadline",
+               [("", float(self.slow_clients_dropped))])
+        family("health_loop_restarts_total", "counter", "times the supervised health loop was started again",
+               [("", float(self.health_loop_restarts))])
         family("responses_total", "counter", "responses by HTTP status",
                [(f'{{code="{k}"}}', float(v)) for k, v in sorted(self.status_counts.items())])
         return "\n".join(lines) + "\n"
+
 
 
 # ---------------------------------------------------------------------- command line
@@ -672,6 +900,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue-timeout", type=float, default=60.0)
     p.add_argument("--connect-timeout", type=float, default=3.0)
     p.add_argument("--response-timeout", type=float, default=120.0)
+    p.add_argument("--client-write-timeout", type=float, default=30.0,
+                   help="seconds one write to a client may wait for it to read (then its stream is closed)")
     p.add_argument("--retries", type=int, default=2)
     p.add_argument("--health-interval", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=0)
@@ -688,21 +918,22 @@ def build_proxy(args: argparse.Namespace) -> RouterProxy:
     if args.router == "eldr":
         if not (args.signature_url and args.eldr_calibration):
             raise ValueError("--router eldr needs --signature-url and --eldr-calibration")
-        from moelab.serving.signatures import ELDRSignatureClient, fit_eldr_router
-        from moelab.traces import ExpertTrace
-
         calib = ExpertTrace.load(args.eldr_calibration)
         router, builder = fit_eldr_router(calib, n_workers=len(args.backend), tau=args.tau, seed=args.seed)
         source = ELDRSignatureClient(args.signature_url, builder)
     return RouterProxy(args.backend, router, host=args.host, port=args.port, max_inflight=args.max_inflight,
                        max_queue=args.max_queue, queue_timeout_s=args.queue_timeout, connect_timeout_s=args.connect_timeout,
-                       response_timeout_s=args.response_timeout, retries=args.retries,
-                       health_interval_s=args.health_interval, signature_source=source, seed=args.seed)
+                       response_timeout_s=args.response_timeout, client_write_timeout_s=args.client_write_timeout,
+                       retries=args.retries, health_interval_s=args.health_interval, signature_source=source,
+                       seed=args.seed)
 
 
 async def _serve(proxy: RouterProxy) -> None:
     host, port = await proxy.start()
     print(f"moelab serve-router: {proxy.router.name} over {len(proxy.backends)} backend(s) on http://{host}:{port}", flush=True)
+    for b in proxy.down_at_start:
+        print(f"moelab serve-router: backend {b.index} ({b.url}) is down at start ({b.last_error}); serving with the "
+              "rest, the health loop brings it back", flush=True)
     try:
         await asyncio.Event().wait()
     finally:

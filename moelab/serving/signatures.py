@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 
 from moelab._validate import check_int, check_real
-from moelab.routing import Router
-from moelab.serving.http import http_json
+from moelab.eldr import SignatureBuilder
+from moelab.routing import Router, make_router
+from moelab.serving.client import fetch_json
 from moelab.traces import ExpertTrace
 
 
@@ -21,9 +22,6 @@ def fit_eldr_router(calibration: ExpertTrace, n_workers: int, *, tau: float = 0.
                     balanced: bool = True, seed: int = 0) -> tuple[Router, Any]:
     """Fit ELDR on calibration requests: signature builder + balanced spherical K-means centroids
     (one per decode server). Returns ``(router, builder)``."""
-    from moelab.eldr import SignatureBuilder
-    from moelab.routing import make_router
-
     n_workers = check_int("n_workers", n_workers, low=1)
     if calibration.n_requests < max(2, n_workers):
         raise ValueError(f"calibration must hold at least max(2, n_workers={n_workers}) requests; got {calibration.n_requests}")
@@ -35,7 +33,8 @@ def fit_eldr_router(calibration: ExpertTrace, n_workers: int, *, tau: float = 0.
 
 class ELDRSignatureClient:
     """Signature source for :class:`~moelab.serving.proxy.RouterProxy`: one prefill pass per request
-    on the prefill-count service at ``url``, then ``builder.transform``."""
+    on the prefill-count service at ``url``, then ``builder.transform``. A broken or late reply raises one
+    of :data:`moelab.serving.client.BACKEND_ERRORS` (the proxy answers 502)."""
 
     def __init__(self, url: str, builder: Any, *, timeout_s: float = 30.0) -> None:
         self.url = url.rstrip("/")
@@ -46,7 +45,7 @@ class ELDRSignatureClient:
     async def counts(self, payload: dict[str, Any]) -> np.ndarray:
         """The prompt's prefill counts ``[L, E]``."""
         body = {k: payload[k] for k in ("prompt", "messages") if k in payload}
-        status, data = await http_json(self.url, "POST", "/v1/prefill_counts", body, timeout_s=self.timeout_s)
+        status, data = await fetch_json(None, self.url, "POST", "/v1/prefill_counts", body, timeout_s=self.timeout_s)
         if status != 200 or not isinstance(data, dict) or "counts" not in data:
             msg = data.get("error", {}).get("message") if isinstance(data, dict) else str(data)[:200]
             raise ValueError(f"prefill-count service answered {status}: {msg}")

@@ -1,0 +1,94 @@
+"""The client side of moelab's serving HTTP, on aiohttp: bounded requests to loopback servers.
+
+Every read of a server's reply is bounded in bytes and in time, and every way a reply can fail (refused
+or dropped connection, a malformed head, a body cut short or a chunked body cut inside a chunk, a
+deadline) surfaces as one of :data:`BACKEND_ERRORS`, so a caller has exactly one class of failure to turn
+into "this server is unhealthy". ``asyncio.IncompleteReadError`` is an ``EOFError`` (not an ``OSError``)
+and aiohttp's ``ClientPayloadError`` a ``ClientError``: both are in the tuple on purpose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import http_exceptions
+
+MAX_RESPONSE_BYTES = 64 << 20  # a whole backend response body, buffered or relayed
+MAX_SMALL_REPLY_BYTES = 1 << 20  # /health, /v1/models and other JSON replies the proxy reads itself
+MAX_HEAD_BYTES = 64 * 1024  # status line + headers of a backend reply (aiohttp's limits, stated here)
+
+# everything a request to a server can raise when the server (not the caller) is at fault
+BACKEND_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, http_exceptions.HttpProcessingError,
+                                                   asyncio.TimeoutError, OSError, EOFError, ValueError)
+
+
+class ReplyTooLargeError(aiohttp.ClientPayloadError):
+    """A server's reply body is larger than the reader's bound."""
+
+
+def split_url(url: str) -> tuple[str, int]:
+    """``http://host:port`` -> ``(host, port)``; anything else is a ``ValueError``."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:  # a port outside 0-65535 or not a number
+        port = None
+    if parts.scheme != "http" or not parts.hostname or port is None:
+        raise ValueError(f"backend URL must look like http://127.0.0.1:8000; got {url!r}")
+    return parts.hostname, port
+
+
+def new_session() -> aiohttp.ClientSession:
+    """A client session for loopback servers: one fresh connection per request (a pooled connection that a
+    server closed while idle would look like a server failure), bytes passed through as sent (no
+    decompression), bounded reply heads."""
+    connector = aiohttp.TCPConnector(force_close=True, limit=0)
+    return aiohttp.ClientSession(connector=connector, auto_decompress=False, max_line_size=MAX_HEAD_BYTES,
+                                 max_field_size=MAX_HEAD_BYTES, raise_for_status=False)
+
+
+async def read_bounded(content: aiohttp.StreamReader, max_bytes: int, idle_timeout_s: float) -> bytes:
+    """The rest of a reply body: at most ``max_bytes`` (else :class:`ReplyTooLargeError`), each read within
+    ``idle_timeout_s`` (else ``asyncio.TimeoutError``); a body cut short raises ``ClientPayloadError``."""
+    parts, total = [], 0
+    while True:
+        data = await asyncio.wait_for(content.readany(), idle_timeout_s)
+        if not data:
+            return b"".join(parts)
+        total += len(data)
+        if total > max_bytes:
+            raise ReplyTooLargeError(f"reply body larger than {max_bytes} bytes")
+        parts.append(data)
+
+
+async def fetch_json(session: aiohttp.ClientSession | None, url: str, method: str, path: str, payload: Any = None, *,
+                     timeout_s: float = 10.0, max_bytes: int = MAX_SMALL_REPLY_BYTES) -> tuple[int, Any]:
+    """One JSON request to ``url`` (``http://host:port``), the whole exchange within ``timeout_s``.
+
+    Returns ``(status, parsed JSON or the text when it is not JSON)``; a broken reply raises one of
+    :data:`BACKEND_ERRORS`. ``session=None`` opens (and closes) a session for this one request."""
+    split_url(url)
+    if session is None:
+        async with new_session() as own:
+            return await fetch_json(own, url, method, path, payload, timeout_s=timeout_s, max_bytes=max_bytes)
+    body = None if payload is None else json.dumps(payload).encode()
+
+    async def go() -> tuple[int, Any]:
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        async with session.request(method, url + path, data=body, headers=headers, allow_redirects=False) as resp:
+            data = await read_bounded(resp.content, max_bytes, timeout_s)
+            status = resp.status
+        try:
+            return status, json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            return status, data.decode("utf-8", "replace")
+
+    return await asyncio.wait_for(go(), timeout_s)
+
+
+__all__ = ["BACKEND_ERRORS", "MAX_RESPONSE_BYTES", "ReplyTooLargeError", "fetch_json", "new_session", "read_bounded",
+           "split_url"]
