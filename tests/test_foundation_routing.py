@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moelab.routing import ClusterView, RequestBatch, available_routers, make_router
+from moelab.routers import available_routers, make_router
+from moelab.routing import ClusterView, RequestBatch
 
 BASELINES = ["round_robin", "random", "jsq", "p2c", "least_kv", "vllm_dp"]
 
