@@ -115,6 +115,10 @@ class ELDRRouter(Router):
             if calibration.n_workers is None:
                 raise ValueError("router 'eldr' cannot be prepared: the calibration has signatures but lacks "
                                  "['n_workers'] (the centroid count)")
+            if calibration.signatures.shape[0] < calibration.n_workers:
+                raise ValueError(f"router 'eldr' cannot be prepared: the calibration holds "
+                                 f"{calibration.signatures.shape[0]} signatures, fewer than its n_workers="
+                                 f"{calibration.n_workers} (one centroid per worker)")
             km = spherical_kmeans(calibration.signatures, calibration.n_workers, balanced=self.balanced,
                                   seed=calibration.seed)
             self.set_centroids(km.centroids)

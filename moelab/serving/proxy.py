@@ -54,6 +54,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from moelab._validate import check_choice, check_int, check_loopback_host, check_real
+from moelab.eldr.signature import SignatureBuilder
 from moelab.routers import check_supplies, make_router, router_class, router_names
 from moelab.routing import ClusterView, RequestBatch, Router, RouterCalibration
 from moelab.serving.http import (
@@ -69,6 +70,8 @@ from moelab.serving.http import (
     render_response,
     split_url,
 )
+from moelab.serving.signatures import ELDRSignatureClient
+from moelab.traces import ExpertTrace
 
 ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions")
 # what a live proxy knows (load, KV tokens, a signature from a signature source) and can calibrate a router
@@ -689,10 +692,6 @@ def build_proxy(args: argparse.Namespace) -> RouterProxy:
         if not (args.signature_url and args.eldr_calibration):
             raise ValueError(f"--router {args.router} reads each request's signature: it needs --signature-url and "
                              "--eldr-calibration")
-        from moelab.eldr.signature import SignatureBuilder
-        from moelab.serving.signatures import ELDRSignatureClient
-        from moelab.traces import ExpertTrace
-
         calib = ExpertTrace.load(args.eldr_calibration)
         builder = SignatureBuilder("count_idf", seed=args.seed).fit(calib)
         calibration = RouterCalibration(n_workers=len(args.backend), signatures=builder.transform(calib), seed=args.seed)
