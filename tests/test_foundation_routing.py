@@ -89,6 +89,11 @@ def test_prepare_fits_eldr_centroids_and_counts_the_oracles_domains():
     assert np.allclose(eldr.centroids, expected / np.linalg.norm(expected, axis=1, keepdims=True))
     assert eldr.n_workers == 3 and not eldr.calibration_needs
     assert eldr.route(RequestBatch([5], signature=sig[:1]), ClusterView.idle(3)).shape == (1,)
+    # a driver's cached centroids (fitted on the same signatures) are taken as they are, no K-means again
+    cached = make_router("eldr", RouterCalibration(n_workers=3, signatures=sig, centroids=expected[::-1]))
+    assert np.allclose(cached.centroids, eldr.centroids[::-1])
+    with pytest.raises(ValueError, match="centroids must have one row per worker"):
+        RouterCalibration(n_workers=2, signatures=sig, centroids=expected)
     oracle = make_router("domain_oracle", RouterCalibration(domains=["code", "chat", "code", "math"]))
     assert oracle.n_domains == 3
     # the online refitter by its window: sized for the calibration's workers (4 signatures per worker)

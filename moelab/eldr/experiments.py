@@ -153,13 +153,15 @@ def rate_for_batch(setup: ELDRSetup, batch: int, output_len: int = 512) -> float
 
 def build_router(setup: ELDRSetup, name: str, *, tau: float = 0.1, kind: str = "count_idf", balanced: bool = True,
                  refit_window_s: float | None = None, seed: int = 0) -> Router:
-    """A router by name, prepared on the setup's calibration half: its ``kind`` signatures (ELDR fits
-    its centroids on them, refitted online every ``refit_window_s`` when given) and the domain labels
-    of both halves (the oracle counts them). ELDR's knobs go only to routers that take them."""
+    """A router by name, prepared on the setup's calibration half: its ``kind`` signatures with the
+    setup's cached (balanced) K-means centroids (ELDR's, refitted online every ``refit_window_s`` when
+    given) and the domain labels of both halves (the oracle counts them). ELDR's knobs go only to
+    routers that take them."""
     needs = router_class(name).calibration_needs  # build only what the router will fit on
     calibration = RouterCalibration(
         n_workers=setup.n_workers, seed=setup.seed,
         signatures=setup.builder(kind).transform(setup.calib) if "signatures" in needs else None,
+        centroids=setup.centroids(kind, balanced) if "signatures" in needs else None,
         domains=np.concatenate([setup.calib.domains, setup.pool.domains]) if "domains" in needs else None)
     return make_router(name, calibration, seed=seed,
                        options={"tau": tau, "balanced": balanced, "refit_window_s": refit_window_s})

@@ -109,9 +109,12 @@ class ELDRRouter(Router):
         return self.prepare(RouterCalibration(n_workers=n_workers, signatures=signatures, seed=seed))
 
     def _prepare(self, calibration: RouterCalibration) -> None:
-        """Centroids from the calibration's signatures (when it has them; else the constructor's stay),
-        and the online refitter when ``refit_window_s`` was given."""
-        if calibration.signatures is not None:
+        """Centroids from the calibration's signatures (its fitted ``centroids`` when the driver has them
+        cached; without signatures the constructor's stay), and the online refitter when
+        ``refit_window_s`` was given."""
+        if calibration.centroids is not None:
+            self.set_centroids(calibration.centroids)
+        elif calibration.signatures is not None:
             if calibration.n_workers is None:
                 raise ValueError("router 'eldr' cannot be prepared: the calibration has signatures but lacks "
                                  "['n_workers'] (the centroid count)")

@@ -64,6 +64,7 @@ _ALWAYS = frozenset({"prompt_len", "active", "waiting", "kv_tokens", "free_slots
 CALIBRATION_FIELDS: dict[str, str] = {
     "n_workers": "RouterCalibration.n_workers: the workers the router will place requests on",
     "signatures": "RouterCalibration.signatures: [n, d] expert-routing signatures of calibration requests (ELDR)",
+    "centroids": "RouterCalibration.centroids: [n_workers, d] centroids the driver already fitted on the signatures",
     "domains": "RouterCalibration.domains: domain label of each calibration request (the domain oracle)",
     "kv_capacity_tokens": "RouterCalibration.kv_capacity_tokens: one engine's KV-cache size in tokens (vLLM >= 0.32)",
     "seed": "RouterCalibration.seed: seed of whatever prepare fits (e.g. K-means)",
@@ -88,6 +89,9 @@ class RouterCalibration:
     signatures : ndarray, optional
         ``[n, d]`` finite expert-routing signatures of calibration requests (ELDR fits one centroid per
         worker on them).
+    centroids : ndarray, optional
+        ``[n_workers, d]`` centroids the driver already fitted on ``signatures`` (its cache: ELDR takes
+        them instead of running K-means again).
     domains : array-like, optional
         The domain label of each calibration request (the domain oracle counts the distinct ones).
     kv_capacity_tokens : float, optional
@@ -98,6 +102,7 @@ class RouterCalibration:
 
     n_workers: int | None = None
     signatures: np.ndarray | None = None
+    centroids: np.ndarray | None = None
     domains: np.ndarray | None = None
     kv_capacity_tokens: float | None = None
     seed: int = 0
@@ -110,6 +115,14 @@ class RouterCalibration:
             if sig.ndim != 2 or sig.shape[0] < 1 or not np.isfinite(sig).all():
                 raise ValueError(f"signatures must be a finite [n >= 1, d] array; got shape {sig.shape}")
             object.__setattr__(self, "signatures", sig)
+        if self.centroids is not None:
+            cen = np.asarray(self.centroids, dtype=np.float64)
+            if self.signatures is None or cen.ndim != 2 or cen.shape[1] != self.signatures.shape[1]:
+                raise ValueError(f"centroids must come with the signatures they were fitted on, one [n_workers, d] row "
+                                 f"per worker of the signatures' dimension; got shape {cen.shape}")
+            if self.n_workers is not None and cen.shape[0] != self.n_workers:
+                raise ValueError(f"centroids must have one row per worker (n_workers={self.n_workers}); got {cen.shape[0]}")
+            object.__setattr__(self, "centroids", cen)
         if self.domains is not None:
             object.__setattr__(self, "domains", np.atleast_1d(np.asarray(self.domains)))
         if self.kv_capacity_tokens is not None:
