@@ -21,7 +21,8 @@ from moelab.balanceroute.predictors import (
 from moelab.balanceroute.routers import BR0, BRH
 from moelab.balanceroute.score import best_subset, discounts, f_argmax, f_score, projected_loads
 from moelab.balanceroute.sim import simulate
-from moelab.routing import ClusterView, RequestBatch, make_router
+from moelab.routers import make_router
+from moelab.routing import ClusterView, RequestBatch
 from moelab.routing.dp_balancers import DP_BALANCERS
 from moelab.traces import RequestTrace
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from moelab import cross
-from moelab.routing import make_router
+from moelab.routers import make_router
 from moelab.sim.cluster import simulate
 from moelab.traces import replay_requests
 

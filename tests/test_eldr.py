@@ -16,7 +16,8 @@ from moelab.eldr.routing import DomainOracleRouter, ELDRRouter
 from moelab.eldr.signature import SignatureBuilder, decode_recall, greedy_layer_mask, predictability
 from moelab.eldr.sim import pack_expert_bits, poisson_requests, simulate
 from moelab.eldr.workload import SyntheticConfig, distinct_reduction, fit_domain_spread, generate
-from moelab.routing import ClusterView, RequestBatch, make_router
+from moelab.routers import make_router
+from moelab.routing import ClusterView, RequestBatch
 from moelab.traces import ExpertTrace, Geometry, RequestTrace, expert_counts
 
 SMALL = SyntheticConfig(num_layers=6, num_experts=32, top_k=4, model_name="small", n_domains=4,

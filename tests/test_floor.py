@@ -15,16 +15,8 @@ from moelab.costmodel import (
     expected_distinct_experts,
     model_shape,
 )
-from moelab.routing import (
-    ROUTERS,
-    ClusterView,
-    RequestBatch,
-    Router,
-    check_supplies,
-    make_router,
-    router_class,
-    router_names,
-)
+from moelab.routers import ROUTERS, check_supplies, make_router, router_class, router_names
+from moelab.routing import ClusterView, RequestBatch, Router
 from moelab.sim import SimResult, gain_vs_best
 from moelab.sim.cluster import MAX_DECODE_TOKENS, simulate
 from moelab.traces import ExpertTrace, Geometry, RequestTrace, replay_requests

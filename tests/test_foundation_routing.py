@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moelab.routing import ClusterView, RequestBatch, available_routers, make_router
+from moelab.routers import available_routers, make_router
+from moelab.routing import ClusterView, RequestBatch, RouterCalibration
 
 BASELINES = ["round_robin", "random", "jsq", "p2c", "least_kv", "vllm_dp"]
 
@@ -72,3 +73,117 @@ def test_view_and_batch_validation():
         RequestBatch(prompt_len=[1, 2], signature=np.zeros((3, 4)))
     with pytest.raises(ValueError, match="n_workers"):
         make_router("jsq").reset(0)
+
+
+# ---------------------------------------------------------------- prepare, calibration, registry
+def _signatures(n: int = 60, d: int = 8, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).random((n, d))
+
+
+def test_prepare_fits_eldr_centroids_and_counts_the_oracles_domains():
+    from moelab.eldr.partition import spherical_kmeans
+
+    sig = _signatures()
+    eldr = make_router("eldr", RouterCalibration(n_workers=3, signatures=sig, seed=4), tau=0.2, balanced=False)
+    expected = spherical_kmeans(sig, 3, balanced=False, seed=4).centroids
+    assert np.allclose(eldr.centroids, expected / np.linalg.norm(expected, axis=1, keepdims=True))
+    assert eldr.n_workers == 3 and not eldr.calibration_needs
+    assert eldr.route(RequestBatch([5], signature=sig[:1]), ClusterView.idle(3)).shape == (1,)
+    # a driver's cached centroids (fitted on the same signatures) are taken as they are, no K-means again
+    cached = make_router("eldr", RouterCalibration(n_workers=3, signatures=sig, centroids=expected[::-1]))
+    assert np.allclose(cached.centroids, eldr.centroids[::-1])
+    with pytest.raises(ValueError, match="centroids must have one row per worker"):
+        RouterCalibration(n_workers=2, signatures=sig, centroids=expected)
+    oracle = make_router("domain_oracle", RouterCalibration(domains=["code", "chat", "code", "math"]))
+    assert oracle.n_domains == 3
+    # the online refitter by its window: sized for the calibration's workers (4 signatures per worker)
+    refit = make_router("eldr", RouterCalibration(n_workers=5, signatures=sig), refit_window_s=2.0)
+    assert refit.refit is not None and refit.refit.min_points == 20 and refit.refit.window_s == 2.0
+    # the engine's KV capacity of vLLM >= 0.32 comes from the calibration too
+    assert make_router("vllm_dp@0.32", RouterCalibration(kv_capacity_tokens=5e3)).kv_capacity_tokens == 5e3
+
+
+def test_a_router_without_fitted_state_prepares_as_a_no_op():
+    router = make_router("jsq")
+    assert router.prepare(RouterCalibration(n_workers=2)) is router and not router.calibration_needs
+    assert router.prepare() is router
+
+
+def test_a_router_whose_calibration_lacks_what_it_needs_names_it():
+    with pytest.raises(ValueError, match=r"'eldr' cannot be prepared: the calibration lacks \['signatures'\]"):
+        make_router("eldr", RouterCalibration(n_workers=3))
+    with pytest.raises(ValueError, match="holds 2 signatures, fewer than its n_workers=3"):
+        make_router("eldr", RouterCalibration(n_workers=3, signatures=_signatures(2)))
+    with pytest.raises(ValueError, match=r"lacks \['domains'\]"):
+        make_router("domain_oracle", RouterCalibration(n_workers=3))
+    with pytest.raises(ValueError, match=r"lacks \['kv_capacity_tokens'\]"):
+        make_router("vllm_dp@0.32", RouterCalibration(n_workers=3))
+    # built without a calibration it comes back unprepared, and route() says what prepare needs
+    with pytest.raises(ValueError, match=r"'domain_oracle' is not prepared.*\['domains'\]"):
+        make_router("domain_oracle").route(RequestBatch([1], domain=[0]), ClusterView.idle(2))
+    with pytest.raises(ValueError, match="calibration must be a RouterCalibration"):
+        make_router("jsq").prepare({"n_workers": 2})
+    with pytest.raises(ValueError, match="signatures must be a finite"):
+        RouterCalibration(signatures=np.full((2, 3), np.nan))
+    with pytest.raises(ValueError, match="n_workers"):
+        RouterCalibration(n_workers=0)
+
+
+def test_make_router_takes_only_known_parameters_and_shares_options():
+    with pytest.raises(ValueError, match=r"'jsq' takes no parameter\(s\) \['tau'\]"):
+        make_router("jsq", tau=0.1)
+    # a sweep's shared settings reach only the routers that take them
+    assert make_router("jsq", options={"tau": 0.3}).seed == 0
+    assert make_router("eldr", centroids=np.eye(2), options={"tau": 0.3}).tau == 0.3
+
+
+def test_the_registry_lists_every_router_as_a_class_and_the_floor_imports_no_paper():
+    import ast
+    import pathlib
+
+    import moelab.routing
+    from moelab.routers import ROUTERS, router_names
+    from moelab.routing import Router
+
+    assert {"eldr", "domain_oracle", "br0", "brh", "vllm_dp@0.32", "sglang_total_tokens", *BASELINES} <= set(ROUTERS)
+    for name, cls in ROUTERS.items():
+        assert isinstance(cls, type) and issubclass(cls, Router) and cls.name == name
+    assert router_names() == tuple(sorted(ROUTERS))
+    floor = pathlib.Path(moelab.routing.__file__).parent
+    for path in floor.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom | ast.Import):
+                mods = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                assert not any(m.startswith(("moelab.eldr", "moelab.balanceroute", "importlib")) or m == "importlib"
+                               for m in mods), (path.name, mods)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert ":" not in node.value or not node.value.startswith("moelab."), (path.name, node.value)
+
+
+def test_engine_queues_are_declared_and_a_driver_without_them_refuses_such_routers():
+    from moelab.routers import check_supplies, router_class, router_names
+
+    assert router_class("sglang_round_robin").engine_queues and not router_class("jsq").engine_queues
+    pooled = router_names(engine_queues=False)
+    assert "jsq" in pooled and "vllm_dp@0.32" not in pooled and "sglang_total_tokens" not in pooled
+    with pytest.raises(ValueError, match="engine's own queue"):
+        check_supplies(router_class("sglang_round_robin"), {"prompt_len", "active", "waiting", "time_s"}, "a test driver",
+                       engine_queues=False)
+    check_supplies(router_class("sglang_round_robin"), {"prompt_len", "active", "waiting", "time_s"}, "a DP driver",
+                   engine_queues=True)
+    # what a driver can calibrate is a filter too: the oracle needs domain labels
+    assert "domain_oracle" not in router_names(calibration={"n_workers", "signatures", "seed"})
+
+
+def test_brh_routes_through_the_one_worker_guard_of_router_route():
+    from moelab.balanceroute.routers import BR0, BRH
+    from moelab.routing import Router
+
+    assert "route" not in vars(BRH) and "route" not in vars(BR0) and BRH.route is Router.route
+    brh = make_router("brh", horizon=0, gamma=1.0, beta=None).reset(2)
+    view = ClusterView(active=[0, 0, 0], kv_tokens=[0, 0, 0], free_slots=[2, 2, 2])
+    with pytest.raises(ValueError, match="view has 3 workers but the router was reset for 2"):
+        brh.route(RequestBatch([4]), view)
+    fresh = make_router("br0")
+    assert fresh.route(RequestBatch([4, 5]), view).tolist() != [-1, -1] and fresh.n_workers == 3

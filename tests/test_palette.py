@@ -64,7 +64,7 @@ def test_names_sharing_a_figure_have_distinct_colours(group):
 def test_every_registered_router_and_model_has_a_fixed_colour():
     from moelab.costmodel import MODEL_SHAPES
     from moelab.dsd import MODES
-    from moelab.routing import ROUTERS
+    from moelab.routers import ROUTERS
 
     for name in [*ROUTERS, *MODES, *MODEL_SHAPES]:
         assert name.lower() in PALETTE, f"{name} has no fixed colour in moelab.viz.common.PALETTE"

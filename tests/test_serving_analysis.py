@@ -8,7 +8,7 @@ import pytest
 from moelab.datasets import bundled_path
 from moelab.eldr import SignatureBuilder
 from moelab.eldr.partition import spherical_kmeans
-from moelab.routing import make_router
+from moelab.routers import make_router
 from moelab.serving.analysis import assign, compare_routers, distinct_per_step
 from moelab.traces import ExpertTrace
 

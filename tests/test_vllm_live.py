@@ -257,11 +257,16 @@ def test_proxy_eldr_routes_by_prefill_signature(servers, engine, prompts, vtrace
     """ELDR through the proxy: signatures from a prefill pass on the in-process engine; with tau=0
     and one request at a time every request goes to its most similar centroid."""
     from moelab.capture.vllm_backend import PrefillCountServer, prefill_counts
+    from moelab.eldr import SignatureBuilder
+    from moelab.routers import make_router
+    from moelab.routing import RouterCalibration
     from moelab.serving import RouterProxy
-    from moelab.serving.signatures import ELDRSignatureClient, fit_eldr_router
+    from moelab.serving.signatures import ELDRSignatureClient
 
     urls = _wait(servers)
-    router, builder = fit_eldr_router(vtrace, 2, tau=0.0)
+    builder = SignatureBuilder("count_idf", seed=0).fit(vtrace)
+    calibration = RouterCalibration(n_workers=2, signatures=builder.transform(vtrace), seed=0)
+    router = make_router("eldr", calibration, tau=0.0)
     counts_server = PrefillCountServer(engine).start()
     proxy = RouterProxy(urls, router, signature_source=ELDRSignatureClient(counts_server.url, builder))
     pt = _ProxyThread(proxy)

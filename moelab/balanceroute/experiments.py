@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+import moelab.balanceroute.routers  # noqa: F401  registers BR-0 and BR-H for lineup
 from moelab._validate import check_int, check_real
 from moelab.balanceroute.cost import DPCost
 from moelab.balanceroute.predictors import Predictor, make_predictor
-from moelab.balanceroute.routers import BR0, BRH
 from moelab.balanceroute.sim import simulate
 from moelab.routing import Router, make_router, router_names
 from moelab.routing import dp_balancers as _dp  # registers vLLM's and SGLang's DP balancers
@@ -181,9 +181,7 @@ def lineup(names: tuple[str, ...], params: BRParams | None = None, train: Reques
     cache = {} if predictors is None else predictors
     routers: dict[str, Router] = {}
     for name in names:
-        if name == "br0":
-            routers[name] = BR0(window=params.window, seed=seed)
-        elif name.startswith("brh_"):
+        if name.startswith("brh_"):  # a BR-H variant: params and predictor named, not a registry name
             p, pname = params, name[4:]
             if pname.startswith("tuned_"):
                 if tuned is None:
@@ -195,9 +193,10 @@ def lineup(names: tuple[str, ...], params: BRParams | None = None, train: Reques
                 if pname != "oracle" and train is None:
                     raise ValueError(f"router {name!r} needs a training trace (train=) to fit its {pname!r} predictor")
                 cache[(pname, p.horizon)] = fit_predictors(train, p.horizon, (pname,), seed)[pname]
-            routers[name] = BRH(p.horizon, p.gamma, p.alpha, p.beta, cache[(pname, p.horizon)], p.window, seed=seed)
-        else:
-            routers[name] = make_router(name, seed=seed)
+            routers[name] = make_router("brh", horizon=p.horizon, gamma=p.gamma, alpha=p.alpha, beta=p.beta,
+                                        predictor=cache[(pname, p.horizon)], window=p.window, seed=seed)
+        else:  # any registered router; the params' window goes to those that take one (BR-0)
+            routers[name] = make_router(name, seed=seed, options={"window": params.window})
     return routers
 
 
@@ -261,7 +260,8 @@ def tune_brh(train: RequestTrace, cost: DPCost, *, load: float = 1.2, n_requests
     for h, g, b in itertools.product(grid["horizon"], grid["gamma"], grid["beta"]):
         p = replace(base, horizon=int(h), gamma=float(g), beta=b, label="tuned")
         pred = fit_predictors(train, p.horizon, (predictor,), seed)[predictor]
-        r = BRH(p.horizon, p.gamma, p.alpha, p.beta, pred, p.window, seed=seed)
+        r = make_router("brh", horizon=p.horizon, gamma=p.gamma, alpha=p.alpha, beta=p.beta, predictor=pred,
+                        window=p.window, seed=seed)
         s = simulate(tr, r, cost.n_workers, cost.slots, cost, seed=seed, **sim_kwargs).metrics()
         rows.append({"horizon": int(h), "gamma": float(g), "beta": "G" if b is None else b,
                      "avg_imbalance": s["avg_imbalance"], "throughput_tok_s": s["throughput_tok_s"]})

@@ -23,9 +23,10 @@ import numpy as np
 from moelab._validate import check_int, check_real
 from moelab.balanceroute.predictors import PREDICTORS, Predictor
 from moelab.balanceroute.score import best_subset, discounts, f_argmax, f_score, projected_loads
-from moelab.routing.base import UNASSIGNED, ClusterView, RequestBatch, Router
+from moelab.routing.base import UNASSIGNED, ClusterView, RequestBatch, Router, register_router
 
 
+@register_router
 class BRH(Router):
     """BalanceRoute with lookahead ``horizon`` H, discount ``gamma``, weights ``alpha`` / ``beta``.
 
@@ -50,6 +51,8 @@ class BRH(Router):
     """
 
     name = "brh"
+    # the most BR-H reads (an oracle predictor with H > 0); each instance narrows it to its horizon/predictor
+    requires = frozenset({"prompt_len", "free_slots", "kv_tokens", "active_requests", "output_len"})
 
     def __init__(self, horizon: int = 72, gamma: float = 0.86, alpha: float = 1.0, beta: float | None = 43.0,
                  predictor: Predictor | str = "oracle", window: int = 512, stage2_slots: int = 4,
@@ -94,11 +97,8 @@ class BRH(Router):
         return projected_loads(g, self.horizon, act.worker, act.workload.astype(np.float64), c)
 
     # ------------------------------------------------------------------ routing
-    def route(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
-        if self.n_workers == 0:
-            self.reset(view.n_workers)
-        if view.n_workers != self.n_workers:
-            raise ValueError(f"view has {view.n_workers} workers but the router was reset for {self.n_workers}")
+    def _route(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
+        """The whole waiting pool at once (stage 1, then stage 2); :meth:`Router.route` guards the worker count."""
         n = len(batch)
         out = np.full(n, UNASSIGNED, dtype=np.int64)
         free = view.free_slots.astype(np.int64).copy()
@@ -168,10 +168,12 @@ class BRH(Router):
                 f"predictor={self.predictor.name}, window={self.window})")
 
 
+@register_router
 class BR0(BRH):
     """BR-0: BalanceRoute without prediction (``H = 0``, ``alpha = 1``, ``beta = G``)."""
 
     name = "br0"
+    requires = frozenset({"prompt_len", "free_slots", "kv_tokens"})
 
     def __init__(self, window: int = 512, stage2_slots: int = 4, max_wait_steps: int = 2000,
                  seed: int | None = 0) -> None:

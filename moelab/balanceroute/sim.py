@@ -8,7 +8,7 @@ Model (one loop iteration = one decode step):
    * **pooled** (BR-0/BR-H, JSQ, least-KV, ...): arrived requests wait in one central FCFS pool; when a
      rank has a free slot the router sees the ``pool_view`` oldest and returns a rank per request
      (``-1`` = keep waiting). This is the paper's setting.
-   * **engine queues** (``router.engine_queues``: vLLM's and SGLang's DP balancers,
+   * **engine queues** (``Router.engine_queues``: vLLM's and SGLang's DP balancers,
      :mod:`moelab.routing.dp_balancers`): every arrived request is dispatched at once to a rank, full or
      not, and waits in *that rank's* FCFS queue; each rank admits from its own queue into free slots.
 
@@ -35,7 +35,14 @@ import pandas as pd
 
 from moelab._validate import check_int, check_real
 from moelab.balanceroute.cost import MAX_SLOTS, MAX_WORKERS, DPCost
-from moelab.routing.base import ActiveRequests, ClusterView, RequestBatch, Router, check_supplies
+from moelab.routing.base import (
+    ActiveRequests,
+    ClusterView,
+    RequestBatch,
+    Router,
+    RouterCalibration,
+    check_supplies,
+)
 from moelab.sim import SimResult
 from moelab.sim.metrics import percentiles, summarize_requests
 from moelab.traces import RequestTrace
@@ -127,8 +134,9 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
         The run's step cap (default 20 million). A request whose ``output_len`` exceeds it is refused
         up front; a run that reaches it raises ``RuntimeError``.
     kv_capacity_tokens : float, optional
-        KV tokens one rank can hold, given to routers that read a KV-cache usage (vLLM >= 0.32) and
-        were built without one; default :meth:`DPCost.kv_capacity_tokens`.
+        KV tokens one rank can hold, given in the router's calibration (:meth:`Router.prepare`) to
+        routers that read a KV-cache usage (vLLM >= 0.32); default, for one built without it,
+        :meth:`DPCost.kv_capacity_tokens`.
 
     Returns
     -------
@@ -159,7 +167,7 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
         raise ValueError(f"cost must be a DPCost; got {type(cost).__name__}")
     if (cost.n_workers, cost.slots) != (G, B):
         raise ValueError(f"cost was built for G={cost.n_workers}, slots={cost.slots}; simulate got G={G}, slots={B}")
-    engine_queues = bool(getattr(router, "engine_queues", False))
+    engine_queues = router.engine_queues
     # the router contract: refuse, naming the field, a router that needs what this trace/driver cannot fill
     supplied = set(SUPPLIES) | {c for c in ("prompt_key", "signature", "domain") if getattr(trace, c, None) is not None}
     if trace.prompt_key is None or np.array_equal(trace.prompt_key, trace.prompt_len):
@@ -167,9 +175,10 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
     if engine_queues:
         supplied.add("waiting_tokens")  # per-engine queues: the prompt tokens queued at each rank
     check_supplies(router, supplied, f"the BalanceRoute DP simulator on trace {trace.source!r}")
-    if hasattr(router, "set_kv_capacity") and (kv_capacity_tokens is not None
-                                               or getattr(router, "kv_capacity_tokens", None) is None):
-        router.set_kv_capacity(cost.kv_capacity_tokens() if kv_capacity_tokens is None else kv_capacity_tokens)
+    if router.calibration_needs or kv_capacity_tokens is not None:  # prepare it from what this simulator knows
+        if kv_capacity_tokens is None and "kv_capacity_tokens" in router.calibration_needs:
+            kv_capacity_tokens = cost.kv_capacity_tokens()
+        router.prepare(RouterCalibration(n_workers=G, kv_capacity_tokens=kv_capacity_tokens))
     router.reset(G, seed)
     arrival, P, OUT = trace.arrival_s, trace.prompt_len, trace.output_len
     K = trace.prompt_key if trace.prompt_key is not None else None

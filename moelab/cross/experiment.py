@@ -27,9 +27,9 @@ import pandas as pd
 
 from moelab._validate import check_int, check_real
 from moelab.costmodel import DecodeStepModel
-from moelab.eldr.experiments import ELDRSetup, synthetic_setup, with_workers
-from moelab.eldr.routing import ELDRRouter
-from moelab.routing import Router, make_router
+from moelab.eldr.experiments import ELDRSetup, build_router, synthetic_setup, with_workers
+from moelab.routers import make_router
+from moelab.routing import Router
 from moelab.sim import gain_vs_best
 from moelab.sim.cluster import simulate
 from moelab.traces import RequestTrace, load_azure_trace, replay_requests
@@ -130,11 +130,8 @@ def share_sweep(cs: CrossSetup, shares: tuple[float, ...], *, load: float = 1.3,
 
 
 def _instance_router(cs: CrossSetup, name: str, tau: float, seed: int) -> Router:
-    if name == "eldr":
-        return ELDRRouter(cs.eldr.centroids(), tau=tau, seed=seed)
-    if name == "domain_oracle":
-        return make_router(name, n_domains=cs.eldr.n_domains, seed=seed)
-    return make_router(name, seed=seed)
+    # the ELDR half's calibration prepares the instance router (ELDR's centroids, the oracle's domain count)
+    return build_router(cs.eldr, name, tau=tau, seed=seed)
 
 
 def run_pair(cs: CrossSetup, instance: str, rank: str, *, rate: float, n_requests: int = 1000, tau: float = 0.1,

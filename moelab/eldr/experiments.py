@@ -15,16 +15,23 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+import moelab.eldr.routing  # noqa: F401  registers ELDR's routers for build_router
 from moelab._validate import check_choice, check_int, check_real, rng_from
 from moelab.costmodel import MODEL_SHAPES, DecodeStepModel
 from moelab.datasets import load_eldr_results
-from moelab.eldr.partition import OnlineRefitter, spherical_kmeans
+from moelab.eldr.partition import spherical_kmeans
 from moelab.eldr.prefix import ConversationWorkload, cache_signatures, conversation_arrivals
-from moelab.eldr.routing import DomainOracleRouter, ELDRRouter
 from moelab.eldr.signature import KINDS, SignatureBuilder
 from moelab.eldr.sim import pack_expert_bits, poisson_requests, simulate
 from moelab.eldr.workload import SyntheticConfig, SyntheticWorkload, distinct_reduction, generate
-from moelab.routing import Router, available_routers, make_router, router_names
+from moelab.routing import (
+    Router,
+    RouterCalibration,
+    available_routers,
+    make_router,
+    router_class,
+    router_names,
+)
 from moelab.sim import gain_vs_best, gains_table
 from moelab.traces import ExpertTrace, RequestTrace
 
@@ -146,19 +153,18 @@ def rate_for_batch(setup: ELDRSetup, batch: int, output_len: int = 512) -> float
 
 def build_router(setup: ELDRSetup, name: str, *, tau: float = 0.1, kind: str = "count_idf", balanced: bool = True,
                  refit_window_s: float | None = None, seed: int = 0) -> Router:
-    """A router by name, wired to the setup (ELDR gets centroids — refitted online every
-    ``refit_window_s`` on that window's signatures when given — the oracle the domain count)."""
-    if name not in available_routers():
-        raise ValueError(f"router must be one of {available_routers()}; got {name!r}")
-    if name == "eldr":
-        refit = None
-        if refit_window_s is not None:
-            refit = OnlineRefitter(refit_window_s, refit_window_s, min_points=4 * setup.n_workers, balanced=balanced,
-                                   seed=seed)
-        return ELDRRouter(setup.centroids(kind, balanced), tau=tau, seed=seed, refit=refit)
-    if name == "domain_oracle":
-        return DomainOracleRouter(n_domains=setup.n_domains, seed=seed)
-    return make_router(name, seed=seed)
+    """A router by name, prepared on the setup's calibration half: its ``kind`` signatures with the
+    setup's cached (balanced) K-means centroids (ELDR's, refitted online every ``refit_window_s`` when
+    given) and the domain labels of both halves (the oracle counts them). ELDR's knobs go only to
+    routers that take them."""
+    needs = router_class(name).calibration_needs  # build only what the router will fit on
+    calibration = RouterCalibration(
+        n_workers=setup.n_workers, seed=setup.seed,
+        signatures=setup.builder(kind).transform(setup.calib) if "signatures" in needs else None,
+        centroids=setup.centroids(kind, balanced) if "signatures" in needs else None,
+        domains=np.concatenate([setup.calib.domains, setup.pool.domains]) if "domains" in needs else None)
+    return make_router(name, calibration, seed=seed,
+                       options={"tau": tau, "balanced": balanced, "refit_window_s": refit_window_s})
 
 
 def run_one(

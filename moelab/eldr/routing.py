@@ -29,31 +29,51 @@ import numpy as np
 
 from moelab._validate import check_array, check_int, check_real
 from moelab.eldr.partition import OnlineRefitter, spherical_kmeans
-from moelab.routing.base import UNASSIGNED, ClusterView, RequestBatch, Router
+from moelab.routing.base import (
+    UNASSIGNED,
+    ClusterView,
+    RequestBatch,
+    Router,
+    RouterCalibration,
+    register_router,
+)
 
 
+@register_router
 class ELDRRouter(Router):
     """Locality-band routing over one centroid per decode worker.
 
     Parameters
     ----------
-    centroids : [K, d] unit centroids (row j belongs to worker j), or None to set later with
-        :meth:`set_centroids` / :meth:`fit`
+    centroids : [K, d] unit centroids (row j belongs to worker j), or None to fit them in :meth:`prepare`
+        (balanced spherical K-means of the calibration's ``signatures`` into its ``n_workers``)
     tau : band width (>= 0), default 0.1
     seed : tie-break seed
     min_band : widen a band of fewer workers to the ``min_band`` most similar (tau > 0 only), >= 1;
         default 1 (off; see the module docstring)
     spill : load guard (see the module docstring), default 1.0; None turns it off
     refit : an :class:`OnlineRefitter` to refit centroids on recent signatures (optional)
+    refit_window_s : float, optional
+        The online refitter by its window: :meth:`prepare` builds an :class:`OnlineRefitter` that refits
+        every ``refit_window_s`` seconds on that window's signatures (at least 4 per worker); not with ``refit``
+    balanced : bool
+        Balanced (default) or plain spherical K-means when :meth:`prepare` fits the centroids (and refits)
     """
 
     name = "eldr"
     requires = frozenset({"prompt_len", "free_slots", "active", "waiting", "signature"})
     tags = frozenset({"locality"})
+    calibration_needs = frozenset({"n_workers", "signatures"})
 
     def __init__(self, centroids: np.ndarray | None = None, tau: float = 0.1, seed: int | None = 0,
-                 refit: OnlineRefitter | None = None, min_band: int = 1, spill: float | None = 1.0) -> None:
+                 refit: OnlineRefitter | None = None, min_band: int = 1, spill: float | None = 1.0,
+                 refit_window_s: float | None = None, balanced: bool = True) -> None:
         super().__init__(seed)
+        if refit is not None and refit_window_s is not None:
+            raise ValueError("give refit (an OnlineRefitter) or refit_window_s, not both")
+        self.refit_window_s = None if refit_window_s is None else check_real("refit_window_s", refit_window_s, low=0,
+                                                                             low_open=True)
+        self.balanced = bool(balanced)
         self.tau = check_real("tau", tau, low=0)
         self._tau32 = np.float32(self.tau)
         self.min_band = check_int("min_band", min_band, low=1)
@@ -63,6 +83,13 @@ class ELDRRouter(Router):
         self.centroids: np.ndarray | None = None
         if centroids is not None:
             self.set_centroids(centroids)
+            if self.refit_window_s is not None:
+                self.refit = self._window_refitter()
+
+    def _window_refitter(self) -> OnlineRefitter:
+        # at least 4 signatures per worker in the window before a refit (K-means on fewer is noise)
+        return OnlineRefitter(self.refit_window_s, self.refit_window_s, min_points=4 * self.centroids.shape[0],
+                              balanced=self.balanced, seed=self.seed)
 
     def set_centroids(self, centroids: np.ndarray) -> ELDRRouter:
         """Set the [K, d] centroids (rows normalised; row j belongs to worker j)."""
@@ -73,13 +100,34 @@ class ELDRRouter(Router):
         self._ct = np.ascontiguousarray(self.centroids.T)
         # float32 copy for the one-request fast path: the [K, d] matrix is the memory traffic of a decision
         self._c32 = np.ascontiguousarray(self.centroids, dtype=np.float32)
+        self.calibration_needs = frozenset()
         return self
 
     def fit(self, signatures: np.ndarray, n_workers: int, *, balanced: bool = True, seed: int = 0) -> ELDRRouter:
         """Set centroids by (balanced) spherical K-means of calibration ``signatures`` into ``n_workers``."""
-        n_workers = check_int("n_workers", n_workers, low=1)
-        self.set_centroids(spherical_kmeans(signatures, n_workers, balanced=balanced, seed=seed).centroids)
-        return self.reset(n_workers)
+        self.balanced = bool(balanced)
+        return self.prepare(RouterCalibration(n_workers=n_workers, signatures=signatures, seed=seed))
+
+    def _prepare(self, calibration: RouterCalibration) -> None:
+        """Centroids from the calibration's signatures (its fitted ``centroids`` when the driver has them
+        cached; without signatures the constructor's stay), and the online refitter when
+        ``refit_window_s`` was given."""
+        if calibration.centroids is not None:
+            self.set_centroids(calibration.centroids)
+        elif calibration.signatures is not None:
+            if calibration.n_workers is None:
+                raise ValueError("router 'eldr' cannot be prepared: the calibration has signatures but lacks "
+                                 "['n_workers'] (the centroid count)")
+            if calibration.signatures.shape[0] < calibration.n_workers:
+                raise ValueError(f"router 'eldr' cannot be prepared: the calibration holds "
+                                 f"{calibration.signatures.shape[0]} signatures, fewer than its n_workers="
+                                 f"{calibration.n_workers} (one centroid per worker)")
+            km = spherical_kmeans(calibration.signatures, calibration.n_workers, balanced=self.balanced,
+                                  seed=calibration.seed)
+            self.set_centroids(km.centroids)
+        if self.refit_window_s is not None:
+            self.refit = self._window_refitter()
+        self.reset(self.centroids.shape[0] if calibration.n_workers is None else calibration.n_workers)
 
     @property
     def dim(self) -> int:
@@ -170,18 +218,33 @@ class ELDRRouter(Router):
                 f"refit={self.refit is not None})")
 
 
+@register_router
 class DomainOracleRouter(Router):
     """Route by the ground-truth domain label: workers are split into ``n_domains`` fixed contiguous
     groups (as equal as possible; domain ``d`` -> worker ``d mod K`` when there are more domains
-    than workers), JSQ inside the group with a seeded random tie-break."""
+    than workers), JSQ inside the group with a seeded random tie-break.
+
+    ``n_domains`` : the number of domains (>= 1), or None to count the distinct labels of the
+    calibration's ``domains`` in :meth:`prepare`.
+    """
 
     name = "domain_oracle"
     requires = frozenset({"prompt_len", "free_slots", "active", "waiting", "domain"})
     tags = frozenset({"oracle"})
+    calibration_needs = frozenset({"domains"})
 
-    def __init__(self, n_domains: int = 1, seed: int | None = 0) -> None:
+    def __init__(self, n_domains: int | None = None, seed: int | None = 0) -> None:
         super().__init__(seed)
-        self.n_domains = check_int("n_domains", n_domains, low=1)
+        self.n_domains = None
+        if n_domains is not None:
+            self.n_domains = check_int("n_domains", n_domains, low=1)
+            self.calibration_needs = frozenset()
+
+    def _prepare(self, calibration: RouterCalibration) -> None:
+        """Count the distinct domain labels of the calibration (when it has them)."""
+        if calibration.domains is not None:
+            self.n_domains = check_int("the calibration's distinct domains", np.unique(calibration.domains).size,
+                                       low=1)
 
     def reset(self, n_workers: int, seed: int | None = None) -> Router:
         """Forget state and split the workers into one group per domain."""

@@ -8,20 +8,31 @@
   the required fields are present (a cheap ``is None`` test).
 * The worker-count guard lives once, in :meth:`Router.route`; subclasses implement :meth:`Router._route`
   (a whole batch) or :meth:`Router._choose` (one request at a time, the view kept up to date).
-* :data:`ROUTERS` is the one registry of names; :func:`make_router` builds one, :func:`router_names`
-  lists them (optionally by tag, e.g. ``"baseline"``).
+* A router with fitted state declares what it needs from a :class:`RouterCalibration`
+  (:attr:`Router.calibration_needs`, names from :data:`CALIBRATION_FIELDS`); :meth:`Router.prepare` fits
+  it (ELDR's centroids, the domain oracle's domain count, a vLLM balancer's KV capacity) and refuses,
+  naming the missing items, a calibration that lacks them. :meth:`Router.route` refuses a router that
+  still needs preparing.
+* A router that dispatches every request at once to an engine's own queue, even a full engine, says so
+  with :attr:`Router.engine_queues`; a driver states whether it keeps engine queues
+  (:func:`check_supplies`, :func:`router_names`), as it states the fields it supplies.
+* :data:`ROUTERS` is the one registry of names, filled by :func:`register_router` as each router's
+  module is imported: this floor registers its baselines; the paper folders register their own
+  routers, and :mod:`moelab.routers` imports every one of them, so that module's registry is complete.
+  :func:`make_router` builds (and, given a calibration, prepares) one; :func:`router_names` lists them
+  (optionally by tag, e.g. ``"baseline"``, or by what a driver supplies).
 """
 
 from __future__ import annotations
 
-import importlib
+import inspect
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
 
-from moelab._validate import check_int, rng_from
+from moelab._validate import check_int, check_real, rng_from
 
 UNASSIGNED = -1
 
@@ -49,11 +60,79 @@ _BATCH_FIELDS = frozenset({"prompt_len", "signature", "domain", "prompt_key", "p
 _ALWAYS = frozenset({"prompt_len", "active", "waiting", "kv_tokens", "free_slots", "time_s"})
 
 
-def _check_names(names: Collection[str], what: str) -> frozenset[str]:
-    unknown = sorted(set(names) - set(FIELDS))
+#: Everything a router may need from its calibration (:meth:`Router.prepare`), and what it means.
+CALIBRATION_FIELDS: dict[str, str] = {
+    "n_workers": "RouterCalibration.n_workers: the workers the router will place requests on",
+    "signatures": "RouterCalibration.signatures: [n, d] expert-routing signatures of calibration requests (ELDR)",
+    "centroids": "RouterCalibration.centroids: [n_workers, d] centroids the driver already fitted on the signatures",
+    "domains": "RouterCalibration.domains: domain label of each calibration request (the domain oracle)",
+    "kv_capacity_tokens": "RouterCalibration.kv_capacity_tokens: one engine's KV-cache size in tokens (vLLM >= 0.32)",
+    "seed": "RouterCalibration.seed: seed of whatever prepare fits (e.g. K-means)",
+}
+
+
+def _check_names(names: Collection[str], what: str, known: Mapping[str, str] = FIELDS) -> frozenset[str]:
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        raise ValueError(f"{what} has unknown field(s) {unknown}; fields: {sorted(FIELDS)}")
+        raise ValueError(f"{what} has unknown field(s) {unknown}; fields: {sorted(known)}")
     return frozenset(names)
+
+
+@dataclass(frozen=True)
+class RouterCalibration:
+    """What a driver knows before routing starts, for :meth:`Router.prepare` (fields: :data:`CALIBRATION_FIELDS`).
+
+    Parameters
+    ----------
+    n_workers : int, optional
+        The workers the router will place requests on (>= 1).
+    signatures : ndarray, optional
+        ``[n, d]`` finite expert-routing signatures of calibration requests (ELDR fits one centroid per
+        worker on them).
+    centroids : ndarray, optional
+        ``[n_workers, d]`` centroids the driver already fitted on ``signatures`` (its cache: ELDR takes
+        them instead of running K-means again).
+    domains : array-like, optional
+        The domain label of each calibration request (the domain oracle counts the distinct ones).
+    kv_capacity_tokens : float, optional
+        One engine's KV-cache size in tokens (> 0; vLLM >= 0.32 turns KV tokens into a usage fraction).
+    seed : int
+        Seed of whatever ``prepare`` fits (default 0).
+    """
+
+    n_workers: int | None = None
+    signatures: np.ndarray | None = None
+    centroids: np.ndarray | None = None
+    domains: np.ndarray | None = None
+    kv_capacity_tokens: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n_workers is not None:
+            object.__setattr__(self, "n_workers", check_int("n_workers", self.n_workers, low=1))
+        if self.signatures is not None:
+            sig = np.asarray(self.signatures, dtype=np.float64)
+            if sig.ndim != 2 or sig.shape[0] < 1 or not np.isfinite(sig).all():
+                raise ValueError(f"signatures must be a finite [n >= 1, d] array; got shape {sig.shape}")
+            object.__setattr__(self, "signatures", sig)
+        if self.centroids is not None:
+            cen = np.asarray(self.centroids, dtype=np.float64)
+            if self.signatures is None or cen.ndim != 2 or cen.shape[1] != self.signatures.shape[1]:
+                raise ValueError(f"centroids must come with the signatures they were fitted on, one [n_workers, d] row "
+                                 f"per worker of the signatures' dimension; got shape {cen.shape}")
+            if self.n_workers is not None and cen.shape[0] != self.n_workers:
+                raise ValueError(f"centroids must have one row per worker (n_workers={self.n_workers}); got {cen.shape[0]}")
+            object.__setattr__(self, "centroids", cen)
+        if self.domains is not None:
+            object.__setattr__(self, "domains", np.atleast_1d(np.asarray(self.domains)))
+        if self.kv_capacity_tokens is not None:
+            object.__setattr__(self, "kv_capacity_tokens",
+                               check_real("kv_capacity_tokens", self.kv_capacity_tokens, low=0, low_open=True))
+        object.__setattr__(self, "seed", check_int("seed", self.seed, low=0))
+
+    def provides(self) -> frozenset[str]:
+        """Names of the fields this calibration holds (``seed`` always)."""
+        return frozenset(f.name for f in fields(self) if getattr(self, f.name) is not None)
 
 
 @dataclass(frozen=True)
@@ -183,13 +262,21 @@ class Router:
     """Base class of every router.
 
     Class attributes: ``name`` (the registry name), ``requires`` (fields of :data:`FIELDS` it reads),
-    ``tags`` (e.g. ``"baseline"``, ``"eldr_paper"``). Subclasses implement :meth:`_choose` for one
-    request (``view`` kept up to date by the base class) or :meth:`_route` for batch policies.
+    ``tags`` (e.g. ``"baseline"``, ``"eldr_paper"``), ``calibration_needs`` (items of
+    :data:`CALIBRATION_FIELDS` :meth:`prepare` must get; an instance whose constructor was given that
+    state needs fewer, and a prepared one none) and ``engine_queues`` (True: every request goes at once
+    to an engine, even a full one, and waits in that engine's queue; the driver keeps those queues).
+    A router whose ``requires`` depends on its parameters narrows it per instance; the class attribute
+    is then the most it may read. Subclasses implement :meth:`_choose` for one request (``view`` kept up
+    to date by the base class) or :meth:`_route` for batch policies, and :meth:`_prepare` when they fit
+    state from a calibration.
     """
 
     name: ClassVar[str] = "router"
     requires: ClassVar[frozenset[str]] = frozenset({"prompt_len", "free_slots"})
     tags: ClassVar[frozenset[str]] = frozenset()
+    calibration_needs: ClassVar[frozenset[str]] = frozenset()
+    engine_queues: ClassVar[bool] = False
 
     def __init__(self, seed: int | None = 0) -> None:
         self.seed = seed
@@ -201,6 +288,30 @@ class Router:
         self.n_workers = check_int("n_workers", n_workers, low=1)
         self.rng = rng_from(self.seed if seed is None else seed)
         return self
+
+    def prepare(self, calibration: RouterCalibration | None = None) -> Router:
+        """Fit what the router needs from ``calibration`` (a no-op for routers without fitted state).
+
+        Raises ``ValueError`` naming the items of :attr:`calibration_needs` that ``calibration`` lacks.
+        Returns ``self``, prepared: :attr:`calibration_needs` is empty afterwards."""
+        calibration = RouterCalibration() if calibration is None else calibration
+        if not isinstance(calibration, RouterCalibration):
+            raise ValueError(f"calibration must be a RouterCalibration; got {type(calibration).__name__}")
+        missing = sorted(self.calibration_needs - calibration.provides())
+        if missing:
+            raise ValueError(f"router {self.name!r} cannot be prepared: the calibration lacks {missing} "
+                             f"({'; '.join(CALIBRATION_FIELDS[m] for m in missing)}); it holds "
+                             f"{sorted(calibration.provides())}")
+        self._prepare(calibration)
+        self.calibration_needs = frozenset()
+        return self
+
+    def _prepare(self, calibration: RouterCalibration) -> None:
+        """Fit the router's state from ``calibration`` (which holds every item it needs)."""
+
+    def _unprepared(self) -> ValueError:
+        return ValueError(f"router {self.name!r} is not prepared: call prepare(RouterCalibration(...)) with "
+                          f"{sorted(self.calibration_needs)} (or give them to its constructor)")
 
     def _bind(self, view: ClusterView) -> None:
         """The worker-count guard: adopt the view's size on first use, refuse a different one later."""
@@ -223,6 +334,8 @@ class Router:
 
     def route(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
         """Assign each request of ``batch`` to a worker (``-1``: no worker has a free slot)."""
+        if self.calibration_needs:
+            raise self._unprepared()
         self._bind(view)
         self._check_present(batch, view)
         return self._route(batch, view)
@@ -252,29 +365,33 @@ class Router:
         return f"{type(self).__name__}(seed={self.seed})"
 
 
-def check_supplies(router: Router | type[Router], supplied: Collection[str], driver: str) -> None:
+def check_supplies(router: Router | type[Router], supplied: Collection[str], driver: str, *,
+                   engine_queues: bool | None = None) -> None:
     """Refuse ``router`` (``ValueError`` naming the fields) when it requires a field that ``driver``
-    does not supply."""
+    does not supply, or, where ``engine_queues`` is given, when it needs per-engine queues that
+    ``driver`` does not keep (``engine_queues=False``)."""
     supplied = _check_names(supplied, driver)
     missing = sorted(set(router.requires) - supplied)
     if missing:
         raise ValueError(f"router {router.name!r} requires {missing}, which {driver} does not supply "
                          f"(it supplies {sorted(supplied)})")
+    if engine_queues is False and router.engine_queues:
+        raise ValueError(f"router {router.name!r} dispatches every request to an engine's own queue, which {driver} "
+                         "does not keep (it queues requests centrally until a worker has a free slot)")
 
 
-#: The one registry of router names: name -> class, or ``"module:Class"`` for routers that live in a
-#: paper's folder (imported on first use, so the floor never imports a paper at load time).
-ROUTERS: dict[str, type[Router] | str] = {
-    "eldr": "moelab.eldr.routing:ELDRRouter",
-    "domain_oracle": "moelab.eldr.routing:DomainOracleRouter",
-    "br0": "moelab.balanceroute.routers:BR0",
-    "brh": "moelab.balanceroute.routers:BRH",
-}
+#: The one registry of router names: name -> class, filled by :func:`register_router` as each router's
+#: module is imported (:mod:`moelab.routers` imports them all).
+ROUTERS: dict[str, type[Router]] = {}
 
 
 def register_router(cls: type[Router]) -> type[Router]:
-    """Class decorator: add ``cls`` to :data:`ROUTERS` under ``cls.name`` (validates ``requires``)."""
+    """Class decorator: add ``cls`` to :data:`ROUTERS` under ``cls.name`` (validates ``requires`` and
+    ``calibration_needs``; a second class under a taken name is refused)."""
     _check_names(cls.requires, f"{cls.__name__}.requires")
+    _check_names(cls.calibration_needs, f"{cls.__name__}.calibration_needs", CALIBRATION_FIELDS)
+    if ROUTERS.get(cls.name, cls) is not cls:
+        raise ValueError(f"router name {cls.name!r} is taken by {ROUTERS[cls.name].__qualname__}")
     ROUTERS[cls.name] = cls
     return cls
 
@@ -282,23 +399,25 @@ def register_router(cls: type[Router]) -> type[Router]:
 def router_class(name: str) -> type[Router]:
     """The class registered under ``name`` (``ValueError`` listing the registry)."""
     if name not in ROUTERS:
-        raise ValueError(f"router must be one of {sorted(ROUTERS)}; got {name!r}")
-    entry = ROUTERS[name]
-    if isinstance(entry, str):
-        module, _, attr = entry.partition(":")
-        entry = getattr(importlib.import_module(module), attr)
-        ROUTERS[name] = entry
-    return entry
+        raise ValueError(f"router must be one of {sorted(ROUTERS)}; got {name!r} (moelab.routers registers every "
+                         "router of the lab)")
+    return ROUTERS[name]
 
 
-def router_names(tag: str | None = None, *, supplied: Collection[str] | None = None) -> tuple[str, ...]:
-    """Registered names, sorted; only those tagged ``tag`` and/or whose requirements ``supplied`` covers."""
+def router_names(tag: str | None = None, *, supplied: Collection[str] | None = None,
+                 engine_queues: bool | None = None, calibration: Collection[str] | None = None) -> tuple[str, ...]:
+    """Registered names, sorted; only those tagged ``tag``, whose requirements ``supplied`` covers, that
+    a driver keeping (``engine_queues=True``) or not keeping (False) engine queues can run, and whose
+    :attr:`~Router.calibration_needs` the items in ``calibration`` cover (None: no filter)."""
     out = []
-    for name in sorted(ROUTERS):
-        cls = router_class(name) if (tag is not None or supplied is not None) else None
+    for name, cls in sorted(ROUTERS.items()):
         if tag is not None and tag not in cls.tags:
             continue
         if supplied is not None and not set(cls.requires) <= set(supplied):
+            continue
+        if engine_queues is False and cls.engine_queues:
+            continue
+        if calibration is not None and not set(cls.calibration_needs) <= set(calibration):
             continue
         out.append(name)
     return tuple(out)
@@ -309,9 +428,33 @@ def available_routers() -> list[str]:
     return sorted(ROUTERS)
 
 
-def make_router(name: str, **kwargs: Any) -> Router:
-    """Build a router by name (e.g. ``"jsq"``, ``"eldr"``, ``"br0"``) with keyword parameters."""
-    return router_class(name)(**kwargs)
+def make_router(name: str, calibration: RouterCalibration | None = None, *,
+                options: Mapping[str, Any] | None = None, **params: Any) -> Router:
+    """Build a router by name (e.g. ``"jsq"``, ``"eldr"``, ``"br0"``) and prepare it.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`ROUTERS`.
+    calibration : RouterCalibration, optional
+        Given: the router is prepared on it (``ValueError`` naming what it lacks). Without it, a router
+        that needs one comes back unprepared (:meth:`Router.route` refuses it, naming what it needs).
+    options : mapping, optional
+        Settings a driver shares across the routers of a sweep; each goes only to routers whose
+        constructor takes it (e.g. ELDR's ``tau`` in a sweep that also runs JSQ).
+    **params
+        Constructor parameters; every one must be accepted (``ValueError`` listing those accepted).
+    """
+    cls = router_class(name)
+    accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError(f"router {name!r} takes no parameter(s) {unknown}; it takes {accepted}")
+    shared = {k: v for k, v in (options or {}).items() if k in accepted and k not in params}
+    router = cls(**shared, **params)
+    if calibration is not None or not router.calibration_needs:
+        router.prepare(calibration)
+    return router
 
 
 def requirements(names: Collection[str] | None = None) -> Mapping[str, frozenset[str]]:

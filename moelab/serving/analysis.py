@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from moelab._validate import check_int, rng_from
-from moelab.routing import ClusterView, RequestBatch, Router, check_supplies, make_router, router_names
+from moelab.routers import check_supplies, make_router, router_names
+from moelab.routing import ClusterView, RequestBatch, Router
 from moelab.sim import gain_vs_best
 from moelab.traces import ExpertTrace
 
@@ -32,7 +33,7 @@ def assign(router: Router, signatures: np.ndarray, prompt_lens: np.ndarray, n_wo
     order = np.arange(n) if order is None else np.asarray(order)
     if order.shape != (n,) or not np.array_equal(np.sort(order), np.arange(n)):
         raise ValueError(f"order must be a permutation of range({n}) (each request placed exactly once)")
-    check_supplies(router, SUPPLIES, "the trace routing what-if (serving.analysis.assign)")
+    check_supplies(router, SUPPLIES, "the trace routing what-if (serving.analysis.assign)", engine_queues=False)
     cap = math.ceil(n / n_workers)
     view = ClusterView(np.zeros(n_workers), np.zeros(n_workers), np.full(n_workers, cap))
     router.reset(n_workers)
@@ -67,7 +68,8 @@ def compare_routers(trace: ExpertTrace, signatures: np.ndarray, centroids: np.nd
     lens = trace.prompt_lens
     out: dict[str, Any] = {"distinct": {}, "groups": {}}
     for name in routers:
-        router = make_router(name, seed=seed, **({"centroids": centroids, "tau": tau} if name == "eldr" else {}))
+        # centroids and tau go to the routers that take them (ELDR)
+        router = make_router(name, seed=seed, options={"centroids": centroids, "tau": tau})
         w = assign(router, signatures, lens, n_workers, order=order)
         out["groups"][name] = w
         out["distinct"][name] = distinct_per_step(trace, w, n_workers)

@@ -74,7 +74,9 @@ from aiohttp import web
 from aiohttp.http import HttpVersion10, HttpVersion11
 
 from moelab._validate import check_choice, check_int, check_loopback_host, check_real
-from moelab.routing import ClusterView, RequestBatch, Router, make_router
+from moelab.eldr.signature import SignatureBuilder
+from moelab.routers import check_supplies, make_router, router_class, router_names
+from moelab.routing import ClusterView, RequestBatch, Router, RouterCalibration
 from moelab.serving.client import (
     BACKEND_ERRORS,
     MAX_RESPONSE_BYTES,
@@ -85,15 +87,18 @@ from moelab.serving.client import (
     read_bounded,
     split_url,
 )
-from moelab.serving.signatures import ELDRSignatureClient, fit_eldr_router
+from moelab.serving.signatures import ELDRSignatureClient
 from moelab.traces import ExpertTrace
 
 log = logging.getLogger(__name__)
 
 ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions")
-# routers that decide from what a live proxy knows (load, KV tokens, a signature); the domain oracle and
-# BalanceRoute's output-length predictors need information a live request does not carry
-LIVE_ROUTERS = ("round_robin", "random", "jsq", "p2c", "least_kv", "vllm_dp", "eldr")
+# what a live proxy knows (load, KV tokens, a signature from a signature source) and can calibrate a router
+# with (the backends, ELDR's calibration signatures); it queues requests centrally, not per engine. The
+# domain oracle and BR-H's output-length predictors need what a live request does not carry.
+SUPPLIES = frozenset({"prompt_len", "active", "waiting", "kv_tokens", "free_slots", "time_s", "signature"})
+CALIBRATION = frozenset({"n_workers", "signatures", "seed"})
+ROUTER_CHOICES = router_names(supplied=SUPPLIES, engine_queues=False, calibration=CALIBRATION)
 LINGER_S = 5.0  # after an early answer (a 413, say), aiohttp reads and drops the client's body this long
 MAX_FIRST_EVENT_BYTES = 1 << 20  # a stream's bytes held back until its first whole event
 # headers of a backend reply not passed on: hop-by-hop ones, and the framing aiohttp sets for the client
@@ -303,18 +308,6 @@ def _sequences(payload: dict[str, Any]) -> int:
     return max(int(payload.get("n") or 1), int(payload.get("best_of") or 1))
 
 
-def _build_router(router: str | Router, seed: int) -> Router:
-    """The router object for a name of :data:`LIVE_ROUTERS` (or the router object passed)."""
-    if isinstance(router, str):
-        check_choice("router", router, LIVE_ROUTERS)
-        if router == "eldr":
-            raise ValueError("router 'eldr' needs fitted centroids and a signature source: build it with "
-                             "moelab.serving.signatures.fit_eldr_router (the CLI does: --router eldr --signature-url "
-                             "... --eldr-calibration ...)")
-        router = make_router(router, seed=seed)
-    return router
-
-
 class _ProxyRequestHandler(web.RequestHandler):
     """aiohttp's per-connection protocol with one change: a request aiohttp's parser refuses (bad framing,
     no ``Host``) is answered with the proxy's OpenAI-style JSON error and counted in its metrics."""
@@ -357,7 +350,7 @@ class RouterProxy:
     backends : list of str
         Server URLs, ``http://127.0.0.1:PORT``.
     router : str or Router
-        A name for :func:`moelab.routing.make_router` or a router object.
+        A name for :func:`moelab.routers.make_router` (prepared for the backends) or a router object.
     host, port : str, int
         Where to listen (loopback only; port 0 picks a free one).
     max_inflight : int
@@ -398,9 +391,13 @@ class RouterProxy:
         self.backends = [Backend(i, url.rstrip("/")) for i, url in enumerate(backends)]
         for b in self.backends:
             check_loopback_host(f"backend URL {b.url!r} host", b.host)
-        self.router = _build_router(router, seed)
-        if self.router.name == "eldr" and signature_source is None:
-            raise ValueError("the ELDR router needs signature_source= (prefill expert counts of each request)")
+        if isinstance(router, str):
+            check_choice("router", router, ROUTER_CHOICES)
+            router = make_router(router, RouterCalibration(n_workers=len(self.backends), seed=seed), seed=seed)
+        self.router = router
+        check_supplies(router, SUPPLIES if signature_source is not None else SUPPLIES - {"signature"},
+                       "the serving proxy" + ("" if signature_source is not None else " without signature_source="),
+                       engine_queues=False)
         self.router.reset(len(self.backends))
         self.host, self.port = host, check_int("port", port, low=0, high=65535)
         self.max_inflight = check_int("max_inflight", max_inflight, low=1)
@@ -892,7 +889,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="moelab serve-router", description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", "-b", action="append", required=True, metavar="URL",
                    help="an OpenAI-compatible vLLM server, e.g. http://127.0.0.1:8001 (repeat for each)")
-    p.add_argument("--router", default="jsq", choices=LIVE_ROUTERS, help="routing policy (default jsq)")
+    p.add_argument("--router", default="jsq", choices=ROUTER_CHOICES, help="routing policy (default jsq)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-inflight", type=int, default=32, help="requests in flight per backend")
@@ -913,14 +910,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_proxy(args: argparse.Namespace) -> RouterProxy:
     """A :class:`RouterProxy` from parsed command-line arguments."""
-    source = None
-    router: str | Router = args.router
-    if args.router == "eldr":
+    source, calibration = None, RouterCalibration(n_workers=len(args.backend), seed=args.seed)
+    if "signature" in router_class(args.router).requires:  # signatures: calibration ones, then one per request
         if not (args.signature_url and args.eldr_calibration):
-            raise ValueError("--router eldr needs --signature-url and --eldr-calibration")
+            raise ValueError(f"--router {args.router} reads each request's signature: it needs --signature-url and "
+                             "--eldr-calibration")
         calib = ExpertTrace.load(args.eldr_calibration)
-        router, builder = fit_eldr_router(calib, n_workers=len(args.backend), tau=args.tau, seed=args.seed)
+        builder = SignatureBuilder("count_idf", seed=args.seed).fit(calib)
+        calibration = RouterCalibration(n_workers=len(args.backend), signatures=builder.transform(calib), seed=args.seed)
         source = ELDRSignatureClient(args.signature_url, builder)
+    router = make_router(args.router, calibration, seed=args.seed, options={"tau": args.tau})
     return RouterProxy(args.backend, router, host=args.host, port=args.port, max_inflight=args.max_inflight,
                        max_queue=args.max_queue, queue_timeout_s=args.queue_timeout, connect_timeout_s=args.connect_timeout,
                        response_timeout_s=args.response_timeout, client_write_timeout_s=args.client_write_timeout,

@@ -11,24 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from moelab._validate import check_int, check_real
-from moelab.eldr import SignatureBuilder
-from moelab.routing import Router, make_router
+from moelab._validate import check_real
 from moelab.serving.client import fetch_json
-from moelab.traces import ExpertTrace
-
-
-def fit_eldr_router(calibration: ExpertTrace, n_workers: int, *, tau: float = 0.1, kind: str = "count_idf",
-                    balanced: bool = True, seed: int = 0) -> tuple[Router, Any]:
-    """Fit ELDR on calibration requests: signature builder + balanced spherical K-means centroids
-    (one per decode server). Returns ``(router, builder)``."""
-    n_workers = check_int("n_workers", n_workers, low=1)
-    if calibration.n_requests < max(2, n_workers):
-        raise ValueError(f"calibration must hold at least max(2, n_workers={n_workers}) requests; got {calibration.n_requests}")
-    builder = SignatureBuilder(kind, seed=seed).fit(calibration)
-    router = make_router("eldr", tau=check_real("tau", tau, low=0), seed=seed)
-    router.fit(builder.transform(calibration), n_workers, balanced=balanced, seed=seed)
-    return router, builder
 
 
 class ELDRSignatureClient:
