@@ -9,7 +9,8 @@ import pytest
 
 from moelab.datasets import load_routing_counts
 from moelab.eldr import calibration as cal
-from moelab.eldr.workload import PAPER_REDUCTION_PCT, PAPER_RHO, SyntheticConfig, calibration_table, generate
+from moelab.eldr.calibration import calibration_table
+from moelab.eldr.workload import PAPER_REDUCTION_PCT, PAPER_RHO, SyntheticConfig, generate
 
 SMALL = SyntheticConfig(num_layers=6, num_experts=32, top_k=4, model_name="small", n_domains=4,
                         prompt_len_mean=80, prefix_tokens=16, decode_tokens=8)
