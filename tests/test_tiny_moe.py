@@ -79,8 +79,8 @@ def test_card_statistics_recomputed_from_bundled_trace():
 def test_training_loop_runs_resumes_and_exports(tmp_path):
     from transformers import AutoModelForCausalLM
 
+    from moelab.make.tiny_moe import main  # = moelab train-moe --preset tiny-moe
     from moelab.models.corpus import build_corpus
-    from moelab.models.tiny_moe import main  # = moelab train-moe --preset tiny-moe
 
     notes = tmp_path / "notes"
     notes.mkdir()

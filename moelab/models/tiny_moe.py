@@ -3,10 +3,11 @@
 * ``tiny-moe`` (``data/models/tiny-moe``): 6 layers x 32 experts, top-2, four separable corpora.
 * ``sharegpt-moe`` (``data/models/sharegpt-moe``): OLMoE-like routing geometry (8 layers x 64 experts,
   top-8) trained on ShareGPT chats, code and prose; its real traces of held-out ShareGPT requests and
-  Spec-Bench questions are in ``data/traces/sharegpt-moe-*`` (compact encoding, :mod:`moelab.models.trace_codec`).
+  Spec-Bench questions are in ``data/traces/sharegpt-moe-*`` (compact encoding, :mod:`moelab.traces.compact`).
 
-This module loads them, builds held-out prompts (corpus windows, ShareGPT requests, Spec-Bench
-questions), measures the locality statistics their cards report, and writes the cards.
+This module loads them, builds held-out prompts (corpus windows) and writes the tiny MoE's card from the
+locality statistics :mod:`moelab.make.tiny_moe_trace` measures; training and trace capture are in
+:mod:`moelab.make`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from moelab.datasets import repo_root
 TINY_MOE_PATH = repo_root() / "data" / "models" / "tiny-moe"
 SHAREGPT_MOE_PATH = repo_root() / "data" / "models" / "sharegpt-moe"
 MOE_MODELS = {"tiny-moe": TINY_MOE_PATH, "sharegpt-moe": SHAREGPT_MOE_PATH}
-TRACES_DIR = repo_root() / "data" / "traces"
 
 
 def load_tiny_moe(path: str | Path | None = None, *, dtype: str = "float32") -> tuple[Any, Any]:
@@ -207,10 +207,3 @@ weights: the corpus mixes Python (PSF), system headers, man pages and licence te
 projects; the weights are shipped for research use within moelab.
 """
     return atomic_write_text(folder / "MODEL_CARD.md", text)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``moelab train-tiny-moe``: ``moelab train-moe --preset tiny-moe`` (kept as the historical name)."""
-    from moelab.models.train import main as train_main
-
-    return train_main(argv, preset="tiny-moe")

@@ -439,3 +439,31 @@ class ExpertTrace:
         except _TraceFieldError as exc:
             target = meta_path if exc.field in ("request_ids", "domains", "provenance", "geometry") else path
             raise FileFormatError(target, exc.field, exc.problem) from None
+
+
+def concat_traces(traces: list[ExpertTrace], provenance: dict[str, Any] | None = None) -> ExpertTrace:
+    """One :class:`ExpertTrace` holding the requests of ``traces`` in order (same geometry;
+    ``prefill_ids`` / ``prefill_probs`` / ``decode_tokens`` kept only if every part has them)."""
+    if not traces:
+        raise ValueError("traces must be a non-empty list")
+    g = traces[0].geometry
+    for i, t in enumerate(traces):
+        if (t.geometry.num_layers, t.geometry.num_experts, t.geometry.top_k) != (g.num_layers, g.num_experts, g.top_k):
+            raise ValueError(f"traces[{i}] has geometry {t.geometry.to_dict()}, unlike traces[0] {g.to_dict()}")
+
+    def cat(name: str) -> np.ndarray | None:
+        parts = [getattr(t, name) for t in traces]
+        return None if any(p is None for p in parts) else np.concatenate(parts)
+
+    def offsets(name: str) -> np.ndarray:
+        out, base = [np.zeros(1, np.int64)], 0
+        for t in traces:
+            off = getattr(t, name).astype(np.int64)
+            out.append(off[1:] + base)
+            base += int(off[-1])
+        return np.concatenate(out)
+
+    return ExpertTrace([r for t in traces for r in t.request_ids], [d for t in traces for d in t.domains],
+                       cat("prompt_tokens"), offsets("prompt_offsets"), cat("prefill_counts"), cat("decode_ids"),
+                       offsets("decode_offsets"), g, dict(provenance if provenance is not None else traces[0].provenance),
+                       cat("prefill_ids"), cat("prefill_probs"), cat("decode_tokens"))
