@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 Regenerate: `python -m moelab.make.tiny_moe_trace` (deterministic prompts; same routing up to float near-ties).
 """)
     print(f"wrote {path} ({len(trace)} requests) and the model card; MI max {stats['mi_max']:.3f}, "
-          f"recall {stats['recall']:.3f} vs {stats['baseline']:.3f}, ARI {stats['ari']:.3f}", flush=True)
+          f"activation share {stats['activation_share']:.3f} vs {stats['baseline']:.3f}, ARI {stats['ari']:.3f}", flush=True)
     return 0
 
 

@@ -131,13 +131,13 @@ def write_model_card(model_dir: str | Path, stats: dict[str, Any], trace_info: d
     held = tr["final_heldout_loss"]
     corpus_rows = [[f["domain"], f["split"], f["documents"], f["bytes"], f["sha256"][:16]] for f in tr["corpus"]["files"]]
     L = len(stats["mi_prefill"])
-    layer_rows = [[i, f"{stats['mi_prefill'][i]:.3f}", f"{stats['mi_decode'][i]:.3f}", f"{stats['recall_per_layer'][i]:.3f}",
+    layer_rows = [[i, f"{stats['mi_prefill'][i]:.3f}", f"{stats['mi_decode'][i]:.3f}", f"{stats['activation_share_per_layer'][i]:.3f}",
                    f"{stats['baseline_per_layer'][i]:.3f}"] for i in range(L)]
     conf = np.asarray(stats["kmeans_confusion"])
     conf_rows = [[d, *row] for d, row in zip(stats["domains"], conf.tolist())]
     shared = [" + ".join(stats["domains"][i] for i in np.flatnonzero(col >= 0.25 * conf.sum(axis=1))) for col in conf.T]
     merged = [m for m in shared if " + " in m]
-    bars = {"MI >= 0.3 nats in some layer": stats["mi_max"] >= 0.3, "recall gain >= 0.10": stats["gain"] >= 0.10,
+    bars = {"MI >= 0.3 nats in some layer": stats["mi_max"] >= 0.3, "activation share gain >= 0.10": stats["gain"] >= 0.10,
             "ARI >= 0.6": stats["ari"] >= 0.6}
     bar_text = "; ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in bars.items())
     text = f"""# moelab-tiny-moe
@@ -184,12 +184,12 @@ On the bundled trace `{trace_info['file']}`: {stats['n_requests']} held-out prom
 
 - max per-layer mutual information between domain and expert: **MI = {stats['mi_max']:.3f} nats**
   (upper bound log {len(stats['domains'])} = {stats['log_n_domains']:.3f})
-- recall of decode expert activations by each request's top-{stats['k']} prefill experts per layer:
-  **recall@{stats['k']} = {stats['recall']:.3f}** vs global top-{stats['k']} baseline **{stats['baseline']:.3f}**
+- activation share: the share of decode expert activations that fall in each request's top-{stats['k']} prefill experts per layer:
+  **activation share@{stats['k']} = {stats['activation_share']:.3f}** vs global top-{stats['k']} baseline **{stats['baseline']:.3f}**
   (gain {stats['gain']:.3f})
 - K-means ({len(stats['domains'])} clusters) on prefill signatures vs domain: **ARI = {stats['ari']:.3f}**
 
-{_fmt_table(['layer', 'MI prefill (nats)', 'MI decode (nats)', f"recall@{stats['k']}", 'baseline'], layer_rows)}
+{_fmt_table(['layer', 'MI prefill (nats)', 'MI decode (nats)', f"activation share@{stats['k']}", 'baseline'], layer_rows)}
 
 K-means clusters of the prefill signatures (columns) against domains (rows):
 
