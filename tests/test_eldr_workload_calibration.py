@@ -214,3 +214,10 @@ def test_calibrated_defaults_reach_their_targets():
     assert PAPER_REDUCTION_PCT[0] - 0.6 <= s["reduction_pct"] <= PAPER_REDUCTION_PCT[1], s
     # OLMoE's overlap is not reached (it conflicts with the paper's reduction): documented 0.48 vs 0.57
     assert s["domain_overlap"] == pytest.approx(0.48, abs=0.02) and s["domain_overlap"] < tg["domain_overlap"].value
+
+
+def test_sensitivity_slope_is_signed_least_squares():
+    """The sensitivities go through the floor's non-negative fit_linear, yet stay signed least-squares slopes."""
+    assert cal._slope(np.array([0.0, 1.0, 2.0]), [3.0, 1.0, -1.0]) == pytest.approx(-2.0)
+    x, y = np.array([0.1, 0.4, 0.5, 0.9]), [0.3, -0.2, 0.8, 0.1]
+    assert cal._slope(x, y) == pytest.approx(np.polyfit(x, y, 1)[0])

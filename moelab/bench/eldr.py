@@ -20,6 +20,7 @@ import os
 import time
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from moelab.bench.core import Figure
 from moelab.costmodel import DecodeLayerModel, DecodeStepModel, MoEStepModel
@@ -111,8 +112,6 @@ def run(quick: bool = False) -> list[Figure]:
     wl = generate(n_trace, SyntheticConfig(), seed=0)
     setup = prepare(wl.trace, DecodeStepModel.h200("qwen3-30b-a3b"), 16, n_pairs=10_000 if quick else 30_000)
     sig = setup.signatures()
-    from threadpoolctl import threadpool_limits
-
     with threadpool_limits(1):  # one routing thread, as in a serving router; BLAS threads only add overhead
         route_us = route_us_p50(setup.centroids(), sig)
     figs = [Figure("eldr", "eldr_route_us_p50", route_us, "us", "<= 20",

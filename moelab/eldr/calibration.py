@@ -63,6 +63,7 @@ import numpy as np
 import pandas as pd
 
 from moelab._validate import check_choice, check_int, rng_from
+from moelab.costmodel.fit import fit_linear
 from moelab.datasets import load_routing_counts
 from moelab.eldr.signature import SignatureBuilder
 from moelab.eldr.workload import (
@@ -278,6 +279,18 @@ def calibration_targets(real_drift: float | None = None) -> dict[str, Target]:
 
 # ---------------------------------------------------------------- search
 
+def _slope(x: np.ndarray, y: Sequence[float]) -> float:
+    """Least-squares slope of ``y`` on ``x`` (with an intercept), fitted by the floor's
+    :func:`moelab.costmodel.fit.fit_linear`. Its coefficients are non-negative (they are physical costs
+    there); a sensitivity is signed, so slope and intercept each enter as a ``+``/``-`` feature pair and the
+    slope is the pair's difference (the same least-squares optimum)."""
+    x = np.asarray(x, dtype=np.float64)
+    one = np.ones_like(x)
+    fit, _ = fit_linear(np.column_stack([x, -x, one, -one]), np.asarray(y, dtype=np.float64),
+                        ("slope+", "slope-", "intercept+", "intercept-"), relative=False)
+    return float(fit.coef[0] - fit.coef[1])
+
+
 @dataclass(frozen=True, eq=False)
 class CalibrationResult:
     """The chosen config, every evaluated point (``points``: knobs, statistics, identified statistic,
@@ -387,8 +400,7 @@ def calibrate_workload(
             evals = [(v, evaluate(replace(cfg, **{knob: v}), label, knob)) for v in grid]
             if sw == 0:
                 xs = np.array([v for v, _ in evals])
-                sensitivity[knob] = {name: float(np.polyfit(xs, [t.error(s[name]) for _, s in evals], 1)[0])
-                                     for name, t in targets.items()}
+                sensitivity[knob] = {name: _slope(xs, [t.error(s[name]) for _, s in evals]) for name, t in targets.items()}
             tv = targets[stat].value
             pts = sorted(evals)
             for (x0, s0), (x1, s1) in zip(pts[:-1], pts[1:]):

@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -378,8 +379,6 @@ def environment(device: str, copy_gbps: float, plan: Plan, smoke: bool) -> dict[
         env.update(name=platform.processor() or "cpu", threads=torch.get_num_threads())
     for pkg in ("transformers", "vllm", "triton"):
         try:
-            from importlib.metadata import version
-
             env[pkg] = version(pkg)
         except Exception:  # not installed: record that plainly
             env[pkg] = "absent"

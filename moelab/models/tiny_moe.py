@@ -18,8 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from moelab._io import atomic_write_text, read_json
 from moelab._validate import check_int
 from moelab.datasets import repo_root
+from moelab.models.corpus import iter_domain_texts
 
 TINY_MOE_PATH = repo_root() / "data" / "models" / "tiny-moe"
 SHAREGPT_MOE_PATH = repo_root() / "data" / "models" / "sharegpt-moe"
@@ -40,6 +42,7 @@ def load_tiny_moe(path: str | Path | None = None, *, dtype: str = "float32") -> 
     (model, tokenizer)
         ``Qwen3MoeForCausalLM`` in eval mode and its fast tokenizer.
     """
+    # lazy: torch / transformers / vLLM load only when this runs; import moelab needs none
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -82,8 +85,6 @@ def heldout_prompts(
     -------
     (prompts, domains)
     """
-    from moelab.models.corpus import iter_domain_texts
-
     check_int("n_per_domain", n_per_domain, low=1)
     check_int("min_len", min_len, low=1)
     check_int("max_len", max_len, low=min_len)
@@ -121,8 +122,6 @@ def write_model_card(model_dir: str | Path, stats: dict[str, Any], trace_info: d
     trace_info : dict
         ``file``, ``n_per_domain``, ``prompt_len`` (min, max), ``max_new_tokens`` of that trace.
     """
-    from moelab._io import atomic_write_text, read_json
-
     folder = Path(model_dir)
     cfg = read_json(folder / "config.json")
     cfg.setdefault("num_experts", cfg.get("num_local_experts"))  # transformers 5 writes the attribute-map alias

@@ -20,6 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from sklearn.cluster import KMeans
+from sklearn.metrics import adjusted_rand_score
 
 from moelab._validate import check_choice, check_int, rng_from
 from moelab.traces.expert import ExpertTrace
@@ -111,8 +113,6 @@ def signature_clusters(trace: ExpertTrace, n_clusters: int | None = None, *, see
     ``n_clusters`` defaults to the number of domains; K-means uses k-means++ seeding, ``n_init`` restarts
     and a fixed ``seed``.
     """
-    from sklearn.cluster import KMeans
-
     _, names = trace.domain_codes()
     n_init = check_int("n_init", n_init, low=1, high=1000)
     if n_clusters is None:
@@ -129,8 +129,6 @@ def signature_clusters(trace: ExpertTrace, n_clusters: int | None = None, *, see
 
 def signature_ari(trace: ExpertTrace, n_clusters: int | None = None, *, seed: int = 0, n_init: int = 10) -> float:
     """Adjusted Rand index of :func:`signature_clusters` vs the domain labels."""
-    from sklearn.metrics import adjusted_rand_score
-
     codes, _ = trace.domain_codes()
     return float(adjusted_rand_score(codes, signature_clusters(trace, n_clusters, seed=seed, n_init=n_init)))
 

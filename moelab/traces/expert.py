@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import platform
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +120,6 @@ def expert_counts(topk_ids: np.ndarray, num_experts: int) -> np.ndarray:
 
 def default_provenance(backend: str, model: str, **extra: Any) -> dict[str, Any]:
     """Provenance record: model, backend, UTC date, software versions (+ anything in ``extra``)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     versions = {}
     for pkg in ("moelab", "numpy", "torch", "transformers", "vllm"):
         try:
@@ -407,9 +406,9 @@ class ExpertTrace:
         fmt = meta.get("format", None)
         if fmt != FORMAT:
             raise meta.error("format", f"is {fmt!r}: this is not a moelab ExpertTrace sidecar (expected {FORMAT!r})")
-        version = meta.get_int("format_version")
-        if version != FORMAT_VERSION:
-            raise meta.error("format_version", f"is {version}; this moelab reads version {FORMAT_VERSION}")
+        file_version = meta.get_int("format_version")
+        if file_version != FORMAT_VERSION:
+            raise meta.error("format_version", f"is {file_version}; this moelab reads version {FORMAT_VERSION}")
         geo = meta.get_record("geometry")
         L = geo.get_int("num_layers", low=1, high=MAX_LAYERS)
         E = geo.get_int("num_experts", low=1, high=MAX_EXPERTS)
