@@ -12,9 +12,9 @@ from moelab import __version__
 
 # Sub-commands implemented next to the code they drive; each module has ``main(argv) -> int``.
 DELEGATED = {
-    "train-tiny-moe": ("moelab.models.tiny_moe", "train the project's tiny MoE (= train-moe --preset tiny-moe)"),
-    "train-moe": ("moelab.models.train", "train a project MoE (--preset sharegpt-moe | tiny-moe): corpus, tokenizer, model"),
-    "calibrate": ("moelab.capture.calibrate", "measure step costs on this machine's GPU (or --smoke on CPU)"),
+    "train-tiny-moe": ("moelab.make.tiny_moe", "train the project's tiny MoE (= train-moe --preset tiny-moe)"),
+    "train-moe": ("moelab.make.train", "train a project MoE (--preset sharegpt-moe | tiny-moe): corpus, tokenizer, model"),
+    "calibrate": ("moelab.make.calibrate", "measure step costs on this machine's GPU (or --smoke on CPU)"),
     "serve-router": ("moelab.serving.proxy", "HTTP router proxy in front of OpenAI-compatible vLLM servers"),
     "sweep": ("moelab.bench.sweep_cli", "run an experiment grid (ELDR, BalanceRoute, HD) serially, on a process pool or Ray"),
     "build-hd-stores": ("moelab.make.hd_stores", "build Hierarchy Drafting's S (target outputs on ShareGPT) and L stores"),

@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from moelab.capture.calibrate import calibrate, main, smoke_plan  # noqa: E402
 from moelab.costmodel import MODEL_SHAPES, AttentionModel, DenseVerifyModel  # noqa: E402
 from moelab.datasets import repo_root  # noqa: E402
+from moelab.make.calibrate import calibrate, main, smoke_plan  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -373,10 +373,11 @@ def test_cost_model_from_hf_config():
 def test_calibrate_picks_from_grid(public_data):
     from dataclasses import replace
 
-    from moelab.eldr.workload import calibrate
+    from moelab.eldr.calibration import calibrate_workload
 
-    cfg, rows = calibrate(replace(SMALL, n_domains=2), n_requests=64, knobs=("request_sigma",),
-                          grids={"request_sigma": (0.5, 2.0)}, batch=8, n_pairs=400)
+    res = calibrate_workload(replace(SMALL, n_domains=2), n_requests=64, knobs=("request_sigma",),
+                             grids={"request_sigma": (0.5, 2.0)}, batch=8, n_pairs=400)
+    cfg, rows = res.config, res.points.to_dict("records")
     grid = [r for r in rows if r["step"].startswith("sweep")]
     assert {r["request_sigma"] for r in grid} >= {0.5, 2.0} and cfg.request_sigma in {r["request_sigma"] for r in rows}
     assert all({"rho_raw", "rho_count_idf", "reduction_pct"} <= set(r) for r in rows)

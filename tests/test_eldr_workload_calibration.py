@@ -9,7 +9,9 @@ import pytest
 
 from moelab.datasets import load_routing_counts
 from moelab.eldr import calibration as cal
-from moelab.eldr.workload import PAPER_REDUCTION_PCT, PAPER_RHO, SyntheticConfig, calibration_table, generate
+from moelab.eldr.calibration import calibration_table
+from moelab.eldr.workload import PAPER_REDUCTION_PCT, PAPER_RHO, SyntheticConfig, generate
+from moelab.traces import bundled_trace_path, load_trace
 
 SMALL = SyntheticConfig(num_layers=6, num_experts=32, top_k=4, model_name="small", n_domains=4,
                         prompt_len_mean=80, prefix_tokens=16, decode_tokens=8)
@@ -99,8 +101,9 @@ def test_targets_come_from_sources():
     assert t["rho_raw"].penalty(0.75) == 0 and t["rho_raw"].penalty(0.6) == pytest.approx(0.1 / 0.11)
     assert t["rho_count_idf"].penalty(0.75) == pytest.approx(0.06 / 0.11)
     assert t["domain_overlap"].weight < 1  # another model's statistic weighs less than the paper's
-    real = cal.load_real_trace(cal.REAL_TRACE)
-    if real is not None:  # the target is the bundled real trace's drift, measured now
+    path = bundled_trace_path(cal.REAL_TRACE)
+    if path.is_file():  # the target is the bundled real trace's drift, measured now
+        real = load_trace(path)
         assert cal.calibration_targets()["decode_drift"].value == pytest.approx(cal.decode_drift(real)["decode_drift"])
 
 
@@ -211,3 +214,10 @@ def test_calibrated_defaults_reach_their_targets():
     assert PAPER_REDUCTION_PCT[0] - 0.6 <= s["reduction_pct"] <= PAPER_REDUCTION_PCT[1], s
     # OLMoE's overlap is not reached (it conflicts with the paper's reduction): documented 0.48 vs 0.57
     assert s["domain_overlap"] == pytest.approx(0.48, abs=0.02) and s["domain_overlap"] < tg["domain_overlap"].value
+
+
+def test_sensitivity_slope_is_signed_least_squares():
+    """The sensitivities go through the floor's non-negative fit_linear, yet stay signed least-squares slopes."""
+    assert cal._slope(np.array([0.0, 1.0, 2.0]), [3.0, 1.0, -1.0]) == pytest.approx(-2.0)
+    x, y = np.array([0.1, 0.4, 0.5, 0.9]), [0.3, -0.2, 0.8, 0.1]
+    assert cal._slope(x, y) == pytest.approx(np.polyfit(x, y, 1)[0])

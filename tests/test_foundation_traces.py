@@ -6,7 +6,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moelab.traces import ExpertTrace, Geometry, RequestTrace, load_azure_trace
+from moelab.traces import (
+    ExpertTrace,
+    Geometry,
+    RequestTrace,
+    bundled_trace_path,
+    load_azure_trace,
+    load_trace,
+    save_compact_trace,
+)
 
 
 def _toy_trace(seed: int = 0, n: int = 6, L: int = 3, E: int = 8, k: int = 2) -> ExpertTrace:
@@ -51,6 +59,26 @@ def test_expert_trace_roundtrip_and_foreign_files(tmp_path):
     (tmp_path / "other.json").write_text('{"format": "something-else"}')
     with pytest.raises(ValueError, match="not a moelab ExpertTrace"):
         ExpertTrace.load(tmp_path / "other.npz")
+
+
+def test_one_loader_reads_both_formats_by_their_sidecar_tag(tmp_path):
+    t = _toy_trace()
+    plain = load_trace(t.save(tmp_path / "plain"))
+    compact = load_trace(save_compact_trace(t, tmp_path / "compact"))
+    assert plain.prefill_ids is not None and compact.prefill_ids is None  # each format's own reader ran
+    for back in (plain, compact):
+        assert back.request_ids == t.request_ids and np.array_equal(back.prefill_counts, t.prefill_counts)
+        assert np.array_equal(back.distinct_experts(np.arange(6), 1), t.distinct_experts(np.arange(6), 1))
+    with pytest.raises(FileNotFoundError):
+        load_trace(tmp_path / "absent.npz")
+    (tmp_path / "other.npz").write_bytes(b"PK")
+    with pytest.raises(ValueError, match="sidecar other.json is missing"):
+        load_trace(tmp_path / "other.npz")
+    (tmp_path / "other.json").write_text('{"format": "something-else"}')
+    with pytest.raises(ValueError, match="format.*moelab.CompactExpertTrace"):
+        load_trace(tmp_path / "other.npz")
+    with pytest.raises(ValueError, match="name"):
+        bundled_trace_path("../x")
 
 
 def test_expert_trace_rejects_bad_shapes():

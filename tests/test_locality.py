@@ -39,7 +39,7 @@ def test_disjoint_domains_reach_the_bounds():
     np.testing.assert_allclose(domain_expert_mi(tr), np.log(4), rtol=1e-9)
     np.testing.assert_allclose(domain_expert_mi(tr, "decode"), np.log(4), rtol=1e-9)
     rec = topk_activation_share(tr, k=4)
-    assert rec["recall"] == pytest.approx(1.0)
+    assert rec["activation_share"] == pytest.approx(1.0)
     # global top-4 holds one domain's experts (or a mix): it covers only a quarter of all activations
     assert rec["baseline"] == pytest.approx(0.25, abs=0.1)
     assert signature_ari(tr) == pytest.approx(1.0)

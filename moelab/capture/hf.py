@@ -23,18 +23,19 @@ from typing import Any
 
 import numpy as np
 
+from moelab._validate import check_int
+from moelab.models.tiny_moe import TINY_MOE_PATH, load_tiny_moe
 from moelab.traces.expert import ExpertTrace, Geometry, default_provenance, expert_counts
 
 
 def resolve_model(model: Any, *, device: str | None = None) -> tuple[Any, Any, str]:
     """(model, tokenizer or None, name) from a path / hub id / ``"tiny-moe"`` / loaded model / pair."""
     if isinstance(model, (str, Path)):
-        from moelab.models.tiny_moe import TINY_MOE_PATH, load_tiny_moe
-
         name = str(model)
         if name in ("tiny-moe", "moelab-tiny-moe") or Path(name).resolve() == Path(TINY_MOE_PATH).resolve():
             m, tok = load_tiny_moe()
             return m, tok, "moelab-tiny-moe"
+        # lazy: torch / transformers / vLLM load only when this runs; import moelab needs none
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -92,6 +93,7 @@ class _RouterTap:
         self.handles = [mod.register_forward_hook(self._hook(i)) for i, (_, mod) in enumerate(routers)]
 
     def _hook(self, layer: int):
+        # lazy: torch / transformers / vLLM load only when this runs; import moelab needs none
         import torch
 
         def fn(module: Any, inputs: Any, output: Any) -> None:
@@ -125,6 +127,7 @@ class _RouterTap:
 
 def _check_against_router_logits(out: Any, ids: np.ndarray, where: str) -> None:
     """Hook ids must equal the top-k (as sets) of the model's own ``router_logits`` output."""
+    # lazy: torch / transformers / vLLM load only when this runs; import moelab needs none
     import torch
 
     rl = getattr(out, "router_logits", None)
@@ -155,10 +158,10 @@ def capture_hf(
     model_name: str | None = None,
 ) -> ExpertTrace:
     """HF-hook capture; see :func:`moelab.capture.capture` (arguments validated there)."""
+    # lazy: torch / transformers / vLLM load only when this runs; import moelab needs none
     import torch
     from tqdm.auto import tqdm
 
-    from moelab._validate import check_int
 
     check_int("batch_size", batch_size, low=1)
     m, tok, name = resolve_model(model, device=device)
@@ -256,6 +259,7 @@ def capture_hf(
         tap.close()
         bar.close()
 
+    # lazy: torch / transformers / vLLM load only when this runs; import moelab needs none
     import transformers
 
     prov = default_provenance("hf", name, transformers_model=type(m).__name__, dtype=str(next(m.parameters()).dtype),

@@ -33,6 +33,7 @@ import numpy as np
 
 from moelab._validate import check_choice, check_int
 from moelab.capture.vllm_hooks import NoMoELayersError, _drain, _is_engine, _set_enabled, install_hooks
+from moelab.models.tiny_moe import TINY_MOE_PATH
 from moelab.models.vllm_engine import make_engine, require_vllm
 from moelab.traces import ExpertTrace, Geometry, default_provenance, expert_counts
 
@@ -44,8 +45,6 @@ _ENGINE_LOCK = threading.RLock()  # one engine call at a time (the signature ser
 def resolve_model_path(model: Any) -> str:
     """``"tiny-moe"`` -> the bundled model folder; anything else unchanged."""
     if str(model) in ("tiny-moe", "moelab-tiny-moe"):
-        from moelab.models.tiny_moe import TINY_MOE_PATH
-
         return str(TINY_MOE_PATH)
     return str(model)
 

@@ -12,6 +12,7 @@ for the capture that uses them.
 from __future__ import annotations
 
 import re
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,7 @@ class _Recorder:
         cur = self.cur
         if cur is None:
             return
+        # lazy: torch / transformers / vLLM load only when this runs; import moelab needs none
         import torch
 
         logits = output[0] if isinstance(output, tuple) else output
@@ -87,6 +89,7 @@ class _Recorder:
 
 def _moe_modules(model: Any) -> tuple[dict[int, Any], dict[int, Any]]:
     """MoE runners and router gates by decoder-layer index."""
+    # lazy: torch / transformers / vLLM load only when this runs; import moelab needs none
     from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
     from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear
     from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
@@ -103,8 +106,6 @@ def _moe_modules(model: Any) -> tuple[dict[int, Any], dict[int, Any]]:
 
 def _install(worker: Any) -> dict[str, Any]:
     """Worker side: attach the recorder (idempotent); returns the MoE geometry vLLM sees."""
-    from functools import partial
-
     runner = worker.model_runner
     model = runner.get_model()
     rec = getattr(worker, _ATTR, None)

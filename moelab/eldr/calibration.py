@@ -63,7 +63,8 @@ import numpy as np
 import pandas as pd
 
 from moelab._validate import check_choice, check_int, rng_from
-from moelab.datasets import load_routing_counts, repo_root
+from moelab.costmodel.fit import fit_linear
+from moelab.datasets import load_routing_counts
 from moelab.eldr.signature import SignatureBuilder
 from moelab.eldr.workload import (
     OLMOE_DOMAINS,
@@ -75,7 +76,7 @@ from moelab.eldr.workload import (
     generate,
     workload_stats,
 )
-from moelab.traces import ExpertTrace
+from moelab.traces import ExpertTrace, bundled_trace_path, load_trace
 
 REAL_SOURCE_LAYERS = {"olmoe": 16, "mixtral": 32}
 REAL_TRACE = "sharegpt-moe-sharegpt"  # real ShareGPT requests: the within-request decode drift target
@@ -226,14 +227,10 @@ class Target:
         return self.weight * d / self.scale
 
 
-def _traces_dir():
-    return repo_root() / "data" / "traces"
-
-
 def load_real_stats(name: str = REAL_TRACE) -> dict[str, Any] | None:
     """``data/traces/<name>.stats.json``'s ``stats`` (read at call time: the lead regenerates them), or
     None when the file is absent."""
-    path = _traces_dir() / f"{name}.stats.json"
+    path = bundled_trace_path(name).with_suffix(".stats.json")
     if not path.is_file():
         return None
     if path.stat().st_size > 4 << 20:
@@ -241,17 +238,11 @@ def load_real_stats(name: str = REAL_TRACE) -> dict[str, Any] | None:
     return json.loads(path.read_text(encoding="utf-8"))["stats"]
 
 
-def load_real_trace(name: str = REAL_TRACE) -> ExpertTrace | None:
-    """The bundled real trace ``data/traces/<name>.npz`` (compact or plain format), or None when absent."""
-    path = _traces_dir() / f"{name}.npz"
-    if not path.is_file():
-        return None
-    from moelab.models.trace_codec import load_compact_trace  # numpy only
-
-    try:
-        return load_compact_trace(path)
-    except ValueError:
-        return ExpertTrace.load(path)
+def _bundled_trace(name: str) -> ExpertTrace | None:
+    """The bundled real trace ``data/traces/<name>.npz`` (:func:`moelab.traces.load_trace`), or None when
+    it is not bundled (a clone without ``data/traces``: the drift target is then left out)."""
+    path = bundled_trace_path(name)
+    return load_trace(path) if path.is_file() else None
 
 
 DRIFT_TOL = 0.02  # decode_drift of a measured trace: +- this is "matched" (about its seed-to-seed spread)
@@ -278,7 +269,7 @@ def calibration_targets(real_drift: float | None = None) -> dict[str, Target]:
     t["domain_overlap"] = Target("domain_overlap", ov, ov - OVERLAP_TOL, ov + OVERLAP_TOL,
                                  "OLMoE-1B-7B real per-domain counts, layers 0/7/15 (measured)", weight=OVERLAP_WEIGHT)
     if real_drift is None:
-        tr = load_real_trace(REAL_TRACE)
+        tr = _bundled_trace(REAL_TRACE)
         real_drift = None if tr is None else decode_drift(tr)["decode_drift"]
     if real_drift is not None:
         t["decode_drift"] = Target("decode_drift", float(real_drift), real_drift - DRIFT_TOL, real_drift + DRIFT_TOL,
@@ -287,6 +278,18 @@ def calibration_targets(real_drift: float | None = None) -> dict[str, Target]:
 
 
 # ---------------------------------------------------------------- search
+
+def _slope(x: np.ndarray, y: Sequence[float]) -> float:
+    """Least-squares slope of ``y`` on ``x`` (with an intercept), fitted by the floor's
+    :func:`moelab.costmodel.fit.fit_linear`. Its coefficients are non-negative (they are physical costs
+    there); a sensitivity is signed, so slope and intercept each enter as a ``+``/``-`` feature pair and the
+    slope is the pair's difference (the same least-squares optimum)."""
+    x = np.asarray(x, dtype=np.float64)
+    one = np.ones_like(x)
+    fit, _ = fit_linear(np.column_stack([x, -x, one, -one]), np.asarray(y, dtype=np.float64),
+                        ("slope+", "slope-", "intercept+", "intercept-"), relative=False)
+    return float(fit.coef[0] - fit.coef[1])
+
 
 @dataclass(frozen=True, eq=False)
 class CalibrationResult:
@@ -397,8 +400,7 @@ def calibrate_workload(
             evals = [(v, evaluate(replace(cfg, **{knob: v}), label, knob)) for v in grid]
             if sw == 0:
                 xs = np.array([v for v, _ in evals])
-                sensitivity[knob] = {name: float(np.polyfit(xs, [t.error(s[name]) for _, s in evals], 1)[0])
-                                     for name, t in targets.items()}
+                sensitivity[knob] = {name: _slope(xs, [t.error(s[name]) for _, s in evals]) for name, t in targets.items()}
             tv = targets[stat].value
             pts = sorted(evals)
             for (x0, s0), (x1, s1) in zip(pts[:-1], pts[1:]):
@@ -453,7 +455,7 @@ def real_trace_stats() -> dict[str, float | None]:
     Spec-Bench trace) and measured on the bundled ShareGPT trace (decode drift, overlap of its task
     labels is not comparable and is left out). None where a file is absent."""
     sg, sb = load_real_stats(REAL_TRACE), load_real_stats(REAL_TASK_TRACE)
-    tr = load_real_trace(REAL_TRACE)
+    tr = _bundled_trace(REAL_TRACE)
     return {
         "rho_count_idf": None if sg is None else sg.get("rho_count_idf"),
         "rho_raw": None if sg is None else sg.get("rho_raw"),
@@ -521,4 +523,4 @@ def calibration_table(
 
 __all__ = ["DEFAULT_GRIDS", "IDENTIFIES", "KNOBS", "CalibrationResult", "Target", "calibrate_workload",
            "calibration_table", "calibration_targets", "decode_drift", "domain_overlap", "generated_stats",
-           "heldout_signature_stats", "load_real_stats", "load_real_trace", "real_domain_overlap", "real_trace_stats"]
+           "heldout_signature_stats", "load_real_stats", "real_domain_overlap", "real_trace_stats"]

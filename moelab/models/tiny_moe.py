@@ -3,10 +3,11 @@
 * ``tiny-moe`` (``data/models/tiny-moe``): 6 layers x 32 experts, top-2, four separable corpora.
 * ``sharegpt-moe`` (``data/models/sharegpt-moe``): OLMoE-like routing geometry (8 layers x 64 experts,
   top-8) trained on ShareGPT chats, code and prose; its real traces of held-out ShareGPT requests and
-  Spec-Bench questions are in ``data/traces/sharegpt-moe-*`` (compact encoding, :mod:`moelab.models.trace_codec`).
+  Spec-Bench questions are in ``data/traces/sharegpt-moe-*`` (compact encoding, :mod:`moelab.traces.compact`).
 
-This module loads them, builds held-out prompts (corpus windows, ShareGPT requests, Spec-Bench
-questions), measures the locality statistics their cards report, and writes the cards.
+This module loads them, builds held-out prompts (corpus windows) and writes the tiny MoE's card from the
+locality statistics :mod:`moelab.make.tiny_moe_trace` measures; training and trace capture are in
+:mod:`moelab.make`.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from moelab._io import atomic_write_text, read_json
 from moelab._validate import check_int
 from moelab.datasets import repo_root
+from moelab.models.corpus import iter_domain_texts
 
 TINY_MOE_PATH = repo_root() / "data" / "models" / "tiny-moe"
 SHAREGPT_MOE_PATH = repo_root() / "data" / "models" / "sharegpt-moe"
 MOE_MODELS = {"tiny-moe": TINY_MOE_PATH, "sharegpt-moe": SHAREGPT_MOE_PATH}
-TRACES_DIR = repo_root() / "data" / "traces"
 
 
 def load_tiny_moe(path: str | Path | None = None, *, dtype: str = "float32") -> tuple[Any, Any]:
@@ -40,6 +42,7 @@ def load_tiny_moe(path: str | Path | None = None, *, dtype: str = "float32") -> 
     (model, tokenizer)
         ``Qwen3MoeForCausalLM`` in eval mode and its fast tokenizer.
     """
+    # lazy: torch / transformers / vLLM load only when this runs; import moelab needs none
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -82,8 +85,6 @@ def heldout_prompts(
     -------
     (prompts, domains)
     """
-    from moelab.models.corpus import iter_domain_texts
-
     check_int("n_per_domain", n_per_domain, low=1)
     check_int("min_len", min_len, low=1)
     check_int("max_len", max_len, low=min_len)
@@ -121,8 +122,6 @@ def write_model_card(model_dir: str | Path, stats: dict[str, Any], trace_info: d
     trace_info : dict
         ``file``, ``n_per_domain``, ``prompt_len`` (min, max), ``max_new_tokens`` of that trace.
     """
-    from moelab._io import atomic_write_text, read_json
-
     folder = Path(model_dir)
     cfg = read_json(folder / "config.json")
     cfg.setdefault("num_experts", cfg.get("num_local_experts"))  # transformers 5 writes the attribute-map alias
@@ -131,13 +130,13 @@ def write_model_card(model_dir: str | Path, stats: dict[str, Any], trace_info: d
     held = tr["final_heldout_loss"]
     corpus_rows = [[f["domain"], f["split"], f["documents"], f["bytes"], f["sha256"][:16]] for f in tr["corpus"]["files"]]
     L = len(stats["mi_prefill"])
-    layer_rows = [[i, f"{stats['mi_prefill'][i]:.3f}", f"{stats['mi_decode'][i]:.3f}", f"{stats['recall_per_layer'][i]:.3f}",
+    layer_rows = [[i, f"{stats['mi_prefill'][i]:.3f}", f"{stats['mi_decode'][i]:.3f}", f"{stats['activation_share_per_layer'][i]:.3f}",
                    f"{stats['baseline_per_layer'][i]:.3f}"] for i in range(L)]
     conf = np.asarray(stats["kmeans_confusion"])
     conf_rows = [[d, *row] for d, row in zip(stats["domains"], conf.tolist())]
     shared = [" + ".join(stats["domains"][i] for i in np.flatnonzero(col >= 0.25 * conf.sum(axis=1))) for col in conf.T]
     merged = [m for m in shared if " + " in m]
-    bars = {"MI >= 0.3 nats in some layer": stats["mi_max"] >= 0.3, "recall gain >= 0.10": stats["gain"] >= 0.10,
+    bars = {"MI >= 0.3 nats in some layer": stats["mi_max"] >= 0.3, "activation share gain >= 0.10": stats["gain"] >= 0.10,
             "ARI >= 0.6": stats["ari"] >= 0.6}
     bar_text = "; ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in bars.items())
     text = f"""# moelab-tiny-moe
@@ -184,12 +183,12 @@ On the bundled trace `{trace_info['file']}`: {stats['n_requests']} held-out prom
 
 - max per-layer mutual information between domain and expert: **MI = {stats['mi_max']:.3f} nats**
   (upper bound log {len(stats['domains'])} = {stats['log_n_domains']:.3f})
-- recall of decode expert activations by each request's top-{stats['k']} prefill experts per layer:
-  **recall@{stats['k']} = {stats['recall']:.3f}** vs global top-{stats['k']} baseline **{stats['baseline']:.3f}**
+- activation share: the share of decode expert activations that fall in each request's top-{stats['k']} prefill experts per layer:
+  **activation share@{stats['k']} = {stats['activation_share']:.3f}** vs global top-{stats['k']} baseline **{stats['baseline']:.3f}**
   (gain {stats['gain']:.3f})
 - K-means ({len(stats['domains'])} clusters) on prefill signatures vs domain: **ARI = {stats['ari']:.3f}**
 
-{_fmt_table(['layer', 'MI prefill (nats)', 'MI decode (nats)', f"recall@{stats['k']}", 'baseline'], layer_rows)}
+{_fmt_table(['layer', 'MI prefill (nats)', 'MI decode (nats)', f"activation share@{stats['k']}", 'baseline'], layer_rows)}
 
 K-means clusters of the prefill signatures (columns) against domains (rows):
 
@@ -207,10 +206,3 @@ weights: the corpus mixes Python (PSF), system headers, man pages and licence te
 projects; the weights are shipped for research use within moelab.
 """
     return atomic_write_text(folder / "MODEL_CARD.md", text)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``moelab train-tiny-moe``: ``moelab train-moe --preset tiny-moe`` (kept as the historical name)."""
-    from moelab.models.train import main as train_main
-
-    return train_main(argv, preset="tiny-moe")

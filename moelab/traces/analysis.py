@@ -4,9 +4,10 @@ Three numbers say whether a model's routing carries "domain locality" that ELDR 
 
 * :func:`domain_expert_mi` — per-layer mutual information (nats) between a request's domain and the
   expert a token is routed to.
-* :func:`topk_activation_share` — how much of a request's decode expert activations fall in the top-``k``
-  experts of its own prefill (per layer), against the same ``k`` experts chosen globally (most popular
-  prefill experts of the whole trace).
+* :func:`topk_activation_share` — the *activation share*: how much of a request's decode expert
+  activations fall in the top-``k`` experts of its own prefill (per layer), against the same ``k`` experts
+  chosen globally (most popular prefill experts of the whole trace). (Not ELDR's decode-expert *recall*,
+  :func:`moelab.eldr.signature.decode_recall`, which scores a signature's predicted expert set.)
 * :func:`signature_ari` — adjusted Rand index between K-means clusters of prefill signatures and the
   domain labels.
 
@@ -19,6 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from sklearn.cluster import KMeans
+from sklearn.metrics import adjusted_rand_score
 
 from moelab._validate import check_choice, check_int, rng_from
 from moelab.traces.expert import ExpertTrace
@@ -61,10 +64,11 @@ def domain_expert_mi(trace: ExpertTrace, source: str = "prefill") -> np.ndarray:
 
 
 def topk_activation_share(trace: ExpertTrace, k: int = 4, *, max_steps: int | None = None) -> dict[str, Any]:
-    """Recall of decode expert activations by the top-``k`` prefill experts, vs a global top-``k``.
+    """Activation share: the share of decode expert activations that fall in the top-``k`` prefill
+    experts, vs a global top-``k``.
 
     For request ``r`` and layer ``l``, the predicted set is the ``k`` experts with the highest prefill
-    counts (ties broken by lower expert id). Recall is the share of the request's decode activations
+    counts (ties broken by lower expert id). The activation share is the share of the request's decode activations
     (token x top-k slots) that hit the set; the baseline predicts, for every request, the ``k`` experts
     most used in prefill over the whole trace. Both are averaged over requests (each layer weighted
     equally).
@@ -72,14 +76,15 @@ def topk_activation_share(trace: ExpertTrace, k: int = 4, *, max_steps: int | No
     Returns
     -------
     dict
-        ``recall``, ``baseline``, ``gain`` (floats) and ``recall_per_layer``, ``baseline_per_layer`` ``[L]``.
+        ``activation_share``, ``baseline``, ``gain`` (floats) and ``activation_share_per_layer``,
+        ``baseline_per_layer`` ``[L]``.
     """
     g = trace.geometry
     check_int("k", k, low=1, high=g.num_experts, high_name="num_experts")
     dec = trace.decode_profiles(max_steps).astype(np.float64)  # [N, L, E]
     keep = dec[:, 0, :].sum(axis=1) > 0
     if not np.any(keep):
-        raise ValueError("the trace has no decode tokens; recall needs decode activations")
+        raise ValueError("the trace has no decode tokens; the activation share needs decode activations")
     pre = trace.prefill_counts[keep].astype(np.float64)
     dec = dec[keep]
     # stable sort on -count: the lower expert id wins ties, deterministically
@@ -89,8 +94,8 @@ def topk_activation_share(trace: ExpertTrace, k: int = 4, *, max_steps: int | No
     hit_own = np.take_along_axis(dec, own, axis=2).sum(axis=2) / tot
     hit_glob = dec[:, np.arange(g.num_layers)[:, None], glob].sum(axis=2) / tot
     rl, bl = hit_own.mean(axis=0), hit_glob.mean(axis=0)
-    return {"k": int(k), "recall": float(rl.mean()), "baseline": float(bl.mean()), "gain": float(rl.mean() - bl.mean()),
-            "recall_per_layer": rl, "baseline_per_layer": bl}
+    return {"k": int(k), "activation_share": float(rl.mean()), "baseline": float(bl.mean()),
+            "gain": float(rl.mean() - bl.mean()), "activation_share_per_layer": rl, "baseline_per_layer": bl}
 
 
 def prefill_signatures(trace: ExpertTrace) -> np.ndarray:
@@ -108,8 +113,6 @@ def signature_clusters(trace: ExpertTrace, n_clusters: int | None = None, *, see
     ``n_clusters`` defaults to the number of domains; K-means uses k-means++ seeding, ``n_init`` restarts
     and a fixed ``seed``.
     """
-    from sklearn.cluster import KMeans
-
     _, names = trace.domain_codes()
     n_init = check_int("n_init", n_init, low=1, high=1000)
     if n_clusters is None:
@@ -126,8 +129,6 @@ def signature_clusters(trace: ExpertTrace, n_clusters: int | None = None, *, see
 
 def signature_ari(trace: ExpertTrace, n_clusters: int | None = None, *, seed: int = 0, n_init: int = 10) -> float:
     """Adjusted Rand index of :func:`signature_clusters` vs the domain labels."""
-    from sklearn.metrics import adjusted_rand_score
-
     codes, _ = trace.domain_codes()
     return float(adjusted_rand_score(codes, signature_clusters(trace, n_clusters, seed=seed, n_init=n_init)))
 
@@ -138,12 +139,12 @@ def locality_stats(trace: ExpertTrace, k: int = 4, *, seed: int = 0) -> dict[str
     Returns
     -------
     dict
-        ``mi_prefill`` / ``mi_decode`` (per-layer lists, nats), ``mi_max``, ``recall`` / ``baseline`` /
+        ``mi_prefill`` / ``mi_decode`` (per-layer lists, nats), ``mi_max``, ``activation_share`` / ``baseline`` /
         ``gain`` at ``k`` (+ per-layer lists), ``ari`` and ``kmeans_confusion`` (domains x clusters), ``n_requests``, ``domains``, ``log_n_domains``.
     """
     mi_p = domain_expert_mi(trace, "prefill")
     mi_d = domain_expert_mi(trace, "decode")
-    rec = topk_activation_share(trace, k)
+    share = topk_activation_share(trace, k)
     codes, names = trace.domain_codes()
     clusters = signature_clusters(trace, seed=seed)
     confusion = np.zeros((len(names), len(names)), dtype=np.int64)
@@ -153,8 +154,8 @@ def locality_stats(trace: ExpertTrace, k: int = 4, *, seed: int = 0) -> dict[str
     return {
         "n_requests": len(trace), "domains": names, "log_n_domains": float(np.log(len(names))),
         "mi_prefill": [float(v) for v in mi_p], "mi_decode": [float(v) for v in mi_d], "mi_max": float(mi_p.max()),
-        "k": rec["k"], "recall": rec["recall"], "baseline": rec["baseline"], "gain": rec["gain"],
-        "recall_per_layer": [float(v) for v in rec["recall_per_layer"]],
-        "baseline_per_layer": [float(v) for v in rec["baseline_per_layer"]],
+        "k": share["k"], "activation_share": share["activation_share"], "baseline": share["baseline"],
+        "gain": share["gain"], "activation_share_per_layer": [float(v) for v in share["activation_share_per_layer"]],
+        "baseline_per_layer": [float(v) for v in share["baseline_per_layer"]],
         "ari": signature_ari(trace, seed=seed), "kmeans_confusion": confusion.tolist(),
     }

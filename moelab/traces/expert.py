@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import platform
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +120,6 @@ def expert_counts(topk_ids: np.ndarray, num_experts: int) -> np.ndarray:
 
 def default_provenance(backend: str, model: str, **extra: Any) -> dict[str, Any]:
     """Provenance record: model, backend, UTC date, software versions (+ anything in ``extra``)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     versions = {}
     for pkg in ("moelab", "numpy", "torch", "transformers", "vllm"):
         try:
@@ -407,9 +406,9 @@ class ExpertTrace:
         fmt = meta.get("format", None)
         if fmt != FORMAT:
             raise meta.error("format", f"is {fmt!r}: this is not a moelab ExpertTrace sidecar (expected {FORMAT!r})")
-        version = meta.get_int("format_version")
-        if version != FORMAT_VERSION:
-            raise meta.error("format_version", f"is {version}; this moelab reads version {FORMAT_VERSION}")
+        file_version = meta.get_int("format_version")
+        if file_version != FORMAT_VERSION:
+            raise meta.error("format_version", f"is {file_version}; this moelab reads version {FORMAT_VERSION}")
         geo = meta.get_record("geometry")
         L = geo.get_int("num_layers", low=1, high=MAX_LAYERS)
         E = geo.get_int("num_experts", low=1, high=MAX_EXPERTS)
@@ -439,3 +438,31 @@ class ExpertTrace:
         except _TraceFieldError as exc:
             target = meta_path if exc.field in ("request_ids", "domains", "provenance", "geometry") else path
             raise FileFormatError(target, exc.field, exc.problem) from None
+
+
+def concat_traces(traces: list[ExpertTrace], provenance: dict[str, Any] | None = None) -> ExpertTrace:
+    """One :class:`ExpertTrace` holding the requests of ``traces`` in order (same geometry;
+    ``prefill_ids`` / ``prefill_probs`` / ``decode_tokens`` kept only if every part has them)."""
+    if not traces:
+        raise ValueError("traces must be a non-empty list")
+    g = traces[0].geometry
+    for i, t in enumerate(traces):
+        if (t.geometry.num_layers, t.geometry.num_experts, t.geometry.top_k) != (g.num_layers, g.num_experts, g.top_k):
+            raise ValueError(f"traces[{i}] has geometry {t.geometry.to_dict()}, unlike traces[0] {g.to_dict()}")
+
+    def cat(name: str) -> np.ndarray | None:
+        parts = [getattr(t, name) for t in traces]
+        return None if any(p is None for p in parts) else np.concatenate(parts)
+
+    def offsets(name: str) -> np.ndarray:
+        out, base = [np.zeros(1, np.int64)], 0
+        for t in traces:
+            off = getattr(t, name).astype(np.int64)
+            out.append(off[1:] + base)
+            base += int(off[-1])
+        return np.concatenate(out)
+
+    return ExpertTrace([r for t in traces for r in t.request_ids], [d for t in traces for d in t.domains],
+                       cat("prompt_tokens"), offsets("prompt_offsets"), cat("prefill_counts"), cat("decode_ids"),
+                       offsets("decode_offsets"), g, dict(provenance if provenance is not None else traces[0].provenance),
+                       cat("prefill_ids"), cat("prefill_probs"), cat("decode_tokens"))

@@ -1,6 +1,6 @@
 """Regenerate the bundled tiny-MoE traces (``data/traces/``) and the model card's locality statistics.
 
-``python -m moelab.capture.bundle [--n-per-domain 100] [--max-new-tokens 64]``: held-out prompts of every
+``python -m moelab.make.tiny_moe_trace [--n-per-domain 100] [--max-new-tokens 64]``: held-out prompts of every
 corpus domain -> HF capture of the shipped tiny MoE -> ``data/traces/tiny-moe-heldout.{npz,json}`` ->
 :func:`moelab.traces.analysis.locality_stats` -> ``data/traces/README.md`` and
 ``data/models/tiny-moe/MODEL_CARD.md``.
@@ -12,30 +12,28 @@ import argparse
 import time
 from pathlib import Path
 
-from moelab._io import atomic_write_json, atomic_write_text
+from moelab._io import atomic_write_json, atomic_write_text, read_json
+from moelab.capture import capture
 from moelab.datasets import repo_root
+from moelab.models.corpus import BUILTIN_DOMAINS
+from moelab.models.tiny_moe import TINY_MOE_PATH, heldout_prompts, load_tiny_moe, write_model_card
+from moelab.traces.analysis import locality_stats
 
 TRACE_NAME = "tiny-moe-heldout"
 
 
 def main(argv: list[str] | None = None) -> int:
     """Capture the bundled traces and write the card; returns the exit status."""
-    p = argparse.ArgumentParser(prog="python -m moelab.capture.bundle", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m moelab.make.tiny_moe_trace", description=__doc__.splitlines()[0])
     p.add_argument("--n-per-domain", type=int, default=100)
     p.add_argument("--min-len", type=int, default=96)
     p.add_argument("--max-len", type=int, default=256)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--k", type=int, default=4, help="top-k of the recall statistic")
+    p.add_argument("--k", type=int, default=4, help="top-k of the activation-share statistic")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="trace folder (default data/traces)")
     args = p.parse_args(argv)
-
-    from moelab._io import read_json
-    from moelab.capture import capture
-    from moelab.models.corpus import BUILTIN_DOMAINS
-    from moelab.models.tiny_moe import TINY_MOE_PATH, heldout_prompts, load_tiny_moe, write_model_card
-    from moelab.traces.analysis import locality_stats
 
     out = Path(args.out) if args.out else repo_root() / "data" / "traces"
     model, tok = load_tiny_moe()
@@ -74,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
 - captured in {minutes:.1f} min (batch {args.batch_size}); locality statistics in
   `{TRACE_NAME}.stats.json` and the model card
 
-Regenerate: `python -m moelab.capture.bundle` (deterministic prompts; same routing up to float near-ties).
+Regenerate: `python -m moelab.make.tiny_moe_trace` (deterministic prompts; same routing up to float near-ties).
 """)
     print(f"wrote {path} ({len(trace)} requests) and the model card; MI max {stats['mi_max']:.3f}, "
-          f"recall {stats['recall']:.3f} vs {stats['baseline']:.3f}, ARI {stats['ari']:.3f}", flush=True)
+          f"activation share {stats['activation_share']:.3f} vs {stats['baseline']:.3f}, ARI {stats['ari']:.3f}", flush=True)
     return 0
 
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from math import comb
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from moelab._io import FileFormatError, atomic_save_npz, atomic_write_json, load_npz, read_json_record
+from moelab.traces.expert import MAX_EXPERTS, MAX_LAYERS, ExpertTrace, Geometry
 
 FORMAT = "moelab.CompactExpertTrace"
 FORMAT_VERSION = 1
@@ -101,37 +101,7 @@ def decode_topk_sets(sets: np.ndarray, num_experts: int, top_k: int) -> np.ndarr
     return out.reshape(*sets.shape, top_k)
 
 
-def concat_traces(traces: list[Any], provenance: dict[str, Any] | None = None) -> Any:
-    """One :class:`~moelab.traces.ExpertTrace` holding the requests of ``traces`` in order (same geometry;
-    ``prefill_ids`` / ``prefill_probs`` / ``decode_tokens`` kept only if every part has them)."""
-    from moelab.traces import ExpertTrace
-
-    if not traces:
-        raise ValueError("traces must be a non-empty list")
-    g = traces[0].geometry
-    for i, t in enumerate(traces):
-        if (t.geometry.num_layers, t.geometry.num_experts, t.geometry.top_k) != (g.num_layers, g.num_experts, g.top_k):
-            raise ValueError(f"traces[{i}] has geometry {t.geometry.to_dict()}, unlike traces[0] {g.to_dict()}")
-
-    def cat(name: str) -> np.ndarray | None:
-        parts = [getattr(t, name) for t in traces]
-        return None if any(p is None for p in parts) else np.concatenate(parts)
-
-    def offsets(name: str) -> np.ndarray:
-        out, base = [np.zeros(1, np.int64)], 0
-        for t in traces:
-            off = getattr(t, name).astype(np.int64)
-            out.append(off[1:] + base)
-            base += int(off[-1])
-        return np.concatenate(out)
-
-    return ExpertTrace([r for t in traces for r in t.request_ids], [d for t in traces for d in t.domains],
-                       cat("prompt_tokens"), offsets("prompt_offsets"), cat("prefill_counts"), cat("decode_ids"),
-                       offsets("decode_offsets"), g, dict(provenance if provenance is not None else traces[0].provenance),
-                       cat("prefill_ids"), cat("prefill_probs"), cat("decode_tokens"))
-
-
-def save_compact_trace(trace: Any, path: str | Path) -> Path:
+def save_compact_trace(trace: ExpertTrace, path: str | Path) -> Path:
     """Write ``trace`` (an :class:`~moelab.traces.ExpertTrace`) compactly to ``path`` (``.npz`` + ``.json``)."""
     g = trace.geometry
     path = Path(path).with_suffix(".npz")
@@ -156,7 +126,7 @@ def save_compact_trace(trace: Any, path: str | Path) -> Path:
     return path
 
 
-def load_compact_trace(path: str | Path, *, max_bytes: int = 256 << 20) -> Any:
+def load_compact_trace(path: str | Path, *, max_bytes: int = 256 << 20) -> ExpertTrace:
     """Read a file written by :func:`save_compact_trace` back as an :class:`~moelab.traces.ExpertTrace`
     (decode ids sorted within each top-k set; ``prefill_ids`` and ``prefill_probs`` None).
 
@@ -167,9 +137,6 @@ def load_compact_trace(path: str | Path, *, max_bytes: int = 256 << 20) -> Any:
     moelab._io.FileFormatError
         Anything malformed (naming the file and field).
     """
-    from moelab.traces import ExpertTrace
-    from moelab.traces.expert import MAX_EXPERTS, MAX_LAYERS, Geometry
-
     path = Path(path).with_suffix(".npz")
     meta_path = path.with_suffix(".json")
     if not path.exists():

@@ -1,27 +1,40 @@
-"""Real-routing inputs from the project's OLMoE-like MoE (``data/models/sharegpt-moe``).
+"""Make the real-routing data of the project's OLMoE-like MoE (``data/models/sharegpt-moe``).
 
 * :func:`sharegpt_requests` — real chat requests (first human turn, rendered as the model was trained:
   ``"User: ...\\nAssistant:"``) from the *held-out* part of ShareGPT (:func:`moelab.datasets.sharegpt_split`,
   the same rule and seed the trainer used), checked disjoint from the ids the model was trained on.
 * :func:`specbench_requests` — Spec-Bench's 480 questions (first turn), labelled by task category.
 * :func:`capture_traces` — greedy decode through the HF capture (:func:`moelab.capture.capture`; through
-  vLLM with ``backend="vllm"``), stored compactly (:mod:`moelab.models.trace_codec`) in
-  ``data/traces/sharegpt-moe-{sharegpt,specbench}``.
-* :func:`load_trace` — the bundled traces as :class:`~moelab.traces.ExpertTrace`.
-* :func:`locality_report` — the statistics the model card reports, recomputed from a trace (functions
-  of :mod:`moelab.eldr.signature`, :mod:`moelab.eldr.workload` and :mod:`moelab.traces.analysis`).
+  vLLM with ``backend="vllm"``), stored compactly (:mod:`moelab.traces.compact`) in
+  ``data/traces/sharegpt-moe-{sharegpt,specbench}`` (read them with :func:`moelab.traces.load_trace`).
+* :func:`write_stats` / :func:`write_card` — the locality statistics the model card reports
+  (:func:`moelab.eldr.locality.locality_report`) and the card itself.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import hashlib
+import math
+import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from moelab._validate import check_choice, check_int, rng_from
-from moelab.models.tiny_moe import SHAREGPT_MOE_PATH, TRACES_DIR
+from moelab._io import atomic_write_json, atomic_write_text, read_json
+from moelab._validate import check_choice, check_int
+from moelab.capture import capture
+from moelab.datasets import (
+    first_prompt,
+    load_sharegpt,
+    load_spec_bench,
+    render_chat,
+    script_label,
+    sharegpt_split,
+)
+from moelab.eldr.locality import locality_report
+from moelab.models.tiny_moe import SHAREGPT_MOE_PATH, load_tiny_moe
+from moelab.traces import ExpertTrace, concat_traces, load_trace, save_compact_trace, traces_dir
 
 TRACE_NAMES = ("sharegpt", "specbench")
 
@@ -29,20 +42,10 @@ TRACE_NAMES = ("sharegpt", "specbench")
 def trace_path(which: str = "sharegpt") -> Path:
     """``data/traces/sharegpt-moe-<which>.npz``."""
     check_choice("which", which, TRACE_NAMES)
-    return TRACES_DIR / f"sharegpt-moe-{which}.npz"
-
-
-def load_trace(which: str = "sharegpt") -> Any:
-    """A bundled trace of ``sharegpt-moe``: ``"sharegpt"`` (held-out ShareGPT requests, ``domains`` =
-    writing-system language label) or ``"specbench"`` (Spec-Bench questions, ``domains`` = task category)."""
-    from moelab.models.trace_codec import load_compact_trace
-
-    return load_compact_trace(trace_path(which))
+    return traces_dir() / f"sharegpt-moe-{which}.npz"
 
 
 def _trained_ids(model_dir: Path) -> set[str]:
-    from moelab._io import read_json
-
     f = model_dir / "sharegpt_train_ids.json"
     if not f.is_file():
         return set()
@@ -70,8 +73,6 @@ def sharegpt_requests(
         of the prompt), ``skipped`` (held-out conversations passed over: no human turn / too short / too
         long), ``provenance`` (the ShareGPT file and split).
     """
-    from moelab.datasets import first_prompt, load_sharegpt, render_chat, script_label, sharegpt_split
-
     n = check_int("n", n, low=1)
     check_int("min_len", min_len, low=1)
     check_int("max_len", max_len, low=min_len)
@@ -112,8 +113,6 @@ def sharegpt_requests(
 def specbench_requests(tokenizer: Any, *, max_len: int = 512) -> dict[str, Any]:
     """Spec-Bench questions (first turn, rendered like the ShareGPT requests) with at most ``max_len``
     tokens, labelled by task category (``mt_bench`` subcategories folded, as :func:`moelab.datasets.load_spec_bench`)."""
-    from moelab.datasets import load_spec_bench, render_chat
-
     check_int("max_len", max_len, low=1)
     df = load_spec_bench()
     prompts, ids, labels, too_long = [], [], [], 0
@@ -133,8 +132,6 @@ def specbench_requests(tokenizer: Any, *, max_len: int = 512) -> dict[str, Any]:
 def model_weights_sha256(model_dir: Path) -> str:
     """sha256 over the model's safetensors shards (file name and content, sorted by name): names the
     exact weights a trace was captured from, committed or not."""
-    import hashlib
-
     h = hashlib.sha256()
     for f in sorted(Path(model_dir).glob("*.safetensors")):
         h.update(f.name.encode() + b"\0")
@@ -156,9 +153,9 @@ def capture_trace(
     progress: bool = True,
     backend: str = "hf",
     engine: Any = None,
-) -> Any:
+) -> ExpertTrace:
     """Capture one bundled trace (or part ``i`` of ``n`` of its requests, for parallel processes; join the
-    parts with :func:`moelab.models.trace_codec.concat_traces`): greedy, fp32, no stop at EOS.
+    parts with :func:`moelab.traces.concat_traces`): greedy, fp32, no stop at EOS.
 
     ``backend="hf"`` (how the bundled traces were made): the HF hook capture, self-checked, left-padded
     batches of similar prompt length (``batch_size`` default 250 for ShareGPT, 100 for Spec-Bench).
@@ -166,12 +163,7 @@ def capture_trace(
     float32 on CPU, continuous batching with at most ``batch_size`` sequences per step); ``engine`` reuses an
     engine of this model from :func:`moelab.models.vllm_engine.make_engine` (default: one is made).
     ``threads`` sets torch's CPU threads (1 is fastest on a shared, oversubscribed CPU)."""
-    import time
-
-    import torch
-
-    from moelab.capture import capture
-    from moelab.models.tiny_moe import load_tiny_moe
+    import torch  # lazy: torch loads only when a trace is captured
 
     check_choice("which", which, TRACE_NAMES)
     check_choice("backend", backend, ("hf", "vllm"))
@@ -185,7 +177,7 @@ def capture_trace(
     if backend == "hf":
         model, tok = load_tiny_moe(model_dir)
     else:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # lazy: transformers only when a trace is captured
 
         tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     req = sharegpt_requests(tok, n_sharegpt, model_dir=model_dir) if which == "sharegpt" else specbench_requests(tok)
@@ -195,7 +187,7 @@ def capture_trace(
     if backend == "hf":
         target, opts = (model, tok), {"batch_size": bs}
     else:
-        from moelab.models.vllm_engine import make_engine
+        from moelab.models.vllm_engine import make_engine  # lazy: imports vLLM
 
         longest = max(len(p) for p in req["prompts"][sel])
         target = engine if engine is not None else make_engine(
@@ -216,86 +208,16 @@ def capture_trace(
     return dataclasses.replace(trace, provenance=prov)
 
 
-def capture_traces(out_dir: str | Path = TRACES_DIR, **kwargs: Any) -> dict[str, Path]:
+def capture_traces(out_dir: str | Path | None = None, **kwargs: Any) -> dict[str, Path]:
     """Capture both bundled traces in this process and save them compactly (``data/traces/sharegpt-moe-*``)."""
-    from moelab.models.trace_codec import save_compact_trace
-
-    return {w: save_compact_trace(capture_trace(w, **kwargs), Path(out_dir) / f"sharegpt-moe-{w}.npz") for w in TRACE_NAMES}
-
-
-def _with_labels(trace: Any, labels: np.ndarray) -> Any:
-    return dataclasses.replace(trace, domains=[f"c{int(c)}" for c in labels])
-
-
-def locality_report(
-    trace: Any,
-    *,
-    n_clusters: int = 8,
-    batch: int = 32,
-    n_pairs: int = 30000,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Locality statistics of a captured trace, split in halves (seeded): the count_idf signature (idf and
-    greedy layer mask) and the K-means clusters are fitted on the calibration half, everything is
-    reported on the other (held-out) half.
-
-    Returns
-    -------
-    dict
-        ``rho_count_idf`` / ``recall_count_idf`` (:meth:`SignatureBuilder.report` on the held-out half),
-        ``rho_raw`` / ``recall_raw`` (raw counts, all layers: :func:`moelab.eldr.workload.workload_stats`),
-        ``distinct_reduction_pct_cluster`` (decode-step distinct experts of ``batch`` requests of one
-        signature cluster vs of the mix, :func:`moelab.eldr.workload.distinct_reduction`),
-        ``distinct_reduction_pct_label`` (same, batches of one label; None if no label has ``batch`` requests),
-        ``ari_labels`` (K-means with as many clusters as labels vs the labels,
-        :func:`moelab.traces.analysis.signature_ari`), label counts, sizes.
-    """
-    from sklearn.cluster import KMeans
-
-    from moelab.eldr.signature import SignatureBuilder
-    from moelab.eldr.workload import distinct_reduction, workload_stats
-    from moelab.traces.analysis import signature_ari
-
-    n = trace.n_requests
-    check_int("n_clusters", n_clusters, low=2, high=n // 2)
-    perm = rng_from(seed).permutation(n)
-    cal, held = trace.subset(np.sort(perm[: n // 2])), trace.subset(np.sort(perm[n // 2:]))
-    sb = SignatureBuilder("count_idf", n_pairs=n_pairs, seed=seed).fit(cal)
-    rep = sb.report(held, n_pairs=n_pairs)
-    raw = workload_stats(held, batch=batch, n_pairs=n_pairs, seed=seed)
-    km = KMeans(n_clusters=n_clusters, n_init=10, random_state=seed).fit(sb.transform(cal))
-    held_clusters = km.predict(sb.transform(held))
-    red_c = distinct_reduction(_with_labels(held, held_clusters), batch=batch, seed=seed)
-    codes, names = trace.domain_codes()
-    counts = {name: int(np.sum(codes == i)) for i, name in enumerate(names)}
-    try:
-        red_l = distinct_reduction(held, batch=batch, seed=seed)["reduction_pct"]
-    except ValueError:
-        red_l = None
-    ari = signature_ari(trace, seed=seed) if len(names) >= 2 else None
-    toks = trace.decode_tokens
-    distinct_toks = None if toks is None else float(np.mean(
-        [np.unique(toks[a:b]).size for a, b in zip(trace.decode_offsets[:-1], trace.decode_offsets[1:])]))
-    return {
-        "n_requests": n, "n_calibration": cal.n_requests, "n_heldout": held.n_requests,
-        "decode_tokens": int(trace.decode_lens.sum()), "geometry": trace.geometry.to_dict(),
-        "rho_count_idf": rep["rho"], "recall_count_idf": rep["recall"], "layers_kept": rep["layers_kept"],
-        "rho_raw": raw["rho"], "recall_raw": raw["recall"],
-        "distinct_mixed": red_c["distinct_mixed"], "distinct_same_cluster": red_c["distinct_same_domain"],
-        "distinct_reduction_pct_cluster": red_c["reduction_pct"], "distinct_reduction_pct_label": red_l,
-        "n_clusters": n_clusters, "batch": batch, "ari_labels": ari, "decode_distinct_tokens_per_request": distinct_toks, "label_counts": counts, "seed": seed, "n_pairs": n_pairs,
-    }
+    return {w: save_compact_trace(capture_trace(w, **kwargs), Path(out_dir or traces_dir()) / f"sharegpt-moe-{w}.npz") for w in TRACE_NAMES}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m moelab.models.sharegpt_moe capture WHICH [--part I/N] [--backend hf|vllm] --out F`` then
+    """``python -m moelab.make.sharegpt_moe capture WHICH [--part I/N] [--backend hf|vllm] --out F`` then
     ``merge WHICH PART_FILES... [--out F]``: how the bundled traces were made (parts in parallel processes;
     ``--backend vllm`` recaptures them through vLLM)."""
-    import argparse
-
-    from moelab.models.trace_codec import concat_traces, load_compact_trace, save_compact_trace
-
-    p = argparse.ArgumentParser(prog="python -m moelab.models.sharegpt_moe")
+    p = argparse.ArgumentParser(prog="python -m moelab.make.sharegpt_moe")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("capture")
     c.add_argument("which", choices=TRACE_NAMES)
@@ -320,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                               part=(int(i), int(n)), progress=False, model_dir=args.model_dir, backend=args.backend)
         print(save_compact_trace(trace, args.out))
         return 0
-    parts = [load_compact_trace(f) for f in args.parts]
+    parts = [load_trace(f) for f in args.parts]
     prov = {k: v for k, v in parts[0].provenance.items() if k not in ("part", "capture_seconds", "created")}
     prov.update(parts=len(parts), capture_seconds=[t.provenance.get("capture_seconds") for t in parts],
                 created=[t.provenance.get("created") for t in parts])
@@ -328,17 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
-
 
 def write_stats(which: str, *, params: dict[str, Any] | None = None) -> Path:
     """Measure :func:`locality_report` on a bundled trace and write ``data/traces/sharegpt-moe-<which>.stats.json``
     (``params`` + ``stats``; ``tests/test_train_moe.py`` recomputes them)."""
-    from moelab._io import atomic_write_json
-
     params = dict(params or {"n_clusters": 8, "batch": 32, "n_pairs": 30000, "seed": 0})
-    stats = locality_report(load_trace(which), **params)
+    stats = locality_report(load_trace(trace_path(which)), **params)
     return atomic_write_json(trace_path(which).with_suffix(".stats.json"), {"trace": trace_path(which).name,
                                                                             "params": params, "stats": stats})
 
@@ -350,10 +267,6 @@ def _fmt(v: Any, nd: int = 3) -> str:
 def write_card(model_dir: str | Path = SHAREGPT_MOE_PATH, *, run_note: str = "") -> Path:
     """``README.md`` of the model from ``config.json``, ``training.json`` and the traces' ``.stats.json``;
     ``run_note`` says how the training run went (e.g. resumes), in words."""
-    import math
-
-    from moelab._io import atomic_write_text, read_json
-
     folder = Path(model_dir)
     cfg = read_json(folder / "config.json")
     cfg.setdefault("num_experts", cfg.get("num_local_experts"))  # transformers 5 writes the attribute-map alias
@@ -421,11 +334,11 @@ Uniform over the vocabulary would be ln {cfg['vocab_size']} = {math.log(cfg['voc
 |---|---|
 """ + "\n".join(f"| {d} | {v:.3f} |" for d, v in sorted(held.items())) + f"""
 
-## Expert locality (measured by `moelab.models.sharegpt_moe.locality_report`)
+## Expert locality (measured by `moelab.eldr.locality.locality_report`)
 
 Bundled traces, captured by the HF hook capture (`moelab.capture.capture(..., backend="hf")`, greedy,
 float32, self-checked against `output_router_logits`, left-padded batches; no stop at EOS), stored with the
-exact compact encoding of `moelab.models.trace_codec` (load: `moelab.models.sharegpt_moe.load_trace(...)`):
+exact compact encoding of `moelab.traces.compact` (load: `moelab.traces.load_trace(path)`):
 
 {trace_lines}
 
@@ -460,3 +373,7 @@ not tuned toward those; `tests/test_train_moe.py` recomputes them from the bundl
 - Prompts longer than the trace's `max_len` tokens were skipped, and counted, in the traces' provenance.
 """
     return atomic_write_text(folder / "README.md", text)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

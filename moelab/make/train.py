@@ -27,8 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from moelab._io import atomic_write_json, read_json
+from moelab._io import atomic_write_json, atomic_write_text, read_json
 from moelab._validate import check_int, check_real
+from moelab.datasets import cache_dir, load_sharegpt, render_chat, repo_root, sharegpt_split
+from moelab.models.corpus import BUILTIN_DOMAINS, build_corpus, read_corpus
 
 EOS = "<|endoftext|>"
 # The shipped model's domains: four clearly different kinds of text. The corpus also offers "prose"
@@ -97,6 +99,7 @@ def _parser(preset: str = "sharegpt-moe") -> argparse.ArgumentParser:
 # ---------------------------------------------------------------------------------------------- tokenizer
 def train_tokenizer(texts: dict[str, list[str]], vocab_size: int, out_dir: Path) -> Any:
     """Train a byte-level BPE tokenizer on all domains and save it as a HF fast tokenizer in ``out_dir``."""
+    # lazy: tokenizers/transformers load only when a model is trained
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
@@ -125,7 +128,7 @@ def _encode_domains(tok: Any, texts: dict[str, list[str]]) -> dict[str, np.ndarr
 
 # ---------------------------------------------------------------------------------------------- model
 def make_config(args: argparse.Namespace, vocab_size: int, eos_id: int) -> Any:
-    from transformers import Qwen3MoeConfig
+    from transformers import Qwen3MoeConfig  # lazy: transformers only when a model is trained
 
     cfg = Qwen3MoeConfig(
         vocab_size=vocab_size, hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,
@@ -185,7 +188,6 @@ def check_args(args: argparse.Namespace) -> None:
         check_int("--threads", args.threads, low=1, high=4096)
     if not (args.device in ("auto", "cpu", "cuda") or (args.device.startswith("cuda:") and args.device[5:].isdigit())):
         raise ValueError(f"--device must be auto, cpu, cuda or cuda:N; got {args.device!r}")
-    from moelab.models.corpus import BUILTIN_DOMAINS
 
     domains = [d for d in args.domains.split(",") if d]
     unknown = [d for d in domains if d not in BUILTIN_DOMAINS]
@@ -223,8 +225,6 @@ def write_sharegpt_domain(folder: Path, n_conversations: int, heldout_fraction: 
     """Write the first ``n_conversations`` ShareGPT *train-part* conversations (file order), rendered as
     plain-text chats, into ``folder`` (files of :data:`SHAREGPT_PART_CONVERSATIONS` conversations, so the
     corpus can hold whole files out for the held-out loss). Returns the record of what was written."""
-    from moelab._io import atomic_write_text
-    from moelab.datasets import load_sharegpt, render_chat, sharegpt_split
 
     data = load_sharegpt(path=path)
     train, held = sharegpt_split(data.conversations, heldout_fraction, seed=seed)
@@ -245,17 +245,14 @@ def main(argv: list[str] | None = None, *, preset: str = "sharegpt-moe") -> int:
     """Entry point of ``moelab train-moe`` (``preset`` sets the default ``--preset``); returns the exit status."""
     args = _parser(preset).parse_args(argv)
     check_args(args)
-    from moelab.datasets import cache_dir, repo_root
-
     work = _check_folder("--work", Path(args.work) if args.work else cache_dir() / f"{args.preset}-run")
     out = _check_folder("--out", Path(args.out) if args.out else repo_root() / "data" / "models" / args.preset)
     t_start = time.time()
+    # lazy: torch, safetensors and transformers load only when a model is trained
     import torch
     from safetensors.torch import load_model, save_model
     from tqdm.auto import tqdm
     from transformers import AutoTokenizer, Qwen3MoeForCausalLM
-
-    from moelab.models.corpus import build_corpus, read_corpus
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: no CUDA device is available here (use cpu or auto)")

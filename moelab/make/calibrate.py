@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,7 @@ class Timer:
 
     def median_ms(self, fn: Callable[[], Any]) -> float:
         """Median milliseconds of ``fn()`` over the timer's repetitions (after warm-up)."""
-        import torch
+        import torch  # lazy: torch loads only when measuring
 
         for _ in range(self.warmup):
             fn()
@@ -153,14 +154,14 @@ class Timer:
 
 
 def _dtype(name: str) -> Any:
-    import torch
+    import torch  # lazy: torch loads only when measuring
 
     return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
 
 
 def copy_bandwidth_gbps(device: str, timer: Timer, nbytes: int) -> float:
     """Device-memory copy bandwidth (read + write counted once each), GB/s."""
-    import torch
+    import torch  # lazy: torch loads only when measuring
 
     a = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
     b = torch.empty_like(a)
@@ -177,7 +178,7 @@ def _slots(B: int, k: int, D: int) -> int:
 def moe_weights(shape: MoEShape, copies: int, device: str, dtype: str, seed: int = 0) -> list[tuple[Any, Any]]:
     """``copies`` layer copies of all ``E`` experts' SwiGLU weights (``w13 [E, H, 2F]``, ``w2 [E, F, H]``),
     non-zero random, made on the device once per shape (slices give the first ``D`` experts)."""
-    import torch
+    import torch  # lazy: torch loads only when measuring
 
     dt = _dtype(dtype)
     g = torch.Generator(device=device).manual_seed(seed)
@@ -190,8 +191,8 @@ def moe_step_ms(shape: MoEShape, B: int, D: int, method: str, timer: Timer, devi
                 weights: list[tuple[Any, Any]]) -> float:
     """Median ms of one MoE layer's expert FFNs for ``B`` tokens over ``D`` distinct experts
     (``weights`` from :func:`moe_weights`; several copies rotated so they come from memory, not cache)."""
-    import torch
-    import torch.nn.functional as F
+    import torch  # lazy: torch loads only when measuring
+    import torch.nn.functional as F  # lazy: torch loads only when measuring
 
     dt = _dtype(dtype)
     Fd = shape.ffn
@@ -222,7 +223,7 @@ def moe_step_ms(shape: MoEShape, B: int, D: int, method: str, timer: Timer, devi
 
 def grouped_mm_available(device: str, dtype: str) -> bool:
     """Whether ``torch._grouped_mm`` runs here (it needs recent GPUs; absent on most CPUs)."""
-    import torch
+    import torch  # lazy: torch loads only when measuring
 
     if not hasattr(torch, "_grouped_mm"):
         return False
@@ -238,8 +239,8 @@ def grouped_mm_available(device: str, dtype: str) -> bool:
 # ---------------------------------------------------------------------- attention, dense verify
 def attn_step_ms(shape: AttnShape, B: int, ctx: int, timer: Timer, device: str, dtype: str, copies: int) -> tuple[float, int]:
     """Median ms of decode attention (one query token per request over ``ctx`` cached) and KV bytes."""
-    import torch
-    import torch.nn.functional as F
+    import torch  # lazy: torch loads only when measuring
+    import torch.nn.functional as F  # lazy: torch loads only when measuring
 
     dt = _dtype(dtype)
     q = torch.randn(B, shape.q_heads, 1, shape.head_dim, device=device, dtype=dt)
@@ -256,8 +257,8 @@ def attn_step_ms(shape: AttnShape, B: int, ctx: int, timer: Timer, device: str, 
 
 def dense_verify_ms(shape: DenseShape, q: int, ctx: int, timer: Timer, device: str, dtype: str, copies: int) -> float:
     """Median ms of one Llama-style layer over ``q`` new tokens attending to ``ctx`` cached + themselves."""
-    import torch
-    import torch.nn.functional as F
+    import torch  # lazy: torch loads only when measuring
+    import torch.nn.functional as F  # lazy: torch loads only when measuring
 
     dt = _dtype(dtype)
     H, Fd, nh, nkv = shape.hidden, shape.ffn, shape.heads, shape.kv_heads
@@ -298,7 +299,7 @@ def _distinct_grid(shape: MoEShape, B: int, grid: tuple[int, ...]) -> list[int]:
 
 def measure(plan: Plan, device: str, progress: Callable[[str], None] | None = None) -> dict[str, pd.DataFrame]:
     """Run every measurement of ``plan`` on ``device``; returns the three tables."""
-    import torch
+    import torch  # lazy: torch loads only when measuring
 
     say = progress or (lambda s: None)
     timer = Timer(device, plan.reps, plan.warmup)
@@ -365,7 +366,7 @@ def fit_models(tables: dict[str, pd.DataFrame], shapes: dict[str, MoEShape]) -> 
 
 def environment(device: str, copy_gbps: float, plan: Plan, smoke: bool) -> dict[str, Any]:
     """Software and hardware the tables were measured with."""
-    import torch
+    import torch  # lazy: torch loads only when measuring
 
     env: dict[str, Any] = {"torch": torch.__version__, "device": device.split(":")[0], "python": platform.python_version(),
                            "dtype": plan.dtype, "reps": plan.reps, "layer_copies": plan.layer_copies, "smoke": smoke,
@@ -378,8 +379,6 @@ def environment(device: str, copy_gbps: float, plan: Plan, smoke: bool) -> dict[
         env.update(name=platform.processor() or "cpu", threads=torch.get_num_threads())
     for pkg in ("transformers", "vllm", "triton"):
         try:
-            from importlib.metadata import version
-
             env[pkg] = version(pkg)
         except Exception:  # not installed: record that plainly
             env[pkg] = "absent"
@@ -402,7 +401,7 @@ def calibrate(out: str | Path, *, smoke: bool = False, device: str | None = None
     reps : int, optional
         Repetitions per point (default 50 on a GPU, 5 for smoke).
     """
-    import torch
+    import torch  # lazy: torch loads only when measuring
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
