@@ -21,20 +21,21 @@ import numpy as np
 import pandas as pd
 
 from moelab._validate import check_int, check_real
-from moelab.balanceroute.cost import DPCost
 from moelab.balanceroute.predictors import Predictor, make_predictor
 from moelab.balanceroute.routers import BR0, BRH
-from moelab.balanceroute.sim import simulate
+from moelab.costmodel.dp import DPCost
 from moelab.routing import Router, make_router, router_names
 from moelab.routing import dp_balancers as _dp  # registers vLLM's and SGLang's DP balancers
-from moelab.sim import SimResult
+from moelab.sim import SimResult, gain_vs_best
+from moelab.sim.dp import simulate_dp
 from moelab.traces import RequestTrace, load_azure_trace
 
 DP_BALANCERS = _dp.DP_BALANCERS
-# every registered baseline; the floor's pooled "vllm_dp" approximation is left out: the versioned
-# engine-queue balancers (vllm_dp@0.32 / @latest / @legacy) reproduce vLLM's real policies
-BASELINES = tuple(n for n in router_names("baseline") if n != "vllm_dp")
-POOLED_BASELINES = tuple(n for n in BASELINES if n not in DP_BALANCERS)
+# every registered baseline (the paper's own, RR and JSQ, are :data:`moelab.balanceroute.regime.PAPER_BASELINES`);
+# the floor's pooled "vllm_dp" approximation is left out: the versioned engine-queue balancers
+# (vllm_dp@0.32 / @latest / @legacy) reproduce vLLM's real policies
+ALL_BASELINES = tuple(n for n in router_names("baseline") if n != "vllm_dp")
+POOLED_BASELINES = tuple(n for n in ALL_BASELINES if n not in DP_BALANCERS)
 PREDICTOR_NAMES = ("oracle", "survival", "exact_match", "learned")
 LOAD_RANGE = (0.05, 5.0)
 
@@ -204,7 +205,7 @@ def lineup(names: tuple[str, ...], params: BRParams | None = None, train: Reques
 def run_lineup(trace: RequestTrace, routers: dict[str, Router], cost: DPCost, *, seed: int = 0,
                setting: str = "", **sim_kwargs: Any) -> tuple[pd.DataFrame, dict[str, SimResult]]:
     """Simulate every router on the same trace and cluster; one summary row per router."""
-    results = {name: simulate(trace, r, cost.n_workers, cost.slots, cost, seed=seed, **sim_kwargs)
+    results = {name: simulate_dp(trace, r, cost.n_workers, cost.slots, cost, seed=seed, **sim_kwargs)
                for name, r in routers.items()}
     rows = []
     for name, res in results.items():
@@ -214,7 +215,7 @@ def run_lineup(trace: RequestTrace, routers: dict[str, Router], cost: DPCost, *,
     return pd.DataFrame(rows), results
 
 
-def reductions(df: pd.DataFrame, baselines: tuple[str, ...] = BASELINES) -> pd.DataFrame:
+def reductions(df: pd.DataFrame, baselines: tuple[str, ...] = ALL_BASELINES) -> pd.DataFrame:
     """Per non-baseline router, per group (``setting``/``G``/``load`` columns present): imbalance change vs
     the best (lowest-imbalance) baseline and vs JSQ, throughput gain vs the best (highest-throughput)
     baseline, TPOT p95 and queueing-delay p50 ratios vs that baseline."""
@@ -224,22 +225,25 @@ def reductions(df: pd.DataFrame, baselines: tuple[str, ...] = BASELINES) -> pd.D
         base = g[g["router"].isin(baselines)]
         if base.empty:
             continue
-        best_imb = base.loc[base["avg_imbalance"].idxmin()]
-        best_thr = base.loc[base["throughput_tok_s"].idxmax()]
-        jsq = base[base["router"] == "jsq"]
+        runs = {r["router"]: r for r in g.to_dict("records")}
+        names = tuple(base["router"])
         for _, r in g[~g["router"].isin(baselines)].iterrows():
+            res = {**runs, r["router"]: r}
+            imb_red, best_imb = gain_vs_best(res, r["router"], names, metric="avg_imbalance")
+            thr_gain, best_thr = gain_vs_best(res, r["router"], names, metric="throughput_tok_s", higher_is_better=True)
+            jsq = (gain_vs_best(res, r["router"], ("jsq",), metric="avg_imbalance")[0] if "jsq" in names
+                   else float("nan"))
+            b = runs[best_thr]
             out.append({
                 **dict(zip(keys, kv if isinstance(kv, tuple) else (kv,))),
                 "router": r["router"],
-                "best_baseline_imbalance": best_imb["router"],
-                "imbalance_reduction_pct": 100 * (1 - r["avg_imbalance"] / best_imb["avg_imbalance"]),
-                "imbalance_reduction_vs_jsq_pct": (100 * (1 - r["avg_imbalance"] / jsq["avg_imbalance"].iloc[0])
-                                                   if len(jsq) else float("nan")),
-                "best_baseline_throughput": best_thr["router"],
-                "throughput_gain_pct": 100 * (r["throughput_tok_s"] / best_thr["throughput_tok_s"] - 1),
-                "tpot_p95_change_pct": 100 * (r["tpot_ms_p95"] / best_thr["tpot_ms_p95"] - 1),
-                "queue_delay_p50_ratio": (r["queue_s_p50"] / best_thr["queue_s_p50"]
-                                          if best_thr["queue_s_p50"] > 0 else float("nan")),
+                "best_baseline_imbalance": best_imb,
+                "imbalance_reduction_pct": imb_red,
+                "imbalance_reduction_vs_jsq_pct": jsq,
+                "best_baseline_throughput": best_thr,
+                "throughput_gain_pct": thr_gain,
+                "tpot_p95_change_pct": 100 * (r["tpot_ms_p95"] / b["tpot_ms_p95"] - 1),
+                "queue_delay_p50_ratio": (r["queue_s_p50"] / b["queue_s_p50"] if b["queue_s_p50"] > 0 else float("nan")),
             })
     return pd.DataFrame(out)
 
@@ -262,7 +266,7 @@ def tune_brh(train: RequestTrace, cost: DPCost, *, load: float = 1.2, n_requests
         p = replace(base, horizon=int(h), gamma=float(g), beta=b, label="tuned")
         pred = fit_predictors(train, p.horizon, (predictor,), seed)[predictor]
         r = BRH(p.horizon, p.gamma, p.alpha, p.beta, pred, p.window, seed=seed)
-        s = simulate(tr, r, cost.n_workers, cost.slots, cost, seed=seed, **sim_kwargs).metrics()
+        s = simulate_dp(tr, r, cost.n_workers, cost.slots, cost, seed=seed, **sim_kwargs).metrics()
         rows.append({"horizon": int(h), "gamma": float(g), "beta": "G" if b is None else b,
                      "avg_imbalance": s["avg_imbalance"], "throughput_tok_s": s["throughput_tok_s"]})
     table = pd.DataFrame(rows)
