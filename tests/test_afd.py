@@ -179,6 +179,7 @@ def test_any_calibrate_folder_is_accepted_and_a_missing_table_is_named(tmp_path)
         afd.coefficients_from_tables(tmp_path)
     from moelab.costmodel import DecodeStepModel
 
+    shutil.copy(bundled / "attn_step.csv", tmp_path / "attn_step.csv")
     with pytest.raises(ValueError, match="decode_layer.csv"):  # calibrate does not write it; the step model needs it
         DecodeStepModel.from_calibration(tmp_path)
 
