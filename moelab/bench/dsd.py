@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from moelab.bench.core import Figure
-from moelab.dsd import MODES, breakeven_table, simulate_rounds
+from moelab.dsd import MODES, breakeven_table, cpu_costs, simulate_rounds
 
 # the paper's table (gamma=5, t_a=10 ms): RTT_max in ms; None = blank (DSD never beats cloud AR)
 PAPER_TABLE = {
@@ -77,23 +77,6 @@ def record_suite(model: Any, tokenizer: Any, questions, *, exit_layers: int = 24
     labels = {"early_exit": f"early exit after {exit_layers} layers", "pld": "PLD", "hd": "HD(WSL)"}
     return {d: AcceptanceTrace(labels[d], name, {"early_exit": gamma_max, "pld": 10, "hd": 4}[d], seqs[d], meta)
             for d in drafters}
-
-
-def cpu_costs(extra: dict) -> dict[str, Any]:
-    """Measured CPU costs from a recording's ``timings_ms``: ``t_ar``, ``t_a`` (early-exit ms per draft
-    token) and ``verify(q)`` (piecewise-linear in the measured q; q beyond the measured range is refused)."""
-    tim = extra["timings_ms"]
-    qs = np.array(sorted(int(k) for k in tim["target_q"]))
-    ms = np.array([tim["target_q"][str(q)] if str(q) in tim["target_q"] else tim["target_q"][q] for q in qs])
-
-    def verify(q):
-        q = np.asarray(q, dtype=np.float64)
-        if q.size and (q.min() < qs[0] or q.max() > qs[-1]):
-            raise ValueError(f"q must be in [{qs[0]}, {qs[-1]}] (the measured CPU verify curve); got {q.min()}..{q.max()}")
-        return np.interp(q, qs, ms)
-
-    d = tim["draft_q"]
-    return {"t_ar": float(verify(1)), "t_a": float(d.get("1", d.get(1))), "verify": verify, "q_max": int(qs[-1])}
 
 
 def _closed_form_figures(quick: bool) -> list[Figure]:
