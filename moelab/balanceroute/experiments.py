@@ -20,10 +20,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from moelab._io import read_csv_checked
 from moelab._validate import check_int, check_real
 from moelab.balanceroute.predictors import Predictor, make_predictor
 from moelab.balanceroute.routers import BR0, BRH
+from moelab.balanceroute.sharegpt import sharegpt_trace
 from moelab.costmodel.dp import DPCost
+from moelab.datasets import bundled_path
 from moelab.routing import Router, make_router, router_names
 from moelab.routing import dp_balancers as _dp  # registers vLLM's and SGLang's DP balancers
 from moelab.sim import SimResult, gain_vs_best
@@ -43,9 +46,6 @@ LOAD_RANGE = (0.05, 5.0)
 # ---------------------------------------------------------------------------------------------- paper values
 @lru_cache(maxsize=1)
 def _paper_frame() -> pd.DataFrame:
-    from moelab._io import read_csv_checked
-    from moelab.datasets import bundled_path
-
     return read_csv_checked(bundled_path("balanceroute", "paper_values.csv"),
                             {"key": "str", "value": "float", "setting": "str", "quote": "str"})
 
@@ -96,16 +96,14 @@ def load_trace(kind: str = "conv", *, max_output: int | None = 1000, nrows: int 
     return trace.filter_lengths(max_output=max_output) if max_output is not None else trace
 
 
-def workload(name: str, *, max_output: int = 1000, max_conversations: int = 20_000) -> RequestTrace:
+def workload(trace_name: str, *, max_output: int = 1000, max_conversations: int = 20_000) -> RequestTrace:
     """A named workload: ``"azure-conv"`` / ``"azure-code"`` (Azure 2023, lengths only) or
     ``"sharegpt"`` (real ShareGPT text tokenized, prompt hashes, at Azure-2023 conversation arrivals)."""
-    if name in ("azure-conv", "azure-code"):
-        return load_trace(name.split("-")[1], max_output=max_output)
-    if name == "sharegpt":
-        from moelab.balanceroute.sharegpt import sharegpt_trace
-
+    if trace_name in ("azure-conv", "azure-code"):
+        return load_trace(trace_name.split("-")[1], max_output=max_output)
+    if trace_name == "sharegpt":
         return sharegpt_trace(max_conversations, max_output=max_output)
-    raise ValueError(f"workload must be one of ['azure-conv', 'azure-code', 'sharegpt']; got {name!r}")
+    raise ValueError(f"workload must be one of ['azure-conv', 'azure-code', 'sharegpt']; got {trace_name!r}")
 
 
 def _rezero(trace: RequestTrace, idx: np.ndarray, note: str) -> RequestTrace:
@@ -165,9 +163,9 @@ def fit_predictors(train: RequestTrace, horizon: int, names: tuple[str, ...] = P
                    seed: int = 0) -> dict[str, Predictor]:
     """Fit the named predictors on the training part (``exact_match`` needs prompt-text hashes)."""
     out = {}
-    for name in names:
-        kwargs: dict[str, Any] = {"seed": seed} if name == "learned" else {}
-        out[name] = make_predictor(name, None if name == "oracle" else train, horizon, **kwargs)
+    for predictor in names:
+        kwargs: dict[str, Any] = {"seed": seed} if predictor == "learned" else {}
+        out[predictor] = make_predictor(predictor, None if predictor == "oracle" else train, horizon, **kwargs)
     return out
 
 
@@ -180,11 +178,11 @@ def lineup(names: tuple[str, ...], params: BRParams | None = None, train: Reques
     (the training part) at each variant's horizon; ``predictors`` caches them by (name, H)."""
     params = BRParams.paper() if params is None else params
     cache = {} if predictors is None else predictors
+    # registered routers are built by name; the ones the lineup's params configure get them here
+    settings: dict[str, dict[str, Any]] = {BR0.name: {"window": params.window}}
     routers: dict[str, Router] = {}
     for name in names:
-        if name == "br0":
-            routers[name] = BR0(window=params.window, seed=seed)
-        elif name.startswith("brh_"):
+        if name.startswith("brh_"):
             p, pname = params, name[4:]
             if pname.startswith("tuned_"):
                 if tuned is None:
@@ -198,7 +196,7 @@ def lineup(names: tuple[str, ...], params: BRParams | None = None, train: Reques
                 cache[(pname, p.horizon)] = fit_predictors(train, p.horizon, (pname,), seed)[pname]
             routers[name] = BRH(p.horizon, p.gamma, p.alpha, p.beta, cache[(pname, p.horizon)], p.window, seed=seed)
         else:
-            routers[name] = make_router(name, seed=seed)
+            routers[name] = make_router(name, seed=seed, **settings.get(name, {}))
     return routers
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from moelab._validate import check_choice, check_int, check_real, rng_from
+from moelab.costmodel import AttentionModel, DenseVerifyModel
 from moelab.dsd.rtt import RTTDistribution
 from moelab.dsd.server import capacity_search
 from moelab.dsd.theory import MODES
@@ -345,8 +346,6 @@ def h200_verify_batch_ms(shape: str = "llama2-7b", ctx: int = 1024) -> Callable[
     forward's weight reads and FLOPs) plus the K/V reads of the extra sequences, ``attn_step``-measured
     ms per byte (the table's GQA kernel; ``ctx`` cached tokens per sequence). ``q`` above the table's
     largest (128) is refused, never clamped."""
-    from moelab.costmodel import AttentionModel, DenseVerifyModel
-
     dv = DenseVerifyModel.h200()
     attn = AttentionModel.h200()
     rows = dv.table[dv.table["shape"] == shape]
