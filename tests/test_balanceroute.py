@@ -150,6 +150,47 @@ def test_simulator_hand_computed_single_worker():
     assert res.metrics()["avg_imbalance"] == 0.0  # one worker is never imbalanced
 
 
+def test_metrics_window_is_a_parameter_and_info_never_overrides_a_metric():
+    from moelab.sim import MeasurementWindow, SimResult
+
+    tr = synthetic_trace(400)
+    res = simulate_dp(tr, make_router("jsq"), 4, 8, cost(4, 8))  # the simulator states 2 lifetimes of warm-up
+    stated, whole = res.metrics(), res.metrics(window=MeasurementWindow())
+    assert stated["warmup_steps"] > 0 and whole["warmup_steps"] == 0
+    assert whole["window_steps"] > stated["window_steps"]
+    assert stated == res.metrics(window=MeasurementWindow(2.0))
+    # request latencies cover every request whatever the window
+    assert stated["tpot_ms_p50"] == whole["tpot_ms_p50"]
+    with pytest.raises(ValueError, match="warmup_frac"):
+        MeasurementWindow(0.0, 1.5)
+    clash = SimResult(res.requests, res.steps, "x", 4, 8, 0, {"avg_imbalance": 0.0})
+    with pytest.raises(ValueError, match="info must not reuse metric names"):
+        clash.metrics()
+
+
+class _BadRanks:
+    """A rank router returning whatever it was given (for the admission rule's bad-input checks)."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def route(self, batch, view):
+        return self.out
+
+
+def test_route_to_ranks_refuses_unknown_ranks_and_overfilling():
+    from moelab.sim.dp import route_to_ranks
+
+    batch = RequestBatch(np.array([5, 6]))
+    view = ClusterView(np.zeros(2, np.int64), np.zeros(2, np.int64), np.array([1, 1]))
+    where, chosen, ms = route_to_ranks(_BadRanks([1, -1]), batch, view, np.array([1, 1]))
+    assert where.tolist() == [1, -1] and chosen.tolist() == [0] and ms >= 0
+    with pytest.raises(ValueError, match="invalid rank ids"):
+        route_to_ranks(_BadRanks([0, 2]), batch, view, np.array([1, 1]))
+    with pytest.raises(ValueError, match="over-filled a rank"):
+        route_to_ranks(_BadRanks([0, 0]), batch, view, np.array([1, 1]))
+
+
 def test_simulator_invariants_and_metrics():
     tr = synthetic_trace(500)
     G, B = 4, 8

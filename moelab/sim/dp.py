@@ -48,6 +48,34 @@ SUPPLIES = ("prompt_len", "output_len", "active", "waiting", "kv_tokens", "free_
             "active_requests", "waited_steps")
 
 
+def route_to_ranks(router: Router, batch: RequestBatch, view: ClusterView, free: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, float]:
+    """One admission of a barrier-synchronised DP group: ``router`` places the waiting ``batch`` on the
+    group's ranks (``-1`` keeps a request waiting), refused if it names a rank that does not exist or
+    over-fills one past its ``free`` slots. The one rule both DP loops admit by (:func:`simulate_dp` and
+    the DP groups of :func:`moelab.sim.cluster.simulate`).
+
+    Returns
+    -------
+    where : int64 array, the rank of every request of ``batch`` (-1 = waiting)
+    chosen : indices of the placed requests
+    decision_ms : wall time of the routing call (ms)
+    """
+    n_ranks = free.size
+    t0 = time.perf_counter()
+    where = np.asarray(router.route(batch, view), dtype=np.int64)
+    decision_ms = (time.perf_counter() - t0) * 1e3
+    if where.shape != (len(batch),) or where.min(initial=0) < -1 or where.max(initial=-1) >= n_ranks:
+        raise ValueError(f"router {router!r} returned invalid rank ids (shape {where.shape}; expected "
+                         f"({len(batch)},) in [-1, {n_ranks}))")
+    chosen = np.flatnonzero(where >= 0)
+    if chosen.size:
+        per = np.bincount(where[chosen], minlength=n_ranks)
+        if np.any(per > free):
+            raise ValueError(f"router {router!r} over-filled a rank: {per.tolist()} vs free {free.tolist()}")
+    return where, chosen, decision_ms
+
+
 def simulate_dp(trace: RequestTrace, router: Router, n_workers: int, slots: int, cost: DPCost | None = None, *,
              pool_view: int = 512, warmup_lifetimes: float = 2.0, warmup_frac: float = 0.0, max_steps: int = MAX_STEPS,
              kv_capacity_tokens: float | None = None, seed: int | None = 0) -> SimResult:
@@ -220,19 +248,10 @@ def simulate_dp(trace: RequestTrace, router: Router, n_workers: int, slots: int,
             if front.size and free.max() > 0:
                 view = view_now(occ, free, None, with_active=True)
                 view.waited_steps = step - seen_step[front]
-                batch = batch_of(front)
-                t0 = time.perf_counter()
-                where = np.asarray(router.route(batch, view), dtype=np.int64)
-                dec_ms = (time.perf_counter() - t0) * 1e3
+                where, chosen, dec_ms = route_to_ranks(router, batch_of(front), view, free)
                 n_routed = int(front.size)
-                if where.shape != (front.size,) or where.min(initial=0) < -1 or where.max(initial=-1) >= G:
-                    raise ValueError(f"router {router!r} returned invalid worker ids (shape {where.shape})")
-                chosen = np.flatnonzero(where >= 0)
                 if chosen.size:
                     wk = where[chosen]
-                    per = np.bincount(wk, minlength=G)
-                    if np.any(per > free):
-                        raise ValueError(f"router {router!r} over-filled a worker: {per.tolist()} vs free {free.tolist()}")
                     rows = front[chosen]
                     place(wk, rows, occ)
                     rank_of[rows] = wk
@@ -290,4 +309,4 @@ def simulate_dp(trace: RequestTrace, router: Router, n_workers: int, slots: int,
                      window)
 
 
-__all__ = ["MAX_POOL_VIEW", "MAX_STEPS", "SUPPLIES", "simulate_dp"]
+__all__ = ["MAX_POOL_VIEW", "MAX_STEPS", "SUPPLIES", "route_to_ranks", "simulate_dp"]
