@@ -72,7 +72,7 @@ def test_throughput_rejects_bad_r(r):
 @pytest.mark.parametrize(("field", "value"), [("a_F", 0.0), ("a_A", -1e-3), ("b_F", float("inf")), ("a_C", -1)])
 def test_coefficients_reject_bad_values(field, value):
     with pytest.raises(ValueError, match=field):
-        afd.AFDCoefficients().replace(**{field: value})
+        afd.AFDCoefficients.paper().replace(**{field: value})
 
 
 @pytest.mark.parametrize(("kwargs", "name"), [
@@ -159,8 +159,39 @@ def test_h200_calibration():
     assert 1 < terms.r_star < 50
     with pytest.raises(ValueError, match="shape"):
         afd.coefficients_from_tables("h200", "olmoe-1b-7b")
-    with pytest.raises(ValueError, match="gpu"):
+    with pytest.raises(ValueError, match="calibration must be a bundled GPU"):
         afd.coefficients_from_tables("a100")
+
+
+def test_any_calibrate_folder_is_accepted_and_a_missing_table_is_named(tmp_path):
+    import shutil
+
+    from moelab.costmodel.tables import calibration_folder
+
+    bundled = calibration_folder("h200")
+    for table in ("attn_step.csv", "moe_step.csv", "dense_verify.csv"):  # what `moelab calibrate --out` writes
+        shutil.copy(bundled / table, tmp_path / table)
+    assert afd.coefficients_from_tables(tmp_path).as_dict() | {"source": ""} == \
+        afd.coefficients_from_tables("h200").as_dict() | {"source": ""}
+    assert afd.StageTables.from_calibration(str(tmp_path)).source.startswith(tmp_path.name)
+    (tmp_path / "attn_step.csv").unlink()
+    with pytest.raises(ValueError, match="lacks attn_step.csv"):
+        afd.coefficients_from_tables(tmp_path)
+    from moelab.costmodel import DecodeStepModel
+
+    shutil.copy(bundled / "attn_step.csv", tmp_path / "attn_step.csv")
+    with pytest.raises(ValueError, match="decode_layer.csv"):  # calibrate does not write it; the step model needs it
+        DecodeStepModel.from_calibration(tmp_path)
+
+
+def test_paper_coefficients_are_read_from_the_data_table():
+    from moelab.afd.coefficients import paper_coefficients
+    from moelab.datasets import bundled_path
+
+    c = paper_coefficients()
+    assert c.unit == "cycles" and "paper_coefficients.csv" in c.source
+    assert c == afd.AFDCoefficients.paper()
+    assert (bundled_path("afd", "PROVENANCE.md")).is_file()
 
 
 def test_theory_and_calibration_do_not_import_each_other():

@@ -127,7 +127,7 @@ def test_stragglers_grow_with_r(stages, conv):
 
 def test_reduces_to_the_closed_form_on_its_own_assumptions():
     # linear stage times from the six coefficients + geometric lengths: the closed form's world
-    coeffs = afd.AFDCoefficients()
+    coeffs = afd.AFDCoefficients.paper()
     lengths = LengthDistribution.geometric(100, 500, prompt_cv=0.0)
     res = simulate_measured(list(range(1, 25)), 256, lengths, stages=LinearStages(coeffs), requests=2000, seed=0)
     assert res.coeffs == coeffs

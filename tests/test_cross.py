@@ -25,7 +25,7 @@ def test_pair_grid_and_gains(setup):
     g = cross.gains(df)
     assert g["additive_gain_pct"] == pytest.approx(g["eldr_only_gain_pct"] + g["br_only_gain_pct"])
     assert g["best_pair_gain_pct"] >= max(g["eldr_only_gain_pct"], g["br_only_gain_pct"], g["both_gain_pct"]) - 1e-9
-    t = cross.gains_table(df)
+    t = cross.pair_gains_table(df)
     assert t.loc[t["pair"] == "jsq x jsq", "tpot_ms_p50_gain_pct"].iloc[0] == 0.0
     # ELDR's lever is visible: fewer distinct experts per step than JSQ at the instance level
     d = df.groupby("instance_router")["distinct_per_layer_step"].mean()
@@ -53,7 +53,7 @@ def test_balanceroute_routes_instances_in_the_eldr_cluster(setup, name):
     assert set(res.worker) <= {0, 1, 2}
 
 
-def test_panel_and_figures_draw_a_gains_table():
+def test_panel_and_figures_draw_a_pair_gains_table():
     import pandas as pd
 
     from moelab.viz import cross as cviz

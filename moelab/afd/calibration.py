@@ -29,6 +29,7 @@ least squares to a :class:`StageTables` and reports the fit error of each stage.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,7 +38,9 @@ import pandas as pd
 from moelab._validate import check_array, check_choice, check_int
 from moelab.afd.coefficients import AFDCoefficients, check_coefficients
 from moelab.costmodel import MODEL_SHAPES, expected_distinct_experts
-from moelab.datasets import load_calibration, public_path
+from moelab.costmodel.fit import fit_linear
+from moelab.costmodel.tables import calibration_folder, read_calibration_table
+from moelab.datasets import public_path
 
 LINK_TABLE = "deepep-lowlatency"  # moelab.datasets name of the bundled DeepEP table
 # the DeepEP table's per-call volume: 128 tokens x hidden 7168 x top-8 copies, FP8 dispatch / BF16 combine
@@ -45,7 +48,7 @@ _DEEPEP_REF_BYTES = {"dispatch": 128 * 7168 * 8 * 1, "combine": 128 * 7168 * 8 *
 
 
 @dataclass(frozen=True)
-class Geometry:
+class StageGeometry:
     """What the stage tables need to know about a model: layers, KV bytes per token and layer, hidden
     size, experts and top-k."""
 
@@ -57,14 +60,14 @@ class Geometry:
     top_k: int
 
 
-def geometry(shape: str) -> Geometry:
+def geometry(shape: str) -> StageGeometry:
     """The geometry of a MoE shape from the one registry, :data:`moelab.costmodel.MODEL_SHAPES` (every
     layer runs attention and the FFN ping-pong, so all ``num_layers`` count)."""
     s = MODEL_SHAPES.get(shape)
     if s is None or not s.is_moe:
         known = sorted(n for n, m in MODEL_SHAPES.items() if m.is_moe)
         raise ValueError(f"shape must be one of the MoE shapes {known}; got {shape!r}")
-    return Geometry(shape, int(s.num_layers), int(s.kv_bytes_per_token), int(s.hidden), int(s.num_experts),
+    return StageGeometry(shape, int(s.num_layers), int(s.kv_bytes_per_token), int(s.hidden), int(s.num_experts),
                     int(s.top_k))
 
 
@@ -145,8 +148,20 @@ class StageTables:
     def h200(cls, shape: str = "qwen3-30b-a3b", method: str = "bmm_active", link: bool = True) -> StageTables:
         """The bundled H200 tables (and the published DeepEP link table unless ``link=False``); a fresh
         instance (with its own extrapolation counter) each call, the tables read once."""
-        attn, moe, link_df = _bundled_tables()
-        return cls(attn, moe, link_df if link else None, shape, method, "h200")
+        attn, moe = _bundled_h200_tables()
+        return cls(attn, moe, link_table() if link else None, shape, method, "h200")
+
+    @classmethod
+    def from_calibration(cls, calibration: str | os.PathLike, shape: str = "qwen3-30b-a3b",
+                         method: str = "bmm_active", link: bool = True) -> StageTables:
+        """The ``attn_step`` and ``moe_step`` tables of a bundled GPU (e.g. ``"h200"``) or of any folder
+        ``moelab calibrate --out DIR`` wrote (one without them is refused, naming the missing file), with
+        the published DeepEP link table unless ``link=False``."""
+        if isinstance(calibration, str) and calibration == "h200":
+            return cls.h200(shape, method, link)
+        folder = calibration_folder(calibration)
+        attn, moe = (read_calibration_table(folder, t) for t in ("attn_step", "moe_step"))
+        return cls(attn, moe, link_table() if link else None, shape, method, folder.name)
 
     def reset_coverage(self) -> Coverage:
         """Start counting extrapolations afresh; returns the finished counter."""
@@ -274,12 +289,10 @@ class CoefficientFit:
 
 
 def _lsq(x: np.ndarray, y: np.ndarray) -> tuple[float, float, np.ndarray]:
-    """Least-squares line ``y = a x + b`` (b >= 0, a >= 0); returns a, b and the relative errors."""
-    from scipy.optimize import nnls
-
-    A = np.stack([x, np.ones_like(x)], axis=1)
-    (a, b), _ = nnls(A, y)
-    return float(a), float(b), (A @ np.array([a, b]) - y) / y
+    """Least-squares line ``y = a x + b`` (b >= 0, a >= 0) on the floor's one fit
+    (:func:`moelab.costmodel.fit.fit_linear`, unweighted); returns a, b and the relative errors."""
+    fit, report = fit_linear(np.stack([x, np.ones_like(x)], axis=1), y, ("slope", "intercept"), relative=False)
+    return float(fit.coef[0]), float(fit.coef[1]), report.rel_err
 
 
 def fit_coefficients(stages: StageTables, *, B: int, r_values, kv_tokens: np.ndarray | None = None) -> CoefficientFit:
@@ -328,28 +341,40 @@ def fit_coefficients(stages: StageTables, *, B: int, r_values, kv_tokens: np.nda
     return CoefficientFit(AFDCoefficients(a_A, b_A, a_F, b_F, a_C, b_C, unit="ms", source=note), errors)
 
 
-def coefficients_from_tables(gpu: str = "h200", shape: str = "qwen3-30b-a3b", *, B: int = 256,
+def coefficients_from_tables(calibration: str | os.PathLike = "h200", shape: str = "qwen3-30b-a3b", *, B: int = 256,
                              r_values=(1, 2, 4, 8, 16, 24, 32), method: str = "bmm_active",
                              link: bool = True) -> AFDCoefficients:
-    """The six coefficients (ms per model step) fitted to the measured tables of ``gpu`` (only ``"h200"``
-    is bundled) for bundles of ``B`` slots and the ``r_values`` a sweep will use; see
-    :func:`fit_coefficients`."""
-    check_choice("gpu", gpu, ("h200",))
-    return fit_coefficients(StageTables.h200(shape, method, link), B=B, r_values=r_values).coeffs
+    """The six coefficients (ms per model step) fitted to measured tables for bundles of ``B`` slots and the
+    ``r_values`` a sweep will use; see :func:`fit_coefficients`.
+
+    Parameters
+    ----------
+    calibration : str or path
+        A bundled GPU (``"h200"``) or any folder ``moelab calibrate --out DIR`` wrote; a folder without
+        ``attn_step.csv`` / ``moe_step.csv`` is refused with a ``ValueError`` naming the missing file.
+    """
+    return fit_coefficients(StageTables.from_calibration(calibration, shape, method, link), B=B,
+                            r_values=r_values).coeffs
 
 
 def link_table() -> pd.DataFrame:
     """The published DeepEP dispatch/combine table the link stage reads (a copy)."""
-    return _bundled_tables()[2].copy()
+    return _deepep_table().copy()
 
 
 @functools.lru_cache(maxsize=1)
-def _bundled_tables() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def _deepep_table() -> pd.DataFrame:
     path = public_path("deepep-lowlatency")
     if path.stat().st_size > 1_000_000:
         raise ValueError(f"{path} is larger than 1 MB; not the DeepEP table")
-    return load_calibration("h200", "attn_step"), load_calibration("h200", "moe_step"), pd.read_csv(path)
+    return pd.read_csv(path)
 
 
-__all__ = ["Coverage", "CoefficientFit", "Geometry", "LinearStages", "StageTables", "coefficients_from_tables",
+@functools.lru_cache(maxsize=1)
+def _bundled_h200_tables() -> tuple[pd.DataFrame, pd.DataFrame]:
+    # read once: every StageTables.h200() shares them (the constructor copies what it keeps)
+    return read_calibration_table("h200", "attn_step"), read_calibration_table("h200", "moe_step")
+
+
+__all__ = ["Coverage", "CoefficientFit", "LinearStages", "StageGeometry", "StageTables", "coefficients_from_tables",
            "fit_coefficients", "geometry", "link_table"]

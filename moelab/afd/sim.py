@@ -334,8 +334,12 @@ def _vertex(r: np.ndarray, f: np.ndarray, i: int) -> float:
     """Sub-integer argmax: the vertex of the parabola through points i-1, i, i+1 (clipped to them)."""
     if i == 0 or i == len(r) - 1:
         return float(r[i])
-    x, y = r[i - 1:i + 2].astype(float), f[i - 1:i + 2]
-    a, b, _ = np.polyfit(x, y, 2)
+    x, y = r[i - 1:i + 2].astype(float), f[i - 1:i + 2].astype(float)
+    # the parabola through three points in closed form (Newton's divided differences): an interpolation,
+    # not a fit, so no least squares is involved
+    s01, s12 = (y[1] - y[0]) / (x[1] - x[0]), (y[2] - y[1]) / (x[2] - x[1])
+    a = (s12 - s01) / (x[2] - x[0])
+    b = s01 - a * (x[0] + x[1])
     return float(np.clip(-b / (2 * a), x[0], x[2])) if a < 0 else float(r[i])
 
 

@@ -1,13 +1,12 @@
-"""BalanceRoute: online data-parallel load balancing for LLM decode (BR-0, BR-H) and its DP simulator.
+"""BalanceRoute: online data-parallel load balancing for LLM decode (BR-0, BR-H).
 
-Modules: ``cost`` (barrier step time of DP-attention + EP ranks, folded from the floor's
-:class:`~moelab.costmodel.step.DecodeStepModel`), ``sim`` (barrier-synchronised DP decode ranks with a
-central pool or per-engine queues), ``score`` (F-score, projections, exact subset sums), ``routers``
+The physics lives on the floor: the barrier step time of DP-attention + EP ranks is
+:class:`moelab.costmodel.dp.DPCost` and the barrier-synchronised DP ranks are simulated by
+:func:`moelab.sim.dp.simulate_dp`. Modules here: ``score`` (F-score, projections, exact subset sums), ``routers``
 (BR0, BRH), ``predictors`` (oracle, Survival, ExactMatch, learned), ``sharegpt`` (real prompt text),
 ``experiments`` (settings, load, tuning split, paper table), ``regime`` (where the throughput gain lives).
 """
 
-from moelab.balanceroute.cost import DPCost
 from moelab.balanceroute.predictors import (
     ExactMatchPredictor,
     LearnedPredictor,
@@ -16,7 +15,6 @@ from moelab.balanceroute.predictors import (
     make_predictor,
 )
 from moelab.balanceroute.routers import BR0, BRH
-from moelab.balanceroute.sim import simulate
 
-__all__ = ["BR0", "BRH", "DPCost", "ExactMatchPredictor", "LearnedPredictor", "OraclePredictor",
-           "SurvivalPredictor", "make_predictor", "simulate"]
+__all__ = ["BR0", "BRH", "ExactMatchPredictor", "LearnedPredictor", "OraclePredictor",
+           "SurvivalPredictor", "make_predictor"]

@@ -21,20 +21,24 @@ import numpy as np
 import pandas as pd
 
 import moelab.balanceroute.routers  # noqa: F401  registers BR-0 and BR-H for lineup
+from moelab._io import read_csv_checked
 from moelab._validate import check_int, check_real
-from moelab.balanceroute.cost import DPCost
 from moelab.balanceroute.predictors import Predictor, make_predictor
-from moelab.balanceroute.sim import simulate
+from moelab.balanceroute.sharegpt import sharegpt_trace
+from moelab.costmodel.dp import DPCost
+from moelab.datasets import bundled_path
 from moelab.routing import Router, make_router, router_names
 from moelab.routing import dp_balancers as _dp  # registers vLLM's and SGLang's DP balancers
-from moelab.sim import SimResult
+from moelab.sim import SimResult, gain_vs_best
+from moelab.sim.dp import simulate_dp
 from moelab.traces import RequestTrace, load_azure_trace
 
 DP_BALANCERS = _dp.DP_BALANCERS
-# every registered baseline; the floor's pooled "vllm_dp" approximation is left out: the versioned
-# engine-queue balancers (vllm_dp@0.32 / @latest / @legacy) reproduce vLLM's real policies
-BASELINES = tuple(n for n in router_names("baseline") if n != "vllm_dp")
-POOLED_BASELINES = tuple(n for n in BASELINES if n not in DP_BALANCERS)
+# every registered baseline (the paper's own, RR and JSQ, are :data:`moelab.balanceroute.regime.PAPER_BASELINES`);
+# the floor's pooled "vllm_dp" approximation is left out: the versioned engine-queue balancers
+# (vllm_dp@0.32 / @latest / @legacy) reproduce vLLM's real policies
+ALL_BASELINES = tuple(n for n in router_names("baseline") if n != "vllm_dp")
+POOLED_BASELINES = tuple(n for n in ALL_BASELINES if n not in DP_BALANCERS)
 PREDICTOR_NAMES = ("oracle", "survival", "exact_match", "learned")
 LOAD_RANGE = (0.05, 5.0)
 
@@ -42,9 +46,6 @@ LOAD_RANGE = (0.05, 5.0)
 # ---------------------------------------------------------------------------------------------- paper values
 @lru_cache(maxsize=1)
 def _paper_frame() -> pd.DataFrame:
-    from moelab._io import read_csv_checked
-    from moelab.datasets import bundled_path
-
     return read_csv_checked(bundled_path("balanceroute", "paper_values.csv"),
                             {"key": "str", "value": "float", "setting": "str", "quote": "str"})
 
@@ -95,16 +96,14 @@ def load_trace(kind: str = "conv", *, max_output: int | None = 1000, nrows: int 
     return trace.filter_lengths(max_output=max_output) if max_output is not None else trace
 
 
-def workload(name: str, *, max_output: int = 1000, max_conversations: int = 20_000) -> RequestTrace:
+def workload(trace_name: str, *, max_output: int = 1000, max_conversations: int = 20_000) -> RequestTrace:
     """A named workload: ``"azure-conv"`` / ``"azure-code"`` (Azure 2023, lengths only) or
     ``"sharegpt"`` (real ShareGPT text tokenized, prompt hashes, at Azure-2023 conversation arrivals)."""
-    if name in ("azure-conv", "azure-code"):
-        return load_trace(name.split("-")[1], max_output=max_output)
-    if name == "sharegpt":
-        from moelab.balanceroute.sharegpt import sharegpt_trace
-
+    if trace_name in ("azure-conv", "azure-code"):
+        return load_trace(trace_name.split("-")[1], max_output=max_output)
+    if trace_name == "sharegpt":
         return sharegpt_trace(max_conversations, max_output=max_output)
-    raise ValueError(f"workload must be one of ['azure-conv', 'azure-code', 'sharegpt']; got {name!r}")
+    raise ValueError(f"workload must be one of ['azure-conv', 'azure-code', 'sharegpt']; got {trace_name!r}")
 
 
 def _rezero(trace: RequestTrace, idx: np.ndarray, note: str) -> RequestTrace:
@@ -164,9 +163,9 @@ def fit_predictors(train: RequestTrace, horizon: int, names: tuple[str, ...] = P
                    seed: int = 0) -> dict[str, Predictor]:
     """Fit the named predictors on the training part (``exact_match`` needs prompt-text hashes)."""
     out = {}
-    for name in names:
-        kwargs: dict[str, Any] = {"seed": seed} if name == "learned" else {}
-        out[name] = make_predictor(name, None if name == "oracle" else train, horizon, **kwargs)
+    for predictor in names:
+        kwargs: dict[str, Any] = {"seed": seed} if predictor == "learned" else {}
+        out[predictor] = make_predictor(predictor, None if predictor == "oracle" else train, horizon, **kwargs)
     return out
 
 
@@ -203,7 +202,7 @@ def lineup(names: tuple[str, ...], params: BRParams | None = None, train: Reques
 def run_lineup(trace: RequestTrace, routers: dict[str, Router], cost: DPCost, *, seed: int = 0,
                setting: str = "", **sim_kwargs: Any) -> tuple[pd.DataFrame, dict[str, SimResult]]:
     """Simulate every router on the same trace and cluster; one summary row per router."""
-    results = {name: simulate(trace, r, cost.n_workers, cost.slots, cost, seed=seed, **sim_kwargs)
+    results = {name: simulate_dp(trace, r, cost.n_workers, cost.slots, cost, seed=seed, **sim_kwargs)
                for name, r in routers.items()}
     rows = []
     for name, res in results.items():
@@ -213,7 +212,7 @@ def run_lineup(trace: RequestTrace, routers: dict[str, Router], cost: DPCost, *,
     return pd.DataFrame(rows), results
 
 
-def reductions(df: pd.DataFrame, baselines: tuple[str, ...] = BASELINES) -> pd.DataFrame:
+def reductions(df: pd.DataFrame, baselines: tuple[str, ...] = ALL_BASELINES) -> pd.DataFrame:
     """Per non-baseline router, per group (``setting``/``G``/``load`` columns present): imbalance change vs
     the best (lowest-imbalance) baseline and vs JSQ, throughput gain vs the best (highest-throughput)
     baseline, TPOT p95 and queueing-delay p50 ratios vs that baseline."""
@@ -223,22 +222,25 @@ def reductions(df: pd.DataFrame, baselines: tuple[str, ...] = BASELINES) -> pd.D
         base = g[g["router"].isin(baselines)]
         if base.empty:
             continue
-        best_imb = base.loc[base["avg_imbalance"].idxmin()]
-        best_thr = base.loc[base["throughput_tok_s"].idxmax()]
-        jsq = base[base["router"] == "jsq"]
+        runs = {r["router"]: r for r in g.to_dict("records")}
+        names = tuple(base["router"])
         for _, r in g[~g["router"].isin(baselines)].iterrows():
+            res = {**runs, r["router"]: r}
+            imb_red, best_imb = gain_vs_best(res, r["router"], names, metric="avg_imbalance")
+            thr_gain, best_thr = gain_vs_best(res, r["router"], names, metric="throughput_tok_s", higher_is_better=True)
+            jsq = (gain_vs_best(res, r["router"], ("jsq",), metric="avg_imbalance")[0] if "jsq" in names
+                   else float("nan"))
+            b = runs[best_thr]
             out.append({
                 **dict(zip(keys, kv if isinstance(kv, tuple) else (kv,))),
                 "router": r["router"],
-                "best_baseline_imbalance": best_imb["router"],
-                "imbalance_reduction_pct": 100 * (1 - r["avg_imbalance"] / best_imb["avg_imbalance"]),
-                "imbalance_reduction_vs_jsq_pct": (100 * (1 - r["avg_imbalance"] / jsq["avg_imbalance"].iloc[0])
-                                                   if len(jsq) else float("nan")),
-                "best_baseline_throughput": best_thr["router"],
-                "throughput_gain_pct": 100 * (r["throughput_tok_s"] / best_thr["throughput_tok_s"] - 1),
-                "tpot_p95_change_pct": 100 * (r["tpot_ms_p95"] / best_thr["tpot_ms_p95"] - 1),
-                "queue_delay_p50_ratio": (r["queue_s_p50"] / best_thr["queue_s_p50"]
-                                          if best_thr["queue_s_p50"] > 0 else float("nan")),
+                "best_baseline_imbalance": best_imb,
+                "imbalance_reduction_pct": imb_red,
+                "imbalance_reduction_vs_jsq_pct": jsq,
+                "best_baseline_throughput": best_thr,
+                "throughput_gain_pct": thr_gain,
+                "tpot_p95_change_pct": 100 * (r["tpot_ms_p95"] / b["tpot_ms_p95"] - 1),
+                "queue_delay_p50_ratio": (r["queue_s_p50"] / b["queue_s_p50"] if b["queue_s_p50"] > 0 else float("nan")),
             })
     return pd.DataFrame(out)
 
@@ -262,7 +264,7 @@ def tune_brh(train: RequestTrace, cost: DPCost, *, load: float = 1.2, n_requests
         pred = fit_predictors(train, p.horizon, (predictor,), seed)[predictor]
         r = make_router("brh", horizon=p.horizon, gamma=p.gamma, alpha=p.alpha, beta=p.beta, predictor=pred,
                         window=p.window, seed=seed)
-        s = simulate(tr, r, cost.n_workers, cost.slots, cost, seed=seed, **sim_kwargs).metrics()
+        s = simulate_dp(tr, r, cost.n_workers, cost.slots, cost, seed=seed, **sim_kwargs).metrics()
         rows.append({"horizon": int(h), "gamma": float(g), "beta": "G" if b is None else b,
                      "avg_imbalance": s["avg_imbalance"], "throughput_tok_s": s["throughput_tok_s"]})
     table = pd.DataFrame(rows)

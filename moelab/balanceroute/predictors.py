@@ -22,6 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+from sklearn.metrics import roc_auc_score
+from threadpoolctl import threadpool_limits
 
 from moelab._validate import check_int, rng_from
 from moelab.traces import RequestTrace
@@ -184,8 +187,6 @@ class LearnedPredictor(Predictor):
     seed: int = 0
 
     def fit(self, train: RequestTrace | None, horizon: int) -> LearnedPredictor:
-        from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
-
         super().fit(train, horizon)
         if train is None or len(train) < 20:
             raise ValueError("the learned predictor needs a training trace of at least 20 requests")
@@ -194,8 +195,6 @@ class LearnedPredictor(Predictor):
         y = rows["finish"]
         if y.all() or not y.any():
             raise ValueError("training rows have a single finish-within-H class; use a longer trace or another H")
-        from threadpoolctl import threadpool_limits
-
         # one OpenMP thread: on a shared, busy machine spinning worker threads cost far more than they give
         with threadpool_limits(limits=1):
             clf = HistGradientBoostingClassifier(max_iter=150, learning_rate=0.1, random_state=self.seed).fit(X, y)
@@ -226,8 +225,6 @@ class LearnedPredictor(Predictor):
     def evaluate(self, test: RequestTrace, seed: int | None = 1) -> dict[str, float]:
         """AUC of the finish-within-H classifier and MAE (tokens) of the remaining-length regressor
         on requests that finish within H, on a held-out trace; also the same for the base rate."""
-        from sklearn.metrics import roc_auc_score
-
         rows = sample_decode_states(test, self.horizon, seed=seed)
         p, mu = self.predict(rows["prompt_len"], rows["age"])
         fin = rows["finish"]

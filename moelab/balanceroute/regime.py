@@ -24,7 +24,7 @@ import pandas as pd
 
 from moelab._validate import check_int
 from moelab.balanceroute import experiments as ex
-from moelab.balanceroute.cost import DPCost
+from moelab.costmodel.dp import DPCost
 from moelab.traces import RequestTrace
 
 REGIME_SHAPES = ("qwen3-30b-a3b", "deepseek-v3", "llama-3.1-70b")
@@ -58,7 +58,7 @@ def regime_point(trace: RequestTrace, shape: str, context_scale: float, slots: i
         "shape": shape, "context_scale": float(context_scale), "slots": int(slots), "G": int(G),
         "load": float(load), "rate_factor": float(factor), "n_requests": int(len(tr)),
         "attention_share": cost.attention_share(mean_load),
-        "mean_step_ms": float(best["mean_step_ms"]),
+        "step_ms_mean": float(best["step_ms_mean"]),
         "best_baseline": str(red.loc["br0", "best_baseline_throughput"]),
         "br0_throughput_gain_pct": float(red.loc["br0", "throughput_gain_pct"]),
         "brh_throughput_gain_pct": float(red.loc[brh, "throughput_gain_pct"]),

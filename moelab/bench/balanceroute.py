@@ -27,10 +27,10 @@ import numpy as np
 
 from moelab.balanceroute import experiments as ex
 from moelab.balanceroute import regime as rg
-from moelab.balanceroute.cost import DPCost
 from moelab.balanceroute.routers import BR0
-from moelab.balanceroute.sim import simulate
 from moelab.bench.core import Figure
+from moelab.costmodel.dp import DPCost
+from moelab.sim.dp import simulate_dp
 
 SUITE = "balanceroute"
 
@@ -47,10 +47,10 @@ def run(quick: bool = False) -> list[Figure]:
                            grid={"horizon": (4, 72), "gamma": (0.86,), "beta": (None, 43.0)} if quick else None)
     n8 = 3000 if quick else None
     tr8, factor = ex.at_load(held, cost8, load, n_requests=n8)
-    names = ex.BASELINES + ("br0", "brh_oracle", "brh_tuned_oracle")
+    names = ex.ALL_BASELINES + ("br0", "brh_oracle", "brh_tuned_oracle")
     df, _ = ex.run_lineup(tr8, ex.lineup(names, tuned=tuned), cost8, setting="arrival")
     red = ex.reductions(df).set_index("router")
-    base = df[df["router"].isin(ex.BASELINES)].set_index("router")
+    base = df[df["router"].isin(ex.ALL_BASELINES)].set_index("router")
     best_imb = str(red.loc["br0", "best_baseline_imbalance"])
     best_thr = str(red.loc["br0", "best_baseline_throughput"])
     where = f"G=8, {slots} slots, Azure-2023 conv held-out ({len(tr8)} req), load {load}x capacity (arrivals x{factor:.1f})"
@@ -84,7 +84,7 @@ def run(quick: bool = False) -> list[Figure]:
     # ---- dispatch time: backlog, G=16, 72 slots, the router sees the 512 oldest waiting requests
     cost16 = DPCost.h200(16, slots)
     backlog = ex.backlog_trace(trace, 6000 if quick else 20_000, seed=0)
-    res = simulate(backlog, BR0(), 16, slots, cost16, pool_view=512)
+    res = simulate_dp(backlog, BR0(), 16, slots, cost16, pool_view=512)
     dec = res.steps["decision_ms"].to_numpy()
     dec = dec[np.isfinite(dec)][1:]  # the first call fills an empty cluster (1152 admissions)
     figs.append(Figure(SUITE, "br0_dispatch_ms_p50", float(np.median(dec)), "ms", "<= 1",
@@ -94,7 +94,7 @@ def run(quick: bool = False) -> list[Figure]:
     # ---- simulator speed: 10k arrival-driven requests, G=16, BR-0
     tr10k, _ = ex.at_load(held, cost16, load, n_requests=10_000)
     t0 = time.perf_counter()
-    simulate(tr10k, BR0(), 16, slots, cost16)
+    simulate_dp(tr10k, BR0(), 16, slots, cost16)
     figs.append(Figure(SUITE, "br_sim_seconds", time.perf_counter() - t0, "s", "<= 10",
                        "10k requests, G=16, 72 slots, BR-0; shared CPU, noisy"))
     return figs

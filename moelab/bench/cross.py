@@ -10,13 +10,12 @@ queue forms, the regime BalanceRoute targets). Gains are p50 TPOT against JSQ x 
 
 from __future__ import annotations
 
+from moelab import cross
 from moelab.bench.core import Figure
 
 
 def run(quick: bool = False) -> list[Figure]:
     """Measure the cross-paper figures at the documented operating point (``quick``: smaller)."""
-    from moelab import cross
-
     n_req = 800 if quick else 2000
     cs = cross.prepare(n_instances=4, ranks=4, slots=16, n_trace=384 if quick else 768, output_len=512,
                        attention_share=0.5, n_pairs=2000 if quick else 5000)

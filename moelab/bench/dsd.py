@@ -16,8 +16,17 @@ from typing import Any
 
 import numpy as np
 
+import moelab.dsd as dsd
 from moelab.bench.core import Figure
-from moelab.dsd import MODES, breakeven_table, simulate_rounds
+from moelab.costmodel import DenseVerifyModel
+from moelab.dsd import MODES, breakeven_table, cpu_costs, simulate_rounds
+from moelab.dsd.acceptance import AcceptanceTrace, chains_proposer, drafter_proposer, record_acceptance
+from moelab.dsd.measured import h200_verify_batch_ms
+from moelab.dsd.rtt import RTTDistribution
+from moelab.hd.drafters import HierarchyDrafter, PLDDrafter
+from moelab.hd.specbench import chat_prompt_ids
+from moelab.hd.stores import load_default_model_store, load_default_statistics_store
+from moelab.models.early_exit import early_exit_draft, greedy_chains, greedy_reference
 
 # the paper's table (gamma=5, t_a=10 ms): RTT_max in ms; None = blank (DSD never beats cloud AR)
 PAPER_TABLE = {
@@ -42,11 +51,6 @@ def record_suite(model: Any, tokenizer: Any, questions, *, exit_layers: int = 24
     :func:`moelab.models.early_exit.greedy_reference` / :func:`~moelab.models.early_exit.greedy_chains` at
     these settings (skips the model forwards for that question).
     """
-    from moelab.dsd.acceptance import AcceptanceTrace, chains_proposer, drafter_proposer, record_acceptance
-    from moelab.hd.drafters import HierarchyDrafter, PLDDrafter
-    from moelab.hd.specbench import chat_prompt_ids
-    from moelab.hd.stores import load_default_model_store, load_default_statistics_store
-    from moelab.models.early_exit import early_exit_draft, greedy_chains, greedy_reference
 
     name = getattr(tokenizer, "moelab_name", type(model).__name__)
     draft = early_exit_draft(model, exit_layers) if "early_exit" in drafters else None
@@ -79,23 +83,6 @@ def record_suite(model: Any, tokenizer: Any, questions, *, exit_layers: int = 24
             for d in drafters}
 
 
-def cpu_costs(extra: dict) -> dict[str, Any]:
-    """Measured CPU costs from a recording's ``timings_ms``: ``t_ar``, ``t_a`` (early-exit ms per draft
-    token) and ``verify(q)`` (piecewise-linear in the measured q; q beyond the measured range is refused)."""
-    tim = extra["timings_ms"]
-    qs = np.array(sorted(int(k) for k in tim["target_q"]))
-    ms = np.array([tim["target_q"][str(q)] if str(q) in tim["target_q"] else tim["target_q"][q] for q in qs])
-
-    def verify(q):
-        q = np.asarray(q, dtype=np.float64)
-        if q.size and (q.min() < qs[0] or q.max() > qs[-1]):
-            raise ValueError(f"q must be in [{qs[0]}, {qs[-1]}] (the measured CPU verify curve); got {q.min()}..{q.max()}")
-        return np.interp(q, qs, ms)
-
-    d = tim["draft_q"]
-    return {"t_ar": float(verify(1)), "t_a": float(d.get("1", d.get(1))), "verify": verify, "q_max": int(qs[-1])}
-
-
 def _closed_form_figures(quick: bool) -> list[Figure]:
     table = breakeven_table(alphas=(0.5, 0.7, 0.85, 0.9), t_ars=tuple(PAPER_TABLE), gamma=5, t_a=10.0)
     worst = 0.0
@@ -122,10 +109,6 @@ def _closed_form_figures(quick: bool) -> list[Figure]:
 
 
 def run(quick: bool = False) -> list[Figure]:
-    import moelab.dsd as dsd
-    from moelab.dsd.measured import h200_verify_batch_ms
-    from moelab.dsd.rtt import RTTDistribution
-
     figs = _closed_form_figures(quick)
     traces, extra = dsd.load_shipped()
     ee, hd, pld = traces["early_exit"], traces["hd"], traces["pld"]
@@ -184,8 +167,6 @@ def run(quick: bool = False) -> list[Figure]:
                        f"{pipe.wasted_draft_share:.0%} of drafted tokens wasted) vs (max(gamma t_a, RTT)+t_v)/E"))
 
     # capacity: H200 7B target with a 160M draft, batched verify from dense_verify.csv + attn_step
-    from moelab.costmodel import DenseVerifyModel
-
     dv = DenseVerifyModel.h200()
     verify_b = h200_verify_batch_ms("llama2-7b")
     draft_1 = h200_verify_batch_ms("llama-160m")

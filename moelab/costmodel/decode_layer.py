@@ -17,6 +17,7 @@ latency of one decode step — the one step model every simulator uses.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +28,7 @@ from moelab._validate import check_array, check_real, rng_from
 from moelab.costmodel.fit import FitReport
 from moelab.costmodel.models import AttentionModel, MoEStepModel
 from moelab.costmodel.shapes import ModelShape, model_shape
-from moelab.datasets import load_calibration
+from moelab.costmodel.tables import read_calibration_table
 
 
 def _layer_shape(shape: ModelShape | str) -> ModelShape:
@@ -43,8 +44,7 @@ _OTHER_FEATURES = ("fixed_ms", "ms_per_token_TFLOP")
 @functools.lru_cache(maxsize=8)
 def _h200_layer(test_frac: float, seed: int) -> DecodeLayerModel:
     # the fit is deterministic and immutable, so simulators may share one instance
-    return DecodeLayerModel.from_tables(load_calibration("h200", "moe_step"), load_calibration("h200", "attn_step"),
-                                        load_calibration("h200", "decode_layer"), test_frac=test_frac, seed=seed)
+    return DecodeLayerModel.from_calibration("h200", test_frac=test_frac, seed=seed)
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,13 @@ class DecodeLayerModel:
         coef, _ = nnls(X[~test] * w[~test, None], (y[~test] - known[~test]) * w[~test])
         pred = known + X @ coef
         return cls(moe, attn, ms_per_gb, coef, FitReport(y[~test], pred[~test]), FitReport(y[test], pred[test]))
+
+    @classmethod
+    def from_calibration(cls, calibration: str | os.PathLike, *, test_frac: float = 0.5, seed: int = 0) -> DecodeLayerModel:
+        """Fitted on ``moe_step``, ``attn_step`` and ``decode_layer`` tables of a bundled GPU or a
+        ``moelab calibrate`` folder (one without ``decode_layer.csv`` is refused, naming it)."""
+        tables = [read_calibration_table(calibration, t) for t in ("moe_step", "attn_step", "decode_layer")]
+        return cls.from_tables(*tables, test_frac=test_frac, seed=seed)
 
     @classmethod
     def h200(cls, *, test_frac: float = 0.5, seed: int = 0) -> DecodeLayerModel:

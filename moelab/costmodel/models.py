@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -11,7 +12,7 @@ import pandas as pd
 from moelab._validate import check_array, check_int
 from moelab.costmodel.fit import FitReport, LinearFit, fit_linear
 from moelab.costmodel.shapes import ModelShape, MoEShape, moe_shape
-from moelab.datasets import load_calibration
+from moelab.costmodel.tables import read_calibration_table
 
 
 def _moe_features(shape: MoEShape, B: np.ndarray, D: np.ndarray, ep: int = 1) -> np.ndarray:
@@ -59,7 +60,12 @@ class MoEStepModel:
     @classmethod
     def h200(cls, method: str = "bmm_active") -> MoEStepModel:
         """Fitted on the bundled H200 measurements."""
-        return cls.from_table(load_calibration("h200", "moe_step"), method)
+        return cls.from_calibration("h200", method)
+
+    @classmethod
+    def from_calibration(cls, calibration: str | os.PathLike, method: str = "bmm_active") -> MoEStepModel:
+        """Fitted on ``moe_step.csv`` of a bundled GPU or a ``moelab calibrate`` folder."""
+        return cls.from_table(read_calibration_table(calibration, "moe_step"), method)
 
     def predict_ms(self, shape: MoEShape | ModelShape | str, B: np.ndarray | int, D: np.ndarray | int, *,
                    ep: int = 1) -> np.ndarray:
@@ -96,7 +102,12 @@ class AttentionModel:
     @classmethod
     def h200(cls) -> AttentionModel:
         """Fitted on the bundled H200 attention table."""
-        return cls.from_table(load_calibration("h200", "attn_step"))
+        return cls.from_calibration("h200")
+
+    @classmethod
+    def from_calibration(cls, calibration: str | os.PathLike) -> AttentionModel:
+        """Fitted on ``attn_step.csv`` of a bundled GPU or a ``moelab calibrate`` folder."""
+        return cls.from_table(read_calibration_table(calibration, "attn_step"))
 
     def predict_ms(self, kv_bytes: np.ndarray | float) -> np.ndarray:
         """Attention core ms of one layer reading ``kv_bytes`` (vectorised; >= 0, finite)."""
@@ -125,7 +136,12 @@ class DenseVerifyModel:
     @classmethod
     def h200(cls) -> DenseVerifyModel:
         """The bundled H200 ``dense_verify`` table."""
-        return cls(load_calibration("h200", "dense_verify"))
+        return cls.from_calibration("h200")
+
+    @classmethod
+    def from_calibration(cls, calibration: str | os.PathLike) -> DenseVerifyModel:
+        """``dense_verify.csv`` of a bundled GPU or a ``moelab calibrate`` folder."""
+        return cls(read_calibration_table(calibration, "dense_verify"))
 
     @property
     def shapes(self) -> list[str]:

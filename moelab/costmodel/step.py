@@ -23,6 +23,7 @@ Clusters compose it, never re-fit it:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -110,6 +111,15 @@ class DecodeStepModel:
         fitted on the bundled H200 tables."""
         shape = model_shape(model)
         return cls(DecodeLayerModel.h200(seed=seed), shape, model if isinstance(model, str) else "custom")
+
+    @classmethod
+    def from_calibration(cls, calibration: str | os.PathLike, model: str | ModelShape = "qwen3-30b-a3b", *,
+                         seed: int = 0) -> DecodeStepModel:
+        """The step model at ``model``'s geometry fitted on a bundled GPU's tables or a ``moelab calibrate``
+        folder (see :meth:`DecodeLayerModel.from_calibration`)."""
+        shape = model_shape(model)
+        return cls(DecodeLayerModel.from_calibration(calibration, seed=seed), shape,
+                   model if isinstance(model, str) else "custom")
 
     @classmethod
     def from_hf_config(cls, config: dict | str, *, seed: int = 0) -> DecodeStepModel:

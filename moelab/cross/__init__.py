@@ -7,7 +7,7 @@ from moelab.cross.experiment import (
     RANK_ROUTERS,
     CrossSetup,
     gains,
-    gains_table,
+    pair_gains_table,
     pair_grid,
     prepare,
     rate_for_load,
@@ -16,5 +16,5 @@ from moelab.cross.experiment import (
     variant,
 )
 
-__all__ = ["BASELINE_PAIR", "INSTANCE_ROUTERS", "RANK_ROUTERS", "CrossSetup", "gains", "gains_table", "pair_grid",
+__all__ = ["BASELINE_PAIR", "INSTANCE_ROUTERS", "RANK_ROUTERS", "CrossSetup", "gains", "pair_gains_table", "pair_grid",
            "prepare", "rate_for_load", "run_pair", "share_sweep", "variant"]

@@ -188,7 +188,7 @@ def gains(df: pd.DataFrame, metric: str = "tpot_ms_p50") -> dict[str, object]:
             "additive_gain_pct": eldr_only + br_only, "best_pair": best_pair, "best_pair_gain_pct": best}
 
 
-def gains_table(df: pd.DataFrame, metrics: tuple[str, ...] = ("tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50")) -> pd.DataFrame:
+def pair_gains_table(df: pd.DataFrame, metrics: tuple[str, ...] = ("tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50")) -> pd.DataFrame:
     """Every pair's gain (%) over JSQ x JSQ for each metric (rows: pairs, columns: metrics)."""
     base = df[(df["instance_router"] == BASELINE_PAIR[0]) & (df["rank_router"] == BASELINE_PAIR[1])]
     if base.empty:
@@ -219,5 +219,5 @@ def rate_for_load(cs: CrossSetup, load: float = 0.7) -> float:
     return load * cs.n_instances * n / (cs.mean_output * step_s)
 
 
-__all__ = ["BASELINE_PAIR", "INSTANCE_ROUTERS", "RANK_ROUTERS", "CrossSetup", "gains", "gains_table", "pair_grid",
+__all__ = ["BASELINE_PAIR", "INSTANCE_ROUTERS", "RANK_ROUTERS", "CrossSetup", "gains", "pair_gains_table", "pair_grid",
            "prepare", "rate_for_load", "run_pair", "share_sweep", "variant"]

@@ -19,6 +19,7 @@ from moelab.dsd.acceptance import (
 from moelab.dsd.measured import (
     breakeven_rtt_sync,
     capacity_batched,
+    cpu_costs,
     h200_verify_batch_ms,
     iid_rounds,
     serve_batched,
@@ -45,6 +46,6 @@ __all__ = [
     "latency_per_token", "leviathan_speedup", "max_clients", "optimal_gamma", "pipelined_window", "rtt_breakeven",
     "serve", "simulate_rounds",
     "AcceptanceTrace", "RTTDistribution", "WAN_SCENARIOS", "breakeven_rtt_sync", "capacity_batched",
-    "chains_proposer", "drafter_proposer", "h200_verify_batch_ms", "iid_rounds", "load_shipped", "load_traces",
+    "chains_proposer", "cpu_costs", "drafter_proposer", "h200_verify_batch_ms", "iid_rounds", "load_shipped", "load_traces",
     "measure_loopback_rtt", "record_acceptance", "save_traces", "serve_batched", "simulate_measured",
 ]

@@ -20,6 +20,7 @@ with ``.candidates`` (the Hierarchy Drafting drafters' protocol: PLD, HD), any c
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ import numpy as np
 
 from moelab._io import atomic_write_json
 from moelab._validate import check_int
+from moelab.datasets import repo_root
 
 MAX_GAMMA = 64
 MAX_FILE_BYTES = 20_000_000
@@ -224,8 +226,6 @@ def save_traces(path: str | Path, traces: dict[str, AcceptanceTrace], extra: dic
 
 def load_traces(path: str | Path) -> tuple[dict[str, AcceptanceTrace], dict[str, Any]]:
     """Read a file written by :func:`save_traces` (size-checked, JSON only): the traces and the rest."""
-    import json
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"acceptance recording {path} not found")
@@ -240,8 +240,6 @@ def load_traces(path: str | Path) -> tuple[dict[str, AcceptanceTrace], dict[str,
 
 def shipped_path() -> Path:
     """The recording bundled with moelab (``data/dsd/acceptance_smollm2.json``)."""
-    from moelab.datasets import repo_root
-
     return repo_root() / "data" / "dsd" / "acceptance_smollm2.json"
 
 

@@ -25,10 +25,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from moelab._validate import check_choice, check_int, check_real, rng_from
+from moelab.costmodel import AttentionModel, DenseVerifyModel
 from moelab.dsd.rtt import RTTDistribution
 from moelab.dsd.server import capacity_search
 from moelab.dsd.theory import MODES
@@ -37,7 +39,7 @@ MAX_ROUNDS = 5_000_000
 MAX_CLIENTS = 4096
 PIPELINES = ("event", "paper")
 
-VerifyCost = Callable[[np.ndarray], np.ndarray]
+VerifyLatencyFn = Callable[[np.ndarray], np.ndarray]
 
 
 def iid_rounds(alpha: float, gamma: int, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -84,7 +86,7 @@ def resample_rounds(rounds: dict[str, np.ndarray], n: int, rng: np.random.Genera
     return {k: v[idx] for k, v in r.items()}
 
 
-def _verify(verify_ms: VerifyCost | float, q: np.ndarray) -> np.ndarray:
+def _verify(verify_ms: VerifyLatencyFn | float, q: np.ndarray) -> np.ndarray:
     if callable(verify_ms):
         out = np.asarray(verify_ms(q), dtype=np.float64)
     else:
@@ -108,7 +110,7 @@ class MeasuredMC:
 
 
 def simulate(mode: str, rounds: dict[str, np.ndarray], *, t_ar: float | None = None, t_d: float = 0.0,
-             t_a: float = 0.0, verify_ms: VerifyCost | float | None = None, rtt: RTTDistribution | None = None,
+             t_a: float = 0.0, verify_ms: VerifyLatencyFn | float | None = None, rtt: RTTDistribution | None = None,
              n_rounds: int = 20_000, pipeline: str = "event", seed: int | None = 0) -> MeasuredMC:
     """Simulate ``n_rounds`` rounds of one client in ``mode`` (see the module doc) and measure latency per token.
 
@@ -198,7 +200,7 @@ def _pipelined_event(draft: np.ndarray, rtts: np.ndarray, tv: np.ndarray, valid:
 
 
 def breakeven_rtt_sync(rounds: dict[str, np.ndarray], *, t_ar: float, t_a: float,
-                       verify_ms: VerifyCost | float) -> float:
+                       verify_ms: VerifyLatencyFn | float) -> float:
     """Mean RTT (ms) at which synchronous DSD with these measured inputs stops beating cloud AR.
 
     A sync round costs ``n*t_a + RTT + verify(n+1)``, so the RTT law enters the latency per token only
@@ -344,8 +346,6 @@ def h200_verify_batch_ms(shape: str = "llama2-7b", ctx: int = 1024) -> Callable[
     forward's weight reads and FLOPs) plus the K/V reads of the extra sequences, ``attn_step``-measured
     ms per byte (the table's GQA kernel; ``ctx`` cached tokens per sequence). ``q`` above the table's
     largest (128) is refused, never clamped."""
-    from moelab.costmodel import AttentionModel, DenseVerifyModel
-
     dv = DenseVerifyModel.h200()
     attn = AttentionModel.h200()
     rows = dv.table[dv.table["shape"] == shape]
@@ -368,6 +368,36 @@ def h200_verify_batch_ms(shape: str = "llama2-7b", ctx: int = 1024) -> Callable[
     return cost
 
 
+def cpu_costs(extra: dict) -> dict[str, Any]:
+    """Measured CPU costs from a recording's ``timings_ms`` (:attr:`AcceptanceTrace.meta` of a recording).
+
+    Parameters
+    ----------
+    extra : dict
+        Holds ``timings_ms`` with ``target_q`` (verify ms per q tokens) and ``draft_q`` (draft ms per q).
+
+    Returns
+    -------
+    dict
+        ``t_ar`` (one-token verify ms), ``t_a`` (early-exit ms per draft token), ``verify`` (a
+        :data:`VerifyLatencyFn`, piecewise-linear in the measured q; q beyond the measured range is
+        refused) and ``q_max``.
+    """
+    tim = extra["timings_ms"]
+    qs = np.array(sorted(int(k) for k in tim["target_q"]))
+    ms = np.array([tim["target_q"][str(q)] if str(q) in tim["target_q"] else tim["target_q"][q] for q in qs])
+
+    def verify(q: np.ndarray) -> np.ndarray:
+        q = np.asarray(q, dtype=np.float64)
+        if q.size and (q.min() < qs[0] or q.max() > qs[-1]):
+            raise ValueError(f"q must be in [{qs[0]}, {qs[-1]}] (the measured CPU verify curve); got {q.min()}..{q.max()}")
+        return np.interp(q, qs, ms)
+
+    d = tim["draft_q"]
+    return {"t_ar": float(verify(1)), "t_a": float(d.get("1", d.get(1))), "verify": verify, "q_max": int(qs[-1])}
+
+
+
 __all__ = ["MAX_CLIENTS", "MAX_ROUNDS", "PIPELINES", "BatchedCapacity", "BatchedResult", "MeasuredMC",
-           "breakeven_rtt_sync", "capacity_batched", "h200_verify_batch_ms", "iid_rounds", "resample_rounds",
-           "serve_batched", "simulate"]
+           "VerifyLatencyFn", "breakeven_rtt_sync", "capacity_batched", "cpu_costs", "h200_verify_batch_ms",
+           "iid_rounds", "resample_rounds", "serve_batched", "simulate"]

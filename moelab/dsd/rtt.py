@@ -20,8 +20,9 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import norm
 
-from moelab._validate import check_array, check_int, check_real
+from moelab._validate import check_array, check_int, check_loopback_host, check_real
 
 MAX_SAMPLES = 1_000_000
 _Z95 = 1.6448536269514722
@@ -84,8 +85,6 @@ class RTTDistribution:
             return self.scale * (1 - self.uniform_jitter + 2 * self.uniform_jitter * q / 100)
         if self.samples is not None:
             return float(np.percentile(self.samples, q)) * self.scale
-        from scipy.stats import norm
-
         return math.exp(self.mu + self.sigma * norm.ppf(min(max(q / 100, 1e-12), 1 - 1e-12))) * self.scale
 
     def scaled(self, mean_ms: float) -> RTTDistribution:
@@ -111,8 +110,6 @@ def measure_loopback_rtt(n: int = 2000, payload_bytes: int = 64, host: str = "12
 
     Nagle is off on both ends; the first 20 round trips are a discarded warm-up. Only loopback hosts
     are accepted (nothing leaves the machine)."""
-    from moelab._validate import check_loopback_host
-
     n = check_int("n", n, low=2, high=100_000)
     payload_bytes = check_int("payload_bytes", payload_bytes, low=1, high=65_536)
     host = check_loopback_host("host", host)

@@ -7,7 +7,7 @@ pooled baselines in :mod:`moelab.routing.baselines`:
 * **Engine queues.** A request is dispatched the moment it arrives, to an engine, even a full one; it
   then waits in *that engine's* FCFS queue until a slot frees there (vLLM's per-engine scheduler
   ``waiting`` queue, SGLang's per-rank scheduler queue). There is no central pool. These routers set
-  :attr:`Router.engine_queues` so a simulator knows to keep per-engine queues (``moelab.balanceroute.sim`` does).
+  :attr:`Router.engine_queues` so a simulator knows to keep per-engine queues (``moelab.sim.dp`` does).
 * **Stale published statistics.** The engines' counts reach the balancer as periodic snapshots
   (vLLM's DP coordinator: ``min_stats_update_interval_ms=100``; SGLang: ``--load-watch-interval``);
   between snapshots the balancer only adds its own dispatches locally.

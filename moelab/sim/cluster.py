@@ -10,7 +10,8 @@
    ``ranks=G > 1`` the instance is a DP-attention + EP group of ``G`` barrier-synchronised ranks of
    ``slots`` each: the ``rank_router`` (one copy per instance) sees the queue as a batch and the
    ranks as a view (running, KV load, free slots, the running requests, steps waited) and picks a
-   rank per request (``-1`` keeps it queued) — BalanceRoute's setting, one level down.
+   rank per request (``-1`` keeps it queued) — BalanceRoute's setting, one level down, admitted by the
+   same rule as :func:`moelab.sim.dp.simulate_dp` (:func:`moelab.sim.dp.route_to_ranks`).
 4. **Decode step.** Every running request decodes one token. The step's latency comes from the one
    :class:`~moelab.costmodel.DecodeStepModel`: distinct experts of the instance's whole batch summed
    over MoE layers (the requests' own expert traces; all ranks' tokens go through the same EP experts),
@@ -31,7 +32,6 @@ tokens in a run, :data:`MAX_INSTANCES` instances, :data:`MAX_SLOTS` slots per ra
 from __future__ import annotations
 
 import copy
-import time
 from collections import deque
 
 import numpy as np
@@ -40,6 +40,7 @@ import pandas as pd
 from moelab._validate import check_int
 from moelab.costmodel.step import DecodeStepModel
 from moelab.routing.base import ActiveRequests, ClusterView, RequestBatch, Router, check_supplies
+from moelab.sim.dp import route_to_ranks
 from moelab.sim.result import SimResult
 from moelab.traces.expert import ExpertTrace
 from moelab.traces.requests import RequestTrace
@@ -209,14 +210,7 @@ def simulate(
         batch = RequestBatch(plen[front], None if sig is None else sig[front], None if dom is None else dom[front],
                              olen[front], front, None if key is None else key[front],
                              None if pfx is None else tuple(pfx[i] for i in front.tolist()))
-        t0 = time.perf_counter()
-        where = np.asarray(rank_routers[w].route(batch, view), dtype=np.int64)
-        dec = (time.perf_counter() - t0) * 1e3
-        if where.shape != (front.size,) or where.min(initial=0) < -1 or where.max(initial=-1) >= G:
-            raise ValueError(f"rank router {rank_routers[w]!r} returned invalid rank ids (shape {where.shape})")
-        chosen = np.flatnonzero(where >= 0)
-        if chosen.size and np.any(np.bincount(where[chosen], minlength=G) > free_r):
-            raise ValueError(f"rank router {rank_routers[w]!r} over-filled a rank")
+        where, chosen, dec = route_to_ranks(rank_routers[w], batch, view, free_r)
         take = front[chosen]
         rank_of[take] = where[chosen]
         if take.size:

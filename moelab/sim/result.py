@@ -10,9 +10,44 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from moelab._validate import check_real
 from moelab.sim.metrics import LatencySummary, percentiles, summarize_requests
 
 REQUEST_COLUMNS = ("arrival_s", "prompt_len", "output_len", "worker", "admit_s", "first_token_s", "finish_s")
+
+
+@dataclass(frozen=True)
+class MeasurementWindow:
+    """Which simulated steps the run-level *step* figures (imbalance, idle fraction, step time, windowed
+    throughput) average over; request latencies always cover every request.
+
+    A cluster filling up from empty takes about one request lifetime (the mean output length, in steps),
+    so ``warmup_lifetimes`` of them are skipped (at most half the busy steps), then ``warmup_frac`` of the
+    rest. Where the steps record admissions (``n_admitted``) the window ends at the last admission: the
+    drain tail has no routing decisions left and only lowers occupancy. The default (no warm-up) is the
+    whole run.
+    """
+
+    warmup_lifetimes: float = 0.0
+    warmup_frac: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_real("warmup_lifetimes", self.warmup_lifetimes, low=0, high=10)
+        check_real("warmup_frac", self.warmup_frac, low=0, high=1, high_open=True)
+
+    def select(self, steps: pd.DataFrame, mean_output_len: float) -> tuple[pd.DataFrame, int]:
+        """The window's steps of ``steps`` and how many busy steps the warm-up skipped."""
+        end = len(steps)
+        if "n_admitted" in steps.columns:
+            last_adm = np.flatnonzero(steps["n_admitted"].to_numpy() > 0)
+            end = int(last_adm[-1]) + 1 if last_adm.size else len(steps)
+        busy = steps.iloc[:end]
+        if "n_active" in busy.columns:
+            busy = busy[busy["n_active"] > 0]
+        skip = min(int(round(self.warmup_lifetimes * mean_output_len)), len(busy) // 2)
+        busy = busy.iloc[skip:]
+        skip_frac = int(len(busy) * self.warmup_frac)
+        return busy.iloc[skip_frac:], skip + skip_frac
 
 
 @dataclass
@@ -22,9 +57,10 @@ class SimResult:
     ``requests``: one row per request with at least :data:`REQUEST_COLUMNS` (seconds from the first
     arrival; ``admit_s`` when the request started decoding, ``first_token_s`` the end of its first
     decode step — TTFT-at-decode, prefill is not simulated). ``steps``: one row per simulated step
-    (at least ``t_s`` and ``step_ms``; ``worker``, ``batch``, ``sum_distinct`` and load columns where
-    the simulator records them). ``router``, ``n_workers``, ``slots`` (the per-worker batch cap),
-    ``num_layers`` (MoE layers ``sum_distinct`` sums over), ``info`` (anything else, reported as is).
+    (at least ``t_s`` and ``step_ms``; ``worker``, ``batch``, ``sum_distinct``, load and count columns
+    where the simulator records them). ``router``, ``n_workers``, ``slots`` (the per-worker batch cap),
+    ``num_layers`` (MoE layers ``sum_distinct`` sums over), ``window`` (the measurement window the
+    simulator states as its default), ``info`` (run settings, reported as is; never a metric's name).
     """
 
     requests: pd.DataFrame
@@ -34,6 +70,7 @@ class SimResult:
     slots: int
     num_layers: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    window: MeasurementWindow = field(default_factory=MeasurementWindow)
 
     def __post_init__(self) -> None:
         missing = [c for c in REQUEST_COLUMNS if c not in self.requests.columns]
@@ -41,6 +78,8 @@ class SimResult:
             raise ValueError(f"requests lacks column(s) {missing}; required: {list(REQUEST_COLUMNS)}")
         if "step_ms" not in self.steps.columns:
             raise ValueError("steps must have a step_ms column")
+        if not isinstance(self.window, MeasurementWindow):
+            raise ValueError(f"window must be a MeasurementWindow; got {type(self.window).__name__}")
 
     # ------------------------------------------------------------------ per-request arrays
     @property
@@ -66,37 +105,79 @@ class SimResult:
                                   r["output_len"].to_numpy())
 
     # ------------------------------------------------------------------ one flat metrics dict
-    def metrics(self) -> dict[str, Any]:
-        """Latency summary, queueing delay, and per-step figures: mean distinct experts per layer per
-        step (per step and token-weighted), mean batch and step time, per-worker request-count CV,
-        and — where the steps record loads — the barrier imbalance ``G*max - sum``."""
+    def metrics(self, window: MeasurementWindow | None = None) -> dict[str, Any]:
+        """Every run-level figure in one flat dict.
+
+        Parameters
+        ----------
+        window : MeasurementWindow, optional
+            The steps the step figures average over (default: the simulator's stated ``self.window``).
+
+        Returns
+        -------
+        dict
+            Latency summary over all requests (``throughput_run_tok_s`` = tokens / makespan), queueing
+            delay, ``warmup_steps`` / ``window_steps``; over the window's steps: mean distinct experts per
+            layer per step (per step and token-weighted), mean batch, ``step_ms_mean``, and where the steps
+            record them the barrier imbalance ``G*max - sum`` (``avg_imbalance``, ``avg_max_minus_min``,
+            ``idle_fraction`` weighted by step time), running requests (``mean_active``, ``mean_rank_load``)
+            and ``throughput_tok_s`` as tokens per second of the window's steps (else the run-level one);
+            router decision times over all steps; per-worker request-count CV; then ``info``.
+        """
+        window = self.window if window is None else window
+        if not isinstance(window, MeasurementWindow):
+            raise ValueError(f"window must be a MeasurementWindow or None; got {type(window).__name__}")
         st = self.steps
-        n = len(st)
+        req = self.requests
+        lat = self.summary
         out: dict[str, Any] = {"router": self.router, "n_workers": self.n_workers, "slots": self.slots,
-                               **self.summary.as_dict()}
-        queue = (self.requests["admit_s"] - self.requests["arrival_s"]).to_numpy()
-        q = percentiles(queue[np.isfinite(queue)], (50, 95, 99))
-        out.update({"queue_s_mean": float(np.nanmean(queue)) if queue.size else float("nan"),
+                               **lat.as_dict(), "throughput_run_tok_s": lat.throughput_tok_s}
+        queue = (req["admit_s"] - req["arrival_s"]).to_numpy()
+        fin = queue[np.isfinite(queue)]
+        q = percentiles(fin, (50, 95, 99))
+        out.update({"queue_s_mean": float(fin.mean()) if fin.size else float("nan"),
                     "queue_s_p50": q["p50"], "queue_s_p95": q["p95"], "queue_s_p99": q["p99"]})
-        if "sum_distinct" in st.columns and self.num_layers:
-            per_layer = st["sum_distinct"].to_numpy() / self.num_layers
-            b = st["batch"].to_numpy()
-            out["distinct_per_layer_step"] = float(per_layer.mean()) if n else float("nan")
+        ws, skipped = window.select(st, float(req["output_len"].mean()))
+        nw = len(ws)
+        out["n_steps"] = int(len(st))
+        out["warmup_steps"], out["window_steps"] = int(skipped), int(nw)
+        if "sum_distinct" in ws.columns and self.num_layers:
+            per_layer = ws["sum_distinct"].to_numpy() / self.num_layers
+            b = ws["batch"].to_numpy()
+            out["distinct_per_layer_step"] = float(per_layer.mean()) if nw else float("nan")
             out["distinct_per_layer_tokenweighted"] = float((per_layer * b).sum() / max(b.sum(), 1))
-        if "batch" in st.columns:
-            out["mean_batch"] = float(st["batch"].mean()) if n else float("nan")
-        out["step_ms_mean"] = float(st["step_ms"].mean()) if n else float("nan")
-        out["n_steps"] = int(n)
+        if "batch" in ws.columns:
+            out["mean_batch"] = float(ws["batch"].mean()) if nw else float("nan")
+        dur = ws["step_ms"].to_numpy()
+        out["step_ms_mean"] = float(dur.mean()) if nw else float("nan")
         w = self.worker
         counts = np.bincount(w[w >= 0], minlength=self.n_workers) if w.size else np.zeros(1)
         out["worker_load_cv"] = float(counts.std() / max(counts.mean(), 1e-12))
-        if {"max_load", "sum_load"} <= set(st.columns) and n:
-            g = int(st["ranks"].iloc[0]) if "ranks" in st.columns else self.n_workers
-            out["avg_imbalance"] = float((g * st["max_load"] - st["sum_load"]).mean())
+        if {"max_load", "sum_load"} <= set(ws.columns):
+            g = int(st["ranks"].iloc[0]) if "ranks" in st.columns and len(st) else self.n_workers
+            mx, sm = ws["max_load"].to_numpy(np.float64), ws["sum_load"].to_numpy(np.float64)
+            out["avg_imbalance"] = float((g * mx - sm).mean()) if nw else float("nan")
+            idle = np.where(mx > 0, 1 - sm / (g * np.maximum(mx, 1)), 0.0)
+            out["idle_fraction"] = float(np.average(idle, weights=dur)) if nw and dur.sum() > 0 else float("nan")
+            if "min_load" in ws.columns:
+                out["avg_max_minus_min"] = float((mx - ws["min_load"].to_numpy()).mean()) if nw else float("nan")
+            if "n_active" in ws.columns:
+                tokens = float(ws["n_active"].sum())
+                out["throughput_tok_s"] = tokens / (dur.sum() / 1e3) if dur.sum() > 0 else float("nan")
+                out["mean_active"] = float(ws["n_active"].mean()) if nw else 0.0
+                out["mean_rank_load"] = float(sm.mean() / g) if nw else 0.0
         if "decision_ms" in st.columns:
             d = st["decision_ms"].to_numpy()
-            dq = percentiles(d[np.isfinite(d)], (50, 99))
-            out["decision_ms_p50"], out["decision_ms_p99"] = dq["p50"], dq["p99"]
+            ok = np.isfinite(d)
+            dq = percentiles(d[ok], (50, 95, 99))
+            out["decision_ms_p50"], out["decision_ms_p95"], out["decision_ms_p99"] = dq["p50"], dq["p95"], dq["p99"]
+            if "n_routed" in st.columns:
+                routed = st["n_routed"].to_numpy()
+                per_req_us = d[ok & (routed > 0)] * 1e3 / routed[ok & (routed > 0)]
+                out["decision_us_per_request_p50"] = float(np.median(per_req_us)) if per_req_us.size else float("nan")
+        clash = sorted(set(out) & set(self.info))
+        if clash:
+            raise ValueError(f"info must not reuse metric names; {clash} would override computed figures")
         return {**out, **self.info}
 
 
@@ -134,4 +215,4 @@ def gains_table(df: pd.DataFrame, method: str, baselines: Collection[str], *, by
     return pd.DataFrame(rows)
 
 
-__all__ = ["REQUEST_COLUMNS", "SimResult", "gain_vs_best", "gains_table"]
+__all__ = ["REQUEST_COLUMNS", "MeasurementWindow", "SimResult", "gain_vs_best", "gains_table"]

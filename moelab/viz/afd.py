@@ -36,7 +36,7 @@ def _theory_grid(r_max: float) -> np.ndarray:
 def throughput_figure(df: pd.DataFrame, *, B: int, mu_P: float, mu_D: float, N: float | None,
                       coeffs: AFDCoefficients | None = None, widget: bool = False) -> go.Figure:
     """Throughput per instance vs r: the closed form (line), the simulator (markers), r* (dashed)."""
-    c = coeffs or AFDCoefficients()
+    c = coeffs or AFDCoefficients.paper()
     r_star = optimal_ratio(B, mu_P, mu_D, N, c)
     grid = _theory_grid(max(df["r"].max(), 1.5 * r_star))
     fig = go.FigureWidget() if widget else go.Figure()
@@ -55,7 +55,7 @@ def throughput_figure(df: pd.DataFrame, *, B: int, mu_P: float, mu_D: float, N: 
 def idle_figure(df: pd.DataFrame, *, B: int, mu_P: float, mu_D: float, N: float | None,
                 coeffs: AFDCoefficients | None = None, widget: bool = False) -> go.Figure:
     """Attention and FFN idle ratios vs r: theory (lines) and simulation (markers)."""
-    c = coeffs or AFDCoefficients()
+    c = coeffs or AFDCoefficients.paper()
     grid = _theory_grid(df["r"].max())
     idle = idle_ratios(grid, B, mu_P, mu_D, N, c)
     fig = go.FigureWidget() if widget else go.Figure()
@@ -136,7 +136,7 @@ def afd_panel(B: int = 256, mu_P: float = 100, mu_D: float = 500, N: float = 10_
     FigureWidgets: throughput per instance (theory vs simulation) and idle ratios."""
     import ipywidgets as w
 
-    paper = AFDCoefficients()
+    paper = AFDCoefficients.paper()
     s_B = slider("B (slots per attention instance)", B, 16, 1024, 16, integer=True)
     s_P = slider("mu_P (mean prompt)", mu_P, 0, 4000, 50)
     s_D = slider("mu_D (mean decode)", mu_D, 10, 4000, 10)

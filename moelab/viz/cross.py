@@ -13,7 +13,7 @@ from moelab.viz.common import color_for, refresh, slider
 
 def pairs_figure(table: pd.DataFrame, *, widget: bool = False, title: str = "") -> go.Figure:
     """p50 / p99 TPOT gain of every (instance router x rank router) pair over JSQ x JSQ: bars grouped
-    by instance router, one colour per rank router (``cross.gains_table`` rows)."""
+    by instance router, one colour per rank router (``cross.pair_gains_table`` rows)."""
     fig = go.FigureWidget(make_subplots(rows=1, cols=2, subplot_titles=("p50 TPOT gain over jsq x jsq (%)",
                                                                         "p99 TPOT gain over jsq x jsq (%)"))) \
         if widget else make_subplots(rows=1, cols=2, subplot_titles=("p50 TPOT gain over jsq x jsq (%)",
@@ -47,7 +47,7 @@ def causes_figure(table: pd.DataFrame) -> go.Figure:
 
 def panel(run: Any, *, K: int, G: int, load: float, tau: float, attention_share: float) -> Any:
     """Sliders K, G, load (x slot capacity), tau and attention share; each change re-runs the pair grid
-    through ``run(K=, G=, load=, tau=, attention_share=) -> gains_table`` and redraws the bars."""
+    through ``run(K=, G=, load=, tau=, attention_share=) -> pair_gains_table`` and redraws the bars."""
     import ipywidgets as w
 
     sk = slider("instances K", K, 1, 16, 1, integer=True)

@@ -16,6 +16,7 @@ microseconds instead of a full model evaluation) through the floor's own fold
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -93,6 +94,15 @@ class DPCost:
         if attn_scale != 1.0:
             model = model.with_attn_scale(check_real("attn_scale", attn_scale, low=0, low_open=True, high=1e4))
         return cls.from_model(model, n_workers, slots)
+
+    @classmethod
+    def from_calibration(cls, calibration: str | os.PathLike, n_workers: int, slots: int,
+                         shape: str = "qwen3-30b-a3b") -> DPCost:
+        """The step model fitted on a bundled GPU's tables or any ``moelab calibrate`` folder
+        (:meth:`DecodeStepModel.from_calibration`) at registry ``shape``, folded for ``G`` ranks."""
+        if shape not in MODEL_SHAPES:
+            raise ValueError(f"shape must be one of {sorted(MODEL_SHAPES)}; got {shape!r}")
+        return cls.from_model(DecodeStepModel.from_calibration(calibration, shape), n_workers, slots)
 
     @classmethod
     def synthetic(cls, n_workers: int, slots: int, fixed_ms: float, ms_per_token: float) -> DPCost:

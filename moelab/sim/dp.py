@@ -19,7 +19,8 @@ Model (one loop iteration = one decode step):
 4. Requests that produced their ``output_len`` tokens leave, freeing their slots.
 
 When nothing is running or waiting the clock jumps to the next arrival. The result is the one
-:class:`moelab.sim.SimResult` (per-request and per-step records, ``metrics()``).
+:class:`moelab.sim.SimResult` (per-request and per-step records, ``metrics(window=...)``); its stated
+measurement window skips ``warmup_lifetimes`` request lifetimes (:class:`~moelab.sim.MeasurementWindow`).
 
 Bounded work: the run's step cap is ``max_steps``; a request whose output alone needs more steps is
 refused up front, as are slot counts, rank counts and views beyond the stated limits.
@@ -33,8 +34,8 @@ from collections import deque
 import numpy as np
 import pandas as pd
 
-from moelab._validate import check_int, check_real
-from moelab.balanceroute.cost import MAX_SLOTS, MAX_WORKERS, DPCost
+from moelab._validate import check_int
+from moelab.costmodel.dp import MAX_SLOTS, MAX_WORKERS, DPCost
 from moelab.routing.base import (
     ActiveRequests,
     ClusterView,
@@ -43,8 +44,7 @@ from moelab.routing.base import (
     RouterCalibration,
     check_supplies,
 )
-from moelab.sim import SimResult
-from moelab.sim.metrics import percentiles, summarize_requests
+from moelab.sim.result import MeasurementWindow, SimResult
 from moelab.traces import RequestTrace
 
 MAX_STEPS = 20_000_000
@@ -55,60 +55,37 @@ SUPPLIES = ("prompt_len", "output_len", "active", "waiting", "kv_tokens", "free_
             "active_requests", "waited_steps")
 
 
-def _summary(router: str, G: int, B: int, steps: pd.DataFrame, trace: RequestTrace, admit: np.ndarray,
-             first: np.ndarray, finish: np.ndarray, warmup_frac: float, warmup_lifetimes: float,
-             engine_queues: bool) -> dict:
-    st = steps
-    # Measurement window: busy steps after the warm-up (an empty cluster filling up takes about one
-    # request lifetime, i.e. mean output length in steps: ``warmup_lifetimes`` of them are skipped, at
-    # most half the busy steps, plus ``warmup_frac`` of the rest) and up to the last admission (the drain
-    # tail has no routing decisions left and only lowers occupancy).
-    last_adm = np.flatnonzero(st["n_admitted"].to_numpy() > 0)
-    end = int(last_adm[-1]) + 1 if last_adm.size else len(st)
-    busy = st.iloc[:end]
-    busy = busy[busy["n_active"] > 0]
-    skip = min(int(round(warmup_lifetimes * float(trace.output_len.mean()))), len(busy) // 2)
-    busy = busy.iloc[skip:]
-    skip_frac = int(len(busy) * warmup_frac)
-    busy = busy.iloc[skip_frac:]
-    imb = G * busy["max_load"] - busy["sum_load"]
-    idle = np.where(busy["max_load"] > 0, 1 - busy["sum_load"] / (G * busy["max_load"].clip(lower=1)), 0.0)
-    dur = busy["step_ms"].to_numpy()
-    lat = summarize_requests(trace.arrival_s, first, finish, trace.output_len)
-    queue = admit - trace.arrival_s
-    dec = st["decision_ms"].to_numpy()
-    routed = st["n_routed"].to_numpy()
-    ok = np.isfinite(dec)
-    per_req_us = dec[ok & (routed > 0)] * 1e3 / routed[ok & (routed > 0)]
-    tokens = float(busy["n_active"].sum())
-    q = percentiles(queue, (50, 95, 99))
-    dq = percentiles(dec[ok], (50, 95, 99))
-    nb = len(busy)
-    return {
-        "router": router, "G": G, "slots": B, "n_requests": len(trace), "n_steps": int(len(st)),
-        "queues": "engine" if engine_queues else "pool", "warmup_steps": skip + skip_frac, "window_steps": len(busy),
-        "avg_imbalance": float(imb.mean()) if nb else float("nan"),
-        "avg_max_minus_min": float((busy["max_load"] - busy["min_load"]).mean()) if nb else float("nan"),
-        "idle_fraction": float(np.average(idle, weights=dur)) if nb else float("nan"),
-        # tokens per second over the measured (post warm-up) busy steps, and over the whole run
-        "throughput_tok_s": tokens / (dur.sum() / 1e3) if dur.sum() > 0 else float("nan"),
-        "throughput_run_tok_s": lat.throughput_tok_s,
-        "makespan_s": lat.makespan_s,
-        "mean_step_ms": float(dur.mean()) if dur.size else float("nan"),
-        "mean_active": float(busy["n_active"].mean()) if nb else 0.0,
-        "mean_rank_load": float(busy["sum_load"].mean() / G) if nb else 0.0,
-        "tpot_ms_p50": lat.tpot_ms_p50, "tpot_ms_p95": lat.tpot_ms_p95, "tpot_ms_p99": lat.tpot_ms_p99,
-        "ttft_ms_p50": lat.ttft_ms_p50, "ttft_ms_p95": lat.ttft_ms_p95, "ttft_ms_p99": lat.ttft_ms_p99,
-        "queue_s_mean": float(queue.mean()), "queue_s_p50": q["p50"], "queue_s_p95": q["p95"],
-        "queue_s_p99": q["p99"],
-        "decision_ms_p50": dq["p50"], "decision_ms_p95": dq["p95"], "decision_ms_p99": dq["p99"],
-        "decision_us_per_request_p50": float(np.median(per_req_us)) if per_req_us.size else float("nan"),
-    }
+def route_to_ranks(router: Router, batch: RequestBatch, view: ClusterView, free: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, float]:
+    """One admission of a barrier-synchronised DP group: ``router`` places the waiting ``batch`` on the
+    group's ranks (``-1`` keeps a request waiting), refused if it names a rank that does not exist or
+    over-fills one past its ``free`` slots. The one rule both DP loops admit by (:func:`simulate_dp` and
+    the DP groups of :func:`moelab.sim.cluster.simulate`).
+
+    Returns
+    -------
+    where : int64 array, the rank of every request of ``batch`` (-1 = waiting)
+    chosen : indices of the placed requests
+    decision_ms : wall time of the routing call (ms)
+    """
+    n_ranks = free.size
+    t0 = time.perf_counter()
+    where = np.asarray(router.route(batch, view), dtype=np.int64)
+    decision_ms = (time.perf_counter() - t0) * 1e3
+    if where.shape != (len(batch),) or where.min(initial=0) < -1 or where.max(initial=-1) >= n_ranks:
+        raise ValueError(f"router {router!r} returned invalid rank ids (shape {where.shape}; expected "
+                         f"({len(batch)},) in [-1, {n_ranks}))")
+    chosen = np.flatnonzero(where >= 0)
+    if chosen.size:
+        per = np.bincount(where[chosen], minlength=n_ranks)
+        if np.any(per > free):
+            raise ValueError(f"router {router!r} over-filled a rank: {per.tolist()} vs free {free.tolist()}")
+    return where, chosen, decision_ms
 
 
-def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, cost: DPCost | None = None, *,
+def simulate_dp(trace: RequestTrace, router: Router, n_workers: int, slots: int, cost: DPCost | None = None, *,
              pool_view: int = 512, warmup_lifetimes: float = 2.0, warmup_frac: float = 0.0, max_steps: int = MAX_STEPS,
-             kv_capacity_tokens: float | None = None, seed: int | None = 0):
+             kv_capacity_tokens: float | None = None, seed: int | None = 0) -> SimResult:
     """Run ``trace`` through ``n_workers`` DP ranks of ``slots`` slots each, routed by ``router``.
 
     Parameters
@@ -129,7 +106,8 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
         Request lifetimes (mean output length, in steps) left out of the run-level figures while the
         cluster fills up (0..10; at most half the busy steps; the count is in ``metrics()["warmup_steps"]``).
     warmup_frac : float
-        Fraction of busy steps left out of the run-level averages (cluster filling up).
+        Fraction of busy steps left out of the run-level averages (cluster filling up). Both make the
+        result's default :class:`~moelab.sim.MeasurementWindow`; ``metrics(window=...)`` re-windows.
     max_steps : int
         The run's step cap (default 20 million). A request whose ``output_len`` exceeds it is refused
         up front; a run that reaches it raises ``RuntimeError``.
@@ -143,14 +121,13 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
     moelab.sim.SimResult
         ``requests`` (arrival, lengths, ``worker`` = rank, admit / first-token / finish times), ``steps``
         (``t_s``, ``step_ms``, loads, imbalance, counts, router decision time) and ``metrics()`` (the
-        run-level figures of the measured window: imbalance, throughput, TPOT/TTFT/queueing p50-p99,
+        run-level figures of the measurement window: imbalance, throughput, TPOT/TTFT/queueing p50-p99,
         decision time).
     """
     G = check_int("G", n_workers, low=1, high=MAX_WORKERS)
     B = check_int("slots", slots, low=1, high=MAX_SLOTS)
     pool_view = check_int("pool_view", pool_view, low=1, high=MAX_POOL_VIEW)
-    warmup_frac = check_real("warmup_frac", warmup_frac, low=0, high=1, high_open=True)
-    warmup_lifetimes = check_real("warmup_lifetimes", warmup_lifetimes, low=0, high=10)
+    window = MeasurementWindow(warmup_lifetimes, warmup_frac)  # validates both before the run
     max_steps = check_int("max_steps", max_steps, low=1, high=10 * MAX_STEPS)
     if not isinstance(trace, RequestTrace):
         raise ValueError(f"trace must be a RequestTrace; got {type(trace).__name__}")
@@ -280,19 +257,10 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
             if front.size and free.max() > 0:
                 view = view_now(occ, free, None, with_active=True)
                 view.waited_steps = step - seen_step[front]
-                batch = batch_of(front)
-                t0 = time.perf_counter()
-                where = np.asarray(router.route(batch, view), dtype=np.int64)
-                dec_ms = (time.perf_counter() - t0) * 1e3
+                where, chosen, dec_ms = route_to_ranks(router, batch_of(front), view, free)
                 n_routed = int(front.size)
-                if where.shape != (front.size,) or where.min(initial=0) < -1 or where.max(initial=-1) >= G:
-                    raise ValueError(f"router {router!r} returned invalid worker ids (shape {where.shape})")
-                chosen = np.flatnonzero(where >= 0)
                 if chosen.size:
                     wk = where[chosen]
-                    per = np.bincount(wk, minlength=G)
-                    if np.any(per > free):
-                        raise ValueError(f"router {router!r} over-filled a worker: {per.tolist()} vs free {free.tolist()}")
                     rows = front[chosen]
                     place(wk, rows, occ)
                     rank_of[rows] = wk
@@ -343,7 +311,11 @@ def simulate(trace: RequestTrace, router: Router, n_workers: int, slots: int, co
     steps["idle_fraction"] = np.where(steps["max_load"] > 0,
                                       steps["imbalance"] / (G * steps["max_load"].clip(lower=1)), 0.0)
     name = getattr(router, "name", type(router).__name__)
-    summary = _summary(name, G, B, steps, trace, admit, first, finish, warmup_frac, warmup_lifetimes, engine_queues)
     requests = pd.DataFrame({"arrival_s": trace.arrival_s, "prompt_len": P, "output_len": OUT, "worker": rank_of,
                              "admit_s": admit, "first_token_s": first, "finish_s": finish})
-    return SimResult(requests, steps, name, G, B, 0, {**summary, "source": trace.source})
+    return SimResult(requests, steps, name, G, B, 0,
+                     {"G": G, "queues": "engine" if engine_queues else "pool", "source": trace.source},
+                     window)
+
+
+__all__ = ["MAX_POOL_VIEW", "MAX_STEPS", "SUPPLIES", "route_to_ranks", "simulate_dp"]
