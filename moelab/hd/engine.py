@@ -8,12 +8,13 @@ Both take their drafters from here, so a method name means the same store walk i
 
 from __future__ import annotations
 
+import itertools
 from functools import lru_cache
 from typing import Any
 
 from moelab._validate import check_int
 from moelab.hd.drafters import CostAwareDrafter, Draft, Drafter, HierarchyDrafter, check_order
-from moelab.hd.policy import AcceptanceModel, VerifyCost, check_budget
+from moelab.hd.policy import EngineAcceptance, VerifyCost, check_acceptance, check_budget
 from moelab.hd.rows import RowDrafters
 
 
@@ -80,20 +81,54 @@ def make_row_drafters(cfg: dict[str, Any], *, tokenizer_path: str, budget: int) 
         raise ValueError("method 'hd' (cost-aware) needs cfg['cost'] = {'qs': [...], 'ms': [...]}, the measured "
                          "verify-cost curve (moelab.hd.vllm_worker.measure_vllm_cost)")
     cost = VerifyCost(c["qs"], c["ms"], c.get("source", ""))
-    shared = AcceptanceModel()
-    return RowDrafters(
-        lambda: CostAwareDrafter(HierarchyDrafter(S, L, order=order, length=length), cost, budget=budget, chain=True,
-                                 acceptance=shared),
-        lambda d, m: d.draft(m))
+    prior = cfg.get("acceptance_prior")
+    engine = EngineAcceptance(None if prior is None else check_acceptance("acceptance_prior", prior))
+    return cost_aware_rows(S, L, cost, budget=budget, order=order, length=length, engine=engine,
+                           seed=check_int("seed", cfg.get("seed", 0), low=0))
+
+
+def cost_aware_rows(S: Any, L: Any, cost: VerifyCost, *, budget: int, order: str = "WSL", length: int = 4,
+                    engine: EngineAcceptance | None = None, seed: int = 0) -> RowDrafters:
+    """Per-row cost-aware HD chains (vLLM's HD): each request gets its own acceptance model, started from
+    ``engine``'s prior (a fresh :class:`EngineAcceptance` by default), and its own exploration stream
+    ``(seed, request number)``.
+
+    Parameters
+    ----------
+    S, L : Store or None
+        The shared stores (needed when their letter is in ``order``).
+    cost : VerifyCost
+        The engine's measured verify-cost curve.
+    budget : int
+        Draft tokens per step at most (1..64).
+    order, length : str, int
+        The store walk and the tokens per lookup.
+    engine : EngineAcceptance, optional
+        The prior shared by the engine's requests.
+    seed : int
+        Base seed of the requests' exploration draws.
+    """
+    budget = check_budget(budget)
+    engine = engine if engine is not None else EngineAcceptance()
+    numbers = itertools.count()
+    base = check_int("seed", seed, low=0)
+
+    def new_request() -> CostAwareDrafter:
+        # a row's drafter is made when a request arrives in it, so one drafter (and one model) per request
+        return CostAwareDrafter(HierarchyDrafter(S, L, order=order, length=length), cost, budget=budget, chain=True,
+                                acceptance=engine.new_request(), seed=base * 1_000_003 + next(numbers))
+
+    return RowDrafters(new_request, lambda d, m: d.draft(m))
 
 
 def make_hf_drafter(method: str, S: Any, L: Any, *, budget: int = 8, cost: VerifyCost | None = None,
-                    acceptance: AcceptanceModel | None = None) -> Drafter:
-    """A drafter for the HF engine at an equal verification ``budget`` (draft tokens per forward).
+                    engine: EngineAcceptance | None = None, seed: int = 0) -> Drafter:
+    """A drafter for one request in the HF engine at an equal verification ``budget`` (draft tokens per forward).
 
-    ``"HD"`` = cost-aware HD (needs ``cost``), ``"HD-fixed"`` = the hierarchy's tree with
-    ``budget // 4`` candidates of 4 tokens (28 = the paper's 7x4), ``"PLD"`` = a chain of ``budget``
-    tokens, ``"REST"`` = L alone (as HD-fixed), ``"AR"`` = nothing."""
+    ``"HD"`` = cost-aware HD (needs ``cost``; its acceptance model starts from ``engine``'s prior when
+    given, else from the cold-start prior; ``seed`` seeds its exploration), ``"HD-fixed"`` = the
+    hierarchy's tree with ``budget // 4`` candidates of 4 tokens (28 = the paper's 7x4), ``"PLD"`` = a chain
+    of ``budget`` tokens, ``"REST"`` = L alone (as HD-fixed), ``"AR"`` = nothing."""
     from moelab.hd.drafters import NoDrafter, PLDDrafter
 
     budget = check_budget(budget)
@@ -112,8 +147,9 @@ def make_hf_drafter(method: str, S: Any, L: Any, *, budget: int = 8, cost: Verif
         # candidates the plan could keep (one more than the budget fills, so it has a choice); more would
         # only make the walk reach L for candidates that are then cut
         inner = HierarchyDrafter(S, L, order="WSL", max_candidates=min(7, n_cand + 1), length=length)
-        return CostAwareDrafter(inner, cost, budget=budget, acceptance=acceptance)
+        return CostAwareDrafter(inner, cost, budget=budget, seed=seed,
+                                acceptance=engine.new_request() if engine is not None else None)
     raise ValueError(f"method must be one of ['AR', 'PLD', 'HD', 'HD-fixed', 'REST']; got {method!r}")
 
 
-__all__ = ["load_stores", "make_hf_drafter", "make_row_drafters"]
+__all__ = ["cost_aware_rows", "load_stores", "make_hf_drafter", "make_row_drafters"]
