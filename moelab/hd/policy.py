@@ -3,7 +3,7 @@
 Each step the hierarchy proposes candidates (a token tree, or one chain in vLLM). Every draft node gets
 a probability of being accepted, ``p(node) = p(parent) * alpha(store, first-or-alternative child)``,
 where ``alpha`` is the running per-store acceptance rate (accepted / tried over every node whose parent
-was accepted, with a Beta(1, 1) prior), learned from the verification outcomes of earlier steps. The
+was accepted, decayed, with a prior; see below), learned from the verification outcomes of earlier steps. The
 expected tokens of a step that verifies the ``K`` most likely nodes are ``1 + sum(p)`` (the bonus token
 always comes), its cost ``c(K + 1)``, the measured time of one target forward over ``K + 1`` tokens
 (:class:`VerifyCost`). The policy keeps the ``K`` that maximises expected tokens per unit of cost,
