@@ -114,7 +114,8 @@ def cost_aware_rows(S: Any, L: Any, cost: VerifyCost, *, budget: int, order: str
     base = check_int("seed", seed, low=0)
 
     def new_request() -> CostAwareDrafter:
-        # a row's drafter is made when a request arrives in it, so one drafter (and one model) per request
+        # a row's drafter is made when a request arrives in it, so one drafter (and one model) per request;
+        # the stream seed is distinct per request (and per base seed for the first million requests)
         return CostAwareDrafter(HierarchyDrafter(S, L, order=order, length=length), cost, budget=budget, chain=True,
                                 acceptance=engine.new_request(), seed=base * 1_000_003 + next(numbers))
 
