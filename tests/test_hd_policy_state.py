@@ -14,7 +14,7 @@ import pytest
 
 from moelab.hd import HierarchyDrafter, NGramTable, SuffixStore, replay_greedy
 from moelab.hd.drafters import CostAwareDrafter, explore_rate
-from moelab.hd.engine import cost_aware_rows, make_hf_drafter
+from moelab.hd.engine import cost_aware_rows, make_hf_drafter, make_row_drafters
 from moelab.hd.policy import (
     FALLBACK_PRIOR,
     AcceptanceModel,
@@ -216,6 +216,8 @@ def test_acceptance_prior_out_of_range_is_refused(value):
         EngineAcceptance(floor=value)
     with pytest.raises(ValueError, match="explore"):
         CostAwareDrafter(HierarchyDrafter(S, L), CHEAP, explore=value)
+    with pytest.raises(ValueError, match="acceptance_prior"):  # the vLLM adapter's config, refused before loading
+        make_row_drafters({"method": "hd", "acceptance_prior": value}, tokenizer_path="/nonexistent", budget=BUDGET)
 
 
 def test_a_verify_cost_curve_that_is_not_increasing_is_refused():

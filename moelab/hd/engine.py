@@ -53,9 +53,16 @@ class _Probe(Drafter):
 
 
 def make_row_drafters(cfg: dict[str, Any], *, tokenizer_path: str, budget: int) -> RowDrafters:
-    """Per-row drafters for a batching engine from an adapter config (see :mod:`moelab.hd.vllm_adapter`)."""
+    """Per-row drafters for a batching engine from an adapter config (see :mod:`moelab.hd.vllm_adapter`).
+
+    For ``"hd"`` (cost-aware), ``cfg["acceptance_prior"]`` (in [0, 1]) overrides the cold-start prior of
+    :func:`moelab.hd.policy.cold_start_prior` and ``cfg["seed"]`` seeds the exploration (:func:`cost_aware_rows`)."""
     method = cfg.get("method", "hd")
     budget = check_budget(budget)
+    # checked before the stores load (L takes seconds): a bad config fails at once
+    prior = cfg.get("acceptance_prior")
+    prior = None if prior is None else check_acceptance("acceptance_prior", prior)
+    seed = check_int("seed", cfg.get("seed", 0), low=0)
     if method == "probe":
         length = check_int("probe_len", int(cfg.get("probe_len", budget)), low=0, high=budget)
         token = int(cfg.get("probe_token", 0))
@@ -81,10 +88,8 @@ def make_row_drafters(cfg: dict[str, Any], *, tokenizer_path: str, budget: int) 
         raise ValueError("method 'hd' (cost-aware) needs cfg['cost'] = {'qs': [...], 'ms': [...]}, the measured "
                          "verify-cost curve (moelab.hd.vllm_worker.measure_vllm_cost)")
     cost = VerifyCost(c["qs"], c["ms"], c.get("source", ""))
-    prior = cfg.get("acceptance_prior")
-    engine = EngineAcceptance(None if prior is None else check_acceptance("acceptance_prior", prior))
-    return cost_aware_rows(S, L, cost, budget=budget, order=order, length=length, engine=engine,
-                           seed=check_int("seed", cfg.get("seed", 0), low=0))
+    return cost_aware_rows(S, L, cost, budget=budget, order=order, length=length, engine=EngineAcceptance(prior),
+                           seed=seed)
 
 
 def cost_aware_rows(S: Any, L: Any, cost: VerifyCost, *, budget: int, order: str = "WSL", length: int = 4,
