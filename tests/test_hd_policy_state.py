@@ -261,6 +261,9 @@ def test_cached_cost_records_its_origin_and_refuses_a_foreign_entry(tmp_path, mo
     with pytest.raises(ValueError, match="machine 'other-box'"):
         cached_verify_cost("vllm", "smollm2", measure)
     assert len(calls) == 1
-    path.write_text(json.dumps({"qs": [1, 9], "ms": [10.0, 14.0]}))  # an entry that does not say: measured again
-    cached_verify_cost("vllm", "smollm2", measure)
-    assert len(calls) == 2
+    # an entry from before files named their origin: its name (engine, model, this machine) vouches for it
+    path.write_text(json.dumps({"qs": [1, 9], "ms": [10.0, 15.0]}))
+    assert cached_verify_cost("vllm", "smollm2", measure).ms == [10.0, 15.0] and len(calls) == 1
+    assert json.loads(path.read_text())["machine"] == machine_id()  # and it now says so
+    path.write_text(json.dumps({**d, "ms": [10.0, 9.0]}))  # a damaged entry (decreasing): measured again
+    assert cached_verify_cost("vllm", "smollm2", measure).ms == [10.0, 14.0] and len(calls) == 2

@@ -179,7 +179,8 @@ def cached_verify_cost(engine: str, model: str, measure: Callable[[], VerifyCost
     once with ``measure()`` and cached (``cache_dir()/hd/verify-cost/<engine>-<model>-<machine>.json``).
 
     The file records machine, engine and model; one that names another is refused (``ValueError``), never
-    used. A damaged entry, or one written before files recorded them, is measured again."""
+    used. An entry written before files recorded them is vouched for by its name (built from the same three)
+    and gains the fields; a damaged entry is measured again."""
     from moelab._io import atomic_write_json, read_json
 
     slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{engine}-{model}-{machine_id()}")
@@ -189,12 +190,19 @@ def cached_verify_cost(engine: str, model: str, measure: Callable[[], VerifyCost
             d = read_json(path)
         except (OSError, ValueError):
             d = None  # a damaged cache entry is measured again
-        if isinstance(d, dict) and all(k in d for k in ("machine", "engine", "model")):
-            _check_origin(d, path, engine=engine, model=model)
+        if isinstance(d, dict):
+            origin = {"machine": machine_id(), "engine": engine, "model": model}
+            legacy = not any(k in d for k in origin)
+            if not legacy:
+                _check_origin(d, path, engine=engine, model=model)
             try:
-                return VerifyCost(d["qs"], d["ms"], d.get("source", ""))
+                vc = VerifyCost(d["qs"], d["ms"], d.get("source", ""))
             except (KeyError, TypeError, ValueError):
-                pass  # a damaged cache entry is measured again
+                vc = None  # a damaged cache entry is measured again
+            if vc is not None:
+                if legacy:
+                    atomic_write_json(path, {**vc.as_dict(), **origin})
+                return vc
     vc = measure()
     atomic_write_json(path, {**vc.as_dict(), "machine": machine_id(), "engine": engine, "model": model})
     return vc
