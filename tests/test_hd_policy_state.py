@@ -184,6 +184,16 @@ def test_exploration_retests_a_low_estimate_and_recovers():
     assert [s.accepted for s in again.steps] == [s.accepted for s in d.steps]  # deterministic given the seed
 
 
+def test_no_exploration_where_the_cost_curve_alone_forbids_drafting():
+    """Every extra verified token costs a full forward: no acceptance <= 1 pays, nothing is re-tested."""
+    steep = VerifyCost([1, 2, 3], [10.0, 20.0, 30.0])
+    prompt, ref = GREEDY[1]
+    d = CostAwareDrafter(HierarchyDrafter(S, L, order="WSL", max_candidates=3, length=4), steep, budget=BUDGET,
+                         explore=1.0)
+    res = replay_greedy(d, prompt, ref)
+    assert d.explored == 0 and all(s.tree_size == 1 for s in res.steps)
+
+
 def test_estimates_forget_with_the_half_life():
     m = AcceptanceModel(prior=0.5, half_life=8.0)
     for _ in range(200):

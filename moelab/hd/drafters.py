@@ -265,7 +265,8 @@ class CostAwareDrafter(Drafter):
     the sub-tree that maximises expected accepted tokens per unit of measured verify cost
     (:func:`moelab.hd.policy.plan`), within ``budget`` draft tokens; nothing when no store is confident,
     except that such a step proposes the first token of one candidate (picked at random) with probability
-    ``explore``, so a low estimate is re-tested (an acceptance raises it again).
+    ``explore`` when the request's starting estimates would have drafted there, so a low estimate is
+    re-tested (an acceptance raises it again) but a cost curve that forbids drafting is not argued with.
 
     Parameters
     ----------
@@ -297,6 +298,8 @@ class CostAwareDrafter(Drafter):
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
         self.explore = explore_rate(cost) if explore is None else check_acceptance("explore", explore)
         self._rng = random.Random(check_int("seed", seed, low=0))
+        # the request's starting estimates, never updated: what the plan would do before any outcome
+        self._untested = AcceptanceModel(self.acceptance.prior, priors=self.acceptance.priors)
         self.explored = 0  # steps that re-tested a token the plan left out
         self.letters = inner.letters
         self.name = f"{inner.name}-cost"
@@ -321,7 +324,10 @@ class CostAwareDrafter(Drafter):
         b = self.budget if budget is None else min(self.budget, check_budget(budget))
         d = self.inner.draft_chain(b) if self.chain else self.inner.draft()
         cands, srcs = plan(d.candidates, d.sources, self.acceptance, self.cost, b)
-        if not cands and d.candidates and self.explore > 0.0 and self._rng.random() < self.explore:
+        if (not cands and d.candidates and self.explore > 0.0 and self._rng.random() < self.explore
+                and plan(d.candidates, d.sources, self._untested, self.cost, b)[0]):
+            # a re-test only where the request's own outcomes, not the cost curve, stopped the drafting: with
+            # untested (prior) estimates this draft would pay, so a low estimate is what is being re-tested
             i = self._rng.randrange(len(d.candidates))
             cands, srcs = [tuple(d.candidates[i][:1])], [d.sources[i][:1]]
             self.explored += 1
