@@ -155,26 +155,60 @@ def machine_id() -> str:
     return "".join(c if c.isalnum() else "-" for c in raw)[:80]
 
 
+def _check_origin(d: Any, path: Path, *, engine: str | None, model: str | None) -> None:
+    """Refuse a cost file's dict ``d`` unless it was measured on this machine (and for ``engine`` and
+    ``model`` when given): a curve from elsewhere would plan drafts for another machine."""
+    if not isinstance(d, dict):
+        raise ValueError(f"cost file {path} must hold a JSON object with qs, ms, machine, engine and model")
+    here = machine_id()
+    for field_name, want in (("machine", here), ("engine", engine), ("model", model)):
+        got = d.get(field_name)
+        if want is not None and got != want:
+            raise ValueError(f"cost file {path} was measured with {field_name} {got!r}, not this {field_name} "
+                             f"{want!r}: refused (measure this machine's curve, e.g. moelab bench hd with an "
+                             f"empty cache)")
+
+
 def cached_verify_cost(engine: str, model: str, measure: Callable[[], VerifyCost], *,
                        refresh: bool = False) -> VerifyCost:
     """The verify-cost curve of ``model`` on ``engine`` for this machine: read from the cache, or measured
-    once with ``measure()`` and cached (``cache_dir()/hd/verify-cost/<engine>-<model>-<machine>.json``)."""
-    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{engine}-{model}-{machine_id()}")
+    once with ``measure()`` and cached (``cache_dir()/hd/verify-cost/<engine>-<model>-<machine>.json``).
+
+    The file records machine, engine and model; one that names another is refused (``ValueError``), never
+    used. An entry written before files recorded them is vouched for by its name (built from the same three)
+    and gains the fields; a damaged (or decreasing) entry is measured again."""
+    origin = {"machine": machine_id(), "engine": engine, "model": model}
+    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{engine}-{model}-{origin['machine']}")
     path = cache_dir() / "hd" / "verify-cost" / f"{slug}.json"
     if path.is_file() and not refresh:
-        d = read_json(path)
         try:
-            return VerifyCost(d["qs"], d["ms"], d.get("source", ""))
-        except (KeyError, TypeError, ValueError):
-            pass  # a damaged (or decreasing) cache entry is measured again
+            d = read_json(path)
+        except (OSError, ValueError):
+            d = None  # a damaged cache entry is measured again
+        if isinstance(d, dict):
+            legacy = not any(k in d for k in origin)
+            if not legacy:
+                _check_origin(d, path, engine=engine, model=model)
+            try:
+                vc = VerifyCost(d["qs"], d["ms"], d.get("source", ""))
+            except (KeyError, TypeError, ValueError):
+                vc = None  # a damaged (or decreasing) cache entry is measured again
+            if vc is not None:
+                if legacy:
+                    atomic_write_json(path, {**vc.as_dict(), **origin})
+                return vc
     vc = measure()
-    atomic_write_json(path, vc.as_dict())
+    atomic_write_json(path, {**vc.as_dict(), **origin})
     return vc
 
 
-def load_curve_json(path: str | Path) -> VerifyCost:
-    """A cost curve from a JSON file ``{"qs": [...], "ms": [...], "source": ...}``."""
-    d = json.loads(Path(path).read_text(encoding="utf-8"))
+def load_curve_json(path: str | Path, *, engine: str | None = None, model: str | None = None) -> VerifyCost:
+    """A cost curve from a JSON file ``{"qs": [...], "ms": [...], "source", "machine", "engine", "model"}``
+    (as :func:`cached_verify_cost` writes), refused with a ``ValueError`` unless it was measured on this
+    machine and, when given, with ``engine`` for ``model``."""
+    path = Path(path)
+    d = json.loads(path.read_text(encoding="utf-8"))
+    _check_origin(d, path, engine=engine, model=model)
     return VerifyCost(d["qs"], d["ms"], d.get("source", ""))
 
 

@@ -8,6 +8,7 @@ queried, how often it returned something (lookup hit), and how many accepted tok
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from moelab._validate import check_int
 from moelab.costmodel.verify import VerifyCost
-from moelab.hd.policy import AcceptanceModel, check_budget, observe, plan
+from moelab.hd.policy import AcceptanceModel, check_acceptance, check_budget, observe, plan
 from moelab.hd.stores import ContextStore, Store
 
 STORE_LETTERS = "WSL"
@@ -246,10 +247,27 @@ class HierarchyDrafter(Drafter):
         return Draft([tuple(chain)], [letters]) if chain else Draft([], [])
 
 
+# Exploration spends at most this share of the verify time re-testing estimates the plan does not draft on,
+# and re-tests at most every MAX_EXPLORE_RATE-th such step (where verification is nearly free).
+EXPLORE_OVERHEAD = 0.02
+MAX_EXPLORE_RATE = 0.125
+
+
+def explore_rate(cost: VerifyCost) -> float:
+    """The default exploration rate on ``cost``: one extra verified token costs ``c(2) / c(1) - 1`` of a
+    step, so re-testing with probability ``EXPLORE_OVERHEAD / (c(2) / c(1) - 1)`` (at most
+    ``MAX_EXPLORE_RATE``) spends at most ``EXPLORE_OVERHEAD`` of the time of the steps that draft nothing."""
+    extra = float(cost.relative(2)) - 1.0
+    return MAX_EXPLORE_RATE if extra <= EXPLORE_OVERHEAD / MAX_EXPLORE_RATE else EXPLORE_OVERHEAD / extra
+
+
 class CostAwareDrafter(Drafter):
     """Cost-aware Hierarchy Drafting (the default HD drafter): the hierarchy's candidates, cut each step to
     the sub-tree that maximises expected accepted tokens per unit of measured verify cost
-    (:func:`moelab.hd.policy.plan`), within ``budget`` draft tokens; nothing when no store is confident.
+    (:func:`moelab.hd.policy.plan`), within ``budget`` draft tokens; nothing when no store is confident,
+    except that such a step proposes the first token of one candidate (picked at random) with probability
+    ``explore`` when the request's starting estimates would have drafted there, so a low estimate is
+    re-tested (an acceptance raises it again) but a cost curve that forbids drafting is not argued with.
 
     Parameters
     ----------
@@ -262,16 +280,28 @@ class CostAwareDrafter(Drafter):
     chain : bool
         Propose one chain (vLLM) instead of a tree (HF).
     acceptance : AcceptanceModel, optional
-        Shared running acceptance (e.g. across the requests of one engine); a fresh one by default.
+        This request's running acceptance (:meth:`moelab.hd.policy.EngineAcceptance.new_request` starts one
+        from an engine's prior); a fresh one from the cold-start prior by default. :meth:`start` keeps it:
+        one drafter follows one request.
+    explore : float, optional
+        Probability in [0, 1] that a step the plan leaves empty re-tests one token; :func:`explore_rate`
+        of ``cost`` by default.
+    seed : int
+        Seeds the exploration draws (deterministic given the seed and the drafts).
     """
 
     def __init__(self, inner: HierarchyDrafter, cost: VerifyCost, *, budget: int = 8, chain: bool = False,
-                 acceptance: AcceptanceModel | None = None) -> None:
+                 acceptance: AcceptanceModel | None = None, explore: float | None = None, seed: int = 0) -> None:
         self.inner = inner
         self.cost = cost
         self.budget = check_budget(budget)
         self.chain = bool(chain)
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
+        self.explore = explore_rate(cost) if explore is None else check_acceptance("explore", explore)
+        self._rng = random.Random(check_int("seed", seed, low=0))
+        # the request's starting estimates, never updated: what the plan would do before any outcome
+        self._untested = AcceptanceModel(self.acceptance.prior, priors=self.acceptance.priors)
+        self.explored = 0  # steps that re-tested a token the plan left out
         self.letters = inner.letters
         self.name = f"{inner.name}-cost"
         super().__init__()
@@ -295,6 +325,13 @@ class CostAwareDrafter(Drafter):
         b = self.budget if budget is None else min(self.budget, check_budget(budget))
         d = self.inner.draft_chain(b) if self.chain else self.inner.draft()
         cands, srcs = plan(d.candidates, d.sources, self.acceptance, self.cost, b)
+        if (not cands and d.candidates and self.explore > 0.0 and self._rng.random() < self.explore
+                and plan(d.candidates, d.sources, self._untested, self.cost, b)[0]):
+            # a re-test only where the request's own outcomes, not the cost curve, stopped the drafting: with
+            # untested (prior) estimates this draft would pay, so a low estimate is what is being re-tested
+            i = self._rng.randrange(len(d.candidates))
+            cands, srcs = [tuple(d.candidates[i][:1])], [d.sources[i][:1]]
+            self.explored += 1
         self._last = last = Draft(cands, srcs)
         return last if self.chain else Draft(cands, [x[:1] for x in srcs])
 
@@ -302,5 +339,5 @@ class CostAwareDrafter(Drafter):
         observe(self.acceptance, self._last.candidates, self._last.sources, accepted)
 
 
-__all__ = ["STORE_LETTERS", "CostAwareDrafter", "Draft", "Drafter", "HierarchyDrafter", "NoDrafter", "PLDDrafter", "StoreCounters",
-           "check_order"]
+__all__ = ["EXPLORE_OVERHEAD", "MAX_EXPLORE_RATE", "STORE_LETTERS", "CostAwareDrafter", "Draft", "Drafter",
+           "HierarchyDrafter", "NoDrafter", "PLDDrafter", "StoreCounters", "check_order", "explore_rate"]

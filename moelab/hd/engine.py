@@ -6,13 +6,14 @@ table (:data:`moelab.hd.methods.METHODS`), so a method name means the same store
 
 from __future__ import annotations
 
+import itertools
 from functools import lru_cache
 from typing import Any
 
 from moelab._validate import check_int
 from moelab.costmodel.verify import VerifyCost
 from moelab.hd.drafters import CostAwareDrafter, Draft, Drafter, HierarchyDrafter, check_order
-from moelab.hd.policy import AcceptanceModel, check_budget
+from moelab.hd.policy import EngineAcceptance, check_acceptance, check_budget
 from moelab.hd.rows import RowDrafters
 from moelab.hd.stores import load_default_model_store, load_default_statistics_store, load_store
 
@@ -51,9 +52,16 @@ class _Probe(Drafter):
 
 
 def make_row_drafters(cfg: dict[str, Any], *, tokenizer_path: str, budget: int) -> RowDrafters:
-    """Per-row drafters for a batching engine from an adapter config (see :mod:`moelab.hd.vllm_adapter`)."""
+    """Per-row drafters for a batching engine from an adapter config (see :mod:`moelab.hd.vllm_adapter`).
+
+    For ``"hd"`` (cost-aware), ``cfg["acceptance_prior"]`` (in [0, 1]) overrides the cold-start prior of
+    :func:`moelab.hd.policy.cold_start_prior` and ``cfg["seed"]`` seeds the exploration (:func:`cost_aware_rows`)."""
     method = cfg.get("method", "hd")
     budget = check_budget(budget)
+    # checked before the stores load (L takes seconds): a bad config fails at once
+    prior = cfg.get("acceptance_prior")
+    prior = None if prior is None else check_acceptance("acceptance_prior", prior)
+    seed = check_int("seed", cfg.get("seed", 0), low=0)
     if method == "probe":
         length = check_int("probe_len", int(cfg.get("probe_len", budget)), low=0, high=budget)
         token = int(cfg.get("probe_token", 0))
@@ -79,11 +87,43 @@ def make_row_drafters(cfg: dict[str, Any], *, tokenizer_path: str, budget: int) 
         raise ValueError("method 'hd' (cost-aware) needs cfg['cost'] = {'qs': [...], 'ms': [...]}, the measured "
                          "verify-cost curve (moelab.bench.specbench.measure_vllm_cost)")
     cost = VerifyCost(c["qs"], c["ms"], c.get("source", ""))
-    shared = AcceptanceModel()
-    return RowDrafters(
-        lambda: CostAwareDrafter(HierarchyDrafter(S, L, order=order, length=length), cost, budget=budget, chain=True,
-                                 acceptance=shared),
-        lambda d, m: d.draft(m))
+    return cost_aware_rows(S, L, cost, budget=budget, order=order, length=length, engine=EngineAcceptance(prior),
+                           seed=seed)
 
 
-__all__ = ["load_stores", "make_row_drafters"]
+def cost_aware_rows(S: Any, L: Any, cost: VerifyCost, *, budget: int, order: str = "WSL", length: int = 4,
+                    engine: EngineAcceptance | None = None, seed: int = 0) -> RowDrafters:
+    """Per-row cost-aware HD chains (vLLM's HD): each request gets its own acceptance model, started from
+    ``engine``'s prior (a fresh :class:`EngineAcceptance` by default), and its own exploration stream
+    ``(seed, request number)``.
+
+    Parameters
+    ----------
+    S, L : Store or None
+        The shared stores (needed when their letter is in ``order``).
+    cost : VerifyCost
+        The engine's measured verify-cost curve.
+    budget : int
+        Draft tokens per step at most (1..64).
+    order, length : str, int
+        The store walk and the tokens per lookup.
+    engine : EngineAcceptance, optional
+        The prior shared by the engine's requests.
+    seed : int
+        Base seed of the requests' exploration draws.
+    """
+    budget = check_budget(budget)
+    engine = engine if engine is not None else EngineAcceptance()
+    numbers = itertools.count()
+    base = check_int("seed", seed, low=0)
+
+    def new_request() -> CostAwareDrafter:
+        # a row's drafter is made when a request arrives in it, so one drafter (and one model) per request;
+        # the stream seed is distinct per request (and per base seed for the first million requests)
+        return CostAwareDrafter(HierarchyDrafter(S, L, order=order, length=length), cost, budget=budget, chain=True,
+                                acceptance=engine.new_request(), seed=base * 1_000_003 + next(numbers))
+
+    return RowDrafters(new_request, lambda d, m: d.draft(m))
+
+
+__all__ = ["cost_aware_rows", "load_stores", "make_row_drafters"]

@@ -22,7 +22,7 @@ from typing import Any
 from moelab._validate import check_int
 from moelab.costmodel.verify import VerifyCost
 from moelab.hd.drafters import CostAwareDrafter, Drafter, HierarchyDrafter, NoDrafter, PLDDrafter
-from moelab.hd.policy import AcceptanceModel, check_budget
+from moelab.hd.policy import EngineAcceptance, check_budget
 from moelab.hd.vllm_adapter import adapter_config, speculative_config
 
 
@@ -71,11 +71,12 @@ def vllm_methods() -> tuple[str, ...]:
 
 
 def make_hf_drafter(method: str, S: Any, L: Any, *, budget: int = 8, cost: VerifyCost | None = None,
-                    acceptance: AcceptanceModel | None = None) -> Drafter:
-    """A drafter for the HF engine at an equal verification ``budget`` (draft tokens per forward).
+                    engine: EngineAcceptance | None = None, seed: int = 0) -> Drafter:
+    """A drafter for one request in the HF engine at an equal verification ``budget`` (draft tokens per forward).
 
     ``method``: a name or result label of :data:`METHODS` that HF runs: ``"hd"`` = cost-aware HD (needs
-    ``cost``), ``"hd_fixed"`` = the hierarchy's tree with ``budget // 4`` candidates of 4 tokens (28 = the
+    ``cost``; its acceptance model starts from ``engine``'s prior when given, else from the cold-start prior;
+    ``seed`` seeds its exploration), ``"hd_fixed"`` = the hierarchy's tree with ``budget // 4`` candidates of 4 tokens (28 = the
     paper's 7x4), ``"pld"`` = a chain of ``budget`` tokens, ``"rest"`` = L alone (as hd_fixed), ``"ar"`` =
     nothing."""
     m = get_method(method)
@@ -97,7 +98,8 @@ def make_hf_drafter(method: str, S: Any, L: Any, *, budget: int = 8, cost: Verif
     # candidates the plan could keep (one more than the budget fills, so it has a choice); more would
     # only make the walk reach L for candidates that are then cut
     inner = HierarchyDrafter(S, L, order=m.order, max_candidates=min(7, n_cand + 1), length=length)
-    return CostAwareDrafter(inner, cost, budget=budget, acceptance=acceptance)
+    return CostAwareDrafter(inner, cost, budget=budget, seed=seed,
+                            acceptance=engine.new_request() if engine is not None else None)
 
 
 def vllm_speculative_config(method: str, budget: int, *, cost: VerifyCost | None = None,

@@ -3,27 +3,53 @@
 Each step the hierarchy proposes candidates (a token tree, or one chain in vLLM). Every draft node gets
 a probability of being accepted, ``p(node) = p(parent) * alpha(store, first-or-alternative child)``,
 where ``alpha`` is the running per-store acceptance rate (accepted / tried over every node whose parent
-was accepted, with a Beta(1, 1) prior), learned from the verification outcomes of earlier steps. The
+was accepted, decayed, with a prior; see below), learned from the verification outcomes of earlier steps. The
 expected tokens of a step that verifies the ``K`` most likely nodes are ``1 + sum(p)`` (the bonus token
 always comes), its cost ``c(K + 1)``, the measured time of one target forward over ``K + 1`` tokens
-(:class:`moelab.costmodel.verify.VerifyCost`). The policy keeps the ``K`` that maximises expected tokens per unit of cost,
+(:class:`VerifyCost`). The policy keeps the ``K`` that maximises expected tokens per unit of cost,
 subject to the budget; ``K = 0`` (draft nothing) wins when no store is confident enough to pay for
 the extra verified tokens.
 
-The measured cost curve is cached per machine and model (:func:`moelab.costmodel.verify.cached_verify_cost`).
+The measured cost curve is cached per machine and model (:func:`moelab.costmodel.verify.cached_verify_cost`);
+a curve file records both and is refused on another machine or for another model.
+
+Acceptance is learned per request, because it is a property of the request (a temperature-1 request rejects
+drafts a greedy one accepts; a translation accepts what a chat does not): each request has its own
+:class:`AcceptanceModel`, whose counts decay with a half-life of :data:`REQUEST_HALF_LIFE` observations, so a
+run of rejections is forgotten once the request's text turns predictable again. A request starts from its
+engine's prior (:class:`EngineAcceptance`: every request's outcomes, decayed far more slowly), never below the
+cold-start prior of :func:`cold_start_prior` (derived from the committed full Spec-Bench table), so the
+rejections of earlier requests can make a new request start more optimistic but never switch it off. When
+the plan drafts nothing, :class:`moelab.hd.drafters.CostAwareDrafter` still proposes one token with a small,
+seeded probability, so a low estimate is re-tested rather than believed for good.
 """
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from moelab._validate import check_int
+from moelab._validate import check_int, check_real
 from moelab.costmodel.verify import TABLE_MAX_Q, VerifyCost
+from moelab.datasets import bundled_path
 
 BUDGETS = (4, 8, 16, 28)  # draft tokens verified per forward; 28 = the paper's 7 candidates x 4 tokens
 MAX_BUDGET = TABLE_MAX_Q - 1  # the cost table covers every budget's K + 1 tokens
+# A request's estimates halve the weight of an outcome after this many later outcomes of the same (store,
+# first-or-alternative) key: an answer of 64-128 tokens tests a few hundred nodes, so the estimate follows a
+# change inside one answer (prose -> code) while still averaging ~46 effective outcomes (standard error of a
+# rate near 0.5: ~0.07).
+REQUEST_HALF_LIFE = 32.0
+# The engine's prior forgets an outcome after this many later ones: it follows the workload over dozens of
+# requests, not the request at hand.
+ENGINE_HALF_LIFE = 1024.0
+PRIOR_WEIGHT = 2.0  # pseudo-outcomes the prior counts for in a request's estimate (Beta(1, 1)'s weight)
+# The prior when no measured one exists: a per-node acceptance that still drafts on every verify-cost curve
+# with c(2) / c(1) < 1.5 (the K = 1 break-even), the mean of a uniform Beta(1, 1) prior.
+FALLBACK_PRIOR = 0.5
+FULL_TABLE = ("hd", "specbench_vllm_full.csv")  # data/ file the cold-start prior is derived from
 
 
 def check_budget(budget: int) -> int:
@@ -31,38 +57,178 @@ def check_budget(budget: int) -> int:
     return check_int("budget", budget, low=1, high=MAX_BUDGET)
 
 
-@dataclass
-class AcceptanceModel:
-    """Running acceptance per (store letter, first child or alternative): accepted / tried with a Beta(1, 1)
-    prior. ``tried`` counts draft nodes whose parent was accepted (only those were really tested)."""
+def check_acceptance(name: str, value: float) -> float:
+    """Validate an acceptance probability (``name`` in [0, 1])."""
+    return check_real(name, value, low=0.0, high=1.0)
 
-    accepted: dict[tuple[str, bool], int] = field(default_factory=dict)
-    tried: dict[tuple[str, bool], int] = field(default_factory=dict)
+
+def _per_node_acceptance(mat: float, budget: int) -> float:
+    """The per-node acceptance ``a`` with ``a + a^2 + ... + a^budget = mat - 1`` (bisection; 0 if mat <= 1)."""
+    target = mat - 1.0
+    if target <= 0.0:
+        return 0.0
+    if target >= budget:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(mid ** d for d in range(1, budget + 1)) < target:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def cold_start_prior(path: str | Path | None = None) -> tuple[float, str]:
+    """The per-node acceptance a fresh machine starts from, and where it comes from.
+
+    Read from the committed full Spec-Bench table (``data/hd/specbench_vllm_full.csv``): its HD row's mean
+    accepted tokens per forward (MAT) at budget ``b`` is turned into the per-node acceptance ``a`` that a full
+    chain of ``b`` tokens would need to reach it, ``a + a^2 + ... + a^b = MAT - 1``. That is a lower bound of
+    the acceptance of what HD drafted (steps that drafted less than ``b`` tokens, or nothing, are counted as
+    if a full chain had been tried), so the prior is conservative. Without the file or its HD row, the
+    documented :data:`FALLBACK_PRIOR`.
+
+    Parameters
+    ----------
+    path : str or Path, optional
+        Another table of the same columns (``method, category, budget, mean_accepted``).
+    """
+    try:
+        file = Path(path) if path is not None else bundled_path(*FULL_TABLE)
+        with open(file, newline="", encoding="utf-8") as fh:
+            rows = [r for r in csv.DictReader(fh) if r.get("method") == "HD" and r.get("category") == "overall"]
+        if rows:
+            mat, budget = float(rows[0]["mean_accepted"]), int(float(rows[0]["budget"]))
+            a = _per_node_acceptance(mat, check_budget(budget))
+            return check_acceptance("cold-start prior", a), (
+                f"per-node acceptance solving a + ... + a^{budget} = MAT - 1 for HD's MAT {mat:.3f} at budget "
+                f"{budget} in {file.name} (a lower bound of HD's measured acceptance)")
+    except (OSError, KeyError, ValueError):
+        pass  # no usable measurement: the documented fallback
+    return FALLBACK_PRIOR, f"no measured HD acceptance in data/{'/'.join(FULL_TABLE)}: the fallback prior"
+
+
+_COLD_START: tuple[float, str] | None = None
+
+
+def default_prior() -> float:
+    """:func:`cold_start_prior` of the committed table, read once per process."""
+    global _COLD_START
+    if _COLD_START is None:
+        _COLD_START = cold_start_prior()
+    return _COLD_START[0]
+
+
+Key = tuple[str, bool]
+
+
+class AcceptanceModel:
+    """One request's running acceptance per (store letter, first child or alternative), with decay.
+
+    ``alpha = (accepted + w * prior) / (tried + w)`` where ``accepted`` and ``tried`` are exponentially
+    decayed counts (an outcome weighs half after ``half_life`` later outcomes of its key) and ``w`` is
+    :data:`PRIOR_WEIGHT`. ``tried`` counts draft nodes whose parent was accepted (only those were really
+    tested).
+
+    Parameters
+    ----------
+    prior : float, optional
+        Acceptance of a key before any outcome, in [0, 1]; :func:`default_prior` by default.
+    half_life : float
+        Outcomes of one key after which an earlier outcome weighs half (> 0; ``inf`` never forgets).
+    priors : mapping, optional
+        Per-key priors (an engine's, see :meth:`EngineAcceptance.new_request`); keys not in it use ``prior``.
+    engine : EngineAcceptance, optional
+        Also told every outcome (it forms the prior of later requests).
+    """
+
+    def __init__(self, prior: float | None = None, *, half_life: float = REQUEST_HALF_LIFE,
+                 priors: dict[Key, float] | None = None, engine: EngineAcceptance | None = None) -> None:
+        self.prior = default_prior() if prior is None else check_acceptance("prior", prior)
+        self.half_life = check_real("half_life", half_life, low=0.0, low_open=True) if half_life != float("inf") \
+            else half_life
+        self._keep = 0.5 ** (1.0 / self.half_life)
+        self.priors = {k: check_acceptance(f"priors[{k!r}]", v) for k, v in (priors or {}).items()}
+        self.engine = engine
+        self.accepted: dict[Key, float] = {}
+        self.tried: dict[Key, float] = {}
 
     def alpha(self, store: str, alternative: bool) -> float:
         key = (store, alternative)
-        return (self.accepted.get(key, 0) + 1.0) / (self.tried.get(key, 0) + 2.0)
+        w = PRIOR_WEIGHT
+        return (self.accepted.get(key, 0.0) + w * self.priors.get(key, self.prior)) / (self.tried.get(key, 0.0) + w)
+
+    def alphas(self, store: str) -> tuple[float, float]:
+        """``(alpha(store, first child), alpha(store, alternative))``: what :func:`plan` reads per store."""
+        return self.alpha(store, False), self.alpha(store, True)
+
+    def record(self, store: str, alternative: bool, ok: bool) -> None:
+        """One tested node's outcome: earlier outcomes of its key decay by one step, this one counts 1."""
+        key = (store, alternative)
+        keep = self._keep
+        self.tried[key] = self.tried.get(key, 0.0) * keep + 1.0
+        self.accepted[key] = self.accepted.get(key, 0.0) * keep + (1.0 if ok else 0.0)
+        if self.engine is not None:
+            self.engine.record(store, alternative, ok)
+
+    def table(self) -> list[dict[str, Any]]:
+        return [{"store": s, "alternative": a, "tried": t, "accepted": self.accepted.get((s, a), 0.0),
+                 "alpha": self.alpha(s, a)} for (s, a), t in sorted(self.tried.items())]
+
+
+class EngineAcceptance:
+    """The prior that an engine's new requests start from: every request's outcomes, slowly decayed.
+
+    Acceptance belongs to a request (temperature, task), so only the starting point is shared: a new request
+    gets ``max(floor, engine estimate)`` per key and learns its own from there. The floor is the cold-start
+    prior: an estimate below it would let earlier requests (e.g. at temperature 1) switch later greedy ones
+    off, while one above it costs a new request at most a few wasted verifications before its own outcomes
+    (weight :data:`PRIOR_WEIGHT`) take over.
+
+    Parameters
+    ----------
+    floor : float, optional
+        The cold-start prior in [0, 1]; :func:`default_prior` by default.
+    half_life : float
+        Outcomes of one key after which an earlier outcome weighs half in the engine's estimate (> 0).
+    request_half_life : float
+        Half-life of the requests' own estimates (:class:`AcceptanceModel`).
+    """
+
+    def __init__(self, floor: float | None = None, *, half_life: float = ENGINE_HALF_LIFE,
+                 request_half_life: float = REQUEST_HALF_LIFE) -> None:
+        self.floor = default_prior() if floor is None else check_acceptance("floor", floor)
+        self.half_life = check_real("half_life", half_life, low=0.0, low_open=True)
+        self.request_half_life = check_real("request_half_life", request_half_life, low=0.0, low_open=True)
+        self._keep = 0.5 ** (1.0 / self.half_life)
+        self.accepted: dict[Key, float] = {}
+        self.tried: dict[Key, float] = {}
+        self.requests = 0
+
+    def alpha(self, store: str, alternative: bool) -> float:
+        """The engine's estimate for a key, never below the floor."""
+        key = (store, alternative)
+        w = PRIOR_WEIGHT
+        est = (self.accepted.get(key, 0.0) + w * self.floor) / (self.tried.get(key, 0.0) + w)
+        return est if est > self.floor else self.floor
 
     def record(self, store: str, alternative: bool, ok: bool) -> None:
         key = (store, alternative)
-        self.tried[key] = self.tried.get(key, 0) + 1
-        if ok:
-            self.accepted[key] = self.accepted.get(key, 0) + 1
+        keep = self._keep
+        self.tried[key] = self.tried.get(key, 0.0) * keep + 1.0
+        self.accepted[key] = self.accepted.get(key, 0.0) * keep + (1.0 if ok else 0.0)
 
-    def table(self) -> list[dict[str, Any]]:
-        return [{"store": s, "alternative": a, "tried": t, "accepted": self.accepted.get((s, a), 0),
-                 "alpha": self.alpha(s, a)} for (s, a), t in sorted(self.tried.items())]
+    def new_request(self) -> AcceptanceModel:
+        """A request's own model, starting from this engine's current estimates (a snapshot)."""
+        self.requests += 1
+        return AcceptanceModel(self.floor, half_life=self.request_half_life,
+                               priors={k: self.alpha(*k) for k in self.tried}, engine=self)
 
 
 def _src_at(src: str, depth: int, n: int) -> str:
     """A candidate's store letter at ``depth``: one letter for the whole candidate, or one per token."""
     return src[depth] if len(src) == n and n > 1 else src[:1]
-
-
-def _alphas(acc: dict[tuple[str, bool], int], tried: dict[tuple[str, bool], int], store: str) -> tuple[float, float]:
-    """``(alpha(store, first child), alpha(store, alternative))`` from the counts (:meth:`AcceptanceModel.alpha`)."""
-    return ((acc.get((store, False), 0) + 1.0) / (tried.get((store, False), 0) + 2.0),
-            (acc.get((store, True), 0) + 1.0) / (tried.get((store, True), 0) + 2.0))
 
 
 def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: AcceptanceModel, cost: VerifyCost,
@@ -84,7 +250,6 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
     # dozen nodes, where numpy's per-call overhead dominates. Paths are not materialised: candidate ``i``
     # keeps ``segs[i] = (j, l, first, end)``: the candidate it branches from, ``l``, and its new node ids
     # ``first:end``, which is all the final count of its kept prefix needs.
-    acc, tried = model.accepted, model.tried
     alphas: dict[str, tuple[float, float]] = {}  # store -> (alpha first child, alpha alternative), once per step
     threshold = cost.draft_threshold(budget)
     if threshold > 0.0:
@@ -97,7 +262,7 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
                 continue
             for letter in (src if len(cand) > 1 and len(src) == len(cand) else (src[:1],)):
                 if letter not in alphas:
-                    ab = alphas[letter] = _alphas(acc, tried, letter)
+                    ab = alphas[letter] = model.alphas(letter)
                     ok = ok and ab[0] <= 1.0 and ab[1] <= 1.0
             a = alphas[src[:1]][not first]
             first = False
@@ -143,14 +308,14 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
                 letter = src[depth]
                 ab = alphas.get(letter)
                 if ab is None:
-                    ab = alphas[letter] = _alphas(acc, tried, letter)
+                    ab = alphas[letter] = model.alphas(letter)
                 pp *= ab[alt and depth == best]
                 prob.append(pp)
         else:
             letter = src[:1]
             ab = alphas.get(letter)
             if ab is None:
-                ab = alphas[letter] = _alphas(acc, tried, letter)
+                ab = alphas[letter] = model.alphas(letter)
             pp = prob[parent] * ab[alt]
             prob.append(pp)
             a = ab[0]
@@ -222,4 +387,6 @@ def observe(model: AcceptanceModel, candidates: Sequence[Sequence[int]], sources
         model.record(src, alt, depth < len(acc) and acc[depth] == t)
 
 
-__all__ = ["BUDGETS", "MAX_BUDGET", "AcceptanceModel", "check_budget", "observe", "plan"]
+__all__ = ["BUDGETS", "ENGINE_HALF_LIFE", "FALLBACK_PRIOR", "MAX_BUDGET", "PRIOR_WEIGHT", "REQUEST_HALF_LIFE",
+           "AcceptanceModel", "EngineAcceptance", "check_acceptance", "check_budget", "cold_start_prior",
+           "default_prior", "observe", "plan"]

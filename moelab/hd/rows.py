@@ -1,6 +1,7 @@
-"""HD for a batching engine: one drafter per batch row (W per request), S, L and the running acceptance
-shared by every request. Engine-neutral: an engine adapter (:mod:`moelab.hd.vllm_adapter`) hands over, per
-row, the tokens known so far (prompt + accepted output) and gets one draft chain back.
+"""HD for a batching engine: one drafter per batch row (W and the running acceptance per request), S, L
+and the engine's acceptance prior shared by every request. Engine-neutral: an engine adapter
+(:mod:`moelab.hd.vllm_adapter`) hands over, per row, the tokens known so far (prompt + accepted output) and
+gets one draft chain back.
 
 A batching engine reuses rows for new requests and may reorder them; a row's drafter is kept only while
 the row's tokens extend exactly what it has seen (checked token for token), otherwise it starts afresh
