@@ -20,7 +20,7 @@ from moelab.course.check import Feedback, _describe, check_array, check_callable
 NOTEBOOK = "05"
 # the notebook's default toy example (its `parameters` cell); the tests call every checker with these
 DEFAULTS: dict[str, object] = {"loads": (600.0, 900.0, 400.0, 700.0), "prompts": (100.0, 250.0, 400.0),
-                               "new_prompt": 250.0, "rank": 0}
+                               "new_prompt": 350.0, "rank": 0}
 
 
 def br0_margins(loads: Sequence[float]) -> np.ndarray:
@@ -67,11 +67,13 @@ def br0_best_request(loads: Sequence[float], prompts: Sequence[float], rank: int
     return int(np.argmax(scores))
 
 
-def brh_score(prompt_tokens: float, margins: Sequence[float], delta: float, a: float, b: float) -> float:
-    """BR-H's horizon score ``a (sum_h delta^h) Ds - b sum_h delta^h (Ds - m_{g,h})_+`` for one rank, with
-    ``margins = (m_{g,0}, ..., m_{g,H})``; the routers' :func:`~moelab.balanceroute.score.f_score`."""
+def brh_score(prompt_tokens: float, margins: Sequence[float], delta: float, eta: float, beta: float) -> float:
+    """BR-H's horizon score ``sum_h delta^h [eta Ds - beta (Ds - m_{g,h})_+]`` for one rank, with
+    ``margins = (m_{g,0}, ..., m_{g,H})``, discount ``delta`` (the paper's gamma / ``g``), reward weight
+    ``eta`` (the paper's ``a``) and penalty weight ``beta`` (the paper's ``b``); computed by the routers'
+    :func:`~moelab.balanceroute.score.f_score`."""
     m = np.asarray(margins, dtype=np.float64)
-    return float(f_score(float(prompt_tokens), m, discounts(m.size - 1, float(delta)), float(a), float(b)))
+    return float(f_score(float(prompt_tokens), m, discounts(m.size - 1, float(delta)), float(eta), float(beta)))
 
 
 def _check_per_rank(name: str, answer: object, expected: np.ndarray, hint: str) -> Feedback:
@@ -152,7 +154,7 @@ exercise(NOTEBOOK, "br0_pick", "medium",
 
 
 # 05.brh_score (hard: implement the horizon form) ------------------------------------------------------
-# (Ds, margins over h = 0..H, delta, a, b) cases the student's function is run on: inside every margin,
+# (Ds, margins over h = 0..H, delta, eta, beta) cases the student's function is run on: inside every margin,
 # past the envelope now but not later (a request finishes), BR-0 as the special case H = 0, a long horizon
 BRH_CASES: tuple[tuple[float, tuple[float, ...], float, float, float], ...] = (
     (100.0, (300.0, 300.0, 320.0), 0.86, 1.0, 43.0),
@@ -163,20 +165,21 @@ BRH_CASES: tuple[tuple[float, tuple[float, ...], float, float, float], ...] = (
 
 
 def check_brh_score(answer: object, **_: object) -> Feedback:
-    """``answer`` should be a function ``f(ds, margins, delta, a, b)`` returning BR-H's score for one rank."""
+    """``answer`` should be a function ``f(ds, margins, delta, eta, beta)`` returning BR-H's score for one rank."""
     cases = [(args, brh_score(*args)) for args in BRH_CASES]
     return check_callable("brh_score", answer, cases, rtol=1e-6,
                           hint="weight step h by delta**h for h = 0..H (H + 1 = len(margins)); the reward is "
-                               "a * (sum of the weights) * ds and the penalty b * sum_h delta**h * max(ds - m_h, 0).")
+                               "eta * (sum of the weights) * ds and the penalty beta * sum_h delta**h * "
+                               "max(ds - m_h, 0).")
 
 
-def _wrong_brh_score(ds: float, margins: Sequence[float], delta: float, a: float, b: float) -> float:
+def _wrong_brh_score(ds: float, margins: Sequence[float], delta: float, eta: float, beta: float) -> float:
     # forgets the discount: every future step weighs as much as the coming one
-    return float(sum(a * ds - b * max(ds - m, 0.0) for m in margins))
+    return float(sum(eta * ds - beta * max(ds - m, 0.0) for m in margins))
 
 
 exercise(NOTEBOOK, "brh_score", "hard",
-         "Implement `brh_score(ds, margins, delta, a, b)`: BR-H's horizon score of a set with ds prompt tokens "
+         "Implement `brh_score(ds, margins, delta, eta, beta)`: BR-H's horizon score of a set with ds prompt tokens "
          "for one rank whose projected margins over h = 0..H are `margins`.",
          check_brh_score, solution=lambda **_: brh_score, wrong=lambda **_: _wrong_brh_score, context=DEFAULTS)
 
