@@ -16,7 +16,6 @@ from moelab.viz.common import FIGURE_META_KEY
 # (issue 26 Deliver 4). A recorded baseline: it may only shrink. A figure not listed here that is saved
 # and not shown fails the notebook's test.
 KNOWN_UNSHOWN: dict[str, frozenset[str]] = {
-    "05_balanceroute": frozenset({"05_regime_heatmap", "05_paper_table"}),
     "06_from_your_deployment": frozenset({"06_distinct_experts"}),
 }
 # save_figure stamps layout.meta with the file name; a displayed copy carries it in its plotly JSON (in an

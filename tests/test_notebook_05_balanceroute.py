@@ -12,7 +12,7 @@ from tests.helpers import execute_notebook
 # (SmolLM2's is built once from its GGUF, ~1 min on a busy CI core, then cached)
 CI_PARAMS = {"N_REQUESTS": 400, "G": 8, "G_VALUES": [4], "SLOTS": 8, "LOADS": [0.8, 1.2], "TUNE_N": 300,
              "SWEEP_ROUTERS": ["jsq", "vllm_dp@0.32", "br0", "brh_oracle"],
-             "TUNE_GRID": {"horizon": [4, 72], "gamma": [0.86], "beta": [43.0]}, "SHAREGPT_N": 600,
+             "TUNE_GRID": {"horizon": [4, 72], "delta": [0.86], "beta": [43.0]}, "SHAREGPT_N": 600,
              "TOKENIZER": "tiny-moe", "REGIME_SHAPES": ["qwen3-30b-a3b", "llama-3.1-70b"], "REGIME_CONTEXT": [1.0, 4.0],
              "REGIME_SLOTS": [8], "REGIME_G": [8], "REGIME_REQUESTS_PER_SLOT": 2.0, "BACKLOG_N": 1000,
              "INTERACTIVE_N": 120}
@@ -25,7 +25,7 @@ def test_notebook_05_balanceroute(tmp_path, public_data):
     res = out["05_balanceroute"]
     figs = set(out["_figures"])
     for name in ("05_imbalance_over_time", "05_costs_table", "05_throughput", "05_decision_time", "05_load_sweep",
-                 "05_regime_heatmap", "05_regime_gain_vs_share", "05_paper_table"):
+                 "05_regime_heatmap", "05_regime_gain_vs_share", "05_paper_table", "05_dp_barrier"):
         assert f"{name}.html" in figs, name
     assert res["G_table"] == 8 and res["n_requests_arrival"] == 400
     assert res["dropped_rows"] == {"zero_length": 0, "output_len>1000": 0}

@@ -85,7 +85,7 @@ def interactive_panel(run_fn: Any, *, G: int, slots: int, horizon: int, gamma: f
     s_g = slider("G (ranks)", G, 2, 16, 1, integer=True)
     s_b = slider("slots per rank", slots, 4, 128, 4, integer=True)
     s_h = slider("H (lookahead)", horizon, 0, 80, 1, integer=True)
-    s_d = slider("discount", gamma, 0.05, 1.0, 0.01)
+    s_d = slider("δ (discount per step)", gamma, 0.05, 1.0, 0.01)
     s_beta = slider("beta (0 = G)", 0.0 if beta is None else beta, 0.0, 64.0, 1.0)
     s_r = slider("offered load (x capacity)", load, 0.6, 1.4, 0.05)
 
