@@ -9,7 +9,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from moelab._validate import check_int
 from moelab.viz.common import color_for, refresh, slider
+
+#: decode workers of the paper's 8P16D cluster: its arrival rates are req/s at this many workers
+PAPER_DECODE_WORKERS = 16
 
 
 def _color(name: str) -> str:
@@ -116,26 +120,46 @@ def fig_regime_map(df: pd.DataFrame, *, n_workers: int, tau: float, metric: str 
                         textposition="top center", marker={"symbol": "star", "size": 16, "color": "black"},
                         showlegend=False)
     fig.update_layout(title=f"ELDR {metric.replace('_', ' ')} over the best baseline, K={n_workers}, tau={tau:g}",
-                      xaxis_title="arrival rate (req/s at 16 workers; x K/16)",
+                      xaxis_title=f"arrival rate (req/s at {PAPER_DECODE_WORKERS} decode workers; simulated x K/"
+                                  f"{PAPER_DECODE_WORKERS})",
                       yaxis_title="measured held-out count_idf rho", template="plotly_white", height=420)
     return fig
 
 
-def regime_panel(df: pd.DataFrame, **kw: Any) -> Any:
-    """The regime map with K and tau sliders (over the values the grid has) and a metric choice."""
+def _grid_control(description: str, values: list, value: Any) -> Any:
+    """A slider over the values the grid was run at; a fixed label when only one was run (a slider with one
+    stop would look like a control and do nothing)."""
     import ipywidgets as w
 
-    ks, taus = sorted(df["n_workers"].unique()), sorted(df["tau"].unique())
-    k = w.SelectionSlider(options=[int(x) for x in ks], value=int(ks[len(ks) // 2]), description="K")
-    t = w.SelectionSlider(options=[float(x) for x in taus], value=float(taus[0]), description="tau")
+    if len(values) >= 2:
+        return w.SelectionSlider(options=values, value=value, description=description, continuous_update=False)
+    return w.Label(value=f"{description} = {values[0]:g} (the only value run)")
+
+
+def regime_panel(df: pd.DataFrame, **kw: Any) -> Any:
+    """The regime map with K and tau sliders (over the values the grid has; a label where it has one) and a
+    metric choice; the title follows the chosen K, tau and metric."""
+    import ipywidgets as w
+
+    ks = [int(x) for x in sorted(df["n_workers"].unique())]
+    taus = [float(x) for x in sorted(df["tau"].unique())]
+    k = _grid_control("K", ks, ks[len(ks) // 2])
+    t = _grid_control("tau", taus, taus[0])
     m = w.Dropdown(options=["p50_gain_pct", "p99_gain_pct", "oracle_gap_pct"], description="metric")
-    fig = go.FigureWidget(fig_regime_map(df, n_workers=k.value, tau=t.value, metric=m.value, **kw))
+
+    def chosen() -> go.Figure:
+        n_workers = k.value if isinstance(k, w.SelectionSlider) else ks[0]
+        tau = t.value if isinstance(t, w.SelectionSlider) else taus[0]
+        return fig_regime_map(df, n_workers=n_workers, tau=tau, metric=m.value, **kw)
+
+    fig = go.FigureWidget(chosen())
 
     def update(_: Any = None) -> None:
-        refresh(fig, fig_regime_map(df, n_workers=k.value, tau=t.value, metric=m.value, **kw))
+        refresh(fig, chosen())
 
     for widget in (k, t, m):
-        widget.observe(update, names="value")
+        if not isinstance(widget, w.Label):
+            widget.observe(update, names="value")
     return w.VBox([w.HBox([k, t, m]), fig])
 
 
@@ -153,26 +177,54 @@ def fig_ablation(df: pd.DataFrame, column: str, title: str) -> go.Figure:
     return fig
 
 
+def paper_rate_scale(n_workers: int) -> float:
+    """Factor from the paper's arrival rate (req/s at :data:`PAPER_DECODE_WORKERS` decode workers) to the
+    rate that gives ``n_workers`` workers the same load per worker: ``n_workers / 16``."""
+    n_workers = check_int("n_workers", n_workers, low=1)
+    return n_workers / PAPER_DECODE_WORKERS
+
+
+def _explore_figure(res: dict[str, dict], router: str, *, geometry: str, workers: int, tau: float, rate: float
+                    ) -> go.Figure:
+    """The explore panel's figure: the chosen router next to JSQ, titled with every setting it shows."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("TPOT (ms)", "distinct experts / layer / step"))
+    for name in ("jsq", "chosen"):
+        label = "jsq" if name == "jsq" else router
+        m = res[name]
+        fig.add_bar(x=["p50", "p99"], y=[m["tpot_ms_p50"], m["tpot_ms_p99"]], name=label, row=1, col=1,
+                    legendgroup=name, marker_color=_color(label))  # one colour per router, in both subplots
+        fig.add_bar(x=["mean"], y=[m["distinct_per_layer_step"]], name=label, row=1, col=2, showlegend=False,
+                    legendgroup=name, marker_color=_color(label))
+    sim_rate = rate * paper_rate_scale(workers)
+    fig.update_xaxes(title_text="TPOT percentile over requests", row=1, col=1)
+    fig.update_xaxes(title_text="over decode steps", row=1, col=2)
+    fig.update_yaxes(title_text="TPOT (ms)", row=1, col=1)
+    fig.update_yaxes(title_text="distinct experts / layer / step", row=1, col=2)
+    fig.update_layout(template="plotly_white", barmode="group", height=400,
+                      title=f"{router} vs JSQ on {geometry}: K={workers}, tau={tau:g}, {rate:g} req/s at "
+                            f"{PAPER_DECODE_WORKERS} workers = {sim_rate:.3g} req/s simulated "
+                            f"({sim_rate / workers:.3g} per worker)")
+    return fig
+
+
 def eldr_panel(setups: dict[str, Any], run_one: Any, *, n_requests: int, output_len: int, with_workers: Any,
                routers: tuple[str, ...], workers: int = 16, rate: float = 60.0) -> Any:
-    """Interactive panel: geometry, router, workers, tau, rate -> p50/p99 TPOT and distinct experts of
-    the chosen router next to JSQ, recomputed by the simulator on each change."""
+    """Interactive panel: geometry, router, workers K, tau and the arrival rate -> p50/p99 TPOT and distinct
+    experts of the chosen router next to JSQ, recomputed by the simulator on each change.
+
+    The rate is in the paper's units: req/s at :data:`PAPER_DECODE_WORKERS` decode workers. The simulator
+    runs ``rate * K / 16``, so moving K changes the cluster's size, never the load each worker sees (the
+    title says what was simulated). ``run_one(setup, router, rate=, tau=, n_requests=, output_len=)`` is
+    called with that simulated rate.
+    """
     import ipywidgets as w
 
     geometry = w.Dropdown(options=list(setups), description="geometry", style={"description_width": "initial"})
     router = w.Dropdown(options=list(routers), value="eldr", description="router")
     workers = slider("decode workers K", workers, 2, 32, 1, integer=True)
     tau = slider("tau", 0.1, 0.0, 2.0, 0.05)
-    rate = slider("rate (req/s, simulated)", float(rate), 1.0, 200.0, 1.0)
-    fig = go.FigureWidget(make_subplots(rows=1, cols=2, subplot_titles=("TPOT (ms)", "distinct experts / layer / step")))
-    for name in ("jsq", "chosen"):
-        fig.add_bar(x=["p50", "p99"], y=[0, 0], name=name, row=1, col=1, legendgroup=name)
-        fig.add_bar(x=["mean"], y=[0], name=name, row=1, col=2, showlegend=False, legendgroup=name)
-    fig.update_xaxes(title_text="TPOT percentile over requests", row=1, col=1)
-    fig.update_xaxes(title_text="over decode steps", row=1, col=2)
-    fig.update_yaxes(title_text="TPOT (ms)", row=1, col=1)
-    fig.update_yaxes(title_text="distinct experts / layer / step", row=1, col=2)
-    fig.update_layout(template="plotly_white", barmode="group", height=380)
+    rate = slider(f"rate (req/s at {PAPER_DECODE_WORKERS} decode workers)", float(rate), 1.0, 200.0, 1.0)
+    fig = go.FigureWidget(make_subplots(rows=1, cols=2))
     cache: dict[tuple, Any] = {}
 
     def update(_: Any = None) -> None:
@@ -181,17 +233,11 @@ def eldr_panel(setups: dict[str, Any], run_one: Any, *, n_requests: int, output_
             base = setups[geometry.value]
             cache[key] = base if base.n_workers == workers.value else with_workers(base, workers.value)
         setup = cache[key]
-        res = {name: run_one(setup, r, rate=rate.value, tau=tau.value, n_requests=n_requests, output_len=output_len)
+        sim_rate = rate.value * paper_rate_scale(workers.value)  # the same load per worker at every K
+        res = {name: run_one(setup, r, rate=sim_rate, tau=tau.value, n_requests=n_requests, output_len=output_len)
                for name, r in (("jsq", "jsq"), ("chosen", router.value))}
-        with fig.batch_update():
-            for i, name in enumerate(("jsq", "chosen")):
-                m = res[name]
-                fig.data[2 * i].y = [m["tpot_ms_p50"], m["tpot_ms_p99"]]
-                fig.data[2 * i].name = name if name == "jsq" else router.value
-                # one colour per router, the same in both subplots
-                fig.data[2 * i].marker.color = fig.data[2 * i + 1].marker.color = \
-                    _color(name if name == "jsq" else router.value)
-                fig.data[2 * i + 1].y = [m["distinct_per_layer_step"]]
+        refresh(fig, _explore_figure(res, router.value, geometry=geometry.value, workers=workers.value,
+                                     tau=tau.value, rate=rate.value))
 
     for widget in (geometry, router, workers, tau, rate):
         widget.observe(update, names="value")
@@ -199,5 +245,5 @@ def eldr_panel(setups: dict[str, Any], run_one: Any, *, n_requests: int, output_
     return w.VBox([w.HBox([geometry, router]), workers, tau, rate, fig])
 
 
-__all__ = ["eldr_panel", "fig_ablation", "fig_costmodel", "fig_greedy_curve", "fig_paper_comparison", "fig_paper_two_sided",
+__all__ = ["PAPER_DECODE_WORKERS", "eldr_panel", "paper_rate_scale", "fig_ablation", "fig_costmodel", "fig_greedy_curve", "fig_paper_comparison", "fig_paper_two_sided",
            "fig_rate_sweep", "fig_regime_map", "regime_panel"]
