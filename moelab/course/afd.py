@@ -55,7 +55,7 @@ def check_r_star_function(answer: object, *, B: int, MU_P: float, MU_D: float, N
     """A function r_star(B, mu_P, mu_D, N) = max(r_A, r_C, r_peak) with the paper's coefficients."""
     return check_callable("r_star", answer, _r_star_cases(B, MU_P, MU_D, N), rtol=0.005,
                           hint="r* is the MAX of three candidates; with short decodes r_peak = sqrt(b_F/(a_F B)) "
-                               "wins, and r_C uses t_C(B) = a_C B + b_C. Coefficients: AFDCoefficients().")
+                               "wins, and r_C uses t_C(B) = a_C B + b_C. Coefficients: AFDCoefficients.paper().")
 
 
 def _solution_token_load(B: int, mu_P: float, mu_D: float, N: float) -> float:
@@ -66,7 +66,7 @@ def _solution_token_load(B: int, mu_P: float, mu_D: float, N: float) -> float:
 
 
 def _solution_r_star(B: int, mu_P: float, mu_D: float, N: float) -> float:
-    c = AFDCoefficients()
+    c = AFDCoefficients.paper()
     t_A = c.a_A * _solution_token_load(B, mu_P, mu_D, N) + c.b_A
     t_C = c.a_C * B + c.b_C
     r_A = (t_A - c.b_F) / (c.a_F * B)
@@ -77,7 +77,7 @@ def _solution_r_star(B: int, mu_P: float, mu_D: float, N: float) -> float:
 
 def _wrong_r_star(B: int, mu_P: float, mu_D: float, N: float) -> float:
     """The typical slip: attention balance only, forgetting the FFN's own peak."""
-    c = AFDCoefficients()
+    c = AFDCoefficients.paper()
     return (c.a_A * _solution_token_load(B, mu_P, mu_D, N) + c.b_A - c.b_F) / (c.a_F * B)
 
 

@@ -251,7 +251,7 @@ def bundle_diagram(r: int = 4, B: int = 256, mu_P: float = 100, mu_D: float = 50
     r = int(r)
     if not 1 <= r <= 12:
         raise ValueError(f"r must be an integer in [1, 12] (attention instances drawn), got {r}")
-    c = coeffs or AFDCoefficients()
+    c = coeffs or AFDCoefficients.paper()
     st = stage_times(np.array([float(r)]), B, mu_P, mu_D, N, c)
     t_A, t_C, t_F = float(st["t_A"][0]), float(st["t_C"][0]), float(st["t_F"][0])
     durations = {"attention": t_A, "A→F link": t_C, "FFN": t_F, "F→A link": t_C}
