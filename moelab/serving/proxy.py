@@ -80,6 +80,7 @@ from moelab.serving.client import (
     MAX_RESPONSE_BYTES,
     MAX_SMALL_REPLY_BYTES,
     ReplyTooLargeError,
+    backend_timeout,
     fetch_json,
     new_session,
     read_bounded,
@@ -432,6 +433,9 @@ class RouterProxy:
         self._slot_freed = asyncio.Condition()
         self._runner: web.ServerRunner | None = None
         self._session: aiohttp.ClientSession | None = None
+        # every read of a backend's reply (its head, each body chunk) within response_timeout_s: aiohttp's own
+        # sock_read timer, so the relay needs no timer task of its own per read
+        self._backend_timeout = backend_timeout(self.connect_timeout_s, self.response_timeout_s)
         self._health_task: asyncio.Task | None = None
         self._stopping = False
         self._t0 = time.monotonic()
@@ -691,8 +695,7 @@ class RouterProxy:
         if request.headers.get("Expect", "").lower() == "100-continue":  # curl waits a second for this otherwise
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         try:
-            body = await asyncio.wait_for(read_bounded(request.content, self.max_body_bytes, self.client_timeout_s),
-                                          self.client_timeout_s)
+            body = await asyncio.wait_for(read_bounded(request.content, self.max_body_bytes), self.client_timeout_s)
         except asyncio.TimeoutError:
             raise HTTPError(408, f"request body not received within {self.client_timeout_s:g} s") from None
         except ReplyTooLargeError:
@@ -736,14 +739,21 @@ class RouterProxy:
                 return resp, status
         raise HTTPError(502, f"request failed on {len(tried)} backend(s) ({self.retries} retries); last error: {last_error}")
 
-    async def _to_client(self, request: web.BaseRequest, resp: web.StreamResponse, data: bytes) -> bool:
-        """Write to the client within ``client_write_timeout_s`` (preparing the response first if needed);
-        ``False`` if the client is gone or does not read, and then its connection is closed."""
-        try:
+    async def _to_client(self, request: web.BaseRequest, resp: web.StreamResponse, data: bytes, *,
+                         last: bool = False) -> bool:
+        """Write ``data`` to the client (preparing the response first if needed; ``last``: then end it) within
+        ``client_write_timeout_s``; ``False`` if the client is gone or does not read, and then its connection is
+        closed. One deadline for the steps together: each ``asyncio.wait_for`` is a task of its own."""
+        async def send() -> None:
             if not resp.prepared:
-                await asyncio.wait_for(resp.prepare(request), self.client_write_timeout_s)
+                await resp.prepare(request)
             if data:
-                await asyncio.wait_for(resp.write(data), self.client_write_timeout_s)
+                await resp.write(data)
+            if last:
+                await resp.write_eof()
+
+        try:
+            await asyncio.wait_for(send(), self.client_write_timeout_s)
             return True
         except asyncio.TimeoutError:
             self.slow_clients_dropped += 1
@@ -771,7 +781,6 @@ class RouterProxy:
         mid-reply is retried; a stream is held back until its first whole event (``\\n\\n``) and relayed as
         it arrives after that, so it can be retried only until then. A client that goes away or does not
         read is not the backend's fault (status 499, backend not marked down)."""
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=self.response_timeout_s)
         resp: web.StreamResponse | None = None
         committed = False  # bytes of this attempt went to the client: it can no longer be retried
 
@@ -785,23 +794,23 @@ class RouterProxy:
 
         try:
             async with self._session.post(b.url + request.path, data=body, headers={"Content-Type": "application/json"},
-                                          timeout=timeout, allow_redirects=False) as up:
+                                          timeout=self._backend_timeout, allow_redirects=False) as up:
                 # Only "gateway/unavailable" answers say the backend itself is unwell; another 5xx belongs to
                 # this one request and is passed through, so a poison request cannot mark every backend down.
                 if up.status in (502, 503, 504):
-                    text = await read_bounded(up.content, MAX_SMALL_REPLY_BYTES, self.response_timeout_s)
+                    text = await read_bounded(up.content, MAX_SMALL_REPLY_BYTES)
                     return failed(f"backend {b.index} answered {up.status}: {text[:200]!r}")
                 if not stream:
-                    data = await read_bounded(up.content, MAX_RESPONSE_BYTES, self.response_timeout_s)
+                    data = await read_bounded(up.content, MAX_RESPONSE_BYTES)
                     resp = self._client_response(up)
                     resp.content_length = len(data)
                     committed = True
-                    if not (await self._to_client(request, resp, data) and await self._finish(request, resp)):
+                    if not await self._to_client(request, resp, data, last=True):
                         return resp, 499, True, False, "client closed the connection or did not read"
                     return resp, up.status, up.status < 400, False, ""
                 first = b""
                 while b"\n\n" not in first:
-                    chunk = await asyncio.wait_for(up.content.readany(), self.response_timeout_s)
+                    chunk = await up.content.readany()
                     if not chunk:
                         break
                     first += chunk
@@ -812,30 +821,17 @@ class RouterProxy:
                 if not await self._to_client(request, resp, first):
                     return resp, 499, True, False, "client closed the connection or did not read"
                 total = len(first)
-                while chunk := await asyncio.wait_for(up.content.readany(), self.response_timeout_s):
+                while chunk := await up.content.readany():
                     total += len(chunk)
                     if total > MAX_RESPONSE_BYTES:
                         raise ReplyTooLargeError(f"backend reply larger than {MAX_RESPONSE_BYTES} bytes")
                     if not await self._to_client(request, resp, chunk):
                         return resp, 499, True, False, "client closed the connection or did not read"
-            if not await self._finish(request, resp):
+            if not await self._to_client(request, resp, b"", last=True):
                 return resp, 499, True, False, "client closed the connection or did not read"
             return resp, up.status, up.status < 400, False, ""
         except BACKEND_ERRORS as exc:
             return failed(f"backend {b.index} ({b.url}) failed: {_describe(exc)}")
-
-    async def _finish(self, request: web.BaseRequest, resp: web.StreamResponse) -> bool:
-        """End a relayed stream (its last chunk) within the client write deadline."""
-        try:
-            await asyncio.wait_for(resp.write_eof(), self.client_write_timeout_s)
-            return True
-        except asyncio.TimeoutError:
-            self.slow_clients_dropped += 1
-        except (ConnectionError, OSError, RuntimeError):
-            pass
-        if request.transport is not None:
-            request.transport.abort()
-        return False
 
     # ------------------------------------------------------------------ metrics
     def metrics(self) -> dict[str, Any]:
