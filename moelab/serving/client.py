@@ -42,15 +42,29 @@ def split_url(url: str) -> tuple[str, int]:
     return parts.hostname, port
 
 
-def new_session() -> aiohttp.ClientSession:
-    """A client session for loopback servers: one fresh connection per request (a pooled connection that a
-    server closed while idle would look like a server failure), bytes passed through as sent (no
-    decompression, no ``Accept-Encoding`` asked), no cookies (nothing a backend sets may leak into another
-    client's request; and no cookie filtering per request), bounded reply heads."""
-    connector = aiohttp.TCPConnector(force_close=True, limit=0)
+def new_session(*, keepalive_s: float | None = None) -> aiohttp.ClientSession:
+    """A client session for loopback servers: bytes passed through as sent (no decompression, no
+    ``Accept-Encoding`` asked), no cookies (nothing a backend sets may leak into another client's request, and
+    no cookie filtering per request), bounded reply heads.
+
+    ``keepalive_s=None``: one fresh connection per request (what a health probe needs: it tests that the
+    server accepts connections). Otherwise connections are kept for reuse while idle at most ``keepalive_s``
+    (keep it below the servers' own idle limit, uvicorn's 5 s, so the client drops a connection first); a
+    request on a kept connection the server closed meanwhile fails as :func:`stale_connection` says."""
+    if keepalive_s is None:
+        connector = aiohttp.TCPConnector(force_close=True, limit=0)
+    else:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=keepalive_s)
     return aiohttp.ClientSession(connector=connector, auto_decompress=False, max_line_size=MAX_HEAD_BYTES,
                                  max_field_size=MAX_HEAD_BYTES, raise_for_status=False,
                                  cookie_jar=aiohttp.DummyCookieJar(), skip_auto_headers=("Accept-Encoding",))
+
+
+def stale_connection(exc: BaseException) -> bool:
+    """Whether a request failed the way one on a kept-alive connection fails when the server closed that
+    connection while it was idle: disconnected or reset before any reply (a refused connect is not)."""
+    return (isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError))
+            and not isinstance(exc, aiohttp.ClientConnectorError))
 
 
 def backend_timeout(connect_s: float, read_s: float, total_s: float | None = None) -> aiohttp.ClientTimeout:
@@ -96,5 +110,5 @@ async def fetch_json(session: aiohttp.ClientSession | None, url: str, method: st
         return status, data.decode("utf-8", "replace")
 
 
-__all__ = ["BACKEND_ERRORS", "MAX_RESPONSE_BYTES", "ReplyTooLargeError", "backend_timeout", "fetch_json", "new_session", "read_bounded",
+__all__ = ["BACKEND_ERRORS", "MAX_RESPONSE_BYTES", "ReplyTooLargeError", "backend_timeout", "fetch_json", "new_session", "read_bounded", "stale_connection",
            "split_url"]
