@@ -678,3 +678,52 @@ def test_signature_service_with_a_cut_reply_is_a_502(tmp_path):
             await cut.stop()
 
     run(go())
+
+
+def test_kept_connection_closed_by_the_backend_is_retried_fresh_and_not_held_against_it():
+    """The proxy keeps backend connections alive; a backend may close an idle one just as a request is sent on it.
+    This backend answers the first request of every connection and keeps it open, then closes it on the next
+    request without answering: that request must be answered (sent again on a fresh connection, to the same
+    and only backend) and the backend stays up with no failed attempt."""
+    seen = {"connections": 0, "completions": 0}
+
+    async def handle(reader, writer) -> None:
+        seen["connections"] += 1
+        try:
+            for n_on_connection in range(2):
+                lines = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")
+                length = next((int(x.split(":")[1]) for x in lines if x.lower().startswith("content-length:")), 0)
+                body = await reader.readexactly(length)
+                if n_on_connection == 1:
+                    return  # closed without an answer, as a server closing an idle connection does
+                if lines[0].startswith("POST"):
+                    seen["completions"] += 1
+                    out = json.dumps({"choices": [{"text": "echo:" + json.loads(body)["prompt"]}]}).encode()
+                else:
+                    out = json.dumps({"data": [{"id": "kept", "max_model_len": 512}]}).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(out)
+                             + out)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def go():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        proxy = RouterProxy([f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"], "round_robin",
+                            health_interval_s=60, connect_timeout_s=2, retries=0)
+        port = (await proxy.start())[1]
+        try:
+            for i in range(3):
+                status, body = await _raw(port, _post("/v1/completions", {"prompt": f"p{i}", "max_tokens": 2}))
+                assert status == 200 and json.loads(body)["choices"][0]["text"] == f"echo:p{i}", (status, body)
+            b = proxy.metrics()["backends"][0]
+            assert b["up"] and b["failed"] == 0 and b["marked_down"] == 0 and b["completed"] == 3, b
+            assert seen["completions"] == 3 and seen["connections"] >= 3, seen
+        finally:
+            await proxy.stop()
+            server.close()
+            await server.wait_closed()
+
+    run(go())

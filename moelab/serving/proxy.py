@@ -16,6 +16,10 @@ Behaviour, in plain words:
 
 * ``POST /v1/completions`` and ``/v1/chat/completions`` are routed; the response (JSON or a
   ``"stream": true`` server-sent-event stream) is relayed as the backend sends it.
+* Requests go to a backend over kept-alive connections (idle at most :data:`BACKEND_KEEPALIVE_S`): no TCP
+  handshake and no connection set-up in the backend per request. A kept connection the backend closed while
+  idle is not the backend failing: the request is sent once more on a fresh connection, and only a failure
+  there counts against the backend. Health probes always use a fresh connection.
 * Each backend takes at most ``max_inflight`` requests; beyond that requests wait in a bounded queue
   (``max_queue``, ``queue_timeout_s``) and get HTTP 503 when it is full or the wait runs out.
 * A backend that refuses connections, drops one before answering, answers 502/503/504, breaks HTTP
@@ -62,6 +66,7 @@ import itertools
 import json
 import logging
 import math
+import re
 import sys
 import time
 from collections import deque
@@ -82,10 +87,12 @@ from moelab.serving.client import (
     MAX_RESPONSE_BYTES,
     MAX_SMALL_REPLY_BYTES,
     ReplyTooLargeError,
+    backend_timeout,
     fetch_json,
     new_session,
     read_bounded,
     split_url,
+    stale_connection,
 )
 from moelab.serving.signatures import ELDRSignatureClient
 from moelab.traces import ExpertTrace
@@ -100,6 +107,9 @@ SUPPLIES = frozenset({"prompt_len", "active", "waiting", "kv_tokens", "free_slot
 CALIBRATION = frozenset({"n_workers", "signatures", "seed"})
 ROUTER_CHOICES = router_names(supplied=SUPPLIES, engine_queues=False, calibration=CALIBRATION)
 LINGER_S = 5.0  # after an early answer (a 413, say), aiohttp reads and drops the client's body this long
+# idle keep-alive of a proxy->backend connection: below uvicorn's 5 s (vLLM's server), so the proxy drops an idle
+# connection before the backend does and a request rarely meets one the backend closed
+BACKEND_KEEPALIVE_S = 2.0
 MAX_FIRST_EVENT_BYTES = 1 << 20  # a stream's bytes held back until its first whole event
 # headers of a backend reply not passed on: hop-by-hop ones, and the framing aiohttp sets for the client
 NOT_RELAYED = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade", "content-length",
@@ -155,9 +165,12 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # tab allowed
+
+
 def _printable(text: str) -> str:
     """``text`` without control characters (tab kept): what may go into a response head."""
-    return "".join(c for c in text if c == "\t" or (" " <= c and c != "\x7f"))
+    return _CONTROL_CHARACTER.sub("", text)
 
 
 class SignatureSource(Protocol):
@@ -428,7 +441,11 @@ class RouterProxy:
         self._ids = itertools.count()
         self._slot_freed = asyncio.Condition()
         self._runner: web.ServerRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._session: aiohttp.ClientSession | None = None  # fresh connections: health probes, /v1/models
+        self._pool: aiohttp.ClientSession | None = None  # kept-alive connections: forwarded requests
+        # every read of a backend's reply (its head, each body chunk) within response_timeout_s: aiohttp's own
+        # sock_read timer, so the relay needs no timer task of its own per read
+        self._backend_timeout = backend_timeout(self.connect_timeout_s, self.response_timeout_s)
         self._health_task: asyncio.Task | None = None
         self._stopping = False
         self._t0 = time.monotonic()
@@ -441,6 +458,7 @@ class RouterProxy:
         (listed in :attr:`down_at_start`; the health loop brings it back), the others serve."""
         self._stopping = False
         self._session = new_session()
+        self._pool = new_session(keepalive_s=BACKEND_KEEPALIVE_S)
         # keepalive_timeout also bounds the wait for a connection's first request head (aiohttp starts it
         # at connect), so a client that never finishes its head is disconnected after client_timeout_s
         server = _ProxyServer(self, keepalive_timeout=self.client_timeout_s, lingering_time=min(LINGER_S, self.client_timeout_s),
@@ -468,8 +486,9 @@ class RouterProxy:
                 await self._health_task
         if self._runner:
             await self._runner.cleanup()
-        if self._session:
-            await self._session.close()
+        for session in (self._session, self._pool):
+            if session:
+                await session.close()
 
     @property
     def url(self) -> str:
@@ -688,8 +707,7 @@ class RouterProxy:
         if request.headers.get("Expect", "").lower() == "100-continue":  # curl waits a second for this otherwise
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         try:
-            body = await asyncio.wait_for(read_bounded(request.content, self.max_body_bytes, self.client_timeout_s),
-                                          self.client_timeout_s)
+            body = await asyncio.wait_for(read_bounded(request.content, self.max_body_bytes), self.client_timeout_s)
         except asyncio.TimeoutError:
             raise HTTPError(408, f"request body not received within {self.client_timeout_s:g} s") from None
         except ReplyTooLargeError:
@@ -733,14 +751,21 @@ class RouterProxy:
                 return resp, status
         raise HTTPError(502, f"request failed on {len(tried)} backend(s) ({self.retries} retries); last error: {last_error}")
 
-    async def _to_client(self, request: web.BaseRequest, resp: web.StreamResponse, data: bytes) -> bool:
-        """Write to the client within ``client_write_timeout_s`` (preparing the response first if needed);
-        ``False`` if the client is gone or does not read, and then its connection is closed."""
-        try:
+    async def _to_client(self, request: web.BaseRequest, resp: web.StreamResponse, data: bytes, *,
+                         last: bool = False) -> bool:
+        """Write ``data`` to the client (preparing the response first if needed; ``last``: then end it) within
+        ``client_write_timeout_s``; ``False`` if the client is gone or does not read, and then its connection is
+        closed. One deadline for the steps together: each ``asyncio.wait_for`` is a task of its own."""
+        async def send() -> None:
             if not resp.prepared:
-                await asyncio.wait_for(resp.prepare(request), self.client_write_timeout_s)
+                await resp.prepare(request)
             if data:
-                await asyncio.wait_for(resp.write(data), self.client_write_timeout_s)
+                await resp.write(data)
+            if last:
+                await resp.write_eof()
+
+        try:
+            await asyncio.wait_for(send(), self.client_write_timeout_s)
             return True
         except asyncio.TimeoutError:
             self.slow_clients_dropped += 1
@@ -750,15 +775,33 @@ class RouterProxy:
             request.transport.abort()
         return False
 
-    def _client_response(self, up: aiohttp.ClientResponse) -> web.StreamResponse:
-        """The client's response head from a backend's: its status and end-to-end headers, less any header
-        aiohttp's client let through with a control character (aiohttp's server refuses to write those)."""
-        resp = web.StreamResponse(status=up.status, reason=_printable(up.reason or ""))
-        for k, v in up.headers.items():
-            if k.lower() not in NOT_RELAYED and _printable(k) == k and _printable(v) == v:
-                resp.headers.add(k, v)
+    def _client_response(self, up: aiohttp.ClientResponse, body: bytes | None = None) -> web.StreamResponse:
+        """The client's response from a backend's: its status and end-to-end headers, less any header aiohttp's
+        client let through with a control character (aiohttp's server refuses to write those). ``body``: the
+        whole reply, which goes out with the head in one write; ``None``: a stream, whose head goes out at once."""
+        headers = [(k, v) for k, v in up.headers.items()
+                   if k.lower() not in NOT_RELAYED and not (_CONTROL_CHARACTER.search(k) or _CONTROL_CHARACTER.search(v))]
+        reason = _printable(up.reason or "")
+        if body is None:
+            resp = web.StreamResponse(status=up.status, reason=reason, headers=headers)
+        else:
+            resp = web.Response(status=up.status, reason=reason, headers=headers, body=body)
         resp.force_close()
         return resp
+
+    async def _send_to_backend(self, b: Backend, path: str, body: bytes) -> aiohttp.ClientResponse:
+        """POST ``body`` to backend ``b`` and return its reply once its head arrived: on a kept-alive connection
+        (no TCP handshake, and no connection set-up in the backend, per request), and once more on a fresh
+        connection if the kept one turns out closed by the backend while idle (that is not the backend failing;
+        a backend that is down fails the fresh connection too)."""
+        kw = dict(data=body, headers={"Content-Type": "application/json"}, timeout=self._backend_timeout,
+                  allow_redirects=False)
+        try:
+            return await self._pool.post(b.url + path, **kw)
+        except BACKEND_ERRORS as exc:
+            if not stale_connection(exc):
+                raise
+        return await self._session.post(b.url + path, **kw)
 
     async def _forward(self, b: Backend, request: web.BaseRequest, body: bytes, *, stream: bool
                        ) -> tuple[web.StreamResponse, int, bool, bool, str]:
@@ -768,7 +811,6 @@ class RouterProxy:
         mid-reply is retried; a stream is held back until its first whole event (``\\n\\n``) and relayed as
         it arrives after that, so it can be retried only until then. A client that goes away or does not
         read is not the backend's fault (status 499, backend not marked down)."""
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=self.response_timeout_s)
         resp: web.StreamResponse | None = None
         committed = False  # bytes of this attempt went to the client: it can no longer be retried
 
@@ -781,24 +823,22 @@ class RouterProxy:
             return self._error(502, msg), 502, False, True, msg
 
         try:
-            async with self._session.post(b.url + request.path, data=body, headers={"Content-Type": "application/json"},
-                                          timeout=timeout, allow_redirects=False) as up:
+            async with await self._send_to_backend(b, request.path, body) as up:
                 # Only "gateway/unavailable" answers say the backend itself is unwell; another 5xx belongs to
                 # this one request and is passed through, so a poison request cannot mark every backend down.
                 if up.status in (502, 503, 504):
-                    text = await read_bounded(up.content, MAX_SMALL_REPLY_BYTES, self.response_timeout_s)
+                    text = await read_bounded(up.content, MAX_SMALL_REPLY_BYTES)
                     return failed(f"backend {b.index} answered {up.status}: {text[:200]!r}")
                 if not stream:
-                    data = await read_bounded(up.content, MAX_RESPONSE_BYTES, self.response_timeout_s)
-                    resp = self._client_response(up)
-                    resp.content_length = len(data)
+                    data = await read_bounded(up.content, MAX_RESPONSE_BYTES)
+                    resp = self._client_response(up, data)
                     committed = True
-                    if not (await self._to_client(request, resp, data) and await self._finish(request, resp)):
+                    if not await self._to_client(request, resp, b"", last=True):
                         return resp, 499, True, False, "client closed the connection or did not read"
                     return resp, up.status, up.status < 400, False, ""
                 first = b""
                 while b"\n\n" not in first:
-                    chunk = await asyncio.wait_for(up.content.readany(), self.response_timeout_s)
+                    chunk = await up.content.readany()
                     if not chunk:
                         break
                     first += chunk
@@ -809,30 +849,17 @@ class RouterProxy:
                 if not await self._to_client(request, resp, first):
                     return resp, 499, True, False, "client closed the connection or did not read"
                 total = len(first)
-                while chunk := await asyncio.wait_for(up.content.readany(), self.response_timeout_s):
+                while chunk := await up.content.readany():
                     total += len(chunk)
                     if total > MAX_RESPONSE_BYTES:
                         raise ReplyTooLargeError(f"backend reply larger than {MAX_RESPONSE_BYTES} bytes")
                     if not await self._to_client(request, resp, chunk):
                         return resp, 499, True, False, "client closed the connection or did not read"
-            if not await self._finish(request, resp):
+            if not await self._to_client(request, resp, b"", last=True):
                 return resp, 499, True, False, "client closed the connection or did not read"
             return resp, up.status, up.status < 400, False, ""
         except BACKEND_ERRORS as exc:
             return failed(f"backend {b.index} ({b.url}) failed: {_describe(exc)}")
-
-    async def _finish(self, request: web.BaseRequest, resp: web.StreamResponse) -> bool:
-        """End a relayed stream (its last chunk) within the client write deadline."""
-        try:
-            await asyncio.wait_for(resp.write_eof(), self.client_write_timeout_s)
-            return True
-        except asyncio.TimeoutError:
-            self.slow_clients_dropped += 1
-        except (ConnectionError, OSError, RuntimeError):
-            pass
-        if request.transport is not None:
-            request.transport.abort()
-        return False
 
     # ------------------------------------------------------------------ metrics
     def metrics(self) -> dict[str, Any]:
