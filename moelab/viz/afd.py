@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -151,7 +153,8 @@ def afd_panel(B: int = 256, mu_P: float = 100, mu_D: float = 500, N: float = 10_
 
     def params():
         coeffs = coefficients_from_tables("h200", B=int(s_B.value)) if h200.value else \
-            AFDCoefficients(**{k: s.value for k, s in coef.items()})
+            dataclasses.replace(paper, **{k: s.value for k, s in coef.items()},
+                                source=f"{paper.source}; coefficients set by the panel's sliders")
         return int(s_B.value), float(s_P.value), float(s_D.value), float(10**s_N.value), coeffs
 
     def frame(b, p, d, n, coeffs):
