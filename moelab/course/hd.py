@@ -243,11 +243,14 @@ def check_walk_sources(answer: object, *, walk_order: str, walk_candidates: int,
         return Feedback(False, f"expected a string of store letters such as 'WS' for `walk`, got "
                                f"{type(answer).__name__} {answer!r:.40}. Hint: {hint}")
     got = answer.strip().upper()
+    if not got or set(got) - set("WSL"):
+        return Feedback(False, f"`walk` must be a string of the store letters W, S and L, one per candidate; got "
+                               f"{answer!r:.40}. Hint: {hint}")
     if got == expected:
         return Feedback(True, f"`walk` = {got!r}: the stores supply the candidates in that order.")
     if sorted(got) == sorted(expected):
         return Feedback(False, f"`walk` = {got!r} has the right stores in the wrong order. Hint: {hint}")
-    return Feedback(False, f"`walk` = {got!r} is not the walk ({len(got)} letters; the walk drafts "
+    return Feedback(False, f"`walk` = {got!r} is not the walk (expected one letter per candidate, "
                            f"{len(expected)} candidates). Hint: {hint}")
 
 
