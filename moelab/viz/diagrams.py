@@ -96,8 +96,8 @@ def eldr_tier_diagram(n_prefill: int = 2, n_decode: int = 3, routed_to: int = 1)
 
 def hd_walk_diagram(draft: Sequence[str] = ("the", "cat", "sat", "on"), accepted: int = 2,
                     target_token: str = "lay", stores_hit: str = "S") -> go.Figure:
-    """Hierarchy Drafting: the draft walks the stores W (this request's own text) -> S (the session) ->
-    L (a large static corpus) and takes the first that continues the last tokens; the target then
+    """Hierarchy Drafting: the draft walks the stores W (this request's own text) -> S (the target
+    model's own earlier outputs) -> L (a large static corpus) and takes the first that continues the last tokens; the target then
     verifies the whole draft in one forward and keeps its greedy tokens up to the first mismatch, plus
     its own next token (the bonus).
 
@@ -120,7 +120,7 @@ def hd_walk_diagram(draft: Sequence[str] = ("the", "cat", "sat", "on"), accepted
         raise ValueError(f"stores_hit must be one of 'W', 'S', 'L'; got {stores_hit!r}")
     fig = _canvas("Hierarchy Drafting: walk W -> S -> L for a draft, then one verification step", width=12,
                   height=6, fig_height=420)
-    names = {"W": "W: this request's text", "S": "S: the session's text", "L": "L: static corpus"}
+    names = {"W": "W: this request's text", "S": "S: the model's own outputs", "L": "L: static corpus"}
     order = ("W", "S", "L")
     for i, key in enumerate(order):
         x0 = 0.3 + 3.2 * i

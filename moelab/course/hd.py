@@ -1,0 +1,276 @@
+"""Notebook 02 (Hierarchy Drafting) as a lesson: its worked example and its exercises, easy to hard.
+
+The worked example is one verification step on a toy word-level input, computed by :mod:`moelab.hd`'s
+own parts (:class:`~moelab.hd.HierarchyDrafter` over real :class:`~moelab.hd.ContextStore`,
+:class:`~moelab.hd.NGramTable` and :class:`~moelab.hd.SuffixStore` stores, verified by
+:func:`~moelab.hd.replay_greedy` against the toy target's greedy continuation). Every expected answer
+is computed the same way from the context the notebook passes, never typed in. Importing this module
+registers the exercises in :data:`moelab.course.check.EXERCISES` under ``"02.<id>"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from moelab._validate import check_int
+from moelab.costmodel.verify import VerifyCost
+from moelab.course.check import Feedback, check_callable, check_number, exercise
+from moelab.hd.decode import replay_greedy
+from moelab.hd.drafters import Draft, Drafter, HierarchyDrafter, check_order
+from moelab.hd.ngram import NGramTable
+from moelab.hd.suffix import SuffixStore
+
+NOTEBOOK = "02"
+
+# The toy input of the worked example (words stand for tokens). The request's own text repeats
+# "the cat", so W has a continuation; S holds the toy target's earlier outputs; L is a tiny corpus.
+TOY_PROMPT = "the cat sat on the mat . the cat"
+TOY_MODEL_OUTPUTS = ("the cat sat on a mat .", "the cat ran away from it .")
+TOY_CORPUS = ("a cat sat on a chair .", "the dog sat on the mat .")
+#: what the toy target decodes greedily after the prompt (its argmax token at every position)
+TOY_TARGET = "sat on a rug . the end"
+TOY_LENGTH = 4  # tokens per candidate, as in the paper
+
+
+@dataclass(frozen=True)
+class ToyStores:
+    """The worked example's vocabulary, stores and token ids."""
+
+    vocab: list[str]
+    S: NGramTable
+    L: SuffixStore
+    prompt: list[int]
+    target: list[int]
+
+    def words(self, ids: Sequence[int]) -> list[str]:
+        """The words of token ``ids``."""
+        return [self.vocab[int(i)] for i in ids]
+
+
+def toy_stores() -> ToyStores:
+    """Build the toy stores: S from :data:`TOY_MODEL_OUTPUTS`, L from :data:`TOY_CORPUS` (W is per request)."""
+    texts = [TOY_PROMPT, *TOY_MODEL_OUTPUTS, *TOY_CORPUS, TOY_TARGET]
+    vocab = sorted({w for t in texts for w in t.split()})
+    index = {w: i for i, w in enumerate(vocab)}
+
+    def ids(text: str) -> list[int]:
+        return [index[w] for w in text.split()]
+
+    S = NGramTable.build([ids(t) for t in TOY_MODEL_OUTPUTS], key_lengths=(1, 2), length=TOY_LENGTH)
+    L = SuffixStore.build([ids(t) for t in TOY_CORPUS], vocab_size=len(vocab), length=TOY_LENGTH)
+    return ToyStores(vocab, S, L, ids(TOY_PROMPT), ids(TOY_TARGET))
+
+
+def _check_candidates(candidates: int) -> int:
+    return check_int("candidates", candidates, low=1, high=16)
+
+
+def toy_drafter(stores: ToyStores, *, order: str = "WSL", candidates: int = 4) -> HierarchyDrafter:
+    """The paper's fixed hierarchy over the toy stores: ``candidates`` candidates of :data:`TOY_LENGTH` tokens."""
+    return HierarchyDrafter(stores.S, stores.L, order=check_order(order), max_candidates=_check_candidates(candidates),
+                            length=TOY_LENGTH)
+
+
+def worked_step(*, order: str = "WSL", candidates: int = 4) -> dict[str, Any]:
+    """One verification step of the fixed hierarchy on the toy input, computed by :mod:`moelab.hd`.
+
+    Returns
+    -------
+    dict
+        ``candidates``: a table (candidate words, the store it came from, how many of its tokens the
+        target accepts); ``accepted``: the accepted draft words; ``sources``: their store letters;
+        ``bonus``: the target's own next word; ``tokens``: tokens the step produced (accepted + 1);
+        ``chain``: the single chain the walk drafts when only one candidate is verified (vLLM's case),
+        with its store letter and accepted count.
+    """
+    toy = toy_stores()
+    drafter = toy_drafter(toy, order=order, candidates=candidates)
+    drafter.start(toy.prompt)
+    draft = drafter.draft()
+    rows = []
+    for cand, src in zip(draft.candidates, draft.sources):
+        rows.append({"candidate": " ".join(toy.words(cand)), "store": src,
+                     "accepted tokens": tokens_per_step(cand, toy.target) - 1})
+    step = replay_greedy(toy_drafter(toy, order=order, candidates=candidates), toy.prompt, toy.target).steps[0]
+    chain_drafter = toy_drafter(toy, order=order, candidates=1)
+    chain_drafter.start(toy.prompt)
+    chain = chain_drafter.draft_chain(TOY_LENGTH)
+    chain_ids = chain.candidates[0] if chain.candidates else ()
+    return {"candidates": pd.DataFrame(rows), "accepted": toy.words(step.accepted), "sources": list(step.sources),
+            "bonus": toy.words([step.bonus])[0] if step.bonus >= 0 else "", "tokens": len(step.accepted) + 1,
+            "chain": {"draft": toy.words(chain_ids), "store": chain.sources[0][:1] if chain.sources else "",
+                      "accepted": tokens_per_step(chain_ids, toy.target) - 1,
+                      "target_token": toy.words([toy.target[tokens_per_step(chain_ids, toy.target) - 1]])[0]},
+            "prompt": TOY_PROMPT, "target": TOY_TARGET}
+
+
+class _OneDraft(Drafter):
+    """Proposes one fixed candidate at the first step, nothing afterwards (the reference for one step)."""
+
+    name = "one draft"
+
+    def __init__(self, candidate: Sequence[int]) -> None:
+        super().__init__()
+        self._candidate = tuple(int(t) for t in candidate)
+        self._used = False
+
+    def draft(self) -> Draft:
+        if self._used or not self._candidate:
+            return Draft([], [])
+        self._used = True
+        return Draft([self._candidate], ["W"])
+
+
+def tokens_per_step(draft: Sequence[int], target: Sequence[int]) -> int:
+    """Tokens one greedy verification step of a single chain ``draft`` produces when the target's greedy
+    continuation is ``target``: the accepted prefix plus the target's own next token (computed by
+    :func:`moelab.hd.replay_greedy`).
+
+    Raises
+    ------
+    ValueError
+        When ``target`` is not longer than ``draft`` (the step needs the token after the draft).
+    """
+    draft, target = [int(t) for t in draft], [int(t) for t in target]
+    if len(target) <= len(draft):
+        raise ValueError(f"target must be longer than draft (it holds the token after the draft); "
+                         f"got {len(target)} target and {len(draft)} draft tokens")
+    # a context token the draft cannot collide with: replay only reads it as the root of the tree
+    root = max([*draft, *target], default=0) + 1
+    step = replay_greedy(_OneDraft(draft), [root], target[:len(draft) + 1]).steps[0]
+    return len(step.accepted) + 1
+
+
+# 02.step_tokens (easy) -------------------------------------------------------------------------------
+def check_step_tokens(answer: object, *, order: str = "WSL", candidates: int = 4, **_: object) -> Feedback:
+    """``answer`` should be the tokens the worked example's step produces (accepted draft + the bonus)."""
+    step = worked_step(order=order, candidates=candidates)
+    return check_number("tokens", answer, step["tokens"], rtol=0.0, atol=0.0,
+                        hint=f"{len(step['accepted'])} draft tokens are accepted (the best candidate's prefix); "
+                             "the same forward also gives the target's own next token, which counts too.")
+
+
+exercise(NOTEBOOK, "step_tokens", "easy",
+         "How many tokens does the worked example's verification step produce? Assign the number to `answer`.",
+         check_step_tokens,
+         solution=lambda *, order="WSL", candidates=4, **_: worked_step(order=order, candidates=candidates)["tokens"],
+         wrong=lambda *, order="WSL", candidates=4, **_: len(worked_step(order=order, candidates=candidates)["accepted"]),
+         context={"order": "WSL", "candidates": 4})
+
+
+# 02.accept_chain (medium) ----------------------------------------------------------------------------
+_CHAIN_CASES = (((1, 2, 9, 4), (1, 2, 3, 4, 5)), ((5, 6), (5, 6, 7)), ((8, 1, 2), (1, 2, 3, 4)),
+                ((), (3,)), ((4, 4, 4), (4, 4, 5, 4)))
+
+
+def chain_cases() -> list[tuple[tuple, float]]:
+    """``((draft, target), tokens)`` cases for ``tokens_per_step``, the tokens computed by the library."""
+    return [((d, t), float(tokens_per_step(d, t))) for d, t in _CHAIN_CASES]
+
+
+def check_accept_chain(answer: object, **_: object) -> Feedback:
+    """``answer`` should be a function ``tokens_per_step(draft, target)`` implementing greedy acceptance."""
+    return check_callable("tokens_per_step", answer, chain_cases(), rtol=0.0,
+                          hint="walk the draft from its first token and stop at the FIRST token that differs from "
+                               "the target's; later matches do not count. Then add one for the target's own token.")
+
+
+def _solution_tokens_per_step(draft: Sequence[int], target: Sequence[int]) -> int:
+    m = 0
+    while m < len(draft) and draft[m] == target[m]:
+        m += 1
+    return m + 1
+
+
+def _wrong_tokens_per_step(draft: Sequence[int], target: Sequence[int]) -> int:
+    # counts every position that matches, not only the prefix
+    return int(sum(d == t for d, t in zip(draft, target))) + 1
+
+
+exercise(NOTEBOOK, "accept_chain", "medium",
+         "Write `answer = tokens_per_step`, a function (draft, target) -> tokens one greedy verification produces.",
+         check_accept_chain, solution=lambda **_: _solution_tokens_per_step,
+         wrong=lambda **_: _wrong_tokens_per_step, context={})
+
+
+# 02.speedup_bound (medium) ---------------------------------------------------------------------------
+def speedup_bound(*, qs: Sequence[int], ms: Sequence[float], a: float, q: int) -> float:
+    """Speedup over AR if every forward verified ``q`` tokens and produced ``a`` tokens (drafting free):
+    ``a * t(1) / t(q)`` on the verify-cost curve ``(qs, ms)``."""
+    cost = VerifyCost(qs=list(qs), ms=list(ms))
+    return float(a * cost(1) / cost(check_int("q", q, low=1)))
+
+
+def check_speedup_bound(answer: object, *, qs: Sequence[int], ms: Sequence[float], a: float, q: int,
+                        **_: object) -> Feedback:
+    """``answer`` should be ``a t(1) / t(q)`` on the notebook's measured verify-cost curve."""
+    cost = VerifyCost(qs=list(qs), ms=list(ms))
+    return check_number("speedup", answer, speedup_bound(qs=qs, ms=ms, a=a, q=q), rtol=0.02,
+                        hint=f"AR spends t(1) = {float(cost(1)):.3g} ms per token; a speculative forward spends "
+                             f"t(q) = {float(cost(q)):.3g} ms at q = {q} and yields a = {a:.3g} tokens.")
+
+
+_SPEEDUP_DEFAULTS = {"qs": [1, 2, 9], "ms": [10.0, 14.0, 16.0], "a": 2.0, "q": 9}
+exercise(NOTEBOOK, "speedup_bound", "medium",
+         "If every forward verified q = BUDGET + 1 tokens and yielded the demo's tokens per forward a, how much "
+         "faster than AR would decoding be (drafting free)?", check_speedup_bound,
+         solution=lambda **ctx: speedup_bound(**{k: ctx[k] for k in ("qs", "ms", "a", "q")}),
+         wrong=lambda *, a, **_: float(a),  # forgets that a bigger forward costs more
+         context=_SPEEDUP_DEFAULTS)
+
+
+# 02.walk_sources (hard) ------------------------------------------------------------------------------
+def walk_sources(*, order: str, candidates: int) -> str:
+    """The store letter of each candidate the fixed hierarchy drafts on the toy input, in order (e.g. ``"WSS"``)."""
+    toy = toy_stores()
+    drafter = toy_drafter(toy, order=order, candidates=candidates)
+    drafter.start(toy.prompt)
+    return "".join(drafter.draft().sources)
+
+
+def check_walk_sources(answer: object, *, walk_order: str, walk_candidates: int, **_: object) -> Feedback:
+    """``answer`` should be the store letters of the candidates drafted with ``walk_order``."""
+    expected = walk_sources(order=walk_order, candidates=walk_candidates)
+    hint = (f"walk the stores in the order {walk_order!r}, take each store's distinct continuations of the last "
+            "tokens (the longest matching key first) until you hold "
+            f"{walk_candidates} candidates; a continuation an earlier store already gave is skipped.")
+    if not isinstance(answer, str):
+        return Feedback(False, f"expected a string of store letters such as 'WS' for `walk`, got "
+                               f"{type(answer).__name__} {answer!r:.40}. Hint: {hint}")
+    got = answer.strip().upper()
+    if not got or set(got) - set("WSL"):
+        return Feedback(False, f"`walk` must be a string of the store letters W, S and L, one per candidate; got "
+                               f"{answer!r:.40}. Hint: {hint}")
+    if got == expected:
+        return Feedback(True, f"`walk` = {got!r}: the stores supply the candidates in that order.")
+    if sorted(got) == sorted(expected):
+        return Feedback(False, f"`walk` = {got!r} has the right stores in the wrong order. Hint: {hint}")
+    return Feedback(False, f"`walk` = {got!r} is not the walk (expected one letter per candidate, "
+                           f"{len(expected)} candidates). Hint: {hint}")
+
+
+_WALK_DEFAULTS = {"walk_order": "LSW", "walk_candidates": 3}
+exercise(NOTEBOOK, "walk_sources", "hard",
+         "With the toy stores walked in the order WALK_ORDER for WALK_CANDIDATES candidates, which store supplies "
+         "each candidate? Answer a string of letters such as 'WS'.", check_walk_sources,
+         solution=lambda *, walk_order, walk_candidates, **_: walk_sources(order=walk_order,
+                                                                          candidates=walk_candidates),
+         wrong=lambda *, walk_order, walk_candidates, **_: walk_order[:walk_candidates],  # one candidate per store
+         context=_WALK_DEFAULTS)
+
+
+def speedup_context(cost: VerifyCost, a: float, q: int) -> dict[str, Any]:
+    """The ``speedup_bound`` exercise's context from the notebook's curve ``cost``, tokens per forward ``a``
+    and verified tokens ``q``."""
+    return {"qs": [int(x) for x in np.asarray(cost.qs)], "ms": [float(x) for x in np.asarray(cost.ms)],
+            "a": float(a), "q": int(q)}
+
+
+__all__ = ["TOY_CORPUS", "TOY_LENGTH", "TOY_MODEL_OUTPUTS", "TOY_PROMPT", "TOY_TARGET", "ToyStores",
+           "chain_cases", "speedup_bound", "speedup_context", "tokens_per_step", "toy_drafter", "toy_stores",
+           "walk_sources", "worked_step"]
