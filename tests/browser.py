@@ -290,6 +290,7 @@ def run_all_cells(page: Any) -> None:
 
 
 def code_prompts(page: Any) -> list[str]:
-    """The input prompts (``[ ]:``, ``[*]:``, ``[3]:``) of the visible notebook's code cells."""
+    """The input prompts (``[ ]:``, ``[*]:``, ``[3]:``) of the visible notebook's code cells; read as
+    ``textContent``, so a cell whose input is collapsed (an exercise's hidden solution) still reports its own."""
     return page.evaluate("""() => Array.from(document.querySelectorAll(
-        '.jp-Notebook:not(.lm-mod-hidden) .jp-CodeCell .jp-InputPrompt')).map(e => e.innerText.trim())""")
+        '.jp-Notebook:not(.lm-mod-hidden) .jp-CodeCell .jp-InputPrompt')).map(e => e.textContent.trim())""")
