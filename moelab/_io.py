@@ -19,21 +19,21 @@ columns, dtypes, finiteness and sign checks).
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import math
 import os
 import tempfile
+import warnings
 import zipfile
 import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    import pandas as pd
+import pandas as pd
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -504,15 +504,10 @@ def read_csv_checked(
     FileFormatError
         Naming the file, the column and the first bad row (1-based, as a spreadsheet counts data rows).
     """
-    import pandas as pd
-
     for col, kind in columns.items():
         if kind not in _CSV_KINDS:
             raise ValueError(f"columns[{col!r}] must be one of {list(_CSV_KINDS)}; got {kind!r}")
     path = check_file(path, max_file_bytes=max_bytes, budget_name="max_bytes")
-    import csv
-    import warnings
-
     try:
         with open(path, encoding="utf-8", newline="") as fh:
             header = next(csv.reader([fh.readline()]), [])
@@ -567,8 +562,6 @@ def read_csv_checked(
 
 
 def _infer(s: Any) -> Any:
-    import pandas as pd
-
     try:
         return pd.to_numeric(s)
     except (ValueError, TypeError):

@@ -3,6 +3,7 @@ parameter and the allowed range, and never clamps silently."""
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -253,8 +254,6 @@ def check_top_k(top_k: Any, num_experts: Any, *, name: str = "top_k", experts_na
 def check_loopback_host(name: str, host: str) -> str:
     """Return ``host`` if it is a loopback address (127.0.0.0/8, ::1 or ``localhost``): moelab's servers
     and the backends it talks to stay on this machine."""
-    import ipaddress
-
     try:
         ok = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:

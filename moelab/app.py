@@ -9,9 +9,11 @@ can reach the port and knows the token runs the notebook on this machine).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from moelab._validate import check_int, check_loopback_host
+from moelab.notebooks import (
+    describe_requirements,
+    missing_requirements,
+    notebook_parameters,
+    notebooks_dir,
+    parse_params,
+    resolve,
+)
 
 
 def voila_command(notebook: Path, *, host: str, port: int, token: str, open_browser: bool) -> list[str]:
@@ -31,9 +41,8 @@ def voila_command(notebook: Path, *, host: str, port: int, token: str, open_brow
 def prepare_notebook(name: str, params: dict[str, Any], workdir: Path) -> Path:
     """The notebook to serve: ``notebooks/<name>.ipynb`` itself, or (with ``params``) a copy in
     ``workdir`` with a papermill-style ``injected-parameters`` cell after its parameters cell."""
+    # lazy: nbformat (with its JSON-schema validator) loads only when parameters are injected
     import nbformat
-
-    from moelab.notebooks import notebook_parameters, notebooks_dir
 
     source = notebooks_dir() / f"{name}.ipynb"
     if not params:
@@ -76,10 +85,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import importlib.util
-
-    from moelab.notebooks import describe_requirements, missing_requirements, parse_params, resolve
-
     (name,) = resolve([args.notebook])
     if not args.allow_remote:
         try:
@@ -88,8 +93,6 @@ def serve(args: argparse.Namespace) -> int:
             raise ValueError(f"{exc} (pass --allow-remote to serve on another interface)") from None
     port = check_int("--port", args.port, low=0, high=65535)
     if port == 0:
-        import socket
-
         with socket.socket() as s:
             s.bind((args.host, 0))
             port = s.getsockname()[1]

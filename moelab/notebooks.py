@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import time
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ def parse_params(pairs: list[str]) -> dict[str, Any]:
 
 def notebook_parameters(name: str) -> dict[str, Any]:
     """The names and defaults of a notebook's ``parameters`` cell."""
+    # lazy: the notebook stack (nbformat, its JSON-schema validator) loads only when a notebook is read
     import nbformat
 
     nb = nbformat.read(notebooks_dir() / f"{name}.ipynb", as_version=4)
@@ -77,8 +79,7 @@ def describe_requirements(packages: list[str]) -> str:
 
 def missing_requirements(name: str) -> list[str]:
     """Packages a notebook declares in its metadata (``moelab.requires``) that are not installed."""
-    import importlib.util
-
+    # lazy: the notebook stack (nbformat, its JSON-schema validator) loads only when a notebook is read
     import nbformat
 
     nb = nbformat.read(notebooks_dir() / f"{name}.ipynb", as_version=4)
@@ -95,6 +96,7 @@ def figures_location(out_dir: str | os.PathLike) -> Path:
 def _kernel_config(kernel_name: str = "python3") -> Any:
     """Kernel-manager settings for a private kernel: CurveZMQ-encrypted TCP when pyzmq and the
     kernel support it, else local IPC sockets, so ipykernel has no reason to warn about plain-text TCP."""
+    # lazy: the kernel stack (pyzmq, jupyter_client, traitlets) loads only when a notebook is executed
     import zmq
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
     from traitlets.config import Config
@@ -126,6 +128,7 @@ def run_notebook(name: str, params: dict[str, Any], out_dir: Path, *, timeout_s:
 
     Figures go to :func:`figures_location` (``$MOELAB_FIGURES`` or ``out_dir/figures``, made absolute
     against the current folder before the kernel starts in ``notebooks/``)."""
+    # lazy: papermill pulls in the whole notebook runner (nbclient, jupyter_client, zmq)
     import papermill as pm
 
     known = notebook_parameters(name)

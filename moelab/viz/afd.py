@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import ipywidgets as w
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from moelab.afd import (
     AFDCoefficients,
@@ -90,8 +92,6 @@ def ratio_table_figure(table: pd.DataFrame, N: float | None = 10_000) -> go.Figu
 def measured_figure(res, *, title: str | None = None) -> go.Figure:
     """Independent simulation (measured stages, real lengths) vs the fitted closed form: throughput per
     instance over r (top, with r* and the simulated optimum) and the residual sim/theory - 1 (bottom)."""
-    from plotly.subplots import make_subplots
-
     f = res.frame
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.68, 0.32], vertical_spacing=0.06)
     fig.add_scatter(x=f["r"], y=f["theory_throughput"], mode="lines", name="theory (six coefficients fitted)",
@@ -113,8 +113,6 @@ def measured_figure(res, *, title: str | None = None) -> go.Figure:
 
 def gap_map_figure(df: pd.DataFrame) -> go.Figure:
     """(simulated optimum - r*) / r* for every (B, mu_P, mu_D) cell, one panel per length distribution."""
-    from plotly.subplots import make_subplots
-
     dists = list(dict.fromkeys(df["lengths"]))
     fig = make_subplots(rows=1, cols=len(dists), subplot_titles=dists, shared_yaxes=True)
     lim = float(max(10.0, df["gap_pct"].abs().max()))
@@ -136,8 +134,6 @@ def afd_panel(B: int = 256, mu_P: float = 100, mu_D: float = 500, N: float = 10_
               r_values=(1, 2, 4, 8, 16, 24, 32), seed: int = 0):
     """Sliders for the workload and the six coefficients (or the H200 calibration) wired to
     FigureWidgets: throughput per instance (theory vs simulation) and idle ratios."""
-    import ipywidgets as w
-
     paper = AFDCoefficients.paper()
     s_B = slider("B (slots per attention instance)", B, 16, 1024, 16, integer=True)
     s_P = slider("mu_P (mean prompt)", mu_P, 0, 4000, 50)
@@ -249,8 +245,6 @@ def bundle_diagram(r: int = 4, B: int = 256, mu_P: float = 100, mu_D: float = 50
     microbatches, steps : int
         Microbatches in flight and steps drawn in the timeline.
     """
-    from plotly.subplots import make_subplots
-
     r = int(r)
     if not 1 <= r <= 12:
         raise ValueError(f"r must be an integer in [1, 12] (attention instances drawn), got {r}")

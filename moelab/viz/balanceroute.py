@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ipywidgets as w
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -79,8 +80,6 @@ def interactive_panel(run_fn: Any, *, G: int, slots: int, horizon: int, gamma: f
     ``run_fn(G, slots, horizon, gamma, beta, load) -> dict[name, SimResult]`` runs the small
     simulation; every slider change reruns it and replaces the traces.
     """
-    import ipywidgets as w
-
     fig = go.FigureWidget(imbalance_over_time(run_fn(G, slots, horizon, gamma, beta, load), G))
     s_g = slider("G (ranks)", G, 2, 16, 1, integer=True)
     s_b = slider("slots per rank", slots, 4, 128, 4, integer=True)
@@ -171,8 +170,6 @@ def gain_vs_share(grid: pd.DataFrame, paper_gain_pct: float | None = None,
 def regime_panel(grid: pd.DataFrame, *, G: int, slots: int, metric: str = "brh_throughput_gain_pct"):
     """The regime heatmap with sliders for G and slots and a metric dropdown (no re-simulation: the
     grid is computed once)."""
-    import ipywidgets as w
-
     gs, ss = sorted(grid["G"].unique().tolist()), sorted(grid["slots"].unique().tolist())
     fig = go.FigureWidget(regime_heatmap(grid, G, slots, metric))
     s_g = w.SelectionSlider(options=gs, value=G, description="G (ranks)")

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import re
 import shutil
+from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
-from moelab._io import atomic_write_json, atomic_write_text
+import ipywidgets as w
+
+from moelab._io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from moelab.datasets import repo_root
 
 # One colour per router / method / model name, used by every figure of the lab (look names up with
 # :func:`color_for`, which is case-insensitive and gives unknown names a stable colour of their own).
@@ -61,8 +67,6 @@ def color_for(name: str) -> str:
     base = key.split("@", 1)[0]
     if base in PALETTE:
         return PALETTE[base]
-    import hashlib
-
     digest = hashlib.sha1(key.encode()).digest()
     return FALLBACK_COLORS[digest[0] % len(FALLBACK_COLORS)]
 
@@ -124,8 +128,6 @@ def figures_dir(out_dir: str | os.PathLike | None = None) -> Path:
     if out_dir is None:
         out_dir = os.environ.get(FIGURES_ENV)
     if out_dir is None:
-        from moelab.datasets import repo_root
-
         out_dir = repo_root() / "figures"
     path = Path(out_dir)
     path.mkdir(parents=True, exist_ok=True)
@@ -155,12 +157,11 @@ def save_figure(fig: Any, name: str, out_dir: str | os.PathLike | None = None, *
     want_png = png if png is not None else _chromium() is not None
     if want_png:
         try:
+            # lazy: plotly's export (kaleido, Chromium) loads only when a PNG is written
             import plotly.io as pio
 
             written["png"] = out / f"{name}.png"
             data = pio.to_image(fig, format="png", width=1000, height=560, scale=1)
-            from moelab._io import atomic_write_bytes
-
             atomic_write_bytes(written["png"], data)
         except Exception as exc:  # kaleido or Chromium missing/broken
             written.pop("png", None)
@@ -199,8 +200,6 @@ def sync_widget_state(widget: Any) -> None:
     trait values are written directly: assigning them would also push a full-state change to the live
     views on top of the edit messages already sent, and plotly's front end then redraws twice from two
     sources (seen as empty figures in JupyterLab)."""
-    from copy import deepcopy
-
     if hasattr(widget, "_widget_data") and hasattr(widget, "_layout_obj"):
         widget._trait_values["_widget_data"] = deepcopy(widget._data)
         widget._trait_values["_widget_layout"] = deepcopy(widget._layout_obj._props)
@@ -226,8 +225,7 @@ def static_fallback_html(obj: Any) -> str | None:
     png = os.environ.get(PNG_ENV)
     want_png = png == "1" if png in ("0", "1") else _chromium() is not None
     if want_png:
-        import base64
-
+        # lazy: plotly's export (kaleido, Chromium) loads only when a PNG stand-in is drawn
         import plotly.io as pio
 
         try:
@@ -250,6 +248,7 @@ def install_notebook_hooks(ip: Any = None) -> bool:
         return False
     if ip is None:
         try:
+            # lazy: IPython is optional (no moelab dependency); without it there is no kernel to hook
             from IPython import get_ipython
         except ImportError:
             return False
@@ -265,9 +264,7 @@ def install_notebook_hooks(ip: Any = None) -> bool:
 
 
 def slider(description: str, value: float, low: float, high: float, step: float, *, integer: bool = False, **kw: Any):
-    """An ipywidgets slider with a readable label width (ipywidgets imported lazily)."""
-    import ipywidgets as w
-
+    """An ipywidgets slider with a readable label width."""
     cls = w.IntSlider if integer else w.FloatSlider
     return cls(value=value, min=low, max=high, step=step, description=description, continuous_update=False,
                style={"description_width": "initial"}, layout=w.Layout(width="420px"), **kw)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ipywidgets as w
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -48,8 +49,6 @@ def causes_figure(table: pd.DataFrame) -> go.Figure:
 def panel(run: Any, *, K: int, G: int, load: float, tau: float, attention_share: float) -> Any:
     """Sliders K, G, load (x slot capacity), tau and attention share; each change re-runs the pair grid
     through ``run(K=, G=, load=, tau=, attention_share=) -> pair_gains_table`` and redraws the bars."""
-    import ipywidgets as w
-
     sk = slider("instances K", K, 1, 16, 1, integer=True)
     sg = slider("ranks per instance G", G, 1, 16, 1, integer=True)
     sr = slider("load (x slot capacity)", load, 0.3, 2.0, 0.1)

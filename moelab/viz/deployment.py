@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ipywidgets as w
 import numpy as np
 import plotly.graph_objects as go
 
@@ -49,8 +50,6 @@ def fig_distinct_experts(distinct: dict[str, float], n_workers: int) -> go.Figur
 def tau_panel(compute: Any, distinct: dict[str, float], n_workers: int, tau: float) -> Any:
     """A FigureWidget of :func:`fig_distinct_experts` whose ELDR bar follows a tau slider;
     ``compute(tau) -> distinct experts under ELDR``."""
-    import ipywidgets as w
-
     fw = go.FigureWidget(fig_distinct_experts(distinct, n_workers))
     s = slider("ELDR band tau", tau, 0.0, 1.0, 0.05)
     names = list(distinct)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import ipywidgets as w
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -143,8 +144,6 @@ def dsd_panel(rtt: float = 60.0, alpha: float = 0.8, gamma: int = 5, t_a: float 
               t_d: float = 10.0):
     """Sliders for RTT, alpha, gamma, t_a, t_ar (= t_v) and t_d wired to FigureWidgets: latency of
     every mode at this point, latency vs RTT, and the region map with the current point marked."""
-    import ipywidgets as w
-
     s = {
         "rtt": slider("RTT (ms)", rtt, 0, 400, 5),
         "alpha": slider("alpha (acceptance)", alpha, 0, 0.98, 0.01),

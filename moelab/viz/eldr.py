@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ipywidgets as w
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -129,8 +130,6 @@ def fig_regime_map(df: pd.DataFrame, *, n_workers: int, tau: float, metric: str 
 def _grid_control(description: str, values: list, value: Any) -> Any:
     """A slider over the values the grid was run at; a fixed label when only one was run (a slider with one
     stop would look like a control and do nothing)."""
-    import ipywidgets as w
-
     if len(values) >= 2:
         return w.SelectionSlider(options=values, value=value, description=description, continuous_update=False)
     return w.Label(value=f"{description} = {values[0]:g} (the only value run)")
@@ -139,8 +138,6 @@ def _grid_control(description: str, values: list, value: Any) -> Any:
 def regime_panel(df: pd.DataFrame, **kw: Any) -> Any:
     """The regime map with K and tau sliders (over the values the grid has; a label where it has one) and a
     metric choice; the title follows the chosen K, tau and metric."""
-    import ipywidgets as w
-
     ks = [int(x) for x in sorted(df["n_workers"].unique())]
     taus = [float(x) for x in sorted(df["tau"].unique())]
     k = _grid_control("K", ks, ks[len(ks) // 2])
@@ -217,8 +214,6 @@ def eldr_panel(setups: dict[str, Any], run_one: Any, *, n_requests: int, output_
     title says what was simulated). ``run_one(setup, router, rate=, tau=, n_requests=, output_len=)`` is
     called with that simulated rate.
     """
-    import ipywidgets as w
-
     geometry = w.Dropdown(options=list(setups), description="geometry", style={"description_width": "initial"})
     router = w.Dropdown(options=list(routers), value="eldr", description="router")
     workers = slider("decode workers K", workers, 2, 32, 1, integer=True)

@@ -6,6 +6,7 @@ import html
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ipywidgets as w
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -159,8 +160,6 @@ def drafting_panel(run: Callable[[int, int, str, float], Any], tokenizer: Any, *
 
     ``run(max_candidates, length, order, temperature)`` must return a generation result (it decodes with
     the real model, so each change takes as long as one short generation)."""
-    import ipywidgets as w
-
     first = run(candidates, length, orders[0], 0.0)
     fw = go.FigureWidget(fig_steps(first))
     text = w.HTML(acceptance_html(tokenizer, first))

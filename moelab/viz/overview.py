@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ipywidgets as w
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -80,8 +81,6 @@ def moe_experts_figure(table: pd.DataFrame, model: MoEStepModel, B: int = 256, *
 
 def moe_panel(table: pd.DataFrame, model: MoEStepModel, B: int = 256) -> Any:
     """A slider over the measured batch sizes wired to the MoE figure."""
-    import ipywidgets as w
-
     batches = sorted(int(b) for b in table["B"].unique())
     pick = w.SelectionSlider(options=batches, value=B if B in batches else batches[-1], description="batch B",
                              continuous_update=False)
