@@ -9,7 +9,7 @@ import pytest
 from tests.helpers import execute_notebook
 
 CI_PARAMS = {"K": 2, "G": 2, "SLOTS": 8, "N_TRACE": 160, "N_PAIRS": 800, "N_REQUESTS": 150, "OUTPUT_LEN": 64,
-             "SHARES": [0.5], "PANEL": True}
+             "SHARES": [0.5], "INTERACTIVE": True}
 
 
 @pytest.mark.notebook
@@ -18,7 +18,7 @@ def test_notebook_07_cross_paper(tmp_path):
     out = execute_notebook("07_cross_paper", CI_PARAMS, tmp_path)
     res = out["07_cross_paper"]
     figs = set(out["_figures"])
-    assert {"07_pairs.html", "07_causes.html"} <= figs
+    assert {"07_pairs.html", "07_causes.html", "07_two_level_routing.html"} <= figs
     assert res["params"]["K"] == 2 and res["params"]["G"] == 2
     assert len(res["pairs"]) == 6
     for key in ("eldr_only_gain_pct", "br_only_gain_pct", "both_gain_pct", "best_pair_gain_pct"):
@@ -27,3 +27,4 @@ def test_notebook_07_cross_paper(tmp_path):
     # the baseline pair is the reference: its own gain is exactly zero
     base = [r for r in res["pairs"] if r["pair"] == "jsq x jsq"][0]
     assert base["tpot_ms_p50_gain_pct"] == 0.0
+    assert len(res["worked_example"]) == 4 and len(res["verdict"]) == 5

@@ -5,7 +5,7 @@ registers that notebook's exercises when this package is imported.
 """
 
 # each notebook's module registers its exercises in EXERCISES on import
-from moelab.course import afd, balanceroute, dsd, eldr, hd, overview  # noqa: F401  (imported for registration)
+from moelab.course import afd, balanceroute, cross, deployment, dsd, eldr, hd, overview  # noqa: F401  (registration)
 from moelab.course.check import (
     EXERCISES,
     Exercise,

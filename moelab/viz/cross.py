@@ -46,16 +46,23 @@ def causes_figure(table: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def panel_title(K: int, G: int, load: float, tau: float, attention_share: float) -> str:
+    """The panel's title: the setting its bars were computed at (so it changes with every slider)."""
+    return (f"K = {K} instances x G = {G} ranks, load {load:g}x, tau = {tau:g}, "
+            f"attention {attention_share:.0%} of a rank step")
+
+
 def panel(run: Any, *, K: int, G: int, load: float, tau: float, attention_share: float) -> Any:
     """Sliders K, G, load (x slot capacity), tau and attention share; each change re-runs the pair grid
     through ``run(K=, G=, load=, tau=, attention_share=) -> pair_gains_table`` and redraws the bars."""
     sk = slider("instances K", K, 1, 16, 1, integer=True)
     sg = slider("ranks per instance G", G, 1, 16, 1, integer=True)
     sr = slider("load (x slot capacity)", load, 0.3, 2.0, 0.1)
-    st = slider("ELDR band tau", tau, 0.0, 1.0, 0.05)
+    # tau >= 2 admits every instance into the band (cosines lie in [-1, 1]): the slider reaches JSQ
+    st = slider("ELDR band tau", tau, 0.0, 2.0, 0.05)
     sa = slider("attention share of a rank step", attention_share, 0.05, 0.9, 0.05)
     first = run(K=K, G=G, load=load, tau=tau, attention_share=attention_share)
-    fig = pairs_figure(first, widget=True)
+    fig = pairs_figure(first, widget=True, title=panel_title(K, G, load, tau, attention_share))
     status = w.HTML()
 
     def say(table: pd.DataFrame) -> None:
@@ -64,7 +71,7 @@ def panel(run: Any, *, K: int, G: int, load: float, tau: float, attention_share:
     def update(_: Any = None) -> None:
         status.value = "running..."
         table = run(K=sk.value, G=sg.value, load=sr.value, tau=st.value, attention_share=sa.value)
-        refresh(fig, pairs_figure(table))
+        refresh(fig, pairs_figure(table, title=panel_title(sk.value, sg.value, sr.value, st.value, sa.value)))
         say(table)
 
     say(first)
@@ -74,4 +81,4 @@ def panel(run: Any, *, K: int, G: int, load: float, tau: float, attention_share:
     return w.VBox([w.HBox([w.VBox([sk, sg, sr]), w.VBox([st, sa, status])]), fig])
 
 
-__all__ = ["causes_figure", "pairs_figure", "panel"]
+__all__ = ["causes_figure", "pairs_figure", "panel", "panel_title"]

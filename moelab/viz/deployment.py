@@ -37,12 +37,14 @@ def fig_domain_experts(trace: Any, layer: int) -> go.Figure:
     return fig
 
 
-def fig_distinct_experts(distinct: dict[str, float], n_workers: int) -> go.Figure:
-    """Mean distinct experts per layer per decode step under each router."""
+def fig_distinct_experts(distinct: dict[str, float], n_workers: int, tau: float | None = None) -> go.Figure:
+    """Mean distinct experts per layer per decode step under each router (``tau``: ELDR's band, named in
+    the title when given, so a panel's title follows its slider)."""
     names = list(distinct)
     fig = go.Figure(go.Bar(x=names, y=[distinct[n] for n in names], marker_color=[color_for(n) for n in names],
                            text=[f"{distinct[n]:.2f}" for n in names], textposition="outside"))
-    fig.update_layout(title=f"Distinct experts loaded per layer per decode step ({n_workers} decode workers, live trace)",
+    band = "" if tau is None else f", ELDR tau = {tau:g}"
+    fig.update_layout(title=f"Distinct experts loaded per layer per decode step ({n_workers} decode workers{band})",
                       xaxis_title="router", yaxis_title="distinct experts / layer / step", template="plotly_white")
     return fig
 
@@ -50,8 +52,9 @@ def fig_distinct_experts(distinct: dict[str, float], n_workers: int) -> go.Figur
 def tau_panel(compute: Any, distinct: dict[str, float], n_workers: int, tau: float) -> Any:
     """A FigureWidget of :func:`fig_distinct_experts` whose ELDR bar follows a tau slider;
     ``compute(tau) -> distinct experts under ELDR``."""
-    fw = go.FigureWidget(fig_distinct_experts(distinct, n_workers))
-    s = slider("ELDR band tau", tau, 0.0, 1.0, 0.05)
+    fw = go.FigureWidget(fig_distinct_experts(distinct, n_workers, tau))
+    # tau >= 2 admits every worker into the band (cosines lie in [-1, 1]): the slider reaches plain JSQ
+    s = slider("ELDR band tau", tau, 0.0, 2.0, 0.05)
     names = list(distinct)
 
     def update(change: Any) -> None:
@@ -59,6 +62,7 @@ def tau_panel(compute: Any, distinct: dict[str, float], n_workers: int, tau: flo
         with fw.batch_update():
             fw.data[0].y = [values[n] for n in names]
             fw.data[0].text = [f"{values[n]:.2f}" for n in names]
+            fw.layout.title.text = fig_distinct_experts(values, n_workers, change["new"]).layout.title.text
 
     s.observe(update, names="value")
     return w.VBox([s, fw])

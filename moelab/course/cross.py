@@ -1,0 +1,126 @@
+"""Exercises of notebook 07 (cross-paper: ELDR picks the instance, BalanceRoute picks the rank).
+
+Every expected answer is computed by the library from the context the notebook passes: the pair grid's
+p50 TPOT per pair (``TPOT``, from this run), the model's expert geometry, the cluster shape and the
+worked example's rank loads. The default context (used by the tests) is the notebook's shape with a
+seeded random pair grid, so no result is typed here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from moelab.costmodel import expected_distinct_experts
+from moelab.course.check import Feedback, check_callable, check_number, exercise
+from moelab.cross import INSTANCE_ROUTERS, RANK_ROUTERS, gains
+from moelab.sim.metrics import imbalance
+
+NOTEBOOK = "07"
+PAIRS = tuple(f"{i} x {r}" for i in INSTANCE_ROUTERS for r in RANK_ROUTERS)
+
+
+def random_tpot(seed: int) -> dict[str, float]:
+    """A seeded random p50 TPOT (ms) per pair: a stand-in grid for the tests and the checkers' extra cases."""
+    rng = np.random.default_rng([7, seed])
+    return {pair: float(v) for pair, v in zip(PAIRS, rng.uniform(20.0, 40.0, size=len(PAIRS)))}
+
+
+def tpot_grid(tpot: dict[str, float]) -> pd.DataFrame:
+    """``{pair: p50 TPOT}`` as the frame :func:`moelab.cross.gains` reads."""
+    rows = []
+    for pair, value in tpot.items():
+        instance, rank = pair.split(" x ")
+        rows.append({"instance_router": instance, "rank_router": rank, "tpot_ms_p50": float(value)})
+    return pd.DataFrame(rows)
+
+
+#: the notebook's default shape (its parameters cell) with a seeded stand-in grid; the tests use it
+DEFAULTS = {"TPOT": random_tpot(0), "E": 128, "TOP_K": 8, "G": 4, "SLOTS": 16,
+            "LOADS": [3000.0, 1000.0, 2200.0, 1800.0]}
+
+
+def _valid_tpot(tpot: object) -> dict[str, float]:
+    if not isinstance(tpot, dict) or not set(PAIRS) <= set(tpot):
+        raise ValueError(f"TPOT must be a dict with the pairs {PAIRS}; got {tpot!r}")
+    return {p: float(tpot[p]) for p in PAIRS}
+
+
+def check_eldr_only(answer: object, *, TPOT: dict, **_: object) -> Feedback:
+    """ELDR's gain alone (ELDR x JSQ over JSQ x JSQ, p50 TPOT, %), read off the headline table."""
+    expected = gains(tpot_grid(_valid_tpot(TPOT)))["eldr_only_gain_pct"]
+    return check_number("eldr_only_gain_pct", answer, expected, atol=0.1,
+                        hint="find the row `eldr x jsq` in the headline table, column `tpot_ms_p50_gain_pct`: "
+                             "it is already measured against `jsq x jsq`.")
+
+
+def check_distinct_experts(answer: object, *, E: int, TOP_K: int, G: int, SLOTS: int, **_: object) -> Feedback:
+    """Distinct experts one MoE layer loads when the instance's G * SLOTS tokens are routed at random."""
+    expected = float(expected_distinct_experts(G * SLOTS, E, TOP_K))
+    return check_number("D", answer, expected, rtol=0.005,
+                        hint=f"B = G * SLOTS = {G * SLOTS} tokens share one instance's experts; use "
+                             "D = E (1 - (1 - k/E)^B): tokens overlap, so D is far below k B and never above E.")
+
+
+def check_imbalance(answer: object, *, LOADS: list, **_: object) -> Feedback:
+    """The barrier's idle work I = G max_g L_g - sum_g L_g for the worked example's rank loads."""
+    expected = float(imbalance(np.asarray(LOADS, dtype=float)))
+    return check_number("I", answer, expected, rtol=0.001,
+                        hint="every rank waits for the most loaded one: I sums each rank's margin M - L_g "
+                             "with M = max_g L_g (not max - min).")
+
+
+def _interaction_cases(TPOT: dict) -> list[tuple[tuple, float]]:
+    grids = [_valid_tpot(TPOT)] + [random_tpot(s) for s in (1, 2, 3, 4)]
+    out = []
+    for grid in grids:
+        g = gains(tpot_grid(grid))
+        out.append(((grid,), g["both_gain_pct"] - g["additive_gain_pct"]))
+    return out
+
+
+def check_interaction(answer: object, *, TPOT: dict, **_: object) -> Feedback:
+    """A function interaction(tpot) = both - (eldr_only + br_only), in percentage points."""
+    return check_callable("interaction", answer, _interaction_cases(TPOT), rtol=0.001,
+                          hint="gain of a pair = 100 (1 - tpot[pair] / tpot['jsq x jsq']); br_only is the BETTER "
+                               "of 'jsq x br0' and 'jsq x brh', both the better of 'eldr x br0' and 'eldr x brh'.")
+
+
+def _gain(tpot: dict, pair: str) -> float:
+    return 100.0 * (1.0 - tpot[pair] / tpot["jsq x jsq"])
+
+
+def _solution_interaction(tpot: dict) -> float:
+    eldr_only = _gain(tpot, "eldr x jsq")
+    br_only = max(_gain(tpot, "jsq x br0"), _gain(tpot, "jsq x brh"))
+    both = max(_gain(tpot, "eldr x br0"), _gain(tpot, "eldr x brh"))
+    return both - (eldr_only + br_only)
+
+
+def _wrong_interaction(tpot: dict) -> float:
+    """The typical slip: BR-0 only, forgetting that each side takes the better BalanceRoute variant."""
+    return _gain(tpot, "eldr x br0") - (_gain(tpot, "eldr x jsq") + _gain(tpot, "jsq x br0"))
+
+
+exercise(NOTEBOOK, "eldr_only", "easy",
+         "Read ELDR's gain alone (p50 TPOT, %) off the headline table.",
+         check_eldr_only, solution=lambda **ctx: gains(tpot_grid(ctx["TPOT"]))["eldr_only_gain_pct"],
+         # a typical misreading: the best pair's gain instead of ELDR x JSQ's
+         wrong=lambda **ctx: gains(tpot_grid(ctx["TPOT"]))["eldr_only_gain_pct"] + 5.0, context=DEFAULTS)
+exercise(NOTEBOOK, "distinct_experts", "medium",
+         "How many distinct experts does one MoE layer load per step when an instance's G * SLOTS tokens are "
+         "routed at random?",
+         check_distinct_experts,
+         solution=lambda **ctx: float(expected_distinct_experts(ctx["G"] * ctx["SLOTS"], ctx["E"], ctx["TOP_K"])),
+         wrong=lambda **ctx: float(ctx["TOP_K"] * ctx["G"] * ctx["SLOTS"]), context=DEFAULTS)
+exercise(NOTEBOOK, "imbalance", "medium",
+         "Compute the barrier's idle work I for the worked example's rank loads.",
+         check_imbalance, solution=lambda **ctx: float(imbalance(np.asarray(ctx["LOADS"], dtype=float))),
+         wrong=lambda **ctx: float(max(ctx["LOADS"]) - min(ctx["LOADS"])), context=DEFAULTS)
+exercise(NOTEBOOK, "interaction", "hard",
+         "Implement interaction(tpot): the best ELDR x BR pair's gain minus the sum of the two gains alone.",
+         check_interaction, solution=lambda **ctx: _solution_interaction, wrong=lambda **ctx: _wrong_interaction,
+         context=DEFAULTS)
+
+__all__ = ["DEFAULTS", "PAIRS", "check_distinct_experts", "check_eldr_only", "check_imbalance", "check_interaction",
+           "random_tpot", "tpot_grid"]
