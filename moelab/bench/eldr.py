@@ -126,6 +126,9 @@ def run(quick: bool = False) -> list[Figure]:
     figs.append(Figure("eldr", "eldr_sim_seconds", sim_s, "s", "<= 10",
                        f"16 workers, {n_req} requests x {out_len} tokens at 100 req/s, ELDR routing, {len(res.steps)} steps "
                        f"(synthetic Qwen3-30B-A3B-shaped traces); {_load()}"))
+    figs.append(Figure("eldr", "eldr_sim_worker_steps_per_s", len(res.steps) / sim_s, "worker-steps/s", ">= 100000",
+                       f"decode steps of one worker simulated per wall second: {len(res.steps)} in {sim_s:.2f} s, the "
+                       f"eldr_sim_seconds run; {_load()}"))
 
     n_op = 2000 if quick else 6000
     runs = {r: run_one(setup, r, rate=OPERATING_RATE, n_requests=n_op, output_len=out_len) for r in (*BASELINES, "eldr")}

@@ -49,6 +49,9 @@ MAX_DECODE_TOKENS = 200_000_000
 MAX_INSTANCES = 4096
 MAX_SLOTS = 1 << 16
 _UNLIMITED = 1 << 30
+#: most coming steps of one instance whose distinct experts are counted in one pass (the counts of steps
+#: past the next admission are thrown away, so a longer look-ahead wastes work on a busy instance)
+_LOOKAHEAD = 16
 
 #: cluster-level fields every run supplies to the instance router (request columns are added per trace)
 INSTANCE_FIELDS = frozenset({"prompt_len", "output_len", "active", "waiting", "kv_tokens", "free_slots", "time_s",
@@ -175,6 +178,12 @@ def simulate(
     state: list[np.ndarray] = [np.zeros((7, 0), np.int64) for _ in range(K)]
     fresh: list[np.ndarray | int] = [0] * K  # requests admitted at the last step start
     queues: list[deque] = [deque() for _ in range(K)]
+    # G == 1: steps ended since the block was brought up to date, steps from then to the batch's first
+    # finish, and the distinct-expert counts of the coming steps (from step ``ahead_from`` of the lag on)
+    lag = [0] * K
+    to_finish = [_UNLIMITED] * K
+    ahead: list[list[int]] = [[] for _ in range(K)]
+    ahead_from = [0] * K
     enq_step = np.zeros(n, np.int64)
     n_steps_w = [0] * K
     active = np.zeros(K, np.int64)
@@ -218,15 +227,40 @@ def simulate(
             queues[w] = deque(r for r in q if r not in keep)
         return take, dec
 
-    def start_step(w: int, t: float) -> None:
+    def catch_up(w: int) -> np.ndarray:
+        """Apply the steps instance ``w`` ended since its block was last brought up to date."""
         st = state[w]
+        if lag[w]:
+            st[3:5] += lag[w]
+            to_finish[w] -= lag[w]
+            ahead_from[w] -= lag[w]  # the counts ahead stay valid: they follow the same phases
+            lag[w] = 0
+        return st
+
+    def distinct_ahead(w: int, st: np.ndarray) -> None:
+        """Distinct experts of the next steps of ``w`` while its batch stays as it is (until its first
+        finish), counted for up to :data:`_LOOKAHEAD` steps in one vectorised pass: a step's count depends
+        only on the batch and each request's trace phase, both known in advance between events."""
+        n_ahead = min(to_finish[w] - lag[w], _LOOKAHEAD)
+        phase = st[3][None, :] + (lag[w] + np.arange(n_ahead))[:, None]
+        rows = st[1][None, :] + phase % st[2][None, :]
+        counts = np.bitwise_count(or_reduce(flat_bits[rows], axis=1)).reshape(n_ahead, -1).sum(axis=1)
+        ahead[w] = counts.tolist()
+        ahead_from[w] = lag[w]
+
+    def start_step(w: int, t: float) -> None:
         q = queues[w]
         fresh[w] = 0
         dec = float("nan")
         if G == 1:
-            room = cap - st.shape[1]
+            room = cap - state[w].shape[1]
             take = [q.popleft() for _ in range(min(room, len(q)))] if q and room > 0 else []
+            if take:
+                st = catch_up(w)
+                ahead[w] = []
+            st = state[w]
         else:
+            st = state[w]
             take, dec = admit_ranks(w, t, st)
         if len(take):
             block = req_block[:, take]
@@ -241,6 +275,7 @@ def simulate(
             fresh[w] = np.asarray(take, np.int64)
             admit[take] = t
             kv_run[w] += int(plen[take].sum())
+            to_finish[w] = int((st[5] - st[4]).min())
         b = st.shape[1]
         n_steps_w[w] += 1
         if b == 0:
@@ -249,7 +284,13 @@ def simulate(
                 raise RuntimeError(f"rank router {rank_routers[w]!r} left {len(queues[w])} requests queued on an "
                                    f"empty instance")
             return
-        if replay:
+        if replay and G == 1:
+            i = lag[w] - ahead_from[w]
+            if not 0 <= i < len(ahead[w]):
+                distinct_ahead(w, st)
+                i = 0
+            sum_d = ahead[w][i]
+        elif replay:
             rows = st[1] + st[3] % st[2]
             sum_d = int(np.bitwise_count(or_reduce(flat_bits[rows], axis=0)).sum())
         else:
@@ -273,12 +314,21 @@ def simulate(
 
     def end_step(w: int, t: float) -> None:
         st = state[w]
-        st[3:5] += 1
-        kv[w] += st.shape[1]  # every running request appended one token to its KV cache
-        kv_run[w] += st.shape[1]
+        b = st.shape[1]
+        kv[w] += b  # every running request appended one token to its KV cache
+        kv_run[w] += b
         f = fresh[w]
         if not isinstance(f, int):
             first[f] = t
+        if G == 1:  # the block's phases and counts advance lazily: only a finish or an admission reads them
+            lag[w] += 1
+            if lag[w] < to_finish[w]:
+                start_step(w, t)
+                return
+            st = catch_up(w)
+            ahead[w] = []
+        else:
+            st[3:5] += 1
         done = st[4] >= st[5]
         if done.any():
             ids = st[0, done]
@@ -286,11 +336,14 @@ def simulate(
             freed = int(plen[ids].sum() + st[4, done].sum())
             kv[w] -= freed
             kv_run[w] -= freed
-            state[w] = st[:, ~done]
+            state[w] = st = st[:, ~done]
             active[w] -= ids.size
+        to_finish[w] = int((st[5] - st[4]).min()) if st.shape[1] else _UNLIMITED
         start_step(w, t)
 
     def active_view() -> ActiveRequests:
+        for w in range(K):
+            catch_up(w)
         blocks = [s for s in state if s.shape[1]]
         if not blocks:
             z = np.zeros(0, np.int64)

@@ -1,0 +1,107 @@
+"""The simulators reproduce, on fixed seeds, what they computed before their speed-ups.
+
+``tests/data/sim_reference.json`` was recorded by the simulators as they stood at commit 0da606d (before
+the issue 28 speed work) with ``python tests/test_sim_reference.py --record``. Integer records (worker,
+rank, batch, distinct experts, step counts) must match exactly; times must match bit for bit too (the
+digest of every float column), so a speed-up that reorders float arithmetic fails here and has to say so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moelab.balanceroute import experiments as ex
+from moelab.balanceroute.routers import BR0
+from moelab.costmodel import DecodeStepModel
+from moelab.costmodel.dp import DPCost
+from moelab.eldr.experiments import prepare
+from moelab.eldr.routing import ELDRRouter
+from moelab.eldr.sim import poisson_requests, simulate
+from moelab.eldr.workload import SyntheticConfig, generate
+from moelab.routers import make_router
+from moelab.sim import SimResult
+from moelab.sim.dp import simulate_dp
+
+REFERENCE = Path(__file__).parent / "data" / "sim_reference.json"
+#: the routers' measured decision times are wall clock, never reproducible
+WALL_CLOCK = ("decision_ms", "decision_us")
+
+
+def _digest(values: np.ndarray) -> str:
+    """sha256 of a column's bytes: equal digests mean bit-identical records."""
+    return hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()[:16]
+
+
+def _record(res: SimResult) -> dict:
+    """What a run is compared on: every per-request and per-step column (digest and sum) and its metrics."""
+    out: dict = {"n_steps": len(res.steps)}
+    for frame_name, frame in (("requests", res.requests), ("steps", res.steps)):
+        for col in frame.columns:
+            v = frame[col].to_numpy()
+            if v.dtype.kind not in "biuf" or col in WALL_CLOCK:
+                continue
+            out[f"{frame_name}.{col}.digest"] = _digest(v)
+            out[f"{frame_name}.{col}.sum"] = float(np.nansum(v))
+    out["metrics"] = {k: float(v) for k, v in res.metrics().items()
+                      if isinstance(v, (int, float, np.number)) and not k.startswith(WALL_CLOCK)}
+    return out
+
+
+def _cluster_cases() -> dict[str, SimResult]:
+    """The decode-cluster simulator on the bench's geometry (Qwen3-30B-A3B-shaped, 48 x 128, top-8), small:
+    queues form (16 slots), ELDR and two baselines, and one DP-group run (2 ranks per instance)."""
+    wl = generate(160, SyntheticConfig(), seed=0)
+    setup = prepare(wl.trace, DecodeStepModel.h200("qwen3-30b-a3b"), 4, n_pairs=2000)
+    sig = setup.signatures().astype(np.float32)
+    reqs = poisson_requests(setup.pool, rate=400.0, n_requests=300, output_len=48, seed=1)
+    out = {}
+    for name, router in (("eldr", ELDRRouter(setup.centroids(), tau=0.1)), ("round_robin", make_router("round_robin")),
+                         ("jsq", make_router("jsq"))):
+        out[f"cluster_{name}"] = simulate(setup.pool, reqs, router, setup.cost, n_workers=4, slots=16,
+                                          signatures=sig if "signature" in router.requires else None, bits=setup.bits)
+    from moelab.sim.cluster import simulate as simulate_cluster
+    out["cluster_jsq_x_jsq_ranks2"] = simulate_cluster(reqs, make_router("jsq"), setup.cost, n_workers=2, slots=8,
+                                                       trace=setup.pool, bits=setup.bits, ranks=2,
+                                                       rank_router=make_router("jsq"))
+    return out
+
+
+def _dp_cases() -> dict[str, SimResult]:
+    """The BalanceRoute DP simulator on a slice of the Azure conversation trace, pooled and engine queues."""
+    trace = ex.workload("azure-conv")
+    _, held = ex.split_trace(trace, 0.3)
+    cost = DPCost.h200(4, 16)
+    tr, _ = ex.at_load(held, cost, 1.2, n_requests=400)
+    out = {"dp_br0": simulate_dp(tr, BR0(), 4, 16, cost), "dp_jsq": simulate_dp(tr, make_router("jsq"), 4, 16, cost)}
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    return json.loads(REFERENCE.read_text())
+
+
+@pytest.mark.parametrize("cases", [_cluster_cases, _dp_cases], ids=["cluster", "dp"])
+def test_simulators_reproduce_recorded_runs(cases, reference):
+    for name, res in cases().items():
+        got, want = _record(res), reference[name]
+        assert got.keys() == want.keys(), name
+        for key in want:
+            if key == "metrics":
+                assert got[key].keys() == want[key].keys(), name
+                for m, v in want[key].items():
+                    assert got[key][m] == pytest.approx(v, rel=0, abs=0, nan_ok=True), f"{name} metric {m}"
+            else:
+                assert got[key] == want[key] or (got[key] != got[key] and want[key] != want[key]), f"{name} {key}"
+
+
+if __name__ == "__main__" and "--record" in sys.argv:
+    recorded = {name: _record(res) for cases in (_cluster_cases, _dp_cases) for name, res in cases().items()}
+    REFERENCE.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
+    print(f"recorded {len(recorded)} runs to {REFERENCE}")
