@@ -93,6 +93,27 @@ def check_int(name: str, value: Any, *, low: int | None = None, high: int | None
     return v
 
 
+#: one command-line value (a ``--grid`` or ``--params`` entry): real entries are a few dozen characters;
+#: the cap keeps Python's literal parser (recursive) far from its stack and memory limits
+MAX_CLI_VALUE_CHARS = 4096
+
+
+def parse_cli_literal(name: str, text: Any, *, max_chars: int = MAX_CLI_VALUE_CHARS) -> Any:
+    """A command-line value as a Python literal when it is one (``20``, ``0.1``, ``[1, 2]``, ``None``),
+    else the text itself; longer than ``max_chars`` is a ``ValueError`` naming ``name`` and the cap."""
+    if not isinstance(text, str):
+        raise ValueError(f"{name} must be a string; got {type(text).__name__}")
+    if len(text) > max_chars:
+        raise ValueError(f"{name} is {len(text)} characters long, over the cap of {max_chars} for one command-line "
+                         "value (put large inputs in a file)")
+    import ast
+
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return text
+
+
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     """Return ``value`` if it is one of ``choices``, else raise ``ValueError`` listing them."""
     options = list(choices)

@@ -115,3 +115,77 @@ def test_sharegpt_record_nested_too_deeply_is_a_clear_error(tmp_path):
                     + '{"id": "b", "x": ' + "[" * 100_000 + "]" * 100_000 + "}]")
     with pytest.raises(ValueError, match="nested too deeply"):
         load_sharegpt(path=path)
+
+
+# ------------------------------------------------------------------------------- class 2: sweep cache
+
+def _sweep_point(rate: int) -> dict:
+    return {"throughput": float(rate) * 2}
+
+
+def test_sweep_cache_entry_of_another_point_is_not_served(tmp_path):
+    import warnings
+
+    from moelab.sweep import ResultCache, run_sweep
+    from moelab.sweep.core import decode_entry, encode_entry
+
+    res = run_sweep(_sweep_point, {"rate": [1, 2]}, cache_dir=tmp_path, backend="serial", progress=False)
+    k1, k2 = res.keys
+    cache = ResultCache(tmp_path)
+    # replace point 1's rows and params (keeping its key) by point 2's: must be refused, not served
+    forged = encode_entry(k1, {"rate": 2}, [{"rate": 2, "throughput": 4.0}])
+    cache.store(k1, forged)
+    with pytest.raises(ValueError, match="stores the point"):
+        decode_entry(forged, k1, params={"rate": 1})
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        again = run_sweep(_sweep_point, {"rate": [1, 2]}, cache_dir=tmp_path, backend="serial", progress=False)
+    assert again.recomputed == [k1]
+    assert again.frame.set_index("rate").loc[1, "throughput"] == 2.0
+    # rows swapped but params metadata kept: the rows are compared too
+    forged_rows = encode_entry(k1, {"rate": 1}, [{"rate": 2, "throughput": 4.0}])
+    with pytest.raises(ValueError, match="not the point's rows"):
+        decode_entry(forged_rows, k1, params={"rate": 1})
+
+
+def test_sweep_cache_entry_size_checked_from_its_footer(tmp_path):
+    from moelab.sweep.core import decode_entry, encode_entry
+
+    blob = encode_entry("k" * 64, {"rate": 1}, [{"rate": 1, "text": "x" * 100_000}])
+    with pytest.raises(ValueError, match="max_decoded_bytes"):
+        decode_entry(blob, "k" * 64, params={"rate": 1}, max_decoded_bytes=10_000)
+
+
+def test_sweep_cache_entry_replaced_by_a_folder_is_named(tmp_path):
+    from moelab.sweep import ResultCache, run_sweep
+
+    res = run_sweep(_sweep_point, {"rate": [1]}, cache_dir=tmp_path, backend="serial", progress=False)
+    path = ResultCache(tmp_path).path(res.keys[0])
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(FileFormatError, match="not a regular file"):
+        run_sweep(_sweep_point, {"rate": [1]}, cache_dir=tmp_path, backend="serial", progress=False)
+
+
+# ------------------------------------------------------------------------------- class 3: bounds on work
+
+def test_grid_size_is_capped_before_expanding():
+    from moelab.sweep.core import MAX_GRID_POINTS, expand_grid
+
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="MAX_GRID_POINTS"):
+        expand_grid({f"a{i}": list(range(10)) for i in range(9)})
+    assert time.perf_counter() - t0 < 1.0
+    assert MAX_GRID_POINTS >= 1000
+
+
+def test_cli_values_are_length_capped():
+    from moelab.notebooks import parse_params
+    from moelab.sweep.core import parse_grid_args
+
+    with pytest.raises(ValueError, match="cap"):
+        parse_grid_args(["rate=" + "[" * 100_000])
+    with pytest.raises(ValueError, match="cap"):
+        parse_params(["x=" + "(" * 100_000])
+    assert parse_params(["x=[1, 2]", "y=abc"]) == {"x": [1, 2], "y": "abc"}
+    assert parse_grid_args(["rate=20,60"]) == {"rate": [20, 60]}
