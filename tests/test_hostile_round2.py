@@ -189,3 +189,11 @@ def test_cli_values_are_length_capped():
         parse_params(["x=" + "(" * 100_000])
     assert parse_params(["x=[1, 2]", "y=abc"]) == {"x": [1, 2], "y": "abc"}
     assert parse_grid_args(["rate=20,60"]) == {"rate": [20, 60]}
+
+
+def test_calibrate_reps_is_bounded():
+    from moelab.make.calibrate import MAX_REPS, calibrate
+
+    with pytest.raises(ValueError, match="reps.*MAX_REPS"):
+        calibrate("/nonexistent-never-written", smoke=True, device="cpu", reps=10**9)
+    assert MAX_REPS >= 50
