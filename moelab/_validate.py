@@ -243,6 +243,18 @@ def check_int_array(
     return arr.astype(np.int64, copy=False)
 
 
+def check_token_ids(name: str, value: Any, *, vocab_size: int | None = None) -> list[int]:
+    """``value`` as a list of token ids (1-d, integer dtype, in ``[0, vocab_size)``). Floats are refused,
+    even integral ones: a token id that arrives as a float came from the wrong array and truncating it
+    would decode a different token."""
+    arr = _as_array(name, [] if value is None else value, what="a 1-d sequence of integer token ids")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise ValueError(f"{name} must hold integer token ids; got dtype {arr.dtype} ({_clip(value)})")
+    ids = check_int_array(name, arr.astype(np.int64) if not arr.size else arr, low=0, high=vocab_size, ndim=1,
+                          high_name="vocab_size" if vocab_size is not None else None, kind="token ids")
+    return ids.tolist()
+
+
 def check_counts(name: str, value: Any, *, ndim: int | None = None) -> np.ndarray:
     """``value`` as an int64 array of non-negative integer counts (fractions, NaN, negatives refused)."""
     return check_int_array(name, value, low=0, ndim=ndim)

@@ -197,3 +197,18 @@ def test_calibrate_reps_is_bounded():
     with pytest.raises(ValueError, match="reps.*MAX_REPS"):
         calibrate("/nonexistent-never-written", smoke=True, device="cpu", reps=10**9)
     assert MAX_REPS >= 50
+
+
+# ------------------------------------------------------------------------------- class 4: no silent wrong numbers
+
+def test_float_token_ids_are_refused_not_truncated():
+    from moelab._validate import check_token_ids
+    from moelab.hd.decode import generate
+
+    assert check_token_ids("prompt_ids", [1, 2, 3]) == [1, 2, 3]
+    with pytest.raises(ValueError, match="prompt_ids must hold integer token ids"):
+        check_token_ids("prompt_ids", [1.7, 2.0])
+    with pytest.raises(ValueError, match="prompt_ids"):
+        check_token_ids("prompt_ids", [-1])
+    with pytest.raises(ValueError, match="prompt_ids must hold integer token ids"):
+        generate(object(), [1.7, 2.2], max_new_tokens=1)
