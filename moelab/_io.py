@@ -24,6 +24,7 @@ import io
 import json
 import math
 import os
+import re
 import tempfile
 import warnings
 import zipfile
@@ -43,6 +44,7 @@ DEFAULT_MAX_FILE_BYTES = 1 * GiB  # on-disk size of any file before it is opened
 DEFAULT_MAX_NPZ_BYTES = 512 * MiB  # all arrays of one .npz together, as declared (uncompressed)
 DEFAULT_MAX_NPZ_MEMBERS = 1024
 DEFAULT_MAX_JSON_BYTES = 64 * MiB
+DEFAULT_MAX_JSON_DEPTH = 64  # nesting of [ and {: far above any moelab file, far below the parser's recursion limit
 DEFAULT_MAX_CSV_BYTES = 256 * MiB
 DEFAULT_MAX_CSV_ROWS = 5_000_000
 _MAX_NPY_HEADER = 10_000  # numpy's own safe default for .npy headers
@@ -332,8 +334,10 @@ def load_npz(
 # ---------------------------------------------------------------------------------------------- JSON
 
 
-def read_json(path: str | os.PathLike, *, max_bytes: int = DEFAULT_MAX_JSON_BYTES) -> Any:
-    """Read a JSON file (at most ``max_bytes``) with a clear error when it is missing or malformed.
+def read_json(path: str | os.PathLike, *, max_bytes: int = DEFAULT_MAX_JSON_BYTES,
+              max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Any:
+    """Read a JSON file (at most ``max_bytes``, nested at most ``max_depth``) with a clear error when it is
+    missing or malformed (parsed by :func:`loads_json`).
 
     Raises ``FileNotFoundError`` when missing and :class:`FileFormatError` when too big, not UTF-8, not
     valid JSON or nested too deeply.
@@ -344,9 +348,49 @@ def read_json(path: str | os.PathLike, *, max_bytes: int = DEFAULT_MAX_JSON_BYTE
             data = fh.read(max_bytes + 1)
         if len(data) > max_bytes:  # grew since the size check
             raise FileFormatError(path, None, f"is over the budget max_bytes={_human(max_bytes)}")
-        return json.loads(data.decode("utf-8"))
+        return loads_json(data, path=path, max_depth=max_depth)
     except FileFormatError:
         raise
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise FileFormatError(path, None, f"is not valid JSON ({type(exc).__name__}: {exc})") from None
+
+
+# a JSON string (escapes included): its brackets are text, not nesting
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def json_depth(data: bytes | str) -> int:
+    """Deepest nesting of ``[`` / ``{`` in JSON text (brackets inside strings do not count), found by a
+    linear scan so a deeply nested document is measured without recursing into it."""
+    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    codes = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
+    if not codes.size:
+        return 0
+    step = (codes == ord("[")).astype(np.int64) + (codes == ord("{"))
+    step -= (codes == ord("]")).astype(np.int64) + (codes == ord("}"))
+    return int(max(np.cumsum(step).max(), 0))
+
+
+def loads_json(data: bytes | str, *, path: str | os.PathLike | None = None,
+               max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Any:
+    """Parse untrusted JSON text with its nesting bounded before the (recursive) parser sees it.
+
+    Every JSON moelab reads from a file or a stream goes through here, so a deeply nested document is a
+    :class:`FileFormatError` naming ``path`` and ``max_depth``, never a ``RecursionError``.
+
+    Raises
+    ------
+    FileFormatError
+        Nested deeper than ``max_depth``, not UTF-8, or not valid JSON.
+    """
+    depth = json_depth(data)
+    if depth > max_depth:
+        raise FileFormatError(path, None, f"is not valid JSON for moelab: it nests {depth} levels deep, over the budget "
+                                          f"max_depth={max_depth} (moelab's files nest a few levels)")
+
+    try:
+        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
+        return json.loads(text)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise FileFormatError(path, None, f"is not valid JSON ({type(exc).__name__}: {exc})") from None
 

@@ -94,6 +94,27 @@ def check_int(name: str, value: Any, *, low: int | None = None, high: int | None
     return v
 
 
+#: one command-line value (a ``--grid`` or ``--params`` entry): real entries are a few dozen characters;
+#: the cap keeps Python's literal parser (recursive) far from its stack and memory limits
+MAX_CLI_VALUE_CHARS = 4096
+
+
+def parse_cli_literal(name: str, text: Any, *, max_chars: int = MAX_CLI_VALUE_CHARS) -> Any:
+    """A command-line value as a Python literal when it is one (``20``, ``0.1``, ``[1, 2]``, ``None``),
+    else the text itself; longer than ``max_chars`` is a ``ValueError`` naming ``name`` and the cap."""
+    if not isinstance(text, str):
+        raise ValueError(f"{name} must be a string; got {type(text).__name__}")
+    if len(text) > max_chars:
+        raise ValueError(f"{name} is {len(text)} characters long, over the cap of {max_chars} for one command-line "
+                         "value (put large inputs in a file)")
+    import ast
+
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return text
+
+
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     """Return ``value`` if it is one of ``choices``, else raise ``ValueError`` listing them."""
     options = list(choices)
@@ -221,6 +242,18 @@ def check_int_array(
     if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
         raise ValueError(f"{name} must be {what}; got {arr.max().item()!r}")
     return arr.astype(np.int64, copy=False)
+
+
+def check_token_ids(name: str, value: Any, *, vocab_size: int | None = None) -> list[int]:
+    """``value`` as a list of token ids (1-d, integer dtype, in ``[0, vocab_size)``). Floats are refused,
+    even integral ones: a token id that arrives as a float came from the wrong array and truncating it
+    would decode a different token."""
+    arr = _as_array(name, [] if value is None else value, what="a 1-d sequence of integer token ids")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise ValueError(f"{name} must hold integer token ids; got dtype {arr.dtype} ({_clip(value)})")
+    ids = check_int_array(name, arr.astype(np.int64) if not arr.size else arr, low=0, high=vocab_size, ndim=1,
+                          high_name="vocab_size" if vocab_size is not None else None, kind="token ids")
+    return ids.tolist()
 
 
 def check_counts(name: str, value: Any, *, ndim: int | None = None) -> np.ndarray:

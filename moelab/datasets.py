@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moelab._io import atomic_write_bytes
+from moelab._io import FileFormatError, atomic_write_bytes, loads_json, read_json
 from moelab._validate import check_int, check_real
 
 PUBLIC_DATA_ENV = "MOELAB_PUBLIC_DATA"
@@ -168,7 +168,8 @@ _MT_BENCH_SUBCATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding",
 
 def load_spec_bench() -> pd.DataFrame:
     """Spec-Bench's 480 questions: ``question_id, category, subcategory, turns, prompt`` (first turn)."""
-    rows = [json.loads(line) for line in public_path("spec-bench").read_text(encoding="utf-8").splitlines() if line.strip()]
+    path = public_path("spec-bench")
+    rows = [loads_json(line, path=path) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     df = pd.DataFrame(rows)
     df["subcategory"] = df["category"]
     df["category"] = df["category"].where(~df["category"].isin(_MT_BENCH_SUBCATEGORIES), "mt_bench")
@@ -191,7 +192,7 @@ def load_routing_counts(model: str = "olmoe") -> dict:
     key = {"olmoe": "olmoe-routing-counts", "mixtral": "mixtral-routing-counts"}.get(model)
     if key is None:
         raise ValueError(f"model must be one of ['olmoe', 'mixtral']; got {model!r}")
-    return json.loads(public_path(key).read_text(encoding="utf-8"))
+    return read_json(public_path(key))
 
 
 def load_calibration(gpu: str = "h200", table: str = "moe_step") -> pd.DataFrame:
@@ -369,6 +370,9 @@ def load_sharegpt(
                 break
             except UnicodeDecodeError as exc:  # pragma: no cover - raised by fh.read above
                 raise ValueError(f"ShareGPT file {file} is not UTF-8 text: {exc}") from None
+            except RecursionError:  # a record nested far deeper than a conversation ever is
+                raise FileFormatError(file, None, f"holds a record nested too deeply to parse (at character {pos} "
+                                                  "of the current chunk); a ShareGPT record nests 3 levels") from None
             pos = end
             conv = _parse_record(rec)
             if conv is None:

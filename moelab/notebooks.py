@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moelab._validate import MAX_CLI_VALUE_CHARS, parse_cli_literal
 from moelab.datasets import repo_root
 
 
@@ -42,12 +43,12 @@ def parse_params(pairs: list[str]) -> dict[str, Any]:
     params: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
+        if len(pair) > MAX_CLI_VALUE_CHARS:
+            raise ValueError(f"--params entry {pair[:40]!r}... is {len(pair)} characters long, over the cap of "
+                             f"{MAX_CLI_VALUE_CHARS} for one command-line value")
         if not sep or not key.isidentifier():
             raise ValueError(f"--params entries must look like name=value; got {pair!r}")
-        try:
-            params[key] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            params[key] = raw
+        params[key] = parse_cli_literal(f"--params {key}", raw)
     return params
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from moelab._validate import check_int, check_real, rng_from
+from moelab._validate import check_int, check_real, check_token_ids, rng_from
 from moelab.hd.drafters import Drafter, NoDrafter
 from moelab.models.lm import LMSession
 
@@ -113,7 +113,7 @@ class GenerationResult:
 
 
 def _validate(prompt_ids: Sequence[int], max_new_tokens: int, temperature: float) -> list[int]:
-    ids = [int(t) for t in prompt_ids] if prompt_ids is not None else []
+    ids = check_token_ids("prompt_ids", prompt_ids)
     if not ids:
         raise ValueError("prompt_ids must not be empty (an empty prompt gives nothing to condition on)")
     check_int("max_new_tokens", max_new_tokens, low=1)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from moelab._io import FileFormatError, atomic_save_npz, load_npz
+from moelab._io import FileFormatError, atomic_save_npz, load_npz, loads_json
 from moelab._validate import check_int
 
 FORMAT = "moelab.hd.ngram/1"
@@ -227,6 +227,13 @@ class NGramTable:
         if z["length"].shape != () or z["length"].dtype.kind not in "iu" or not 1 <= int(z["length"]) <= 64:
             raise StoreFileError(path, "length", "must be one integer in [1, 64]")
         length = int(z["length"])
+        vocab, vocab_name = _MAX_ID, "the table's id limit"
+        declared = (meta.get("tokenizer") or {}).get("vocab_size") if isinstance(meta.get("tokenizer"), dict) else None
+        if declared is not None:
+            if isinstance(declared, bool) or not isinstance(declared, int) or not 1 <= declared <= _MAX_ID:
+                raise StoreFileError(path, "meta.tokenizer.vocab_size", f"must be an integer in [1, {_MAX_ID}]; "
+                                                                        f"got {declared!r}")
+            vocab, vocab_name = declared, "meta.tokenizer.vocab_size"
         tables = {}
         for key in z:
             if not key.startswith("keys"):
@@ -246,8 +253,13 @@ class NGramTable:
                     or counts.shape != conts.shape[:2]:
                 raise StoreFileError(path, f"conts{m}", f"shapes disagree: keys {keys.shape}, conts {conts.shape}, "
                                                         f"counts {counts.shape}, length {length}")
-            if keys.size and (keys.min() < 0 or keys.max() >= _MAX_ID):
-                raise StoreFileError(path, f"keys{m}", f"token ids must be in [0, {_MAX_ID})")
+            if keys.size and (keys.min() < 0 or keys.max() >= vocab):
+                raise StoreFileError(path, f"keys{m}", f"token ids must be in [0, {vocab_name}={vocab})")
+            # -1 pads a key's unused continuation slots; anything else outside the vocabulary would be
+            # drafted and crash the decoder's embedding lookup later
+            if conts.size and (conts.min() < -1 or conts.max() >= vocab):
+                raise StoreFileError(path, f"conts{m}", f"continuation ids must be -1 (padding) or in "
+                                                        f"[0, {vocab_name}={vocab}); got {conts.min()} .. {conts.max()}")
             tables[m] = (keys, conts, counts)
         if not tables:
             raise StoreFileError(path, "keys1", "the store has no key table")
@@ -273,10 +285,12 @@ def load_store_npz(path: str | Path, **kw: Any) -> dict[str, np.ndarray]:
 def read_store_meta(path: str | Path, z: dict[str, np.ndarray], expect_tokenizer: dict[str, Any] | None,
                     expect_kind: str | None) -> dict[str, Any]:
     """The JSON metadata of a store file, checked for kind and tokenizer (shared by every store format)."""
+    if "meta" not in z or z["meta"].shape != () or z["meta"].dtype.kind not in "US":
+        raise StoreFileError(path, "meta", "is not a JSON object")
     try:
-        meta = json.loads(str(z["meta"]))
-    except (json.JSONDecodeError, KeyError):
-        raise StoreFileError(path, "meta", "is not a JSON object") from None
+        meta = loads_json(str(z["meta"]), path=path)
+    except FileFormatError as exc:
+        raise StoreFileError(path, "meta", exc.problem) from None
     if not isinstance(meta, dict):
         raise StoreFileError(path, "meta", "is not a JSON object")
     if expect_kind is not None and meta.get("kind") != expect_kind:

@@ -339,7 +339,9 @@ class SuffixStore:
             raise StoreFileError(path, "tokens", f"ids must be -1 (separator) or in [0, {(1 << bits) - 1})")
         if order.size and (order.min() < 0 or order.max() >= tokens.size):
             raise StoreFileError(path, "order", f"positions must be in [0, {tokens.size})")
-        if order.size != int((tokens >= 0).sum()):
+        listed = np.zeros(tokens.size, dtype=bool)
+        listed[order] = True
+        if order.size != int((tokens >= 0).sum()) or int(listed.sum()) != order.size or np.any(tokens[order] < 0):
             raise StoreFileError(path, "order", "must list every non-separator position once")
         return cls(tokens, order, bits, meta, **kw)
 

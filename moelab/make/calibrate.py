@@ -94,6 +94,11 @@ class Plan:
     layer_copies: int
 
 
+#: repetitions per measured point: the median settles within a few dozen; 1000 over the full plan's
+#: points is already hours of GPU time, so more is refused rather than run for days
+MAX_REPS = 1000
+
+
 def full_plan(reps: int = 50) -> Plan:
     """The H200 tables' grid: five MoE shapes, bf16, ``reps`` CUDA-graph replays per point."""
     return Plan({n: MODEL_SHAPES[n].moe for n in MOE_TABLE_MODELS}, (1, 8, 32, 64, 128, 256),
@@ -413,7 +418,7 @@ def calibrate(out: str | Path, *, smoke: bool = False, device: str | None = None
                          "use smoke=True (--smoke) to run the code path on the CPU")
     plan = smoke_plan() if smoke else full_plan()
     if reps is not None:
-        plan = Plan(**{**asdict_shallow(plan), "reps": check_int("reps", reps, low=1)})
+        plan = Plan(**{**asdict_shallow(plan), "reps": check_int("reps", reps, low=1, high=MAX_REPS, high_name="MAX_REPS")})
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     threads = torch.get_num_threads()

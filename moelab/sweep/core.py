@@ -13,7 +13,6 @@ key) is recomputed with a :class:`SweepCacheWarning` naming the file. Results ar
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib
 import io
@@ -24,7 +23,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -37,13 +36,18 @@ import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from moelab import __version__
-from moelab._io import atomic_write_bytes
-from moelab._validate import check_choice, check_int
+from moelab._io import FileFormatError, atomic_write_bytes
+from moelab._validate import MAX_CLI_VALUE_CHARS, check_choice, check_int, parse_cli_literal
 from moelab.datasets import cache_dir as moelab_cache_dir
 from moelab.sweep.backends import execute
 
 BACKENDS = ("serial", "local", "ray")
 MAX_ENTRY_BYTES = 64 * 2**20  # one cache entry; larger files are not read
+MAX_DECODED_BYTES = 256 * 2**20  # one entry's columns as its footer declares them, before decoding
+MAX_ENTRY_ROWS = 1_000_000
+#: points in one grid: each is a function call and a cache file, so 10^6 is already days of work; the
+#: product is computed from the axis lengths before any point is built
+MAX_GRID_POINTS = 1_000_000
 _KEY_META = b"moelab.sweep.key"
 _PARAMS_META = b"moelab.sweep.params"
 
@@ -109,7 +113,16 @@ def expand_grid(grid: Mapping[str, Sequence[Any]], *, allowed: Iterable[str] | N
             seen.append(canon)
         axes.append(vals)
     names = list(grid)
+    check_grid_size(math.prod(len(a) for a in axes))
     return [dict(zip(names, combo)) for combo in itertools.product(*axes)]
+
+
+def check_grid_size(points: int) -> int:
+    """``points`` if a grid that size may be run, else a ``ValueError`` naming the cap and why."""
+    if points > MAX_GRID_POINTS:
+        raise ValueError(f"grid has {points} points, over the cap MAX_GRID_POINTS={MAX_GRID_POINTS} (every point "
+                         "is a call and a cache file); split the sweep or narrow an axis")
+    return points
 
 
 def parse_grid_args(pairs: Sequence[str]) -> dict[str, list[Scalar]]:
@@ -119,6 +132,9 @@ def parse_grid_args(pairs: Sequence[str]) -> dict[str, list[Scalar]]:
     strings. An empty list (``rate=``) and a name given twice are errors."""
     out: dict[str, list[Scalar]] = {}
     for pair in pairs:
+        if len(pair) > MAX_CLI_VALUE_CHARS:
+            raise ValueError(f"--grid entry {pair[:40]!r}... is {len(pair)} characters long, over the cap of "
+                             f"{MAX_CLI_VALUE_CHARS} for one command-line value (pass a list of points instead)")
         name, sep, raw = pair.partition("=")
         name = name.strip()
         if not sep or not name.isidentifier():
@@ -130,11 +146,7 @@ def parse_grid_args(pairs: Sequence[str]) -> dict[str, list[Scalar]]:
             raise ValueError(f"grid parameter {name!r} has an empty value list (or an empty value): {pair!r}")
         values: list[Scalar] = []
         for s in items:
-            try:
-                v = ast.literal_eval(s)
-            except (ValueError, SyntaxError):
-                v = s
-            values.append(_scalar(name, v))
+            values.append(_scalar(name, parse_cli_literal(f"--grid {name}", s)))
         out[name] = values
     return out
 
@@ -269,16 +281,40 @@ def encode_entry(key: str, params: Mapping[str, Scalar], rows: list[dict[str, An
     return buf.getvalue()
 
 
-def decode_entry(data: bytes, key: str, source: str = "<bytes>") -> pd.DataFrame:
-    """The rows of a cache entry; ``ValueError`` when it is unreadable or belongs to another key."""
+def decode_entry(data: bytes, key: str, source: str = "<bytes>", params: Mapping[str, Scalar] | None = None, *,
+                 max_decoded_bytes: int = MAX_DECODED_BYTES) -> pd.DataFrame:
+    """The rows of a cache entry; ``ValueError`` when it is unreadable, too big, or not this point's.
+
+    Only the parquet footer is read first: the stored key, the stored parameters (compared with ``params``
+    when given) and the declared uncompressed size (at most ``max_decoded_bytes``) are checked before a
+    single column is decoded. After decoding, every parameter column must hold the requested value, so an
+    entry whose rows were swapped for another point's is never served as this point.
+    """
     try:
-        table = pq.read_table(io.BytesIO(data))
-    except (pa.ArrowException, OSError, ValueError) as exc:
+        meta = pq.read_metadata(io.BytesIO(data))
+        schema_meta = meta.schema.to_arrow_schema().metadata or {}
+        declared = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
         raise ValueError(f"{source} is not a readable parquet file ({exc})") from None
-    stored = (table.schema.metadata or {}).get(_KEY_META, b"").decode(errors="replace")
+    stored = schema_meta.get(_KEY_META, b"").decode(errors="replace")
     if stored != key:
         raise ValueError(f"{source} holds the entry for key {stored[:16] or '(none)'}..., not {key[:16]}...")
-    return table.to_pandas()
+    if declared > max_decoded_bytes or meta.num_rows > MAX_ENTRY_ROWS:
+        raise ValueError(f"{source} declares {meta.num_rows} rows and {declared} uncompressed bytes, over the cap "
+                         f"of {MAX_ENTRY_ROWS} rows and max_decoded_bytes={max_decoded_bytes} for one sweep point")
+    if params is not None:
+        want = json.dumps(dict(params), sort_keys=True)
+        have = schema_meta.get(_PARAMS_META, b"").decode(errors="replace")
+        if have != want:
+            raise ValueError(f"{source} stores the point {have[:120] or '(none)'}, not the requested {want[:120]}")
+    try:
+        frame = pq.read_table(io.BytesIO(data)).to_pandas()
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise ValueError(f"{source} is not a readable parquet file ({exc})") from None
+    for name, value in (params or {}).items():
+        if name not in frame.columns or not all(_same(v, value) for v in frame[name].tolist()):
+            raise ValueError(f"{source}: its rows are not the point's rows (column {name!r} does not hold {value!r})")
+    return frame
 
 
 class ResultCache:
@@ -290,9 +326,21 @@ class ResultCache:
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.parquet"
 
-    def load(self, key: str) -> pd.DataFrame | None:
-        """The cached rows, or None when absent; an unusable entry warns (naming it) and gives None."""
+    def load(self, key: str, params: Mapping[str, Scalar] | None = None) -> pd.DataFrame | None:
+        """The cached rows, or None when absent; an unusable entry warns (naming it) and gives None.
+
+        With ``params``, the entry must store that point (see :func:`decode_entry`).
+
+        Raises
+        ------
+        moelab._io.FileFormatError
+            The entry's path is taken by something other than a file (e.g. a folder): the sweep cannot
+            write the point there, so it says so before computing anything.
+        """
         path = self.path(key)
+        if path.exists() and not path.is_file():
+            raise FileFormatError(path, None, "is not a regular file (a folder?) where a sweep cache entry belongs; "
+                                              "remove it and rerun")
         if not path.is_file():
             return None
         size = path.stat().st_size
@@ -301,7 +349,7 @@ class ResultCache:
                           SweepCacheWarning, stacklevel=3)
             return None
         try:
-            return decode_entry(path.read_bytes(), key, str(path))
+            return decode_entry(path.read_bytes(), key, str(path), params)
         except ValueError as exc:
             warnings.warn(f"sweep cache entry {path} is corrupt ({exc}); recomputing it", SweepCacheWarning,
                           stacklevel=3)
@@ -388,6 +436,8 @@ def run_sweep(
     if isinstance(grid, Mapping):
         points = expand_grid(grid, allowed=allowed)
     else:
+        if isinstance(grid, Sized):
+            check_grid_size(len(grid))
         points = [{k: _scalar(k, v) for k, v in p.items()} for p in grid]
         if not points:
             raise ValueError("grid has no points")
@@ -409,8 +459,8 @@ def run_sweep(
     recomputed: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SweepCacheWarning)
-        for key in keys:
-            df = cache.load(key)
+        for key, point in zip(keys, points):
+            df = cache.load(key, point)
             if df is not None:
                 frames[key] = df
             elif cache.path(key).is_file():
@@ -418,6 +468,7 @@ def run_sweep(
     for w in caught:  # re-emit outside the recorder, so callers see (and filter) them as usual
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     todo = [(k, p) for k, p in zip(keys, points) if k not in frames]
+    todo_params = dict(todo)
     n_cached = len(keys) - len(todo)
     if not compute:
         done = [k for k in keys if k in frames]
@@ -430,7 +481,7 @@ def run_sweep(
     try:
         for key, blob in execute(backend, _call, fn, name, todo, workers=workers, address=address):
             cache.store(key, blob)  # at once: an interrupted sweep keeps every finished point
-            frames[key] = decode_entry(blob, key)
+            frames[key] = decode_entry(blob, key, params=dict(todo_params[key]))
             bar.update(1)
     finally:
         bar.close()

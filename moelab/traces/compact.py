@@ -17,13 +17,14 @@ dtypes and ranges checked, never unpickled). Per-token prefill ids are not store
 
 from __future__ import annotations
 
+import math
 from math import comb
 from pathlib import Path
 
 import numpy as np
 
 from moelab._io import FileFormatError, atomic_save_npz, atomic_write_json, load_npz, read_json_record
-from moelab.traces.expert import MAX_EXPERTS, MAX_LAYERS, ExpertTrace, Geometry
+from moelab.traces.expert import MAX_EXPERTS, MAX_LAYERS, ExpertTrace, Geometry, check_loaded_trace
 
 FORMAT = "moelab.CompactExpertTrace"
 FORMAT_VERSION = 1
@@ -32,15 +33,29 @@ _KINDS = {name: "iu" for name in ARRAYS}
 MAX_SET_BITS = 63
 
 
+def check_compact_geometry(num_experts: int, top_k: int) -> None:
+    """Refuse a geometry whose ranks or rank table do not fit 63 bits, before any table is built.
+
+    The table holds ``C(c, i)`` for ``c < E``, ``i <= k``; its largest entry is ``C(E - 1, min(k, (E - 1) // 2))``.
+    A log-gamma estimate rules out the huge cases first, so a sidecar claiming 65,536 experts and top-1000
+    costs microseconds, not a hang.
+    """
+    half = min(top_k, (num_experts - 1) // 2)
+    for n, r in ((num_experts, top_k), (num_experts - 1, half)):
+        log2 = (math.lgamma(n + 1) - math.lgamma(r + 1) - math.lgamma(n - r + 1)) / math.log(2)
+        if log2 > MAX_SET_BITS + 1 or comb(n, r) > 1 << MAX_SET_BITS:
+            raise ValueError(f"num_experts={num_experts} with top_k={top_k} needs ranks of about 2**{log2:.0f}; the "
+                             f"compact format holds {MAX_SET_BITS}-bit ranks (use ExpertTrace.save for this geometry)")
+
+
 def _binom_table(num_experts: int, top_k: int) -> np.ndarray:
     """``T[c, i] = C(c, i)`` for ``c < E``, ``i <= k`` (uint64)."""
     return np.array([[comb(c, i) for i in range(top_k + 1)] for c in range(num_experts)], dtype=np.uint64)
 
 
 def _set_dtype(num_experts: int, top_k: int) -> np.dtype:
+    check_compact_geometry(num_experts, top_k)
     n = comb(num_experts, top_k)
-    if n > 1 << MAX_SET_BITS:
-        raise ValueError(f"C(num_experts={num_experts}, top_k={top_k}) = {n} does not fit 63 bits; use ExpertTrace.save")
     return np.dtype(np.uint32 if n <= 1 << 32 else np.uint64)
 
 
@@ -91,6 +106,7 @@ def decode_topk_sets(sets: np.ndarray, num_experts: int, top_k: int) -> np.ndarr
     limit = comb(num_experts, top_k)
     if sets.size and (int(sets.min()) < 0 or int(sets.max()) >= limit):
         raise ValueError(f"sets must be ranks in [0, C({num_experts}, {top_k})={limit}); got {sets.min()} .. {sets.max()}")
+    check_compact_geometry(num_experts, top_k)
     table = _binom_table(num_experts, top_k)
     rest = sets.astype(np.uint64).ravel().copy()
     out = np.zeros((rest.size, top_k), dtype=np.int16)
@@ -152,6 +168,10 @@ def load_compact_trace(path: str | Path, *, max_bytes: int = 256 << 20) -> Exper
     L = geo.get_int("num_layers", low=1, high=MAX_LAYERS)
     E = geo.get_int("num_experts", low=1, high=MAX_EXPERTS)
     k = geo.get_int("top_k", low=1, high=E)
+    try:
+        check_compact_geometry(E, k)
+    except ValueError as exc:
+        raise geo.error("top_k", str(exc)) from None
     names = geo.get_str_list("layer_names", [])
     geometry = Geometry(L, E, k, geo.get_str("model_name", "unknown"), tuple(names))
     request_ids = meta.get_str_list("request_ids", unique=True)
@@ -168,9 +188,11 @@ def load_compact_trace(path: str | Path, *, max_bytes: int = 256 << 20) -> Exper
         raise FileFormatError(path, "decode_sets", str(exc)) from None
     toks = arrays["decode_tokens"] if meta.get_bool("has_decode_tokens", False) else None
     try:
-        return ExpertTrace(request_ids, domains, arrays["prompt_tokens"].astype(np.int32), arrays["prompt_offsets"],
+        trace = ExpertTrace(request_ids, domains, arrays["prompt_tokens"].astype(np.int32), arrays["prompt_offsets"],
                            arrays["prefill_counts"].astype(np.int32), ids, arrays["decode_offsets"], geometry,
                            meta.get_dict("provenance", {}), None, None,
                            None if toks is None else toks.astype(np.int32))
     except ValueError as exc:
         raise FileFormatError(path, getattr(exc, "field", None), getattr(exc, "problem", str(exc))) from None
+    check_loaded_trace(trace, path)
+    return trace

@@ -430,7 +430,7 @@ class ExpertTrace:
         arrays = load_npz(path, required=listed, allowed=listed, dtypes=_ARRAY_KINDS, max_bytes=max_bytes,
                           max_file_bytes=max_file_bytes)
         try:
-            return cls(
+            trace = cls(
                 request_ids, domains, arrays["prompt_tokens"], arrays["prompt_offsets"], arrays["prefill_counts"],
                 arrays["decode_ids"], arrays["decode_offsets"], geometry, provenance,
                 arrays.get("prefill_ids"), arrays.get("prefill_probs"), arrays.get("decode_tokens"),
@@ -438,6 +438,35 @@ class ExpertTrace:
         except _TraceFieldError as exc:
             target = meta_path if exc.field in ("request_ids", "domains", "provenance", "geometry") else path
             raise FileFormatError(target, exc.field, exc.problem) from None
+        check_loaded_trace(trace, path)
+        return trace
+
+
+def check_loaded_trace(trace: ExpertTrace, path: str | Path) -> None:
+    """Invariants a captured trace always has, checked on every load so an edited file is caught.
+
+    Each prompt token picks ``top_k`` distinct experts in every layer, so each request's prefill counts
+    sum to ``prompt length x top_k`` per layer and no decode set repeats an expert. Editing a sidecar's
+    ``top_k`` (or the counts) breaks one of these; the load fails instead of re-decoding silently.
+
+    Raises
+    ------
+    moelab._io.FileFormatError
+        Naming ``path`` and the array whose invariant fails.
+    """
+    k = trace.geometry.top_k
+    lengths = np.diff(trace.prompt_offsets).astype(np.int64)
+    sums = trace.prefill_counts.sum(axis=2, dtype=np.int64)  # [N, L]
+    bad = sums != (lengths * k)[:, None]
+    if bad.any():
+        n, layer = (int(i) for i in np.argwhere(bad)[0])
+        raise FileFormatError(path, "prefill_counts", f"request {n} layer {layer} counts {int(sums[n, layer])} expert "
+                                                      f"picks; a prompt of {int(lengths[n])} tokens with top_k={k} "
+                                                      f"makes {int(lengths[n]) * k} (edited top_k or counts?)")
+    if k > 1 and len(trace.decode_ids):
+        ordered = np.sort(trace.decode_ids, axis=-1)
+        if np.any(ordered[..., 1:] == ordered[..., :-1]):
+            raise FileFormatError(path, "decode_ids", f"some decode step repeats an expert within its top_k={k} set")
 
 
 def concat_traces(traces: list[ExpertTrace], provenance: dict[str, Any] | None = None) -> ExpertTrace:
