@@ -3,6 +3,7 @@ parameter and the allowed range, and never clamps silently."""
 
 from __future__ import annotations
 
+import ast
 import ipaddress
 import math
 from collections.abc import Iterable
@@ -107,8 +108,6 @@ def parse_cli_literal(name: str, text: Any, *, max_chars: int = MAX_CLI_VALUE_CH
     if len(text) > max_chars:
         raise ValueError(f"{name} is {len(text)} characters long, over the cap of {max_chars} for one command-line "
                          "value (put large inputs in a file)")
-    import ast
-
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
