@@ -627,11 +627,11 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
             return "good", i, stream, _post("/v1/completions", good_payload(i, stream))
 
         def send(spec: tuple[str, Any, bool, bytes]) -> None:
-            name, expect, stream, raw = spec
+            kind_sent, expect, stream, raw = spec
             status, body = _exchange(router_port, raw)
             with lock:
                 report.sent += 1
-                if name == "good":
+                if kind_sent == "good":
                     report.good += 1
                     report.streamed += stream
                     text = _completion_text(body, stream) if status == 200 else None
@@ -652,7 +652,7 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
                     if status == expect and message:
                         report.bad_refused += 1
                     else:
-                        report.failures.append(f"{name}: expected {expect}, got {status} {body[:160]!r}")
+                        report.failures.append(f"{kind_sent}: expected {expect}, got {status} {body[:160]!r}")
 
         # a client that asks for a stream and never reads it (a small receive buffer, held to the end)
         slow_client = socket.create_connection(("127.0.0.1", router_port), timeout=10)

@@ -185,13 +185,12 @@ def _explore_figure(res: dict[str, dict], router: str, *, geometry: str, workers
                     ) -> go.Figure:
     """The explore panel's figure: the chosen router next to JSQ, titled with every setting it shows."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("TPOT (ms)", "distinct experts / layer / step"))
-    for name in ("jsq", "chosen"):
-        label = "jsq" if name == "jsq" else router
-        m = res[name]
+    for side, label in (("jsq", "jsq"), ("chosen", router)):
+        m = res[side]
         fig.add_bar(x=["p50", "p99"], y=[m["tpot_ms_p50"], m["tpot_ms_p99"]], name=label, row=1, col=1,
-                    legendgroup=name, marker_color=_color(label))  # one colour per router, in both subplots
+                    legendgroup=side, marker_color=_color(label))  # one colour per router, in both subplots
         fig.add_bar(x=["mean"], y=[m["distinct_per_layer_step"]], name=label, row=1, col=2, showlegend=False,
-                    legendgroup=name, marker_color=_color(label))
+                    legendgroup=side, marker_color=_color(label))
     sim_rate = rate * paper_rate_scale(workers)
     fig.update_xaxes(title_text="TPOT percentile over requests", row=1, col=1)
     fig.update_xaxes(title_text="over decode steps", row=1, col=2)
