@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from moelab.book import BookError, build_book, check_output_folder, prepare_notebook
+from moelab.book import BookError, build_book, check_output_folder, prepare_notebook, unlink_missing
 from moelab.notebooks import run_notebook
 from tests.browser import browser_tools, chromium_browser, free_port, new_context, stop, wait_http
 
@@ -89,8 +89,16 @@ def test_book_pages_in_a_browser(site):
                 page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
                 page.on("requestfailed", lambda r, errors=errors: errors.append(f"failed request {r.url}"))
                 page.goto(base + rel, wait_until="networkidle")
-                page.wait_for_timeout(500)
+                # MathJax loads deferred and typesets asynchronously: Sphinx's inline config defines
+                # window.MathJax first, the library adds `startup` when it runs; then wait for its promise
+                typeset = -1  # MathJax never started
+                if page.locator(".math").count():
+                    page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
+                                           timeout=30_000)
+                    typeset = page.evaluate("""() => MathJax.startup.promise.then(
+                        () => document.querySelectorAll('mjx-container').length)""")
                 report = page.evaluate(JS_PAGE_REPORT)
+                report["mathjax"] = typeset
                 report["errors"] = errors
                 reports[rel] = report
                 page.close()
@@ -100,7 +108,7 @@ def test_book_pages_in_a_browser(site):
             assert r["errors"] == [], f"{rel}: {r['errors'][:5]}"
             assert r["drawn"] == r["plots"], f"{rel}: {r['plots'] - r['drawn']} of {r['plots']} figures not drawn"
             if r["math_sources"]:
-                assert r["math_typeset"] > 0, f"{rel}: math present but not typeset"
+                assert r["math_typeset"] > 0, f"{rel}: math present but not typeset (MathJax: {r['mathjax']})"
             assert r["solutions_open"] == 0, f"{rel}: {r['solutions_open']} solution cells shown open"
             for href in r["links"]:
                 target = urllib.parse.urlsplit(href)
@@ -172,3 +180,10 @@ def test_cli_book_errors(tmp_path):
     done = subprocess.run([sys.executable, "-m", "moelab.cli", "book", "build", str(tmp_path / "b"), "--names", "zz"],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "notebook must be one of" in done.stderr, done.stderr
+
+
+def test_links_to_notebooks_outside_a_partial_book_become_text():
+    md = "Next: [ELDR](01_eldr.ipynb), back to [the map](00_overview.ipynb#top), see [docs](https://x.org/a.ipynb)."
+    assert unlink_missing(md, {"00_overview"}) == ("Next: ELDR, back to [the map](00_overview.ipynb#top), "
+                                                    "see [docs](https://x.org/a.ipynb).")
+    assert unlink_missing(md, {"00_overview"}, to_pages=True).startswith("Next: ELDR, back to [the map](00_overview.html#top)")

@@ -23,12 +23,13 @@ import argparse
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,12 +103,32 @@ def live_note(name: str, binder_repo: str | None) -> str:
     return "```{note}\n" + " ".join(lines) + "\n```"
 
 
-def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None) -> dict[str, Any]:
+_NOTEBOOK_LINK = re.compile(r"\[([^\]]+)\]\((\d\d_[A-Za-z0-9_]+)\.ipynb(#[^)]*)?\)")
+
+
+def unlink_missing(markdown: str, included: Collection[str], *, to_pages: bool = False) -> str:
+    """``markdown`` with links to lab notebooks outside ``included`` reduced to their text (a partial book
+    has no page for them). Sphinx turns a markdown cell's links to included notebooks into links to their
+    pages, but not those in a cell's computed Markdown output: ``to_pages`` points those at the ``.html``."""
+    def fix(m: re.Match) -> str:
+        if m.group(2) not in included:
+            return m.group(1)
+        return f"[{m.group(1)}]({m.group(2)}.html{m.group(3) or ''})" if to_pages else m.group(0)
+
+    return _NOTEBOOK_LINK.sub(fix, markdown)
+
+
+def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
+                     included: Collection[str] | None = None) -> dict[str, Any]:
     """A copy of an executed notebook ready for Sphinx: plotly outputs as HTML, widget panels as a note,
-    solution cells collapsed, the live-run note first."""
+    solution cells collapsed, links to notebooks outside ``included`` (default: all) reduced to text, the
+    live-run note first."""
     nb = copy.deepcopy(nb)
     figure = 0
     for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown" and included is not None:
+            source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            cell["source"] = unlink_missing(source, included)
         meta = cell.setdefault("metadata", {})
         tags = meta.setdefault("tags", [])
         solution = meta.get("nbgrader", {}).get("solution") or meta.get("jupyter", {}).get("source_hidden")
@@ -117,6 +138,10 @@ def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None) -> 
             data = out.get("data")
             if not data:
                 continue
+            if "text/markdown" in data and included is not None:  # computed prose links notebooks too
+                md = data["text/markdown"]
+                data["text/markdown"] = unlink_missing("".join(md) if isinstance(md, list) else md, included,
+                                                       to_pages=True)
             if PLOTLY_MIME in data:
                 figure += 1
                 data["text/html"] = _plotly_html(data.pop(PLOTLY_MIME), f"{name}-figure-{figure}")
@@ -208,7 +233,7 @@ def build_book(out: str | os.PathLike = "book", *, names: Sequence[str] | None =
                 if not run.ok:
                     raise BookError(f"notebook {name} failed: {run.error}; the book was not written")
                 path, executed[name] = run.output, run.seconds
-            nb = prepare_notebook(json.loads(path.read_text()), name, binder_repo)
+            nb = prepare_notebook(json.loads(path.read_text()), name, binder_repo, included=chosen)
             titles[name] = _title(nb, name)
             (src / f"{name}.ipynb").write_text(json.dumps(nb))
         pages = list(chosen)
