@@ -11,20 +11,14 @@ import numpy as np
 import pytest
 
 from moelab._io import FileFormatError, json_depth, loads_json, read_json
-from moelab.traces import ExpertTrace, Geometry
+from moelab.traces import ExpertTrace
 from moelab.traces.compact import load_compact_trace, save_compact_trace
+from tests.test_hostile_files import _toy_trace as toy_trace
 
 
 def _toy_trace(n: int = 4, L: int = 2, E: int = 64, k: int = 8, seed: int = 0) -> ExpertTrace:
-    rng = np.random.default_rng(seed)
-    prompts = [rng.integers(0, 500, size=int(rng.integers(2, 6))) for _ in range(n)]
-    pre = [np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in p]) for p in prompts]
-    counts = np.stack([np.stack([np.bincount(ids[:, layer].ravel(), minlength=E) for layer in range(L)]) for ids in pre])
-    dec = [np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in range(3)]) for _ in range(n)]
-    return ExpertTrace.from_requests(request_ids=[f"r{i}" for i in range(n)], domains=["a", "b"] * (n // 2),
-                                     prompt_tokens=prompts, prefill_counts=counts, decode_ids=dec,
-                                     geometry=Geometry(L, E, k, "toy"), prefill_ids=pre,
-                                     decode_tokens=[rng.integers(0, 500, 3) for _ in range(n)])
+    """The hostile-files suite's toy trace at a geometry whose ids the sidecar checks can tell apart."""
+    return toy_trace(n=n, L=L, E=E, k=k, seed=seed)
 
 
 def _edit_sidecar(npz: Path, **geometry) -> None:
