@@ -121,7 +121,7 @@ def test_greedy_requests_draft_after_rejecting_ones_as_on_a_fresh_engine_hf(cost
     def serve(engine: EngineAcceptance | None, requests, first_seed: int = 0) -> tuple[int, int]:
         drafted = accepted = 0
         for i, (prompt, ref) in enumerate(requests):
-            d = make_hf_drafter("HD", S, L, budget=BUDGET, cost=cost, engine=engine, seed=first_seed + i)
+            d = make_hf_drafter("HD-cost", S, L, budget=BUDGET, cost=cost, engine=engine, seed=first_seed + i)
             res = replay_greedy(d, prompt, ref)
             drafted += sum(s.tree_size - 1 for s in res.steps)  # tree nodes besides the root
             accepted += sum(len(s.accepted) for s in res.steps)
@@ -140,7 +140,7 @@ def test_cold_start_drafts_from_the_measured_prior():
     assert 0.0 < prior < 1.0 and "specbench_vllm_full.csv" in source  # from the committed table, not a guess
     assert default_prior() == prior
     for cost in (CHEAP, DEAR):
-        d = make_hf_drafter("HD", S, L, budget=BUDGET, cost=cost)
+        d = make_hf_drafter("HD-cost", S, L, budget=BUDGET, cost=cost)
         d.start(GREEDY[0][0])
         assert d.draft().candidates, "a fresh drafter must draft on its first step"
         rows = cost_aware_rows(S, L, cost, budget=BUDGET)

@@ -224,9 +224,11 @@ def test_bad_drafter_inputs():
         HierarchyDrafter(order="W").start([])
     with pytest.raises(ValueError, match="method must be one of"):
         get_method("HD(WQ)")
-    # one table: a name and its result label are the same method; "HD" is the cost-aware drafter everywhere
-    assert get_method("HD") is get_method("hd") is METHODS["hd"] and METHODS["hd"].display == "HD (cost-aware)"
+    # one table: a name and its result label are the same method; "HD-cost" is the cost-aware drafter everywhere
+    assert get_method("HD-cost") is get_method("hd") is METHODS["hd"] and METHODS["hd"].display == "HD (cost-aware)"
     assert METHODS["hd_fixed"].display == "HD (paper, fixed)" and get_method("HD-fixed").name == "hd_fixed"
+    with pytest.raises(ValueError, match="method must be one of"):  # plain "HD" is the paper's name, not a label
+        get_method("HD")
     fixed = make_hf_drafter("hd_fixed", object(), object(), budget=8)  # stores are only read when drafting
     assert isinstance(fixed, HierarchyDrafter) and fixed.order == "WSL"
     with pytest.raises(ValueError, match="cost"):

@@ -62,12 +62,12 @@ def test_hd_in_vllm_is_lossless(tmp_path, monkeypatch, public_data):
     q = spec_bench_split("eval", per_category=1, categories=("summarization", "qa"))
     cost = VerifyCost([1, 9], [10.0, 13.0], "test: a cheap-verification curve, so HD drafts")
     # the default (cost-aware) HD; HD-fixed and REST go through the same adapter and rows (2 engines, not 4, in CI)
-    df, _ = run_vllm_methods(q, methods=("AR", "HD"), budget=8, max_new_tokens=24, cost=cost, progress=False)
+    df, _ = run_vllm_methods(q, methods=("AR", "HD-cost"), budget=8, max_new_tokens=24, cost=cost, progress=False)
     assert df[df["method"] != "AR"]["identical"].all()  # token for token vLLM's greedy output
-    hd = df[df["method"] == "HD"]
+    hd = df[df["method"] == "HD-cost"]
     assert (hd["hd_drafted_tokens"] > 0).all() and hd["hd_accepted_tokens"].sum() > 0  # it really speculated
     s = summarize_vllm(df).set_index(["method", "category"])
-    assert s.loc[("HD", "overall"), "mean_accepted"] > 1.0 and s.loc[("AR", "overall"), "mean_accepted"] == 1.0
+    assert s.loc[("HD-cost", "overall"), "mean_accepted"] > 1.0 and s.loc[("AR", "overall"), "mean_accepted"] == 1.0
     # a rerun skips every cached question
     again, _ = run_vllm_methods(q, methods=("AR",), budget=8, max_new_tokens=24, progress=False)
     assert again["wall_s"].tolist() == df[df["method"] == "AR"]["wall_s"].tolist()
@@ -83,10 +83,10 @@ def test_vllm_figures_from_rows():
     def row(m, q, cat, tps, out, acc=0.0):
         return {"question_id": q, "category": cat, "method": m, "budget": 8, "new_tokens": 4, "wall_s": 4 / tps,
                 "tokens_per_s": tps, "accepted_tokens": acc, "forwards": 4 - acc, "output_ids": out,
-                "draft_us_p50": 10.0 if m == "HD" else float("nan")}
+                "draft_us_p50": 10.0 if m == "HD-cost" else float("nan")}
 
     df = pd.DataFrame([row("AR", 1, "qa", 10.0, [1, 2, 3, 4]), row("AR", 2, "rag", 10.0, [5, 6, 7, 8]),
-                       row("HD", 1, "qa", 15.0, [1, 2, 3, 4], 2.0), row("HD", 2, "rag", 30.0, [5, 6, 7, 8], 2.0),
+                       row("HD-cost", 1, "qa", 15.0, [1, 2, 3, 4], 2.0), row("HD-cost", 2, "rag", 30.0, [5, 6, 7, 8], 2.0),
                        row("ngram", 1, "qa", 12.0, [1, 2, 3, 4], 1.0), row("ngram", 2, "rag", 12.0, [5, 6, 7, 9], 1.0),
                        row("HD-fixed", 1, "qa", 11.0, [1, 2, 3, 4]), row("HD-fixed", 2, "rag", 11.0, [5, 6, 7, 8]),
                        row("REST", 1, "qa", 10.0, [1, 2, 3, 4]), row("REST", 2, "rag", 10.0, [5, 6, 7, 8])])
@@ -110,7 +110,7 @@ def test_sweep_suite_rotates_methods_and_drops_cost_where_unread():
     from moelab.sweep.core import expand_grid
     from moelab.sweep.suite import coerce
 
-    ms = ["AR", "ngram", "HD"]
+    ms = ["AR", "ngram", "HD-cost"]
     suite = get_suite("hd-vllm")
     qs = [81, 82, 83, 84, 85, 86]
     pts = suite.arrange(expand_grid(coerce(suite, suite.grid({"question_id": qs, "method": ms})), allowed=suite.params))
@@ -121,7 +121,7 @@ def test_sweep_suite_rotates_methods_and_drops_cost_where_unread():
     grid = coerce(suite, suite.grid({"question_id": qs, "method": ms, "cost": ['{"q": [1]}']}))
     pts = suite.arrange(expand_grid(grid, allowed=suite.params))
     assert [p["question_id"] for p in pts] == [q for q in qs for _ in ms]
-    assert all((p["cost"] != "") == (p["method"] == "HD") for p in pts)
+    assert all((p["cost"] != "") == (p["method"] == "HD-cost") for p in pts)
     assert sorted(pts[i]["method"] for i in range(0, len(pts), len(ms))) == sorted(ms * 2)
     both = coerce(suite, suite.grid({"question_id": qs, "method": ms, "cost": ["", '{"q": [1]}']}))
     assert len(suite.arrange(expand_grid(both, allowed=suite.params))) == len(qs) * (len(ms) + 1)

@@ -57,7 +57,7 @@ def test_hd_greedy_is_lossless_on_the_real_model(lm, public_data):
     qs = spec_bench_split("eval", per_category=1, categories=("qa", "math_reasoning"))
     settings = [lambda: HierarchyDrafter(S, L), lambda: HierarchyDrafter(S, L, order="LSW", max_candidates=3, length=2),
                 lambda: PLDDrafter(),
-                lambda: make_hf_drafter("HD", S, L, budget=8, cost=VerifyCost([1, 9], [10.0, 12.0]))]
+                lambda: make_hf_drafter("HD-cost", S, L, budget=8, cost=VerifyCost([1, 9], [10.0, 12.0]))]
     for prompt in qs["prompt"]:
         ids = chat_prompt_ids(tok, prompt)
         plain = generate(model, ids, None, max_new_tokens=12, eos_token_id=tok.eos_token_id)
@@ -92,7 +92,7 @@ def test_specbench_harness_replay_equals_real_run_and_sampling(lm, public_data):
     with pytest.raises(ValueError, match="temperature"):
         run_specbench(model, tok, q, factories={}, temperature=-1.0)
     with pytest.raises(ValueError, match="measure"):
-        run_specbench(model, tok, q, factories={}, measure=("HD",))
+        run_specbench(model, tok, q, factories={}, measure=("HD-cost",))
 
 
 @needs_smollm2

@@ -33,7 +33,7 @@ FIGURE_GROUPS = {
                              "vllm_dp@legacy", "sglang_round_robin", "sglang_minimum_tokens", "sglang_total_tokens",
                              "br0", "brh_oracle", "brh_survival", "brh_exact_match", "brh_learned", "brh_tuned_oracle"),
     "hd methods": ("AR", "PLD", "W", "S", "L", "HD(WSL)", "HD(LSW)", "HD(SWL)"),
-    "hd vllm methods": ("AR", "ngram", "suffix", "HD", "HD-fixed", "REST"),
+    "hd vllm methods": ("AR", "ngram", "suffix", "HD-cost", "HD-fixed", "REST"),
     "hd stores": ("W", "S", "L", "P", "bonus"),
     "dsd modes": ("ar", "colocated", "dsd_sync", "dsd_pipelined"),
     "dsd drafters": ("early_exit", "pld", "hd"),

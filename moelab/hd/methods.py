@@ -6,8 +6,9 @@ with the row drafter :func:`moelab.hd.engine.make_row_drafters` builds). A metho
 store walk in both engines, at an equal verification budget (draft tokens per forward).
 
 ``name``    the method's name in code and on the command line (``"hd"``, ``"hd_fixed"``, ...)
-``label``   its label in result tables and cached results (``"HD"``, ``"HD-fixed"``, ...): stable, like
-            the bench's metric names, because committed tables and hours of cached vLLM runs carry it
+``label``   its label in result tables and cached results (``"HD-cost"``, ``"HD-fixed"``, ...): stable, like
+            the bench's metric names, because committed tables and hours of cached vLLM runs carry it. No
+            label is plain ``"HD"``: that name belongs to the paper's method, which is ``"HD-fixed"`` here
 ``display`` how figures and notes name it
 
 ``"hd"`` is the project's cost-aware drafter (the default); ``"hd_fixed"`` is the paper's method, the fixed
@@ -22,7 +23,7 @@ from typing import Any
 from moelab._validate import check_int
 from moelab.costmodel.verify import VerifyCost
 from moelab.hd.drafters import CostAwareDrafter, Drafter, HierarchyDrafter, NoDrafter, PLDDrafter
-from moelab.hd.policy import EngineAcceptance, check_budget
+from moelab.hd.policy import COST_AWARE_LABEL, EngineAcceptance, check_budget
 from moelab.hd.vllm_adapter import adapter_config, speculative_config
 
 
@@ -50,14 +51,14 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("ngram", "ngram", "vLLM ngram (prompt lookup)", hf=False, vllm_native="ngram"),
     Method("suffix", "suffix", "vLLM suffix decoding", hf=False, vllm_native="suffix"),
     Method("hd_fixed", "HD-fixed", "HD (paper, fixed)", hf=True, vllm_adapter="hd-fixed", order="WSL"),
-    Method("hd", "HD", "HD (cost-aware)", hf=True, vllm_adapter="hd", order="WSL"),
+    Method("hd", COST_AWARE_LABEL, "HD (cost-aware)", hf=True, vllm_adapter="hd", order="WSL"),
 )}
 DEFAULT_METHOD = "hd"
 _BY_LABEL = {m.label: m for m in METHODS.values()}
 
 
 def get_method(method: str) -> Method:
-    """The :class:`Method` of a name (``"hd"``) or of its result label (``"HD"``, as result tables carry it)."""
+    """The :class:`Method` of a name (``"hd"``) or of its result label (``"HD-cost"``, as result tables carry it)."""
     m = METHODS.get(method) or _BY_LABEL.get(method)
     if m is None:
         raise ValueError(f"method must be one of {list(METHODS)} (or their result labels {list(_BY_LABEL)}); "

@@ -50,6 +50,8 @@ PRIOR_WEIGHT = 2.0  # pseudo-outcomes the prior counts for in a request's estima
 # with c(2) / c(1) < 1.5 (the K = 1 break-even), the mean of a uniform Beta(1, 1) prior.
 FALLBACK_PRIOR = 0.5
 FULL_TABLE = ("hd", "specbench_vllm_full.csv")  # data/ file the cold-start prior is derived from
+#: cost-aware HD's label in result tables (:data:`moelab.hd.methods.METHODS`; the paper's method is "HD-fixed")
+COST_AWARE_LABEL = "HD-cost"
 
 
 def check_budget(budget: int) -> int:
@@ -97,7 +99,7 @@ def cold_start_prior(path: str | Path | None = None) -> tuple[float, str]:
     try:
         file = Path(path) if path is not None else bundled_path(*FULL_TABLE)
         with open(file, newline="", encoding="utf-8") as fh:
-            rows = [r for r in csv.DictReader(fh) if r.get("method") == "HD" and r.get("category") == "overall"]
+            rows = [r for r in csv.DictReader(fh) if r.get("method") == COST_AWARE_LABEL and r.get("category") == "overall"]
         if rows:
             mat, budget = float(rows[0]["mean_accepted"]), int(float(rows[0]["budget"]))
             a = _per_node_acceptance(mat, check_budget(budget))
@@ -387,6 +389,6 @@ def observe(model: AcceptanceModel, candidates: Sequence[Sequence[int]], sources
         model.record(src, alt, depth < len(acc) and acc[depth] == t)
 
 
-__all__ = ["BUDGETS", "ENGINE_HALF_LIFE", "FALLBACK_PRIOR", "MAX_BUDGET", "PRIOR_WEIGHT", "REQUEST_HALF_LIFE",
+__all__ = ["BUDGETS", "COST_AWARE_LABEL", "ENGINE_HALF_LIFE", "FALLBACK_PRIOR", "MAX_BUDGET", "PRIOR_WEIGHT", "REQUEST_HALF_LIFE",
            "AcceptanceModel", "EngineAcceptance", "check_acceptance", "check_budget", "cold_start_prior",
            "default_prior", "observe", "plan"]

@@ -30,7 +30,7 @@ PALETTE: dict[str, str] = {
     "brh_survival": "#8c564b", "brh_exact_match": "#e377c2", "brh_learned": "#000000",
     # speculative decoding (Hierarchy Drafting, DSD): methods, draft stores, modes
     "ar": "#7f7f7f", "early_exit": "#1f77b4", "pld": "#9467bd", "ngram": "#17becf", "suffix": "#bcbd22", "rest": "#ff7f0e",
-    "hd": "#d62728", "hd(wsl)": "#d62728", "hd(lsw)": "#8c564b", "hd(swl)": "#e377c2", "hd-fixed": "#ff9896",
+    "hd": "#d62728", "hd-cost": "#d62728", "hd(wsl)": "#d62728", "hd(lsw)": "#8c564b", "hd(swl)": "#e377c2", "hd-fixed": "#ff9896",
     "w": "#2ca02c", "s": "#1f77b4", "l": "#ff7f0e", "p": "#9467bd", "bonus": "#d9d9d9",
     "w-only": "#2ca02c", "s-only": "#1f77b4", "l-only": "#ff7f0e",
     "colocated": "#1f77b4", "dsd_sync": "#ff7f0e", "dsd_pipelined": "#2ca02c",

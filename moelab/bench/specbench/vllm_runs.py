@@ -98,7 +98,7 @@ def vllm_point(question_id: int, method: str = "AR", budget: int = 8, max_new_to
         raise ValueError(f"question_id must be a Spec-Bench question id; got {question_id!r}")
     model_dir = str(lm_folder(DEFAULT_LM))
     curve = None
-    if method == "HD":
+    if method == "HD-cost":
         curve = VerifyCost(**json.loads(cost)) if cost else measure_vllm_cost(model_dir)
     spec = {"method": method, "budget": int(budget), "model_dir": model_dir, "max_model_len": MAX_MODEL_LEN,
             "cost": curve.as_dict() if curve is not None else None, "l_max_tokens": int(l_max_tokens) or None, "seed": 0}
@@ -148,7 +148,7 @@ def arrange_points(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple, list[dict[str, Any]]] = {}
     seen: set[tuple] = set()
     for p in points:
-        p = dict(p) if p.get("method") == "HD" else {**p, "cost": ""}
+        p = dict(p) if p.get("method") == "HD-cost" else {**p, "cost": ""}
         key = tuple(sorted(p.items()))
         if key in seen:
             continue
@@ -190,7 +190,7 @@ def _vllm_version() -> list[str]:
 #: :func:`full_benchmark` with ``--out $MOELAB_CACHE/hd/vllm-runs``
 HD_VLLM_SUITE = Suite(
     "hd-vllm", vllm_point,
-    {"question_id": _question_ids, "method": ["AR", "ngram", "suffix", "HD"], "budget": [8], "max_new_tokens": [128],
+    {"question_id": _question_ids, "method": ["AR", "ngram", "suffix", "HD-cost"], "budget": [8], "max_new_tokens": [128],
      "temperature": [0.0], "seed": [0], "l_max_tokens": [0], "cost": [""], "tag": [""]},
     "Spec-Bench in vLLM, one (question, method) per point, methods interleaved (SmolLM2-135M, float32)",
     RUN_CODE, run_data_files, ("method", "category", "tokens_per_s", "new_tokens"), _vllm_version, _check_points,
@@ -246,7 +246,7 @@ def default_runs_dir() -> Path:
     return cache_dir() / "hd" / "vllm-runs"
 
 
-FULL_METHODS = ("AR", "ngram", "suffix", "HD")
+FULL_METHODS = ("AR", "ngram", "suffix", "HD-cost")
 
 
 def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, max_new_tokens: int = FULL_TOKENS,
