@@ -178,6 +178,30 @@ def test_ranked_cluster_finishes_every_request_within_slots(rank_router):
     assert m["n_requests"] == 60 and np.isfinite(m["tpot_ms_p50"]) and "avg_imbalance" in m
 
 
+@pytest.mark.parametrize("rank_router", ["jsq", "least_kv", "br0", "brh"])
+def test_one_instance_of_ranks_is_the_dp_simulator(rank_router):
+    """Two loops, one physics: the decode tier (event-driven over instances) with ONE instance of G ranks and
+    BalanceRoute's DP simulator (one lockstep group) price the same barrier step and admit by the same rule,
+    so on the same arrivals (idle gaps and bursts) they produce the same steps, ranks and times."""
+    from moelab.costmodel.dp import DPCost
+    from moelab.sim.dp import simulate_dp
+
+    rng = np.random.default_rng(3)
+    n = 240
+    arrival = np.sort(np.concatenate([rng.uniform(0, 0.5, n // 2), rng.uniform(3.0, 3.2, n - n // 2)]))
+    reqs = RequestTrace(arrival, rng.integers(20, 3000, n), rng.integers(1, 150, n), source="burst-gap-burst")
+    G, B = 4, 12
+    model = DecodeStepModel.h200("qwen3-30b-a3b")
+    tier = simulate(reqs, make_router("round_robin"), model, n_workers=1, slots=B, ranks=G,
+                    rank_router=make_router(rank_router))
+    dp = simulate_dp(reqs, make_router(rank_router), G, B, DPCost.from_model(model, G, B), warmup_lifetimes=0)
+    assert len(tier.steps) == len(dp.steps)
+    np.testing.assert_array_equal(tier.requests["rank"].to_numpy(), dp.requests["worker"].to_numpy())
+    for col in ("admit_s", "first_token_s", "finish_s"):
+        np.testing.assert_allclose(tier.requests[col].to_numpy(), dp.requests[col].to_numpy(), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(tier.steps["step_ms"].to_numpy(), dp.steps["step_ms"].to_numpy(), rtol=1e-12)
+
+
 def test_one_rank_is_fcfs_continuous_batching():
     tr = _trace()
     reqs = replay_requests(tr, rate=1000.0, n_requests=30, output_len=4, seed=2)

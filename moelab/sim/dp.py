@@ -22,6 +22,12 @@ When nothing is running or waiting the clock jumps to the next arrival. The resu
 :class:`moelab.sim.SimResult` (per-request and per-step records, ``metrics(window=...)``); its stated
 measurement window skips ``warmup_lifetimes`` request lifetimes (:class:`~moelab.sim.MeasurementWindow`).
 
+Why two loops for one physics: this one advances a single group in lockstep and adds what the DP setting
+needs (engine queues, warm-up windows, the router's decision time); :func:`moelab.sim.cluster.simulate` is
+event-driven over many decode instances, each optionally a group of ranks admitted by :func:`route_to_ranks`
+below and priced by the same folded :meth:`~moelab.costmodel.DecodeStepModel.ep_step_ms`. On one instance they
+agree step for step (``tests/test_floor.py::test_one_instance_of_ranks_is_the_dp_simulator``).
+
 Bounded work: the run's step cap is ``max_steps``; a request whose output alone needs more steps is
 refused up front, as are slot counts, rank counts and views beyond the stated limits.
 """
