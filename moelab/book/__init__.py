@@ -272,6 +272,7 @@ def build_book(out: str | os.PathLike = "book", *, names: Sequence[str] | None =
             if (repo_root() / rel).is_file():
                 text = book_links((repo_root() / rel).read_text(), rel)
                 (src / f"{page}.md").write_text(unlink_missing(text, chosen))
+                titles[page] = next((line[2:].strip() for line in text.splitlines() if line.startswith("# ")), page)
                 pages.append(page)
         (src / "index.md").write_text(_index(pages, titles))
         (src / "conf.py").write_text(CONF)
