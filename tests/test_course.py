@@ -107,3 +107,62 @@ def test_feedback_renders_for_jupyter():
 def test_exercise_rejects_a_bad_level():
     with pytest.raises(ValueError, match="level"):
         exercise("99", "x", "tricky", "?", check_number, solution=lambda: 1, wrong=lambda: 2)
+
+
+# ---- the course page (COURSE.md): it cannot go stale silently --------------------------------------------------
+
+def _course_page() -> str:
+    from moelab.datasets import repo_root
+
+    return (repo_root() / "COURSE.md").read_text()
+
+
+def test_course_page_names_every_notebook_and_only_real_ones():
+    import re
+
+    from moelab.course.lessons import notebook_names
+
+    text, names = _course_page(), notebook_names()
+    linked = set(re.findall(r"\]\(notebooks/(\d\d_[A-Za-z0-9_]+)\.ipynb", text))
+    assert linked, "COURSE.md links no notebook"
+    assert linked <= set(names), f"COURSE.md links notebooks that do not exist: {sorted(linked - set(names))}"
+    assert set(names) <= linked, f"COURSE.md never links: {sorted(set(names) - linked)}"
+    for name in names:  # each notebook has its learning objectives
+        assert re.search(rf"\*\*\[{name[:2]} [^\]]*\]\(notebooks/{name}\.ipynb\)\.\*\* After it you can", text), \
+            f"COURSE.md: no learning objectives for {name}"
+
+
+def test_course_page_cites_only_registered_exercises_and_releasable_labs():
+    import re
+
+    from moelab.course.release import lesson_names
+    from moelab.notebooks import resolve
+
+    text = _course_page()
+    cited = re.findall(r"`(\d\d\.[a-z][a-z0-9_]*)`", text)
+    assert len(cited) >= 20, f"COURSE.md cites too few exercises: {cited}"
+    unknown = sorted(set(cited) - set(EXERCISES))
+    assert not unknown, f"COURSE.md cites exercises that moelab.course does not register: {unknown}"
+    releases = re.findall(r"`moelab course release (\S+) --labs ([0-9 ]+)`", text)
+    assert len(releases) >= 2, "COURSE.md: each lab needs its `moelab course release ... --labs ...` command"
+    lessons = set(lesson_names())
+    for out, labs in releases:
+        chosen = resolve(labs.split())
+        assert set(chosen) <= lessons, f"COURSE.md: lab {out} releases non-lessons {sorted(set(chosen) - lessons)}"
+        # every exercise the lab's table cites belongs to one of the notebooks it releases
+        section = text.split(f"`moelab course release {out} --labs {labs}`", 1)[1].split("\n### ", 1)[0]
+        for key in set(re.findall(r"`(\d\d\.[a-z][a-z0-9_]*)`", section)):
+            assert any(n.startswith(key[:2]) for n in chosen), f"COURSE.md: lab {out} cites {key}, not released"
+
+
+def test_book_links_point_repository_links_at_book_pages():
+    from moelab.book import book_links, unlink_missing
+
+    course = ("[00](notebooks/00_overview.ipynb) [n](notebooks/NOTATION.md#glossary) [r](README.md) "
+              "[v](https://docs.vllm.ai/en/latest/) [x](notebooks/99_missing.ipynb)")
+    assert book_links(course, "COURSE.md") == ("[00](00_overview.ipynb) [n](notation.md#glossary) [r](README.md) "
+                                               "[v](https://docs.vllm.ai/en/latest/) [x](99_missing.ipynb)")
+    assert unlink_missing(book_links(course, "COURSE.md"), ["00_overview"]).endswith(" x")
+    in_notebook = "[n](NOTATION.md#clashes) [c](../COURSE.md) [01](01_eldr.ipynb)"
+    assert book_links(in_notebook, "notebooks/00_overview.ipynb") == \
+        "[n](notation.md#clashes) [c](course.md) [01](01_eldr.ipynb)"

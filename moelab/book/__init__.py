@@ -23,6 +23,7 @@ import argparse
 import copy
 import json
 import os
+import posixpath
 import re
 import shutil
 import subprocess
@@ -118,17 +119,46 @@ def unlink_missing(markdown: str, included: Collection[str], *, to_pages: bool =
     return _NOTEBOOK_LINK.sub(fix, markdown)
 
 
+_LINK_TARGET = re.compile(r"\]\(([^)\s#]+)(#[^)\s]*)?\)")
+
+
+def book_links(markdown: str, source: str) -> str:
+    """``markdown`` of the repository file ``source`` (e.g. ``"COURSE.md"``, ``"notebooks/00_overview.ipynb"``)
+    with its relative links to lab notebooks and to the extra pages pointed at their book pages: in the book
+    every page sits in one folder, so ``notebooks/01_eldr.ipynb`` (from ``COURSE.md``) becomes
+    ``01_eldr.ipynb`` and ``NOTATION.md`` (from a notebook) or ``../COURSE.md`` become ``notation.md`` and
+    ``course.md``. Other links are left as they are."""
+    base = posixpath.dirname(source)
+    pages = {rel: f"{page}.md" for rel, page in EXTRA_PAGES}
+
+    def fix(m: re.Match) -> str:
+        target = m.group(1)
+        if ":" in target or target.startswith("/"):
+            return m.group(0)
+        rel = posixpath.normpath(posixpath.join(base, target))
+        if rel in pages:
+            page = pages[rel]
+        elif re.fullmatch(r"notebooks/\d\d_[A-Za-z0-9_]+\.ipynb", rel):
+            page = rel.split("/", 1)[1]
+        else:
+            return m.group(0)
+        return f"]({page}{m.group(2) or ''})"
+
+    return _LINK_TARGET.sub(fix, markdown)
+
+
 def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
                      included: Collection[str] | None = None) -> dict[str, Any]:
     """A copy of an executed notebook ready for Sphinx: plotly outputs as HTML, widget panels as a note,
-    solution cells collapsed, links to notebooks outside ``included`` (default: all) reduced to text, the
-    live-run note first."""
+    solution cells collapsed, links to the notation and course pages pointed at the book's (:func:`book_links`),
+    links to notebooks outside ``included`` (default: all) reduced to text, the live-run note first."""
     nb = copy.deepcopy(nb)
     figure = 0
     for cell in nb["cells"]:
-        if cell["cell_type"] == "markdown" and included is not None:
-            source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-            cell["source"] = unlink_missing(source, included)
+        if cell["cell_type"] == "markdown":
+            source = book_links("".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"],
+                                f"notebooks/{name}.ipynb")
+            cell["source"] = source if included is None else unlink_missing(source, included)
         meta = cell.setdefault("metadata", {})
         tags = meta.setdefault("tags", [])
         solution = meta.get("nbgrader", {}).get("solution") or meta.get("jupyter", {}).get("source_hidden")
@@ -167,6 +197,7 @@ mathjax_path = "vendor/mathjax/tex-chtml-full.js"
 nb_execution_mode = "off"
 nb_ipywidgets_js = {}
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "html_image"]
+myst_heading_anchors = 3  # links such as notation.md#glossary reach the heading
 suppress_warnings = ["mystnb.unknown_mime_type", "myst.header"]
 exclude_patterns = ["_build"]
 html_theme_options = {"show_toc_level": 2, "use_download_button": True}
@@ -239,7 +270,9 @@ def build_book(out: str | os.PathLike = "book", *, names: Sequence[str] | None =
         pages = list(chosen)
         for rel, page in EXTRA_PAGES:
             if (repo_root() / rel).is_file():
-                shutil.copyfile(repo_root() / rel, src / f"{page}.md")
+                text = book_links((repo_root() / rel).read_text(), rel)
+                (src / f"{page}.md").write_text(unlink_missing(text, chosen))
+                titles[page] = next((line[2:].strip() for line in text.splitlines() if line.startswith("# ")), page)
                 pages.append(page)
         (src / "index.md").write_text(_index(pages, titles))
         (src / "conf.py").write_text(CONF)
