@@ -102,6 +102,22 @@ def test_vllm_figures_from_rows():
     assert figs["ngram_vllm_speedup"].value == pytest.approx(0.6)
 
 
+def test_suffix_status_gives_the_readme_install_command(monkeypatch):
+    """Without arctic-inference the skip reason gives the README's working command, never a plain
+    ``pip install arctic-inference`` (whose isolated build fails on a fresh machine)."""
+    import importlib.util as iu
+
+    from moelab.bench.specbench import vllm_runs
+    from moelab.datasets import repo_root
+
+    real = iu.find_spec
+    monkeypatch.setattr(iu, "find_spec", lambda name, *a: None if name == "arctic_inference" else real(name, *a))
+    ok, why = vllm_runs.suffix_status()
+    assert not ok and f"`{vllm_runs.SUFFIX_INSTALL}`" in why
+    assert "--no-build-isolation" in why and "pip install arctic-inference" not in why
+    assert f"`{vllm_runs.SUFFIX_INSTALL}`" in (repo_root() / "README.md").read_text()  # the README's command, verbatim
+
+
 def test_sweep_suite_rotates_methods_and_drops_cost_where_unread():
     """The ``hd-vllm`` suite (the one route of every vLLM run) puts every method of a question back to back,
     each method first equally often; only cost-aware HD keeps ``cost`` (the others' points merge); an

@@ -48,11 +48,19 @@ FULL_TOKENS = 128  # new tokens per question in the full benchmark (and in moela
 VLLM_METHODS = vllm_methods()
 
 
+#: the README's command that installs vLLM's suffix peer (inside the activated venv): the sdist of
+#: ``arctic-inference`` does not build in pip's isolated build environment (its bundled cmake does not find Python)
+SUFFIX_INSTALL = ('pip install nanobind==2.9.2 grpcio-tools && PATH=$VIRTUAL_ENV/bin:$PATH '
+                  'pip install --no-build-isolation "arctic-inference>=0.3,<0.4"')
+
+
 def suffix_status() -> tuple[bool, str]:
-    """Whether vLLM's suffix decoding can run here (``arctic-inference`` importable) and why not."""
+    """Whether vLLM's suffix decoding can run here (``arctic-inference`` importable) and why not (with the
+    command that installs it, :data:`SUFFIX_INSTALL`)."""
     if importlib.util.find_spec("arctic_inference") is None:
-        return False, ("vLLM's suffix decoding needs `pip install arctic-inference` (builds from source); it is not "
-                       "installed here, so suffix is skipped")
+        return False, ("vLLM's suffix decoding needs arctic-inference, which is not installed here, so suffix is "
+                       f"skipped; install it inside the venv with `{SUFFIX_INSTALL}` (a plain pip install of its "
+                       "sdist fails: see the README)")
     return True, "arctic-inference installed"
 
 
@@ -310,4 +318,4 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
 
 __all__ = ["FULL_METHODS", "FULL_TOKENS", "HD_VLLM_SUITE", "RUN_CODE", "VLLM_METHODS", "arrange_points",
            "default_runs_dir", "full_benchmark", "measure_vllm_cost", "run_data_files", "run_vllm_methods",
-           "suffix_status", "vllm_point"]
+           "SUFFIX_INSTALL", "suffix_status", "vllm_point"]
