@@ -24,3 +24,36 @@ os.environ.setdefault("MOELAB_PNG", "0")
 @pytest.fixture(autouse=True)
 def _figures_to_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv("MOELAB_FIGURES", str(tmp_path / "figures"))
+
+
+# ------------------------------------------------------------------ live vLLM servers, shared by modules
+_LIVE: list = []  # the session's LiveServers, once a test asked for them
+_LAST_LIVE_USER: list = []  # the last collected test that uses them: they stop after it
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_servers(tmp_path_factory):
+    """Two vLLM servers of the tiny MoE (:class:`tests.live_servers.LiveServers`), shared by every module
+    that needs live servers (a start costs ~45-90 s of CPU on 2 cores). ``.launched()`` relaunches one a
+    previous module killed and returns the ``(port, Popen)`` pairs without waiting for them. Stopped after
+    the last test that uses them."""
+    from tests.live_servers import LiveServers, model_dir
+
+    path = model_dir()
+    if not (path / "config.json").is_file():
+        pytest.skip(f"no MoE model at {path} (the tiny MoE is trained by `moelab train-tiny-moe`)")
+    live = LiveServers(path, tmp_path_factory.mktemp("vllm-servers"))
+    _LIVE.append(live)
+    yield live
+    live.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    users = [it for it in items if "tiny_moe_servers" in getattr(it, "fixturenames", ())]
+    _LAST_LIVE_USER[:] = users[-1:]
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if _LAST_LIVE_USER and item is _LAST_LIVE_USER[0]:
+        for live in _LIVE:
+            live.stop()  # not kept idle (memory) until the session ends
