@@ -49,8 +49,16 @@ def tiny_moe_servers(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(config, items):
-    users = [it for it in items if "tiny_moe_servers" in getattr(it, "fixturenames", ())]
-    _LAST_LIVE_USER[:] = users[-1:]
+    """The modules that use the live servers run back to back (whole modules, in their order, where the first
+    one was), so the servers are never kept idle while unrelated modules run; they stop after the last user."""
+    uses = lambda it: "tiny_moe_servers" in getattr(it, "fixturenames", ())  # noqa: E731
+    mods = list(dict.fromkeys(it.path for it in items if uses(it)))
+    if len(mods) > 1:
+        first = next(i for i, it in enumerate(items) if it.path in mods)
+        rest = [it for it in items if it.path not in mods]
+        block = [it for m in mods for it in items if it.path == m]
+        items[:] = rest[:first] + block + rest[first:]
+    _LAST_LIVE_USER[:] = [it for it in items if uses(it)][-1:]
 
 
 def pytest_runtest_teardown(item, nextitem):
