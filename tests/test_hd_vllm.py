@@ -7,6 +7,7 @@ interleaved question by question (every (question, method) result cached by the 
 from __future__ import annotations
 
 import importlib.util
+import time
 
 import pytest
 
@@ -67,8 +68,11 @@ def test_hd_in_vllm_is_lossless(tmp_path, monkeypatch, public_data):
     warm = set(engine_pool._SERVERS)
     start_engines(methods, budget=8, cost=cost)  # both engines start side by side (the run's questions do not)
     started = set(engine_pool._SERVERS) - warm
+    t_run = time.monotonic()
     df, _ = run_vllm_methods(q, methods=methods, budget=8, max_new_tokens=24, cost=cost, progress=False)
-    assert set(engine_pool._SERVERS) - warm == started and len(started) <= 2  # the run used the engines started
+    # the run asked the engines started above and started no others
+    assert set(engine_pool._SERVERS) - warm == started and len(started) == len(methods)
+    assert all(engine_pool._SERVERS[k].last_used > t_run for k in started)
     assert df[df["method"] != "AR"]["identical"].all()  # token for token vLLM's greedy output
     hd = df[df["method"] == "HD"]
     assert (hd["hd_drafted_tokens"] > 0).all() and hd["hd_accepted_tokens"].sum() > 0  # it really speculated
