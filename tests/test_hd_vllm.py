@@ -71,8 +71,8 @@ def test_hd_in_vllm_is_lossless(tmp_path, monkeypatch, public_data):
     t_run = time.monotonic()
     df, _ = run_vllm_methods(q, methods=methods, budget=8, max_new_tokens=24, cost=cost, progress=False)
     # the run asked the engines started above and started no others
-    assert set(engine_pool._SERVERS) - warm == started and len(started) == len(methods)
-    assert all(engine_pool._SERVERS[k].last_used > t_run for k in started)
+    assert set(engine_pool._SERVERS) - warm == started
+    assert sum(srv.last_used > t_run for srv in engine_pool._SERVERS.values()) == len(methods)
     assert df[df["method"] != "AR"]["identical"].all()  # token for token vLLM's greedy output
     hd = df[df["method"] == "HD"]
     assert (hd["hd_drafted_tokens"] > 0).all() and hd["hd_accepted_tokens"].sum() > 0  # it really speculated
