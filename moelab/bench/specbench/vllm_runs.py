@@ -127,7 +127,8 @@ def _engines_dir() -> Path:
 def engine_spec(method: str, budget: int = 8, *, cost: str = "", l_max_tokens: int = 0) -> dict[str, Any]:
     """The settings of the warm engine a :func:`vllm_point` of ``method`` runs on (the key
     :func:`~moelab.bench.specbench.engine_pool.server` keeps it under): cost-aware HD reads ``cost`` (a
-    :class:`~moelab.costmodel.verify.VerifyCost` as JSON) or, when it is empty, this machine's measured curve."""
+    :class:`~moelab.costmodel.verify.VerifyCost` as JSON) or, when it is empty, this machine's measured curve;
+    every other method ignores ``cost``."""
     if method not in VLLM_METHODS:
         raise ValueError(f"method must be one of {list(VLLM_METHODS)}; got {method!r}")
     model_dir = str(lm_folder(DEFAULT_LM))
@@ -146,8 +147,7 @@ def start_engines(methods: Sequence[str], *, budget: int = 8, cost: VerifyCost |
     Engines already warm are kept."""
     budget = check_budget(budget)
     curve = json.dumps(cost.as_dict(), sort_keys=True) if cost is not None else ""
-    specs = [engine_spec(m, budget, cost=curve if m == "HD" else "", l_max_tokens=int(l_max_tokens or 0))
-             for m in dict.fromkeys(methods)]
+    specs = [engine_spec(m, budget, cost=curve, l_max_tokens=int(l_max_tokens or 0)) for m in dict.fromkeys(methods)]
     with ThreadPoolExecutor(max(1, len(specs))) as pool:
         list(pool.map(lambda spec: server(spec, _engines_dir()), specs))
 
