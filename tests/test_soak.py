@@ -34,3 +34,10 @@ def test_soak_with_a_backend_killed_and_restarted(tmp_path, record_property, tin
     assert r.killed_in_flight > 0 and r.retried > 0  # the kill hit requests in flight; they were retried
     assert r.routed_after_restart > 0  # the restarted backend was brought back and used
     assert r.fd_growth <= 0 and r.thread_growth <= 0, figures
+
+
+def test_soak_refuses_servers_that_are_not_two(tmp_path):
+    from moelab.bench.reliability import run_soak
+
+    with pytest.raises(ValueError, match="servers must be two"):
+        run_soak(tmp_path, servers=[(8000, None)], log_dir=tmp_path)
