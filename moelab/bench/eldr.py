@@ -123,7 +123,7 @@ def run(quick: bool = False) -> list[Figure]:
     res = simulate(setup.pool, reqs, router, setup.cost, n_workers=16, signatures=sig.astype(np.float32),
                    bits=setup.bits)
     sim_s = time.perf_counter() - t0
-    figs.append(Figure("eldr", "eldr_sim_seconds", sim_s, "s", "<= 10",
+    figs.append(Figure("eldr", "eldr_sim_seconds", sim_s, "s", "<= 5",
                        f"16 workers, {n_req} requests x {out_len} tokens at 100 req/s, ELDR routing, {len(res.steps)} steps "
                        f"(synthetic Qwen3-30B-A3B-shaped traces); {_load()}"))
     figs.append(Figure("eldr", "eldr_sim_worker_steps_per_s", len(res.steps) / sim_s, "worker-steps/s", ">= 100000",

@@ -521,10 +521,16 @@ class BackendInThread:
             self.loop.close()
 
 
+def soak_server_settings(threads: int = 1) -> dict[str, Any]:
+    """The keyword arguments of :func:`~moelab.models.vllm_engine.launch_server` for a soak backend: a caller
+    that hands :func:`run_soak` its own running ``servers`` launches them with these."""
+    return dict(threads=check_int("threads", threads, low=1, high=256), max_model_len=512, max_num_seqs=32)
+
+
 def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency: int = 12, max_tokens: int = 8,
              bad_fraction: float = 0.2, stream_fraction: float = 0.3, down_rate_per_s: float = 2.0,
              overhead_pairs: int = 30, max_seconds: float = 600.0, log_dir: str | os.PathLike | None = None,
-             threads: int = 1, seed: int = 0) -> SoakReport:
+             threads: int = 1, seed: int = 0, servers: list[tuple[int, Any]] | None = None) -> SoakReport:
     """Soak and fault test of the live stack (vLLM servers of ``model_dir`` behind ``moelab serve-router``).
 
     Phases: both servers up (40 % of ``n_requests``); backend 1 SIGKILLed while buffered requests are in
@@ -534,6 +540,11 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
     chunked body, then, after the kill, inside a ``Content-Length`` body), and one client holds a stream
     it never reads. Stops by itself: every wait is bounded and the whole run raises ``TimeoutError`` past
     ``max_seconds``.
+
+    ``servers``: two running vLLM servers of ``model_dir`` on loopback, ``[(port, Popen), (port, Popen)]``
+    (launched with :func:`soak_server_settings` of ``threads``, e.g. shared with other tests), used instead of
+    starting two: the soak kills and restarts backend 1 as always, puts the restarted server into
+    ``servers[1]``, and leaves both running for the caller to stop. Default: start two and stop them at the end.
 
     Cost: two server starts plus one restart (each ~40-90 s of CPU on a 2-core machine) and
     ``n_requests`` completions of ``max_tokens`` tokens."""
@@ -553,10 +564,17 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
     left = lambda: max(1.0, deadline - time.monotonic())  # noqa: E731
     rng = np.random.default_rng(seed)
     report = SoakReport()
-    ports = [_free_port(), _free_port()]
+    server_kw = soak_server_settings(threads)
+    shared = servers
+    if shared is not None:
+        if len(shared) != 2:
+            raise ValueError(f"servers must be two (port, process) pairs of running vLLM servers; got {len(shared)}")
+        ports = [check_int("server port", p, low=1, high=65535) for p, _ in shared]
+        servers = [proc for _, proc in shared]
+    else:
+        ports = [_free_port(), _free_port()]
+        servers = [launch_server(model, p, log_path=logs / f"server{i}.log", **server_kw) for i, p in enumerate(ports)]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
-    server_kw = dict(threads=threads, max_model_len=512, max_num_seqs=32)
-    servers = [launch_server(model, p, log_path=logs / f"server{i}.log", **server_kw) for i, p in enumerate(ports)]
     routers: list[subprocess.Popen] = []
     lock = threading.Lock()
     faulty = BackendInThread(FaultyBackend(completion="cut_chunked"))
@@ -680,6 +698,8 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
             while metrics()["backends"][1]["up"] and time.monotonic() - t_kill < 10:
                 time.sleep(0.05)  # failed requests or two failed health checks mark it down
             servers[1] = launch_server(model, ports[1], log_path=logs / "server1-restart.log", **server_kw)
+            if shared is not None:
+                shared[1] = (ports[1], servers[1])  # the caller's now
             faulty.backend.completion = "cut_body"  # the other class of cut for the rest of the run
             routed_before = metrics()["backends"][1]["routed"]
             # backend 1 down: requests keep coming at a steady pace until the proxy sees it up again
@@ -732,8 +752,9 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait(10)
-        for proc in servers:
-            stop_server(proc)
+        if shared is None:
+            for proc in servers:
+                stop_server(proc)
 
 
 def run(quick: bool = False) -> list[Figure]:

@@ -20,6 +20,7 @@ import json
 import subprocess
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -48,11 +49,19 @@ FULL_TOKENS = 128  # new tokens per question in the full benchmark (and in moela
 VLLM_METHODS = vllm_methods()
 
 
+#: the README's command that installs vLLM's suffix peer (inside the activated venv): the sdist of
+#: ``arctic-inference`` does not build in pip's isolated build environment (its bundled cmake does not find Python)
+SUFFIX_INSTALL = ('pip install nanobind==2.9.2 grpcio-tools && PATH=$VIRTUAL_ENV/bin:$PATH '
+                  'pip install --no-build-isolation "arctic-inference>=0.3,<0.4"')
+
+
 def suffix_status() -> tuple[bool, str]:
-    """Whether vLLM's suffix decoding can run here (``arctic-inference`` importable) and why not."""
+    """Whether vLLM's suffix decoding can run here (``arctic-inference`` importable) and why not (with the
+    command that installs it, :data:`SUFFIX_INSTALL`)."""
     if importlib.util.find_spec("arctic_inference") is None:
-        return False, ("vLLM's suffix decoding needs `pip install arctic-inference` (builds from source); it is not "
-                       "installed here, so suffix is skipped")
+        return False, ("vLLM's suffix decoding needs arctic-inference, which is not installed here, so suffix is "
+                       f"skipped; install it inside the venv with `{SUFFIX_INSTALL}` (a plain pip install of its "
+                       "sdist fails: see the README)")
     return True, "arctic-inference installed"
 
 
@@ -96,13 +105,8 @@ def vllm_point(question_id: int, method: str = "AR", budget: int = 8, max_new_to
     qs = _question_table()
     if question_id not in qs:
         raise ValueError(f"question_id must be a Spec-Bench question id; got {question_id!r}")
-    model_dir = str(lm_folder(DEFAULT_LM))
-    curve = None
-    if method == "HD-cost":
-        curve = VerifyCost(**json.loads(cost)) if cost else measure_vllm_cost(model_dir)
-    spec = {"method": method, "budget": int(budget), "model_dir": model_dir, "max_model_len": MAX_MODEL_LEN,
-            "cost": curve.as_dict() if curve is not None else None, "l_max_tokens": int(l_max_tokens) or None, "seed": 0}
-    srv = server(spec, cache_dir() / "hd" / "vllm-engines")
+    spec = engine_spec(method, budget, cost=cost, l_max_tokens=l_max_tokens)
+    srv = server(spec, _engines_dir())
     settle()
     try:
         rec = srv.ask({**qs[question_id], "max_new_tokens": int(max_new_tokens), "temperature": float(temperature),
@@ -111,9 +115,41 @@ def vllm_point(question_id: int, method: str = "AR", budget: int = 8, max_new_to
         mark_done()
     rec.pop("temperature", None)
     rec.pop("budget", None)
-    rec["cost_curve"] = hashlib.sha256(json.dumps(curve.as_dict(), sort_keys=True).encode()).hexdigest()[:8] \
-        if curve is not None else ""
+    rec["cost_curve"] = hashlib.sha256(json.dumps(spec["cost"], sort_keys=True).encode()).hexdigest()[:8] \
+        if spec["cost"] is not None else ""
     return rec
+
+
+def _engines_dir() -> Path:
+    return cache_dir() / "hd" / "vllm-engines"
+
+
+def engine_spec(method: str, budget: int = 8, *, cost: str = "", l_max_tokens: int = 0) -> dict[str, Any]:
+    """The settings of the warm engine a :func:`vllm_point` of ``method`` runs on (the key
+    :func:`~moelab.bench.specbench.engine_pool.server` keeps it under): cost-aware HD reads ``cost`` (a
+    :class:`~moelab.costmodel.verify.VerifyCost` as JSON) or, when it is empty, this machine's measured curve;
+    every other method ignores ``cost``."""
+    if method not in VLLM_METHODS:
+        raise ValueError(f"method must be one of {list(VLLM_METHODS)}; got {method!r}")
+    model_dir = str(lm_folder(DEFAULT_LM))
+    curve = None
+    if method == "HD-cost":
+        curve = VerifyCost(**json.loads(cost)) if cost else measure_vllm_cost(model_dir)
+    return {"method": method, "budget": int(budget), "model_dir": model_dir, "max_model_len": MAX_MODEL_LEN,
+            "cost": curve.as_dict() if curve is not None else None, "l_max_tokens": int(l_max_tokens) or None, "seed": 0}
+
+
+def start_engines(methods: Sequence[str], *, budget: int = 8, cost: VerifyCost | None = None,
+                  l_max_tokens: int | None = None) -> None:
+    """Start the warm engines that :func:`run_vllm_methods` with the same arguments will use, side by side
+    (one thread per engine; each engine is its own process). An engine's start is never measured, and
+    starts overlap well on a 2-core machine (imports, HD's L store); the questions still run one at a time.
+    Engines already warm are kept."""
+    budget = check_budget(budget)
+    curve = json.dumps(cost.as_dict(), sort_keys=True) if cost is not None else ""
+    specs = [engine_spec(m, budget, cost=curve, l_max_tokens=int(l_max_tokens or 0)) for m in dict.fromkeys(methods)]
+    with ThreadPoolExecutor(max(1, len(specs))) as pool:
+        list(pool.map(lambda spec: server(spec, _engines_dir()), specs))
 
 
 def measure_vllm_cost(model_dir: str | Path, *, qs: Sequence[int] = (2, 3, 5, 9), context_tokens: int = 256,
@@ -310,4 +346,4 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
 
 __all__ = ["FULL_METHODS", "FULL_TOKENS", "HD_VLLM_SUITE", "RUN_CODE", "VLLM_METHODS", "arrange_points",
            "default_runs_dir", "full_benchmark", "measure_vllm_cost", "run_data_files", "run_vllm_methods",
-           "suffix_status", "vllm_point"]
+           "SUFFIX_INSTALL", "engine_spec", "start_engines", "suffix_status", "vllm_point"]
