@@ -6,12 +6,9 @@ import pytest
 
 from tests.helpers import execute_notebook
 
-# small sizes, also the browser test's (tests/test_browser.py reads CI_PARAMS and turns the panels on)
-CI_PARAMS = {"N_TRACE": 384, "N_REQUESTS": 400, "N_WORKERS": 4, "RATES": [20, 100], "N_PAIRS": 2000,
-             "TAUS": [0.0, 0.1, 2.0], "ABLATION_RATE": 100, "REAL_WORKERS": 4, "REAL_RATES": [20, 100],
-             "REGIME_SCALES": [0.5, 1.5], "REGIME_KS": [2, 4], "REGIME_TAUS": [0.1, 0.3], "REGIME_REQUESTS": 200,
-             "N_CONVERSATIONS": 24,
-             "PREFIX_CAPACITIES": [4096, 128]}
+# the "ci" preset (sizes in moelab/presets.py), also the browser test's (tests/test_browser.py reads CI_PARAMS and
+# turns the panels on)
+CI_PARAMS = {"PRESET": "ci"}
 
 
 @pytest.mark.notebook

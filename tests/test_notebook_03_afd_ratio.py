@@ -11,10 +11,9 @@ import moelab.afd as afd
 from moelab.datasets import repo_root
 from tests.helpers import execute_notebook
 
-# small sizes, also the browser test's (tests/test_browser.py reads CI_PARAMS and turns the panels on)
-CI_PARAMS = {"N": 2000, "R_VALUES": [1, 2, 4, 8, 16], "TRACE_R_VALUES": [1, 4, 16], "INDEP_REQUESTS": 300,
-             "MAP_B": [128], "MAP_MU_P": [100], "MAP_MU_D": [100], "MAP_DISTRIBUTIONS": ["geometric", "azure-code"],
-             "MAP_REQUESTS": 200, "INTERACTIVE": False}
+# the "ci" preset (sizes in moelab/presets.py), also the browser test's (tests/test_browser.py reads CI_PARAMS and
+# turns the panels on)
+CI_PARAMS = {"PRESET": "ci", "INTERACTIVE": False}
 NOTEBOOK = repo_root() / "notebooks" / "03_afd_ratio.ipynb"
 
 

@@ -8,9 +8,9 @@ import moelab.dsd as dsd
 from tests.helpers import execute_notebook
 from tests.test_dsd import SPEC_TABLE
 
-# small sizes, also the browser test's (tests/test_browser.py reads CI_PARAMS and turns the panels on)
-CI_PARAMS = {"MC_ROUNDS": 2000, "ROUNDS_PER_CLIENT": 40, "MEASURED_ROUNDS": 2000, "RTT_MEANS": [0.0, 50.0],
-             "CAP_ROUNDS_PER_CLIENT": 20, "INTERACTIVE": False}
+# the "ci" preset (sizes in moelab/presets.py), also the browser test's (tests/test_browser.py reads CI_PARAMS and
+# turns the panels on)
+CI_PARAMS = {"PRESET": "ci", "INTERACTIVE": False}
 
 
 @pytest.mark.notebook

@@ -8,14 +8,9 @@ import pytest
 
 from tests.helpers import execute_notebook
 
-# small: 8 ranks of 8 slots keep a waiting pool with a few hundred requests; the tiny MoE's bundled tokenizer
-# (SmolLM2's is built once from its GGUF, ~1 min on a busy CI core, then cached)
-CI_PARAMS = {"N_REQUESTS": 400, "G": 8, "G_VALUES": [4], "SLOTS": 8, "LOADS": [0.8, 1.2], "TUNE_N": 300,
-             "SWEEP_ROUTERS": ["jsq", "vllm_dp@0.32", "br0", "brh_oracle"],
-             "TUNE_GRID": {"horizon": [4, 72], "delta": [0.86], "beta": [43.0]}, "SHAREGPT_N": 600,
-             "TOKENIZER": "tiny-moe", "REGIME_SHAPES": ["qwen3-30b-a3b", "llama-3.1-70b"], "REGIME_CONTEXT": [1.0, 4.0],
-             "REGIME_SLOTS": [8], "REGIME_G": [8], "REGIME_REQUESTS_PER_SLOT": 2.0, "BACKLOG_N": 1000,
-             "INTERACTIVE_N": 120}
+# the "ci" preset (moelab/presets.py: 8 ranks of 8 slots keep a waiting pool with a few hundred requests; the tiny
+# MoE's bundled tokenizer), also the browser test's (tests/test_browser.py reads CI_PARAMS)
+CI_PARAMS = {"PRESET": "ci"}
 
 
 @pytest.mark.notebook
