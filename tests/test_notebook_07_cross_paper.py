@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from moelab.presets import preset_values
 from tests.helpers import execute_notebook
 
 # the "ci" preset (sizes in moelab/presets.py); not named CI_PARAMS: the browser test runs this notebook at the
@@ -20,7 +21,8 @@ def test_notebook_07_cross_paper(tmp_path):
     res = out["07_cross_paper"]
     figs = set(out["_figures"])
     assert {"07_pairs.html", "07_causes.html", "07_two_level_routing.html"} <= figs
-    assert res["params"]["K"] == 2 and res["params"]["G"] == 2
+    ci = preset_values("07_cross_paper", "ci")
+    assert res["params"]["K"] == ci["K"] and res["params"]["G"] == ci["G"]
     assert len(res["pairs"]) == 6
     for key in ("eldr_only_gain_pct", "br_only_gain_pct", "both_gain_pct", "best_pair_gain_pct"):
         assert math.isfinite(res[key])
