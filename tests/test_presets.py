@@ -121,3 +121,11 @@ def test_cli_refuses_a_bad_preset_or_value_before_running(capsys, tmp_path):
     assert main(["notebooks", "run", "03", "--preset", "ci", "--params", "PRESET=full", "--out", out]) == 2
     assert "disagree" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def test_papermill_reads_every_parameter():
+    """papermill's own parser (it injects PRESET and the overrides) sees every parameter of the cell: a
+    comment holding ``=`` makes it skip that line ("Unable to parse line ...")."""
+    pm = pytest.importorskip("papermill")
+    for name in available_notebooks():
+        assert set(pm.inspect_notebook(str(notebooks_dir() / f"{name}.ipynb"))) == set(notebook_parameters(name)), name
