@@ -148,9 +148,9 @@ SIZES: dict[str, dict[str, Sized]] = {
     # full: every Spec-Bench question (80 per category) at 128 tokens, as `moelab bench hd`'s full HF side
     "02_hierarchy_drafting": {
         "PER_CATEGORY": Sized(1, 1, ALL, _int(1, all_ok=True)),
-        "MAX_NEW_TOKENS": Sized(8, 32, 128, _int(1, 4096)),
+        "MAX_NEW_TOKENS": Sized(8, 16, 128, _int(1, 4096)),
         "BUDGETS": Sized([4, 8], [4, 8, 16, 28], [4, 8, 16, 28], _ints(1, 64)),
-        "DEMO_TOKENS": Sized(8, 48, 48, _int(1, 4096)),
+        "DEMO_TOKENS": Sized(8, 24, 48, _int(1, 4096)),
         "CURVE_QS": Sized([1, 3, 9], [1, 2, 3, 5, 9, 17, 29], [1, 2, 3, 5, 9, 17, 29], _ints(1, 4096)),
     },
     # full: the paper-scale horizons and the whole gap map (3 x 3 x 2 settings x 3 length distributions)
@@ -165,23 +165,23 @@ SIZES: dict[str, dict[str, Sized]] = {
         "MAP_DISTRIBUTIONS": Sized(["geometric", "azure-code"], ["geometric", "azure-code"],
                                    ["geometric", "azure-conv", "azure-code"],
                                    _choices(("geometric", "azure-conv", "azure-code"))),
-        "MAP_REQUESTS": Sized(200, 500, 2000, _int(1)),
+        "MAP_REQUESTS": Sized(200, 1000, 2000, _int(1)),
     },
     # full: 20k Monte-Carlo rounds per point over the whole RTT range
     "04_dsd_rtt": {
-        "MC_ROUNDS": Sized(2000, 5000, 20_000, _int(1)),
-        "ROUNDS_PER_CLIENT": Sized(40, 100, 200, _int(1)),
-        "MEASURED_ROUNDS": Sized(2000, 5000, 20_000, _int(1)),
-        "RTT_MEANS": Sized([0.0, 50.0], [0.0, 10.0, 50.0, 100.0, 200.0], [0.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0],
-                           _reals(0)),
-        "CAP_ROUNDS_PER_CLIENT": Sized(20, 40, 60, _int(1)),
+        "MC_ROUNDS": Sized(2000, 10_000, 20_000, _int(1)),
+        "ROUNDS_PER_CLIENT": Sized(40, 200, 200, _int(1)),
+        "MEASURED_ROUNDS": Sized(2000, 10_000, 20_000, _int(1)),
+        "RTT_MEANS": Sized([0.0, 50.0], [0.0, 10.0, 25.0, 50.0, 100.0, 200.0],
+                           [0.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0], _reals(0)),
+        "CAP_ROUNDS_PER_CLIENT": Sized(20, 60, 60, _int(1)),
     },
     # full: 3,000 requests per run, the 15-router line-up, the 18-run tuning grid, the 54-setting regime map
     "05_balanceroute": {
-        "N_REQUESTS": Sized(400, 1000, 3000, _int(1, all_ok=True)),
+        "N_REQUESTS": Sized(400, 1500, 3000, _int(1, all_ok=True)),
         "G_VALUES": Sized([4], [4, 8, 16], [4, 8, 16], _ints(2, 256)),
         "SLOTS": Sized(8, 16, 72, _int(1)),
-        "LOADS": Sized([0.8, 1.2], [0.8, 1.0, 1.2], [0.6, 0.8, 1.0, 1.2, 1.4], _reals(0, low_open=True)),
+        "LOADS": Sized([0.8, 1.2], [0.6, 0.8, 1.0, 1.2, 1.4], [0.6, 0.8, 1.0, 1.2, 1.4], _reals(0, low_open=True)),
         "SWEEP_ROUTERS": Sized(["jsq", "vllm_dp@0.32", "br0", "brh_oracle"],
                                ["jsq", "vllm_dp@0.32", "sglang_total_tokens", "br0", "brh_oracle"],
                                ["round_robin", "jsq", "least_kv", "vllm_dp@0.32", "vllm_dp@legacy",

@@ -129,3 +129,16 @@ def test_papermill_reads_every_parameter():
     pm = pytest.importorskip("papermill")
     for name in available_notebooks():
         assert set(pm.inspect_notebook(str(notebooks_dir() / f"{name}.ipynb"))) == set(notebook_parameters(name)), name
+
+
+@pytest.mark.parametrize("preset", presets.PRESETS)
+def test_each_preset_meets_the_notebooks_own_cross_checks(preset):
+    """Limits that tie two parameters together (checked inside the notebooks, not by :func:`presets.resolve`)."""
+    eldr = presets.preset_values("01_eldr", preset)
+    assert eldr["N_WORKERS"] <= eldr["N_TRACE"] // 2 and max(eldr["REGIME_KS"]) <= eldr["N_TRACE"] // 2
+    afd = presets.preset_values("03_afd_ratio", preset)
+    assert afd["MAP_REQUESTS"] >= max(afd["MAP_B"])  # a horizon of at least one fill of the slots
+    assert afd["N"] >= notebook_parameters("03_afd_ratio")["B"]
+    hd = presets.preset_values("02_hierarchy_drafting", preset)
+    assert notebook_parameters("02_hierarchy_drafting")["BUDGET"] in hd["BUDGETS"]
+    assert hd["CURVE_QS"][0] == 1 and hd["CURVE_QS"] == sorted(set(hd["CURVE_QS"]))
