@@ -12,6 +12,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from moelab import __version__
+from moelab.presets import PRESETS
 
 # Sub-commands implemented next to the code they drive; each module has ``main(argv) -> int``.
 DELEGATED = {
@@ -31,6 +32,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     # lazy: like DELEGATED's, a subcommand's module loads when it runs, so `moelab --help` stays off pandas
     from moelab.notebooks import (
         available_notebooks,
+        choose_preset,
         describe_requirements,
         figures_location,
         missing_requirements,
@@ -38,6 +40,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
         parse_params,
         resolve,
         run_notebook,
+        run_parameters,
     )
 
     if args.action == "list":
@@ -52,17 +55,21 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
             print(f"skipping {n}: needs {describe_requirements(m)}; or name the notebook to run it anyway")
         names = [n for n in names if n not in skipped]
     params = parse_params(args.params or [])
+    preset = choose_preset(args.preset, params)
     out = Path(args.out)
     # a --params entry applies to every selected notebook that has that parameter
     known = {name: notebook_parameters(name) for name in names}
     unused = sorted(set(params) - {k for p in known.values() for k in p})
     if unused:
         raise ValueError(f"no selected notebook has parameter(s) {unused}")
+    # the preset and every value checked for every notebook before the first one runs
+    run_params = {name: run_parameters(name, preset, {k: v for k, v in params.items() if k in known[name]})
+                  for name in names}
     runs = []
     with tqdm(names, desc="notebooks", unit="nb") as bar:
         for name in bar:
             bar.set_postfix_str(name)
-            runs.append(run_notebook(name, {k: v for k, v in params.items() if k in known[name]}, out))
+            runs.append(run_notebook(name, run_params[name], out))
     print(f"\n{'notebook':<28}{'status':<8}{'seconds':>9}  output")
     for r in runs:
         print(f"{r.name:<28}{'ok' if r.ok else 'FAILED':<8}{r.seconds:>9.1f}  {r.output}" + (f"\n    {r.error}" if r.error else ""))
@@ -102,7 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     nb = sub.add_parser("notebooks", help="list or run the lab's notebooks headless (papermill)")
     nb.add_argument("action", choices=["run", "list"])
     nb.add_argument("names", nargs="*", help="notebook names or unique prefixes (default: all)")
-    nb.add_argument("--params", "-p", nargs="*", metavar="K=V", help="papermill parameters, e.g. n_requests=200")
+    nb.add_argument("--preset", choices=PRESETS, default=None,
+                    help="run size, the same in every notebook (moelab/presets.py): ci (smallest, the tests'), "
+                         "classroom (the default: <= 3 min per notebook on a laptop) or full (paper scale)")
+    nb.add_argument("--params", "-p", nargs="*", metavar="K=V",
+                    help="papermill parameters, e.g. N_REQUESTS=200 (a value given here wins over the preset)")
     nb.add_argument("--out", default="runs", help="folder for executed notebooks; figures go to OUT/figures")
     nb.set_defaults(func=_cmd_notebooks)
 

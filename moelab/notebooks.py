@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moelab import presets
 from moelab._validate import MAX_CLI_VALUE_CHARS, parse_cli_literal
 from moelab.datasets import repo_root
 
@@ -64,6 +65,30 @@ def notebook_parameters(name: str) -> dict[str, Any]:
             return {t.id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
                     for t in node.targets if isinstance(t, ast.Name)}
     return {}
+
+
+def choose_preset(flag: str | None, params: dict[str, Any]) -> str:
+    """The preset of a run: ``--preset`` (``flag``) or a ``PRESET`` entry of ``params`` (removed from it), else
+    :data:`moelab.presets.DEFAULT_PRESET`; ``ValueError`` when it is not one of :data:`moelab.presets.PRESETS`
+    or the two disagree."""
+    given = params.pop("PRESET", None)
+    if flag is not None and given is not None and flag != given:
+        raise ValueError(f"--preset {flag!r} and --params PRESET={given!r} disagree; give the preset once")
+    if flag is not None:
+        return presets.check_preset(flag, "--preset")
+    return presets.check_preset(presets.DEFAULT_PRESET if given is None else given, "PRESET")
+
+
+def run_parameters(name: str, preset: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The papermill parameters of one run of notebook ``name``: ``params`` plus ``PRESET`` when the notebook
+    has that parameter, checked against the preset's table (:func:`moelab.presets.resolve`) so that an
+    out-of-range value stops with its name before anything executes."""
+    known = notebook_parameters(name)
+    if "PRESET" not in known:
+        return dict(params)
+    if name in presets.SIZES:
+        presets.resolve(name, preset, params)
+    return {"PRESET": preset, **params}
 
 
 #: how to install each optional package a notebook may declare (``moelab.requires`` in its metadata)

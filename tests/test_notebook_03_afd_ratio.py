@@ -9,12 +9,13 @@ import pytest
 
 import moelab.afd as afd
 from moelab.datasets import repo_root
+from moelab.presets import preset_values
 from tests.helpers import execute_notebook
 
-# small sizes, also the browser test's (tests/test_browser.py reads CI_PARAMS and turns the panels on)
-CI_PARAMS = {"N": 2000, "R_VALUES": [1, 2, 4, 8, 16], "TRACE_R_VALUES": [1, 4, 16], "INDEP_REQUESTS": 300,
-             "MAP_B": [128], "MAP_MU_P": [100], "MAP_MU_D": [100], "MAP_DISTRIBUTIONS": ["geometric", "azure-code"],
-             "MAP_REQUESTS": 200, "INTERACTIVE": False}
+# the "ci" preset (sizes in moelab/presets.py), also the browser test's (tests/test_browser.py reads CI_PARAMS and
+# turns the panels on)
+CI_PARAMS = {"PRESET": "ci", "INTERACTIVE": False}
+CI = preset_values("03_afd_ratio", "ci")
 NOTEBOOK = repo_root() / "notebooks" / "03_afd_ratio.ipynb"
 
 
@@ -59,9 +60,9 @@ def test_afd_notebook(tmp_path):
     out = execute_notebook("03_afd_ratio", CI_PARAMS, tmp_path)
     res = out["03_afd_ratio"]
     assert len(res["check_values"]) == 5 and res["check_max_abs_err"] <= 0.1
-    assert res["r_star"] == pytest.approx(afd.optimal_ratio(256, 100, 500, N=2000))
+    assert res["r_star"] == pytest.approx(afd.optimal_ratio(256, 100, 500, N=CI["N"]))
     assert res["worked_example"][0]["r*"] == pytest.approx(res["r_star"])
-    assert res["predict_long_prompt"]["r_star"] == pytest.approx(afd.optimal_ratio(256, 2000, 500, N=2000))
+    assert res["predict_long_prompt"]["r_star"] == pytest.approx(afd.optimal_ratio(256, 2000, 500, N=CI["N"]))
     assert len(res["ratio_table"]) == 36
     ind = res["indep"]
     # the independent simulation: recorded as measured, with its fit errors and extrapolation counts
@@ -69,7 +70,8 @@ def test_afd_notebook(tmp_path):
     assert {e["stage"] for e in ind["fit_errors"]} == {"attention", "ffn", "link"}
     assert ind["coverage"]["ffn_extrapolated"] > 0 and ind["coverage"]["notes"]
     assert ind["gap_pct"] == pytest.approx(100 * (ind["r_sim"] - ind["r_star"]) / ind["r_star"])
-    assert len(res["gap_map"]) == 2 and {r["lengths"] for r in res["gap_map"]} == {"geometric", "azure-code"}
+    cells = len(CI["MAP_B"]) * len(CI["MAP_MU_P"]) * len(CI["MAP_MU_D"]) * len(CI["MAP_DISTRIBUTIONS"])
+    assert len(res["gap_map"]) == cells and {r["lengths"] for r in res["gap_map"]} == set(CI["MAP_DISTRIBUTIONS"])
     assert {"r32_gap_pct", "b128", "verdict"} <= set(res)
     assert len(res["verdict"]) == 5 and all(isinstance(v["holds"], bool) for v in res["verdict"])
     assert 0 <= res["gap_map_integer_agreement"] <= 1

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 import moelab.dsd as dsd
+from moelab.presets import preset_values
 from tests.helpers import execute_notebook
 from tests.test_dsd import SPEC_TABLE
 
-# small sizes, also the browser test's (tests/test_browser.py reads CI_PARAMS and turns the panels on)
-CI_PARAMS = {"MC_ROUNDS": 2000, "ROUNDS_PER_CLIENT": 40, "MEASURED_ROUNDS": 2000, "RTT_MEANS": [0.0, 50.0],
-             "CAP_ROUNDS_PER_CLIENT": 20, "INTERACTIVE": False}
+# the "ci" preset (sizes in moelab/presets.py), also the browser test's (tests/test_browser.py reads CI_PARAMS and
+# turns the panels on)
+CI_PARAMS = {"PRESET": "ci", "INTERACTIVE": False}
 
 
 @pytest.mark.notebook
@@ -27,7 +28,7 @@ def test_dsd_notebook(tmp_path):
     assert set(acc) == {"early_exit", "pld", "hd"}
     assert all(0 <= r["alpha_mle"] < 1 and r["measured_tokens_per_round"] >= 1 for r in acc.values())
     lat = res["measured_latency"]
-    assert len(lat) == 4
+    assert len(lat) == 2 * len(preset_values("04_dsd_rtt", "ci")["RTT_MEANS"])  # sync and pipelined at each RTT
     for m in ("dsd_sync", "dsd_pipelined"):
         rows = sorted((r for r in lat if r["mode"] == m), key=lambda r: r["rtt"])
         assert rows[0]["measured"] < rows[-1]["measured"]  # monotone in RTT

@@ -6,16 +6,13 @@ import math
 
 import pytest
 
+from moelab.presets import preset_values
 from tests.helpers import execute_notebook
 
-# small: 8 ranks of 8 slots keep a waiting pool with a few hundred requests; the tiny MoE's bundled tokenizer
-# (SmolLM2's is built once from its GGUF, ~1 min on a busy CI core, then cached)
-CI_PARAMS = {"N_REQUESTS": 400, "G": 8, "G_VALUES": [4], "SLOTS": 8, "LOADS": [0.8, 1.2], "TUNE_N": 300,
-             "SWEEP_ROUTERS": ["jsq", "vllm_dp@0.32", "br0", "brh_oracle"],
-             "TUNE_GRID": {"horizon": [4, 72], "delta": [0.86], "beta": [43.0]}, "SHAREGPT_N": 600,
-             "TOKENIZER": "tiny-moe", "REGIME_SHAPES": ["qwen3-30b-a3b", "llama-3.1-70b"], "REGIME_CONTEXT": [1.0, 4.0],
-             "REGIME_SLOTS": [8], "REGIME_G": [8], "REGIME_REQUESTS_PER_SLOT": 2.0, "BACKLOG_N": 1000,
-             "INTERACTIVE_N": 120}
+# the "ci" preset (moelab/presets.py: 8 ranks of 8 slots keep a waiting pool with a few hundred requests; the tiny
+# MoE's bundled tokenizer), also the browser test's (tests/test_browser.py reads CI_PARAMS)
+CI_PARAMS = {"PRESET": "ci"}
+CI = preset_values("05_balanceroute", "ci")
 
 
 @pytest.mark.notebook
@@ -27,7 +24,7 @@ def test_notebook_05_balanceroute(tmp_path, public_data):
     for name in ("05_imbalance_over_time", "05_costs_table", "05_throughput", "05_decision_time", "05_load_sweep",
                  "05_regime_heatmap", "05_regime_gain_vs_share", "05_paper_table", "05_dp_barrier"):
         assert f"{name}.html" in figs, name
-    assert res["G_table"] == 8 and res["n_requests_arrival"] == 400
+    assert res["G_table"] == 8 and res["n_requests_arrival"] == CI["N_REQUESTS"]
     assert res["dropped_rows"] == {"zero_length": 0, "output_len>1000": 0}
     # both vLLM versions and the SGLang balancers ran next to BR
     assert {"vllm_dp@0.32", "vllm_dp@latest", "vllm_dp@legacy", "sglang_total_tokens", "br0", "brh_oracle",
@@ -35,7 +32,8 @@ def test_notebook_05_balanceroute(tmp_path, public_data):
     # BR-0 must cut the barrier idle work clearly even on a small run
     assert res["br0_imbalance_reduction_pct"] > 30
     assert res["rate_factor"] > 1 and res["load"] == 1.2
-    assert res["regime_points"] == 2 * 2 * 1 * 1
+    assert res["regime_points"] == (len(CI["REGIME_SHAPES"]) * len(CI["REGIME_CONTEXT"]) * len(CI["REGIME_SLOTS"])
+                                    * len(CI["REGIME_G"]))
     assert math.isfinite(res["regime_max_gain_pct"])
     assert set(res["load_sweep_imbalance"]) >= {"0.8/br0", "1.2/br0", "1.2/jsq"}
     assert math.isfinite(res["br0_dispatch_ms_p50"]) and res["br0_dispatch_ms_p50"] > 0

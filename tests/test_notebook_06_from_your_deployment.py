@@ -13,7 +13,7 @@ from moelab.models.vllm_engine import vllm_status
 from tests.helpers import execute_notebook
 
 OK, WHY = vllm_status()
-SMALL = {"N_PER_DOMAIN": 3, "MAX_NEW_TOKENS": 8, "HF_CHECK": 2, "N_WORKERS": 2, "INTERACTIVE": True}
+SMALL = {"PRESET": "ci"}  # sizes: moelab/presets.py
 FIGURES = {"06_distinct_experts.html", "06_signature_similarity.html", "06_domain_experts.html"}
 
 

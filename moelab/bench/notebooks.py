@@ -1,7 +1,9 @@
 """The ``notebooks`` benchmark suite: are the committed notebooks lessons? (issue 26)
 
 Everything here reads the committed ``.ipynb`` files as JSON (static, no execution) except
-``lesson_checkers_reject_wrong``, which calls every registered exercise checker. Definitions:
+``lesson_checkers_reject_wrong``, which calls every registered exercise checker, and
+``notebook_classroom_seconds_<notebook>`` (issue 27), which executes every notebook headless at
+``PRESET="classroom"`` (:mod:`moelab.presets`; minutes, so ``--quick`` leaves them out). Definitions:
 
 * **exercise**: a locked nbgrader check cell (``metadata.nbgrader``: ``grade: true, locked: true``);
   each exercise has one, after its solution cell.
@@ -22,8 +24,12 @@ from __future__ import annotations
 
 import ast
 import importlib
+import math
+import os
 import pkgutil
 import re
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import moelab.course as course
@@ -37,10 +43,12 @@ from moelab.course.lessons import (
     load_notebook,
     notebook_names,
 )
+from moelab.notebooks import describe_requirements, missing_requirements, run_notebook
 
 SUITE = "notebooks"
 HEADLINE_TAG = "headline"
 FIRST_RESULT_GOAL = 0.35
+CLASSROOM_GOAL_S = 180.0  # issue 27: each notebook at the classroom preset in <= 3 min on a 2-core laptop
 
 # words after which a number is a label (a section, proposition, part, step...), not a result
 _LABEL_WORDS = r"(?:proposition|part|section|§|step|exercise|deliver|notebook|table|figure|eq\.?|chapter|level)"
@@ -226,8 +234,47 @@ def checker_verdicts() -> dict[str, bool]:
     return verdicts
 
 
+def classroom_seconds(names: list[str] | None = None, out_dir: str | os.PathLike | None = None
+                      ) -> dict[str, tuple[float, str]]:
+    """Execute each notebook headless at ``PRESET="classroom"`` and time it.
+
+    Figures are written as HTML only (``MOELAB_PNG=0`` unless set: a PNG export starts a browser per figure).
+
+    Parameters
+    ----------
+    names : list of str, optional
+        Notebooks to run (default: all).
+    out_dir : path, optional
+        Where the executed notebooks go (default: a temporary folder, removed afterwards).
+
+    Returns
+    -------
+    dict
+        ``{notebook: (seconds, note)}``; seconds is NaN for a notebook that failed (the note says why) or
+        was skipped for a missing optional package.
+    """
+    names = list(names or notebook_names())
+    out: dict[str, tuple[float, str]] = {}
+    png_before = os.environ.get("MOELAB_PNG")
+    os.environ.setdefault("MOELAB_PNG", "0")
+    try:
+        with tempfile.TemporaryDirectory(prefix="moelab-classroom-") as tmp:
+            where = Path(out_dir) if out_dir is not None else Path(tmp)
+            for name in names:
+                missing = missing_requirements(name)
+                if missing:
+                    out[name] = (math.nan, f"skipped: needs {describe_requirements(missing)}")
+                    continue
+                run = run_notebook(name, {"PRESET": "classroom"}, where)
+                out[name] = (run.seconds, "ok" if run.ok else f"FAILED: {run.error}")
+    finally:
+        if png_before is None:
+            os.environ.pop("MOELAB_PNG", None)
+    return out
+
+
 def run(quick: bool = False) -> list[Figure]:
-    """The suite's figures (``quick`` changes nothing: the suite reads files and runs checkers only)."""
+    """The suite's figures; ``quick`` leaves out the classroom timings (they execute every notebook)."""
     notebooks = {name: load_notebook(name) for name in notebook_names()}
     exercises = sum(len(exercise_cells(nb)) for nb in notebooks.values())
     lessons = sorted(n for n, nb in notebooks.items() if is_lesson(nb))
@@ -253,8 +300,21 @@ def run(quick: bool = False) -> list[Figure]:
     figs.append(Figure(SUITE, "notebook_figures_unshown", float(sum(map(len, unshown.values()))), "figures", "<= 0",
                        "save_figure calls never displayed (static): "
                        + ", ".join(f"{n} {v}" for n, v in unshown.items() if v)))
+    if quick:
+        return figs
+    timed = classroom_seconds()
+    goal = f"<= {CLASSROOM_GOAL_S:g}"
+    for name, (seconds, note) in timed.items():
+        figs.append(Figure(SUITE, f"notebook_classroom_seconds_{name}", seconds, "s", goal,
+                           f"executed headless at PRESET='classroom' (HTML figures): {note}"))
+    ran = {n: s for n, (s, _) in timed.items() if math.isfinite(s)}
+    failed = sorted(n for n, (_, note) in timed.items() if note.startswith("FAILED"))
+    worst = max(ran, key=ran.get) if ran else "none"
+    figs.append(Figure(SUITE, "notebook_classroom_seconds_max", max(ran.values()) if ran and not failed else math.nan,
+                       "s", goal, f"slowest: {worst}" + (f"; failed: {failed}" if failed else "")
+                       + (f"; not run: {sorted(set(timed) - set(ran) - set(failed))}" if len(ran) + len(failed) < len(timed) else "")))
     return figs
 
 
-__all__ = ["HEADLINE_TAG", "SUITE", "checker_verdicts", "first_result_cell_frac", "import_course_modules",
+__all__ = ["CLASSROOM_GOAL_S", "HEADLINE_TAG", "SUITE", "checker_verdicts", "classroom_seconds", "first_result_cell_frac", "import_course_modules",
            "markdown_typed_numbers", "run", "typed_numbers", "unshown_figures"]
