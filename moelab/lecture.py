@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moelab.notebooks import notebooks_dir
+from moelab.notebooks import _kernel_config, figures_location, notebook_parameters, notebooks_dir
 
 RESEARCH_TAG = "research"
 PARAMETERS_TAG = "parameters"
@@ -360,8 +360,6 @@ def precompute(name: str, params: dict[str, Any], runs: str | Path, *, timeout_s
     """
     # lazy: papermill pulls in the whole notebook runner (nbclient, jupyter_client, zmq)
     import papermill as pm
-
-    from moelab.notebooks import _kernel_config, figures_location, notebook_parameters
 
     unknown = sorted(set(params) - set(notebook_parameters(name)))
     if unknown:

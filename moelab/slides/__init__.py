@@ -41,7 +41,7 @@ TEMPLATE = "moelab_reveal"
 MATHJAX = HERE.parent / "book" / "static" / "vendor" / "mathjax"
 VENDOR_DIR = "vendor"  # OUT/vendor/{reveal.js, mathjax, plotly.min.js}
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
-#: words on one slide (a projected 1280x800 stage at 30 px: about eight lines of prose and a heading)
+#: words on one slide (a projected 1280x800 stage at 36 px: about ten lines of prose under a heading)
 SLIDE_WORDS = 110
 #: what a figure (plotly, image) counts as, in words: a figure gets a slide of its own
 FIGURE_WORDS = SLIDE_WORDS
