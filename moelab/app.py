@@ -1,15 +1,22 @@
-"""Lecture mode: serve one notebook as a Voila dashboard (code hidden, widgets live).
+"""Lecture mode: serve a notebook's lesson part as a Voila dashboard (code hidden, widgets live), instantly.
 
-``moelab app 03`` runs ``notebooks/03_afd_ratio.ipynb`` in a fresh kernel for every visitor and shows
-its text, tables, figures and live sliders without the code. It binds to 127.0.0.1 by default and asks
-for a token; another interface is refused unless ``--allow-remote`` says so explicitly (then anyone who
-can reach the port and knows the token runs the notebook on this machine).
+``moelab app 03`` serves the lesson part of ``notebooks/03_afd_ratio.ipynb`` (the cells before its research
+part, :mod:`moelab.lecture`) with its results read from a precomputed run: ``runs/lecture/03_afd_ratio.ipynb``
+(``moelab app 03 --precompute`` writes it) or ``runs/03_afd_ratio.ipynb`` (``moelab notebooks run``). Each
+visitor's kernel re-displays the recorded outputs and runs only the cells the live panels need, so the first
+figure shows in seconds. Without a usable precomputed run the page (and the terminal) says so and the lesson
+is computed for every visitor. ``--whole`` serves the whole notebook, computed live, as before.
+
+It binds to 127.0.0.1 by default and asks for a token; another interface is refused unless
+``--allow-remote`` says so explicitly (then anyone who can reach the port and knows the token runs the
+notebook on this machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import secrets
 import signal
@@ -20,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from moelab import lecture
 from moelab._validate import check_int, check_loopback_host
 from moelab.notebooks import (
     describe_requirements,
@@ -31,10 +39,13 @@ from moelab.notebooks import (
 )
 
 
-def voila_command(notebook: Path, *, host: str, port: int, token: str, open_browser: bool) -> list[str]:
-    """The ``voila`` command line that serves ``notebook`` with its sources stripped."""
+def voila_command(notebook: Path, *, host: str, port: int, token: str, open_browser: bool,
+                  pool: int = 0) -> list[str]:
+    """The ``voila`` command line that serves ``notebook`` with its sources stripped; with ``pool`` > 0,
+    that many kernels have already run the notebook before a visitor arrives (Voila's pre-heated kernels)."""
     return [sys.executable, "-m", "voila", str(notebook), f"--port={port}", f"--Voila.ip={host}", f"--token={token}",
             "--strip_sources=True", "--show_tracebacks=False", "--Voila.log_level=WARN",
+            *(["--preheat_kernel=True", f"--pool_size={pool}"] if pool > 0 else []),
             *([] if open_browser else ["--no-browser"])]
 
 
@@ -60,9 +71,32 @@ def prepare_notebook(name: str, params: dict[str, Any], workdir: Path) -> Path:
     return out
 
 
+def prepare_lecture(name: str, params: dict[str, Any], runs: str, workdir: Path, *, precompute: bool = False) -> Path:
+    """Write the lesson notebook to serve into ``workdir`` (see :func:`moelab.lecture.lecture_notebook`),
+    precomputing the lesson part first when asked; print where its results come from."""
+    unknown = sorted(set(params) - set(notebook_parameters(name)))
+    if unknown:
+        raise ValueError(f"notebook {name} has no parameter(s) {unknown}; its parameters are "
+                         f"{sorted(notebook_parameters(name))}")
+    if precompute:
+        print(f"precomputing the lesson part of {name} ...", flush=True)
+        print(f"wrote {lecture.precompute(name, params, runs)}", flush=True)
+    served = lecture.lecture_notebook(name, params, runs, workdir / "replay.json")
+    if served.precomputed is None:
+        print(f"note: no precomputed results for {name} ({served.why_not}); every visitor's kernel computes the "
+              f"lesson, which can take minutes. To make it instant: {lecture.precompute_command(name, runs)}",
+              file=sys.stderr, flush=True)
+    else:
+        print(f"lesson of {name}: results from {served.precomputed.path} ({served.precomputed.finished}); "
+              f"{len(served.live)} code cells run live, {len(served.replayed)} replayed", flush=True)
+    out = workdir / f"{name}.ipynb"
+    out.write_text(json.dumps(served.notebook))
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="moelab app", description="serve one notebook as a Voila dashboard "
-                                "(code hidden, widgets live) for a lecture")
+    p = argparse.ArgumentParser(prog="moelab app", description="serve a notebook's lesson part as a Voila dashboard "
+                                "(code hidden, widgets live, results precomputed) for a lecture")
     p.add_argument("notebook", help="notebook name or unique prefix, e.g. 03 or 03_afd_ratio")
     p.add_argument("--port", type=int, default=8866, help="TCP port (default 8866; 0: a free one)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1, loopback only)")
@@ -71,11 +105,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token", default=None, help="access token (default: a random one, printed at start)")
     p.add_argument("--params", "-p", nargs="*", metavar="K=V", help="notebook parameters, e.g. N=3000")
     p.add_argument("--open", action="store_true", help="open a browser on the dashboard")
+    p.add_argument("--from", dest="runs", default="runs",
+                   help="folder of precomputed runs: RUNS/lecture/NAME.ipynb (--precompute) or RUNS/NAME.ipynb "
+                        "('moelab notebooks run'); default: runs")
+    p.add_argument("--precompute", action="store_true",
+                   help="first execute the lesson part into RUNS/lecture/ (once; every visitor then reads it)")
+    p.add_argument("--pool", type=int, default=2,
+                   help="kernels that run the lesson before visitors arrive, so pages open at once (default 2; "
+                        "0: each visitor's kernel starts when they arrive; ignored with --whole)")
+    p.add_argument("--whole", action="store_true",
+                   help="serve the whole notebook (research part included), computed live for every visitor")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``moelab app NOTEBOOK [--port P] [--host H] [--allow-remote] [--token T] [--params K=V ...]``."""
+    """``moelab app NOTEBOOK [--port P] [--host H] [--allow-remote] [--token T] [--params K=V ...]
+    [--from RUNS] [--precompute] [--whole]``."""
     args = build_parser().parse_args(argv)
     try:
         return serve(args)
@@ -92,6 +137,7 @@ def serve(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise ValueError(f"{exc} (pass --allow-remote to serve on another interface)") from None
     port = check_int("--port", args.port, low=0, high=65535)
+    pool = check_int("--pool", args.pool, low=0, high=16)
     if port == 0:
         with socket.socket() as s:
             s.bind((args.host, 0))
@@ -103,11 +149,17 @@ def serve(args: argparse.Namespace) -> int:
         raise ValueError(f"notebook {name} needs {describe_requirements(missing)}, which is not installed")
     token = args.token or secrets.token_urlsafe(16)
     params = parse_params(args.params or [])
+    if args.whole and args.precompute:
+        raise ValueError("--precompute prepares the lesson part; it cannot be combined with --whole")
     with tempfile.TemporaryDirectory(prefix="moelab-app-") as tmp:
-        notebook = prepare_notebook(name, params, Path(tmp))
+        if args.whole:
+            notebook = prepare_notebook(name, params, Path(tmp))
+        else:
+            notebook = prepare_lecture(name, params, args.runs, Path(tmp), precompute=args.precompute)
         shown = f"[{args.host}]" if ":" in args.host else args.host
         print(f"serving {name} (code hidden) at http://{shown}:{port}/?token={token}   (Ctrl+C stops)", flush=True)
-        cmd = voila_command(notebook, host=args.host, port=port, token=token, open_browser=args.open)
+        cmd = voila_command(notebook, host=args.host, port=port, token=token, open_browser=args.open,
+                            pool=0 if args.whole else pool)
         env = dict(os.environ)
         env.setdefault("MOELAB_FIGURES", str(Path(tmp) / "figures"))  # lecture runs never overwrite figures/
         proc = subprocess.Popen(cmd, env=env)

@@ -24,7 +24,8 @@ DELEGATED = {
     "build-hd-stores": ("moelab.make.hd_stores", "build Hierarchy Drafting's S (target outputs on ShareGPT) and L stores"),
     "book": ("moelab.book", "build the executed lab as a static HTML book (Sphinx + myst-nb; works offline)"),
     "course": ("moelab.course.release", "hand out the lessons as nbgrader labs (course release OUT)"),
-    "app": ("moelab.app", "serve one notebook as a Voila dashboard for a lecture (code hidden, widgets live)"),
+    "app": ("moelab.app", "serve a notebook's lesson part as a Voila dashboard for a lecture (results precomputed)"),
+    "slides": ("moelab.slides", "a notebook's lesson part as offline reveal.js slides (nbconvert)"),
 }
 
 

@@ -1,0 +1,359 @@
+"""Lecture mode in a real browser: how soon ``moelab app`` shows its first figure, how fast a slider redraws.
+
+:func:`measure_lecture` starts ``moelab app NAME`` (Voila, lesson part, precomputed results) on 127.0.0.1
+with a token and opens it in headless Chromium (Debian's ``chromium``, driven by Playwright):
+
+* ``app_first_figure_seconds``: from the page request until the first plotly figure is drawn;
+* ``app_slider_response_seconds_p50``: the median, over :data:`SLIDER_MOVES` moves of the panels' sliders
+  (one keyboard step each, alternating direction), from the key press until a figure of that panel shows
+  different data.
+
+``run`` (the benchmark figures) measures ``MOELAB_BENCH_APP_NOTEBOOK`` (default ``03_afd_ratio``: a lesson
+with a live panel) from the precomputed runs in ``runs/``; when there is none it precomputes the lesson into
+a temporary folder first (not timed; the figure's note says so). ``tests/test_app.py`` runs the same
+measurement. Wire it into ``moelab bench`` with ``"app": "moelab.bench.app"`` in ``BENCH_SUITES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moelab.bench.core import Figure
+
+SUITE = "notebooks"
+GOAL_S = 2.0
+SLIDER_MOVES = 6
+CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+# per plotly figure inside ``root``: a fingerprint of its data (a redraw changes it)
+JS_FINGERPRINTS = """(root) => Array.from(root.querySelectorAll('.js-plotly-plot')).map(el =>
+    JSON.stringify((el.data || []).map(t => [t.name, t.x, t.y, t.z, t.text])))"""
+# output areas holding a widget view with a slider: the live panels (marked for locators)
+JS_MARK_PANELS = """() => {
+    let n = 0;
+    for (const o of document.querySelectorAll('.jp-OutputArea-output')) {
+        if (o.querySelector('.widget-slider')) o.setAttribute('data-moelab-panel', String(n++));
+    }
+    return n;
+}"""
+
+
+@dataclass(frozen=True)
+class LectureTiming:
+    """One measured lecture: seconds to the first figure, each slider move's redraw time, the live panels,
+    how long the app took to be ready (its pre-heated kernels quiet) before the visit, and its log."""
+
+    notebook: str
+    first_figure_s: float
+    slider_s: tuple[float, ...]
+    panels: int
+    ready_s: float = 0.0
+    warmup_s: float = 0.0
+    log: str = field(default="", repr=False)
+
+    @property
+    def slider_p50_s(self) -> float:
+        return statistics.median(self.slider_s) if self.slider_s else float("nan")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(predicate: Any, timeout_s: float, step_s: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step_s)
+    return bool(predicate())
+
+
+def _isolated_env(tmp: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    for var, sub in (("JUPYTER_CONFIG_DIR", "jupyter-config"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"),
+                     ("JUPYTERLAB_SETTINGS_DIR", "lab-settings"), ("MOELAB_FIGURES", "figures")):
+        env[var] = str(tmp / sub)
+    env.update(PYTHONUNBUFFERED="1", MOELAB_PNG="0")
+    return env
+
+
+def chromium_path() -> str:
+    """Debian's chromium; a ``ValueError`` naming what is missing when it or Playwright is not installed."""
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    missing = [] if path else ["chromium (apt-get install -y chromium)"]
+    try:
+        # lazy: only the browser measurement needs Playwright
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        missing.append("playwright (pip install 'moelab[browser]')")
+    if missing:
+        raise ValueError("the lecture-mode measurement needs " + " and ".join(missing))
+    return path  # type: ignore[return-value]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def _press(slider: Any, forward: bool) -> None:
+    """Step ``slider`` once with the keyboard."""
+    handle = slider.locator(".noUi-handle").first
+    handle.focus()
+    handle.press("ArrowRight" if forward else "ArrowLeft")
+
+
+def measure_lecture(name: str = "03_afd_ratio", runs: str | os.PathLike = "runs", *, moves: int = SLIDER_MOVES,
+                    pool: int = 1, timeout_s: float = 300.0,
+                    screenshot: str | os.PathLike | None = None) -> LectureTiming:
+    """Serve ``name``'s lesson with ``moelab app`` and time it in headless Chromium (see the module docstring).
+
+    Raises
+    ------
+    AssertionError
+        When the page shows no figure, a panel has no slider that moves, or a move redraws nothing within
+        ``timeout_s`` (the message holds the end of the server's log).
+    """
+    chromium = chromium_path()
+    # lazy: Playwright (and its driver) loads only when a browser measurement runs
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory(prefix="moelab-app-bench-") as tmp_:
+        tmp = Path(tmp_)
+        port, token = _free_port(), secrets.token_hex(16)
+        log = tmp / "app.log"
+        cmd = [sys.executable, "-m", "moelab.cli", "app", name, f"--port={port}", f"--token={token}",
+               f"--pool={pool}", "--from", str(Path(runs).expanduser().resolve())]
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    env=_isolated_env(tmp))
+
+        def tail() -> str:
+            return log.read_text(errors="replace")[-3000:]
+
+        try:
+            assert _wait(lambda: _port_open(port) or proc.poll() is not None, 120, 0.2) and proc.poll() is None, \
+                f"moelab app did not start:\n{tail()}"
+            ready_s = wait_ready(proc, pool, timeout_s)
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
+                try:
+                    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+                    t0 = time.monotonic()
+                    page.goto(f"http://127.0.0.1:{port}/?token={token}", wait_until="commit",
+                              timeout=timeout_s * 1000)
+                    assert _wait(lambda: page.locator(".js-plotly-plot").count() > 0, timeout_s), \
+                        f"{name}: no figure within {timeout_s:.0f} s\n{tail()}"
+                    first = time.monotonic() - t0
+                    slider_s: list[float] = []
+                    panels, warmup = 0, 0.0
+                    if moves:
+                        _wait(lambda: page.locator(".widget-slider").count() > 0, timeout_s, 0.2)
+                        page.wait_for_load_state("load", timeout=timeout_s * 1000)
+                        page.wait_for_load_state("networkidle", timeout=timeout_s * 1000)
+                        panels = page.evaluate(JS_MARK_PANELS)
+                        warmup = _warm_up(page, panels, timeout_s)
+                        slider_s = _slider_times(page, name, panels, moves, timeout_s, tail)
+                    if screenshot:
+                        page.screenshot(path=str(screenshot))
+                finally:
+                    browser.close()
+        finally:
+            _stop(proc)
+        return LectureTiming(name, first, tuple(slider_s), panels, ready_s, warmup, tail())
+
+
+def _descendants(pid: int) -> list[int]:
+    """Process ids below ``pid`` (Linux ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _kernel_cpu_s(pid: int) -> tuple[int, float]:
+    """(number of kernels below ``pid``, their CPU seconds so far)."""
+    n, ticks = 0, 0
+    for c in _descendants(pid):
+        try:
+            if b"ipykernel" not in Path(f"/proc/{c}/cmdline").read_bytes():
+                continue
+            fields = Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        n, ticks = n + 1, ticks + int(fields[11]) + int(fields[12])
+    return n, ticks / os.sysconf("SC_CLK_TCK")
+
+
+def wait_ready(proc: subprocess.Popen, pool: int, timeout_s: float = 300.0, quiet_s: float = 2.0) -> float:
+    """Wait until ``moelab app`` has its ``pool`` pre-heated kernels and they have gone quiet (no CPU used
+    for ``quiet_s``): the moment a lecturer would open the room. Returns the seconds waited (Linux only;
+    elsewhere it returns at once)."""
+    if not Path("/proc/self/stat").exists() or pool <= 0:
+        return 0.0
+    t0, last, since = time.monotonic(), (-1, -1.0), time.monotonic()
+    while time.monotonic() - t0 < timeout_s and proc.poll() is None:
+        now = _kernel_cpu_s(proc.pid)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif now[0] >= pool and time.monotonic() - since >= quiet_s:
+            break
+        time.sleep(0.25)
+    return time.monotonic() - t0
+
+
+def _port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def _settled(panel: Any, quiet_s: float = 0.5, timeout_s: float = 30.0) -> Any:
+    """The panel's figure fingerprints once they have not changed for ``quiet_s`` (an earlier redraw done)."""
+    last, since, t0 = panel.evaluate(JS_FINGERPRINTS), time.monotonic(), time.monotonic()
+    while time.monotonic() - since < quiet_s and time.monotonic() - t0 < timeout_s:
+        time.sleep(0.05)
+        now = panel.evaluate(JS_FINGERPRINTS)
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
+def _warm_up(page: Any, panels: int, timeout_s: float) -> float:
+    """Move the first panel's first slider until a figure redraws (untimed): right after the page loads a
+    move can be lost (seen under load: the readout changes, the kernel never recomputes), so the timed moves
+    start from a panel known to answer. Returns the seconds that took."""
+    if panels < 1:
+        return 0.0
+    t0 = time.monotonic()
+    panel = page.locator("[data-moelab-panel='0']")
+    _wait(lambda: bool(panel.evaluate(JS_FINGERPRINTS)), timeout_s, 0.2)
+    slider = panel.locator(".widget-slider").first
+    for forward in (True, False, True, False):
+        before = _settled(panel)
+        _press(slider, forward)
+        if _wait(lambda before=before: panel.evaluate(JS_FINGERPRINTS) != before, 5.0, 0.05):
+            break
+    return time.monotonic() - t0
+
+
+def _slider_times(page: Any, name: str, panels: int, moves: int, timeout_s: float, tail: Any) -> list[float]:
+    """Move the panels' sliders ``moves`` times in all (round robin over panels, each panel's first slider
+    that moves) and time each redraw."""
+    assert panels >= 1, f"{name}: the lesson shows no live panel with a slider\n{tail()}"
+    times: list[float] = []
+    for m in range(moves):
+        panel = page.locator(f"[data-moelab-panel='{m % panels}']")
+        panel.scroll_into_view_if_needed()
+        assert _wait(lambda panel=panel: bool(panel.evaluate(JS_FINGERPRINTS)), timeout_s, 0.2), \
+            f"{name}: panel {m % panels} shows no plotly figure"
+        before = _settled(panel)
+        sliders = panel.locator(".widget-slider").count()
+        moved = False
+        for k in range(sliders):
+            slider = panel.locator(".widget-slider").nth(k)
+            readout = slider.locator(".widget-readout").first.inner_text()
+            for forward in ((m // panels) % 2 == 0, (m // panels) % 2 == 1):  # at its end: the other way
+                t0 = time.monotonic()
+                _press(slider, forward)
+                if _wait(lambda slider=slider, readout=readout:
+                         slider.locator(".widget-readout").first.inner_text() != readout, 2.0, 0.02):
+                    moved = True
+                    break
+            if moved:
+                break
+        assert moved, f"{name}: no slider of panel {m % panels} moves"
+        assert _wait(lambda panel=panel, before=before: panel.evaluate(JS_FINGERPRINTS) != before, timeout_s), \
+            f"{name}: a slider of panel {m % panels} moved but no figure redrew within {timeout_s:.0f} s\n{tail()}"
+        times.append(time.monotonic() - t0)
+    return times
+
+
+def run(quick: bool = False) -> list[Figure]:
+    """``app_first_figure_seconds`` and ``app_slider_response_seconds_p50`` (see the module docstring)."""
+    # lazy: the lecture machinery (and, when precomputing, papermill) loads only when the suite runs
+    from moelab import lecture
+
+    name = os.environ.get("MOELAB_BENCH_APP_NOTEBOOK", "03_afd_ratio")
+    runs, note = Path("runs"), "results precomputed in runs/"
+    with tempfile.TemporaryDirectory(prefix="moelab-app-runs-") as tmp:
+        if lecture.find_precomputed(name, runs)[0] is None:
+            runs, note = Path(tmp), "lesson precomputed first into a temporary folder (not timed)"
+            lecture.precompute(name, {}, runs)
+        timing = measure_lecture(name, runs, moves=3 if quick else SLIDER_MOVES)
+    shown = ", ".join(f"{s:.2f}" for s in timing.slider_s)
+    return [
+        Figure(SUITE, "app_first_figure_seconds", timing.first_figure_s, "s", f"<= {GOAL_S:g}",
+               f"moelab app {name} in headless Chromium: page request to first plotly figure; {note}"),
+        Figure(SUITE, "app_slider_response_seconds_p50", timing.slider_p50_s, "s", f"<= {GOAL_S:g}",
+               f"{len(timing.slider_s)} slider moves over {timing.panels} live panel(s), key press to redraw: "
+               f"{shown} s"),
+    ]
+
+
+def measure_in_subprocess(name: str, runs: str | os.PathLike, *, moves: int = SLIDER_MOVES, timeout_s: float = 300.0,
+                          screenshot: str | os.PathLike | None = None) -> LectureTiming:
+    """:func:`measure_lecture` in a fresh Python process (``python -m moelab.bench.app``). Driven from inside
+    pytest, the Playwright keyboard steps changed a slider's readout but its kernel never recomputed; from a
+    plain process (as ``moelab bench`` runs) they do, so the test measures this way."""
+    cmd = [sys.executable, "-m", "moelab.bench.app", name, str(runs), "--moves", str(moves), "--timeout", str(timeout_s),
+           *(["--screenshot", str(screenshot)] if screenshot else [])]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s * (moves + 4) + 300,
+                          stdin=subprocess.DEVNULL)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise AssertionError(f"lecture measurement failed ({done.returncode}):\n{(done.stderr or done.stdout)[-4000:]}")
+    got = json.loads(lines[-1])
+    got["slider_s"] = tuple(got["slider_s"])
+    return LectureTiming(**got)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """``python -m moelab.bench.app NAME RUNS [--moves N] [--timeout S] [--screenshot PNG]``: one
+    :class:`LectureTiming` as a JSON line."""
+    p = argparse.ArgumentParser(prog="python -m moelab.bench.app")
+    p.add_argument("name")
+    p.add_argument("runs")
+    p.add_argument("--moves", type=int, default=SLIDER_MOVES)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--screenshot")
+    args = p.parse_args(argv)
+    timing = measure_lecture(args.name, args.runs, moves=args.moves, timeout_s=args.timeout, screenshot=args.screenshot)
+    print(json.dumps(asdict(timing)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
