@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import moelab.course as course
+from moelab.bench import app as app_bench
 from moelab.bench.core import Figure
 from moelab.course.check import EXERCISES
 from moelab.course.lessons import (
@@ -313,6 +314,8 @@ def run(quick: bool = False) -> list[Figure]:
     figs.append(Figure(SUITE, "notebook_classroom_seconds_max", max(ran.values()) if ran and not failed else math.nan,
                        "s", goal, f"slowest: {worst}" + (f"; failed: {failed}" if failed else "")
                        + (f"; not run: {sorted(set(timed) - set(ran) - set(failed))}" if len(ran) + len(failed) < len(timed) else "")))
+    # the lecture mode in a real browser (moelab app): first figure and slider redraws
+    figs += app_bench.run(quick)
     return figs
 
 
