@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moelab._validate import check_int
+from moelab._validate import check_int, check_token_ids
 from moelab.costmodel.verify import VerifyCost
 from moelab.hd.policy import AcceptanceModel, check_acceptance, check_budget, observe, plan
 from moelab.hd.stores import ContextStore, Store
@@ -65,13 +65,13 @@ class Drafter:
 
     def start(self, prompt_ids: Sequence[int]) -> None:
         """Begin a request with ``prompt_ids`` (per-request state is reset; counters are kept)."""
-        self.context = [int(t) for t in prompt_ids]
+        self.context = check_token_ids("prompt_ids", prompt_ids)  # integer ids only: a float is refused, not truncated
         if not self.context:
             raise ValueError("prompt_ids must not be empty")
 
     def accept(self, new_tokens: Sequence[int]) -> None:
         """Append the tokens the target produced this step."""
-        self.context.extend(map(int, new_tokens))
+        self.context.extend(check_token_ids("new_tokens", new_tokens))
 
     def draft(self) -> Draft:  # pragma: no cover - overridden
         return Draft([], [])
