@@ -77,13 +77,14 @@ def check_real(
 
 
 def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None,
-              low_name: str | None = None, high_name: str | None = None) -> int:
+              low_name: str | None = None, high_name: str | None = None, why: str | None = None) -> int:
     """Return ``value`` as an int in ``[low, high]``; floats with a fractional part are rejected.
 
-    ``low_name`` / ``high_name`` name a bound that comes from another input (see :func:`check_real`).
+    ``low_name`` / ``high_name`` name a bound that comes from another input (see :func:`check_real`);
+    ``why`` says why a cap is where it is (a bound on work: ``"the run's memory grows with it"``).
     """
     interval = _interval(low, high, False, False, low_name, high_name)
-    note = _empty_note(low, high, False, False, low_name, high_name)
+    note = _empty_note(low, high, False, False, low_name, high_name) + (f" ({why})" if why else "")
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         if isinstance(value, (float, np.floating)) and float(value).is_integer():
             value = int(value)

@@ -114,8 +114,10 @@ def _eldr_check(points: list[dict[str, Scalar]]) -> None:
         if n_req * out > MAX_DECODE_TOKENS:
             raise ValueError(f"n_requests x output_len must be <= MAX_DECODE_TOKENS={MAX_DECODE_TOKENS} (the decode "
                              f"tokens one simulation runs, so a point ends in minutes); got {n_req} x {out} = {n_req * out}")
-        check_int("n_trace", p["n_trace"], low=32, high=MAX_ELDR_N_TRACE)
-        check_int("n_pairs", p["n_pairs"], low=100, high=MAX_ELDR_N_PAIRS)
+        check_int("n_trace", p["n_trace"], low=32, high=MAX_ELDR_N_TRACE, high_name="MAX_ELDR_N_TRACE",
+                  why="the synthetic trace's memory grows with it: ~2 GiB at the cap for the largest shape")
+        check_int("n_pairs", p["n_pairs"], low=100, high=MAX_ELDR_N_PAIRS, high_name="MAX_ELDR_N_PAIRS",
+                  why="the layer-mask search's time grows with it")
         check_choice("model", p["model"], sorted(k for k, v in MODEL_SHAPES.items() if v.is_moe))  # the trace is MoE
         check_int("seed", p["seed"], low=0)
 
