@@ -92,10 +92,11 @@ def _eldr_routers() -> list[str]:
     return [*eldr_experiments.BASELINES, "eldr"]  # the paper's four load balancers and ELDR
 
 
-#: the eldr suite's largest synthetic trace: its arrays, bitsets and signatures grow ~linearly with n_trace
-#: (~23 KB a request at Qwen3-30B-A3B, ~2.5x that at the largest registry shape), so 32,768 requests stay
-#: within ~2 GiB on a 24 GB machine, and the calibration half's balanced K-means takes its fast path
-MAX_ELDR_N_TRACE = 32_768
+#: the eldr suite's largest synthetic trace (8x the suite's default): its arrays, bitsets and signatures grow
+#: linearly with n_trace (decode ids alone: 32 tokens x 48 layers x top-8 int16 = 24 KiB a request at
+#: Qwen3-30B-A3B's geometry, bitsets another 12 KiB), and so does the setup's time; the calibration half's
+#: balanced K-means stays on its fast path
+MAX_ELDR_N_TRACE = 16_384
 #: most request pairs the layer mask's greedy search compares (its time is linear in them; default 10,000)
 MAX_ELDR_N_PAIRS = 1_000_000
 
@@ -115,7 +116,7 @@ def _eldr_check(points: list[dict[str, Scalar]]) -> None:
             raise ValueError(f"n_requests x output_len must be <= MAX_DECODE_TOKENS={MAX_DECODE_TOKENS} (the decode "
                              f"tokens one simulation runs, so a point ends in minutes); got {n_req} x {out} = {n_req * out}")
         check_int("n_trace", p["n_trace"], low=32, high=MAX_ELDR_N_TRACE, high_name="MAX_ELDR_N_TRACE",
-                  why="the synthetic trace's memory grows with it: ~2 GiB at the cap for the largest shape")
+                  why="the synthetic trace's memory and setup time grow linearly with it")
         check_int("n_pairs", p["n_pairs"], low=100, high=MAX_ELDR_N_PAIRS, high_name="MAX_ELDR_N_PAIRS",
                   why="the layer-mask search's time grows with it")
         check_choice("model", p["model"], sorted(k for k, v in MODEL_SHAPES.items() if v.is_moe))  # the trace is MoE
