@@ -242,7 +242,7 @@ def test_request_trace_csv_garbage_is_a_file_format_error(tmp_path):
     assert len(t) == 2 and t.dropped == {"zero_length": 1}
     for i, text in enumerate(['a"b,,\x00\n\n"x', "arrival_s,prompt_len,output_len\n0,abc,3\n",
                               "TIMESTAMP,ContextTokens,GeneratedTokens\nnot-a-date,5,3\n",
-                              "arrival_s,prompt_len,output_len\n2,5,3\n1,5,3\n"]):
+                              "arrival_s,prompt_len,output_len\n0,99999999,3\n"]):  # over MAX_SEQUENCE_TOKENS
         path = tmp_path / f"bad{i}.csv"
         path.write_text(text)
         with pytest.raises(FileFormatError):
