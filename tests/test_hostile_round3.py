@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -278,3 +279,24 @@ def test_json_readers_of_untrusted_files_bound_depth(tmp_path):
         load_traces(wrong)
     with pytest.raises(FileFormatError, match="cells"):
         load_notebook(wrong)
+
+
+# ------------------------------------------------------------------------------- the file battery
+
+def test_file_battery_runs_every_loader_and_counts_the_unexpected():
+    from moelab.bench.files import LOADERS, Loader, load_outcome, run_battery
+
+    res = run_battery(seed=0, cases_per_loader=7)
+    assert res["file_cases_run"] == 7 * len(LOADERS) and res["file_cases_unexpected"] == 0, res["unexpected"]
+    assert len(LOADERS) >= 12 and all(sum(c.values()) == 7 for c in res["per_loader"].values())
+
+    def index_error(path):
+        raise IndexError("decoded past the vocabulary")
+
+    def make(folder):
+        (folder / "x.json").write_text("{}")
+        return folder / "x.json"
+
+    bad = run_battery(seed=0, cases_per_loader=3, loaders=(Loader("x", make, lambda p: json.loads(p.read_text())),))
+    assert bad["file_cases_run"] == 3  # json.loads of mutated bytes: its errors are ValueErrors, so refusals
+    assert load_outcome(Loader("y", make, index_error), Path("unused.json")).startswith("unexpected: IndexError")
