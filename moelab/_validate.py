@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import ipaddress
 import math
+import operator
 from collections.abc import Iterable
 from typing import Any
 
@@ -257,6 +258,15 @@ def check_token_array(name: str, value: Any, *, vocab_size: int | None = None, n
         raise ValueError(f"{name} must hold integer token ids; got dtype {arr.dtype} ({_clip(value)})")
     return check_int_array(name, arr.astype(np.int64) if not arr.size else arr, low=0, high=vocab_size, ndim=ndim,
                            high_name="vocab_size" if vocab_size is not None else None, kind="token ids")
+
+
+def token_tuple(name: str, values: Any) -> tuple[int, ...]:
+    """``values`` as a tuple of Python ints for a hot path (a drafter's lookup key): ints and numpy integers
+    pass; a float (even ``2.0``), a string or ``None`` is a ``ValueError`` naming ``name`` (never truncated)."""
+    try:
+        return tuple(map(operator.index, values))
+    except TypeError:
+        raise ValueError(f"{name} must hold integer token ids; got {_clip(values)}") from None
 
 
 def check_token_ids(name: str, value: Any, *, vocab_size: int | None = None) -> list[int]:

@@ -300,3 +300,15 @@ def test_file_battery_runs_every_loader_and_counts_the_unexpected():
     bad = run_battery(seed=0, cases_per_loader=3, loaders=(Loader("x", make, lambda p: json.loads(p.read_text())),))
     assert bad["file_cases_run"] == 3  # json.loads of mutated bytes: its errors are ValueErrors, so refusals
     assert load_outcome(Loader("y", make, index_error), Path("unused.json")).startswith("unexpected: IndexError")
+
+
+def test_store_lookups_refuse_float_token_ids():
+    from moelab.hd.ngram import NGramTable
+    from moelab.hd.suffix import SuffixStore
+
+    seq = [1, 2, 3, 4, 5, 1, 2, 3]
+    table, store = NGramTable.build([seq], length=2), SuffixStore.build([seq], vocab_size=10)
+    assert table.lookup(np.array([1, 2])) == table.lookup([1, 2]) == [(3, 4)]
+    for lookup in (table.lookup, store.lookup):
+        with pytest.raises(ValueError, match="context must hold integer token ids"):
+            lookup([1.0, 2.0])  # truncating would look up another context
