@@ -127,7 +127,10 @@ def optimal_ratio(B: int, mu_P: float, mu_D: float, N: float | None = None,
 
 
 def _ratios(r: np.ndarray | float) -> np.ndarray:
-    arr = check_finite_array("r", r)  # named: a string or a ragged list says "r must be ...", not numpy's words
+    try:  # named: a string or a ragged list says "r must be ...", not numpy's words
+        arr = check_finite_array("r", r)
+    except ValueError as exc:
+        raise ValueError(f"r must be > 0 (attention instances per FFN instance); got {r!r} ({exc})") from None
     if arr.size and arr.min() <= 0:
         raise ValueError(f"r must be > 0 (attention instances per FFN instance); got {r!r}")
     return arr
