@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import ipaddress
 import math
+import operator
 from collections.abc import Iterable
 from typing import Any
 
@@ -77,13 +78,14 @@ def check_real(
 
 
 def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None,
-              low_name: str | None = None, high_name: str | None = None) -> int:
+              low_name: str | None = None, high_name: str | None = None, why: str | None = None) -> int:
     """Return ``value`` as an int in ``[low, high]``; floats with a fractional part are rejected.
 
-    ``low_name`` / ``high_name`` name a bound that comes from another input (see :func:`check_real`).
+    ``low_name`` / ``high_name`` name a bound that comes from another input (see :func:`check_real`);
+    ``why`` says why a cap is where it is (a bound on work: ``"the run's memory grows with it"``).
     """
     interval = _interval(low, high, False, False, low_name, high_name)
-    note = _empty_note(low, high, False, False, low_name, high_name)
+    note = _empty_note(low, high, False, False, low_name, high_name) + (f" ({why})" if why else "")
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         if isinstance(value, (float, np.floating)) and float(value).is_integer():
             value = int(value)
@@ -94,6 +96,10 @@ def check_int(name: str, value: Any, *, low: int | None = None, high: int | None
         raise ValueError(f"{name} must be an integer in {interval}{note}; got {value!r}")
     return v
 
+
+#: longest prompt or output of one request (tokens): far above any model's context window, and small enough
+#: that no sum of KV loads over the requests a simulator accepts can overflow int64 (2^24 x 2^38 < 2^63)
+MAX_SEQUENCE_TOKENS = 1 << 24
 
 #: one command-line value (a ``--grid`` or ``--params`` entry): real entries are a few dozen characters;
 #: the cap keeps Python's literal parser (recursive) far from its stack and memory limits
@@ -243,16 +249,30 @@ def check_int_array(
     return arr.astype(np.int64, copy=False)
 
 
-def check_token_ids(name: str, value: Any, *, vocab_size: int | None = None) -> list[int]:
-    """``value`` as a list of token ids (1-d, integer dtype, in ``[0, vocab_size)``). Floats are refused,
-    even integral ones: a token id that arrives as a float came from the wrong array and truncating it
-    would decode a different token."""
-    arr = _as_array(name, [] if value is None else value, what="a 1-d sequence of integer token ids")
+def check_token_array(name: str, value: Any, *, vocab_size: int | None = None, ndim: int = 1) -> np.ndarray:
+    """``value`` as an int64 array of token ids (rank ``ndim``, integer dtype, in ``[0, vocab_size)``).
+    Floats are refused, even integral ones: a token id that arrives as a float came from the wrong array
+    and truncating it would decode a different token."""
+    arr = _as_array(name, [] if value is None else value, what=f"a {ndim}-d array of integer token ids")
     if arr.size and arr.dtype.kind not in "iu":
         raise ValueError(f"{name} must hold integer token ids; got dtype {arr.dtype} ({_clip(value)})")
-    ids = check_int_array(name, arr.astype(np.int64) if not arr.size else arr, low=0, high=vocab_size, ndim=1,
-                          high_name="vocab_size" if vocab_size is not None else None, kind="token ids")
-    return ids.tolist()
+    return check_int_array(name, arr.astype(np.int64) if not arr.size else arr, low=0, high=vocab_size, ndim=ndim,
+                           high_name="vocab_size" if vocab_size is not None else None, kind="token ids")
+
+
+def token_tuple(name: str, values: Any) -> tuple[int, ...]:
+    """``values`` as a tuple of Python ints for a hot path (a drafter's lookup key): ints and numpy integers
+    pass; a float (even ``2.0``), a string or ``None`` is a ``ValueError`` naming ``name`` (never truncated)."""
+    try:
+        return tuple(map(operator.index, values))
+    except TypeError:
+        raise ValueError(f"{name} must hold integer token ids; got {_clip(values)}") from None
+
+
+def check_token_ids(name: str, value: Any, *, vocab_size: int | None = None) -> list[int]:
+    """``value`` as a list of token ids (1-d, integer dtype, in ``[0, vocab_size)``; see
+    :func:`check_token_array`: floats are refused, never truncated)."""
+    return check_token_array(name, value, vocab_size=vocab_size).tolist()
 
 
 def check_counts(name: str, value: Any, *, ndim: int | None = None) -> np.ndarray:
@@ -302,3 +322,21 @@ def rng_from(seed: int | np.random.Generator | None) -> np.random.Generator:
     if seed is not None:
         check_int("seed", seed, low=0)
     return np.random.default_rng(seed)
+
+
+def check_instance(name: str, value: Any, kind: type | tuple[type, ...] | None, what: str, *,
+                   methods: tuple[str, ...] = ()) -> Any:
+    """Return ``value`` if it is what a parameter takes, else a ``ValueError`` naming the parameter, what
+    it takes and what came (``router must be a Router (e.g. make_router('jsq')); got str 'jsq'``).
+
+    ``kind`` is a class, a tuple of classes or a ``runtime_checkable`` protocol (``None``: any object);
+    ``methods`` names callables the value must also have (duck-typed kinds such as a tokenizer, whose
+    libraries share no base class). Used at every public entry point that takes a router, a cost model,
+    a tokenizer or a drafter, so a wrong object fails there and not as an ``AttributeError`` deep inside.
+    """
+    ok = kind is None or isinstance(value, kind)
+    missing = [m for m in methods if not callable(getattr(value, m, None))] if ok else []
+    if not ok or missing:
+        lacks = f" (it has no {', '.join(repr(m) for m in missing)} method)" if missing else ""
+        raise ValueError(f"{name} must be {what}; got {type(value).__name__} {_clip(value)}{lacks}")
+    return value

@@ -129,6 +129,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def free_port(host: str) -> int:
+    """A free TCP port on ``host`` (IPv4 or IPv6, e.g. ``::1``); a host that cannot be bound is a
+    ``ValueError`` naming ``--host`` (not a ``socket.gaierror``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family) as s:
+            s.bind((host, 0))
+            return int(s.getsockname()[1])
+    except OSError as exc:  # socket.gaierror is an OSError
+        raise ValueError(f"--host {host!r} cannot be bound on this machine ({exc})") from None
+
+
 def serve(args: argparse.Namespace) -> int:
     (name,) = resolve([args.notebook])
     if not args.allow_remote:
@@ -139,9 +151,7 @@ def serve(args: argparse.Namespace) -> int:
     port = check_int("--port", args.port, low=0, high=65535)
     pool = check_int("--pool", args.pool, low=0, high=16)
     if port == 0:
-        with socket.socket() as s:
-            s.bind((args.host, 0))
-            port = s.getsockname()[1]
+        port = free_port(args.host)
     if importlib.util.find_spec("voila") is None:
         raise ValueError("moelab app needs Voila: pip install 'moelab[browser]' (or pip install voila)")
     missing = missing_requirements(name)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from moelab._validate import check_array, check_choice, check_int
+from moelab._validate import check_array, check_choice, check_finite_array, check_int
 from moelab.afd.coefficients import AFDCoefficients, check_coefficients
 from moelab.costmodel import MODEL_SHAPES, expected_distinct_experts
 from moelab.costmodel.fit import fit_linear
@@ -171,7 +171,7 @@ class StageTables:
     # ---- attention ---------------------------------------------------------------------------------
     def attention_ms(self, kv_tokens: np.ndarray | float) -> np.ndarray:
         """Attention time of one instance holding ``kv_tokens`` cached tokens (vectorised), ms per step."""
-        tokens = np.asarray(kv_tokens, dtype=np.float64)
+        tokens = check_finite_array("kv_tokens", kv_tokens, low=0)
         kv = tokens * self.geometry.kv_bytes_per_token
         x, y = self.attn_kv, self.attn_ms
         out = np.interp(kv, x, y)  # left of the table: the kernel floor (the table is flat there)
@@ -227,7 +227,7 @@ class StageTables:
     def link_ms(self, tokens: np.ndarray | float, r: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
         """``(A->F, F->A)`` transfer times of one instance's ``tokens`` hidden states in an rA-1F bundle
         (EP size r + 1), ms per model step; zeros when the stage tables carry no link."""
-        tokens, r = np.broadcast_arrays(np.asarray(tokens, np.float64), np.asarray(r, np.float64))
+        tokens, r = _broadcast_tokens_r(tokens, r)
         if self.link is None:
             return np.zeros(tokens.shape), np.zeros(tokens.shape)
         ep = r + 1.0
@@ -266,13 +266,13 @@ class LinearStages:
         return done
 
     def attention_ms(self, kv_tokens):
-        return self.coeffs.a_A * np.asarray(kv_tokens, dtype=np.float64) + self.coeffs.b_A
+        return self.coeffs.a_A * check_finite_array("kv_tokens", kv_tokens, low=0) + self.coeffs.b_A
 
     def ffn_ms(self, n_tokens, D=None):
         return self.coeffs.a_F * check_array("n_tokens", n_tokens, low=1) + self.coeffs.b_F
 
     def link_ms(self, tokens, r):
-        tokens, r = np.broadcast_arrays(np.asarray(tokens, np.float64), np.asarray(r, np.float64))
+        tokens, r = _broadcast_tokens_r(tokens, r)
         t = self.coeffs.a_C * tokens + self.coeffs.b_C
         return t, t.copy()
 
@@ -286,6 +286,15 @@ class CoefficientFit:
 
     def error_pct(self, stage: str, stat: str = "median") -> float:
         return float(self.errors.set_index("stage").loc[stage, f"{stat}_abs_err_pct"])
+
+
+def _broadcast_tokens_r(tokens: np.ndarray | float, r: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
+    """``tokens`` and ``r`` checked by name (finite, >= 0 / >= 1) and broadcast together."""
+    t, rr = check_finite_array("tokens", tokens, low=0), check_finite_array("r", r, low=1)
+    try:
+        return np.broadcast_arrays(t, rr)
+    except ValueError:
+        raise ValueError(f"tokens {t.shape} and r {rr.shape} must broadcast together") from None
 
 
 def _lsq(x: np.ndarray, y: np.ndarray) -> tuple[float, float, np.ndarray]:

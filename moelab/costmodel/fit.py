@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
+from moelab._validate import check_array, check_finite_array
+
 
 @dataclass(frozen=True)
 class FitReport:
@@ -55,9 +57,16 @@ class LinearFit:
 def fit_linear(X: np.ndarray, y: np.ndarray, feature_names: tuple[str, ...], *, relative: bool = True) -> tuple[LinearFit, FitReport]:
     """Fit non-negative coefficients; ``relative`` weights every point by ``1/y`` so small and large
     points count alike (the error that matters is relative)."""
-    X = np.asarray(X, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
+    X = check_finite_array("X", X, ndim=2)
+    y = check_array("y", check_finite_array("y", y, ndim=1), shape=(X.shape[0],))
+    names = tuple(feature_names) if not isinstance(feature_names, str) else (feature_names,)
+    if len(names) != X.shape[1]:
+        raise ValueError(f"feature_names must name the {X.shape[1]} columns of X; got {len(names)} names")
+    if X.shape[0] == 0:
+        raise ValueError("X must hold at least one measured point; got 0 rows")
+    if relative and np.any(y <= 0):
+        raise ValueError(f"y must be > 0 everywhere with relative=True (each point is weighted by 1/y); got minimum {y.min()!r}")
     w = 1.0 / y if relative else np.ones_like(y)
     coef, _ = nnls(X * w[:, None], y * w)
-    fit = LinearFit(tuple(feature_names), coef)
+    fit = LinearFit(names, coef)
     return fit, FitReport(y, fit.predict(X))

@@ -38,6 +38,16 @@ def _nonneg(name: str, x: np.ndarray | float) -> np.ndarray:
     return check_array(name, x, low=0).astype(np.float64)
 
 
+def _check_finite_costs(what: str, **parts: np.ndarray | float) -> None:
+    """``ValueError`` naming the first part of ``what`` that is not finite (a cost model fitted on a table
+    with an inf or NaN, or an absurd ``attn_scale``): simulators would report inf/NaN metrics as results."""
+    for name, x in parts.items():
+        arr = np.asarray(x, dtype=np.float64)
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"cost: {what}'s {name} is not finite ({arr[~np.isfinite(arr)].ravel()[0]!r}); the "
+                             "cost model's coefficients or inputs must be finite")
+
+
 @dataclass(frozen=True)
 class StepTable:
     """:class:`DecodeStepModel` folded for a hot loop at batch sizes ``0..max_batch``:
@@ -214,6 +224,8 @@ class DecodeStepModel:
         fixed = self.step_ms(Bs, zero, zero) - attn0
         per_d = self.step_ms(Bs, np.ones_like(Bs), zero) - self.step_ms(Bs, zero, zero)
         floor, base, per_tok = self.layer.attn.per_token_coefficients(self.shape.kv_bytes_per_token * self.attn_scale)
+        _check_finite_costs("the step table", fixed_ms=fixed, ms_per_distinct=per_d, attn_floor_ms=floor,
+                            attn_base_ms=base, attn_ms_per_token=per_tok)
         return StepTable(fixed, per_d, self.shape.num_layers, floor, base, per_tok)
 
     def ep_table(self, ranks: int, slots: int) -> EPStepTable:
@@ -224,6 +236,8 @@ class DecodeStepModel:
         m0, per_d = self._moe_parts(Bt, ep=ranks)
         b = np.arange(slots + 1, dtype=np.float64)
         rank_fixed = self._rank_ms(b, np.zeros_like(b)) - float(self.attention_ms(0.0))
+        _check_finite_costs("the EP step table", moe_fixed_ms=m0, moe_ms_per_distinct=per_d, rank_fixed_ms=rank_fixed,
+                            head_ms=self.head_ms())
         return EPStepTable(ranks, m0, per_d, rank_fixed, self.head_ms(), self.table(slots))
 
     # ------------------------------------------------------------------ reporting

@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from moelab._io import FileFormatError, read_csv_checked
 from moelab.datasets import repo_root
 
 #: the tables ``moelab calibrate`` writes (``decode_layer.csv`` is bundled for the H200 only)
@@ -55,7 +57,15 @@ def read_calibration_table(calibration: str | os.PathLike, table: str) -> pd.Dat
         present = sorted(p.name for p in folder.glob("*.csv"))
         raise ValueError(f"calibration folder {folder} lacks {path.name}, which this model needs; it holds {present} "
                          f"(`moelab calibrate --out DIR` writes {[t + '.csv' for t in CALIBRATE_TABLES]})")
-    return pd.read_csv(path)
+    df = read_csv_checked(path, {}, min_rows=1)  # size, header, parse errors: a FileFormatError naming the file
+    for col in df.columns:  # an inf or NaN timing would become an inf/NaN cost: refused here, by column and row
+        if df[col].dtype.kind in "iuf":
+            vals = df[col].to_numpy(np.float64)
+            bad = ~np.isfinite(vals)
+            if bad.any():
+                raise FileFormatError(path, col, f"must hold finite numbers; row {int(np.argmax(bad)) + 1} has "
+                                                 f"{vals[bad][0]!r}")
+    return df
 
 
 __all__ = ["CALIBRATE_TABLES", "bundled_gpus", "calibration_folder", "read_calibration_table"]

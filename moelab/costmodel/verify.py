@@ -8,7 +8,6 @@ are cached per machine and model (:func:`cached_verify_cost`), since measuring o
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 from collections.abc import Callable, Sequence
@@ -18,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from moelab._io import atomic_write_json, read_json
+from moelab._io import FileFormatError, atomic_write_json, read_json
+from moelab._validate import check_finite_array
 from moelab.costmodel.fit import fit_linear
 from moelab.datasets import cache_dir
 
@@ -44,8 +44,8 @@ class VerifyCost:
     source: str = ""
 
     def __post_init__(self) -> None:
-        q = np.asarray(self.qs, dtype=float)
-        m = np.asarray(self.ms, dtype=float)
+        q = check_finite_array("qs", self.qs)  # named: strings or NaN say "qs must be ...", not numpy's words
+        m = check_finite_array("ms", self.ms)
         if q.ndim != 1 or q.size < 1 or q.shape != m.shape or q[0] != 1 or np.any(np.diff(q) <= 0):
             raise ValueError("qs must be increasing, start at 1 and have one ms per entry")
         if not np.all(np.isfinite(m)) or np.any(m <= 0):
@@ -207,9 +207,14 @@ def load_curve_json(path: str | Path, *, engine: str | None = None, model: str |
     (as :func:`cached_verify_cost` writes), refused with a ``ValueError`` unless it was measured on this
     machine and, when given, with ``engine`` for ``model``."""
     path = Path(path)
-    d = json.loads(path.read_text(encoding="utf-8"))
+    d = read_json(path, max_bytes=1 << 20)  # size and nesting bounded; a cost curve is a few hundred bytes
     _check_origin(d, path, engine=engine, model=model)
-    return VerifyCost(d["qs"], d["ms"], d.get("source", ""))
+    if "qs" not in d or "ms" not in d:
+        raise FileFormatError(path, "qs" if "qs" not in d else "ms", "is missing (a cost curve has qs and ms)")
+    try:
+        return VerifyCost(d["qs"], d["ms"], str(d.get("source", "")))
+    except ValueError as exc:
+        raise FileFormatError(path, None, f"is not a valid cost curve ({exc})") from None
 
 
 __all__ = ["TABLE_MAX_Q", "VerifyCost", "cached_verify_cost", "fit_verify_cost", "load_curve_json", "machine_id"]

@@ -8,10 +8,10 @@ benchmark suite read notebooks through these functions (as JSON: nothing is exec
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from moelab._io import FileFormatError, read_json
 from moelab.notebooks import notebooks_dir
 
 SOLUTION_BEGIN = "### BEGIN SOLUTION"
@@ -26,7 +26,10 @@ def load_notebook(name_or_path: str | Path) -> dict[str, Any]:
         path = notebooks_dir() / f"{name_or_path}.ipynb"
     if not path.is_file():
         raise ValueError(f"notebook must name a file in {notebooks_dir()}; got {name_or_path!r}")
-    return json.loads(path.read_text())
+    nb = read_json(path)  # size and nesting bounded: a path may name any file
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise FileFormatError(path, "cells", "is missing (not a Jupyter notebook)")
+    return nb
 
 
 def notebook_names() -> list[str]:

@@ -20,7 +20,6 @@ with ``.candidates`` (the Hierarchy Drafting drafters' protocol: PLD, HD), any c
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from moelab._io import atomic_write_json
-from moelab._validate import check_int
+from moelab._io import FileFormatError, atomic_write_json, read_json
+from moelab._validate import check_instance, check_int, check_token_array, check_token_ids
 from moelab.datasets import repo_root
 
 MAX_GAMMA = 64
@@ -42,19 +41,19 @@ Proposer = Callable[[list[int], int], list[tuple[int, ...]]]
 def drafter_proposer(drafter: Any) -> Proposer:
     """Wrap a drafter with ``start(ids)`` / ``draft().candidates`` (e.g. ``moelab.hd`` PLD or HD) as a proposer.
     Each call restarts it on the full context, so its per-request state is that of a real run at ``p``."""
-    if not (hasattr(drafter, "start") and hasattr(drafter, "draft")):
-        raise ValueError("drafter must have start(ids) and draft() returning an object with .candidates")
+    check_instance("drafter", drafter, None, "a drafter with start(ids) and draft() returning an object with "
+                   ".candidates (e.g. moelab.hd.PLDDrafter())", methods=("start", "draft"))
 
     def propose(context: list[int], p: int) -> list[tuple[int, ...]]:
         drafter.start(context)
-        return [tuple(int(t) for t in c) for c in drafter.draft().candidates]
+        return [tuple(check_token_ids("drafter candidate", c)) for c in drafter.draft().candidates]
 
     return propose
 
 
 def chains_proposer(chains: np.ndarray) -> Proposer:
     """A proposer that returns row ``p`` of precomputed greedy chains (one candidate per position)."""
-    chains = np.asarray(chains, dtype=np.int64)
+    chains = check_token_array("chains", chains, ndim=2)
     if chains.ndim != 2:
         raise ValueError(f"chains must be a 2-d array (positions x gamma_max); got shape {chains.shape}")
     return lambda context, p: [tuple(chains[p].tolist())]
@@ -198,8 +197,8 @@ def record_acceptance(proposer: Proposer | Any, prompt_ids: Sequence[int], refer
         Longest draft considered (1..:data:`MAX_GAMMA`).
     """
     gamma_max = check_int("gamma_max", gamma_max, low=1, high=MAX_GAMMA)
-    prompt = [int(t) for t in prompt_ids]
-    ref = [int(t) for t in reference]
+    prompt = check_token_ids("prompt_ids", prompt_ids)
+    ref = check_token_ids("reference", reference)
     if not prompt:
         raise ValueError("prompt_ids must hold at least one token")
     if len(ref) > 100_000:
@@ -227,14 +226,20 @@ def save_traces(path: str | Path, traces: dict[str, AcceptanceTrace], extra: dic
 def load_traces(path: str | Path) -> tuple[dict[str, AcceptanceTrace], dict[str, Any]]:
     """Read a file written by :func:`save_traces` (size-checked, JSON only): the traces and the rest."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"acceptance recording {path} not found")
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise ValueError(f"{path} is larger than {MAX_FILE_BYTES} bytes; not an acceptance recording")
-    d = json.loads(path.read_text())
+    d = read_json(path, max_bytes=MAX_FILE_BYTES)  # size and nesting bounded before parsing
     if not isinstance(d, dict) or d.get("format") != "moelab-dsd-acceptance-1":
-        raise ValueError(f"{path} is not a moelab DSD acceptance recording (format field)")
-    traces = {k: AcceptanceTrace.from_dict(v) for k, v in d["traces"].items()}
+        raise FileFormatError(path, "format", "is not moelab-dsd-acceptance-1 (not a moelab DSD acceptance recording)")
+    if not isinstance(d.get("traces"), dict):
+        raise FileFormatError(path, "traces", "must be an object of recorded traces by name")
+    traces = {}
+    for k, v in d["traces"].items():
+        try:
+            traces[k] = AcceptanceTrace.from_dict(v)
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise FileFormatError(path, f"traces.{k}", f"is not a valid acceptance trace ({type(exc).__name__}: "
+                                                       f"{exc})") from None
     return traces, {k: v for k, v in d.items() if k != "traces"}
 
 

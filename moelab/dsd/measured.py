@@ -23,13 +23,13 @@ Modes per round (``n`` = draft tokens sent, ``a`` accepted, ``a + 1`` emitted):
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from moelab._validate import check_choice, check_int, check_real, rng_from
+from moelab._validate import check_choice, check_counts, check_int, check_real, rng_from
 from moelab.costmodel import AttentionModel, DenseVerifyModel
 from moelab.dsd.rtt import RTTDistribution
 from moelab.dsd.server import capacity_search
@@ -54,13 +54,16 @@ def iid_rounds(alpha: float, gamma: int, n: int, rng: np.random.Generator) -> di
 
 
 def _check_rounds(rounds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    try:
-        acc = np.asarray(rounds["accepted"], np.int64)
-        nodes = np.asarray(rounds["nodes"], np.int64)
-        valid = np.asarray(rounds["valid_next"], bool)
-        seq = np.asarray(rounds.get("sequence", np.zeros(acc.size)), np.int64)
-    except (KeyError, TypeError):
-        raise ValueError("rounds must be a dict with accepted, nodes, valid_next (see AcceptanceTrace.rounds)") from None
+    if not isinstance(rounds, Mapping) or not {"accepted", "nodes", "valid_next"} <= set(rounds):
+        raise ValueError("rounds must be a dict with accepted, nodes, valid_next (see AcceptanceTrace.rounds)")
+    # counts are integers (a fraction is refused, not truncated) and flags are booleans, each named
+    acc = check_counts("rounds['accepted']", rounds["accepted"])
+    nodes = check_counts("rounds['nodes']", rounds["nodes"])
+    valid = np.asarray(rounds["valid_next"])
+    if valid.dtype != bool and not (valid.dtype.kind in "iu" and np.isin(valid, (0, 1)).all()):
+        raise ValueError(f"rounds['valid_next'] must hold booleans; got dtype {valid.dtype}")
+    valid = valid.astype(bool)
+    seq = check_counts("rounds['sequence']", rounds["sequence"]) if "sequence" in rounds else np.zeros(acc.size, np.int64)
     if acc.ndim != 1 or acc.size == 0 or nodes.shape != acc.shape or valid.shape != acc.shape or seq.shape != acc.shape:
         raise ValueError("rounds must hold equal-length, non-empty 1-d arrays")
     if acc.min() < 0 or np.any(acc > nodes):
@@ -88,7 +91,10 @@ def resample_rounds(rounds: dict[str, np.ndarray], n: int, rng: np.random.Genera
 
 def _verify(verify_ms: VerifyLatencyFn | float, q: np.ndarray) -> np.ndarray:
     if callable(verify_ms):
-        out = np.asarray(verify_ms(q), dtype=np.float64)
+        try:
+            out = np.asarray(verify_ms(q), dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError("verify_ms must return finite times > 0, one per verified block (numbers)") from None
     else:
         out = np.full(q.shape, check_real("verify_ms", verify_ms, low=0, low_open=True))
     if out.shape != q.shape or not np.all(np.isfinite(out)) or np.any(out <= 0):

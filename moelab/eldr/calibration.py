@@ -54,7 +54,6 @@ Decode recall is reported, not targeted: it depends on how many distinct experts
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -62,6 +61,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from moelab._io import FileFormatError, read_json
 from moelab._validate import check_choice, check_int, rng_from
 from moelab.costmodel.fit import fit_linear
 from moelab.datasets import load_routing_counts
@@ -233,9 +233,10 @@ def load_real_stats(name: str = REAL_TRACE) -> dict[str, Any] | None:
     path = bundled_trace_path(name).with_suffix(".stats.json")
     if not path.is_file():
         return None
-    if path.stat().st_size > 4 << 20:
-        raise ValueError(f"{path} is larger than 4 MiB; not a locality stats file")
-    return json.loads(path.read_text(encoding="utf-8"))["stats"]
+    d = read_json(path, max_bytes=4 << 20)  # size and nesting bounded before parsing
+    if not isinstance(d, dict) or not isinstance(d.get("stats"), dict):
+        raise FileFormatError(path, "stats", "must be an object (not a locality stats file)")
+    return d["stats"]
 
 
 def _bundled_trace(name: str) -> ExpertTrace | None:

@@ -3,7 +3,9 @@
 k-means++ seeding on cosine distance, then alternate (a) assignment and (b) centroid = normalised
 mean of members. The balanced variant gives every cluster ``ceil(N/K)`` slots and solves the
 capacity-constrained assignment exactly with ``scipy.optimize.linear_sum_assignment`` on the
-``N x (K*cap)`` cost ``1 - X C^T`` (each cluster's column repeated ``cap`` times); "vanilla"
+``N x (K*cap)`` cost ``1 - X C^T`` (each cluster's column repeated ``cap`` times) up to
+:data:`MAX_EXACT_BALANCED_N` points, and approximately (greedy proposals, at most K vectorised rounds)
+beyond, up to :data:`MAX_BALANCED_N`: the exact assignment is cubic in N (6,000 points take minutes); "vanilla"
 assigns each point to its nearest centroid. Online, :class:`OnlineRefitter` refits on a sliding window
 of recent signatures and re-aligns the new centroids to the workers by Hungarian matching.
 """
@@ -23,7 +25,8 @@ from moelab._validate import check_array, check_int, check_real, rng_from
 @dataclass(frozen=True)
 class KMeansResult:
     """``centroids`` [K, d] (unit rows), ``labels`` [N], iterations run, mean cosine similarity of
-    points to their centroid, and whether the labels stopped changing."""
+    points to their centroid, whether the labels stopped changing, and whether the balanced assignment
+    was the exact one (``False`` beyond :data:`MAX_EXACT_BALANCED_N` points: the greedy approximation)."""
 
     centroids: np.ndarray
     labels: np.ndarray
@@ -31,6 +34,7 @@ class KMeansResult:
     mean_similarity: float
     converged: bool
     balanced: bool
+    exact: bool = True
 
     @property
     def sizes(self) -> np.ndarray:
@@ -55,18 +59,47 @@ def kmeans_pp(X: np.ndarray, K: int, rng: np.random.Generator) -> np.ndarray:
     return X[idx].copy()
 
 
-#: most points the exact balanced assignment accepts: its cost matrix is N x (K*ceil(N/K)) ~ N^2 floats
-#: (8192 points: ~0.5 GB) and the assignment is cubic in N. Subsample larger calibration sets.
-MAX_BALANCED_N = 8192
+#: most points the EXACT balanced assignment takes: its cost matrix is N x (K*ceil(N/K)) ~ N^2 floats and
+#: ``linear_sum_assignment`` is cubic in N (2048 points: seconds per iteration; 4096: ~40 s; 6000: minutes).
+#: Larger sets take the approximate path (:func:`greedy_balanced_assign`), stated in the result.
+MAX_EXACT_BALANCED_N = 2048
+#: most points balanced K-means takes at all (approximate path: ~K numpy passes over N x K per iteration)
+MAX_BALANCED_N = 200_000
+#: most similarity entries N x K of one K-means iteration (float64: 512 MiB), balanced or not
+MAX_KMEANS_CELLS = 1 << 26
+
+
+def greedy_balanced_assign(sim: np.ndarray, cap: int) -> np.ndarray:
+    """Approximate capacity-constrained assignment (at most ``cap`` points per cluster) in at most ``K``
+    vectorised rounds: every unplaced point proposes to its most similar cluster that still has room and
+    each cluster keeps its most similar proposers up to its room. Not optimal (the exact
+    :func:`balanced_assign` is); it is what balanced K-means uses beyond :data:`MAX_EXACT_BALANCED_N` points."""
+    n, K = sim.shape
+    if cap * K < n:
+        raise ValueError(f"cap must be >= ceil(N/K)={math.ceil(n / K)}; got {cap}")
+    labels = np.full(n, -1, dtype=np.int64)
+    room = np.full(K, cap, dtype=np.int64)
+    todo = np.arange(n)
+    while todo.size:
+        s = np.where(room > 0, sim[todo], -np.inf)
+        best = np.argmax(s, axis=1)
+        for j in np.unique(best).tolist():
+            mine = todo[best == j]
+            if mine.size > room[j]:
+                mine = mine[np.argsort(-sim[mine, j], kind="stable")[: room[j]]]
+            labels[mine] = j
+            room[j] -= mine.size
+        todo = todo[labels[todo] < 0]
+    return labels
 
 
 def balanced_assign(sim: np.ndarray, cap: int) -> np.ndarray:
     """Optimal assignment maximising total similarity with at most ``cap`` points per cluster
-    (at most :data:`MAX_BALANCED_N` points)."""
+    (at most :data:`MAX_EXACT_BALANCED_N` points: exact is cubic in N)."""
     n, K = sim.shape
-    if n > MAX_BALANCED_N:
-        raise ValueError(f"balanced assignment takes at most MAX_BALANCED_N={MAX_BALANCED_N} points (memory ~N^2); "
-                         f"got N={n}: subsample the calibration signatures or use balanced=False")
+    if n > MAX_EXACT_BALANCED_N:
+        raise ValueError(f"the exact balanced assignment takes at most MAX_EXACT_BALANCED_N={MAX_EXACT_BALANCED_N} "
+                         f"points (its time is cubic in N); got N={n}: use greedy_balanced_assign")
     if cap * K < n:
         raise ValueError(f"cap must be >= ceil(N/K)={math.ceil(n / K)}; got {cap}")
     cost = np.repeat(1.0 - sim, cap, axis=1)  # cluster j owns columns j*cap .. (j+1)*cap-1
@@ -88,13 +121,22 @@ def spherical_kmeans(
     """Spherical K-means on unit rows of ``X`` [N, d]; ``balanced`` caps clusters at ``ceil(N/K)``
     (and takes at most :data:`MAX_BALANCED_N` rows).
 
+    The balanced assignment is exact (Hungarian) up to :data:`MAX_EXACT_BALANCED_N` points and
+    approximate beyond (:func:`greedy_balanced_assign`; ``KMeansResult.exact`` says which), so a run
+    takes seconds, not hours. ``N x K`` is at most :data:`MAX_KMEANS_CELLS`.
+
     ``init`` [K, d] replaces k-means++ seeding (used by online refits)."""
     X = _unit(check_array("X", X, ndim=2, dtype=np.float64))
     n = X.shape[0]
     if balanced and n > MAX_BALANCED_N:
-        raise ValueError(f"balanced K-means takes at most MAX_BALANCED_N={MAX_BALANCED_N} signatures (its exact "
-                         f"assignment needs ~N^2 memory); got N={n}: subsample them or use balanced=False")
+        raise ValueError(f"balanced K-means takes at most MAX_BALANCED_N={MAX_BALANCED_N} signatures (each "
+                         f"iteration's assignment grows with N x K); got N={n}: subsample them or use balanced=False")
     K = check_int("K", K, low=1, high=n)
+    if n * K > MAX_KMEANS_CELLS:
+        raise ValueError(f"K-means holds an N x K similarity matrix of at most MAX_KMEANS_CELLS={MAX_KMEANS_CELLS} "
+                         f"entries (512 MiB); got N={n} x K={K} = {n * K}: subsample the signatures or use a smaller K")
+    exact = not balanced or n <= MAX_EXACT_BALANCED_N
+    assign = balanced_assign if exact else greedy_balanced_assign
     max_iter = check_int("max_iter", max_iter, low=1)
     rng = rng_from(seed)
     if init is None:
@@ -108,7 +150,7 @@ def spherical_kmeans(
     for _ in range(max_iter):
         n_iter += 1
         sim = X @ C.T
-        new = balanced_assign(sim, cap) if balanced else np.argmax(sim, axis=1)
+        new = assign(sim, cap) if balanced else np.argmax(sim, axis=1)
         if np.array_equal(new, labels):
             converged = True
             break
@@ -121,7 +163,7 @@ def spherical_kmeans(
             sums[empty] = X[worst]
         C = _unit(sums)
     sim = np.einsum("nd,nd->n", X, C[labels])
-    return KMeansResult(C, labels, n_iter, float(sim.mean()), converged, balanced)
+    return KMeansResult(C, labels, n_iter, float(sim.mean()), converged, balanced, exact)
 
 
 def align_centroids(old: np.ndarray, new: np.ndarray) -> np.ndarray:
@@ -174,4 +216,5 @@ class OnlineRefitter:
         return align_centroids(centroids, res.centroids)
 
 
-__all__ = ["KMeansResult", "OnlineRefitter", "align_centroids", "balanced_assign", "kmeans_pp", "spherical_kmeans"]
+__all__ = ["MAX_BALANCED_N", "MAX_EXACT_BALANCED_N", "MAX_KMEANS_CELLS", "KMeansResult", "OnlineRefitter",
+           "align_centroids", "balanced_assign", "greedy_balanced_assign", "kmeans_pp", "spherical_kmeans"]

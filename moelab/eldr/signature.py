@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from moelab._validate import check_choice, check_int, rng_from
+from moelab._validate import check_choice, check_finite_array, check_int, rng_from
 from moelab.traces import ExpertTrace
 
 KINDS = ("count_idf", "count", "gate_prob")
@@ -232,7 +232,9 @@ class SignatureBuilder:
         self._check_fitted()
         if isinstance(signal, ExpertTrace):
             signal = self._signal(signal)
-        x = np.asarray(signal, dtype=np.float64)
+        # counts (or summed probabilities): finite and >= 0, named; a NaN or negative count would give a
+        # plausible-looking signature (a NaN one breaks every dot product of the router downstream)
+        x = check_finite_array("signal", signal, low=0)
         x = x[None] if x.ndim == 2 else x
         if x.ndim != 3 or x.shape[1:] != self.shape:
             raise ValueError(f"signal must have shape (N, L, E) with (L, E)={self.shape}; got {np.shape(signal)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moelab._validate import check_array
+from moelab._validate import check_array, check_instance
 from moelab.costmodel.step import DecodeStepModel
 from moelab.routing.base import Router
 from moelab.sim.cluster import pack_expert_bits
@@ -26,6 +26,10 @@ def simulate(trace: ExpertTrace, requests: RequestTrace, router: Router, cost: D
     """ELDR's decode cluster: ``requests`` replaying ``trace`` on ``n_workers`` independent instances.
     ``signatures`` ([trace.n_requests, d]) attaches each request's trace-row signature when the
     requests do not carry one already."""
+    check_instance("trace", trace, ExpertTrace, "an ExpertTrace")
+    check_instance("requests", requests, RequestTrace, "a RequestTrace (e.g. poisson_requests(trace, ...))")
+    check_instance("router", router, Router, "a Router (e.g. make_router('eldr', calibration))")
+    check_instance("cost", cost, DecodeStepModel, "a DecodeStepModel (e.g. DecodeStepModel.h200())")
     if signatures is not None and requests.signature is None:
         f32 = np.asarray(signatures).dtype == np.float32  # float32 signatures stay float32
         signatures = check_array("signatures", signatures, ndim=2, dtype=np.float32 if f32 else np.float64)

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from moelab._validate import check_int, check_real, check_token_ids, rng_from
+from moelab._validate import check_instance, check_int, check_real, check_token_ids, rng_from
 from moelab.hd.drafters import Drafter, NoDrafter
 from moelab.models.lm import LMSession
 
@@ -200,7 +200,8 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
     rng = rng_from(seed)
     eos = set() if eos_token_id is None else ({int(eos_token_id)} if np.isscalar(eos_token_id)
                                               else {int(e) for e in eos_token_id})
-    drafter = drafter or NoDrafter()
+    drafter = NoDrafter() if drafter is None else check_instance("drafter", drafter, Drafter,
+                                                                  "a Drafter (e.g. moelab.hd.PLDDrafter()) or None")
     drafter.start(ids)
     session = LMSession(model)
     t0 = time.perf_counter()
@@ -253,7 +254,8 @@ def replay_greedy(drafter: Drafter, prompt_ids: Sequence[int], reference: Sequen
     the target is missing (``verify_ms`` is 0). Tested against :func:`generate` for equality.
     """
     ids = _validate(prompt_ids, max(1, len(reference)), 0.0)
-    ref = [int(t) for t in reference]
+    ref = check_token_ids("reference", reference)
+    check_instance("drafter", drafter, Drafter, "a Drafter (e.g. moelab.hd.PLDDrafter())")
     drafter.start(ids)
     res = GenerationResult(prompt_len=len(ids), tokens=[])
     root = ids[-1]

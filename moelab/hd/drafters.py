@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moelab._validate import check_int
+from moelab._validate import check_instance, check_int, check_token_ids
 from moelab.costmodel.verify import VerifyCost
 from moelab.hd.policy import AcceptanceModel, check_acceptance, check_budget, observe, plan
 from moelab.hd.stores import ContextStore, Store
@@ -65,13 +65,13 @@ class Drafter:
 
     def start(self, prompt_ids: Sequence[int]) -> None:
         """Begin a request with ``prompt_ids`` (per-request state is reset; counters are kept)."""
-        self.context = [int(t) for t in prompt_ids]
+        self.context = check_token_ids("prompt_ids", prompt_ids)  # integer ids only: a float is refused, not truncated
         if not self.context:
             raise ValueError("prompt_ids must not be empty")
 
     def accept(self, new_tokens: Sequence[int]) -> None:
         """Append the tokens the target produced this step."""
-        self.context.extend(map(int, new_tokens))
+        self.context.extend(check_token_ids("new_tokens", new_tokens))
 
     def draft(self) -> Draft:  # pragma: no cover - overridden
         return Draft([], [])
@@ -257,6 +257,7 @@ def explore_rate(cost: VerifyCost) -> float:
     """The default exploration rate on ``cost``: one extra verified token costs ``c(2) / c(1) - 1`` of a
     step, so re-testing with probability ``EXPLORE_OVERHEAD / (c(2) / c(1) - 1)`` (at most
     ``MAX_EXPLORE_RATE``) spends at most ``EXPLORE_OVERHEAD`` of the time of the steps that draft nothing."""
+    check_instance("cost", cost, VerifyCost, "a VerifyCost (e.g. moelab.costmodel.fit_verify_cost(qs, ms))")
     extra = float(cost.relative(2)) - 1.0
     return MAX_EXPLORE_RATE if extra <= EXPLORE_OVERHEAD / MAX_EXPLORE_RATE else EXPLORE_OVERHEAD / extra
 
@@ -292,8 +293,8 @@ class CostAwareDrafter(Drafter):
 
     def __init__(self, inner: HierarchyDrafter, cost: VerifyCost, *, budget: int = 8, chain: bool = False,
                  acceptance: AcceptanceModel | None = None, explore: float | None = None, seed: int = 0) -> None:
-        self.inner = inner
-        self.cost = cost
+        self.inner = check_instance("inner", inner, Drafter, "a Drafter (e.g. HierarchyDrafter(S, L))")
+        self.cost = check_instance("cost", cost, VerifyCost, "a VerifyCost (e.g. moelab.costmodel.fit_verify_cost(qs, ms))")
         self.budget = check_budget(budget)
         self.chain = bool(chain)
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()

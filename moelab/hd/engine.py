@@ -10,7 +10,7 @@ import itertools
 from functools import lru_cache
 from typing import Any
 
-from moelab._validate import check_int
+from moelab._validate import check_instance, check_int
 from moelab.costmodel.verify import VerifyCost
 from moelab.hd.drafters import CostAwareDrafter, Draft, Drafter, HierarchyDrafter, check_order
 from moelab.hd.policy import EngineAcceptance, check_acceptance, check_budget
@@ -30,6 +30,7 @@ def load_stores(tokenizer: Any, *, s_path: str | None = None, l_max_tokens: int 
                 need: str = "SL") -> tuple[Any, Any]:
     """S (n-gram table; the shipped file unless ``s_path``) and L (the ShareGPT suffix index), checked
     against ``tokenizer``; only the letters in ``need`` are loaded (the others are None)."""
+    check_instance("tokenizer", tokenizer, None, "a tokenizer (e.g. transformers.AutoTokenizer)", methods=("get_vocab",))
     S = L = None
     if "S" in need:
         S = load_store(s_path, tokenizer, "model") if s_path else load_default_model_store(tokenizer)
@@ -112,6 +113,7 @@ def cost_aware_rows(S: Any, L: Any, cost: VerifyCost, *, budget: int, order: str
     seed : int
         Base seed of the requests' exploration draws.
     """
+    check_instance("cost", cost, VerifyCost, "a VerifyCost (e.g. moelab.costmodel.fit_verify_cost(qs, ms))")
     budget = check_budget(budget)
     engine = engine if engine is not None else EngineAcceptance()
     numbers = itertools.count()

@@ -7,9 +7,13 @@ import json
 import time
 from typing import Any
 
+from moelab._validate import check_instance
+
 
 def tokenizer_identity(tokenizer: Any) -> dict[str, Any]:
     """Name, vocabulary size and a sha256 of the (token, id) vocabulary — what store files record."""
+    check_instance("tokenizer", tokenizer, None, "a tokenizer (e.g. transformers.AutoTokenizer.from_pretrained(...))",
+                   methods=("get_vocab",))
     cached = getattr(tokenizer, "_moelab_identity", None)
     if cached is not None:
         return cached

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from moelab._validate import check_int, check_real
+from moelab._validate import check_instance, check_int, check_real
 from moelab.costmodel.verify import VerifyCost
 from moelab.hd.policy import MAX_BUDGET
 
@@ -87,6 +87,7 @@ def jacobi_window_decision(cost: VerifyCost, *, window: int, draft_tokens: int, 
     gain_per_token : float, optional
         Extra accepted tokens per step per window token (``g``); default :func:`lookahead_gain_bound`.
     """
+    check_instance("cost", cost, VerifyCost, "a VerifyCost (e.g. moelab.costmodel.fit_verify_cost(qs, ms))")
     window = check_int("window", window, low=1, high=MAX_BUDGET)
     draft_tokens = check_int("draft_tokens", draft_tokens, low=0, high=MAX_BUDGET)
     e = check_real("expected_tokens", expected_tokens, low=1.0)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from moelab._validate import check_int
+from moelab._validate import check_instance, check_int
 from moelab.costmodel.verify import VerifyCost
 from moelab.hd.drafters import CostAwareDrafter, Drafter, HierarchyDrafter, NoDrafter, PLDDrafter
 from moelab.hd.policy import COST_AWARE_LABEL, EngineAcceptance, check_budget
@@ -80,6 +80,8 @@ def make_hf_drafter(method: str, S: Any, L: Any, *, budget: int = 8, cost: Verif
     ``seed`` seeds its exploration), ``"hd_fixed"`` = the hierarchy's tree with ``budget // 4`` candidates of 4 tokens (28 = the
     paper's 7x4), ``"pld"`` = a chain of ``budget`` tokens, ``"rest"`` = L alone (as hd_fixed), ``"ar"`` =
     nothing."""
+    if cost is not None:
+        check_instance("cost", cost, VerifyCost, "a VerifyCost or None (e.g. moelab.costmodel.fit_verify_cost(qs, ms))")
     m = get_method(method)
     budget = check_budget(budget)
     if not m.hf:

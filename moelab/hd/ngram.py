@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from moelab._io import FileFormatError, atomic_save_npz, load_npz, loads_json
-from moelab._validate import check_int
+from moelab._validate import check_int, token_tuple
 
 FORMAT = "moelab.hd.ngram/1"
 _SHIFT = 21  # packed key = t0 << 21 | t1: vocabularies up to 2M tokens
@@ -153,7 +153,7 @@ class NGramTable:
         memoised per tail (bounded: cleared when it reaches 65,536 entries): a repeated tail costs one dict
         probe whatever ``k`` callers ask for."""
         n = len(context)
-        tail = tuple(context[max(0, n - self._max_m):])
+        tail = token_tuple("context", context[max(0, n - self._max_m):])  # a float id is refused, not truncated
         full = self._answers.get(tail)
         if full is None:
             if k < 1:

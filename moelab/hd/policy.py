@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from moelab._validate import check_int, check_real
+from moelab._validate import check_instance, check_int, check_real
 from moelab.costmodel.verify import TABLE_MAX_Q, VerifyCost
 from moelab.datasets import bundled_path
 
@@ -242,6 +242,7 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
     prefix-closed node set, in their original order, truncated) and their sources; empty lists mean
     "draft nothing this step".
     """
+    check_instance("cost", cost, VerifyCost, "a VerifyCost (e.g. moelab.costmodel.fit_verify_cost(qs, ms))")
     if type(budget) is not int or not 1 <= budget <= MAX_BUDGET:  # the per-step fast path skips the checker
         budget = check_budget(budget)
     if not candidates:

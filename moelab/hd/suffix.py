@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from moelab._io import atomic_save_npz
-from moelab._validate import check_int
+from moelab._validate import check_int, token_tuple
 from moelab.datasets import cache_dir
 from moelab.hd.identity import store_meta, tokenizer_identity
 from moelab.hd.ngram import StoreFileError, load_store_npz, read_store_meta
@@ -142,7 +142,7 @@ class SuffixStore:
         Answers are memoised per context tail (the last ``depth`` tokens) and per match range, both LRU:
         short suffixes recur at almost every step, so most of a lookup's work is done once per store."""
         n = len(context)
-        key = tuple(map(int, context[max(0, n - self.depth):]))
+        key = token_tuple("context", context[max(0, n - self.depth):])  # a float id is refused, not truncated
         memo = self._memo
         hit = memo.get(key)
         if hit is not None:

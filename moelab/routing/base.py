@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from moelab._validate import check_int, check_real, rng_from
+from moelab._validate import MAX_SEQUENCE_TOKENS, check_int, check_int_array, check_real, rng_from
 
 UNASSIGNED = -1
 
@@ -230,8 +230,15 @@ class RequestBatch:
     prefix_hashes: tuple | None = None
 
     def __post_init__(self) -> None:
-        self.prompt_len = np.atleast_1d(np.asarray(self.prompt_len, dtype=np.int64))
-        n = self.prompt_len.shape[0]
+        plen = self.prompt_len
+        if not (isinstance(plen, np.ndarray) and plen.dtype == np.int64):  # the simulators' hot path passes int64
+            plen = check_int_array("prompt_len", np.atleast_1d(np.asarray(plen)) if np.ndim(plen) == 0 else plen,
+                                   low=0, high=MAX_SEQUENCE_TOKENS + 1)
+        self.prompt_len = plen = np.atleast_1d(plen)
+        # a negative (or absurd) prompt length must not reach a router: it would be placed and priced as is
+        if plen.size and (plen.min() < 0 or plen.max() > MAX_SEQUENCE_TOKENS):
+            check_int_array("prompt_len", plen, low=0, high=MAX_SEQUENCE_TOKENS + 1)
+        n = plen.shape[0]
         if self.request_id is None:
             self.request_id = np.arange(n)
         for name in ("domain", "output_len", "request_id", "prompt_key"):

@@ -25,8 +25,12 @@ uint64 words; a batch's union is one ``bitwise_or.reduce`` and one ``bitwise_cou
 replays its trace row's decode tokens cyclically from its ``trace_offset``. Requests without trace
 rows are priced at uniform routing (:meth:`DecodeStepModel.expected_sum_distinct`, no locality).
 
-Bounds (refused with a ``ValueError``, never truncated): at most :data:`MAX_DECODE_TOKENS` decode
-tokens in a run, :data:`MAX_INSTANCES` instances, :data:`MAX_SLOTS` slots per rank.
+Bounds on work (refused with a ``ValueError`` naming the parameter and the cap, never truncated): at most
+:data:`MAX_DECODE_TOKENS` decode tokens in a run (the sum of ``output_len`` over the requests: every decode
+token is one step of its request, and a run of batch-1 steps costs ~10 us of Python per token, so the cap
+keeps the worst case at a couple of minutes), :data:`MAX_INSTANCES` instances, :data:`MAX_SLOTS` slots per
+rank and at most :data:`MAX_GROUP_SLOTS` = ``slots x ranks`` per instance (the step tables are built for
+every batch ``0..slots x ranks``: the separate maxima multiplied would need 2 GiB per table).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from collections import deque
 import numpy as np
 import pandas as pd
 
-from moelab._validate import check_int
+from moelab._validate import check_instance, check_int
 from moelab.costmodel.step import DecodeStepModel
 from moelab.routing.base import ActiveRequests, ClusterView, RequestBatch, Router, check_supplies
 from moelab.sim.dp import route_to_ranks
@@ -45,9 +49,13 @@ from moelab.sim.result import SimResult
 from moelab.traces.expert import ExpertTrace
 from moelab.traces.requests import RequestTrace
 
-MAX_DECODE_TOKENS = 200_000_000
+#: most decode tokens (sum of ``output_len``) in one run: the worst case (batch-1 steps) runs in minutes
+MAX_DECODE_TOKENS = 10_000_000
 MAX_INSTANCES = 4096
 MAX_SLOTS = 1 << 16
+#: most ``slots x ranks`` of one instance: the step tables hold one entry per batch 0..slots x ranks
+#: (4M float64 entries = 32 MiB per table)
+MAX_GROUP_SLOTS = 1 << 22
 _UNLIMITED = 1 << 30
 #: most coming steps of one instance whose distinct experts are counted in one pass (the counts of steps
 #: past the next admission are thrown away, so a longer look-ahead wastes work on a busy instance)
@@ -111,16 +119,23 @@ def simulate(
     K = check_int("n_workers", n_workers, low=1, high=MAX_INSTANCES)
     cap = check_int("slots", slots, low=1, high=MAX_SLOTS)
     G = check_int("ranks", ranks, low=1, high=MAX_INSTANCES)
+    if G * cap > MAX_GROUP_SLOTS:
+        raise ValueError(f"slots x ranks must be <= MAX_GROUP_SLOTS={MAX_GROUP_SLOTS} (the step tables hold one entry "
+                         f"per batch up to slots x ranks); got slots={cap} x ranks={G} = {G * cap}")
     pool_view = check_int("pool_view", pool_view, low=1)
-    if not isinstance(requests, RequestTrace):
-        raise ValueError(f"requests must be a RequestTrace; got {type(requests).__name__}")
+    check_instance("requests", requests, RequestTrace, "a RequestTrace")
+    check_instance("router", router, Router, "a Router")
+    check_instance("cost", cost, DecodeStepModel, "a DecodeStepModel (cost model)")
+    if rank_router is not None:
+        check_instance("rank_router", rank_router, Router, "a Router")
     n = len(requests)
     if n == 0:
         raise ValueError("requests must hold at least one request")
     total = int(requests.output_len.sum())
     if total > MAX_DECODE_TOKENS:
-        raise ValueError(f"requests ask for {total} decode tokens; the simulator is bounded at MAX_DECODE_TOKENS="
-                         f"{MAX_DECODE_TOKENS} (use fewer or shorter requests)")
+        raise ValueError(f"requests ask for {total} decode tokens (sum of output_len over {n} requests); the simulator "
+                         f"is bounded at MAX_DECODE_TOKENS={MAX_DECODE_TOKENS} so a run ends in minutes (use fewer or "
+                         "shorter requests)")
     check_supplies(router, supplied_fields(requests), "the decode-cluster simulator (this trace)")
     if G > 1:
         if rank_router is None:
@@ -139,8 +154,12 @@ def simulate(
             raise ValueError("every replayed trace row needs at least one captured decode token")
         if bits is None:
             bits = pack_expert_bits(trace)
-        elif bits.shape[:2] != trace.decode_ids.shape[:2]:
-            raise ValueError(f"bits must be pack_expert_bits(trace) with shape {trace.decode_ids.shape[:2]} + (words,)")
+        else:  # every dimension: a wrong word count would be read as is and price the steps wrong
+            want = tuple(trace.decode_ids.shape[:2]) + ((g.num_experts + 63) // 64,)
+            if not isinstance(bits, np.ndarray) or bits.dtype != np.uint64 or bits.shape != want:
+                got = f"{bits.dtype} {bits.shape}" if isinstance(bits, np.ndarray) else type(bits).__name__
+                raise ValueError(f"bits must be pack_expert_bits(trace): uint64 of shape {want} ([decode tokens, "
+                                 f"num_layers, ceil(num_experts/64)]); got {got}")
     router.reset(K)
     rank_routers = [copy.deepcopy(rank_router).reset(G) for _ in range(K)] if G > 1 else []
 
@@ -394,5 +413,5 @@ def simulate(
     return SimResult(req, steps, name, K, cap, L, {"ranks": G} if G > 1 else {})
 
 
-__all__ = ["INSTANCE_FIELDS", "MAX_DECODE_TOKENS", "MAX_INSTANCES", "MAX_SLOTS", "RANK_FIELDS", "pack_expert_bits",
+__all__ = ["INSTANCE_FIELDS", "MAX_DECODE_TOKENS", "MAX_GROUP_SLOTS", "MAX_INSTANCES", "MAX_SLOTS", "RANK_FIELDS", "pack_expert_bits",
            "simulate", "supplied_fields"]

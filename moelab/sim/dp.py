@@ -40,7 +40,7 @@ from collections import deque
 import numpy as np
 import pandas as pd
 
-from moelab._validate import check_int
+from moelab._validate import check_instance, check_int
 from moelab.costmodel.dp import MAX_SLOTS, MAX_WORKERS, DPCost
 from moelab.routing.base import (
     ActiveRequests,
@@ -135,8 +135,10 @@ def simulate_dp(trace: RequestTrace, router: Router, n_workers: int, slots: int,
     pool_view = check_int("pool_view", pool_view, low=1, high=MAX_POOL_VIEW)
     window = MeasurementWindow(warmup_lifetimes, warmup_frac)  # validates both before the run
     max_steps = check_int("max_steps", max_steps, low=1, high=10 * MAX_STEPS)
-    if not isinstance(trace, RequestTrace):
-        raise ValueError(f"trace must be a RequestTrace; got {type(trace).__name__}")
+    check_instance("trace", trace, RequestTrace, "a RequestTrace")
+    check_instance("router", router, Router, "a Router (e.g. make_router('jsq'))")
+    if cost is not None:
+        check_instance("cost", cost, DPCost, "a DPCost (e.g. DPCost.h200(...)) or None")
     if len(trace) == 0:
         raise ValueError("trace must hold at least one request")
     if not isinstance(router, Router):

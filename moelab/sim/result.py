@@ -78,6 +78,12 @@ class SimResult:
             raise ValueError(f"requests lacks column(s) {missing}; required: {list(REQUEST_COLUMNS)}")
         if "step_ms" not in self.steps.columns:
             raise ValueError("steps must have a step_ms column")
+        ms = pd.to_numeric(self.steps["step_ms"], errors="coerce").to_numpy(np.float64)
+        bad = ~np.isfinite(ms) | (ms < 0)
+        if bad.any():  # an inf/NaN cost would otherwise come back as plausible-looking inf/NaN metrics
+            i = int(np.argmax(bad))
+            raise ValueError(f"steps.step_ms must be finite and >= 0 (the cost model gave {ms[i]!r} at step {i}): "
+                             "check the cost model's coefficients and inputs")
         if not isinstance(self.window, MeasurementWindow):
             raise ValueError(f"window must be a MeasurementWindow; got {type(self.window).__name__}")
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from moelab._validate import check_array, check_int, check_real, rng_from
+from moelab._io import DEFAULT_MAX_CSV_BYTES, FileFormatError, check_file, read_csv_checked
+from moelab._validate import MAX_SEQUENCE_TOKENS, check_array, check_int, check_real, rng_from
 from moelab.datasets import public_path
 
 if TYPE_CHECKING:
@@ -66,6 +67,9 @@ class RequestTrace:
             if n and (arr.dtype.kind not in "iuf" or not np.all(np.isfinite(arr))
                       or not np.all(np.equal(np.mod(arr, 1), 0)) or arr.min() < 1):
                 raise ValueError(f"{name} must hold integers >= 1; got minimum {arr.min()!r}")
+            if n and arr.max() > MAX_SEQUENCE_TOKENS:  # before the int64 cast: 2^63 and beyond would wrap
+                raise ValueError(f"{name} must hold integers <= MAX_SEQUENCE_TOKENS={MAX_SEQUENCE_TOKENS} (longer than "
+                                 f"any context window; KV-load sums stay inside int64); got maximum {arr.max()!r}")
         object.__setattr__(self, "arrival_s", arrival)
         object.__setattr__(self, "prompt_len", prompt.astype(np.int64))
         object.__setattr__(self, "output_len", output.astype(np.int64))
@@ -215,8 +219,26 @@ class RequestTrace:
     @classmethod
     def from_csv(cls, path: str | Path) -> RequestTrace:
         """Read a CSV with ``arrival_s, prompt_len, output_len`` or the Azure columns
-        ``TIMESTAMP, ContextTokens, GeneratedTokens``."""
-        return _frame_to_trace(pd.read_csv(path), str(path))
+        ``TIMESTAMP, ContextTokens, GeneratedTokens``.
+
+        Untrusted files are read through :func:`moelab._io.read_csv_checked` (size, columns, every cell);
+        anything that is not such a trace raises :class:`moelab._io.FileFormatError` naming the file and
+        the column or row at fault."""
+        path = check_file(path, max_file_bytes=DEFAULT_MAX_CSV_BYTES, budget_name="max_bytes")  # not a FIFO, not huge
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                header = {c.strip() for c in fh.readline().split(",")}
+        except OSError:
+            header = set()  # read_csv_checked says what is wrong with the path
+        schema = ({"TIMESTAMP": "str", "ContextTokens": "int", "GeneratedTokens": "int"}
+                  if set(_AZURE_COLUMNS) <= header else {"arrival_s": "float", "prompt_len": "int", "output_len": "int"})
+        df = read_csv_checked(path, schema, min_rows=0)
+        try:
+            return _frame_to_trace(df, str(path))
+        except FileFormatError:
+            raise
+        except (ValueError, TypeError, OverflowError) as exc:  # e.g. timestamps that do not parse, unsorted arrivals
+            raise FileFormatError(path, None, f"is not a valid request trace ({exc})") from None
 
 
 def _prompt_key(prompt_len: np.ndarray) -> np.ndarray:
