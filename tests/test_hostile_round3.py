@@ -214,6 +214,15 @@ def test_entry_points_name_a_wrong_object():
         tokenizer_identity("smollm2")
     with pytest.raises(ValueError, match="cost must be a VerifyCost"):
         jacobi_window_decision({"qs": [1]}, window=4, draft_tokens=2, expected_tokens=1.0)
+    from moelab.balanceroute.experiments import capacity_rps, run_lineup
+    from moelab.serving.analysis import assign
+
+    with pytest.raises(ValueError, match="router must be a Router"):
+        assign("jsq", np.zeros((2, 3)), np.array([1, 2]), 2)
+    with pytest.raises(ValueError, match="cost must be a DPCost"):
+        capacity_rps(reqs, "h200")
+    with pytest.raises(ValueError, match="cost must be a DPCost"):
+        run_lineup(reqs, {"jsq": make_router("jsq")}, "h200")
 
 
 def test_array_arguments_are_named_not_numpy_words():

@@ -22,7 +22,7 @@ import pandas as pd
 
 import moelab.balanceroute.routers  # noqa: F401  registers BR-0 and BR-H for lineup
 from moelab._io import read_csv_checked
-from moelab._validate import check_int, check_real
+from moelab._validate import check_instance, check_int, check_real
 from moelab.balanceroute.predictors import Predictor, make_predictor
 from moelab.balanceroute.sharegpt import sharegpt_trace
 from moelab.costmodel.dp import DPCost
@@ -135,6 +135,8 @@ def scale_context(trace: RequestTrace, factor: float) -> RequestTrace:
 def capacity_rps(trace: RequestTrace, cost: DPCost) -> float:
     """Requests/s the cluster sustains with every slot busy: ``G*B`` / (mean output x the balanced
     full-slot step time at ``B * (mean prompt + mean output / 2)`` KV tokens per rank)."""
+    check_instance("trace", trace, RequestTrace, "a RequestTrace")
+    check_instance("cost", cost, DPCost, "a DPCost (e.g. DPCost.h200(G, slots))")
     per_rank = cost.slots * (trace.prompt_len.mean() + trace.output_len.mean() / 2)
     step_s = cost.uniform_step_ms(per_rank) / 1e3
     return cost.n_workers * cost.slots / (trace.output_len.mean() * step_s)
@@ -202,6 +204,9 @@ def lineup(names: tuple[str, ...], params: BRParams | None = None, train: Reques
 def run_lineup(trace: RequestTrace, routers: dict[str, Router], cost: DPCost, *, seed: int = 0,
                setting: str = "", **sim_kwargs: Any) -> tuple[pd.DataFrame, dict[str, SimResult]]:
     """Simulate every router on the same trace and cluster; one summary row per router."""
+    check_instance("cost", cost, DPCost, "a DPCost (e.g. DPCost.h200(G, slots))")
+    if not isinstance(routers, dict):
+        raise ValueError(f"routers must be a dict of name -> Router; got {type(routers).__name__}")
     results = {name: simulate_dp(trace, r, cost.n_workers, cost.slots, cost, seed=seed, **sim_kwargs)
                for name, r in routers.items()}
     rows = []

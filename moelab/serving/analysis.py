@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from moelab._validate import check_int, rng_from
+from moelab._validate import check_instance, check_int, rng_from
 from moelab.routers import check_supplies, make_router, router_names
 from moelab.routing import ClusterView, RequestBatch, Router
 from moelab.sim import gain_vs_best
@@ -28,6 +28,7 @@ def assign(router: Router, signatures: np.ndarray, prompt_lens: np.ndarray, n_wo
            order: np.ndarray | None = None) -> np.ndarray:
     """Worker of every request when ``router`` places them one by one on ``n_workers`` workers of
     capacity ``ceil(N / n_workers)`` (nothing finishes meanwhile). ``order``: arrival order."""
+    check_instance("router", router, Router, "a Router (e.g. make_router('jsq'))")
     n_workers = check_int("n_workers", n_workers, low=1)
     n = len(prompt_lens)
     order = np.arange(n) if order is None else np.asarray(order)
