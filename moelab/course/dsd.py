@@ -26,9 +26,9 @@ def _sync_latency(alpha: float, gamma: int, t_a: float, rtt: float, t_v: float) 
 
 # 04.expected_tokens (easy) ---------------------------------------------------------------------------
 def check_expected_tokens(answer: object, *, alpha: float, gamma: int, **_: object) -> Feedback:
-    """``answer`` should be E(alpha, gamma), the expected tokens one speculation round yields."""
+    """``answer`` should be n_tok(alpha, gamma), the expected tokens one speculation round yields."""
     return check_number("E", answer, float(expected_tokens(alpha, gamma)), rtol=0.01,
-                        hint=f"E = (1 - alpha^(gamma+1)) / (1 - alpha) with alpha = {alpha:g}, gamma = {gamma}; "
+                        hint=f"n_tok = (1 - alpha^(gamma+1)) / (1 - alpha) with alpha = {alpha:g}, gamma = {gamma}; "
                              "it counts the target's bonus token, so it lies between 1 and gamma + 1.")
 
 
@@ -95,8 +95,8 @@ def check_sync_latency(answer: object, **_: object) -> Feedback:
     """``answer`` should be a function ``f(alpha, gamma, t_a, rtt, t_v)`` returning sync DSD's ms per token."""
     cases = [(args, _sync_latency(*args)) for args in SYNC_CASES]
     return check_callable("sync_latency", answer, cases, rtol=1e-6,
-                          hint="a round costs gamma t_a + RTT + t_v and yields E(alpha, gamma) tokens on average; "
-                               "divide the first by the second (E = 1 when alpha = 0).")
+                          hint="a round costs gamma t_a + RTT + t_v and yields n_tok(alpha, gamma) tokens on average; "
+                               "divide the first by the second (n_tok = 1 when alpha = 0).")
 
 
 def _wrong_sync_latency(alpha: float, gamma: int, t_a: float, rtt: float, t_v: float) -> float:
