@@ -315,9 +315,11 @@ def test_bad_parameters_raise_clear_errors():
 
 
 def test_output_longer_than_the_step_cap_is_refused_up_front():
-    tr = RequestTrace(np.zeros(2), np.array([10, 20]), np.array([5, 10**12]), None, "synthetic")
+    tr = RequestTrace(np.zeros(2), np.array([10, 20]), np.array([5, 10_000]), None, "synthetic")
     with pytest.raises(ValueError, match="output_len of request 1 .* exceeds the run's step cap"):
-        simulate_dp(tr, BR0(), 2, 2, cost(2, 2))
+        simulate_dp(tr, BR0(), 2, 2, cost(2, 2), max_steps=1000)
+    with pytest.raises(ValueError, match="output_len must hold integers <= MAX_SEQUENCE_TOKENS"):  # and 10^12 never
+        RequestTrace(np.zeros(2), np.array([10, 20]), np.array([5, 10**12]), None, "synthetic")
     with pytest.raises(ValueError, match="max_steps"):
         simulate_dp(tr.head(1), BR0(), 2, 2, cost(2, 2), max_steps=3)
 
@@ -327,7 +329,7 @@ def test_bad_traces_raise_and_filters_count(tmp_path):
         RequestTrace.from_frame(pd.DataFrame({"arrival_s": [0.0], "prompt_len": [3]}))
     bad = tmp_path / "neg.csv"
     pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_len": [5, -2], "output_len": [3, 4]}).to_csv(bad, index=False)
-    with pytest.raises(ValueError, match="negative"):
+    with pytest.raises(ValueError, match="prompt_len: must hold an integer >= 0 in every row; row 2"):
         RequestTrace.from_csv(bad)
     tr = RequestTrace(np.arange(4.0), np.full(4, 10), np.array([5, 2000, 30, 1500]), None, "synthetic")
     kept = tr.filter_lengths(max_output=1000)
