@@ -108,7 +108,7 @@ def test_request_trace_filters_are_counted():
 def test_request_trace_csv_negative_lengths(tmp_path):
     p = tmp_path / "t.csv"
     pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_len": [3, -1], "output_len": [4, 5]}).to_csv(p, index=False)
-    with pytest.raises(ValueError, match="negative"):
+    with pytest.raises(ValueError, match="prompt_len: must hold an integer >= 0 in every row; row 2"):
         RequestTrace.from_csv(p)
 
 
