@@ -313,6 +313,6 @@ def test_hd_suite_adapter_runs_one_question(tmp_path):
     # the equal-budget experiment of `moelab bench hd`: AR + every method at every budget
     assert len(df) == 1 + len(HF_METHODS) * len(BUDGETS) and (df["question_id"] == qid).all()
     assert df.loc[df["method"] == "AR", "mean_accepted"].iloc[0] == pytest.approx(1.0)
-    assert df.loc[df["method"] == "HD@8", "identical"].iloc[0]  # lossless: the measured cost-aware run equals AR
+    assert df.loc[df["method"] == "HD-cost@8", "identical"].iloc[0]  # lossless: the measured cost-aware run equals AR
     with pytest.raises(ValueError, match="evaluation id"):
         run_suite("hd", {"question_id": [-1]}, out=tmp_path, backend="serial", progress=False)

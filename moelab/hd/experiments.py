@@ -262,7 +262,7 @@ def run_hf(model: Any, tok: Any, questions: pd.DataFrame, S: Store, L: Store, to
     """The equal-budget experiment in HF transformers: every method of :data:`HF_METHODS` at every budget
     (default :data:`moelab.hd.policy.BUDGETS`), replayed exactly against AR's greedy output; cost-aware HD
     and PLD also run for real at ``measure_budget`` (speed, identity). Row labels ``"<label>@<budget>"``
-    (e.g. ``"HD@8"``). Returns the run and the verify-cost curve cost-aware HD read (:func:`hf_cost`)."""
+    (e.g. ``"HD-cost@8"``). Returns the run and the verify-cost curve cost-aware HD read (:func:`hf_cost`)."""
     budgets = tuple(budgets or BUDGETS)
     for b in budgets:
         check_budget(b)
