@@ -36,7 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moelab.notebooks import _kernel_config, figures_location, notebook_parameters, notebooks_dir
+from moelab.notebooks import (
+    _kernel_config,
+    figures_location,
+    notebook_parameters,
+    notebooks_dir,
+    parse_cell_source,
+)
 
 RESEARCH_TAG = "research"
 PARAMETERS_TAG = "parameters"
@@ -76,14 +82,6 @@ def lesson_cells(nb: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # --- which cells the live panels need -----------------------------------------------------------------
-
-
-def _parse(source: str) -> ast.Module | None:
-    lines = ["" if ln.lstrip().startswith(("%", "!")) else ln for ln in source.splitlines()]
-    try:
-        return ast.parse("\n".join(lines))
-    except SyntaxError:
-        return None
 
 
 def _bound_names(node: ast.AST) -> set[str]:
@@ -137,7 +135,7 @@ def cell_names(source: str) -> CellNames:
 
     A name read by a statement after an earlier statement of the same cell bound it is not read from
     earlier cells; an augmented assignment reads its target. Unparseable source reads and binds nothing."""
-    tree = _parse(source)
+    tree = parse_cell_source(source)
     if tree is None:
         return CellNames(frozenset(), frozenset())
     reads: set[str] = set()

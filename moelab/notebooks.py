@@ -15,6 +15,16 @@ from moelab._validate import MAX_CLI_VALUE_CHARS, parse_cli_literal
 from moelab.datasets import repo_root
 
 
+def parse_cell_source(source: str) -> ast.Module | None:
+    """A code cell's source as a Python module, or None when it is not Python. IPython magics and shell
+    escapes are blanked first (line numbers kept)."""
+    lines = ["" if ln.lstrip().startswith(("%", "!")) else ln for ln in source.splitlines()]
+    try:
+        return ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None
+
+
 def notebooks_dir() -> Path:
     return repo_root() / "notebooks"
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from moelab.bench.app import stop_process
+
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 
@@ -140,17 +142,9 @@ def jupyterlab(root: Path, tmp: Path) -> Iterator[Server]:
         wait_http(f"http://127.0.0.1:{port}/api/status?token={token}", proc, log)
         yield Server(f"http://127.0.0.1:{port}", token, proc, log)
     finally:
-        stop(proc)
+        stop_process(proc)
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 @contextmanager

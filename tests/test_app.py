@@ -271,7 +271,7 @@ def test_slides_open_offline_in_chromium(tmp_path, chromium_path):
                     if r.status >= 400 and not r.url.endswith("/favicon.ico") else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.on("request", lambda r: hosts.add(r.url.split("/")[2] if "://" in r.url else r.url[:5]))
-            page.goto(f"http://127.0.0.1:{server.server_address[1]}/{done.html.name}")
+            page.goto(f"http://127.0.0.1:{server.server_address[1]}/{done.html.name}", timeout=120_000)  # a loaded 2-core machine
             assert b.wait_for(lambda: page.evaluate("() => !!(window.Reveal && Reveal.isReady())"), 30, 0.2)
             total = page.evaluate("() => Reveal.getTotalSlides()")
             page.keyboard.press("ArrowRight")

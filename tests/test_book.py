@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from moelab.bench.app import stop_process
 from moelab.book import BookError, build_book, check_output_folder, prepare_notebook, unlink_missing
 from moelab.notebooks import run_notebook
-from tests.browser import browser_tools, chromium_browser, free_port, new_context, stop, wait_http
+from tests.browser import browser_tools, chromium_browser, free_port, new_context, wait_http
 
 pytestmark = [pytest.mark.slow]
 
@@ -120,7 +121,7 @@ def test_book_pages_in_a_browser(site):
             assert reports[f"{name}.html"]["live_note"], f"{name}: no note on how to open it live"
             assert reports[f"{name}.html"]["plots"] > 0, f"{name}: no figure in the page"
     finally:
-        stop(server)
+        stop_process(server)
 
 
 def test_prepare_notebook_turns_plotly_json_into_html_and_collapses_solutions():

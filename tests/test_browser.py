@@ -23,6 +23,7 @@ from typing import Any
 import nbformat
 import pytest
 
+from moelab.bench.app import stop_process
 from moelab.notebooks import available_notebooks, notebook_parameters, notebooks_dir
 from tests import browser as b
 
@@ -226,4 +227,4 @@ def test_app_serves_dashboard(browser, tmp_path):
         finally:
             context.close()
     finally:
-        b.stop(proc)
+        stop_process(proc)

@@ -22,21 +22,14 @@ import numpy as np
 import pytest
 
 from moelab._io import FileFormatError, JsonRecord, load_npz, read_csv_checked, read_json, read_json_record
+from moelab.bench.files import toy_trace
 from moelab.traces import ExpertTrace, Geometry
 
 # ---------------------------------------------------------------------------------------------- builders
 
 
 def _toy_trace(n: int = 4, L: int = 2, E: int = 6, k: int = 2, seed: int = 0) -> ExpertTrace:
-    rng = np.random.default_rng(seed)
-    prompts = [rng.integers(0, 500, size=int(rng.integers(2, 6))) for _ in range(n)]
-    pre = [np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in p]) for p in prompts]
-    counts = np.stack([np.stack([np.bincount(ids[:, layer].ravel(), minlength=E) for layer in range(L)]) for ids in pre])
-    dec = [np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in range(3)]) for _ in range(n)]
-    return ExpertTrace.from_requests(request_ids=[f"r{i}" for i in range(n)], domains=["a", "b"] * (n // 2),
-                                     prompt_tokens=prompts, prefill_counts=counts, decode_ids=dec,
-                                     geometry=Geometry(L, E, k, "toy"), prefill_ids=pre,
-                                     decode_tokens=[rng.integers(0, 500, 3) for _ in range(n)])
+    return toy_trace(n, L, E, k, seed)  # the hostile-file battery's builder, at this file's geometry
 
 
 def _npy(arr: np.ndarray) -> bytes:

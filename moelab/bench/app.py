@@ -107,7 +107,8 @@ def chromium_path() -> str:
     return path  # type: ignore[return-value]
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_process(proc: subprocess.Popen) -> None:
+    """Terminate ``proc`` (a server or a browser driver), kill it if it does not exit within 20 s."""
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -180,7 +181,7 @@ def measure_lecture(name: str = "03_afd_ratio", runs: str | os.PathLike = "runs"
                 finally:
                     browser.close()
         finally:
-            _stop(proc)
+            stop_process(proc)
         return LectureTiming(name, first, tuple(slider_s), panels, ready_s, warmup, tail())
 
 

@@ -44,7 +44,7 @@ from moelab.course.lessons import (
     load_notebook,
     notebook_names,
 )
-from moelab.notebooks import describe_requirements, missing_requirements, run_notebook
+from moelab.notebooks import describe_requirements, missing_requirements, parse_cell_source, run_notebook
 
 SUITE = "notebooks"
 HEADLINE_TAG = "headline"
@@ -140,13 +140,6 @@ def first_result_cell_frac(nb: dict) -> float:
     return 1.0
 
 
-def _parse(source: str) -> ast.Module | None:
-    # IPython magics and shell escapes are not Python: blank them (keeps line numbers)
-    lines = ["" if ln.lstrip().startswith(("%", "!")) else ln for ln in source.splitlines()]
-    try:
-        return ast.parse("\n".join(lines))
-    except SyntaxError:
-        return None
 
 
 def _shown_names(node: ast.AST) -> set[str]:
@@ -183,7 +176,7 @@ def unshown_figures(nb: dict) -> list[str]:
         ``"<cell index>:<variable>"`` per unshown save (``"<cell index>:<expression>"`` when the saved
         figure is not a variable, which can never be shown afterwards).
     """
-    trees = [(i, _parse(_source(c))) for i, c in enumerate(nb.get("cells", [])) if c.get("cell_type") == "code"]
+    trees = [(i, parse_cell_source(_source(c))) for i, c in enumerate(nb.get("cells", [])) if c.get("cell_type") == "code"]
     trees = [(i, t) for i, t in trees if t is not None]
     unshown = []
     for pos, (i, tree) in enumerate(trees):
