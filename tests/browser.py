@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from moelab.bench.app import stop_process
+from moelab.bench.app import stop_process, wait_until
 
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
@@ -258,12 +258,8 @@ def slider_value(panel: Any, index: int = 0) -> str:
 
 
 def wait_for(predicate: Any, timeout_s: float, step_s: float = 0.5) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step_s)
-    return bool(predicate())
+    """:func:`moelab.bench.app.wait_until`, polling every half second by default (page state)."""
+    return wait_until(predicate, timeout_s, step_s)
 
 
 def run_all_cells(page: Any) -> None:

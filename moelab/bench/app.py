@@ -75,7 +75,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait(predicate: Any, timeout_s: float, step_s: float = 0.05) -> bool:
+def wait_until(predicate: Any, timeout_s: float, step_s: float = 0.05) -> bool:
+    """Poll ``predicate`` every ``step_s`` until it is true (True) or ``timeout_s`` passed (its last value)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
@@ -154,7 +155,7 @@ def measure_lecture(name: str = "03_afd_ratio", runs: str | os.PathLike = "runs"
             return log.read_text(errors="replace")[-3000:]
 
         try:
-            assert _wait(lambda: _port_open(port) or proc.poll() is not None, 120, 0.2) and proc.poll() is None, \
+            assert wait_until(lambda: _port_open(port) or proc.poll() is not None, 120, 0.2) and proc.poll() is None, \
                 f"moelab app did not start:\n{tail()}"
             ready_s = wait_ready(proc, pool, timeout_s)
             with sync_playwright() as p:
@@ -164,13 +165,13 @@ def measure_lecture(name: str = "03_afd_ratio", runs: str | os.PathLike = "runs"
                     t0 = time.monotonic()
                     page.goto(f"http://127.0.0.1:{port}/?token={token}", wait_until="commit",
                               timeout=timeout_s * 1000)
-                    assert _wait(lambda: page.locator(".js-plotly-plot").count() > 0, timeout_s), \
+                    assert wait_until(lambda: page.locator(".js-plotly-plot").count() > 0, timeout_s), \
                         f"{name}: no figure within {timeout_s:.0f} s\n{tail()}"
                     first = time.monotonic() - t0
                     slider_s: list[float] = []
                     panels, warmup = 0, 0.0
                     if moves:
-                        _wait(lambda: page.locator(".widget-slider").count() > 0, timeout_s, 0.2)
+                        wait_until(lambda: page.locator(".widget-slider").count() > 0, timeout_s, 0.2)
                         page.wait_for_load_state("load", timeout=timeout_s * 1000)
                         page.wait_for_load_state("networkidle", timeout=timeout_s * 1000)
                         panels = page.evaluate(JS_MARK_PANELS)
@@ -260,12 +261,12 @@ def _warm_up(page: Any, panels: int, timeout_s: float) -> float:
         return 0.0
     t0 = time.monotonic()
     panel = page.locator("[data-moelab-panel='0']")
-    _wait(lambda: bool(panel.evaluate(JS_FINGERPRINTS)), timeout_s, 0.2)
+    wait_until(lambda: bool(panel.evaluate(JS_FINGERPRINTS)), timeout_s, 0.2)
     slider = panel.locator(".widget-slider").first
     for forward in (True, False, True, False):
         before = _settled(panel)
         _press(slider, forward)
-        if _wait(lambda before=before: panel.evaluate(JS_FINGERPRINTS) != before, 5.0, 0.05):
+        if wait_until(lambda before=before: panel.evaluate(JS_FINGERPRINTS) != before, 5.0, 0.05):
             break
     return time.monotonic() - t0
 
@@ -278,7 +279,7 @@ def _slider_times(page: Any, name: str, panels: int, moves: int, timeout_s: floa
     for m in range(moves):
         panel = page.locator(f"[data-moelab-panel='{m % panels}']")
         panel.scroll_into_view_if_needed()
-        assert _wait(lambda panel=panel: bool(panel.evaluate(JS_FINGERPRINTS)), timeout_s, 0.2), \
+        assert wait_until(lambda panel=panel: bool(panel.evaluate(JS_FINGERPRINTS)), timeout_s, 0.2), \
             f"{name}: panel {m % panels} shows no plotly figure"
         before = _settled(panel)
         sliders = panel.locator(".widget-slider").count()
@@ -289,14 +290,14 @@ def _slider_times(page: Any, name: str, panels: int, moves: int, timeout_s: floa
             for forward in ((m // panels) % 2 == 0, (m // panels) % 2 == 1):  # at its end: the other way
                 t0 = time.monotonic()
                 _press(slider, forward)
-                if _wait(lambda slider=slider, readout=readout:
+                if wait_until(lambda slider=slider, readout=readout:
                          slider.locator(".widget-readout").first.inner_text() != readout, 2.0, 0.02):
                     moved = True
                     break
             if moved:
                 break
         assert moved, f"{name}: no slider of panel {m % panels} moves"
-        assert _wait(lambda panel=panel, before=before: panel.evaluate(JS_FINGERPRINTS) != before, timeout_s), \
+        assert wait_until(lambda panel=panel, before=before: panel.evaluate(JS_FINGERPRINTS) != before, timeout_s), \
             f"{name}: a slider of panel {m % panels} moved but no figure redrew within {timeout_s:.0f} s\n{tail()}"
         times.append(time.monotonic() - t0)
     return times
