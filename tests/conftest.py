@@ -48,9 +48,20 @@ def tiny_moe_servers(tmp_path_factory):
     live.stop()
 
 
+#: under pytest-xdist, modules start in this order of their heaviest mark: a long module started last would
+#: leave the other worker idle at the end (the live-server group, ~6 min of one worker, goes first)
+_HEAVY_FIRST = ("browser", "vllm", "notebook", "slow")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks this adds
 def pytest_collection_modifyitems(config, items):
     """The modules that use the live servers run back to back (whole modules, in their order, where the first
-    one was), so the servers are never kept idle while unrelated modules run; they stop after the last user."""
+    one was), so the servers are never kept idle while unrelated modules run; they stop after the last user.
+
+    Under pytest-xdist (the README's ``python -m pytest -n 2``; ``--dist loadgroup`` is in the pytest options)
+    every module is one ``xdist_group``, so a module's fixtures (servers, executed notebooks, a built book) are
+    set up once, by one worker; the live-server modules are one group together, started first, and the other
+    modules follow heaviest first (:data:`_HEAVY_FIRST`)."""
     uses = lambda it: "tiny_moe_servers" in getattr(it, "fixturenames", ())  # noqa: E731
     mods = list(dict.fromkeys(it.path for it in items if uses(it)))
     if len(mods) > 1:
@@ -58,6 +69,21 @@ def pytest_collection_modifyitems(config, items):
         rest = [it for it in items if it.path not in mods]
         block = [it for m in mods for it in items if it.path == m]
         items[:] = rest[:first] + block + rest[first:]
+    if hasattr(config, "workerinput"):  # an xdist worker: every worker reorders the same way
+        def rank(path) -> int:
+            if path in mods:
+                return -1
+            marks = {m.name for it in by_module[path] for m in it.iter_markers()}
+            return next((i for i, name in enumerate(_HEAVY_FIRST) if name in marks), len(_HEAVY_FIRST))
+
+        by_module: dict = {}
+        for it in items:
+            by_module.setdefault(it.path, []).append(it)
+        order = sorted(by_module, key=rank)  # stable: collection order within a rank
+        items[:] = [it for path in order for it in by_module[path]]
+        for it in items:
+            group = "tiny_moe_servers" if it.path in mods else it.path.name
+            it.add_marker(pytest.mark.xdist_group(group))
     _LAST_LIVE_USER[:] = [it for it in items if uses(it)][-1:]
 
 
