@@ -25,6 +25,8 @@ stays pure locality):
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from moelab._validate import check_array, check_int, check_real
@@ -37,6 +39,8 @@ from moelab.routing.base import (
     RouterCalibration,
     register_router,
 )
+
+_F32 = struct.Struct("f")  # float32 rounding of a Python float without a numpy scalar (the route's hot path)
 
 
 @register_router
@@ -100,8 +104,17 @@ class ELDRRouter(Router):
         self._ct = np.ascontiguousarray(self.centroids.T)
         # float32 copy for the one-request fast path: the [K, d] matrix is the memory traffic of a decision
         self._c32 = np.ascontiguousarray(self.centroids, dtype=np.float32)
+        self._fast_constants()
         self.calibration_needs = frozenset()
         return self
+
+    def _fast_constants(self) -> None:
+        """What the one-request path would otherwise work out per call from fixed parameters."""
+        self._dim = int(self.centroids.shape[1])
+        # the band is widened only below this size (0: never; tau = 0 stays pure locality)
+        self._want = min(self.min_band, int(self.centroids.shape[0])) if self.tau > 0 else 0
+        self._tau_f = float(self._tau32)  # a float32 value held as a Python float
+        self._spill1 = None if not self._guard else 1.0 + self.spill
 
     def fit(self, signatures: np.ndarray, n_workers: int, *, balanced: bool = True, seed: int = 0) -> ELDRRouter:
         """Set centroids by (balanced) spherical K-means of calibration ``signatures`` into ``n_workers``."""
@@ -143,9 +156,28 @@ class ELDRRouter(Router):
             raise ValueError(f"n_workers must equal the number of centroids ({self.centroids.shape[0]}); got {n_workers}")
         return self
 
+    def route(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
+        """Assign each request of ``batch`` to a worker (``-1``: no worker has a free slot).
+
+        :meth:`Router.route`'s checks (prepared, worker count, required fields present) as O(1) tests,
+        then one request without a refitter straight to :meth:`_route_one`, anything else to :meth:`_route`."""
+        if self.calibration_needs:
+            raise self._unprepared()
+        if view.active.shape[0] != self.n_workers:
+            self._bind(view)
+        sig = batch.signature
+        if sig is None:
+            self._check_present(batch, view)  # raises, naming the missing field
+        if sig.shape[0] != 1 or self.refit is not None or self.centroids is None:
+            return self._route(batch, view)
+        if sig.shape[1] != self._dim:
+            raise ValueError(f"signature must have dimension {self._dim} (the centroids'); got {sig.shape[1]}")
+        w = self._route_one(sig, view)
+        return self._route_batch(sig, view) if w is None else np.array([w], dtype=np.int64)
+
     def _route(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
-        """Vectorised over workers: one matrix product for the batch's similarities, then per request
-        a masked band and a masked argmin (no Python loop over workers)."""
+        """Refit when a refitter is set, then one request on :meth:`_route_one` (when its band is open),
+        else :meth:`_route_batch`."""
         sig = batch.signature
         if self.centroids is None:
             self.dim  # noqa: B018 - raises the "no centroids" error
@@ -157,36 +189,77 @@ class ELDRRouter(Router):
             if new is not None:
                 self.set_centroids(new)
         if sig.shape[0] == 1:
-            # fast path (one request): the common case in an event-driven cluster. A row-major float32
-            # [K, d] matrix times a vector streams the centroids once; the band and load logic over K
-            # workers runs on Python lists (a dozen tiny numpy calls cost more than the product). If every
-            # worker in the global band has a free slot, the band among open workers is the same set, so
-            # the decision is final. Same arithmetic and tie-break as the general path below.
-            v = sig[0] if sig.dtype == np.float32 else sig[0].astype(np.float32)
-            s = np.dot(self._c32, v)
-            sl = s.tolist()
-            thr = float(np.float32(max(sl)) - self._tau32)  # float32 arithmetic, as in the general path's band
-            cand = [j for j, v in enumerate(sl) if v >= thr]
-            if self.tau > 0 and len(cand) < min(self.min_band, len(sl)):
-                cand = self._band(s, self._tau32).tolist()
-            free = view.free_slots.tolist()
-            if min(free[j] for j in cand) > 0:
-                load = (view.active + view.waiting).tolist()
-                lc = [load[j] for j in cand]
-                m = min(lc)
-                if self._guard and m > (1.0 + self.spill) * min(load) + 1:
-                    cand = [j for j, f in enumerate(free) if f > 0]
-                    lc = [load[j] for j in cand]
-                    m = min(lc)
-                best = [j for j, x in zip(cand, lc) if x == m]
-                w = best[0] if len(best) == 1 else best[self.rng.integers(len(best))]
+            w = self._route_one(sig, view)
+            if w is not None:
                 return np.array([w], dtype=np.int64)
+        return self._route_batch(sig, view)
+
+    def _route_one(self, sig: np.ndarray, view: ClusterView) -> int | None:
+        """One request's worker, or None when a worker of its band is full (:meth:`_route_batch` then bands
+        among the open workers). The common case in an event-driven cluster, so kept lean: a row-major
+        float32 [K, d] matrix times a vector streams the centroids once; the band and load logic over K
+        workers runs on Python lists (a dozen tiny numpy calls cost more than the product); constants are
+        worked out once (:meth:`_fast_constants`). If every worker in the global band has a free slot, the
+        band among open workers is the same set, so the decision is final. Same arithmetic and tie-break as
+        :meth:`_route_batch`."""
+        v = sig[0] if sig.dtype == np.float32 else sig[0].astype(np.float32)
+        s = np.dot(self._c32, v)
+        sl = s.tolist()
+        mx = max(sl)
+        try:
+            # float32(max - tau) exactly as numpy's float32 subtraction rounds it: the difference of two
+            # float32 values rounded to double and then to float32 is the correctly rounded float32 result
+            # (double carries more than 2 * 24 + 2 bits), and native "f" packing is a C cast (round to
+            # nearest, -inf past the range, as numpy)
+            thr = _F32.unpack(_F32.pack(mx - self._tau_f))[0]
+        except OverflowError:  # a Python whose struct refuses a value past float32's range: numpy's answer
+            thr = float(np.float32(mx) - self._tau32)
+        cand = [j for j, x in enumerate(sl) if x >= thr]
+        if len(cand) < self._want:
+            cand = self._band(s, self._tau32).tolist()
+        free = view.free_slots  # indexed per band worker: cheaper than a list of K large ints
+        for j in cand:
+            if free[j] <= 0:
+                return None
+        load = (view.active + view.waiting).tolist()
+        if len(cand) == 1:  # a one-worker band: only the spill guard can move the request
+            j = cand[0]
+            if self._spill1 is None:
+                return j
+            ml = min(load)
+            if not load[j] > self._spill1 * ml + 1:
+                return j
+        else:
+            lc = list(map(load.__getitem__, cand))  # C-level: a comprehension costs more on 2-3 workers
+            m = min(lc)
+            ml = None if self._spill1 is None else min(load)
+            if ml is None or not m > self._spill1 * ml + 1:
+                if lc.count(m) == 1:  # no tie: the one least-loaded worker, without building the tie list
+                    return cand[lc.index(m)]
+                best = [j for j, x in zip(cand, lc) if x == m]
+                return best[self.rng.integers(len(best))]
+        # spilled: the least-loaded open worker (JSQ)
+        fl = free.tolist()
+        if min(fl) > 0:  # every worker open (the usual case): the least load over all is ml
+            if load.count(ml) == 1:
+                return load.index(ml)
+            best = [j for j, x in enumerate(load) if x == ml]
+        else:
+            cand = [j for j, f in enumerate(fl) if f > 0]
+            lc = list(map(load.__getitem__, cand))
+            m = min(lc)
+            best = [j for j, x in zip(cand, lc) if x == m]
+        return best[0] if len(best) == 1 else best[self.rng.integers(len(best))]
+
+    def _route_batch(self, sig: np.ndarray, view: ClusterView) -> np.ndarray:
+        """Vectorised over workers: one matrix product for the batch's similarities, then per request
+        a masked band and a masked argmin (no Python loop over workers)."""
         S = sig @ self._ct
         load = view.active + view.waiting
         free = view.free_slots.copy()
-        out = np.full(len(batch), UNASSIGNED, dtype=np.int64)
+        out = np.full(sig.shape[0], UNASSIGNED, dtype=np.int64)
         big = np.iinfo(np.int64).max
-        for i in range(len(batch)):
+        for i in range(sig.shape[0]):
             open_ = free > 0
             if not open_.any():
                 break

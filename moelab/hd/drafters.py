@@ -16,8 +16,10 @@ import numpy as np
 
 from moelab._validate import check_instance, check_int, check_token_ids
 from moelab.costmodel.verify import VerifyCost
+from moelab.hd.ngram import NGramTable
 from moelab.hd.policy import AcceptanceModel, check_acceptance, check_budget, observe, plan
 from moelab.hd.stores import ContextStore, Store
+from moelab.hd.suffix import SuffixStore
 
 STORE_LETTERS = "WSL"
 
@@ -39,6 +41,20 @@ class StoreCounters:
     candidates: int = 0
     accept_steps: int = 0  # steps whose accepted draft came from this store
     accepted_tokens: int = 0
+
+
+def _token_list(name: str, values: Sequence[int]) -> list[int]:
+    """``check_token_ids(name, values)`` with an O(len) shortcut for what a drafter is handed on every step:
+    a list of plain non-negative ints below 2**63 comes back as a copy, exactly what the full check returns
+    for it (the full check builds arrays and messages, the larger part of a short step's drafting time);
+    anything else takes the full check, which converts it or raises."""
+    if type(values) is list and all(type(t) is int for t in values) and (
+            not values or (min(values) >= 0 and max(values) < _INT64_END)):
+        return values.copy()
+    return check_token_ids(name, values)
+
+
+_INT64_END = 1 << 63
 
 
 def check_order(order: str) -> str:
@@ -65,13 +81,13 @@ class Drafter:
 
     def start(self, prompt_ids: Sequence[int]) -> None:
         """Begin a request with ``prompt_ids`` (per-request state is reset; counters are kept)."""
-        self.context = check_token_ids("prompt_ids", prompt_ids)  # integer ids only: a float is refused, not truncated
+        self.context = _token_list("prompt_ids", prompt_ids)  # integer ids only: a float is refused, not truncated
         if not self.context:
             raise ValueError("prompt_ids must not be empty")
 
     def accept(self, new_tokens: Sequence[int]) -> None:
         """Append the tokens the target produced this step."""
-        self.context.extend(check_token_ids("new_tokens", new_tokens))
+        self.context.extend(_token_list("new_tokens", new_tokens))
 
     def draft(self) -> Draft:  # pragma: no cover - overridden
         return Draft([], [])
@@ -179,6 +195,7 @@ class HierarchyDrafter(Drafter):
             self._stores["S"] = model_store
         if statistics_store is not None:
             self._stores["L"] = statistics_store
+        self._reach = _context_reach([self._stores[c] for c in order])
 
     def start(self, prompt_ids: Sequence[int]) -> None:
         super().start(prompt_ids)
@@ -219,32 +236,56 @@ class HierarchyDrafter(Drafter):
     def draft_chain(self, max_len: int) -> Draft:
         """One chain of up to ``max_len`` tokens (what vLLM verifies): the hierarchy's first candidate,
         extended by querying the hierarchy again after it; sources hold one store letter per token."""
-        check_int("max_len", max_len, low=1, high=256)
-        ctx = list(self.context)
+        if type(max_len) is not int or not 1 <= max_len <= 256:
+            check_int("max_len", max_len, low=1, high=256)  # raises (or converts a numpy integer)
+            max_len = int(max_len)
+        # the walk reads only the context's last `_reach` tokens: copy those, not the whole request
+        ctx = list(self.context) if self._reach is None else self.context[-self._reach:]
         chain: list[int] = []
         letters = ""
-        first = True
-        while len(chain) < max_len:
-            got = None
-            for letter in self.order:
-                if first:
-                    c = self.counters[letter]
-                    c.queries += 1
-                cands = self._stores[letter].lookup(ctx, 1)
-                if cands and cands[0]:
-                    got = (cands[0], letter)
-                    if first:
-                        c.lookup_hits += 1
-                        c.candidates += 1
-                    break
-            first = False
-            if got is None:
+        stores = self._stores
+        # the first round counts queries and hits per store; later rounds (extending the chain) do not
+        got = None
+        for letter in self.order:
+            c = self.counters[letter]
+            c.queries += 1
+            cands = stores[letter].lookup(ctx, 1)
+            if cands and cands[0]:
+                got = (cands[0], letter)
+                c.lookup_hits += 1
+                c.candidates += 1
                 break
+        while got is not None:
             seg = list(got[0][:max_len - len(chain)])
             chain.extend(seg)
-            ctx.extend(seg)
             letters += got[1] * len(seg)
+            if len(chain) >= max_len:
+                break
+            ctx.extend(seg)
+            got = None
+            for letter in self.order:
+                cands = stores[letter].lookup(ctx, 1)
+                if cands and cands[0]:
+                    got = (cands[0], letter)
+                    break
         return Draft([tuple(chain)], [letters]) if chain else Draft([], [])
+
+
+def _context_reach(stores: Sequence[Store]) -> int | None:
+    """How many of the context's last tokens ``stores`` read at most, or None when one of them may read
+    more (a store type this module does not know). W and an n-gram table read their longest key, a
+    suffix index its ``depth``; exact types only (a subclass may read further)."""
+    reach = 0
+    for st in stores:
+        if type(st) is ContextStore:
+            reach = max(reach, max(st.key_lengths))
+        elif type(st) is NGramTable:
+            reach = max(reach, st.max_key_length)
+        elif type(st) is SuffixStore:
+            reach = max(reach, st.depth)
+        else:
+            return None
+    return max(reach, 1)
 
 
 # Exploration spends at most this share of the verify time re-testing estimates the plan does not draft on,

@@ -191,6 +191,11 @@ class NGramTable:
         return out
 
     @property
+    def max_key_length(self) -> int:
+        """The longest key: a lookup reads at most this many of the context's last tokens."""
+        return self._max_m
+
+    @property
     def n_keys(self) -> int:
         return int(sum(t[0].shape[0] for t in self.tables.values()))
 
