@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from moelab import lecture
-from moelab._validate import check_int, check_loopback_host
+from moelab._validate import check_int, check_loopback_host, check_real
 from moelab.notebooks import (
     describe_requirements,
     missing_requirements,
@@ -38,14 +38,29 @@ from moelab.notebooks import (
     resolve,
 )
 
+#: the JupyterLab front-end extensions a lesson page needs: plotly's figures and the widgets (ipywidgets'
+#: manager, Voila's own for ipywidgets 8, anywidget for plotly's FigureWidget). Voila loads every installed
+#: one otherwise (nbgrader's and Notebook's among them, which fail outside JupyterLab): each costs requests
+#: and script parsing before the first figure draws.
+PAGE_EXTENSIONS = ("jupyterlab-plotly", "@jupyter-widgets/jupyterlab-manager", "@voila-dashboards/widgets-manager8",
+                   "anywidget")
+#: seconds after a visitor takes a pre-heated kernel before Voila starts heating its replacement (Voila's
+#: default is 1 s): heating runs the lesson's live cells, CPU that the visitor's page and first slider moves
+#: would otherwise share on a small machine. Meanwhile the rest of the pool serves the next visitors.
+REFILL_DELAY_S = 30.0
+
 
 def voila_command(notebook: Path, *, host: str, port: int, token: str, open_browser: bool,
-                  pool: int = 0) -> list[str]:
-    """The ``voila`` command line that serves ``notebook`` with its sources stripped; with ``pool`` > 0,
-    that many kernels have already run the notebook before a visitor arrives (Voila's pre-heated kernels)."""
+                  pool: int = 0, refill_delay_s: float = REFILL_DELAY_S) -> list[str]:
+    """The ``voila`` command line that serves ``notebook`` with its sources stripped and only the
+    :data:`PAGE_EXTENSIONS` loaded; with ``pool`` > 0, that many kernels have already run the notebook
+    before a visitor arrives (Voila's pre-heated kernels), and a used one is replaced ``refill_delay_s``
+    seconds after a visitor took it."""
     return [sys.executable, "-m", "voila", str(notebook), f"--port={port}", f"--Voila.ip={host}", f"--token={token}",
             "--strip_sources=True", "--show_tracebacks=False", "--Voila.log_level=WARN",
-            *(["--preheat_kernel=True", f"--pool_size={pool}"] if pool > 0 else []),
+            *(f"--VoilaConfiguration.extension_allowlist={name}" for name in PAGE_EXTENSIONS),
+            *(["--preheat_kernel=True", f"--pool_size={pool}", f"--VoilaKernelManager.fill_delay={refill_delay_s:g}"]
+              if pool > 0 else []),
             *([] if open_browser else ["--no-browser"])]
 
 
@@ -113,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", type=int, default=2,
                    help="kernels that run the lesson before visitors arrive, so pages open at once (default 2; "
                         "0: each visitor's kernel starts when they arrive; ignored with --whole)")
+    p.add_argument("--refill-delay", type=float, default=REFILL_DELAY_S, metavar="S",
+                   help=f"seconds after a visitor takes a pre-heated kernel before its replacement starts heating "
+                        f"(default {REFILL_DELAY_S:g}: the heating does not slow that visitor's page; 0 to 600)")
     p.add_argument("--whole", action="store_true",
                    help="serve the whole notebook (research part included), computed live for every visitor")
     return p
@@ -150,6 +168,7 @@ def serve(args: argparse.Namespace) -> int:
             raise ValueError(f"{exc} (pass --allow-remote to serve on another interface)") from None
     port = check_int("--port", args.port, low=0, high=65535)
     pool = check_int("--pool", args.pool, low=0, high=16)
+    refill_delay_s = check_real("--refill-delay", args.refill_delay, low=0, high=600)
     if port == 0:
         port = free_port(args.host)
     if importlib.util.find_spec("voila") is None:
@@ -169,7 +188,7 @@ def serve(args: argparse.Namespace) -> int:
         shown = f"[{args.host}]" if ":" in args.host else args.host
         print(f"serving {name} (code hidden) at http://{shown}:{port}/?token={token}   (Ctrl+C stops)", flush=True)
         cmd = voila_command(notebook, host=args.host, port=port, token=token, open_browser=args.open,
-                            pool=0 if args.whole else pool)
+                            pool=0 if args.whole else pool, refill_delay_s=refill_delay_s)
         env = dict(os.environ)
         env.setdefault("MOELAB_FIGURES", str(Path(tmp) / "figures"))  # lecture runs never overwrite figures/
         proc = subprocess.Popen(cmd, env=env)
