@@ -7,6 +7,13 @@ visitor's kernel re-displays the recorded outputs and runs only the cells the li
 figure shows in seconds. Without a usable precomputed run the page (and the terminal) says so and the lesson
 is computed for every visitor. ``--whole`` serves the whole notebook, computed live, as before.
 
+What a visit waits for: Voila's pre-heated kernels (``--pool``) have run the lesson before anyone arrives, so
+the page's HTML (recorded figures included) is sent at once; the page then loads only the front-end
+extensions a lesson needs (:data:`PAGE_EXTENSIONS`) and nothing from outside 127.0.0.1 (the template
+:data:`VOILA_TEMPLATE`); the recorded plotly figures draw before the widgets connect. A used kernel is
+replaced after ``--refill-delay`` seconds, not at once, so heating its replacement does not compete with the
+visitor's page.
+
 It binds to 127.0.0.1 by default and asks for a token; another interface is refused unless
 ``--allow-remote`` says so explicitly (then anyone who can reach the port and knows the token runs the
 notebook on this machine).
@@ -48,6 +55,10 @@ PAGE_EXTENSIONS = ("jupyterlab-plotly", "@jupyter-widgets/jupyterlab-manager", "
 #: default is 1 s): heating runs the lesson's live cells, CPU that the visitor's page and first slider moves
 #: would otherwise share on a small machine. Meanwhile the rest of the pool serves the next visitors.
 REFILL_DELAY_S = 30.0
+#: a Jupyter data folder holding the Voila template ``moelab app`` serves with: Voila's lab template without
+#: its CDN stylesheets, so a lesson page requests nothing but 127.0.0.1
+VOILA_DATA = Path(__file__).parent / "slides" / "templates" / "jupyter"
+VOILA_TEMPLATE = "moelab_lecture"
 
 
 def voila_command(notebook: Path, *, host: str, port: int, token: str, open_browser: bool,
@@ -57,7 +68,7 @@ def voila_command(notebook: Path, *, host: str, port: int, token: str, open_brow
     before a visitor arrives (Voila's pre-heated kernels), and a used one is replaced ``refill_delay_s``
     seconds after a visitor took it."""
     return [sys.executable, "-m", "voila", str(notebook), f"--port={port}", f"--Voila.ip={host}", f"--token={token}",
-            "--strip_sources=True", "--show_tracebacks=False", "--Voila.log_level=WARN",
+            "--strip_sources=True", "--show_tracebacks=False", "--Voila.log_level=WARN", f"--template={VOILA_TEMPLATE}",
             *(f"--VoilaConfiguration.extension_allowlist={name}" for name in PAGE_EXTENSIONS),
             *(["--preheat_kernel=True", f"--pool_size={pool}", f"--VoilaKernelManager.fill_delay={refill_delay_s:g}"]
               if pool > 0 else []),
@@ -191,6 +202,8 @@ def serve(args: argparse.Namespace) -> int:
                             pool=0 if args.whole else pool, refill_delay_s=refill_delay_s)
         env = dict(os.environ)
         env.setdefault("MOELAB_FIGURES", str(Path(tmp) / "figures"))  # lecture runs never overwrite figures/
+        # Voila finds the lecture template (VOILA_TEMPLATE) in this extra Jupyter data folder
+        env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(VOILA_DATA), env.get("JUPYTER_PATH", "")) if p)
         proc = subprocess.Popen(cmd, env=env)
         previous = signal.signal(signal.SIGTERM, _interrupt)  # a terminated app stops its Voila too
         try:
