@@ -1,9 +1,10 @@
 """``moelab app`` (lecture mode) and ``moelab slides``: bad input is an ``error: ...`` line and exit code 2, never
 a traceback; the research part starts at its tagged heading in every notebook; a precomputed run is replayed
 (only the cells the live panels need run) and an unusable one is named on the page; the slides are offline and
-cut to fit a screen. In a real browser (slow): the slides open from 127.0.0.1 with no request elsewhere, and
-``moelab app 04`` from a real precomputed lesson is timed (first figure, slider redraws). The whole notebook
-served live (``--whole``) is checked in ``tests/test_browser.py``."""
+cut to fit a screen. In a real browser (slow): the slides open from 127.0.0.1 with no request elsewhere.
+``moelab app`` serving a real precomputed lesson in Chromium (what the page shows, the first figure and every
+slider redraw, timed) is ``tests/test_browser.py::test_app_serves_dashboard``, which shares that module's
+browser."""
 
 from __future__ import annotations
 
