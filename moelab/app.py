@@ -7,6 +7,13 @@ visitor's kernel re-displays the recorded outputs and runs only the cells the li
 figure shows in seconds. Without a usable precomputed run the page (and the terminal) says so and the lesson
 is computed for every visitor. ``--whole`` serves the whole notebook, computed live, as before.
 
+What a visit waits for: Voila's pre-heated kernels (``--pool``) have run the lesson before anyone arrives, so
+the page's HTML (recorded figures included) is sent at once; the page then loads only the front-end
+extensions a lesson needs (:data:`PAGE_EXTENSIONS`) and nothing from outside 127.0.0.1 (the template
+:data:`VOILA_TEMPLATE`); the recorded plotly figures draw before the widgets connect. A used kernel is
+replaced after ``--refill-delay`` seconds, not at once, so heating its replacement does not compete with the
+visitor's page.
+
 It binds to 127.0.0.1 by default and asks for a token; another interface is refused unless
 ``--allow-remote`` says so explicitly (then anyone who can reach the port and knows the token runs the
 notebook on this machine).
@@ -28,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from moelab import lecture
-from moelab._validate import check_int, check_loopback_host
+from moelab._validate import check_int, check_loopback_host, check_real
 from moelab.notebooks import (
     describe_requirements,
     missing_requirements,
@@ -38,14 +45,33 @@ from moelab.notebooks import (
     resolve,
 )
 
+#: the JupyterLab front-end extensions a lesson page needs: plotly's figures and the widgets (ipywidgets'
+#: manager, Voila's own for ipywidgets 8, anywidget for plotly's FigureWidget). Voila loads every installed
+#: one otherwise (nbgrader's and Notebook's among them, which fail outside JupyterLab): each costs requests
+#: and script parsing before the first figure draws.
+PAGE_EXTENSIONS = ("jupyterlab-plotly", "@jupyter-widgets/jupyterlab-manager", "@voila-dashboards/widgets-manager8",
+                   "anywidget")
+#: seconds after a visitor takes a pre-heated kernel before Voila starts heating its replacement (Voila's
+#: default is 1 s): heating runs the lesson's live cells, CPU that the visitor's page and first slider moves
+#: would otherwise share on a small machine. Meanwhile the rest of the pool serves the next visitors.
+REFILL_DELAY_S = 30.0
+#: a Jupyter data folder holding the Voila template ``moelab app`` serves with: Voila's lab template without
+#: its CDN stylesheets, so a lesson page requests nothing but 127.0.0.1
+VOILA_DATA = Path(__file__).parent / "slides" / "templates" / "jupyter"
+VOILA_TEMPLATE = "moelab_lecture"
+
 
 def voila_command(notebook: Path, *, host: str, port: int, token: str, open_browser: bool,
-                  pool: int = 0) -> list[str]:
-    """The ``voila`` command line that serves ``notebook`` with its sources stripped; with ``pool`` > 0,
-    that many kernels have already run the notebook before a visitor arrives (Voila's pre-heated kernels)."""
+                  pool: int = 0, refill_delay_s: float = REFILL_DELAY_S) -> list[str]:
+    """The ``voila`` command line that serves ``notebook`` with its sources stripped and only the
+    :data:`PAGE_EXTENSIONS` loaded; with ``pool`` > 0, that many kernels have already run the notebook
+    before a visitor arrives (Voila's pre-heated kernels), and a used one is replaced ``refill_delay_s``
+    seconds after a visitor took it."""
     return [sys.executable, "-m", "voila", str(notebook), f"--port={port}", f"--Voila.ip={host}", f"--token={token}",
-            "--strip_sources=True", "--show_tracebacks=False", "--Voila.log_level=WARN",
-            *(["--preheat_kernel=True", f"--pool_size={pool}"] if pool > 0 else []),
+            "--strip_sources=True", "--show_tracebacks=False", "--Voila.log_level=WARN", f"--template={VOILA_TEMPLATE}",
+            *(f"--VoilaConfiguration.extension_allowlist={name}" for name in PAGE_EXTENSIONS),
+            *(["--preheat_kernel=True", f"--pool_size={pool}", f"--VoilaKernelManager.fill_delay={refill_delay_s:g}"]
+              if pool > 0 else []),
             *([] if open_browser else ["--no-browser"])]
 
 
@@ -113,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", type=int, default=2,
                    help="kernels that run the lesson before visitors arrive, so pages open at once (default 2; "
                         "0: each visitor's kernel starts when they arrive; ignored with --whole)")
+    p.add_argument("--refill-delay", type=float, default=REFILL_DELAY_S, metavar="S",
+                   help=f"seconds after a visitor takes a pre-heated kernel before its replacement starts heating "
+                        f"(default {REFILL_DELAY_S:g}: the heating does not slow that visitor's page; 0 to 600)")
     p.add_argument("--whole", action="store_true",
                    help="serve the whole notebook (research part included), computed live for every visitor")
     return p
@@ -150,6 +179,7 @@ def serve(args: argparse.Namespace) -> int:
             raise ValueError(f"{exc} (pass --allow-remote to serve on another interface)") from None
     port = check_int("--port", args.port, low=0, high=65535)
     pool = check_int("--pool", args.pool, low=0, high=16)
+    refill_delay_s = check_real("--refill-delay", args.refill_delay, low=0, high=600)
     if port == 0:
         port = free_port(args.host)
     if importlib.util.find_spec("voila") is None:
@@ -169,9 +199,11 @@ def serve(args: argparse.Namespace) -> int:
         shown = f"[{args.host}]" if ":" in args.host else args.host
         print(f"serving {name} (code hidden) at http://{shown}:{port}/?token={token}   (Ctrl+C stops)", flush=True)
         cmd = voila_command(notebook, host=args.host, port=port, token=token, open_browser=args.open,
-                            pool=0 if args.whole else pool)
+                            pool=0 if args.whole else pool, refill_delay_s=refill_delay_s)
         env = dict(os.environ)
         env.setdefault("MOELAB_FIGURES", str(Path(tmp) / "figures"))  # lecture runs never overwrite figures/
+        # Voila finds the lecture template (VOILA_TEMPLATE) in this extra Jupyter data folder
+        env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(VOILA_DATA), env.get("JUPYTER_PATH", "")) if p)
         proc = subprocess.Popen(cmd, env=env)
         previous = signal.signal(signal.SIGTERM, _interrupt)  # a terminated app stops its Voila too
         try:

@@ -1,9 +1,10 @@
 """``moelab app`` (lecture mode) and ``moelab slides``: bad input is an ``error: ...`` line and exit code 2, never
 a traceback; the research part starts at its tagged heading in every notebook; a precomputed run is replayed
 (only the cells the live panels need run) and an unusable one is named on the page; the slides are offline and
-cut to fit a screen. In a real browser (slow): the slides open from 127.0.0.1 with no request elsewhere, and
-``moelab app 04`` from a real precomputed lesson is timed (first figure, slider redraws). The whole notebook
-served live (``--whole``) is checked in ``tests/test_browser.py``."""
+cut to fit a screen. In a real browser (slow): the slides open from 127.0.0.1 with no request elsewhere.
+``moelab app`` serving a real precomputed lesson in Chromium (what the page shows, the first figure and every
+slider redraw, timed) is ``tests/test_browser.py::test_app_serves_dashboard``, which shares that module's
+browser."""
 
 from __future__ import annotations
 
@@ -44,6 +45,15 @@ def test_voila_command_hides_code_and_binds_as_told():
     cmd = app.voila_command(app.Path("x.ipynb"), host="127.0.0.1", port=8866, token="t", open_browser=False)
     assert "--strip_sources=True" in cmd and "--Voila.ip=127.0.0.1" in cmd and "--token=t" in cmd
     assert "--no-browser" in cmd and "--port=8866" in cmd
+    # only the front-end extensions a lesson page needs, and the template without CDN stylesheets
+    assert [a.split("=", 1)[1] for a in cmd if a.startswith("--VoilaConfiguration.extension_allowlist=")] == \
+        list(app.PAGE_EXTENSIONS)
+    assert f"--template={app.VOILA_TEMPLATE}" in cmd
+    assert (app.VOILA_DATA / "voila" / "templates" / app.VOILA_TEMPLATE / "index.html.j2").is_file()
+    assert not any("preheat" in a or "fill_delay" in a for a in cmd)  # no pool asked: none
+    pooled = app.voila_command(app.Path("x.ipynb"), host="127.0.0.1", port=1, token="t", open_browser=False, pool=2,
+                               refill_delay_s=12.5)
+    assert "--pool_size=2" in pooled and "--VoilaKernelManager.fill_delay=12.5" in pooled
 
 
 # --- the lesson/research boundary -------------------------------------------------------------------------
@@ -171,6 +181,8 @@ def test_output_replay_shows_the_recorded_outputs(tmp_path, capsys):
 @pytest.mark.parametrize("argv, needle", [
     (["app", "04", "--whole", "--precompute"], "--precompute"),
     (["app", "04", "--pool", "99"], "--pool"),
+    (["app", "04", "--refill-delay", "-1"], "--refill-delay"),
+    (["app", "04", "--refill-delay", "nan"], "--refill-delay"),
     (["slides", "no_such_notebook"], "notebook must be one of"),
 ])
 def test_more_bad_input_is_an_error_line(argv, needle, capsys):

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -23,14 +21,13 @@ from typing import Any
 import nbformat
 import pytest
 
-from moelab.bench.app import stop_process
 from moelab.notebooks import available_notebooks, notebook_parameters, notebooks_dir
 from tests import browser as b
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 # Small parameters: a notebook test's ``CI_PARAMS`` when it exposes one (so both tests run the same sizes),
-# else the sizes below; and the slider each panel's check drags.
+# else the sizes below, always at the "ci" preset; and the slider each panel's check drags.
 NOTEBOOKS: dict[str, dict[str, Any]] = {
     "00_overview": {"params": {}, "slider": 0},
     "01_eldr": {"slider": 2},  # the rate slider: moves both bars and never re-partitions the workers
@@ -60,6 +57,8 @@ def browser_params(name: str) -> dict[str, Any]:
     except (ImportError, AttributeError):
         params = dict(NOTEBOOKS.get(name, {}).get("params", {}))
     known = notebook_parameters(name)
+    if "PRESET" in known:
+        params.setdefault("PRESET", "ci")  # the smallest run that still executes every cell and panel
     params.update({flag: True for flag in INTERACTIVE_FLAGS if flag in known})
     return params
 
@@ -188,43 +187,48 @@ def test_not_in_browser_is_explained():
     assert all(NOT_IN_BROWSER.values())
 
 
-def test_app_serves_dashboard(browser, tmp_path):
-    """``moelab app 03`` (Voila): code hidden, markdown shown, the panel renders, a slider redraws its figure."""
+@pytest.fixture(scope="module")
+def lecture_runs(tmp_path_factory):
+    """The lesson part of :data:`APP_NOTEBOOK` executed once at the browser's parameters: the precomputed run
+    ``moelab app`` replays (as a lecturer's ``moelab app NB --precompute`` writes it)."""
+    from moelab import lecture
+
+    runs = tmp_path_factory.mktemp("lecture-runs")
+    lecture.precompute(APP_NOTEBOOK, browser_params(APP_NOTEBOOK), runs)
+    return runs
+
+
+def test_app_serves_dashboard(browser, lecture_runs, tmp_path):
+    """``moelab app 03`` (Voila) from a precomputed lesson: code hidden, markdown shown, the recorded figures
+    and the live panel drawn with no error, and every slider move redraws a figure, the first one after the page
+    loaded included (timed as ``moelab bench notebooks`` times it: first figure, each redraw)."""
+    from moelab.bench.app import measure_lecture
+
     t0 = time.monotonic()
-    port, token = b.free_port(), secrets.token_hex(16)
-    log = tmp_path / "voila.log"
-    env = b.isolated_env(tmp_path)
-    params = browser_params(APP_NOTEBOOK)
-    cmd = [sys.executable, "-m", "moelab.cli", "app", APP_NOTEBOOK, f"--port={port}", f"--token={token}",
-           *(["--params", *(f"{k}={v!r}" for k, v in params.items())] if params else [])]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        b.wait_port(port, proc, log)
-        context = b.new_context(browser)
-        try:
-            page = context.new_page()
-            page.goto(f"http://127.0.0.1:{port}/?token={token}", timeout=RUN_TIMEOUT_S * 1000)
-            assert b.wait_for(lambda: page.locator(".widget-slider").count() > 0, RUN_TIMEOUT_S, 1.0), \
-                f"app: no slider rendered\n{log.read_text()[-3000:]}"
-            page.wait_for_load_state("networkidle")
-            errors = b.error_texts(page)
-            assert not errors, "app: " + "\n".join(errors)
-            text = page.locator("body").inner_text()
-            code = [c.source for c in nbformat.read(notebooks_dir() / f"{APP_NOTEBOOK}.ipynb", 4).cells
-                    if c.cell_type == "code"]
-            markdown = " ".join(c.source for c in nbformat.read(notebooks_dir() / f"{APP_NOTEBOOK}.ipynb", 4).cells
-                                if c.cell_type == "markdown")
-            shown = [line for src in code for line in src.splitlines()
-                     if len(line) > 25 and "(" in line and line in text and line not in markdown]
-            assert not shown and page.locator(".jp-CodeMirrorEditor, .cm-editor").count() == 0, \
-                f"app shows the notebook's code: {shown[:3]}"
-            assert "Paper" in text or "paper" in text  # ... and its markdown
-            assert page.locator(".js-plotly-plot").count() >= 2  # the static figures and the panel's
-            assert check_panels(page, f"moelab app {APP_NOTEBOOK}", NOTEBOOKS[APP_NOTEBOOK]["slider"]) >= 1
-            page.screenshot(path=str(tmp_path / "app.png"))
-            print(f"moelab app: dashboard checked in {time.monotonic() - t0:.1f} s")
-        finally:
-            context.close()
-    finally:
-        stop_process(proc)
+    nb = nbformat.read(notebooks_dir() / f"{APP_NOTEBOOK}.ipynb", 4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    markdown = " ".join(c.source for c in nb.cells if c.cell_type == "markdown")
+
+    def check(page):
+        errors = b.error_texts(page)
+        assert not errors, "app: " + "\n".join(errors)
+        text = page.locator("body").inner_text()
+        shown = [line for src in code for line in src.splitlines()
+                 if len(line) > 25 and "(" in line and line in text and line not in markdown]
+        assert not shown and page.locator(".jp-CodeMirrorEditor, .cm-editor").count() == 0, \
+            f"app shows the notebook's code: {shown[:3]}"
+        assert "Paper" in text or "paper" in text  # ... and its markdown
+        assert "computed by an earlier run" in text  # the lesson was replayed, not recomputed
+        assert page.locator(".js-plotly-plot").count() >= 2  # the recorded figures and the panel's
+        elsewhere = page.evaluate("""() => Array.from(document.querySelectorAll('link[href], script[src]'))
+            .map(e => e.href || e.src).filter(u => /^https?:/.test(u) && new URL(u).hostname !== '127.0.0.1')""")
+        assert not elsewhere, f"the lesson page loads files from elsewhere: {elsewhere}"
+
+    t = measure_lecture(APP_NOTEBOOK, lecture_runs, moves=4, timeout_s=REDRAW_TIMEOUT_S, pool=1,
+                        params=browser_params(APP_NOTEBOOK), browser=browser, check=check,
+                        screenshot=tmp_path / "app.png")
+    assert "code cells run live" in t.log and "replayed" in t.log, t.log
+    assert t.panels >= 1 and len(t.slider_s) == 4
+    print(f"moelab app {APP_NOTEBOOK}: first figure {t.first_figure_s:.2f} s after the request (app ready after "
+          f"{t.ready_s:.1f} s); slider redraws {', '.join(f'{s:.2f}' for s in t.slider_s)} s, p50 "
+          f"{t.slider_p50_s:.2f} s; {time.monotonic() - t0:.1f} s in all")

@@ -10,8 +10,9 @@ with a token and opens it in headless Chromium (Debian's ``chromium``, driven by
 
 ``run`` (the benchmark figures) measures ``MOELAB_BENCH_APP_NOTEBOOK`` (default ``03_afd_ratio``: a lesson
 with a live panel) from the precomputed runs in ``runs/``; when there is none it precomputes the lesson into
-a temporary folder first (not timed; the figure's note says so). ``tests/test_app.py`` runs the same
-measurement. Wire it into ``moelab bench`` with ``"app": "moelab.bench.app"`` in ``BENCH_SUITES``.
+a temporary folder first (not timed; the figure's note says so). ``tests/test_browser.py`` runs the same
+measurement in its browser (``test_app_serves_dashboard``), where the first move after the page loaded is timed
+like every other (no untimed warm-up move).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,7 +63,6 @@ class LectureTiming:
     slider_s: tuple[float, ...]
     panels: int
     ready_s: float = 0.0
-    warmup_s: float = 0.0
     log: str = field(default="", repr=False)
 
     @property
@@ -127,9 +128,21 @@ def _press(slider: Any, forward: bool) -> None:
 
 
 def measure_lecture(name: str = "03_afd_ratio", runs: str | os.PathLike = "runs", *, moves: int = SLIDER_MOVES,
-                    pool: int = 1, timeout_s: float = 300.0,
-                    screenshot: str | os.PathLike | None = None) -> LectureTiming:
+                    pool: int = 1, timeout_s: float = 300.0, screenshot: str | os.PathLike | None = None,
+                    params: dict[str, Any] | None = None, browser: Any = None,
+                    check: Callable[[Any], None] | None = None) -> LectureTiming:
     """Serve ``name``'s lesson with ``moelab app`` and time it in headless Chromium (see the module docstring).
+
+    Parameters
+    ----------
+    params : dict, optional
+        Notebook parameters passed to ``moelab app --params`` (a precomputed run with them must be in ``runs``
+        for the lesson to be replayed).
+    browser : playwright Browser, optional
+        A Chromium already launched (a test module's); by default one is launched and closed here.
+    check : callable, optional
+        Called with the page once the first figure is drawn and the page has loaded, before the timed
+        slider moves (a test's checks of what the page shows).
 
     Raises
     ------
@@ -146,7 +159,8 @@ def measure_lecture(name: str = "03_afd_ratio", runs: str | os.PathLike = "runs"
         port, token = _free_port(), secrets.token_hex(16)
         log = tmp / "app.log"
         cmd = [sys.executable, "-m", "moelab.cli", "app", name, f"--port={port}", f"--token={token}",
-               f"--pool={pool}", "--from", str(Path(runs).expanduser().resolve())]
+               f"--pool={pool}", "--from", str(Path(runs).expanduser().resolve()),
+               *(["--params", *(f"{k}={v!r}" for k, v in params.items())] if params else [])]
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     env=_isolated_env(tmp))
@@ -158,32 +172,50 @@ def measure_lecture(name: str = "03_afd_ratio", runs: str | os.PathLike = "runs"
             assert wait_until(lambda: _port_open(port) or proc.poll() is not None, 120, 0.2) and proc.poll() is None, \
                 f"moelab app did not start:\n{tail()}"
             ready_s = wait_ready(proc, pool, timeout_s)
-            with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
-                try:
-                    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-                    t0 = time.monotonic()
-                    page.goto(f"http://127.0.0.1:{port}/?token={token}", wait_until="commit",
-                              timeout=timeout_s * 1000)
-                    assert wait_until(lambda: page.locator(".js-plotly-plot").count() > 0, timeout_s), \
-                        f"{name}: no figure within {timeout_s:.0f} s\n{tail()}"
-                    first = time.monotonic() - t0
-                    slider_s: list[float] = []
-                    panels, warmup = 0, 0.0
-                    if moves:
-                        wait_until(lambda: page.locator(".widget-slider").count() > 0, timeout_s, 0.2)
-                        page.wait_for_load_state("load", timeout=timeout_s * 1000)
-                        page.wait_for_load_state("networkidle", timeout=timeout_s * 1000)
-                        panels = page.evaluate(JS_MARK_PANELS)
-                        warmup = _warm_up(page, panels, timeout_s)
-                        slider_s = _slider_times(page, name, panels, moves, timeout_s, tail)
-                    if screenshot:
-                        page.screenshot(path=str(screenshot))
-                finally:
-                    browser.close()
+            url = f"http://127.0.0.1:{port}/?token={token}"
+            if browser is not None:
+                timing = _visit(browser, url, name, moves, timeout_s, screenshot, check, tail)
+            else:
+                with sync_playwright() as p:
+                    own = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
+                    try:
+                        timing = _visit(own, url, name, moves, timeout_s, screenshot, check, tail)
+                    finally:
+                        own.close()
         finally:
             stop_process(proc)
-        return LectureTiming(name, first, tuple(slider_s), panels, ready_s, warmup, tail())
+        first, slider_s, panels = timing
+        return LectureTiming(name, first, tuple(slider_s), panels, ready_s, tail())
+
+
+def _visit(browser: Any, url: str, name: str, moves: int, timeout_s: float,
+           screenshot: str | os.PathLike | None, check: Callable[[Any], None] | None,
+           tail: Callable[[], str]) -> tuple[float, list[float], int]:
+    """One visitor: (seconds to the first figure, each timed slider move, live panels)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = context.new_page()
+        t0 = time.monotonic()
+        page.goto(url, wait_until="commit", timeout=timeout_s * 1000)
+        assert wait_until(lambda: page.locator(".js-plotly-plot").count() > 0, timeout_s), \
+            f"{name}: no figure within {timeout_s:.0f} s\n{tail()}"
+        first = time.monotonic() - t0
+        slider_s: list[float] = []
+        panels = 0
+        if moves or check:
+            wait_until(lambda: page.locator(".widget-slider").count() > 0, timeout_s, 0.2)
+            page.wait_for_load_state("load", timeout=timeout_s * 1000)
+            page.wait_for_load_state("networkidle", timeout=timeout_s * 1000)
+            panels = page.evaluate(JS_MARK_PANELS)
+        if check:
+            check(page)
+        if moves:
+            slider_s = _slider_times(page, name, panels, moves, timeout_s, tail)
+        if screenshot:
+            page.screenshot(path=str(screenshot))
+        return first, slider_s, panels
+    finally:
+        context.close()
 
 
 def _descendants(pid: int) -> list[int]:
@@ -253,24 +285,6 @@ def _settled(panel: Any, quiet_s: float = 0.5, timeout_s: float = 30.0) -> Any:
     return last
 
 
-def _warm_up(page: Any, panels: int, timeout_s: float) -> float:
-    """Move the first panel's first slider until a figure redraws (untimed): right after the page loads a
-    move can be lost (seen under load: the readout changes, the kernel never recomputes), so the timed moves
-    start from a panel known to answer. Returns the seconds that took."""
-    if panels < 1:
-        return 0.0
-    t0 = time.monotonic()
-    panel = page.locator("[data-moelab-panel='0']")
-    wait_until(lambda: bool(panel.evaluate(JS_FINGERPRINTS)), timeout_s, 0.2)
-    slider = panel.locator(".widget-slider").first
-    for forward in (True, False, True, False):
-        before = _settled(panel)
-        _press(slider, forward)
-        if wait_until(lambda before=before: panel.evaluate(JS_FINGERPRINTS) != before, 5.0, 0.05):
-            break
-    return time.monotonic() - t0
-
-
 def _slider_times(page: Any, name: str, panels: int, moves: int, timeout_s: float, tail: Any) -> list[float]:
     """Move the panels' sliders ``moves`` times in all (round robin over panels, each panel's first slider
     that moves) and time each redraw."""
@@ -323,23 +337,6 @@ def run(quick: bool = False) -> list[Figure]:
                f"{len(timing.slider_s)} slider moves over {timing.panels} live panel(s), key press to redraw: "
                f"{shown} s"),
     ]
-
-
-def measure_in_subprocess(name: str, runs: str | os.PathLike, *, moves: int = SLIDER_MOVES, timeout_s: float = 300.0,
-                          screenshot: str | os.PathLike | None = None) -> LectureTiming:
-    """:func:`measure_lecture` in a fresh Python process (``python -m moelab.bench.app``). Driven from inside
-    pytest, the Playwright keyboard steps changed a slider's readout but its kernel never recomputed; from a
-    plain process (as ``moelab bench`` runs) they do, so the test measures this way."""
-    cmd = [sys.executable, "-m", "moelab.bench.app", name, str(runs), "--moves", str(moves), "--timeout", str(timeout_s),
-           *(["--screenshot", str(screenshot)] if screenshot else [])]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s * (moves + 4) + 300,
-                          stdin=subprocess.DEVNULL)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
-    if done.returncode != 0 or not lines:
-        raise AssertionError(f"lecture measurement failed ({done.returncode}):\n{(done.stderr or done.stdout)[-4000:]}")
-    got = json.loads(lines[-1])
-    got["slider_s"] = tuple(got["slider_s"])
-    return LectureTiming(**got)
 
 
 def _main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -175,10 +176,28 @@ def write_results(name: str, results: dict[str, Any], out_dir: str | os.PathLike
     return atomic_write_json(figures_dir(out_dir) / f"{name}.json", results)
 
 
+def _same_json(a: Any, b: Any) -> bool:
+    """Whether two plotly JSON values are equal (numpy arrays inside compared element by element)."""
+    try:
+        return bool(a == b)
+    except ValueError:  # an array inside: `==` is element-wise and has no single truth value
+        # lazy: plotly's JSON encoder is only needed for the rare layout value holding an array
+        from plotly.utils import PlotlyJSONEncoder
+
+        return json.dumps(a, cls=PlotlyJSONEncoder, sort_keys=True) == json.dumps(b, cls=PlotlyJSONEncoder,
+                                                                                   sort_keys=True)
+
+
 def refresh(widget: Any, fig: Any) -> None:
     """Make a ``FigureWidget`` show a freshly built figure in one redraw: traces updated in place when
     the trace list has the same length (so legends and widget state stay), replaced otherwise; layout
-    merged (titles, shapes, annotations, axes)."""
+    merged (titles, shapes, annotations, axes).
+
+    Only the top-level layout entries that differ from what the widget shows are sent: re-validating an
+    unchanged entry is pure cost, and re-validating the template (the same on every redraw) was most of a
+    slider's response time in notebook 03's panel."""
+    current = widget.layout.to_plotly_json()
+    changed = {k: v for k, v in fig.layout.to_plotly_json().items() if not _same_json(current.get(k), v)}
     with widget.batch_update():
         if len(widget.data) == len(fig.data):
             for old, new in zip(widget.data, fig.data):
@@ -186,7 +205,8 @@ def refresh(widget: Any, fig: Any) -> None:
         else:
             widget.data = []
             widget.add_traces(list(fig.data))
-        widget.layout.update(fig.layout.to_plotly_json())
+        if changed:
+            widget.layout.update(changed)
     sync_widget_state(widget)
 
 
