@@ -35,11 +35,12 @@ Bounds on work (refused with a ``ValueError`` naming the parameter and the cap, 
 :data:`MAX_REQUESTS` requests (each is one Python routing call, tens of us with view and batch, so the
 per-request worst case, one-token requests, ends in about a minute), at most :data:`MAX_DECODE_TOKENS`
 decode tokens (the sum of ``output_len``) on independent instances and :data:`MAX_GROUP_DECODE_TOKENS` on
-DP groups (every decode token is at worst one step of its own: a batch-1 step costs under a microsecond in
-the compiled loop and ~10 us in the Python loop, so either worst case ends in minutes; the step log keeps
-40 bytes per step, under 3 GB at the cap), :data:`MAX_INSTANCES` instances, :data:`MAX_SLOTS` slots per
-rank and at most :data:`MAX_GROUP_SLOTS` = ``slots x ranks`` per instance (the step tables are built for
-every batch ``0..slots x ranks``: the separate maxima multiplied would need 2 GiB per table).
+DP groups (every decode token is at worst one step of its own: a batch-1 step costs on the order of a
+microsecond in the compiled loop and ~10 us in the Python loop, so either worst case ends in minutes; the
+compiled loop's step log keeps 40 bytes per step, 2.7 GB at the cap and about twice that while it grows),
+:data:`MAX_INSTANCES` instances, :data:`MAX_SLOTS` slots per rank and at most :data:`MAX_GROUP_SLOTS` =
+``slots x ranks`` per instance (the step tables are built for every batch ``0..slots x ranks``: the
+separate maxima multiplied would need 2 GiB per table).
 """
 
 from __future__ import annotations
