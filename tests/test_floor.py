@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from moelab._validate import MAX_SEQUENCE_TOKENS
 from moelab.costmodel import (
     MODEL_SHAPES,
     DecodeStepModel,
@@ -220,7 +221,8 @@ def test_simulator_refusals():
         simulate(reqs, make_router("jsq"), _cost(), n_workers=2, trace=tr, ranks=2)
     with pytest.raises(ValueError, match="trace"):
         simulate(reqs, make_router("jsq"), _cost(), n_workers=2)
-    big = RequestTrace(np.zeros(2), np.ones(2), np.full(2, MAX_DECODE_TOKENS))
+    n_big = MAX_DECODE_TOKENS // MAX_SEQUENCE_TOKENS + 1  # each request within the per-request maximum
+    big = RequestTrace(np.zeros(n_big), np.ones(n_big), np.full(n_big, MAX_SEQUENCE_TOKENS))
     with pytest.raises(ValueError, match="MAX_DECODE_TOKENS"):
         simulate(big, make_router("jsq"), _cost(), n_workers=1)
 

@@ -21,16 +21,26 @@
 
 Event-driven: the next event is the next arrival or the earliest step end. Distinct experts per step
 are counted with bitsets (each captured decode token's expert set pre-packed into ``[L, ceil(E/64)]``
-uint64 words; a batch's union is one ``bitwise_or.reduce`` and one ``bitwise_count``). A request
+uint64 words; a batch's union is an OR over its requests' rows and a popcount). A request
 replays its trace row's decode tokens cyclically from its ``trace_offset``. Requests without trace
 rows are priced at uniform routing (:meth:`DecodeStepModel.expected_sum_distinct`, no locality).
 
+Two loops, one physics: independent instances (``ranks=1``) run in a compiled event loop
+(:mod:`moelab.sim._cluster_jit`, numba) that returns to Python only to route each arrival; DP groups
+(``ranks > 1``, whose rank routers are Python objects called at every admission) run in the Python loop
+below. The Python loop runs ``ranks=1`` too, as the reference the compiled one must equal bit for bit
+(``tests/test_sim_speed.py``).
+
 Bounds on work (refused with a ``ValueError`` naming the parameter and the cap, never truncated): at most
-:data:`MAX_DECODE_TOKENS` decode tokens in a run (the sum of ``output_len`` over the requests: every decode
-token is one step of its request, and a run of batch-1 steps costs ~10 us of Python per token, so the cap
-keeps the worst case at a couple of minutes), :data:`MAX_INSTANCES` instances, :data:`MAX_SLOTS` slots per
-rank and at most :data:`MAX_GROUP_SLOTS` = ``slots x ranks`` per instance (the step tables are built for
-every batch ``0..slots x ranks``: the separate maxima multiplied would need 2 GiB per table).
+:data:`MAX_REQUESTS` requests (each is one Python routing call, tens of us with view and batch, so the
+per-request worst case, one-token requests, ends in about a minute), at most :data:`MAX_DECODE_TOKENS`
+decode tokens (the sum of ``output_len``) on independent instances and :data:`MAX_GROUP_DECODE_TOKENS` on
+DP groups (every decode token is at worst one step of its own: a batch-1 step costs on the order of a
+microsecond in the compiled loop and ~10 us in the Python loop, so either worst case ends in minutes; the
+compiled loop's step log keeps 40 bytes per step, 2.7 GB at the cap and about twice that while it grows),
+:data:`MAX_INSTANCES` instances, :data:`MAX_SLOTS` slots per rank and at most :data:`MAX_GROUP_SLOTS` =
+``slots x ranks`` per instance (the step tables are built for every batch ``0..slots x ranks``: the
+separate maxima multiplied would need 2 GiB per table).
 """
 
 from __future__ import annotations
@@ -42,24 +52,28 @@ import numpy as np
 import pandas as pd
 
 from moelab._validate import check_instance, check_int
-from moelab.costmodel.step import DecodeStepModel
+from moelab.costmodel.step import DecodeStepModel, StepTable
 from moelab.routing.base import ActiveRequests, ClusterView, RequestBatch, Router, check_supplies
 from moelab.sim.dp import route_to_ranks
 from moelab.sim.result import SimResult
 from moelab.traces.expert import ExpertTrace
 from moelab.traces.requests import RequestTrace
 
-#: most decode tokens (sum of ``output_len``) in one run: the worst case (batch-1 steps) runs in minutes
-MAX_DECODE_TOKENS = 10_000_000
+#: most decode tokens (sum of ``output_len``) in one run of independent instances: the worst case (every
+#: token a batch-1 step of the compiled loop) runs in minutes, and 100k requests x 512 tokens fit
+MAX_DECODE_TOKENS = 1 << 26
+#: most decode tokens in one run of DP groups (``ranks > 1``): the Python loop's batch-1 worst case
+MAX_GROUP_DECODE_TOKENS = 10_000_000
+#: most requests in one run: every arrival is one Python routing call
+MAX_REQUESTS = 1 << 20
 MAX_INSTANCES = 4096
 MAX_SLOTS = 1 << 16
 #: most ``slots x ranks`` of one instance: the step tables hold one entry per batch 0..slots x ranks
 #: (4M float64 entries = 32 MiB per table)
 MAX_GROUP_SLOTS = 1 << 22
 _UNLIMITED = 1 << 30
-#: most coming steps of one instance whose distinct experts are counted in one pass (the counts of steps
-#: past the next admission are thrown away, so a longer look-ahead wastes work on a busy instance)
-_LOOKAHEAD = 16
+#: first size of the compiled loop's step log (it doubles when full, never past the run's decode tokens)
+_LOG_START = 1 << 16
 
 #: cluster-level fields every run supplies to the instance router (request columns are added per trace)
 INSTANCE_FIELDS = frozenset({"prompt_len", "output_len", "active", "waiting", "kv_tokens", "free_slots", "time_s",
@@ -116,6 +130,26 @@ def simulate(
     rank_router : router over the ranks of one instance (required when ``ranks > 1``)
     pool_view : most queued requests the rank router sees per step
     """
+    return _simulate(requests, router, cost, n_workers=n_workers, slots=slots, trace=trace, bits=bits, ranks=ranks,
+                     rank_router=rank_router, pool_view=pool_view, python_loop=False)
+
+
+def _simulate(
+    requests: RequestTrace,
+    router: Router,
+    cost: DecodeStepModel,
+    *,
+    n_workers: int,
+    slots: int = 256,
+    trace: ExpertTrace | None = None,
+    bits: np.ndarray | None = None,
+    ranks: int = 1,
+    rank_router: Router | None = None,
+    pool_view: int = 512,
+    python_loop: bool,
+) -> SimResult:
+    """:func:`simulate`; ``python_loop`` runs independent instances through the Python event loop (the
+    reference the compiled loop is tested against) instead of :mod:`moelab.sim._cluster_jit`."""
     K = check_int("n_workers", n_workers, low=1, high=MAX_INSTANCES)
     cap = check_int("slots", slots, low=1, high=MAX_SLOTS)
     G = check_int("ranks", ranks, low=1, high=MAX_INSTANCES)
@@ -131,11 +165,15 @@ def simulate(
     n = len(requests)
     if n == 0:
         raise ValueError("requests must hold at least one request")
+    if n > MAX_REQUESTS:
+        raise ValueError(f"requests must hold at most MAX_REQUESTS={MAX_REQUESTS} requests (one routing call each, so "
+                         f"a run ends in minutes); got {n}")
     total = int(requests.output_len.sum())
-    if total > MAX_DECODE_TOKENS:
+    cap_name, tok_cap = ("MAX_DECODE_TOKENS", MAX_DECODE_TOKENS) if G == 1 else \
+        ("MAX_GROUP_DECODE_TOKENS (ranks > 1)", MAX_GROUP_DECODE_TOKENS)
+    if total > tok_cap:
         raise ValueError(f"requests ask for {total} decode tokens (sum of output_len over {n} requests); the simulator "
-                         f"is bounded at MAX_DECODE_TOKENS={MAX_DECODE_TOKENS} so a run ends in minutes (use fewer or "
-                         "shorter requests)")
+                         f"is bounded at {cap_name}={tok_cap} so a run ends in minutes (use fewer or shorter requests)")
     check_supplies(router, supplied_fields(requests), "the decode-cluster simulator (this trace)")
     if G > 1:
         if rank_router is None:
@@ -186,6 +224,9 @@ def simulate(
         flat_bits = None
     sig, dom, key, pfx = requests.signature, requests.domain, requests.prompt_key, requests.prefix_hashes
     want_active = "active_requests" in router.requires
+    if G == 1 and not python_loop:
+        return _run_compiled(requests, router, K, cap, L, table, np.asarray(uniform_d), start_row, tlen, off,
+                             None if flat_bits is None else np.ascontiguousarray(flat_bits), want_active)
 
     worker = np.full(n, -1, dtype=np.int64)
     rank_of = np.full(n, -1, dtype=np.int64)
@@ -197,12 +238,6 @@ def simulate(
     state: list[np.ndarray] = [np.zeros((7, 0), np.int64) for _ in range(K)]
     fresh: list[np.ndarray | int] = [0] * K  # requests admitted at the last step start
     queues: list[deque] = [deque() for _ in range(K)]
-    # G == 1: steps ended since the block was brought up to date, steps from then to the batch's first
-    # finish, and the distinct-expert counts of the coming steps (from step ``ahead_from`` of the lag on)
-    lag = [0] * K
-    to_finish = [_UNLIMITED] * K
-    ahead: list[list[int]] = [[] for _ in range(K)]
-    ahead_from = [0] * K
     enq_step = np.zeros(n, np.int64)
     n_steps_w = [0] * K
     active = np.zeros(K, np.int64)
@@ -246,27 +281,6 @@ def simulate(
             queues[w] = deque(r for r in q if r not in keep)
         return take, dec
 
-    def catch_up(w: int) -> np.ndarray:
-        """Apply the steps instance ``w`` ended since its block was last brought up to date."""
-        st = state[w]
-        if lag[w]:
-            st[3:5] += lag[w]
-            to_finish[w] -= lag[w]
-            ahead_from[w] -= lag[w]  # the counts ahead stay valid: they follow the same phases
-            lag[w] = 0
-        return st
-
-    def distinct_ahead(w: int, st: np.ndarray) -> None:
-        """Distinct experts of the next steps of ``w`` while its batch stays as it is (until its first
-        finish), counted for up to :data:`_LOOKAHEAD` steps in one vectorised pass: a step's count depends
-        only on the batch and each request's trace phase, both known in advance between events."""
-        n_ahead = min(to_finish[w] - lag[w], _LOOKAHEAD)
-        phase = st[3][None, :] + (lag[w] + np.arange(n_ahead))[:, None]
-        rows = st[1][None, :] + phase % st[2][None, :]
-        counts = np.bitwise_count(or_reduce(flat_bits[rows], axis=1)).reshape(n_ahead, -1).sum(axis=1)
-        ahead[w] = counts.tolist()
-        ahead_from[w] = lag[w]
-
     def start_step(w: int, t: float) -> None:
         q = queues[w]
         fresh[w] = 0
@@ -274,9 +288,6 @@ def simulate(
         if G == 1:
             room = cap - state[w].shape[1]
             take = [q.popleft() for _ in range(min(room, len(q)))] if q and room > 0 else []
-            if take:
-                st = catch_up(w)
-                ahead[w] = []
             st = state[w]
         else:
             st = state[w]
@@ -294,7 +305,6 @@ def simulate(
             fresh[w] = np.asarray(take, np.int64)
             admit[take] = t
             kv_run[w] += int(plen[take].sum())
-            to_finish[w] = int((st[5] - st[4]).min())
         b = st.shape[1]
         n_steps_w[w] += 1
         if b == 0:
@@ -303,13 +313,7 @@ def simulate(
                 raise RuntimeError(f"rank router {rank_routers[w]!r} left {len(queues[w])} requests queued on an "
                                    f"empty instance")
             return
-        if replay and G == 1:
-            i = lag[w] - ahead_from[w]
-            if not 0 <= i < len(ahead[w]):
-                distinct_ahead(w, st)
-                i = 0
-            sum_d = ahead[w][i]
-        elif replay:
+        if replay:
             rows = st[1] + st[3] % st[2]
             sum_d = int(np.bitwise_count(or_reduce(flat_bits[rows], axis=0)).sum())
         else:
@@ -339,15 +343,7 @@ def simulate(
         f = fresh[w]
         if not isinstance(f, int):
             first[f] = t
-        if G == 1:  # the block's phases and counts advance lazily: only a finish or an admission reads them
-            lag[w] += 1
-            if lag[w] < to_finish[w]:
-                start_step(w, t)
-                return
-            st = catch_up(w)
-            ahead[w] = []
-        else:
-            st[3:5] += 1
+        st[3:5] += 1
         done = st[4] >= st[5]
         if done.any():
             ids = st[0, done]
@@ -357,12 +353,9 @@ def simulate(
             kv_run[w] -= freed
             state[w] = st = st[:, ~done]
             active[w] -= ids.size
-        to_finish[w] = int((st[5] - st[4]).min()) if st.shape[1] else _UNLIMITED
         start_step(w, t)
 
     def active_view() -> ActiveRequests:
-        for w in range(K):
-            catch_up(w)
         blocks = [s for s in state if s.shape[1]]
         if not blocks:
             z = np.zeros(0, np.int64)
@@ -413,5 +406,83 @@ def simulate(
     return SimResult(req, steps, name, K, cap, L, {"ranks": G} if G > 1 else {})
 
 
-__all__ = ["INSTANCE_FIELDS", "MAX_DECODE_TOKENS", "MAX_GROUP_SLOTS", "MAX_INSTANCES", "MAX_SLOTS", "RANK_FIELDS", "pack_expert_bits",
-           "simulate", "supplied_fields"]
+def _run_compiled(requests: RequestTrace, router: Router, K: int, cap: int, L: int, table: StepTable,
+                  uniform_d: np.ndarray, start_row: np.ndarray, tlen: np.ndarray, off: np.ndarray,
+                  flat_bits: np.ndarray | None, want_active: bool) -> SimResult:
+    """Independent instances (``ranks=1``): the compiled loop runs between arrivals; Python routes each
+    arrival (the router contract: one call per request, reading the live per-instance arrays)."""
+    # lazy: numba's import (~0.3 s) is paid by simulation runs only, not by every `import moelab.sim`
+    from moelab.sim import _cluster_jit as jit
+
+    n = len(requests)
+    arrival = np.ascontiguousarray(requests.arrival_s, dtype=np.float64)
+    plen = np.ascontiguousarray(requests.prompt_len, dtype=np.int64)
+    olen = np.ascontiguousarray(requests.output_len, dtype=np.int64)
+    sig, dom, key, pfx = requests.signature, requests.domain, requests.prompt_key, requests.prefix_hashes
+    replay = flat_bits is not None
+    if not replay:
+        flat_bits = np.zeros((1, 1), np.uint64)
+    acc = np.zeros(flat_bits.shape[1], np.uint64)
+    done = np.zeros(n, np.int64)
+    nxt = np.full(n, -1, np.int64)
+    worker = np.full(n, -1, np.int64)
+    admit, first, finish = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    q_head, q_tail, q_len = np.full(K, -1, np.int64), np.full(K, -1, np.int64), np.zeros(K, np.int64)
+    r_head, r_tail, r_len = np.full(K, -1, np.int64), np.full(K, -1, np.int64), np.zeros(K, np.int64)
+    active, waiting, wait_tok, kv, kv_run = (np.zeros(K, np.int64) for _ in range(5))
+    free = np.full(K, _UNLIMITED, np.int64)  # instances queue without limit; the cap applies at admission
+    tree, step_end = jit.new_tree(K)
+    fixed = np.ascontiguousarray(table.fixed_ms, dtype=np.float64)
+    per_d = np.ascontiguousarray(table.ms_per_distinct, dtype=np.float64)
+    a_floor, a_base, a_slope = float(table.attn_floor_ms), float(table.attn_base_ms), float(table.attn_ms_per_token)
+    # the step log grows by doubling: a run has at most one logged step per decode token, and one slot
+    # more than that keeps the loop's "log full" check from ever firing once every token is logged
+    most = int(olen.sum()) + 1
+    size = min(most, _LOG_START)
+    logs = [np.empty(size, np.int64), np.empty(size), np.empty(size, np.int64), np.empty(size), np.empty(size)]
+    ctr = np.zeros(2, np.int64)  # next arrival, steps logged
+
+    view = ClusterView(active, kv, free, waiting, waiting_tokens=wait_tok)
+    dest = -1
+    while True:
+        status = jit.run(dest, cap, arrival, plen, olen, start_row, tlen, off, done, nxt, admit, first, finish,
+                         q_head, q_tail, q_len, r_head, r_tail, r_len, active, waiting, wait_tok, kv, kv_run,
+                         step_end, tree, replay, flat_bits, acc, fixed, per_d, uniform_d, L, a_floor, a_base, a_slope,
+                         *logs, ctr)
+        dest = -1
+        if status == jit.DONE:
+            break
+        if status == jit.LOG_FULL or ctr[1] == logs[0].size:  # room for the step an arrival may start
+            grow = min(logs[0].size, most - logs[0].size)
+            if grow < 1:  # an invariant, checked so a broken one fails instead of looping forever
+                raise RuntimeError(f"the step log outgrew the run's {most - 1} decode tokens")
+            logs = [np.concatenate([a, np.empty(grow, a.dtype)]) for a in logs]
+        if status != jit.ARRIVAL:
+            continue
+        ai = int(ctr[0])
+        view.time_s = float(arrival[ai])
+        if want_active:
+            wk, ids = jit.running(r_head, nxt, int(r_len.sum()))
+            view.active_requests = ActiveRequests(wk, plen[ids] + done[ids], done[ids], plen[ids],
+                                                  None if key is None else key[ids], olen[ids])
+        sl = slice(ai, ai + 1)
+        batch = RequestBatch(plen[sl], None if sig is None else sig[sl], None if dom is None else dom[sl], olen[sl],
+                             None, None if key is None else key[sl], None if pfx is None else pfx[sl])
+        dest = int(router.route(batch, view)[0])
+        if not 0 <= dest < K:
+            raise ValueError(f"router {router!r} returned worker {dest}; expected one in [0, {K})")
+        worker[ai] = dest
+
+    if np.isnan(finish).any():
+        raise RuntimeError(f"{int(np.isnan(finish).sum())} requests never finished (a router kept them queued)")
+    m = int(ctr[1])
+    log_w, log_t, log_b, log_d, log_ms = (a[:m] for a in logs)
+    steps = pd.DataFrame({"worker": log_w, "t_s": log_t, "batch": log_b,
+                          "sum_distinct": log_d.astype(np.int64) if replay else log_d, "step_ms": log_ms}, copy=False)
+    req = pd.DataFrame({"arrival_s": arrival, "prompt_len": plen, "output_len": olen, "worker": worker,
+                        "rank": np.zeros(n, np.int64), "admit_s": admit, "first_token_s": first, "finish_s": finish})
+    return SimResult(req, steps, router.name, K, cap, L, {})
+
+
+__all__ = ["INSTANCE_FIELDS", "MAX_DECODE_TOKENS", "MAX_GROUP_DECODE_TOKENS", "MAX_GROUP_SLOTS", "MAX_INSTANCES",
+           "MAX_REQUESTS", "MAX_SLOTS", "RANK_FIELDS", "pack_expert_bits", "simulate", "supplied_fields"]
