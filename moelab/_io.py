@@ -19,7 +19,9 @@ columns, dtypes, finiteness and sign checks).
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import io
 import json
 import math
@@ -29,7 +31,7 @@ import tempfile
 import warnings
 import zipfile
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +157,24 @@ def atomic_save_npz(path: str | os.PathLike, **arrays: np.ndarray) -> Path:
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)
     return atomic_write_bytes(path, buf.getvalue())
+
+
+@contextlib.contextmanager
+def build_lock(path: str | os.PathLike) -> Iterator[Path]:
+    """Hold an exclusive lock on ``<path>.lock`` while the cache entry ``path`` is built.
+
+    A second process that wants the same entry (two pytest-xdist workers, two notebooks sharing
+    ``MOELAB_CACHE``) blocks here until the first is done, then finds the entry built: the caller checks for
+    it again inside the lock, so an expensive entry is built once. The lock is POSIX ``flock``: it is
+    released when the holder exits, also when it crashes, so a stale lock file never blocks anyone."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "a+b") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield path
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 # ---------------------------------------------------------------------------------------------- .npz

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -177,3 +178,31 @@ def test_check_array_never_leaks_raw_numpy_text():
         check_array("x", ["a", "b"], dtype=np.float64)
     with pytest.raises(ValueError, match="D must be <= 8 everywhere; got maximum 9"):
         check_array("D", [1, 9], low=1, high=8)
+
+
+def _build_once(entry: str, log: str) -> None:
+    """A cache build as moelab's builders do it: check, lock, check again, build (slowly), mark done."""
+    import time
+
+    from moelab._io import atomic_write_text, build_lock
+
+    with build_lock(entry):
+        if not Path(entry).is_file():
+            with open(log, "a") as fh:
+                fh.write("built\n")
+            time.sleep(0.5)  # long enough that the other process asks while this one builds
+            atomic_write_text(entry, "done")
+
+
+def test_build_lock_makes_concurrent_builders_build_once(tmp_path):
+    import multiprocessing
+
+    entry, log = tmp_path / "cache" / "entry.txt", tmp_path / "builds.log"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_build_once, args=(str(entry), str(log))) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert log.read_text() == "built\n" and entry.read_text() == "done"

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from moelab._io import FileFormatError, atomic_write_json, read_json
+from moelab._io import FileFormatError, atomic_write_json, build_lock, read_json
 from moelab._validate import check_finite_array
 from moelab.costmodel.fit import fit_linear
 from moelab.datasets import cache_dir
@@ -180,6 +180,12 @@ def cached_verify_cost(engine: str, model: str, measure: Callable[[], VerifyCost
     origin = {"machine": machine_id(), "engine": engine, "model": model}
     slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{engine}-{model}-{origin['machine']}")
     path = cache_dir() / "hd" / "verify-cost" / f"{slug}.json"
+    with build_lock(path):  # one process measures; another that asks meanwhile waits and reads its curve
+        return _cached_or_measured(path, origin, engine, model, measure, refresh)
+
+
+def _cached_or_measured(path: Path, origin: dict[str, str], engine: str, model: str,
+                        measure: Callable[[], VerifyCost], refresh: bool) -> VerifyCost:
     if path.is_file() and not refresh:
         try:
             d = read_json(path)

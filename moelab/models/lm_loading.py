@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -13,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from moelab._io import atomic_write_json, read_json
+from moelab._io import atomic_write_json, build_lock, read_json
 from moelab._validate import check_choice, check_int
 from moelab.datasets import cache_dir
 
@@ -208,20 +209,22 @@ def load_lm(name_or_path: str = DEFAULT_LM, *, dtype: str = "float32", use_cache
     if spec is not None or (path.is_file() and path.suffix == ".gguf"):
         gguf = packaged_gguf_path(spec) if spec is not None else path
         cache_path = lm_cache_root() / _gguf_cache_key(key if spec else path.stem, gguf, spec)
-        if use_cache and (cache_path / _CACHE_MARK).is_file():
-            model, tokenizer = _load_folder(str(cache_path), dtype)
-            source = "cache"
-        else:
-            model, tokenizer = _load_gguf(gguf)
-            if use_cache:
-                _write_cache(cache_path, model, tokenizer,
-                             {"name": name, "gguf": str(gguf), "hub_id": spec.hub_id if spec else None,
-                              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        # one process builds the cache folder; another that asks meanwhile waits, then loads it
+        with build_lock(cache_path) if use_cache else contextlib.nullcontext():
+            if use_cache and (cache_path / _CACHE_MARK).is_file():
+                model, tokenizer = _load_folder(str(cache_path), dtype)
+                source = "cache"
             else:
-                cache_path = None
-            if dtype != "float32":
-                model = model.to(_torch_dtype(dtype))
-            source = "gguf-package" if spec else "gguf-file"
+                model, tokenizer = _load_gguf(gguf)
+                if use_cache:
+                    _write_cache(cache_path, model, tokenizer,
+                                 {"name": name, "gguf": str(gguf), "hub_id": spec.hub_id if spec else None,
+                                  "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                else:
+                    cache_path = None
+                if dtype != "float32":
+                    model = model.to(_torch_dtype(dtype))
+                source = "gguf-package" if spec else "gguf-file"
     elif path.is_dir():
         if not (path / "config.json").is_file():
             raise ValueError(f"name_or_path {name!r} is a folder without config.json; not a Hugging Face model folder")
