@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from moelab._io import atomic_save_npz
+from moelab._io import atomic_save_npz, build_lock
 from moelab._validate import check_int, token_tuple
 from moelab.datasets import cache_dir
 from moelab.hd.identity import store_meta, tokenizer_identity
@@ -391,10 +391,11 @@ def sharegpt_suffix_store_path(tokenizer: Any, max_tokens: int = L_MAX_TOKENS) -
 def load_sharegpt_suffix_store(tokenizer: Any, *, max_tokens: int = L_MAX_TOKENS, rebuild: bool = False):
     """The ShareGPT suffix store for ``tokenizer``: read from the cache, or built once (about a minute or two)."""
     path = sharegpt_suffix_store_path(tokenizer, max_tokens)
-    if path.is_file() and not rebuild:
-        return SuffixStore.load(path, expect_tokenizer=tokenizer_identity(tokenizer))
-    store = build_sharegpt_suffix_store(tokenizer, max_tokens=max_tokens)
-    store.save(path)
+    with build_lock(path):  # one process builds it; another that asks meanwhile waits and reads it
+        if path.is_file() and not rebuild:
+            return SuffixStore.load(path, expect_tokenizer=tokenizer_identity(tokenizer))
+        store = build_sharegpt_suffix_store(tokenizer, max_tokens=max_tokens)
+        store.save(path)
     return store
 
 
