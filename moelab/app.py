@@ -10,7 +10,11 @@ is computed for every visitor. ``--whole`` serves the whole notebook, computed l
 What a visit waits for: Voila's pre-heated kernels (``--pool``) have run the lesson before anyone arrives, so
 the page's HTML (recorded figures included) is sent at once; the page then loads only the front-end
 extensions a lesson needs (:data:`PAGE_EXTENSIONS`) and nothing from outside 127.0.0.1 (the template
-:data:`VOILA_TEMPLATE`); the recorded plotly figures draw before the widgets connect. A used kernel is
+:data:`VOILA_TEMPLATE`). The page draws the recorded plotly figures itself, with plotly.js served next to the
+template (:func:`plotly_data_dir`), as soon as that script and the cells are in: Voila's front end would draw
+them only once all its JupyterLab plugins had started, then evaluate plotly.js, then draw each figure twice
+(the second time into a PNG for a notebook file the page never saves), in one task, seconds after the page
+arrived. Widget panels and every other output are still rendered by Voila's front end. A used kernel is
 replaced after ``--refill-delay`` seconds, not at once, so heating its replacement does not compete with the
 visitor's page.
 
@@ -26,6 +30,7 @@ import importlib.util
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -59,6 +64,21 @@ REFILL_DELAY_S = 30.0
 #: its CDN stylesheets, so a lesson page requests nothing but 127.0.0.1
 VOILA_DATA = Path(__file__).parent / "slides" / "templates" / "jupyter"
 VOILA_TEMPLATE = "moelab_lecture"
+
+
+def plotly_data_dir(workdir: Path) -> Path:
+    """A Jupyter data folder under ``workdir`` that serves plotly.js (a copy of the installed plotly package's
+    own ``plotly.min.js``: Voila's static files refuse symlinks out of their folder) as a static file of :data:`VOILA_TEMPLATE`: the lesson page draws
+    its recorded figures with it as soon as it arrives, before Voila's front end has started."""
+    spec = importlib.util.find_spec("plotly")  # found, not imported: the kernel imports plotly, not this process
+    source = Path(next(iter(spec.submodule_search_locations or ()), "")) / "package_data" / "plotly.min.js" \
+        if spec else Path("plotly") / "package_data" / "plotly.min.js"
+    if not source.is_file():
+        raise FileNotFoundError(f"the installed plotly has no {source}; reinstall plotly")
+    static = workdir / "jupyter" / "voila" / "templates" / VOILA_TEMPLATE / "static"
+    static.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, static / "plotly.min.js")
+    return workdir / "jupyter"
 
 
 def voila_command(notebook: Path, *, host: str, port: int, token: str, open_browser: bool,
@@ -202,8 +222,9 @@ def serve(args: argparse.Namespace) -> int:
                             pool=0 if args.whole else pool, refill_delay_s=refill_delay_s)
         env = dict(os.environ)
         env.setdefault("MOELAB_FIGURES", str(Path(tmp) / "figures"))  # lecture runs never overwrite figures/
-        # Voila finds the lecture template (VOILA_TEMPLATE) in this extra Jupyter data folder
-        env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(VOILA_DATA), env.get("JUPYTER_PATH", "")) if p)
+        # Voila finds the lecture template (VOILA_TEMPLATE) and its plotly.js in these extra Jupyter data folders
+        env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(VOILA_DATA), str(plotly_data_dir(Path(tmp))),
+                                                          env.get("JUPYTER_PATH", "")) if p)
         proc = subprocess.Popen(cmd, env=env)
         previous = signal.signal(signal.SIGTERM, _interrupt)  # a terminated app stops its Voila too
         try:

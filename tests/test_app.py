@@ -8,6 +8,7 @@ browser."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 
@@ -50,10 +51,23 @@ def test_voila_command_hides_code_and_binds_as_told():
         list(app.PAGE_EXTENSIONS)
     assert f"--template={app.VOILA_TEMPLATE}" in cmd
     assert (app.VOILA_DATA / "voila" / "templates" / app.VOILA_TEMPLATE / "index.html.j2").is_file()
+    template = (app.VOILA_DATA / "voila" / "templates" / app.VOILA_TEMPLATE / "index.html.j2").read_text()
+    assert "block data_priority" in template and "static/plotly.min.js" in template  # figures drawn by the page
     assert not any("preheat" in a or "fill_delay" in a for a in cmd)  # no pool asked: none
     pooled = app.voila_command(app.Path("x.ipynb"), host="127.0.0.1", port=1, token="t", open_browser=False, pool=2,
                                refill_delay_s=12.5)
     assert "--pool_size=2" in pooled and "--VoilaKernelManager.fill_delay=12.5" in pooled
+
+
+def test_plotly_js_is_served_next_to_the_template(tmp_path):
+    """``moelab app`` puts the installed plotly.js where Voila serves the lecture template's static files (a copy:
+    Voila refuses symlinks out of a static folder), in a Jupyter data folder of its own."""
+    data = app.plotly_data_dir(tmp_path)
+    served = data / "voila" / "templates" / app.VOILA_TEMPLATE / "static" / "plotly.min.js"
+    assert served.is_file() and not served.is_symlink()
+    source = app.Path(importlib.util.find_spec("plotly").submodule_search_locations[0]) / "package_data"
+    assert served.read_bytes() == (source / "plotly.min.js").read_bytes()
+    assert app.plotly_data_dir(tmp_path) == data  # a second call (same folder) is fine
 
 
 # --- the lesson/research boundary -------------------------------------------------------------------------

@@ -220,6 +220,11 @@ def test_app_serves_dashboard(browser, lecture_runs, tmp_path):
         assert "Paper" in text or "paper" in text  # ... and its markdown
         assert "computed by an earlier run" in text  # the lesson was replayed, not recomputed
         assert page.locator(".js-plotly-plot").count() >= 2  # the recorded figures and the panel's
+        # the recorded figures are drawn by the page itself (the template's plotly.js), each exactly once
+        boxes = page.evaluate("""() => Array.from(document.querySelectorAll('div.moelab-plotly')).map(b =>
+            [b.classList.contains('js-plotly-plot'), b.querySelectorAll('.plot-container').length,
+             b.querySelectorAll('script').length])""")
+        assert boxes and all(box == [True, 1, 0] for box in boxes), f"recorded figures not drawn once: {boxes}"
         elsewhere = page.evaluate("""() => Array.from(document.querySelectorAll('link[href], script[src]'))
             .map(e => e.href || e.src).filter(u => /^https?:/.test(u) && new URL(u).hostname !== '127.0.0.1')""")
         assert not elsewhere, f"the lesson page loads files from elsewhere: {elsewhere}"
