@@ -130,6 +130,16 @@ def test_bench_suite_prints_the_stable_names():
     assert {f"notebook_first_result_cell_frac_{n}" for n in NOTEBOOKS} <= names
 
 
+def test_book_figure_reports_a_failed_build_as_nan_with_the_reason(tmp_path):
+    """``book_build_seconds`` of a build that cannot happen (the site path is a file) is NaN, and the note names
+    the reason, so the bench table shows a failure instead of a time."""
+    site = tmp_path / "site"
+    site.write_text("a file, not a folder")
+    fig = nbs.book_figure(tmp_path / "runs", site)
+    assert fig.name == "book_build_seconds" and fig.value != fig.value
+    assert fig.note.startswith("FAILED") and "is a file" in fig.note
+
+
 def test_runner_finds_exactly_the_shown_figures(tmp_path, monkeypatch):
     """tests/helpers.py's check: a figure saved and displayed is found by its layout.meta stamp in the
     outputs (plotly JSON or an HTML renderer's escaped copy); one saved and not displayed is reported."""

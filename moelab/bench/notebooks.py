@@ -3,7 +3,9 @@
 Everything here reads the committed ``.ipynb`` files as JSON (static, no execution) except
 ``lesson_checkers_reject_wrong``, which calls every registered exercise checker, and
 ``notebook_classroom_seconds_<notebook>`` (issue 27), which executes every notebook headless at
-``PRESET="classroom"`` (:mod:`moelab.presets`; minutes, so ``--quick`` leaves them out). Definitions:
+``PRESET="classroom"`` (:mod:`moelab.presets`; minutes, so ``--quick`` leaves them out), then
+``book_build_seconds`` (``moelab book build`` from those executed notebooks) and the lecture mode's browser
+timings (:mod:`moelab.bench.app`). Definitions:
 
 * **exercise**: a locked nbgrader check cell (``metadata.nbgrader``: ``grade: true, locked: true``);
   each exercise has one, after its solution cell.
@@ -35,6 +37,7 @@ from typing import Any
 import moelab.course as course
 from moelab.bench import app as app_bench
 from moelab.bench.core import Figure
+from moelab.book import BookError, build_book
 from moelab.course.check import EXERCISES
 from moelab.course.lessons import (
     _source,
@@ -267,6 +270,20 @@ def classroom_seconds(names: list[str] | None = None, out_dir: str | os.PathLike
     return out
 
 
+def book_figure(executed_dir: Path, out: Path) -> Figure:
+    """``book_build_seconds``: ``moelab book build`` from the notebooks the classroom timing just executed
+    (each reused, never executed again; one that is missing, e.g. skipped for a missing package, is executed
+    and the note says so)."""
+    try:
+        done = build_book(out, executed_dir=executed_dir)
+    except BookError as exc:
+        return Figure(SUITE, "book_build_seconds", math.nan, "s", "", f"FAILED: {exc}")
+    executed = ", ".join(f"{n} {s:.0f} s" for n, s in done.executed.items()) or "none"
+    return Figure(SUITE, "book_build_seconds", done.seconds, "s", "",
+                  f"{len(done.pages)} pages from the classroom runs: reused {len(done.reused)} executed notebooks, "
+                  f"executed {executed}; sphinx {done.sphinx_seconds:.1f} s")
+
+
 def run(quick: bool = False) -> list[Figure]:
     """The suite's figures; ``quick`` leaves out the classroom timings (they execute every notebook)."""
     notebooks = {name: load_notebook(name) for name in notebook_names()}
@@ -296,7 +313,9 @@ def run(quick: bool = False) -> list[Figure]:
                        + ", ".join(f"{n} {v}" for n, v in unshown.items() if v)))
     if quick:
         return figs
-    timed = classroom_seconds()
+    with tempfile.TemporaryDirectory(prefix="moelab-bench-book-") as tmp:
+        timed = classroom_seconds(out_dir=Path(tmp) / "runs")
+        figs.append(book_figure(Path(tmp) / "runs", Path(tmp) / "site"))
     goal = f"<= {CLASSROOM_GOAL_S:g}"
     for name, (seconds, note) in timed.items():
         figs.append(Figure(SUITE, f"notebook_classroom_seconds_{name}", seconds, "s", goal,
@@ -312,5 +331,5 @@ def run(quick: bool = False) -> list[Figure]:
     return figs
 
 
-__all__ = ["CLASSROOM_GOAL_S", "HEADLINE_TAG", "SUITE", "checker_verdicts", "classroom_seconds", "first_result_cell_frac", "import_course_modules",
+__all__ = ["CLASSROOM_GOAL_S", "HEADLINE_TAG", "SUITE", "book_figure", "checker_verdicts", "classroom_seconds", "first_result_cell_frac", "import_course_modules",
            "markdown_typed_numbers", "run", "typed_numbers", "unshown_figures"]
