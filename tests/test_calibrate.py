@@ -64,3 +64,11 @@ def test_bad_input(tmp_path, capsys):
         calibrate(tmp_path, smoke=True, device="tpu")
     with pytest.raises(ValueError, match="reps"):
         calibrate(tmp_path, smoke=True, reps=0)
+
+
+def test_attention_table_without_a_bandwidth_bound_point_is_refused_with_a_reason():
+    """A table whose times are all near the kernel floor (e.g. overhead-bound CPU timings on a busy machine) cannot
+    give a per-GB slope: a clear error, not an empty least-squares fit."""
+    flat = pd.DataFrame({"kv_bytes": [1e4, 1e5, 1e6, 1e7], "ms_attn_core": [4.0, 3.9, 4.1, 4.2]})
+    with pytest.raises(ValueError, match="no bandwidth-bound attention point"):
+        AttentionModel.from_table(flat)

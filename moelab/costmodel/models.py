@@ -95,6 +95,11 @@ class AttentionModel:
         y = table["ms_attn_core"].to_numpy(np.float64)
         floor = float(np.median(y[kv_gb <= np.quantile(kv_gb, 0.2)]))
         linear = y > 1.5 * floor  # bandwidth-bound points; below them the kernel floor dominates
+        if not linear.any():
+            raise ValueError(f"table has no bandwidth-bound attention point: every ms_attn_core is within 1.5x the "
+                             f"kernel floor ({floor:.4g} ms, the median of the smallest 20% of kv_bytes), so the "
+                             f"per-GB slope cannot be fitted; measure larger KV sizes (kv_bytes up to "
+                             f"{kv_gb.max() * 1e9:.3g} here)")
         fit, _ = fit_linear(np.stack([np.ones(linear.sum()), kv_gb[linear]], axis=1), y[linear], ("base_ms", "ms_per_GB"))
         model = cls(floor, fit, FitReport(y, y))
         return cls(floor, fit, FitReport(y, model.predict_ms(kv_gb * 1e9)))

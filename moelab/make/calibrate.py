@@ -110,7 +110,7 @@ def full_plan(reps: int = 50) -> Plan:
 def smoke_plan() -> Plan:
     """Tiny shapes for the CPU code path (CI): seconds, float32."""
     return Plan({"smoke-moe-a": MoEShape(256, 128, 16, 2, 4), "smoke-moe-b": MoEShape(128, 256, 8, 2, 4)},
-                (1, 4, 16), (2, 4, 8, 16), {"smoke-attn": AttnShape(4, 2, 32)}, (1, 8), (64, 256),
+                (1, 4, 16), (2, 4, 8, 16), {"smoke-attn": AttnShape(4, 2, 32)}, (1, 8), (64, 256, 8192, 32768),
                 {"smoke-dense": DenseShape(256, 512, 4, 2, 2)}, (1, 2, 4, 8), 128, "float32", 5, 2, 2)
 
 
