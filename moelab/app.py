@@ -66,15 +66,50 @@ VOILA_DATA = Path(__file__).parent / "slides" / "templates" / "jupyter"
 VOILA_TEMPLATE = "moelab_lecture"
 
 
-def plotly_data_dir(workdir: Path) -> Path:
-    """A Jupyter data folder under ``workdir`` that serves plotly.js (a copy of the installed plotly package's
-    own ``plotly.min.js``: Voila's static files refuse symlinks out of their folder) as a static file of :data:`VOILA_TEMPLATE`: the lesson page draws
-    its recorded figures with it as soon as it arrives, before Voila's front end has started."""
+#: the partial plotly.js bundle vendored from npm (``plotly.js-cartesian-dist-min``, see its PROVENANCE.md) and the
+#: trace types it draws: a third of the full bundle's size, so the page evaluates it in about a third of the time
+CARTESIAN_BUNDLE = Path(__file__).parent / "slides" / "static" / "vendor" / "plotly.js-cartesian" / "plotly-cartesian.min.js"
+CARTESIAN_TRACES = frozenset({"bar", "box", "contour", "heatmap", "histogram", "histogram2d", "histogram2dcontour",
+                              "image", "pie", "scatter", "scatterternary", "violin"})
+
+
+def _plotly_js_version(path: Path) -> str | None:
+    """The ``vX.Y.Z`` in a plotly.js bundle's licence header (its first few hundred bytes)."""
+    with open(path, "rb") as fh:
+        head = fh.read(400).decode("utf-8", "replace")
+    return next((w for w in head.split() if w.startswith("v") and w[1:2].isdigit()), None)
+
+
+def recorded_trace_types(notebook: Path) -> set[str]:
+    """Trace types of the plotly figures recorded in ``notebook``'s outputs (what the lesson page draws itself;
+    widget panels are drawn by their own front end)."""
+    nb = json.loads(notebook.read_text())
+    types: set[str] = set()
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []):
+            fig = out.get("data", {}).get("application/vnd.plotly.v1+json")
+            if isinstance(fig, dict):
+                types.update(str(t.get("type", "scatter")) for t in fig.get("data", []) if isinstance(t, dict))
+    return types
+
+
+def plotly_data_dir(workdir: Path, notebook: Path | None = None) -> Path:
+    """A Jupyter data folder under ``workdir`` that serves plotly.js as a static file of :data:`VOILA_TEMPLATE`
+    (a copy: Voila's static files refuse symlinks out of their folder): the lesson page draws its recorded
+    figures with it as soon as it arrives, before Voila's front end has started.
+
+    The copy is the vendored partial bundle (:data:`CARTESIAN_BUNDLE`) when every trace recorded in ``notebook``
+    is one of its :data:`CARTESIAN_TRACES` and it is the same plotly.js version as the installed plotly's;
+    otherwise the installed plotly package's own full ``plotly.min.js``."""
     spec = importlib.util.find_spec("plotly")  # found, not imported: the kernel imports plotly, not this process
-    source = Path(next(iter(spec.submodule_search_locations or ()), "")) / "package_data" / "plotly.min.js" \
+    full = Path(next(iter(spec.submodule_search_locations or ()), "")) / "package_data" / "plotly.min.js" \
         if spec else Path("plotly") / "package_data" / "plotly.min.js"
-    if not source.is_file():
-        raise FileNotFoundError(f"the installed plotly has no {source}; reinstall plotly")
+    if not full.is_file():
+        raise FileNotFoundError(f"the installed plotly has no {full}; reinstall plotly")
+    source = full
+    if (notebook is not None and CARTESIAN_BUNDLE.is_file() and recorded_trace_types(notebook) <= CARTESIAN_TRACES
+            and _plotly_js_version(CARTESIAN_BUNDLE) == _plotly_js_version(full)):
+        source = CARTESIAN_BUNDLE
     static = workdir / "jupyter" / "voila" / "templates" / VOILA_TEMPLATE / "static"
     static.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, static / "plotly.min.js")
@@ -223,7 +258,7 @@ def serve(args: argparse.Namespace) -> int:
         env = dict(os.environ)
         env.setdefault("MOELAB_FIGURES", str(Path(tmp) / "figures"))  # lecture runs never overwrite figures/
         # Voila finds the lecture template (VOILA_TEMPLATE) and its plotly.js in these extra Jupyter data folders
-        env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(VOILA_DATA), str(plotly_data_dir(Path(tmp))),
+        env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(VOILA_DATA), str(plotly_data_dir(Path(tmp), notebook)),
                                                           env.get("JUPYTER_PATH", "")) if p)
         proc = subprocess.Popen(cmd, env=env)
         previous = signal.signal(signal.SIGTERM, _interrupt)  # a terminated app stops its Voila too

@@ -70,6 +70,29 @@ def test_plotly_js_is_served_next_to_the_template(tmp_path):
     assert app.plotly_data_dir(tmp_path) == data  # a second call (same folder) is fine
 
 
+def _figure_notebook(path, *trace_types: str):
+    cells = [{"cell_type": "code", "source": "", "metadata": {}, "execution_count": 1, "outputs": [
+        {"output_type": "display_data", "metadata": {},
+         "data": {"application/vnd.plotly.v1+json": {"data": [{"type": t} for t in trace_types] + [{"x": [1]}]}}}]}]
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+def test_the_page_gets_the_small_plotly_bundle_only_when_it_draws_every_recorded_trace(tmp_path):
+    """The vendored partial bundle (a third of the full plotly.js) is served when every recorded trace is one of
+    its types (a trace without a type is a scatter) and its plotly.js version is the installed one's; a trace
+    type it lacks (a table, a 3-D scatter) gets the full bundle."""
+    installed = app.Path(importlib.util.find_spec("plotly").submodule_search_locations[0]) / "package_data" / "plotly.min.js"
+    assert app._plotly_js_version(app.CARTESIAN_BUNDLE) == app._plotly_js_version(installed)  # vendored to match
+    cartesian = _figure_notebook(tmp_path / "a.ipynb", "heatmap", "bar")
+    assert app.recorded_trace_types(cartesian) == {"heatmap", "bar", "scatter"}
+    for nb, want in ((cartesian, app.CARTESIAN_BUNDLE), (_figure_notebook(tmp_path / "b.ipynb", "bar", "table"), installed),
+                     (_figure_notebook(tmp_path / "c.ipynb", "scatter3d"), installed)):
+        data = app.plotly_data_dir(tmp_path / nb.stem, nb)
+        served = data / "voila" / "templates" / app.VOILA_TEMPLATE / "static" / "plotly.min.js"
+        assert served.read_bytes() == want.read_bytes(), nb.name
+
+
 # --- the lesson/research boundary -------------------------------------------------------------------------
 
 RESEARCH_HEADING = re.compile(r"^#{1,2} .*claim hold here\?", re.MULTILINE)
