@@ -69,7 +69,9 @@ def test_hd_in_vllm_is_lossless(tmp_path, monkeypatch, public_data):
     start_engines(methods, budget=8, cost=cost)  # both engines start side by side (the run's questions do not)
     started = set(engine_pool._SERVERS) - warm
     t_run = time.monotonic()
-    df, _ = run_vllm_methods(q, methods=methods, budget=8, max_new_tokens=24, cost=cost, progress=False)
+    runs = tmp_path / "vllm-runs"  # this test's own result cache: a second suite run on the same MOELAB_CACHE
+    # would otherwise read every question back from the first and never ask the engines
+    df, _ = run_vllm_methods(q, methods=methods, budget=8, max_new_tokens=24, cost=cost, progress=False, out=runs)
     # the run asked the engines started above and started no others
     assert set(engine_pool._SERVERS) - warm == started
     assert sum(srv.last_used > t_run for srv in engine_pool._SERVERS.values()) == len(methods)
@@ -79,7 +81,7 @@ def test_hd_in_vllm_is_lossless(tmp_path, monkeypatch, public_data):
     s = summarize_vllm(df).set_index(["method", "category"])
     assert s.loc[("HD-cost", "overall"), "mean_accepted"] > 1.0 and s.loc[("AR", "overall"), "mean_accepted"] == 1.0
     # a rerun skips every cached question
-    again, _ = run_vllm_methods(q, methods=("AR",), budget=8, max_new_tokens=24, progress=False)
+    again, _ = run_vllm_methods(q, methods=("AR",), budget=8, max_new_tokens=24, progress=False, out=runs)
     assert again["wall_s"].tolist() == df[df["method"] == "AR"]["wall_s"].tolist()
 
 
