@@ -41,6 +41,17 @@ def _popcount(x: np.uint64) -> int:
 
 
 @njit(cache=True, inline="always")
+def _append(nxt: np.ndarray, head: np.ndarray, tail: np.ndarray, w: int, i: int) -> None:
+    """Append request ``i`` to list ``w`` (a queue or a running batch: singly linked through ``nxt``)."""
+    nxt[i] = -1
+    if tail[w] >= 0:
+        nxt[tail[w]] = i
+    else:
+        head[w] = i
+    tail[w] = i
+
+
+@njit(cache=True, inline="always")
 def _tree_update(tree: np.ndarray, step_end: np.ndarray, w: int) -> None:
     # tree[1] is the instance with the earliest step end; ties go to the lower index (the left child)
     v = (tree.size // 2 + w) >> 1
@@ -76,12 +87,7 @@ def _start_step(w, t, cap, plen, olen, start_row, tlen, off, done, nxt, admit,
         for _ in range(take):  # FCFS: the queue's head joins the end of the batch
             i = q_head[w]
             q_head[w] = nxt[i]
-            nxt[i] = -1
-            if r_tail[w] >= 0:
-                nxt[r_tail[w]] = i
-            else:
-                r_head[w] = i
-            r_tail[w] = i
+            _append(nxt, r_head, r_tail, w, i)
             admit[i] = t
             tok += plen[i]
         if q_head[w] < 0:
@@ -139,12 +145,7 @@ def run(dest, cap, arrival, plen, olen, start_row, tlen, off, done, nxt, admit, 
     n = arrival.size
     if dest >= 0:
         i = ctr[0]
-        nxt[i] = -1
-        if q_tail[dest] >= 0:
-            nxt[q_tail[dest]] = i
-        else:
-            q_head[dest] = i
-        q_tail[dest] = i
+        _append(nxt, q_head, q_tail, dest, i)
         q_len[dest] += 1
         waiting[dest] += 1
         wait_tok[dest] += plen[i]
