@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from moelab._io import atomic_write_text, read_json
+from moelab._io import FileFormatError, atomic_write_text, read_csv_checked, read_json
 from moelab._validate import check_int, check_real
 from moelab.bench.specbench.engine_pool import mark_done, run_once, server, settle
 from moelab.bench.specbench.engine_protocol import MAX_MODEL_LEN
@@ -221,12 +221,16 @@ def _vllm_version() -> list[str]:
     return [f"vllm=={_installed_version()}"]
 
 
+#: the methods of the full benchmark: AR, vLLM's two speculators, and HD as cost-aware (the default) and fixed (the
+#: paper's hierarchy), so the table answers both "HD vs its peers" and "does the cost policy pay"
+FULL_METHODS = ("AR", "ngram", "suffix", "HD-cost", "HD-fixed")
+
 #: the ``hd-vllm`` sweep suite: one (question, method) per point (``moelab sweep hd-vllm``); its default grid
-#: is the full benchmark (all 480 questions x 4 methods, 128 tokens, greedy), the points and cache of
+#: is the full benchmark (all 480 questions x 5 methods, 128 tokens, greedy), the points and cache of
 #: :func:`full_benchmark` with ``--out $MOELAB_CACHE/hd/vllm-runs``
 HD_VLLM_SUITE = Suite(
     "hd-vllm", vllm_point,
-    {"question_id": _question_ids, "method": ["AR", "ngram", "suffix", "HD-cost"], "budget": [8], "max_new_tokens": [128],
+    {"question_id": _question_ids, "method": list(FULL_METHODS), "budget": [8], "max_new_tokens": [128],
      "temperature": [0.0], "seed": [0], "l_max_tokens": [0], "cost": [""], "tag": [""]},
     "Spec-Bench in vLLM, one (question, method) per point, methods interleaved (SmolLM2-135M, float32)",
     RUN_CODE, run_data_files, ("method", "category", "tokens_per_s", "new_tokens"), _vllm_version, _check_points,
@@ -282,46 +286,127 @@ def default_runs_dir() -> Path:
     return cache_dir() / "hd" / "vllm-runs"
 
 
-FULL_METHODS = ("AR", "ngram", "suffix", "HD-cost")
+#: the full run's progress, committed beside its table (``data/hd/``): one row per (question, method) of every
+#: question all methods have finished, so the run resumes on another machine or in another session
+POINTS_LEDGER = "specbench_vllm_points.csv"
+#: a ledger's columns and their kinds (:func:`moelab._io.read_csv_checked`); ``draft_us_p50`` is empty for
+#: methods that are not HD, ``identical`` is ``True``/``False`` (greedy) or empty (sampled)
+LEDGER_COLUMNS = {"question_id": "int", "category": "str", "method": "str", "budget": "int", "max_new_tokens": "int",
+                  "temperature": "float", "tokens_per_s": "float", "new_tokens": "int", "forwards": "float",
+                  "run_code": "str", "machine": "str", "date": "str"}
+LEDGER_EXTRA = ("accepted_tokens", "drafts", "draft_us_p50", "identical", "output_sha", "cost_curve")
+LEDGER_CHUNK = 12  # questions run between two ledger writes (2 per category: a few minutes of a 2-core machine)
+
+
+def ledger_path() -> Path:
+    """The committed progress of the full run (``data/hd/specbench_vllm_points.csv``, :data:`POINTS_LEDGER`)."""
+    return full_table_path().with_name(POINTS_LEDGER)
+
+
+def read_ledger(path: str | Path) -> pd.DataFrame:
+    """A points ledger (:data:`LEDGER_COLUMNS`; size, columns and every value checked), or an empty table
+    when ``path`` does not exist. Raises :class:`moelab._io.FileFormatError` naming the file and the column."""
+    path = Path(path)
+    if not path.exists():
+        return pd.DataFrame(columns=[*LEDGER_COLUMNS, *LEDGER_EXTRA])
+    df = read_csv_checked(path, LEDGER_COLUMNS, non_negative=["question_id", "budget", "max_new_tokens", "temperature",
+                                                             "tokens_per_s", "new_tokens", "forwards"])
+    if "identical" in df:
+        ident = df["identical"].astype(str).str.strip()
+        bad = ~ident.isin(["True", "False", "", "nan", "None"])
+        if bad.any():
+            raise FileFormatError(path, "identical", f"must be True, False or empty; row {int(np.argmax(bad)) + 1} "
+                                                     f"has {df['identical'].iloc[int(np.argmax(bad))]!r}")
+        df["identical"] = [True if v == "True" else False if v == "False" else None for v in ident]
+    bad_m = sorted(set(df["method"]) - set(VLLM_METHODS))
+    if bad_m:
+        raise FileFormatError(path, "method", f"must name a vLLM method {list(VLLM_METHODS)}; got {bad_m[0]!r}")
+    return df
+
+
+def _ledger_rows(df: pd.DataFrame, *, run_code: str, machine: str, date: str) -> pd.DataFrame:
+    """Ledger rows of a :func:`run_vllm_methods` table (its questions that every method finished)."""
+    out = df.assign(output_sha=[hashlib.sha256(json.dumps([int(t) for t in o]).encode()).hexdigest()[:16]
+                                for o in df["output_ids"]],
+                    run_code=run_code, machine=machine, date=date)
+    for c in LEDGER_EXTRA:
+        if c not in out:
+            out[c] = np.nan
+    return out[[*LEDGER_COLUMNS, *LEDGER_EXTRA]]
+
+
+def _complete(df: pd.DataFrame, n_methods: int) -> pd.DataFrame:
+    """The rows of the questions that ``n_methods`` methods have finished."""
+    if not len(df):
+        return df
+    per_q = df.groupby("question_id")["method"].nunique()
+    return df[df["question_id"].isin(per_q.index[per_q == n_methods])]
 
 
 def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, max_new_tokens: int = FULL_TOKENS,
                    temperatures: Sequence[float] = (0.0,), per_category: int | None = None,
                    out: str | Path | None = None, cache: str | Path | None = None,
-                   progress: bool = True, compute: bool = True) -> pd.DataFrame:
+                   ledger: str | Path | None = None, progress: bool = True, compute: bool = True) -> pd.DataFrame:
     """The whole Spec-Bench evaluation in vLLM (every category, all 480 questions, ``max_new_tokens``
-    tokens, each temperature), the methods interleaved question by question (:func:`run_vllm_methods`):
-    resumable (every (question, method) result cached; a rerun skips what is done), then one table with
-    one row per method, category and temperature, stamped with date, commit, machine and the measuring
-    code's version (``run_code``), written to
-    ``out`` (default ``data/hd/specbench_vllm_full.csv``). Hours on a 2-core CPU: give it a quiet machine
-    (``moelab sweep hd-vllm --out`` :func:`default_runs_dir` runs the same points).
+    tokens, each temperature), the methods interleaved question by question (:func:`run_vllm_methods`),
+    then one table with one row per method, category and temperature, stamped with date, commit, machine and
+    the measuring code's version (``run_code``), written to ``out`` (default ``data/hd/specbench_vllm_full.csv``)
+    once every question is done — the committed table is only ever a complete run.
 
-    ``compute=False`` runs nothing: the table of the questions every method has finished so far (column
-    ``complete`` False while some are missing), written only where ``out`` says — the committed table is
-    only ever a complete run."""
+    Resumable twice over: every (question, method) result is cached in ``cache`` (default
+    :func:`default_runs_dir`; ``moelab sweep hd-vllm --out`` that folder runs the same points), and every
+    question all methods have finished is recorded in the points ``ledger`` (default :func:`ledger_path`,
+    rewritten every :data:`LEDGER_CHUNK` questions), which is committed: a run that takes longer than one
+    machine's session (hours on a 2-core CPU) continues elsewhere from the questions still missing. A ledger
+    row counts only for the measuring code it was measured with (``run_code``; rows of another code are
+    dropped at the next write) and its question keeps all its methods from one machine and one sitting, so
+    every per-question speedup compares methods measured back to back. Give it a quiet machine.
+
+    ``compute=False`` runs nothing: the questions finished so far (ledger and cache) are recorded in the
+    ledger and summarised (column ``complete`` False while some are missing); the summary is written only
+    where ``out`` says."""
     questions = spec_bench_split("eval", per_category=per_category)
     # categories in turn (1st question of each, then the 2nd, ...): a run stopped part-way has covered every
-    # category alike, so compute=False tables mean something before the end
+    # category alike, so partial tables mean something before the end
     rank = questions.groupby("category", sort=False).cumcount()
     questions = questions.assign(_rank=rank).sort_values("_rank", kind="stable").drop(columns="_rank")
+    run_code, machine, today = HD_VLLM_SUITE.code_version(), machine_id(), time.strftime("%Y-%m-%d", time.gmtime())
+    ledger_file = Path(ledger) if ledger is not None else ledger_path()
+    book = read_ledger(ledger_file)
+    book = book[book["run_code"] == run_code]
     tables = []
     for t in temperatures:
-        df, skipped = run_vllm_methods(questions, methods=methods, budget=budget, max_new_tokens=max_new_tokens,
-                                       temperature=float(t), out=cache, progress=progress, compute=compute)
+        ok, why = suffix_status()
+        skipped = {} if ("suffix" not in methods or ok) else {"suffix": why}
         ran = [m for m in methods if m not in skipped]
         for m, why in skipped.items():
             tables.append(pd.DataFrame([{"engine": "vllm", "method": m, "category": "overall", "budget": budget,
                                          "temperature": float(t), "skipped": why}]))
-        if len(df):  # the questions every method has finished (all of them unless compute=False)
-            per_q = df.groupby("question_id")["method"].nunique()
-            df = df[df["question_id"].isin(per_q.index[per_q == len(ran)])]
-        complete = len(df) == len(questions) * len(ran)
-        if not len(df):
+        mine = book[(book["budget"] == budget) & (book["max_new_tokens"] == max_new_tokens)
+                    & np.isclose(book["temperature"].astype(float), float(t)) & book["method"].isin(ran)]
+        mine = _complete(mine, len(ran))
+        todo = questions[~questions["question_id"].isin(mine["question_id"])]
+        step = LEDGER_CHUNK if compute else max(1, len(todo))
+        for i in range(0, len(todo), step):
+            df, _ = run_vllm_methods(todo.iloc[i:i + step], methods=ran, budget=budget, max_new_tokens=max_new_tokens,
+                                     temperature=float(t), out=cache, progress=progress, compute=compute)
+            new = _complete(df, len(ran))
+            if len(new):
+                mine = pd.concat([mine, _ledger_rows(new, run_code=run_code, machine=machine, date=today)],
+                                 ignore_index=True)
+                book = pd.concat([book[~(np.isclose(book["temperature"].astype(float), float(t))
+                                         & book["question_id"].isin(new["question_id"]))], mine], ignore_index=True)
+                book = book.drop_duplicates(["question_id", "method", "budget", "max_new_tokens", "temperature"],
+                                            keep="last")
+                atomic_write_text(ledger_file, book.sort_values(["temperature", "question_id", "method"])
+                                  .to_csv(index=False))
+        mine = mine[mine["question_id"].isin(questions["question_id"])]
+        complete = mine["question_id"].nunique() == len(questions)
+        if not len(mine):
             tables.append(pd.DataFrame([{"engine": "vllm", "method": m, "category": "overall", "budget": budget,
                                          "temperature": float(t), "questions": 0, "complete": False} for m in ran]))
             continue
-        summ = summarize_vllm(df)
+        summ = summarize_vllm(mine)
         summ["complete"] = complete
         summ["temperature"] = float(t)
         tables.append(summ)
@@ -331,12 +416,14 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
                         check=False).stdout.strip()
     except OSError:
         commit = ""
-    res["date"] = time.strftime("%Y-%m-%d", time.gmtime())
+    res["date"] = today
     res["commit"] = commit
-    # the measuring code's version every cached result is keyed on (RUN_CODE, vLLM's version): a table
-    # written at a later commit is still that code's measurement
-    res["run_code"] = HD_VLLM_SUITE.code_version()
-    res["machine"] = machine_id()
+    # the measuring code's version every result is keyed on (RUN_CODE, vLLM's version): a table written at a
+    # later commit is still that code's measurement
+    res["run_code"] = run_code
+    # where the rows were measured: one machine, or every machine the ledger's questions came from
+    machines = sorted(set(book["machine"])) if len(book) else [machine]
+    res["machine"] = "+".join(machines)
     res["questions_per_category"] = per_category or "all"
     res["max_new_tokens"] = max_new_tokens
     if out is not None or ("complete" in res and bool(res["complete"].fillna(True).all())):
@@ -345,5 +432,5 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
 
 
 __all__ = ["FULL_METHODS", "FULL_TOKENS", "HD_VLLM_SUITE", "RUN_CODE", "VLLM_METHODS", "arrange_points",
-           "default_runs_dir", "full_benchmark", "measure_vllm_cost", "run_data_files", "run_vllm_methods",
+           "default_runs_dir", "full_benchmark", "ledger_path", "read_ledger", "LEDGER_CHUNK", "POINTS_LEDGER", "measure_vllm_cost", "run_data_files", "run_vllm_methods",
            "SUFFIX_INSTALL", "engine_spec", "start_engines", "suffix_status", "vllm_point"]
