@@ -36,7 +36,7 @@ def test_notebook_02_runs_and_records_results(tmp_path, public_data):
     if full_table_path().is_file():  # §6 shows the committed full benchmark: complete, every question, lossless
         full = r["full_benchmark"]
         assert full["complete"] and full["questions"] == 480 and full["identical"]
-        assert set(full["speedup"]) == {"AR", "ngram", "suffix", "HD-cost"} and full["speedup"]["AR"] == 1.0
+        assert set(full["speedup"]) == {"AR", "ngram", "suffix", "HD-cost", "HD-fixed"} and full["speedup"]["AR"] == 1.0
         assert "hd_vllm_full_speedup.html" in res["_figures"]
     else:
         assert "full_benchmark" not in r
