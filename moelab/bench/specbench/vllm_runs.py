@@ -416,7 +416,9 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
                         check=False).stdout.strip()
     except OSError:
         commit = ""
-    res["date"] = today
+    # when the rows were measured (a table summarised again later keeps its measurement's dates)
+    dates = sorted(set(book["date"].astype(str))) if len(book) else [today]
+    res["date"] = dates[0] if len(dates) == 1 else f"{dates[0]}..{dates[-1]}"
     res["commit"] = commit
     # the measuring code's version every result is keyed on (RUN_CODE, vLLM's version): a table written at a
     # later commit is still that code's measurement
