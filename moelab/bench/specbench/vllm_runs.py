@@ -374,7 +374,7 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
     ledger_file = Path(ledger) if ledger is not None else ledger_path()
     book = read_ledger(ledger_file)
     book = book[book["run_code"] == run_code]
-    tables = []
+    tables, used = [], []
     for t in temperatures:
         ok, why = suffix_status()
         skipped = {} if ("suffix" not in methods or ok) else {"suffix": why}
@@ -402,6 +402,7 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
                                   .to_csv(index=False))
         mine = mine[mine["question_id"].isin(questions["question_id"])]
         complete = mine["question_id"].nunique() == len(questions)
+        used.append(mine)
         if not len(mine):
             tables.append(pd.DataFrame([{"engine": "vllm", "method": m, "category": "overall", "budget": budget,
                                          "temperature": float(t), "questions": 0, "complete": False} for m in ran]))
@@ -416,15 +417,16 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
                         check=False).stdout.strip()
     except OSError:
         commit = ""
-    # when the rows were measured (a table summarised again later keeps its measurement's dates)
-    dates = sorted(set(book["date"].astype(str))) if len(book) else [today]
+    # when the summarised rows were measured (a table summarised again later keeps its measurement's dates)
+    rows = pd.concat(used, ignore_index=True) if used else book.iloc[:0]
+    dates = sorted(set(rows["date"].astype(str))) if len(rows) else [today]
     res["date"] = dates[0] if len(dates) == 1 else f"{dates[0]}..{dates[-1]}"
     res["commit"] = commit
     # the measuring code's version every result is keyed on (RUN_CODE, vLLM's version): a table written at a
     # later commit is still that code's measurement
     res["run_code"] = run_code
-    # where the rows were measured: one machine, or every machine the ledger's questions came from
-    machines = sorted(set(book["machine"])) if len(book) else [machine]
+    # where the summarised rows were measured: one machine, or every machine their questions came from
+    machines = sorted(set(rows["machine"].astype(str))) if len(rows) else [machine]
     res["machine"] = "+".join(machines)
     res["questions_per_category"] = per_category or "all"
     res["max_new_tokens"] = max_new_tokens
@@ -433,6 +435,7 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
     return res
 
 
-__all__ = ["FULL_METHODS", "FULL_TOKENS", "HD_VLLM_SUITE", "RUN_CODE", "VLLM_METHODS", "arrange_points",
-           "default_runs_dir", "full_benchmark", "ledger_path", "read_ledger", "LEDGER_CHUNK", "POINTS_LEDGER", "measure_vllm_cost", "run_data_files", "run_vllm_methods",
+__all__ = ["FULL_METHODS", "FULL_TOKENS", "HD_VLLM_SUITE", "LEDGER_CHUNK", "POINTS_LEDGER", "RUN_CODE", "VLLM_METHODS",
+           "arrange_points", "default_runs_dir", "full_benchmark", "ledger_path", "measure_vllm_cost", "read_ledger",
+           "run_data_files", "run_vllm_methods",
            "SUFFIX_INSTALL", "engine_spec", "start_engines", "suffix_status", "vllm_point"]
