@@ -81,6 +81,27 @@ def test_rows_of_other_measuring_code_do_not_count(tmp_path, monkeypatch):
     assert set(vllm_runs.read_ledger(ledger)["run_code"]) == {vllm_runs.HD_VLLM_SUITE.code_version()}
 
 
+def test_another_codes_rows_stay_until_this_codes_run_is_complete(tmp_path, monkeypatch):
+    """The committed ledger holds the run the committed table summarises: a new drafter version's partial run
+    (a lost machine) adds its rows beside them, and only its complete run replaces them."""
+    ledger = tmp_path / "points.csv"
+    monkeypatch.setattr(vllm_runs, "LEDGER_CHUNK", 4)
+    kw = {"methods": ("AR", "HD-cost"), "per_category": 2, "ledger": ledger, "progress": False, "out": tmp_path / "t.csv"}
+    monkeypatch.setattr(vllm_runs, "run_vllm_methods", _fake_runs([]))
+    vllm_runs.full_benchmark(**kw)
+    old = vllm_runs.read_ledger(ledger).assign(run_code="0123456789abcdef")
+    old.to_csv(ledger, index=False)
+    monkeypatch.setattr(vllm_runs, "run_vllm_methods", _fake_runs([], fail_after=1))
+    with pytest.raises(MachineLost):
+        vllm_runs.full_benchmark(**kw)
+    book = vllm_runs.read_ledger(ledger)
+    mine = book[book["run_code"] == vllm_runs.HD_VLLM_SUITE.code_version()]
+    assert len(book[book["run_code"] == "0123456789abcdef"]) == len(old) == 2 * 12 and len(mine) == 2 * 4
+    monkeypatch.setattr(vllm_runs, "run_vllm_methods", _fake_runs([]))
+    vllm_runs.full_benchmark(**kw)
+    assert set(vllm_runs.read_ledger(ledger)["run_code"]) == {vllm_runs.HD_VLLM_SUITE.code_version()}
+
+
 def test_a_partial_ledger_gives_an_incomplete_table_and_no_file(tmp_path, monkeypatch):
     calls: list[list[int]] = []
     monkeypatch.setattr(vllm_runs, "run_vllm_methods", _fake_runs(calls, fail_after=0))

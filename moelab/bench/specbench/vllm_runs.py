@@ -358,8 +358,10 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
     question all methods have finished is recorded in the points ``ledger`` (default :func:`ledger_path`,
     rewritten every :data:`LEDGER_CHUNK` questions), which is committed: a run that takes longer than one
     machine's session (hours on a 2-core CPU) continues elsewhere from the questions still missing. A ledger
-    row counts only for the measuring code it was measured with (``run_code``; rows of another code are
-    dropped at the next write) and its question keeps all its methods from one machine and one sitting, so
+    row counts only for the measuring code it was measured with (``run_code``): rows of another code (the run
+    the committed table summarises) stay in the ledger, never counted, until this code's run is complete,
+    so a committed partial run never orphans the committed table. A question keeps all its methods from one
+    machine and one sitting, so
     every per-question speedup compares methods measured back to back. Give it a quiet machine.
 
     ``compute=False`` runs nothing: the questions finished so far (ledger and cache) are recorded in the
@@ -373,6 +375,7 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
     run_code, machine, today = HD_VLLM_SUITE.code_version(), machine_id(), time.strftime("%Y-%m-%d", time.gmtime())
     ledger_file = Path(ledger) if ledger is not None else ledger_path()
     book = read_ledger(ledger_file)
+    others = book[book["run_code"] != run_code]  # another code's run: kept, never counted, until this one is done
     book = book[book["run_code"] == run_code]
     tables, used = [], []
     for t in temperatures:
@@ -398,8 +401,10 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
                                          & book["question_id"].isin(new["question_id"]))], mine], ignore_index=True)
                 book = book.drop_duplicates(["question_id", "method", "budget", "max_new_tokens", "temperature"],
                                             keep="last")
-                atomic_write_text(ledger_file, book.sort_values(["temperature", "question_id", "method"])
-                                  .to_csv(index=False))
+                done = all(_complete(book[np.isclose(book["temperature"].astype(float), float(x))],
+                                     len(ran))["question_id"].nunique() == len(questions) for x in temperatures)
+                atomic_write_text(ledger_file, pd.concat([book] if done else [others, book], ignore_index=True)
+                                  .sort_values(["run_code", "temperature", "question_id", "method"]).to_csv(index=False))
         mine = mine[mine["question_id"].isin(questions["question_id"])]
         complete = mine["question_id"].nunique() == len(questions)
         used.append(mine)
