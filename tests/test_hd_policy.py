@@ -43,8 +43,8 @@ def test_observe_counts_only_tested_nodes():
     m = AcceptanceModel(half_life=float("inf"))  # no decay: plain counts
     observe(m, [(1, 2, 3), (1, 4), (5,)], ["W", "S", "L"], accepted=[1, 2])
     # tested: 1 (W, first) ok; 5 (L, alternative) wrong; 2 (W) ok; 4 (S, alternative) wrong; 3 (W) wrong
-    assert m.tried == {("W", False): 3, ("L", True): 1, ("S", True): 1}
-    assert {k: v for k, v in m.accepted.items() if v} == {("W", False): 2}
+    assert m.tried == {("W", False, 0): 3, ("L", True, 0): 1, ("S", True, 0): 1}  # no classes given: class 0
+    assert {k: v for k, v in m.accepted.items() if v} == {("W", False, 0): 2}
 
 
 def test_cost_aware_drafter_is_lossless_and_learns():
@@ -75,17 +75,19 @@ def test_row_drafters_follow_rows_and_reset_on_reuse():
     assert rows.propose(1, np.array([5, 6, 5]), 0) == []  # no room left: nothing
 
 
-def reference_plan(candidates, sources, model, cost, budget):
-    """plan() written node by node (the trie of the candidates, then the best prefix of the likeliest nodes)."""
+def reference_plan(candidates, sources, model, cost, budget, classes=None):
+    """plan() written node by node (the trie of the candidates, then the best prefix of the likeliest nodes;
+    a node's class is that of the candidate that adds it to the trie)."""
     prob, children, n_children, paths = [1.0], {}, [0], []
-    for cand, src in zip(candidates, sources):
+    classes = classes if classes is not None else [(0,) * len(c) for c in candidates]
+    for cand, src, cls in zip(candidates, sources, classes):
         node, path = 0, []
         for depth, t in enumerate(cand):
             nxt = children.get((node, t))
             if nxt is None:
                 letter = src[depth] if len(src) == len(cand) and len(cand) > 1 else src[:1]
                 nxt = children[(node, t)] = len(prob)
-                prob.append(prob[node] * model.alpha(letter, n_children[node] > 0))
+                prob.append(prob[node] * model.alpha(letter, n_children[node] > 0, cls[depth]))
                 n_children[node] += 1
                 n_children.append(0)
             path.append(nxt)
@@ -118,6 +120,30 @@ def test_plan_equals_the_node_by_node_trie(cands, letters, budget, history, per_
     srcs = ["".join(letters[(i + d) % 5] for d in range(len(c))) if per_token else letters[i]
             for i, c in enumerate(cands)]
     assert plan(cands, srcs, model, cost, budget) == reference_plan(cands, srcs, model, cost, budget)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=5).map(tuple), min_size=1, max_size=5),
+       st.lists(st.sampled_from("WSL"), min_size=5, max_size=5), st.integers(1, 12),
+       st.lists(st.tuples(st.sampled_from("WSL"), st.booleans(), st.booleans(), st.integers(0, 3)), max_size=40),
+       st.booleans(), st.sampled_from([FLAT, STEEP, VerifyCost([1, 9], [10.0, 14.0])]), st.integers(0, 2**31))
+def test_plan_with_confidence_classes_equals_the_node_by_node_trie(cands, letters, budget, history, per_token, cost,
+                                                                   seed):
+    model = AcceptanceModel()
+    for store, alt, ok, cls in history:
+        model.record(store, alt, ok, cls)
+    rng = np.random.default_rng(seed)
+    classes = [tuple(int(x) for x in rng.integers(0, 4, size=len(c))) for c in cands]
+    srcs = ["".join(letters[(i + d) % 5] for d in range(len(c))) if per_token else letters[i]
+            for i, c in enumerate(cands)]
+    assert plan(cands, srcs, model, cost, budget, classes) == reference_plan(cands, srcs, model, cost, budget, classes)
+
+
+def test_plan_refuses_classes_that_do_not_fit_the_candidates():
+    with pytest.raises(ValueError, match="classes must hold one confidence class per candidate token"):
+        plan([(1, 2), (3,)], ["W", "S"], AcceptanceModel(), FLAT, 4, [(0, 1)])
+    with pytest.raises(ValueError, match="classes must hold one confidence class per candidate token"):
+        plan([(1, 2), (3,)], ["W", "S"], AcceptanceModel(), FLAT, 4, [(0,), (0,)])
 
 
 @pytest.mark.parametrize("cost", [STEEP, VerifyCost([1, 9], [10.0, 14.0]), VerifyCost([1, 2, 5], [10.0, 10.5, 20.0])])

@@ -14,7 +14,7 @@ import pytest
 
 from moelab.costmodel.verify import VerifyCost, cached_verify_cost, load_curve_json, machine_id
 from moelab.hd import HierarchyDrafter, NGramTable, SuffixStore, replay_greedy
-from moelab.hd.drafters import CostAwareDrafter, explore_rate
+from moelab.hd.drafters import COST_AWARE_CONTEXT_KEYS, CostAwareDrafter, explore_rate
 from moelab.hd.engine import cost_aware_rows, make_row_drafters
 from moelab.hd.methods import make_hf_drafter
 from moelab.hd.policy import (
@@ -87,7 +87,7 @@ def test_greedy_requests_draft_after_rejecting_ones_as_on_a_fresh_engine_vllm_ro
     hot_drafted, hot_accepted = _serve(rows, HOT)
     assert hot_drafted > 100 and hot_accepted < 0.05 * hot_drafted  # the hot requests really were rejected
     # the engine's own estimate fell far below the floor; new requests still start from the floor
-    raw = (engine.accepted[("S", False)] + 2 * engine.floor) / (engine.tried[("S", False)] + 2)
+    raw = (engine.accepted[("S", False, 0)] + 2 * engine.floor) / (engine.tried[("S", False, 0)] + 2)
     assert raw < 0.5 * engine.floor and engine.alpha("S", False) == engine.floor
     after = _serve(rows, GREEDY)
     assert fresh[1] > 100  # the greedy requests are draftable at all
@@ -104,7 +104,8 @@ def test_one_shared_never_forgetting_estimate_locks_drafting_off():
     shared = AcceptanceModel(half_life=float("inf"))
 
     def rows() -> RowDrafters:
-        return RowDrafters(lambda: CostAwareDrafter(HierarchyDrafter(S, L, order="WSL", length=4), CHEAP,
+        return RowDrafters(lambda: CostAwareDrafter(HierarchyDrafter(S, L, order="WSL", length=4,
+                                                                     context_key_lengths=COST_AWARE_CONTEXT_KEYS), CHEAP,
                                                     budget=BUDGET, chain=True, acceptance=shared, explore=0.0),
                            lambda d, m: d.draft(m))
 

@@ -1,7 +1,8 @@
 """HD's proposals are the same before and after the per-call speed work (issue 28, deliver 2).
 
 ``_Before`` is ``HierarchyDrafter`` with its chain walk and token checks as they were (the whole context
-copied per step, every step's tokens through ``check_token_ids``), frozen here. The same requests are served
+copied per step, every step's tokens through ``check_token_ids``), frozen here, with the confidence classes
+of every chain token (the store's match length and the token's position in its answer) added the plain way. The same requests are served
 through per-row drafters built on it and on today's drafter (vLLM's path: ``RowDrafters.propose``, greedy
 verification against a known output), hierarchy-fixed and cost-aware, over real W, S and L stores on a
 phrase corpus; every proposed chain and every store counter must be equal.
@@ -18,7 +19,9 @@ from moelab._validate import check_int, check_token_ids
 from moelab.costmodel.verify import VerifyCost
 from moelab.hd import HierarchyDrafter, NGramTable, SuffixStore
 from moelab.hd.drafters import CostAwareDrafter, Draft, _token_list
+from moelab.hd.policy import confidence_class
 from moelab.hd.rows import RowDrafters
+from moelab.hd.stores import match_length
 
 VOCAB = 3000
 BUDGET = 8
@@ -55,6 +58,7 @@ class _Before(HierarchyDrafter):
         ctx = list(self.context)
         chain: list[int] = []
         letters = ""
+        classes: list[int] = []
         first = True
         while len(chain) < max_len:
             got = None
@@ -64,7 +68,7 @@ class _Before(HierarchyDrafter):
                     c.queries += 1
                 cands = self._stores[letter].lookup(ctx, 1)
                 if cands and cands[0]:
-                    got = (cands[0], letter)
+                    got = (cands[0], letter, match_length(self._stores[letter], ctx))
                     if first:
                         c.lookup_hits += 1
                         c.candidates += 1
@@ -76,7 +80,8 @@ class _Before(HierarchyDrafter):
             chain.extend(seg)
             ctx.extend(seg)
             letters += got[1] * len(seg)
-        return Draft([tuple(chain)], [letters]) if chain else Draft([], [])
+            classes += [confidence_class(got[2], i) for i in range(len(seg))]
+        return Draft([tuple(chain)], [letters], [tuple(classes)]) if chain else Draft([], [], [])
 
 
 class _Opaque:

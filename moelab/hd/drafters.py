@@ -10,26 +10,31 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from moelab._validate import check_instance, check_int, check_token_ids
 from moelab.costmodel.verify import VerifyCost
 from moelab.hd.ngram import NGramTable
-from moelab.hd.policy import AcceptanceModel, check_acceptance, check_budget, observe, plan
-from moelab.hd.stores import ContextStore, Store
+from moelab.hd.policy import AcceptanceModel, check_acceptance, check_budget, confidence_class, observe, plan
+from moelab.hd.stores import ContextStore, Store, match_length
 from moelab.hd.suffix import SuffixStore
 
 STORE_LETTERS = "WSL"
+#: W's key lengths in cost-aware HD: a 3-token key's continuation is a confidence class of its own (the
+#: paper's fixed hierarchy keeps 1-2 token keys)
+COST_AWARE_CONTEXT_KEYS = (1, 2, 3)
 
 
 @dataclass
 class Draft:
-    """Candidate continuations of the current context and the store letter each came from."""
+    """Candidate continuations of the current context, the store letter each came from, and (when the
+    drafter knows them) every token's confidence class (:func:`moelab.hd.policy.confidence_class`)."""
 
     candidates: list[tuple[int, ...]]
     sources: list[str]
+    classes: list[tuple[int, ...]] | None = field(default=None)
 
 
 @dataclass
@@ -210,6 +215,7 @@ class HierarchyDrafter(Drafter):
     def draft(self) -> Draft:
         cands: list[tuple[int, ...]] = []
         sources: list[str] = []
+        classes: list[tuple[int, ...]] = []
         seen: set[tuple[int, ...]] = set()
         ctx = self.context
         L, G = self.length, self.max_candidates
@@ -217,10 +223,12 @@ class HierarchyDrafter(Drafter):
         for letter in self.order:
             c = counters[letter]
             c.queries += 1
-            got = stores[letter].lookup(ctx, G)
+            store = stores[letter]
+            got = store.lookup(ctx, G)
             if not got:
                 continue
             c.lookup_hits += 1
+            m = match_length(store, ctx)
             for cand in got:
                 if len(cand) > L:
                     cand = cand[:L]
@@ -228,14 +236,16 @@ class HierarchyDrafter(Drafter):
                     seen.add(cand)
                     cands.append(cand)
                     sources.append(letter)
+                    classes.append(tuple(confidence_class(m, i) for i in range(len(cand))))
                     c.candidates += 1
                     if len(cands) >= G:
-                        return Draft(cands, sources)
-        return Draft(cands, sources)
+                        return Draft(cands, sources, classes)
+        return Draft(cands, sources, classes)
 
     def draft_chain(self, max_len: int) -> Draft:
         """One chain of up to ``max_len`` tokens (what vLLM verifies): the hierarchy's first candidate,
-        extended by querying the hierarchy again after it; sources hold one store letter per token."""
+        extended by querying the hierarchy again after it; sources hold one store letter per token, classes
+        one confidence class per token (the store's match length and the token's position in its answer)."""
         if type(max_len) is not int or not 1 <= max_len <= 256:
             check_int("max_len", max_len, low=1, high=256)  # raises (or converts a numpy integer)
             max_len = int(max_len)
@@ -243,6 +253,7 @@ class HierarchyDrafter(Drafter):
         ctx = list(self.context) if self._reach is None else self.context[-self._reach:]
         chain: list[int] = []
         letters = ""
+        classes: list[int] = []
         stores = self._stores
         # the first round counts queries and hits per store; later rounds (extending the chain) do not
         got = None
@@ -251,7 +262,7 @@ class HierarchyDrafter(Drafter):
             c.queries += 1
             cands = stores[letter].lookup(ctx, 1)
             if cands and cands[0]:
-                got = (cands[0], letter)
+                got = (cands[0], letter, match_length(stores[letter], ctx))
                 c.lookup_hits += 1
                 c.candidates += 1
                 break
@@ -259,6 +270,7 @@ class HierarchyDrafter(Drafter):
             seg = list(got[0][:max_len - len(chain)])
             chain.extend(seg)
             letters += got[1] * len(seg)
+            classes.extend(confidence_class(got[2], i) for i in range(len(seg)))
             if len(chain) >= max_len:
                 break
             ctx.extend(seg)
@@ -266,9 +278,9 @@ class HierarchyDrafter(Drafter):
             for letter in self.order:
                 cands = stores[letter].lookup(ctx, 1)
                 if cands and cands[0]:
-                    got = (cands[0], letter)
+                    got = (cands[0], letter, match_length(stores[letter], ctx))
                     break
-        return Draft([tuple(chain)], [letters]) if chain else Draft([], [])
+        return Draft([tuple(chain)], [letters], [tuple(classes)]) if chain else Draft([], [], [])
 
 
 def _context_reach(stores: Sequence[Store]) -> int | None:
@@ -306,7 +318,8 @@ def explore_rate(cost: VerifyCost) -> float:
 class CostAwareDrafter(Drafter):
     """Cost-aware Hierarchy Drafting (the default HD drafter): the hierarchy's candidates, cut each step to
     the sub-tree that maximises expected accepted tokens per unit of measured verify cost
-    (:func:`moelab.hd.policy.plan`), within ``budget`` draft tokens; nothing when no store is confident,
+    (:func:`moelab.hd.policy.plan`, every token's acceptance learned per store and confidence class: how long a
+    context the store matched, how deep into its answer the token is), within ``budget`` draft tokens; nothing when no store is confident,
     except that such a step proposes the first token of one candidate (picked at random) with probability
     ``explore`` when the request's starting estimates would have drafted there, so a low estimate is
     re-tested (an acceptance raises it again) but a cost curve that forbids drafting is not argued with.
@@ -314,7 +327,8 @@ class CostAwareDrafter(Drafter):
     Parameters
     ----------
     inner : HierarchyDrafter
-        The store walk (W per request; S and L shared).
+        The store walk (W per request; S and L shared); cost-aware HD's W keys are
+        :data:`COST_AWARE_CONTEXT_KEYS`.
     cost : VerifyCost
         The target's measured verify-cost curve on this machine.
     budget : int
@@ -366,20 +380,38 @@ class CostAwareDrafter(Drafter):
         """The planned draft; ``budget`` lowers this step's budget (e.g. near the context limit)."""
         b = self.budget if budget is None else min(self.budget, check_budget(budget))
         d = self.inner.draft_chain(b) if self.chain else self.inner.draft()
-        cands, srcs = plan(d.candidates, d.sources, self.acceptance, self.cost, b)
+        cands, srcs = plan(d.candidates, d.sources, self.acceptance, self.cost, b, d.classes)
         if (not cands and d.candidates and self.explore > 0.0 and self._rng.random() < self.explore
-                and plan(d.candidates, d.sources, self._untested, self.cost, b)[0]):
+                and plan(d.candidates, d.sources, self._untested, self.cost, b, d.classes)[0]):
             # a re-test only where the request's own outcomes, not the cost curve, stopped the drafting: with
             # untested (prior) estimates this draft would pay, so a low estimate is what is being re-tested
             i = self._rng.randrange(len(d.candidates))
             cands, srcs = [tuple(d.candidates[i][:1])], [d.sources[i][:1]]
             self.explored += 1
-        self._last = last = Draft(cands, srcs)
-        return last if self.chain else Draft(cands, [x[:1] for x in srcs])
+        self._last = last = Draft(cands, srcs, _kept_classes(cands, d))
+        return last if self.chain else Draft(cands, [x[:1] for x in srcs], last.classes)
 
     def observe(self, draft: Draft, accepted: Sequence[int]) -> None:
-        observe(self.acceptance, self._last.candidates, self._last.sources, accepted)
+        last = self._last
+        observe(self.acceptance, last.candidates, last.sources, accepted, last.classes)
 
 
-__all__ = ["EXPLORE_OVERHEAD", "MAX_EXPLORE_RATE", "STORE_LETTERS", "CostAwareDrafter", "Draft", "Drafter",
+def _kept_classes(kept: Sequence[tuple[int, ...]], draft: Draft) -> list[tuple[int, ...]] | None:
+    """The confidence classes of the ``kept`` prefixes of ``draft``'s candidates: a node's class is that of
+    the first candidate holding its path (the candidate that made the node in :func:`plan`'s tree)."""
+    if draft.classes is None:
+        return None
+    if len(draft.candidates) == 1:  # a chain (vLLM): the kept prefix's classes
+        return [draft.classes[0][:len(c)] for c in kept]
+    out = []
+    for c in kept:
+        cls = []
+        for d in range(len(c)):
+            path = c[:d + 1]
+            cls.append(next(k[d] for cand, k in zip(draft.candidates, draft.classes) if cand[:d + 1] == path))
+        out.append(tuple(cls))
+    return out
+
+
+__all__ = ["COST_AWARE_CONTEXT_KEYS", "EXPLORE_OVERHEAD", "MAX_EXPLORE_RATE", "STORE_LETTERS", "CostAwareDrafter", "Draft", "Drafter",
            "HierarchyDrafter", "NoDrafter", "PLDDrafter", "StoreCounters", "check_order", "explore_rate"]

@@ -12,7 +12,14 @@ from typing import Any
 
 from moelab._validate import check_instance, check_int
 from moelab.costmodel.verify import VerifyCost
-from moelab.hd.drafters import CostAwareDrafter, Draft, Drafter, HierarchyDrafter, check_order
+from moelab.hd.drafters import (
+    COST_AWARE_CONTEXT_KEYS,
+    CostAwareDrafter,
+    Draft,
+    Drafter,
+    HierarchyDrafter,
+    check_order,
+)
 from moelab.hd.policy import EngineAcceptance, check_acceptance, check_budget
 from moelab.hd.rows import RowDrafters
 from moelab.hd.stores import load_default_model_store, load_default_statistics_store, load_store
@@ -122,7 +129,8 @@ def cost_aware_rows(S: Any, L: Any, cost: VerifyCost, *, budget: int, order: str
     def new_request() -> CostAwareDrafter:
         # a row's drafter is made when a request arrives in it, so one drafter (and one model) per request;
         # the stream seed is distinct per request (and per base seed for the first million requests)
-        return CostAwareDrafter(HierarchyDrafter(S, L, order=order, length=length), cost, budget=budget, chain=True,
+        inner = HierarchyDrafter(S, L, order=order, length=length, context_key_lengths=COST_AWARE_CONTEXT_KEYS)
+        return CostAwareDrafter(inner, cost, budget=budget, chain=True,
                                 acceptance=engine.new_request(), seed=base * 1_000_003 + next(numbers))
 
     return RowDrafters(new_request, lambda d, m: d.draft(m))

@@ -22,7 +22,14 @@ from typing import Any
 
 from moelab._validate import check_instance, check_int
 from moelab.costmodel.verify import VerifyCost
-from moelab.hd.drafters import CostAwareDrafter, Drafter, HierarchyDrafter, NoDrafter, PLDDrafter
+from moelab.hd.drafters import (
+    COST_AWARE_CONTEXT_KEYS,
+    CostAwareDrafter,
+    Drafter,
+    HierarchyDrafter,
+    NoDrafter,
+    PLDDrafter,
+)
 from moelab.hd.policy import COST_AWARE_LABEL, EngineAcceptance, check_budget
 from moelab.hd.vllm_adapter import adapter_config, speculative_config
 
@@ -100,7 +107,8 @@ def make_hf_drafter(method: str, S: Any, L: Any, *, budget: int = 8, cost: Verif
         raise ValueError("method 'hd' (cost-aware) needs the measured verify-cost curve `cost`")
     # candidates the plan could keep (one more than the budget fills, so it has a choice); more would
     # only make the walk reach L for candidates that are then cut
-    inner = HierarchyDrafter(S, L, order=m.order, max_candidates=min(7, n_cand + 1), length=length)
+    inner = HierarchyDrafter(S, L, order=m.order, max_candidates=min(7, n_cand + 1), length=length,
+                             context_key_lengths=COST_AWARE_CONTEXT_KEYS)
     return CostAwareDrafter(inner, cost, budget=budget, seed=seed,
                             acceptance=engine.new_request() if engine is not None else None)
 

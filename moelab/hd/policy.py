@@ -1,9 +1,13 @@
 """Cost-aware drafting: how much of a draft is worth verifying.
 
 Each step the hierarchy proposes candidates (a token tree, or one chain in vLLM). Every draft node gets
-a probability of being accepted, ``p(node) = p(parent) * alpha(store, first-or-alternative child)``,
-where ``alpha`` is the running per-store acceptance rate (accepted / tried over every node whose parent
+a probability of being accepted, ``p(node) = p(parent) * alpha(store, first-or-alternative child, class)``,
+where ``alpha`` is the running acceptance rate of the node's key (accepted / tried over every node whose parent
 was accepted, decayed, with a prior; see below), learned from the verification outcomes of earlier steps. The
+``class`` is the drafter's confidence class of the token (:func:`confidence_class`): how long a context the
+store matched and how deep into the store's answer the token is. On the full Spec-Bench run's greedy outputs a
+W token after a 1-token key is accepted 28 % of the time and after a 2-token key 64 %, and a W answer's 4th token
+~80 % once its 3rd was, so one rate per store cuts confident chains short and keeps doubtful ones. The
 expected tokens of a step that verifies the ``K`` most likely nodes are ``1 + sum(p)`` (the bonus token
 always comes), its cost ``c(K + 1)``, the measured time of one target forward over ``K + 1`` tokens
 (:class:`VerifyCost`). The policy keeps the ``K`` that maximises expected tokens per unit of cost,
@@ -122,11 +126,24 @@ def default_prior() -> float:
     return _COLD_START[0]
 
 
-Key = tuple[str, bool]
+Key = tuple[str, bool, int]  # (store letter, alternative child, confidence class)
+
+#: confidence classes distinguish the first ``MATCH_CLASSES - 1`` match lengths (longer ones share the last)
+MATCH_CLASSES = 4
+#: ... and the first ``POSITION_CLASSES - 1`` positions inside a store's answer (deeper ones share the last)
+POSITION_CLASSES = 4
+
+
+def confidence_class(match: int, position: int) -> int:
+    """A draft token's confidence class: the store's match length (how many context tokens its answer was
+    looked up with; 0 when the store does not say) and the token's position in that answer, both capped
+    (:data:`MATCH_CLASSES`, :data:`POSITION_CLASSES`). Acceptance is learned per class (:class:`AcceptanceModel`)."""
+    return min(match, MATCH_CLASSES - 1) * POSITION_CLASSES + min(position, POSITION_CLASSES - 1)
 
 
 class AcceptanceModel:
-    """One request's running acceptance per (store letter, first child or alternative), with decay.
+    """One request's running acceptance per (store letter, first child or alternative, confidence class),
+    with decay.
 
     ``alpha = (accepted + w * prior) / (tried + w)`` where ``accepted`` and ``tried`` are exponentially
     decayed counts (an outcome weighs half after ``half_life`` later outcomes of its key) and ``w`` is
@@ -156,27 +173,28 @@ class AcceptanceModel:
         self.accepted: dict[Key, float] = {}
         self.tried: dict[Key, float] = {}
 
-    def alpha(self, store: str, alternative: bool) -> float:
-        key = (store, alternative)
+    def alpha(self, store: str, alternative: bool, cls: int = 0) -> float:
+        key = (store, alternative, cls)
         w = PRIOR_WEIGHT
         return (self.accepted.get(key, 0.0) + w * self.priors.get(key, self.prior)) / (self.tried.get(key, 0.0) + w)
 
-    def alphas(self, store: str) -> tuple[float, float]:
-        """``(alpha(store, first child), alpha(store, alternative))``: what :func:`plan` reads per store."""
-        return self.alpha(store, False), self.alpha(store, True)
+    def alphas(self, store: str, cls: int = 0) -> tuple[float, float]:
+        """``(alpha(store, first child, cls), alpha(store, alternative, cls))``: what :func:`plan` reads per
+        store and class."""
+        return self.alpha(store, False, cls), self.alpha(store, True, cls)
 
-    def record(self, store: str, alternative: bool, ok: bool) -> None:
+    def record(self, store: str, alternative: bool, ok: bool, cls: int = 0) -> None:
         """One tested node's outcome: earlier outcomes of its key decay by one step, this one counts 1."""
-        key = (store, alternative)
+        key = (store, alternative, cls)
         keep = self._keep
         self.tried[key] = self.tried.get(key, 0.0) * keep + 1.0
         self.accepted[key] = self.accepted.get(key, 0.0) * keep + (1.0 if ok else 0.0)
         if self.engine is not None:
-            self.engine.record(store, alternative, ok)
+            self.engine.record(store, alternative, ok, cls)
 
     def table(self) -> list[dict[str, Any]]:
-        return [{"store": s, "alternative": a, "tried": t, "accepted": self.accepted.get((s, a), 0.0),
-                 "alpha": self.alpha(s, a)} for (s, a), t in sorted(self.tried.items())]
+        return [{"store": s, "alternative": a, "class": c, "tried": t, "accepted": self.accepted.get((s, a, c), 0.0),
+                 "alpha": self.alpha(s, a, c)} for (s, a, c), t in sorted(self.tried.items())]
 
 
 class EngineAcceptance:
@@ -208,15 +226,15 @@ class EngineAcceptance:
         self.tried: dict[Key, float] = {}
         self.requests = 0
 
-    def alpha(self, store: str, alternative: bool) -> float:
+    def alpha(self, store: str, alternative: bool, cls: int = 0) -> float:
         """The engine's estimate for a key, never below the floor."""
-        key = (store, alternative)
+        key = (store, alternative, cls)
         w = PRIOR_WEIGHT
         est = (self.accepted.get(key, 0.0) + w * self.floor) / (self.tried.get(key, 0.0) + w)
         return est if est > self.floor else self.floor
 
-    def record(self, store: str, alternative: bool, ok: bool) -> None:
-        key = (store, alternative)
+    def record(self, store: str, alternative: bool, ok: bool, cls: int = 0) -> None:
+        key = (store, alternative, cls)
         keep = self._keep
         self.tried[key] = self.tried.get(key, 0.0) * keep + 1.0
         self.accepted[key] = self.accepted.get(key, 0.0) * keep + (1.0 if ok else 0.0)
@@ -234,11 +252,12 @@ def _src_at(src: str, depth: int, n: int) -> str:
 
 
 def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: AcceptanceModel, cost: VerifyCost,
-         budget: int) -> tuple[list[tuple[int, ...]], list[str]]:
+         budget: int, classes: Sequence[Sequence[int]] | None = None) -> tuple[list[tuple[int, ...]], list[str]]:
     """The sub-tree of ``candidates`` worth verifying (see the module docstring).
 
     A source is one store letter per candidate, or a string with one letter per token (chains
-    stitched from several lookups). Returns the kept candidates (root-to-leaf paths of the chosen
+    stitched from several lookups). ``classes`` gives every token's confidence class
+    (:func:`confidence_class`; one sequence per candidate, as long as it), class 0 for all when None. Returns the kept candidates (root-to-leaf paths of the chosen
     prefix-closed node set, in their original order, truncated) and their sources; empty lists mean
     "draft nothing this step".
     """
@@ -253,21 +272,29 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
     # dozen nodes, where numpy's per-call overhead dominates. Paths are not materialised: candidate ``i``
     # keeps ``segs[i] = (j, l, first, end)``: the candidate it branches from, ``l``, and its new node ids
     # ``first:end``, which is all the final count of its kept prefix needs.
-    alphas: dict[str, tuple[float, float]] = {}  # store -> (alpha first child, alpha alternative), once per step
+    # (store, class) -> (alpha first child, alpha alternative), read once per step
+    alphas: dict[tuple[str, int], tuple[float, float]] = {}
+    if classes is None:
+        classes = [(0,) * len(c) for c in candidates]
+    elif len(classes) != len(candidates) or any(len(k) != len(c) for k, c in zip(classes, candidates)):
+        raise ValueError("classes must hold one confidence class per candidate token (as many sequences as "
+                         f"candidates, each as long as its candidate); got {len(classes)} for {len(candidates)} candidates")
     threshold = cost.draft_threshold(budget)
     if threshold > 0.0:
         # A node's probability is a product of alphas (each <= 1 for consistent counts), so none exceeds
         # that of the root child it descends from: the first candidate's first-child alpha or a later
         # candidate's alternative alpha. Below the threshold nothing pays: no tree is needed.
         hi, first, ok = -1.0, True, True
-        for cand, src in zip(candidates, sources):
+        for cand, src, cls in zip(candidates, sources, classes):
             if not cand:
                 continue
-            for letter in (src if len(cand) > 1 and len(src) == len(cand) else (src[:1],)):
-                if letter not in alphas:
-                    ab = alphas[letter] = model.alphas(letter)
+            per_token = len(cand) > 1 and len(src) == len(cand)
+            for depth in range(len(cand)):
+                key = (src[depth] if per_token else src[:1], cls[depth])
+                if key not in alphas:
+                    ab = alphas[key] = model.alphas(*key)
                     ok = ok and ab[0] <= 1.0 and ab[1] <= 1.0
-            a = alphas[src[:1]][not first]
+            a = alphas[(src[:1], cls[0])][not first]
             first = False
             if a > hi:
                 hi = a
@@ -277,7 +304,7 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
     root_used = False  # whether the root has a child yet (node 0's children are alternatives after the first)
     branched: set[int] = set()  # other nodes given a second child by a later candidate
     segs: list[tuple[int, int, int, int]] = []
-    for i, (cand, src) in enumerate(zip(candidates, sources)):
+    for i, (cand, src, cls) in enumerate(zip(candidates, sources, classes)):
         n_c = len(cand)
         best, j_best = 0, -1
         if n_c:
@@ -305,26 +332,15 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
         else:
             parent, alt, root_used = 0, root_used, True
         nid = len(prob)
-        if n_c > 1 and len(src) == n_c:  # one store letter per token (stitched chains)
-            pp = prob[parent]
-            for depth in range(best, n_c):
-                letter = src[depth]
-                ab = alphas.get(letter)
-                if ab is None:
-                    ab = alphas[letter] = model.alphas(letter)
-                pp *= ab[alt and depth == best]
-                prob.append(pp)
-        else:
-            letter = src[:1]
-            ab = alphas.get(letter)
+        per_token = n_c > 1 and len(src) == n_c  # one store letter per token (stitched chains)
+        pp = prob[parent]
+        for depth in range(best, n_c):
+            key = (src[depth] if per_token else src[:1], cls[depth])
+            ab = alphas.get(key)
             if ab is None:
-                ab = alphas[letter] = model.alphas(letter)
-            pp = prob[parent] * ab[alt]
+                ab = alphas[key] = model.alphas(*key)
+            pp *= ab[alt and depth == best]  # the rest of the chain: first children
             prob.append(pp)
-            a = ab[0]
-            for _ in range(best + 1, n_c):  # the rest of the chain: first children
-                pp *= a
-                prob.append(pp)
         segs.append((j_best, best, nid, len(prob)))
     # the likeliest K nodes, for every K: expected tokens per unit of cost (the values alone suffice)
     ps = sorted(prob[1:], reverse=True)
@@ -367,14 +383,17 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
 
 
 def observe(model: AcceptanceModel, candidates: Sequence[Sequence[int]], sources: Sequence[str],
-            accepted: Sequence[int]) -> None:
+            accepted: Sequence[int], classes: Sequence[Sequence[int]] | None = None) -> None:
     """Update ``model`` from one verification: ``accepted`` = the accepted draft tokens (longest accepted
-    path). Every node whose parent was on the accepted path was tested: accepted iff it is the next token."""
+    path). Every node whose parent was on the accepted path was tested: accepted iff it is the next token.
+    ``classes``: the tokens' confidence classes as given to :func:`plan` (class 0 for all when None)."""
     acc = [int(t) for t in accepted]
-    tested: dict[tuple[int, int], tuple[str, bool]] = {}
+    tested: dict[tuple[int, int], tuple[str, bool, int]] = {}
     n_children: dict[int, int] = {}
     seen: dict[tuple[int, ...], int] = {(): 0}
-    for cand, src in zip(candidates, sources):
+    if classes is None:
+        classes = [(0,) * len(c) for c in candidates]
+    for cand, src, cls in zip(candidates, sources, classes):
         prefix: tuple[int, ...] = ()
         for depth, t in enumerate(cand):
             nxt = prefix + (int(t),)
@@ -384,12 +403,13 @@ def observe(model: AcceptanceModel, candidates: Sequence[Sequence[int]], sources
                 n_children[pid] = n_children.get(pid, 0) + 1
                 seen[nxt] = len(seen)
                 if list(prefix) == acc[:depth]:  # parent accepted: this node was tested
-                    tested[(depth, int(t))] = (_src_at(src, depth, len(cand)), alt)
+                    tested[(depth, int(t))] = (_src_at(src, depth, len(cand)), alt, int(cls[depth]))
             prefix = nxt
-    for (depth, t), (src, alt) in tested.items():
-        model.record(src, alt, depth < len(acc) and acc[depth] == t)
+    for (depth, t), (src, alt, c) in tested.items():
+        model.record(src, alt, depth < len(acc) and acc[depth] == t, c)
 
 
-__all__ = ["BUDGETS", "COST_AWARE_LABEL", "ENGINE_HALF_LIFE", "FALLBACK_PRIOR", "MAX_BUDGET", "PRIOR_WEIGHT", "REQUEST_HALF_LIFE",
-           "AcceptanceModel", "EngineAcceptance", "check_acceptance", "check_budget", "cold_start_prior",
-           "default_prior", "observe", "plan"]
+__all__ = ["BUDGETS", "COST_AWARE_LABEL", "ENGINE_HALF_LIFE", "FALLBACK_PRIOR", "MATCH_CLASSES", "MAX_BUDGET",
+           "POSITION_CLASSES", "PRIOR_WEIGHT", "REQUEST_HALF_LIFE", "AcceptanceModel", "EngineAcceptance",
+           "check_acceptance", "check_budget", "cold_start_prior", "confidence_class", "default_prior", "observe",
+           "plan"]

@@ -34,6 +34,13 @@ class Store(Protocol):
     def lookup(self, context: Sequence[int], k: int = 7) -> list[tuple[int, ...]]: ...
 
 
+def match_length(store: Store, context: Sequence[int]) -> int:
+    """How many of ``context``'s last tokens ``store``'s answer matched (its ``match_length`` method), or 0
+    for a store that does not say (one confidence class for all its answers)."""
+    f = getattr(store, "match_length", None)
+    return int(f(context)) if f is not None else 0
+
+
 class ContextStore:
     """W: a per-request n-gram store over the prompt and the accepted tokens, LRU per key.
 
@@ -83,6 +90,16 @@ class ContextStore:
                     elif len(bucket) >= per_key:
                         bucket.pop()  # evict the least recently seen
                     bucket.insert(0, cont)
+
+    def match_length(self, context: Sequence[int]) -> int:
+        """The longest key length whose key (``context``'s last tokens) has continuations; 0 if none. A
+        drafter's confidence signal: a continuation after a longer key is accepted far more often."""
+        n = len(context)
+        table = self._table
+        for m in self.key_lengths:
+            if n >= m and table.get(tuple(context[n - m:])):
+                return m
+        return 0
 
     def lookup(self, context: Sequence[int], k: int = 7) -> list[tuple[int, ...]]:
         """Up to ``k`` continuations of ``context``'s last tokens (longest key first, most recent first)."""
@@ -145,5 +162,5 @@ def load_default_statistics_store(tokenizer: Any, *, rebuild: bool = False, max_
 
 
 __all__ = ["STORE_KINDS", "ContextStore", "Store", "StoreFileError", "default_model_store_path", "default_store_path",
-           "load_default_model_store", "load_default_statistics_store", "load_store", "store_meta",
+           "load_default_model_store", "load_default_statistics_store", "load_store", "match_length", "store_meta",
            "tokenizer_identity"]

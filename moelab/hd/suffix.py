@@ -169,6 +169,15 @@ class SuffixStore:
                 memo.popitem(last=False)
         return out
 
+    def match_length(self, context: Sequence[int]) -> int:
+        """The length of the longest suffix of ``context`` (at most ``depth`` tokens) that occurs in the corpus;
+        0 if none. Memoised with :meth:`lookup` (a drafter asks right after a lookup of the same context)."""
+        n = len(context)
+        key = token_tuple("context", context[max(0, n - self.depth):])
+        hit = self._memo.get(key)
+        ranges = hit[2] if hit is not None else self._suffix_ranges(key)
+        return ranges[0][0] if ranges else 0
+
     def _longest_first(self, context: tuple[int, ...]):
         """``(m, lo, hi)`` for the occurring suffixes of ``context``, longest first (see :meth:`_suffix_ranges`)."""
         yield from self._suffix_ranges(tuple(context[max(0, len(context) - self.depth):]))
