@@ -21,6 +21,7 @@ DELEGATED = {
     "calibrate": ("moelab.make.calibrate", "measure step costs on this machine's GPU (or --smoke on CPU)"),
     "serve-router": ("moelab.serving.proxy", "HTTP router proxy in front of OpenAI-compatible vLLM servers"),
     "sweep": ("moelab.bench.sweep_cli", "run an experiment grid (ELDR, BalanceRoute, HD) serially, on a process pool or Ray"),
+    "hd-replay": ("moelab.bench.hd_replay", "replay HD's drafters on greedy outputs: per-class acceptance, variants (held-out)"),
     "build-hd-stores": ("moelab.make.hd_stores", "build Hierarchy Drafting's S (target outputs on ShareGPT) and L stores"),
     "book": ("moelab.book", "build the executed lab as a static HTML book (Sphinx + myst-nb; works offline)"),
     "course": ("moelab.course.release", "hand out the lessons as nbgrader labs (course release OUT)"),
