@@ -234,8 +234,8 @@ def _tokenizer() -> Any:
 
 def replay_inputs(prompt_set: str, n: int, *, max_new_tokens: int = 128
                   ) -> tuple[Any, Any, list[list[int]], list[list[int]], VerifyCost, dict[str, Any]]:
-    """S, L, the prompts of ``prompt_set`` (:data:`PROMPT_SETS`; Spec-Bench: the first ``n`` by the full run's
-    order), the target's greedy outputs through vLLM (cached) and this machine's verify-cost curve."""
+    """S, L, the prompts of ``prompt_set`` (:data:`PROMPT_SETS`; Spec-Bench: the first ``n / 6`` questions of each
+    category), the target's greedy outputs through vLLM (cached) and this machine's verify-cost curve."""
     from moelab.bench.specbench.vllm_runs import _question_table, measure_vllm_cost
     from moelab.hd.engine import load_stores
     from moelab.make.hd_stores import target_outputs_vllm
@@ -248,9 +248,17 @@ def replay_inputs(prompt_set: str, n: int, *, max_new_tokens: int = 128
     if prompt_set == "heldout":
         prompts, info = heldout_prompts(tok, n)
     else:
+        from moelab.datasets import SPEC_BENCH_CATEGORIES
+        from moelab.hd.specbench import spec_bench_split
+
+        if n % len(SPEC_BENCH_CATEGORIES):
+            raise ValueError(f"n must be a multiple of {len(SPEC_BENCH_CATEGORIES)} for Spec-Bench (the same number of "
+                             f"questions from each category); got {n}")
         qs = _question_table()
-        prompts = [qs[q]["prompt_ids"] for q in sorted(qs)][:n]
-        info = {"spec_bench": f"the first {len(prompts)} of {len(qs)} questions by id (the evaluation set)"}
+        ids = spec_bench_split("eval", per_category=n // len(SPEC_BENCH_CATEGORIES))["question_id"]
+        prompts = [qs[int(q)]["prompt_ids"] for q in ids]
+        info = {"spec_bench": f"the first {n // len(SPEC_BENCH_CATEGORIES)} questions of each category by id "
+                              f"({len(prompts)} of {len(qs)}; the evaluation set)"}
     outputs, gen = target_outputs_vllm(lm_folder(DEFAULT_LM), prompts, max_new_tokens=max_new_tokens, progress=True)
     S, L = load_stores(tok)
     cost = measure_vllm_cost(lm_folder(DEFAULT_LM))
