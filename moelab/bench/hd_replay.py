@@ -33,11 +33,18 @@ import pandas as pd
 
 from moelab._io import atomic_write_json
 from moelab._validate import check_choice, check_instance, check_int
+from moelab.bench.specbench.vllm_runs import _question_table, measure_vllm_cost
 from moelab.costmodel.verify import VerifyCost
+from moelab.datasets import SPEC_BENCH_CATEGORIES
 from moelab.hd.drafters import COST_AWARE_CONTEXT_KEYS, CostAwareDrafter, Draft, HierarchyDrafter
-from moelab.hd.engine import cost_aware_rows
+from moelab.hd.engine import _tokenizer as load_tokenizer
+from moelab.hd.engine import cost_aware_rows, load_stores
 from moelab.hd.policy import MATCH_CLASSES, POSITION_CLASSES, EngineAcceptance, check_budget
 from moelab.hd.rows import RowDrafters
+from moelab.hd.specbench import spec_bench_split
+from moelab.hd.stores import load_default_model_store
+from moelab.make.hd_stores import S_MAX_PROMPT_TOKENS, S_PROMPTS, sharegpt_s_prompts, target_outputs_vllm
+from moelab.models.lm import DEFAULT_LM, lm_folder
 
 PROMPT_SETS = ("heldout", "specbench")
 #: the variants :func:`compare_variants` replays, in table order
@@ -206,9 +213,6 @@ def heldout_prompts(tokenizer: Any, n: int) -> tuple[list[list[int]], dict[str, 
     S's prompts are the first ``S_PROMPTS`` that :func:`moelab.make.hd_stores.sharegpt_s_prompts` keeps
     walking back from the end of ShareGPT (L reads only the front): these are the next ``n`` on that walk,
     refused when the shipped S store was not built from exactly that walk."""
-    from moelab.hd.stores import load_default_model_store
-    from moelab.make.hd_stores import S_MAX_PROMPT_TOKENS, S_PROMPTS, sharegpt_s_prompts
-
     n = check_int("n", n, low=1, high=MAX_REQUESTS)
     built = load_default_model_store(tokenizer).meta.get("prompts", {})
     if built.get("prompts") != S_PROMPTS or built.get("max_prompt_tokens") != S_MAX_PROMPT_TOKENS:
@@ -224,10 +228,7 @@ def heldout_prompts(tokenizer: Any, n: int) -> tuple[list[list[int]], dict[str, 
 
 
 def _tokenizer() -> Any:
-    from moelab.hd.engine import _tokenizer as load
-    from moelab.models.lm import DEFAULT_LM, lm_folder
-
-    tok = load(str(lm_folder(DEFAULT_LM)))
+    tok = load_tokenizer(str(lm_folder(DEFAULT_LM)))
     tok.moelab_name = DEFAULT_LM
     return tok
 
@@ -236,11 +237,6 @@ def replay_inputs(prompt_set: str, n: int, *, max_new_tokens: int = 128
                   ) -> tuple[Any, Any, list[list[int]], list[list[int]], VerifyCost, dict[str, Any]]:
     """S, L, the prompts of ``prompt_set`` (:data:`PROMPT_SETS`; Spec-Bench: the first ``n / 6`` questions of each
     category), the target's greedy outputs through vLLM (cached) and this machine's verify-cost curve."""
-    from moelab.bench.specbench.vllm_runs import _question_table, measure_vllm_cost
-    from moelab.hd.engine import load_stores
-    from moelab.make.hd_stores import target_outputs_vllm
-    from moelab.models.lm import DEFAULT_LM, lm_folder
-
     check_choice("prompts", prompt_set, PROMPT_SETS)
     n = check_int("n", n, low=1, high=MAX_REQUESTS)
     check_int("max_new_tokens", max_new_tokens, low=1, high=1024)
@@ -248,9 +244,6 @@ def replay_inputs(prompt_set: str, n: int, *, max_new_tokens: int = 128
     if prompt_set == "heldout":
         prompts, info = heldout_prompts(tok, n)
     else:
-        from moelab.datasets import SPEC_BENCH_CATEGORIES
-        from moelab.hd.specbench import spec_bench_split
-
         if n % len(SPEC_BENCH_CATEGORIES):
             raise ValueError(f"n must be a multiple of {len(SPEC_BENCH_CATEGORIES)} for Spec-Bench (the same number of "
                              f"questions from each category); got {n}")
