@@ -252,7 +252,8 @@ def replay_inputs(prompt_set: str, n: int, *, max_new_tokens: int = 128
         prompts = [qs[int(q)]["prompt_ids"] for q in ids]
         info = {"spec_bench": f"the first {n // len(SPEC_BENCH_CATEGORIES)} questions of each category by id "
                               f"({len(prompts)} of {len(qs)}; the evaluation set)"}
-    outputs, gen = target_outputs_vllm(lm_folder(DEFAULT_LM), prompts, max_new_tokens=max_new_tokens, progress=True)
+    outputs, gen = target_outputs_vllm(lm_folder(DEFAULT_LM), prompts, max_new_tokens=max_new_tokens,
+                                      progress=True, label=f"{prompt_set} outputs")
     S, L = load_stores(tok)
     cost = measure_vllm_cost(lm_folder(DEFAULT_LM))
     return S, L, prompts, outputs, cost, {"prompts": info, "generation": gen, "cost": cost.source}

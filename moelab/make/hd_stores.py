@@ -162,14 +162,15 @@ def _load_chunk(path: Path, expect: int) -> list[list[int]] | None:
 
 def target_outputs_vllm(model_dir: str | Path, prompts: Sequence[Sequence[int]], *,
                         max_new_tokens: int = S_MAX_NEW_TOKENS, chunk: int = 64, max_num_seqs: int = 32,
-                        kv_cache_gib: float = 2.0, cached_only: bool = False,
-                        progress: bool = True) -> tuple[list[list[int]], dict[str, Any]]:
+                        kv_cache_gib: float = 2.0, cached_only: bool = False, progress: bool = True,
+                        label: str = "S outputs") -> tuple[list[list[int]], dict[str, Any]]:
     """Greedy outputs of the model in ``model_dir`` for chat ``prompts`` (token ids), batched through vLLM.
 
     Float32, continuous batching of ``max_num_seqs`` sequences; outputs are cut after EOS. Results are
     cached per chunk of ``chunk`` prompts (atomic ``.npz``), so an interrupted build resumes where it stopped.
     ``cached_only`` returns only the chunks already generated (in order, stopping at the first missing one)
-    without starting an engine: S from a partial run, its prompt count reported as it is.
+    without starting an engine: S from a partial run, its prompt count reported as it is. ``label`` names the
+    outputs in the progress lines.
     """
     check_int("max_new_tokens", max_new_tokens, low=1, high=4096)
     check_int("chunk", chunk, low=1)
@@ -200,7 +201,7 @@ def target_outputs_vllm(model_dir: str | Path, prompts: Sequence[Sequence[int]],
         out.extend(got)
         if progress:
             el = time.perf_counter() - t0
-            print(f"S outputs: {len(out)}/{len(prompts)} prompts ({cached} cached), {gen_tokens} new tokens in "
+            print(f"{label}: {len(out)}/{len(prompts)} prompts ({cached} cached), {gen_tokens} new tokens in "
                   f"{el:.0f} s ({gen_tokens / max(el, 1e-9):.1f} tok/s)", file=sys.stderr, flush=True)
     info = {"engine": "vllm", "dtype": "float32", "max_new_tokens": max_new_tokens, "cache": str(folder),
             "prompts_done": len(out), "prompts_requested": len(prompts), "cached_only": cached_only,
