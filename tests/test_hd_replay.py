@@ -86,3 +86,11 @@ def test_bad_input_is_named(prompts, outputs, match):
         variant_rows("HD-best", S, L, COST, budget=4)
     with pytest.raises(ValueError, match="budget"):
         replay(variant_rows("HD-fixed", S, L, COST, budget=4), [PROMPT], [OUTPUT], budget=0, cost=COST)
+
+
+def test_cli_answers_a_bad_budget_with_an_error(capsys):
+    from moelab.cli import main
+
+    assert main(["hd-replay", "--budget", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "budget" in err
