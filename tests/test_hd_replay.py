@@ -51,7 +51,7 @@ def test_every_step_emits_its_accepted_tokens_and_the_bonus():
                     cost=COST)
         for r in df.itertuples():
             # accepted + one bonus per step, except a last step whose accepted tokens reach the output's end
-            assert r.new_tokens - 1 <= r.steps + r.accepted - 1 <= r.new_tokens
+            assert r.steps + r.accepted in (r.new_tokens, r.new_tokens + 1)
             assert r.accepted <= r.drafted <= 4 * r.steps
             assert r.ar_ms == pytest.approx(r.new_tokens * 10.0)
         assert df["accepted"].sum() > 0, v  # the repetition is drafted and accepted
@@ -71,7 +71,11 @@ def test_variants_share_the_outputs_and_the_budget():
     t = compare_variants(S, L, [PROMPT] * 3, [OUTPUT] * 3, cost=COST, budget=4)
     assert list(t["variant"]) == list(VARIANTS)
     assert (t["mat"] >= 1.0).all() and (t["drafted_per_step"] <= 4).all()
-    assert t.loc[t["variant"] == "HD-fixed", "vs_fixed"].iloc[0] == pytest.approx(1.0)
+    by = t.set_index("variant")
+    # the cost policy keeps a prefix of the hierarchy's chain: it never verifies more than HD-fixed's full chain
+    assert by.loc["HD-cost", "drafted_per_step"] <= by.loc["HD-fixed", "drafted_per_step"]
+    assert by.loc["HD-cost", "vs_fixed"] == pytest.approx(by.loc["HD-cost", "projected_speedup"]
+                                                          / by.loc["HD-fixed", "projected_speedup"])
 
 
 @pytest.mark.parametrize("prompts, outputs, match", [

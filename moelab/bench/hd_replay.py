@@ -86,10 +86,9 @@ def replay(rows: RowDrafters, prompts: Sequence[Sequence[int]], outputs: Sequenc
             raise ValueError(f"outputs[{i}] is empty: every replayed request needs at least its prefill token")
         tokens = [int(t) for t in prompt] + out[:1]
         pos, steps, drafted, accepted, ms = 1, 0, 0, 0, 0.0
-        row = i % rows.max_rows
-        rows.rows.pop(row, None)  # a new request in this row: never the previous request's drafter
         while pos < len(out):
-            chain = rows.propose(row, np.asarray(tokens), budget)
+            # row i: each request its own row, so its first proposal makes its own drafter (as a new request does)
+            chain = rows.propose(i, np.asarray(tokens), budget)
             a = 0
             while a < len(chain) and pos + a < len(out) and chain[a] == out[pos + a]:
                 a += 1
