@@ -117,7 +117,7 @@ def test_worker_guard_lives_once():
     class Fixed(Router):
         name = "fixed"
 
-        def _choose(self, batch, i, view, open_):
+        def choose(self, batch, i, view, open_):
             return 0
 
     r = Fixed()

@@ -97,7 +97,7 @@ class BRH(Router):
         return projected_loads(g, self.horizon, act.worker, act.workload.astype(np.float64), c)
 
     # ------------------------------------------------------------------ routing
-    def _route(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
+    def route_batch(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
         """The whole waiting pool at once (stage 1, then stage 2); :meth:`Router.route` guards the worker count."""
         n = len(batch)
         out = np.full(n, UNASSIGNED, dtype=np.int64)

@@ -121,7 +121,7 @@ class ELDRRouter(Router):
         self.balanced = bool(balanced)
         return self.prepare(RouterCalibration(n_workers=n_workers, signatures=signatures, seed=seed))
 
-    def _prepare(self, calibration: RouterCalibration) -> None:
+    def prepare_state(self, calibration: RouterCalibration) -> None:
         """Centroids from the calibration's signatures (its fitted ``centroids`` when the driver has them
         cached; without signatures the constructor's stay), and the online refitter when
         ``refit_window_s`` was given."""
@@ -160,7 +160,7 @@ class ELDRRouter(Router):
         """Assign each request of ``batch`` to a worker (``-1``: no worker has a free slot).
 
         :meth:`Router.route`'s checks (prepared, worker count, required fields present) as O(1) tests,
-        then one request without a refitter straight to :meth:`_route_one`, anything else to :meth:`_route`."""
+        then one request without a refitter straight to :meth:`_route_one`, anything else to :meth:`route_batch`."""
         if self.calibration_needs:
             raise self._unprepared()
         if view.active.shape[0] != self.n_workers:
@@ -169,13 +169,13 @@ class ELDRRouter(Router):
         if sig is None:
             self._check_present(batch, view)  # raises, naming the missing field
         if sig.shape[0] != 1 or self.refit is not None or self.centroids is None:
-            return self._route(batch, view)
+            return self.route_batch(batch, view)
         if sig.shape[1] != self._dim:
             raise ValueError(f"signature must have dimension {self._dim} (the centroids'); got {sig.shape[1]}")
         w = self._route_one(sig, view)
         return self._route_batch(sig, view) if w is None else np.array([w], dtype=np.int64)
 
-    def _route(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
+    def route_batch(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
         """Refit when a refitter is set, then one request on :meth:`_route_one` (when its band is open),
         else :meth:`_route_batch`."""
         sig = batch.signature
@@ -313,7 +313,7 @@ class DomainOracleRouter(Router):
             self.n_domains = check_int("n_domains", n_domains, low=1)
             self.calibration_needs = frozenset()
 
-    def _prepare(self, calibration: RouterCalibration) -> None:
+    def prepare_state(self, calibration: RouterCalibration) -> None:
         """Count the distinct domain labels of the calibration (when it has them)."""
         if calibration.domains is not None:
             self.n_domains = check_int("the calibration's distinct domains", np.unique(calibration.domains).size,
@@ -331,12 +331,12 @@ class DomainOracleRouter(Router):
         self._groups = groups
         return self
 
-    def _choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
+    def choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
         d = int(batch.domain[i])
         if not 0 <= d < self.n_domains:
             raise ValueError(f"domain must be an integer code in [0, n_domains={self.n_domains}); got {d}")
         in_group = self._groups[d] & open_
-        return self._argmin_tiebreak(view.active + view.waiting, in_group if in_group.any() else open_)
+        return self.argmin_tiebreak(view.active + view.waiting, in_group if in_group.any() else open_)
 
 
 __all__ = ["DomainOracleRouter", "ELDRRouter"]

@@ -4,6 +4,11 @@ ELDR's locality band (``moelab.eldr``) and BalanceRoute's BR-0/BR-H (``moelab.ba
 implement the same :class:`Router` contract in their own folders and register themselves in
 :data:`ROUTERS` when imported; :mod:`moelab.routers` (above the paper folders) imports them all. This
 floor never imports a paper folder.
+
+A router of your own: subclass :class:`Router`, override :meth:`Router.choose` (one request) or
+:meth:`Router.route_batch` (a whole batch), declare the fields it reads in ``requires`` and register it
+with :func:`register_router`; it then runs in every driver that supplies those fields (the DP and
+decode-cluster simulators, the cross-paper experiment, ``moelab serve-router``).
 """
 
 from moelab.routing import dp_balancers  # noqa: F401  registers vLLM's and SGLang's DP balancers by version
@@ -17,7 +22,10 @@ from moelab.routing.base import (
     RequestBatch,
     Router,
     RouterCalibration,
+    RouterError,
     available_routers,
+    call_router,
+    check_routed,
     check_supplies,
     make_router,
     register_router,
@@ -36,7 +44,7 @@ from moelab.routing.baselines import (
 
 __all__ = [
     "CALIBRATION_FIELDS", "FIELDS", "ROUTERS", "UNASSIGNED", "ActiveRequests", "ClusterView", "RequestBatch", "Router",
-    "RouterCalibration", "available_routers",
+    "RouterCalibration", "RouterError", "available_routers", "call_router", "check_routed",
     "check_supplies", "make_router", "register_router", "requirements", "router_class", "router_names",
     "JoinShortestQueue", "LeastKVTokens", "PowerOfTwoChoices", "RandomRouter", "RoundRobin", "VLLMDataParallel",
 ]

@@ -6,8 +6,12 @@
   :func:`check_supplies` once before it starts: a router that needs a field the driver cannot fill is
   refused with a ``ValueError`` naming the field. :meth:`Router.route` checks again per call that
   the required fields are present (a cheap ``is None`` test).
-* The worker-count guard lives once, in :meth:`Router.route`; subclasses implement :meth:`Router._route`
-  (a whole batch) or :meth:`Router._choose` (one request at a time, the view kept up to date).
+* The worker-count guard lives once, in :meth:`Router.route`; subclasses override :meth:`Router.route_batch`
+  (a whole batch) or :meth:`Router.choose` (one request at a time, the view kept up to date), and
+  :meth:`Router.prepare_state` when they fit state from a calibration.
+* Drivers call a router through :func:`call_router`: an exception it raises, or an answer that is not one
+  integer worker id in range per request (:func:`check_routed`), becomes a :class:`RouterError` naming the
+  router and what it returned, before any request of the batch is placed.
 * A router with fitted state declares what it needs from a :class:`RouterCalibration`
   (:attr:`Router.calibration_needs`, names from :data:`CALIBRATION_FIELDS`); :meth:`Router.prepare` fits
   it (ELDR's centroids, the domain oracle's domain count, a vLLM balancer's KV capacity) and refuses,
@@ -137,9 +141,24 @@ class RouterCalibration:
 
 @dataclass(frozen=True)
 class ActiveRequests:
-    """The running requests of a cluster, one entry each: ``worker``, ``workload`` (KV tokens of its
-    coming step), ``age`` (tokens generated), ``prompt_len``, and when known ``prompt_key`` and the
-    true ``output_len`` (oracle predictors only)."""
+    """The running requests of a cluster, one entry per running request (routers that project future
+    load read it, e.g. BalanceRoute's BR-H; field ``active_requests`` of :data:`FIELDS`).
+
+    Attributes
+    ----------
+    worker : ndarray of int64, shape (n,)
+        The worker each running request is on.
+    workload : ndarray of int64, shape (n,)
+        KV tokens its coming decode step reads (prompt plus tokens generated so far).
+    age : ndarray of int64, shape (n,)
+        Tokens it has generated so far.
+    prompt_len : ndarray of int64, shape (n,)
+        Its prompt tokens.
+    prompt_key : ndarray, shape (n,), optional
+        Hash of its prompt, where the driver knows it (length predictors keyed by prompt).
+    output_len : ndarray of int64, shape (n,), optional
+        Its true output length (oracle predictors only; None in a live deployment).
+    """
 
     worker: np.ndarray
     workload: np.ndarray
@@ -154,15 +173,36 @@ class ActiveRequests:
 
 @dataclass
 class ClusterView:
-    """What a router may see of ``G`` workers when it decides.
+    """What a router may see of ``G`` workers when it decides (the cluster fields of :data:`FIELDS`).
 
-    ``active``: running requests; ``kv_tokens``: KV-cache tokens held; ``free_slots``: batch slots
-    still free (a large number where the worker queues without limit); ``waiting``: requests queued
-    at the worker but not yet running; ``time_s``: the simulated clock; ``step``: the driver's step
-    counter; ``active_requests`` (:class:`ActiveRequests`), ``waited_steps`` (per request of the
-    batch) and ``waiting_tokens`` (prompt tokens queued per worker) where the driver supplies them.
-    Routers that assign several requests in one call update a private copy (:meth:`copy`,
-    :meth:`admit`) as they go.
+    Every per-worker array has shape ``(G,)`` and dtype int64. A router reads it and never modifies it:
+    drivers pass their live state, and a router that books several requests in one call books them onto
+    its own :meth:`copy` with :meth:`admit` (as :meth:`Router.route_batch` does).
+
+    Attributes
+    ----------
+    active : ndarray of int64, shape (G,)
+        Requests running (decoding) on each worker.
+    kv_tokens : ndarray of int64, shape (G,)
+        KV-cache tokens each worker holds: its running requests' prompts plus generated tokens, and (in
+        the decode-cluster simulator) the prompts queued there, whose KV arrives with them.
+    free_slots : ndarray of int64, shape (G,)
+        Batch slots still free on each worker. Where a worker queues without limit (the decode-cluster
+        simulator, engine queues) it is a large number (``2**30`` there), so every worker is open; the
+        ``open_`` mask :meth:`Router.choose` gets is ``free_slots > 0``.
+    waiting : ndarray of int64, shape (G,)
+        Requests queued at each worker but not yet running (zeros where the driver queues centrally).
+    time_s : float
+        The driver's clock in seconds (simulated time; wall time in the proxy).
+    step : int
+        The driver's step counter (decode steps in the DP simulator; 0 where it has none).
+    active_requests : ActiveRequests, optional
+        Per running request its worker, workload, age and prompt (None unless a router requires it).
+    waited_steps : ndarray of int64, shape (n_requests,), optional
+        Per request of the batch being routed, the routing steps it has already waited (the DP
+        simulator's starvation guard; None elsewhere).
+    waiting_tokens : ndarray of int64, shape (G,), optional
+        Prompt tokens of the requests queued at each worker (drivers with per-worker queues).
     """
 
     active: np.ndarray
@@ -215,11 +255,29 @@ class ClusterView:
 
 @dataclass
 class RequestBatch:
-    """Requests to place, in arrival order. ``prompt_len`` is required; the rest is what a router
-    may use if the driver supplies it: ``signature`` [n, d] (ELDR), ``domain`` (int codes, oracle),
-    ``output_len`` (true lengths, for oracle predictors), ``request_id``, ``prompt_key``,
-    ``prefix_hashes`` (a tuple of block hashes per request). Signatures must be finite; they are kept as
-    float32 when given as float32, else converted to float64."""
+    """Requests to place, in arrival order (the request fields of :data:`FIELDS`).
+
+    Only ``prompt_len`` is required; a driver fills the rest where it knows them, and a router declares
+    in :attr:`Router.requires` which it reads (the driver refuses it up front when one is missing).
+
+    Attributes
+    ----------
+    prompt_len : ndarray of int64, shape (n,)
+        Prompt tokens per request (the KV cache it brings), 0 .. ``MAX_SEQUENCE_TOKENS``.
+    signature : ndarray, shape (n, d), optional
+        Expert-routing signature per request (ELDR; see :mod:`moelab.eldr.signature`). Finite; kept
+        float32 when given as float32, else float64.
+    domain : ndarray of int, shape (n,), optional
+        Integer domain / task label (oracle routers).
+    output_len : ndarray of int64, shape (n,), optional
+        True output length (oracles and oracle length predictors only; unknown in a live deployment).
+    request_id : ndarray of int, shape (n,)
+        The driver's id of each request (default ``0 .. n-1``).
+    prompt_key : ndarray, shape (n,), optional
+        Hash identifying a repeated prompt (prefix-cache-aware policies, predictors keyed by prompt).
+    prefix_hashes : tuple of tuple, optional
+        Per request, the hashes of its prompt's KV blocks.
+    """
 
     prompt_len: np.ndarray
     signature: np.ndarray | None = None
@@ -265,18 +323,155 @@ class RequestBatch:
         return int(self.prompt_len.shape[0])
 
 
-class Router:
-    """Base class of every router.
+class RouterError(ValueError):
+    """A router broke the contract: it raised, or returned something other than one integer worker id
+    per request in range. The message names the router and what it returned; a driver raises it before
+    it places any request of the batch, so nothing is lost or placed twice. A ``ValueError``, so code that
+    catches bad input catches it too."""
 
-    Class attributes: ``name`` (the registry name), ``requires`` (fields of :data:`FIELDS` it reads),
-    ``tags`` (e.g. ``"baseline"``, ``"eldr_paper"``), ``calibration_needs`` (items of
-    :data:`CALIBRATION_FIELDS` :meth:`prepare` must get; an instance whose constructor was given that
-    state needs fewer, and a prepared one none) and ``engine_queues`` (True: every request goes at once
-    to an engine, even a full one, and waits in that engine's queue; the driver keeps those queues).
-    A router whose ``requires`` depends on its parameters narrows it per instance; the class attribute
-    is then the most it may read. Subclasses implement :meth:`_choose` for one request (``view`` kept up
-    to date by the base class) or :meth:`_route` for batch policies, and :meth:`_prepare` when they fit
-    state from a calibration.
+
+def _router_label(router: Router) -> str:
+    return f"router {getattr(router, 'name', '?')!r} ({type(router).__qualname__})"
+
+
+def check_routed(router: Router, where: Any, n_requests: int, n_workers: int, *, allow_waiting: bool = True,
+                 free_slots: np.ndarray | None = None, unit: str = "worker") -> np.ndarray:
+    """Validate what a router returned for a batch; the one check every driver runs.
+
+    Parameters
+    ----------
+    router : Router
+        The router that answered (named in the error).
+    where : array-like
+        Its answer: one worker id per request.
+    n_requests : int
+        Requests in the batch (the answer's required length).
+    n_workers : int
+        Workers ``G``: an id must be in ``[0, G)``, or ``-1`` (keep waiting) where ``allow_waiting``.
+    allow_waiting : bool
+        Whether ``-1`` is allowed (False for drivers that must place every request at once).
+    free_slots : ndarray, optional
+        Free slots per worker; given, a worker may receive at most that many requests of the batch.
+    unit : str
+        What the driver calls a worker in its messages (``"rank"`` in a DP group).
+
+    Returns
+    -------
+    ndarray of int64, shape (n_requests,)
+
+    Raises
+    ------
+    RouterError
+        Naming the router and what it returned: the wrong shape, non-integer values, an id out of range,
+        or more requests than a worker has free slots.
+    """
+    label = _router_label(router)
+    arr = np.asarray(where) if not isinstance(where, np.ndarray) else where
+    if arr.shape != (n_requests,):
+        raise RouterError(f"{label} returned {_show(where)} of shape {arr.shape}; expected one {unit} id per request, "
+                          f"shape ({n_requests},)")
+    if arr.dtype.kind not in "iu":
+        raise RouterError(f"{label} returned {arr.dtype} values {_show(arr)}; {unit} ids must be integers "
+                          "(e.g. np.int64)")
+    low = UNASSIGNED if allow_waiting else 0
+    if n_requests and (arr.min() < low or arr.max() >= n_workers):
+        bad = arr[(arr < low) | (arr >= n_workers)]
+        allowed = f"[0, {n_workers})" + (" or -1 (keep waiting)" if allow_waiting else "")
+        raise RouterError(f"{label} returned invalid {unit} ids {_show(bad)} (out of range; allowed: {allowed})")
+    arr = arr.astype(np.int64, copy=False)
+    if free_slots is not None and n_requests:
+        placed = arr[arr >= 0]
+        if placed.size:
+            per = np.bincount(placed, minlength=n_workers)
+            over = np.flatnonzero(per > free_slots)
+            if over.size:
+                w = int(over[0])
+                raise RouterError(f"{label} over-filled a {unit}: it placed {int(per[w])} requests on {unit} {w}, "
+                                  f"which has {int(free_slots[w])} free slot(s) (returned {_show(arr)})")
+    return arr
+
+
+def _show(x: Any, most: int = 8) -> str:
+    try:
+        flat = np.asarray(x).ravel()
+    except Exception:  # noqa: BLE001 - whatever a user router returned, describe it without failing
+        return repr(x)[:80]
+    text = ", ".join(repr(v.item() if hasattr(v, "item") else v) for v in flat[:most])
+    return f"[{text}{', ...' if flat.size > most else ''}]"
+
+
+def call_router(router: Router, batch: RequestBatch, view: ClusterView, *, allow_waiting: bool = True,
+                free_slots: np.ndarray | None = None, unit: str = "worker") -> np.ndarray:
+    """``router.route(batch, view)`` as a driver calls it: an exception the router raises comes back as a
+    :class:`RouterError` naming it (the original chained), and the answer is checked by
+    :func:`check_routed`. The simulators call this; a driver of your own should too.
+
+    Returns
+    -------
+    ndarray of int64, shape (len(batch),)
+    """
+    try:
+        where = router.route(batch, view)
+    except RouterError:
+        raise
+    except Exception as exc:
+        raise RouterError(f"{_router_label(router)} raised {type(exc).__name__}: {exc}") from exc
+    return check_routed(router, where, len(batch), view.n_workers, allow_waiting=allow_waiting,
+                        free_slots=free_slots, unit=unit)
+
+
+class Router:
+    """Base class of every router: subclass it and override :meth:`choose` or :meth:`route_batch`.
+
+    A router places requests on workers: :meth:`route` takes a :class:`RequestBatch` (the requests, in
+    arrival order) and a :class:`ClusterView` (the workers' state) and returns one worker id per request
+    (``-1``: keep it waiting). Drivers (the simulators, ``moelab serve-router``) call :meth:`route`; a
+    router of your own overrides one of two methods:
+
+    * :meth:`choose` -- one request at a time: return the worker of request ``i``; the base class keeps a
+      copy of the view up to date between requests (:meth:`ClusterView.admit`) and passes ``open_``, the
+      mask of workers with a free slot (never all False: the base class stops when none is open).
+    * :meth:`route_batch` -- the whole batch at once (a policy that looks at every waiting request), e.g.
+      BalanceRoute's BR-0.
+
+    and, when it fits state from a calibration, :meth:`prepare_state`. Decorate the class with
+    :func:`register_router` to give it a name (``make_router("mine")``, ``moelab sweep``, the simulators'
+    router lists).
+
+    Attributes
+    ----------
+    name : str
+        Registry name (class attribute), e.g. ``"jsq"``.
+    requires : frozenset of str
+        Fields of :data:`FIELDS` the router reads (class attribute; default ``prompt_len`` and
+        ``free_slots``). Drivers refuse a router needing a field they cannot fill, naming it. A router
+        whose needs depend on its parameters narrows it per instance; the class attribute is the most it
+        may read.
+    tags : frozenset of str
+        Labels such as ``"baseline"`` or ``"eldr_paper"`` (:func:`router_names` filters by them).
+    calibration_needs : frozenset of str
+        Items of :data:`CALIBRATION_FIELDS` :meth:`prepare` must get; an instance given that state by its
+        constructor needs fewer, a prepared one none.
+    engine_queues : bool
+        True: every request goes at once to an engine, even a full one, and waits in that engine's queue
+        (vLLM's DP balancers); the driver keeps those queues. Default False: the driver keeps a central
+        queue and :meth:`route` may answer ``-1``.
+    n_workers : int
+        Workers the router was reset for (0 before the first :meth:`reset` or :meth:`route`).
+    rng : numpy.random.Generator
+        Seeded generator for tie-breaks and random policies (re-seeded by :meth:`reset`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from moelab.routing import ClusterView, RequestBatch, Router
+    >>> class FewestKV(Router):
+    ...     name = "fewest_kv_example"
+    ...     requires = frozenset({"prompt_len", "free_slots", "kv_tokens"})
+    ...     def choose(self, batch, i, view, open_):
+    ...         return self.argmin_tiebreak(view.kv_tokens, open_)
+    >>> FewestKV().route(RequestBatch([10, 20]), ClusterView.idle(2)).tolist()
+    [0, 1]
     """
 
     name: ClassVar[str] = "router"
@@ -291,7 +486,18 @@ class Router:
         self.rng = rng_from(seed)
 
     def reset(self, n_workers: int, seed: int | None = None) -> Router:
-        """Forget all state and prepare for ``n_workers`` workers."""
+        """Forget all state and prepare for ``n_workers`` workers.
+
+        Drivers call it before a run. Override it (calling ``super().reset(n_workers, seed)`` first) when
+        the router keeps per-run state such as a round-robin pointer; return ``self``.
+
+        Parameters
+        ----------
+        n_workers : int
+            Workers of the coming run (>= 1).
+        seed : int, optional
+            Re-seeds :attr:`rng` (default: the constructor's ``seed``).
+        """
         self.n_workers = check_int("n_workers", n_workers, low=1)
         self.rng = rng_from(self.seed if seed is None else seed)
         return self
@@ -299,8 +505,24 @@ class Router:
     def prepare(self, calibration: RouterCalibration | None = None) -> Router:
         """Fit what the router needs from ``calibration`` (a no-op for routers without fitted state).
 
-        Raises ``ValueError`` naming the items of :attr:`calibration_needs` that ``calibration`` lacks.
-        Returns ``self``, prepared: :attr:`calibration_needs` is empty afterwards."""
+        Checks that ``calibration`` holds every item of :attr:`calibration_needs`, then calls
+        :meth:`prepare_state`.
+
+        Parameters
+        ----------
+        calibration : RouterCalibration, optional
+            What the driver knows before routing starts.
+
+        Returns
+        -------
+        Router
+            ``self``, prepared: :attr:`calibration_needs` is empty afterwards.
+
+        Raises
+        ------
+        ValueError
+            Naming the items of :attr:`calibration_needs` that ``calibration`` lacks.
+        """
         calibration = RouterCalibration() if calibration is None else calibration
         if not isinstance(calibration, RouterCalibration):
             raise ValueError(f"calibration must be a RouterCalibration; got {type(calibration).__name__}")
@@ -309,12 +531,21 @@ class Router:
             raise ValueError(f"router {self.name!r} cannot be prepared: the calibration lacks {missing} "
                              f"({'; '.join(CALIBRATION_FIELDS[m] for m in missing)}); it holds "
                              f"{sorted(calibration.provides())}")
-        self._prepare(calibration)
+        self.prepare_state(calibration)
         self.calibration_needs = frozenset()
         return self
 
-    def _prepare(self, calibration: RouterCalibration) -> None:
-        """Fit the router's state from ``calibration`` (which holds every item it needs)."""
+    def prepare_state(self, calibration: RouterCalibration) -> None:
+        """Override to fit the router's state from ``calibration`` (called by :meth:`prepare`).
+
+        ``calibration`` holds every item of :attr:`calibration_needs` (checked before the call). The
+        default does nothing.
+
+        Parameters
+        ----------
+        calibration : RouterCalibration
+            What the driver knows before routing starts.
+        """
 
     def _unprepared(self) -> ValueError:
         return ValueError(f"router {self.name!r} is not prepared: call prepare(RouterCalibration(...)) with "
@@ -340,30 +571,97 @@ class Router:
                 raise ValueError(f"{f} is required by the {self.name} router ({where}.{f} is None)")
 
     def route(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
-        """Assign each request of ``batch`` to a worker (``-1``: no worker has a free slot)."""
+        """Assign each request of ``batch`` to a worker; what drivers call (do not override it).
+
+        Checks the router is prepared, adopts (or checks) the view's worker count, checks the fields of
+        :attr:`requires` are present, then calls :meth:`route_batch`. Drivers check the answer with
+        :func:`check_routed` (:func:`call_router`).
+
+        Parameters
+        ----------
+        batch : RequestBatch
+            The requests to place, in arrival order.
+        view : ClusterView
+            The workers' state; the router must not modify it (it books onto :meth:`ClusterView.copy`).
+
+        Returns
+        -------
+        ndarray of int64, shape (len(batch),)
+            The worker of each request; ``-1``: keep it waiting (no worker has a free slot).
+        """
         if self.calibration_needs:
             raise self._unprepared()
         self._bind(view)
         self._check_present(batch, view)
-        return self._route(batch, view)
+        return self.route_batch(batch, view)
 
-    def _route(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
+    def route_batch(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
+        """Override to place a whole batch at once; the default calls :meth:`choose` per request.
+
+        The default books each chosen request onto a copy of ``view`` (:meth:`ClusterView.admit`), so
+        :meth:`choose` sees the requests already placed, and stops (leaving ``-1``) once no worker has a
+        free slot.
+
+        Parameters
+        ----------
+        batch : RequestBatch
+            The requests to place, in arrival order (its fields of :attr:`requires` are present).
+        view : ClusterView
+            The workers' state (read it; book onto :meth:`ClusterView.copy`, never onto ``view``).
+
+        Returns
+        -------
+        ndarray of int64, shape (len(batch),)
+            A worker in ``[0, view.n_workers)`` per request, or ``-1`` to keep it waiting (not allowed
+            for :attr:`engine_queues` routers). A worker may get at most its ``free_slots`` requests.
+        """
         work = view.copy()
         out = np.full(len(batch), UNASSIGNED, dtype=np.int64)
         for i in range(len(batch)):
             open_ = work.free_slots > 0
             if not open_.any():
                 break
-            w = int(self._choose(batch, i, work, open_))
+            w = int(self.choose(batch, i, work, open_))
             out[i] = w
             work.admit(w, int(batch.prompt_len[i]))
         return out
 
-    def _choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
-        raise NotImplementedError
+    def choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
+        """Override to pick the worker of one request, ``batch`` row ``i``.
 
-    def _argmin_tiebreak(self, score: np.ndarray, open_: np.ndarray) -> int:
-        """Index of the smallest ``score`` among open workers, ties broken by a seeded random draw."""
+        Parameters
+        ----------
+        batch : RequestBatch
+            The batch being placed (read row ``i`` of its fields, e.g. ``batch.prompt_len[i]``).
+        i : int
+            The request's row.
+        view : ClusterView
+            The workers' state, with the batch's earlier requests already booked.
+        open_ : ndarray of bool, shape (n_workers,)
+            Workers with a free slot (``view.free_slots > 0``); at least one is True.
+
+        Returns
+        -------
+        int
+            A worker in ``[0, view.n_workers)``, normally one where ``open_`` is True.
+        """
+        raise NotImplementedError(f"{type(self).__qualname__} must override choose() (one request) or "
+                                  "route_batch() (a whole batch)")
+
+    def argmin_tiebreak(self, score: np.ndarray, open_: np.ndarray) -> int:
+        """Index of the smallest ``score`` among open workers, ties broken by a seeded random draw.
+
+        Parameters
+        ----------
+        score : ndarray, shape (n_workers,)
+            Lower is better.
+        open_ : ndarray of bool, shape (n_workers,)
+            Candidate workers (at least one True).
+
+        Returns
+        -------
+        int
+        """
         masked = np.where(open_, score, np.inf)
         best = np.flatnonzero(masked == masked.min())
         return int(best[0] if best.size == 1 else best[self.rng.integers(best.size)])

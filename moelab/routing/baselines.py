@@ -21,7 +21,7 @@ class RoundRobin(Router):
         self._next = 0
         return self
 
-    def _choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
+    def choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
         order = (self._next + np.arange(self.n_workers)) % self.n_workers
         w = int(order[np.argmax(open_[order])])
         self._next = (w + 1) % self.n_workers
@@ -35,7 +35,7 @@ class RandomRouter(Router):
     name = "random"
     tags = frozenset({"baseline", "eldr_paper"})
 
-    def _choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
+    def choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
         candidates = np.flatnonzero(open_)
         return int(candidates[self.rng.integers(candidates.size)])
 
@@ -48,8 +48,8 @@ class JoinShortestQueue(Router):
     requires = frozenset({"prompt_len", "free_slots", "active", "waiting"})
     tags = frozenset({"baseline", "eldr_paper"})
 
-    def _choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
-        return self._argmin_tiebreak(view.active + view.waiting, open_)
+    def choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
+        return self.argmin_tiebreak(view.active + view.waiting, open_)
 
 
 @register_router
@@ -60,7 +60,7 @@ class PowerOfTwoChoices(Router):
     requires = frozenset({"prompt_len", "free_slots", "active", "waiting"})
     tags = frozenset({"baseline", "eldr_paper"})
 
-    def _choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
+    def choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
         candidates = np.flatnonzero(open_)
         if candidates.size == 1:
             return int(candidates[0])
@@ -77,8 +77,8 @@ class LeastKVTokens(Router):
     requires = frozenset({"prompt_len", "free_slots", "kv_tokens"})
     tags = frozenset({"baseline"})
 
-    def _choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
-        return self._argmin_tiebreak(view.kv_tokens, open_)
+    def choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
+        return self.argmin_tiebreak(view.kv_tokens, open_)
 
 
 @register_router
@@ -106,14 +106,14 @@ class VLLMDataParallel(Router):
         self._start = 0
         return self
 
-    def _route(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
+    def route_batch(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
         if view.time_s - self._snapshot_t >= self.refresh_s:
             self._snapshot_t = view.time_s
             self._waiting = view.waiting.copy()
             self._running = view.active.copy()
-        return super()._route(batch, view)
+        return super().route_batch(batch, view)
 
-    def _choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
+    def choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
         score = np.where(open_, self.waiting_weight * self._waiting + self._running, np.inf)
         order = (self._start + np.arange(self.n_workers)) % self.n_workers
         w = int(order[np.argmin(score[order])])

@@ -57,7 +57,7 @@ class _EngineQueueRouter(Router):
     def _pick(self, batch: RequestBatch, i: int, inflight: np.ndarray) -> int:
         raise NotImplementedError
 
-    def _route(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
+    def route_batch(self, batch: RequestBatch, view: ClusterView) -> np.ndarray:
         """An engine for every request of ``batch`` (never ``-1``: full engines queue the request)."""
         if view.time_s - self._snapshot_t >= self.refresh_s:
             self._snapshot_t = view.time_s
@@ -101,7 +101,7 @@ class VLLMDP032(_EngineQueueRouter):
             self.kv_capacity_tokens = check_real("kv_capacity_tokens", kv_capacity_tokens, low=0, low_open=True)
             self.calibration_needs = frozenset()
 
-    def _prepare(self, calibration: RouterCalibration) -> None:
+    def prepare_state(self, calibration: RouterCalibration) -> None:
         """Take the engine's KV capacity from ``calibration`` (it overrides the constructor's)."""
         if calibration.kv_capacity_tokens is not None:
             self.kv_capacity_tokens = calibration.kv_capacity_tokens

@@ -53,7 +53,7 @@ import pandas as pd
 
 from moelab._validate import check_instance, check_int
 from moelab.costmodel.step import DecodeStepModel, StepTable
-from moelab.routing.base import ActiveRequests, ClusterView, RequestBatch, Router, check_supplies
+from moelab.routing.base import ActiveRequests, ClusterView, RequestBatch, Router, call_router, check_supplies
 from moelab.sim.dp import route_to_ranks
 from moelab.sim.result import SimResult
 from moelab.traces.expert import ExpertTrace
@@ -366,7 +366,9 @@ def _simulate(
         return ActiveRequests(wk, plen[ids] + st[4], st[4].copy(), plen[ids], None if key is None else key[ids], olen[ids])
 
     ai = 0
-    view = ClusterView(active, kv, free, waiting, waiting_tokens=wait_tok)
+    # read-only windows on the live arrays: a router that writes to the view fails (RouterError) instead of
+    # silently corrupting the cluster's state
+    view = ClusterView(*map(_read_only, (active, kv, free, waiting)), waiting_tokens=_read_only(wait_tok))
     while True:
         w = int(step_end.argmin())
         t_end = step_end[w]
@@ -378,9 +380,8 @@ def _simulate(
             sl = slice(ai, ai + 1)
             batch = RequestBatch(plen[sl], None if sig is None else sig[sl], None if dom is None else dom[sl], olen[sl],
                                  None, None if key is None else key[sl], None if pfx is None else pfx[sl])
-            dest = int(router.route(batch, view)[0])
-            if not 0 <= dest < K:
-                raise ValueError(f"router {router!r} returned worker {dest}; expected one in [0, {K})")
+            # every request is placed on arrival (instances queue without limit): -1 is a bad answer too
+            dest = int(call_router(router, batch, view, allow_waiting=False)[0])
             worker[ai] = dest
             queues[dest].append(ai)
             enq_step[ai] = n_steps_w[dest]
@@ -404,6 +405,13 @@ def _simulate(
                         "rank": np.maximum(rank_of, 0), "admit_s": admit, "first_token_s": first, "finish_s": finish})
     name = router.name if G == 1 else f"{router.name} x {rank_router.name}"
     return SimResult(req, steps, name, K, cap, L, {"ranks": G} if G > 1 else {})
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A non-writeable view of ``a`` (it follows ``a``'s updates)."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
 
 
 def _run_compiled(requests: RequestTrace, router: Router, K: int, cap: int, L: int, table: StepTable,
@@ -442,7 +450,9 @@ def _run_compiled(requests: RequestTrace, router: Router, K: int, cap: int, L: i
     logs = [np.empty(size, np.int64), np.empty(size), np.empty(size, np.int64), np.empty(size), np.empty(size)]
     ctr = np.zeros(2, np.int64)  # next arrival, steps logged
 
-    view = ClusterView(active, kv, free, waiting, waiting_tokens=wait_tok)
+    # read-only windows on the live arrays: a router that writes to the view fails (RouterError) instead of
+    # silently corrupting the cluster's state
+    view = ClusterView(*map(_read_only, (active, kv, free, waiting)), waiting_tokens=_read_only(wait_tok))
     dest = -1
     while True:
         status = jit.run(dest, cap, arrival, plen, olen, start_row, tlen, off, done, nxt, admit, first, finish,
@@ -468,9 +478,7 @@ def _run_compiled(requests: RequestTrace, router: Router, K: int, cap: int, L: i
         sl = slice(ai, ai + 1)
         batch = RequestBatch(plen[sl], None if sig is None else sig[sl], None if dom is None else dom[sl], olen[sl],
                              None, None if key is None else key[sl], None if pfx is None else pfx[sl])
-        dest = int(router.route(batch, view)[0])
-        if not 0 <= dest < K:
-            raise ValueError(f"router {router!r} returned worker {dest}; expected one in [0, {K})")
+        dest = int(call_router(router, batch, view, allow_waiting=False)[0])
         worker[ai] = dest
 
     if np.isnan(finish).any():

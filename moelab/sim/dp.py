@@ -48,6 +48,7 @@ from moelab.routing.base import (
     RequestBatch,
     Router,
     RouterCalibration,
+    call_router,
     check_supplies,
 )
 from moelab.sim.result import MeasurementWindow, SimResult
@@ -64,9 +65,10 @@ SUPPLIES = ("prompt_len", "output_len", "active", "waiting", "kv_tokens", "free_
 def route_to_ranks(router: Router, batch: RequestBatch, view: ClusterView, free: np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray, float]:
     """One admission of a barrier-synchronised DP group: ``router`` places the waiting ``batch`` on the
-    group's ranks (``-1`` keeps a request waiting), refused if it names a rank that does not exist or
-    over-fills one past its ``free`` slots. The one rule both DP loops admit by (:func:`simulate_dp` and
-    the DP groups of :func:`moelab.sim.cluster.simulate`).
+    group's ranks (``-1`` keeps a request waiting), refused (:class:`~moelab.routing.RouterError` naming the
+    router and its answer, before anything is placed) if it raises, answers other than one integer per
+    request, names a rank that does not exist or over-fills one past its ``free`` slots. The one rule both
+    DP loops admit by (:func:`simulate_dp` and the DP groups of :func:`moelab.sim.cluster.simulate`).
 
     Returns
     -------
@@ -74,18 +76,12 @@ def route_to_ranks(router: Router, batch: RequestBatch, view: ClusterView, free:
     chosen : indices of the placed requests
     decision_ms : wall time of the routing call (ms)
     """
-    n_ranks = free.size
     t0 = time.perf_counter()
-    where = np.asarray(router.route(batch, view), dtype=np.int64)
+    # the one driver check: a router that raises, answers the wrong shape, a non-integer, a rank out of
+    # range or more requests than a rank has slots is refused (RouterError naming it) before any is placed
+    where = call_router(router, batch, view, free_slots=free, unit="rank")
     decision_ms = (time.perf_counter() - t0) * 1e3
-    if where.shape != (len(batch),) or where.min(initial=0) < -1 or where.max(initial=-1) >= n_ranks:
-        raise ValueError(f"router {router!r} returned invalid rank ids (shape {where.shape}; expected "
-                         f"({len(batch)},) in [-1, {n_ranks}))")
     chosen = np.flatnonzero(where >= 0)
-    if chosen.size:
-        per = np.bincount(where[chosen], minlength=n_ranks)
-        if np.any(per > free):
-            raise ValueError(f"router {router!r} over-filled a rank: {per.tolist()} vs free {free.tolist()}")
     return where, chosen, decision_ms
 
 
@@ -231,11 +227,9 @@ def simulate_dp(trace: RequestTrace, router: Router, n_workers: int, slots: int,
                 view = view_now(occ, free, waiting, with_active=False)
                 batch = batch_of(new)
                 t0 = time.perf_counter()
-                where = np.asarray(router.route(batch, view), dtype=np.int64)
+                # engine queues take every request at once: -1 is refused like any other bad answer
+                where = call_router(router, batch, view, allow_waiting=False, unit="rank")
                 dec_ms = (time.perf_counter() - t0) * 1e3
-                if where.shape != (new.size,) or where.min() < 0 or where.max() >= G:
-                    raise ValueError(f"engine-queue router {router!r} must return a rank in [0, {G}) for every "
-                                     f"request; got shape {where.shape}, range [{where.min()}, {where.max()}]")
                 for r, g in zip(new.tolist(), where.tolist()):
                     queues[g].append(r)
                 np.add.at(queued_tokens, where, P[new])

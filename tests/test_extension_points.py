@@ -1,0 +1,196 @@
+"""Public extension points: a router defined here, outside ``moelab/``, runs unchanged in every driver.
+
+The router below is registered from this test file (as a user's own module would) and then run in the
+DP simulator, the decode-cluster simulator (instances and ranks), the cross-paper experiment and the
+serving proxy's router choice; routers that break the contract are refused by every driver with a
+:class:`~moelab.routing.RouterError` naming them and what they returned.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moelab.costmodel import DecodeStepModel
+from moelab.routing import (
+    ROUTERS,
+    ClusterView,
+    RequestBatch,
+    Router,
+    RouterError,
+    call_router,
+    make_router,
+    register_router,
+)
+from moelab.sim.cluster import simulate
+from moelab.sim.dp import route_to_ranks, simulate_dp
+from moelab.traces import RequestTrace
+
+
+class FewestKVTest(Router):
+    """Fewest KV tokens among open workers (one request at a time, through the public ``choose``)."""
+
+    name = "test_fewest_kv"
+    requires = frozenset({"prompt_len", "free_slots", "kv_tokens"})
+
+    def choose(self, batch, i, view, open_):
+        return self.argmin_tiebreak(view.kv_tokens, open_)
+
+
+class LongestFirstTest(Router):
+    """A whole-batch policy through the public ``route_batch``: longest prompt to the emptiest worker."""
+
+    name = "test_longest_first"
+    requires = frozenset({"prompt_len", "free_slots", "kv_tokens"})
+
+    def route_batch(self, batch, view):
+        work = view.copy()
+        out = np.full(len(batch), -1, np.int64)
+        for i in np.argsort(-batch.prompt_len, kind="stable"):
+            open_ = work.free_slots > 0
+            if not open_.any():
+                break
+            w = self.argmin_tiebreak(work.kv_tokens, open_)
+            out[i] = w
+            work.admit(w, int(batch.prompt_len[i]))
+        return out
+
+
+for _cls in (FewestKVTest, LongestFirstTest):
+    if _cls.name not in ROUTERS:  # a second import of this module (xdist, reruns) must not re-register
+        register_router(_cls)
+
+
+def _trace(n: int = 80, seed: int = 0) -> RequestTrace:
+    rng = np.random.default_rng(seed)
+    return RequestTrace(np.sort(rng.uniform(0, 2.0, n)), rng.integers(16, 512, n), rng.integers(4, 40, n))
+
+
+def test_public_override_points_are_documented_in_help():
+    for meth in ("route", "route_batch", "choose", "prepare", "prepare_state", "reset", "argmin_tiebreak"):
+        assert getattr(Router, meth).__doc__, meth
+    doc = ClusterView.__doc__ + RequestBatch.__doc__
+    for field in ("active", "kv_tokens", "free_slots", "waiting", "time_s", "step", "active_requests",
+                  "waited_steps", "waiting_tokens", "prompt_len", "signature", "domain", "output_len",
+                  "request_id", "prompt_key", "prefix_hashes"):
+        assert f"{field} :" in doc, field
+
+
+@pytest.mark.parametrize("name", ["test_fewest_kv", "test_longest_first"])
+def test_user_router_runs_in_the_dp_simulator(name):
+    tr = _trace()
+    res = simulate_dp(tr, make_router(name), 4, 8)
+    # every request placed exactly once and finished
+    assert np.isfinite(res.requests["finish_s"]).all()
+    assert res.requests["worker"].between(0, 3).all() and len(res.requests) == len(tr)
+
+
+@pytest.mark.parametrize("name", ["test_fewest_kv", "test_longest_first"])
+def test_user_router_runs_in_the_decode_cluster_simulator(name):
+    tr = _trace()
+    cost = DecodeStepModel.h200()
+    res = simulate(tr, make_router(name), cost, n_workers=3, slots=8)
+    assert np.isfinite(res.requests["finish_s"]).all() and res.requests["worker"].between(0, 2).all()
+    # as the instance router and as the rank router of DP groups
+    res = simulate(tr, make_router("jsq"), cost, n_workers=2, slots=8, ranks=2, rank_router=make_router(name))
+    assert np.isfinite(res.requests["finish_s"]).all()
+
+
+def test_user_router_runs_in_the_cross_paper_experiment():
+    from moelab import cross
+
+    cs = cross.prepare(n_instances=2, ranks=2, slots=8, n_trace=120, output_len=32, n_pairs=400, n_domains=4,
+                       lengths=None)
+    df = cross.pair_grid(cs, rate=cross.rate_for_load(cs, 0.8), n_requests=60,
+                         instance_routers=("jsq", "test_fewest_kv"), rank_routers=("jsq", "test_longest_first"))
+    assert set(df["pair"]) == {"jsq x jsq", "jsq x test_longest_first", "test_fewest_kv x jsq",
+                               "test_fewest_kv x test_longest_first"}
+    assert np.isfinite(df["tpot_ms_p50"]).all()
+
+
+def test_user_router_object_runs_in_serve_router():
+    pytest.importorskip("aiohttp")
+    from moelab.serving.proxy import RouterProxy
+
+    proxy = RouterProxy(["http://127.0.0.1:9", "http://127.0.0.1:10"], router=FewestKVTest())
+    assert proxy.router.name == "test_fewest_kv"
+    view = ClusterView(np.zeros(2), np.array([100, 5]), np.array([4, 4]))
+    assert call_router(proxy.router, RequestBatch([7]), view).tolist() == [1]
+
+
+def test_user_router_registered_before_the_proxy_is_a_serve_router_choice():
+    """Registered before ``moelab.serving.proxy`` is first imported (this module registers at import, and
+    ``serve-router`` imports the proxy when it runs), the router is a ``--router`` choice by name."""
+    pytest.importorskip("aiohttp")
+    from moelab.serving import proxy as proxy_mod
+
+    if "test_fewest_kv" not in proxy_mod.ROUTER_CHOICES:
+        pytest.skip("another test module imported the proxy before this one registered its router")
+    proxy = proxy_mod.RouterProxy(["http://127.0.0.1:9", "http://127.0.0.1:10"], router="test_fewest_kv")
+    assert isinstance(proxy.router, FewestKVTest)
+
+
+@pytest.mark.xfail(strict=True, reason="serving/proxy.py freezes ROUTER_CHOICES at import: a router registered "
+                   "after that cannot be named (the proxy should compute router_names(...) when it is built)")
+def test_user_router_registered_after_the_proxy_is_a_serve_router_choice():
+    pytest.importorskip("aiohttp")
+    from moelab.serving.proxy import RouterProxy
+
+    class Late(FewestKVTest):
+        name = "test_late_fewest_kv"
+
+    if Late.name not in ROUTERS:
+        register_router(Late)
+    proxy = RouterProxy(["http://127.0.0.1:9", "http://127.0.0.1:10"], router=Late.name)
+    assert isinstance(proxy.router, Late)
+
+
+# ---------------------------------------------------------------- routers that break the contract
+class _Answer(Router):
+    name = "test_bad_answer"
+
+    def __init__(self, answer=None, exc=None):
+        super().__init__()
+        self.answer, self.exc = answer, exc
+
+    def route_batch(self, batch, view):
+        if self.exc is not None:
+            raise self.exc
+        return self.answer
+
+
+@pytest.mark.parametrize("answer, exc, match", [
+    (None, ZeroDivisionError("boom"), r"'test_bad_answer' \(_Answer\) raised ZeroDivisionError: boom"),
+    ([0], None, r"returned \[0\] of shape \(1,\); expected one rank id per request, shape \(2,\)"),
+    ([0, 7], None, r"invalid rank ids \[7\]"),
+    (np.array([0.0, 1.5]), None, r"float64 values \[0.0, 1.5\]; rank ids must be integers"),
+    ([0, 0], None, r"over-filled a rank: it placed 2 requests on rank 0, which has 1 free slot"),
+])
+def test_driver_names_a_bad_router_and_what_it_returned(answer, exc, match):
+    batch = RequestBatch([5, 6])
+    view = ClusterView(np.zeros(2), np.zeros(2), np.array([1, 1]))
+    with pytest.raises(RouterError, match=match):
+        route_to_ranks(_Answer(answer, exc), batch, view, np.array([1, 1]))
+
+
+@pytest.mark.parametrize("answer", [[-1], [3], [1.0], [[0]], "0"])
+def test_every_simulator_refuses_a_bad_answer_before_placing(answer):
+    tr = _trace(20)
+    with pytest.raises(RouterError, match="test_bad_answer"):
+        simulate(tr, _Answer(np.asarray(answer) if not isinstance(answer, str) else answer), DecodeStepModel.h200(),
+                 n_workers=3, slots=8)
+    # the DP simulator's pooled path: a whole pool answered with one bad value
+    with pytest.raises(RouterError, match="test_bad_answer"):
+        simulate_dp(tr, _Answer(np.full(20, 9)), 2, 4, pool_view=20)
+
+
+def test_a_router_writing_to_the_drivers_view_is_refused():
+    class Scribbler(Router):
+        name = "test_scribbler"
+
+        def route_batch(self, batch, view):
+            view.active[0] += 1  # books onto the driver's live state instead of view.copy()
+            return np.zeros(len(batch), np.int64)
+
+    with pytest.raises(RouterError, match="test_scribbler.*read-only"):
+        simulate(_trace(10), Scribbler(), DecodeStepModel.h200(), n_workers=2, slots=8)
