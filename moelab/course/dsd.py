@@ -27,7 +27,7 @@ def _sync_latency(alpha: float, gamma: int, t_a: float, rtt: float, t_v: float) 
 # 04.expected_tokens (easy) ---------------------------------------------------------------------------
 def check_expected_tokens(answer: object, *, alpha: float, gamma: int, **_: object) -> Feedback:
     """``answer`` should be n_tok(alpha, gamma), the expected tokens one speculation round yields."""
-    return check_number("E", answer, float(expected_tokens(alpha, gamma)), rtol=0.01,
+    return check_number("n_tok", answer, float(expected_tokens(alpha, gamma)), rtol=0.01,
                         hint=f"n_tok = (1 - alpha^(gamma+1)) / (1 - alpha) with alpha = {alpha:g}, gamma = {gamma}; "
                              "it counts the target's bonus token, so it lies between 1 and gamma + 1.")
 
@@ -46,8 +46,8 @@ def check_breakeven_rtt(answer: object, *, alpha: float, gamma: int, t_ar: float
     """``answer`` should be the largest RTT (ms) at which synchronous DSD beats cloud AR."""
     expected = float(rtt_breakeven(alpha, gamma, t_ar, t_a))
     return check_number("RTT_breakeven", answer, expected, rtol=0.01, atol=0.5,
-                        hint="set the sync DSD latency (gamma t_a + RTT + t_v)/E equal to t_ar with t_v = t_ar and "
-                             "solve for RTT: one t_ar of the E t_ar is the verification pass itself.")
+                        hint="set the sync DSD latency (gamma t_a + RTT + t_v)/n_tok equal to t_ar with t_v = t_ar and "
+                             "solve for RTT: one t_ar of the n_tok t_ar is the verification pass itself.")
 
 
 exercise(NOTEBOOK, "breakeven_rtt", "medium",
@@ -71,7 +71,7 @@ def check_fastest_mode(answer: object, *, alpha: float, gamma: int, t_a: float, 
     expected = fastest_remote_mode(alpha=alpha, gamma=gamma, t_a=t_a, t_ar=t_ar, rtt=rtt)
     window = gamma * t_a
     return check_choice("fastest_mode", answer, expected, REMOTE_MODES,
-                        hint=f"compare t_ar with (gamma t_a + RTT + t_v)/E and (max(gamma t_a, RTT) + t_v)/E; "
+                        hint=f"compare t_ar with (gamma t_a + RTT + t_v)/n_tok and (max(gamma t_a, RTT) + t_v)/n_tok; "
                              f"the drafting window gamma t_a is {window:g} ms here and RTT is {rtt:g} ms.")
 
 
@@ -112,7 +112,7 @@ exercise(NOTEBOOK, "sync_latency", "hard",
 # 04.capacity (hard) ----------------------------------------------------------------------------------
 def check_capacity(answer: object, *, gamma: int, t_d: float, t_ar: float, **_: object) -> Feedback:
     """``answer`` should be how many times more clients a saturated server sustains under DSD."""
-    return check_number("capacity_factor", answer, float(capacity_gain(gamma, t_d, t_ar)), rtol=0.01,
+    return check_number("C_cap", answer, float(capacity_gain(gamma, t_d, t_ar)), rtol=0.01,
                         hint="per client round the server spends gamma t_d + t_v co-located but only t_v under "
                              "DSD (t_v = t_ar here); the ratio of the two is the factor, not their difference.")
 

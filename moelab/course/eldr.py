@@ -15,7 +15,7 @@ import pandas as pd
 
 from moelab._validate import check_array as check_input_array
 from moelab._validate import check_int, check_real
-from moelab.course.check import Feedback, check_array, check_callable, check_number, exercise
+from moelab.course.check import Feedback, _describe, check_array, check_callable, check_number, exercise
 from moelab.eldr.routing import ELDRRouter
 from moelab.routing.base import ClusterView, RequestBatch
 from moelab.viz.eldr import PAPER_DECODE_WORKERS, paper_rate_scale
@@ -144,10 +144,8 @@ def check_band(answer: object, *, SIMILARITIES: Sequence[float], TAU: float, **_
     """Band membership (1 in, 0 out) per worker for the given similarities at width ``TAU``."""
     want = band_members(SIMILARITIES, TAU)
     if not _zeros_and_ones(answer, want.size):
-        shown = repr(answer)
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
         return Feedback(False, f"expected one 0 or 1 per worker for `band` ({want.size} numbers, in worker order), "
-                               f"got {type(answer).__name__} {shown}. Hint: a worker is in the band when "
+                               f"got {_describe(answer)}. Hint: a worker is in the band when "
                                f"s_j >= max_j s_j - tau (tau = {TAU:g}).")
     return check_array("band", answer, want, rtol=0.0, atol=0.0,
                        hint=f"a worker is in the band when s_j >= max_j s_j - tau (tau = {TAU:g}); answer with one "

@@ -19,7 +19,7 @@ import pandas as pd
 
 from moelab._validate import check_int
 from moelab.costmodel.verify import VerifyCost
-from moelab.course.check import Feedback, check_callable, check_number, exercise
+from moelab.course.check import Feedback, _describe, check_callable, check_number, exercise
 from moelab.hd.decode import replay_greedy
 from moelab.hd.drafters import Draft, Drafter, HierarchyDrafter, check_order
 from moelab.hd.ngram import NGramTable
@@ -241,13 +241,13 @@ def check_walk_sources(answer: object, *, walk_order: str, walk_candidates: int,
             f"{walk_candidates} candidates; a continuation an earlier store already gave is skipped.")
     if not isinstance(answer, str):
         return Feedback(False, f"expected a string of store letters such as 'WS' for `walk`, got "
-                               f"{type(answer).__name__} {answer!r:.40}. Hint: {hint}")
-    got = answer.strip().upper()
+                               f"{_describe(answer)}. Hint: {hint}")
+    got = str.upper(str.strip(answer))  # str's own methods: a str subclass cannot override them here
     if not got or set(got) - set("WSL"):
         return Feedback(False, f"`walk` must be a string of the store letters W, S and L, one per candidate; got "
-                               f"{answer!r:.40}. Hint: {hint}")
+                               f"{_describe(answer)}. Hint: {hint}")
     if got == expected:
-        return Feedback(True, f"`walk` = {got!r}: the stores supply the candidates in that order.")
+        return Feedback(True, "`walk` is right: one store letter per candidate, in the order the walk collects them.")
     if sorted(got) == sorted(expected):
         return Feedback(False, f"`walk` = {got!r} has the right stores in the wrong order. Hint: {hint}")
     return Feedback(False, f"`walk` = {got!r} is not the walk (expected one letter per candidate, "
