@@ -175,3 +175,15 @@ def test_gap_map_and_lengths_refuse_bad_input():
         LengthDistribution.geometric(10, float("inf"))
     with pytest.raises(ValueError, match="D"):
         StageTables.h200().ffn_ms(256, 1000)
+
+
+def test_r_star_does_not_depend_on_the_r_values_asked():
+    """The theory is fitted on a fixed design (FIT_R_VALUES), never on the r values asked to simulate."""
+    from moelab.afd.measured import FIT_R_VALUES, measured_optimum, simulate_measured
+
+    full = measured_optimum(256, requests=2000)
+    for subset in ([8], [2, 3, 4], [1, 40]):
+        part = simulate_measured(subset, 256, requests=2000)
+        assert part.r_star == pytest.approx(full.r_star, rel=1e-12), subset
+        assert part.coeffs == full.coeffs
+    assert tuple(FIT_R_VALUES) == tuple(range(1, 33))

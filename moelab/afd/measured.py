@@ -55,6 +55,10 @@ from moelab.afd.theory import (
 from moelab.traces.requests import load_azure_trace
 
 LENGTH_SOURCES = ("geometric", "azure-conv", "azure-code")
+#: The fixed design the theory's six coefficients are fitted on (bundle sizes r = 1..32 at the asked ``B``):
+#: never the r values a caller asks to simulate, so the fitted closed form, and its r*, do not depend on
+#: which r were asked for (``simulate_measured([8])`` and ``measured_optimum()`` agree).
+FIT_R_VALUES = tuple(range(1, 33))
 
 
 
@@ -262,8 +266,21 @@ def simulate_measured(r_values, B: int = 256, lengths: LengthDistribution | str 
     seed : int, optional
         Seed; equal seeds give equal results (common random numbers across r).
     coeffs : AFDCoefficients, optional
-        Coefficients for the theory columns; default: fitted to ``stages`` by least squares (or the
-        coefficients of ``LinearStages``).
+        Coefficients for the theory columns; default: fitted to ``stages`` by least squares on the fixed
+        design :data:`FIT_R_VALUES` (r = 1..32 at this ``B``), whatever ``r_values`` holds, so any subset
+        of r values reports the same :attr:`MeasuredSweep.r_star` (or the coefficients of ``LinearStages``).
+
+    Returns
+    -------
+    MeasuredSweep
+        One row per r (simulated and theory throughput, idle fractions, stage times), the fitted
+        coefficients and their fit errors, the simulated optimum ``r_sim`` among ``r_values`` and the
+        closed form's ``r_star``.
+
+    Notes
+    -----
+    The simulator draws real (prompt, decode) length pairs from ``lengths``; the theory columns are given
+    the realised means of those draws (``mu_P``, ``mu_D`` of the result), not means set elsewhere.
     """
     r_arr = check_array("r_values", r_values, ndim=1, low=1, high=MAX_R)
     if r_arr.size == 0 or np.any(r_arr != np.round(r_arr)):
@@ -309,7 +326,8 @@ def simulate_measured(r_values, B: int = 256, lengths: LengthDistribution | str 
         if isinstance(stages, LinearStages):
             coeffs = stages.coeffs
         else:
-            fit = fit_coefficients(stages, B=B, r_values=r_arr)
+            # a fixed design, not r_arr: the answer must not depend on which r the caller asked about
+            fit = fit_coefficients(stages, B=B, r_values=np.asarray(FIT_R_VALUES))
             stages.reset_coverage()
             coeffs = fit.coeffs
     rf = r_arr.astype(np.float64)
@@ -342,13 +360,18 @@ def simulate_measured(r_values, B: int = 256, lengths: LengthDistribution | str 
 
 def default_r_values(B: int, lengths: LengthDistribution, stages: StageTables | LinearStages | None = None,
                      requests: float = DEFAULT_REQUESTS, *, r_min_hi: int = 32, r_cap: int = 96) -> list[int]:
-    """Integers 1..r_hi, with r_hi at least ``r_min_hi`` and 2.5x the r* fitted over 1..32 (capped at
-    ``r_cap``), so the simulated optimum is inside the sweep."""
+    """Integers 1..r_hi, with r_hi at least ``r_min_hi`` and 2.5x the r* fitted on :data:`FIT_R_VALUES`
+    (capped at ``r_cap``), so the simulated optimum is inside the sweep.
+
+    Returns
+    -------
+    list of int
+    """
     stages = StageTables.h200() if stages is None else stages
     if isinstance(stages, LinearStages):
         c = stages.coeffs
     else:
-        c = fit_coefficients(stages, B=B, r_values=np.arange(1, 33)).coeffs
+        c = fit_coefficients(stages, B=B, r_values=np.asarray(FIT_R_VALUES)).coeffs
         stages.reset_coverage()
     r_star = optimal_ratio(B, lengths.mean_prompt, lengths.mean_decode, requests, c)
     r_hi = int(min(r_cap, max(r_min_hi, math.ceil(2.5 * r_star))))
@@ -417,6 +440,6 @@ def check_workload(B: int, mu_P: float | None, mu_D: float | None, dist: str) ->
     return LengthDistribution.from_trace(dist, mu_P, mu_D)
 
 
-__all__ = ["CHECK_WORKLOADS", "LENGTH_SOURCES", "MAX_B", "MAX_CELLS", "MAX_MICROBATCHES", "MAX_R", "MAX_REQUESTS",
-           "MAX_STEPS", "LengthDistribution", "MeasuredSweep", "check_workload", "default_r_values", "gap_map",
-           "measured_optimum", "simulate_measured", "Coverage"]
+__all__ = ["CHECK_WORKLOADS", "FIT_R_VALUES", "LENGTH_SOURCES", "MAX_B", "MAX_CELLS", "MAX_MICROBATCHES", "MAX_R",
+           "MAX_REQUESTS", "MAX_STEPS", "Coverage", "LengthDistribution", "MeasuredSweep", "check_workload",
+           "default_r_values", "gap_map", "measured_optimum", "simulate_measured"]
