@@ -3,11 +3,15 @@
 One curve type (:class:`VerifyCost`, measured points linearly interpolated) and one fit
 (:func:`fit_verify_cost`, a line ``fixed + per_token * q`` through noisy timings on the floor's
 :func:`moelab.costmodel.fit.fit_linear`) serve every engine: HF transformers and vLLM alike. Curves
-are cached per machine and model (:func:`cached_verify_cost`), since measuring one takes minutes.
+are cached per machine and model (:func:`cached_verify_cost`), since measuring one takes minutes. A cached
+curve only seeds what a drafter plans with: :class:`OnlineVerifyCost` corrects it from the step times the
+engine observes, so a curve probed while the machine was busy (or a machine whose load changes) is not
+trusted for the life of the cache.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from collections.abc import Callable, Sequence
@@ -92,6 +96,99 @@ class VerifyCost:
     def as_dict(self) -> dict[str, Any]:
         """``{"qs", "ms", "source"}`` (JSON-ready; :func:`load_curve_json` reads it back)."""
         return {"qs": [int(x) for x in self._q], "ms": [float(x) for x in self._m], "source": self.source}
+
+
+#: observations per ``q`` that :class:`OnlineVerifyCost` keeps (the median of an odd window; 4 of 9 can be outliers)
+ONLINE_WINDOW = 9
+#: observations at one ``q`` before its own median replaces the correction interpolated from its neighbours
+ONLINE_MIN_OBS = 3
+#: a per-``q`` median that moves by less than this (in log space, ~3 %) does not rebuild the table: the plan
+#: is not that sensitive, and a rebuild (tens of microseconds) on every noisy step would sit on the hot path
+ONLINE_TOLERANCE = 0.03
+
+
+class OnlineVerifyCost(VerifyCost):
+    """A verify-cost curve that follows the machine: the start-up probe seeds it, the step times the engine
+    observes correct it (:meth:`observe`).
+
+    The estimate is ``c(q) = seed(q) * exp(r(q))``, where ``r(q)`` is the median of the last
+    :data:`ONLINE_WINDOW` observed log ratios ``log(ms / seed(q))`` at that ``q``, once it has
+    :data:`ONLINE_MIN_OBS` of them. A ``q`` with fewer takes ``r`` interpolated in ``q`` from the observed ones
+    (flat beyond them): a cost-aware drafter observes mostly the few chain lengths its plan picks, and a seed
+    probed on a busy machine that makes long chains look dear would otherwise never be tested on them. The
+    median (in log space) is why: a preempted step (a 3-10x outlier) moves nothing until it is the typical
+    step, and a curve that is off by a factor is corrected after ``ONLINE_WINDOW // 2 + 1`` steps at a ``q``.
+    The table is kept non-decreasing (a running maximum in ``q``, as :class:`VerifyCost` requires) and is
+    rebuilt only when a median moves by more than :data:`ONLINE_TOLERANCE`, so an observation costs a few
+    microseconds on the drafting hot path.
+
+    Parameters
+    ----------
+    seed : VerifyCost
+        The probed curve (its points are the starting estimate).
+    window, min_obs : int
+        Observations kept per ``q``; observations before a ``q``'s own median is used.
+    """
+
+    def __init__(self, seed: VerifyCost, *, window: int = ONLINE_WINDOW, min_obs: int = ONLINE_MIN_OBS) -> None:
+        if not isinstance(seed, VerifyCost):
+            raise TypeError(f"seed must be a VerifyCost (e.g. moelab.costmodel.fit_verify_cost(qs, ms)); got "
+                            f"{type(seed).__name__}")
+        if type(window) is not int or window < 1:
+            raise ValueError(f"window must be an integer >= 1; got {window!r}")
+        if type(min_obs) is not int or not 1 <= min_obs <= window:
+            raise ValueError(f"min_obs must be an integer in [1, window={window}]; got {min_obs!r}")
+        super().__init__(list(seed.qs), list(seed.ms), seed.source)
+        self.seed = seed
+        self.window, self.min_obs = window, min_obs
+        self._seed_table = np.asarray(seed.table, dtype=float)
+        self._log_seed = np.log(np.maximum(self._seed_table, 1e-12))
+        self._obs: dict[int, list[float]] = {}  # q -> its last `window` log ratios, oldest first
+        self._r: dict[int, float] = {}  # q -> the median of its window (once it has min_obs)
+        self.observations = 0
+        self.rebuilds = 0
+        self._table = [float(x) for x in self._seed_table]
+
+    def observe(self, q: int, ms: float) -> None:
+        """One step that verified ``q`` tokens (1 + draft) took ``ms`` milliseconds. Non-finite, non-positive
+        or out-of-range observations are ignored (a clock can misbehave; the hot path must not raise)."""
+        if not (ms > 0.0 and ms < float("inf")) or not 1 <= q <= TABLE_MAX_Q:
+            return
+        self.observations += 1
+        w = self._obs.get(q)
+        if w is None:
+            w = self._obs[q] = []
+        w.append(math.log(ms) - self._log_seed[q])
+        if len(w) > self.window:
+            del w[0]
+        if len(w) < self.min_obs:
+            return
+        s = sorted(w)
+        k = len(s)
+        med = s[k // 2] if k % 2 else 0.5 * (s[k // 2 - 1] + s[k // 2])
+        old = self._r.get(q)
+        if old is None or abs(med - old) > ONLINE_TOLERANCE:
+            self._r[q] = med
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        qs = np.fromiter(sorted(self._r), dtype=float)
+        rs = np.array([self._r[int(q)] for q in qs])
+        grid = np.arange(TABLE_MAX_Q + 1, dtype=float)
+        t = np.maximum.accumulate(self._seed_table * np.exp(np.interp(grid, qs, rs)))
+        self._table = t.tolist()
+        self._q, self._m = grid[1:], t[1:]
+        self._thresholds = {}
+        self.rebuilds += 1
+
+    @property
+    def table(self) -> list[float]:
+        """``c(q)`` for ``q = 0 .. TABLE_MAX_Q``: the current estimate."""
+        return self._table
+
+    def corrections(self) -> dict[int, float]:
+        """``{q: c(q) / seed(q)}`` for every ``q`` with its own median so far."""
+        return {q: float(math.exp(r)) for q, r in sorted(self._r.items())}
 
 
 def fit_verify_cost(qs: Sequence[int], ms: Sequence[float], source: str = "", *,
@@ -223,4 +320,4 @@ def load_curve_json(path: str | Path, *, engine: str | None = None, model: str |
         raise FileFormatError(path, None, f"is not a valid cost curve ({exc})") from None
 
 
-__all__ = ["TABLE_MAX_Q", "VerifyCost", "cached_verify_cost", "fit_verify_cost", "load_curve_json", "machine_id"]
+__all__ = ["ONLINE_MIN_OBS", "ONLINE_TOLERANCE", "ONLINE_WINDOW", "TABLE_MAX_Q", "OnlineVerifyCost", "VerifyCost", "cached_verify_cost", "fit_verify_cost", "load_curve_json", "machine_id"]

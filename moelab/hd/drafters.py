@@ -9,15 +9,24 @@ queried, how often it returned something (lookup hit), and how many accepted tok
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from moelab._validate import check_instance, check_int, check_token_ids
-from moelab.costmodel.verify import VerifyCost
+from moelab.costmodel.verify import OnlineVerifyCost, VerifyCost
 from moelab.hd.ngram import NGramTable
-from moelab.hd.policy import AcceptanceModel, check_acceptance, check_budget, confidence_class, observe, plan
+from moelab.hd.policy import (
+    AcceptanceModel,
+    PolicyChoice,
+    check_acceptance,
+    check_budget,
+    confidence_class,
+    observe,
+    plan,
+)
 from moelab.hd.stores import ContextStore, Store, match_length
 from moelab.hd.suffix import SuffixStore
 
@@ -344,10 +353,20 @@ class CostAwareDrafter(Drafter):
         of ``cost`` by default.
     seed : int
         Seeds the exploration draws (deterministic given the seed and the drafts).
+    timed : bool
+        Time the engine's steps from the drafter's side (a step = from one :meth:`draft` call to the next):
+        the verification of ``q = 1 +`` drafted tokens (the end of one draft to the start of the next) goes to
+        ``cost`` when it is an :class:`~moelab.costmodel.verify.OnlineVerifyCost`, and the step's emitted
+        tokens and whole time to ``choice``. Only where a target forward runs between two drafts (a live
+        engine): a replay has none, and its near-zero gaps would teach the curve that verification is free.
+    choice : PolicyChoice, optional
+        The engine's choice between the plan and the hierarchy's full chain (:class:`moelab.hd.policy.PolicyChoice`;
+        chains only, and only with ``timed``): each step runs the policy it picks. None: always the plan.
     """
 
     def __init__(self, inner: HierarchyDrafter, cost: VerifyCost, *, budget: int = 8, chain: bool = False,
-                 acceptance: AcceptanceModel | None = None, explore: float | None = None, seed: int = 0) -> None:
+                 acceptance: AcceptanceModel | None = None, explore: float | None = None, seed: int = 0,
+                 timed: bool = False, choice: PolicyChoice | None = None) -> None:
         self.inner = check_instance("inner", inner, Drafter, "a Drafter (e.g. HierarchyDrafter(S, L))")
         self.cost = check_instance("cost", cost, VerifyCost, "a VerifyCost (e.g. moelab.costmodel.fit_verify_cost(qs, ms))")
         self.budget = check_budget(budget)
@@ -363,14 +382,26 @@ class CostAwareDrafter(Drafter):
         super().__init__()
         self.counters = inner.counters
         self._last = Draft([], [])
+        self.timed = bool(timed)
+        self._online = cost if (self.timed and isinstance(cost, OnlineVerifyCost)) else None
+        if choice is not None:
+            check_instance("choice", choice, PolicyChoice, "a PolicyChoice (moelab.hd.policy) or None")
+        self.choice = choice if (self.timed and self.chain) else None
+        self.arms = [0, 0]  # steps this request ran the plan / the full chain
+        self._arm = 0
+        self._q = 1  # tokens the last step verifies (1 + drafted)
+        self._t_start = self._t_end = -1.0  # when the last draft began and ended (perf_counter); < 0: none yet
+        self._step_tokens = 0  # tokens emitted since the last draft
 
     def start(self, prompt_ids: Sequence[int]) -> None:
         self.inner.start(prompt_ids)
         self.context = self.inner.context
+        self._t_start = -1.0  # the gap before a request's first draft is its prefill, not a step
 
     def accept(self, new_tokens: Sequence[int]) -> None:
         self.inner.accept(new_tokens)
         self.context = self.inner.context
+        self._step_tokens += len(new_tokens)
 
     def reset_counters(self) -> None:
         self.inner.reset_counters()
@@ -378,10 +409,24 @@ class CostAwareDrafter(Drafter):
 
     def draft(self, budget: int | None = None) -> Draft:
         """The planned draft; ``budget`` lowers this step's budget (e.g. near the context limit)."""
+        if self.timed:
+            now = time.perf_counter()
+            if self._t_start >= 0.0:  # the step since the last draft: its verification and its whole time
+                if self._online is not None:
+                    self._online.observe(self._q, (now - self._t_end) * 1e3)
+                if self.choice is not None:
+                    self.choice.record(self._arm, self._step_tokens, now - self._t_start)
+            self._t_start = now
+            self._step_tokens = 0
         b = self.budget if budget is None else min(self.budget, check_budget(budget))
         d = self.inner.draft_chain(b) if self.chain else self.inner.draft()
-        cands, srcs = plan(d.candidates, d.sources, self.acceptance, self.cost, b, d.classes)
-        if (not cands and d.candidates and self.explore > 0.0 and self._rng.random() < self.explore
+        arm = self._arm = self.choice.choose(self._rng.random()) if self.choice is not None else 0
+        self.arms[arm] += 1
+        if arm == 1:  # the hierarchy's full chain (the paper's policy), the engine's choice for this step
+            cands, srcs = list(d.candidates), list(d.sources)
+        else:
+            cands, srcs = plan(d.candidates, d.sources, self.acceptance, self.cost, b, d.classes)
+        if (arm == 0 and not cands and d.candidates and self.explore > 0.0 and self._rng.random() < self.explore
                 and plan(d.candidates, d.sources, self._untested, self.cost, b, d.classes)[0]):
             # a re-test only where the request's own outcomes, not the cost curve, stopped the drafting: with
             # untested (prior) estimates this draft would pay, so a low estimate is what is being re-tested
@@ -389,6 +434,10 @@ class CostAwareDrafter(Drafter):
             cands, srcs = [tuple(d.candidates[i][:1])], [d.sources[i][:1]]
             self.explored += 1
         self._last = last = Draft(cands, srcs, _kept_classes(cands, d))
+        if self.timed:
+            # q of the step this draft starts: the bonus token plus every drafted node (a chain: its length)
+            self._q = 1 + (len(cands[0]) if self.chain and cands else len({c[:i + 1] for c in cands for i in range(len(c))}))
+            self._t_end = time.perf_counter()
         return last if self.chain else Draft(cands, [x[:1] for x in srcs], last.classes)
 
     def observe(self, draft: Draft, accepted: Sequence[int]) -> None:

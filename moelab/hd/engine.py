@@ -11,7 +11,7 @@ from functools import lru_cache
 from typing import Any
 
 from moelab._validate import check_instance, check_int
-from moelab.costmodel.verify import VerifyCost
+from moelab.costmodel.verify import OnlineVerifyCost, VerifyCost
 from moelab.hd.drafters import (
     COST_AWARE_CONTEXT_KEYS,
     CostAwareDrafter,
@@ -20,7 +20,7 @@ from moelab.hd.drafters import (
     HierarchyDrafter,
     check_order,
 )
-from moelab.hd.policy import EngineAcceptance, check_acceptance, check_budget
+from moelab.hd.policy import EngineAcceptance, PolicyChoice, check_acceptance, check_budget
 from moelab.hd.rows import RowDrafters
 from moelab.hd.stores import load_default_model_store, load_default_statistics_store, load_store
 
@@ -95,12 +95,17 @@ def make_row_drafters(cfg: dict[str, Any], *, tokenizer_path: str, budget: int) 
         raise ValueError("method 'hd' (cost-aware) needs cfg['cost'] = {'qs': [...], 'ms': [...]}, the measured "
                          "verify-cost curve (moelab.bench.specbench.measure_vllm_cost)")
     cost = VerifyCost(c["qs"], c["ms"], c.get("source", ""))
+    # a live engine times its steps: the curve follows the machine and the policy is chosen on tokens/s
+    # ("online": false keeps the probed curve and the plan, as a replay must)
+    online = cfg.get("online", True)
+    if not isinstance(online, bool):
+        raise ValueError(f"online must be true or false; got {online!r}")
     return cost_aware_rows(S, L, cost, budget=budget, order=order, length=length, engine=EngineAcceptance(prior),
-                           seed=seed)
+                           seed=seed, online=online)
 
 
 def cost_aware_rows(S: Any, L: Any, cost: VerifyCost, *, budget: int, order: str = "WSL", length: int = 4,
-                    engine: EngineAcceptance | None = None, seed: int = 0) -> RowDrafters:
+                    engine: EngineAcceptance | None = None, seed: int = 0, online: bool = False) -> RowDrafters:
     """Per-row cost-aware HD chains (vLLM's HD): each request gets its own acceptance model, started from
     ``engine``'s prior (a fresh :class:`EngineAcceptance` by default), and its own exploration stream
     ``(seed, request number)``.
@@ -119,21 +124,34 @@ def cost_aware_rows(S: Any, L: Any, cost: VerifyCost, *, budget: int, order: str
         The prior shared by the engine's requests.
     seed : int
         Base seed of the requests' exploration draws.
+    online : bool
+        A live engine (vLLM): every request's drafter times the engine's steps
+        (:class:`~moelab.hd.drafters.CostAwareDrafter`'s ``timed``), the engine's verify-cost curve is
+        re-estimated from them (:class:`~moelab.costmodel.verify.OnlineVerifyCost`, seeded by ``cost``) and the
+        step policy, plan or full chain, is chosen on the tokens/s each delivers
+        (:class:`~moelab.hd.policy.PolicyChoice`). Off for a replay (no forward runs between steps). The
+        returned rows carry both as ``cost_model`` and ``policy_choice`` (None when off).
     """
     check_instance("cost", cost, VerifyCost, "a VerifyCost (e.g. moelab.costmodel.fit_verify_cost(qs, ms))")
     budget = check_budget(budget)
     engine = engine if engine is not None else EngineAcceptance()
     numbers = itertools.count()
     base = check_int("seed", seed, low=0)
+    online = bool(online)
+    model = OnlineVerifyCost(cost) if online else cost  # one per engine: every request's steps correct it
+    choice = PolicyChoice() if online else None
 
     def new_request() -> CostAwareDrafter:
         # a row's drafter is made when a request arrives in it, so one drafter (and one model) per request;
         # the stream seed is distinct per request (and per base seed for the first million requests)
         inner = HierarchyDrafter(S, L, order=order, length=length, context_key_lengths=COST_AWARE_CONTEXT_KEYS)
-        return CostAwareDrafter(inner, cost, budget=budget, chain=True,
-                                acceptance=engine.new_request(), seed=base * 1_000_003 + next(numbers))
+        return CostAwareDrafter(inner, model, budget=budget, chain=True, acceptance=engine.new_request(),
+                                seed=base * 1_000_003 + next(numbers), timed=online, choice=choice)
 
-    return RowDrafters(new_request, lambda d, m: d.draft(m))
+    rows = RowDrafters(new_request, lambda d, m: d.draft(m))
+    rows.cost_model = model if online else None
+    rows.policy_choice = choice
+    return rows
 
 
 __all__ = ["cost_aware_rows", "load_stores", "make_row_drafters"]

@@ -246,6 +246,91 @@ class EngineAcceptance:
                                priors={k: self.alpha(*k) for k in self.tried}, engine=self)
 
 
+#: the step policies :class:`PolicyChoice` chooses between: the cost-aware plan, and the full chain of the
+#: hierarchy (the paper's fixed policy: every step verifies the whole budget)
+ARMS = ("plan", "full")
+#: steps each policy is tried before the choice trusts their rates (alternating until then)
+CHOICE_WARMUP = 24
+#: share of steps that re-try the policy currently behind (its rate can change with the load and the text)
+CHOICE_EXPLORE = 0.1
+#: an engine's policy rates forget a step after this many later steps of the same policy
+CHOICE_HALF_LIFE = 2048.0
+
+
+class PolicyChoice:
+    """Which step policy an engine's cost-aware drafter runs: the plan or the hierarchy's full chain, chosen
+    online on the tokens per second each delivers (a two-armed bandit, epsilon-greedy on decayed rates).
+
+    Why: the plan maximises *expected* tokens per unit of *estimated* verify cost; where the estimates are
+    wrong for this engine (a cost curve that misjudges the machine, acceptance that the classes miss), the plan
+    can lose to simply verifying the whole chain, the paper's policy (HD-fixed). The two are compared on what
+    the engine really delivers: every step of a policy adds its emitted tokens (accepted + bonus) and its wall
+    time (drafting + verification, as the drafter observes it) to that policy's decayed sums. After
+    :data:`CHOICE_WARMUP` steps of each, a step runs the policy with the higher rate, except a share
+    :data:`CHOICE_EXPLORE` that re-tries the other, so the default is never worse than the better of the two
+    by more than the exploration's share of their difference. Steps are assigned at random, so both policies
+    see the same mix of easy and hard text. Lossless either way: the choice changes what is drafted, never
+    what is accepted.
+
+    Parameters
+    ----------
+    warmup : int
+        Steps of each policy before the rates are trusted (>= 1).
+    explore : float
+        Share of steps that run the policy behind, in [0, 0.5].
+    half_life : float
+        Steps of a policy after which an earlier step weighs half (> 0).
+    """
+
+    def __init__(self, *, warmup: int = CHOICE_WARMUP, explore: float = CHOICE_EXPLORE,
+                 half_life: float = CHOICE_HALF_LIFE) -> None:
+        self.warmup = check_int("warmup", warmup, low=1)
+        self.explore = check_real("explore", explore, low=0.0, high=0.5)
+        self.half_life = check_real("half_life", half_life, low=0.0, low_open=True)
+        self._keep = 0.5 ** (1.0 / self.half_life)
+        self.tokens = [0.0, 0.0]
+        self.seconds = [0.0, 0.0]
+        self.steps = [0, 0]
+        self.chosen = [0, 0]
+
+    def rate(self, arm: int) -> float:
+        """Tokens per second of policy ``arm`` (0 = plan, 1 = full chain); NaN before any step."""
+        s = self.seconds[arm]
+        return self.tokens[arm] / s if s > 0.0 else float("nan")
+
+    def best(self) -> int:
+        """The policy with the higher rate (the plan on a tie or before both have run their warm-up)."""
+        if min(self.steps) < self.warmup:
+            return 0
+        return 1 if self.rate(1) > self.rate(0) else 0
+
+    def choose(self, u: float) -> int:
+        """The policy of the next step, given a uniform draw ``u`` in [0, 1) (the caller's seeded stream)."""
+        n0, n1 = self.steps
+        if min(n0, n1) < self.warmup:
+            arm = 0 if n0 <= n1 else 1  # alternate until both have their warm-up
+        else:
+            arm = self.best()
+            if u < self.explore:
+                arm = 1 - arm
+        self.chosen[arm] += 1
+        return arm
+
+    def record(self, arm: int, tokens: float, seconds: float) -> None:
+        """A step of policy ``arm`` emitted ``tokens`` in ``seconds`` (ignored unless both are finite, > 0)."""
+        if not (seconds > 0.0 and seconds < float("inf") and tokens > 0.0):
+            return
+        keep = self._keep
+        self.tokens[arm] = self.tokens[arm] * keep + tokens
+        self.seconds[arm] = self.seconds[arm] * keep + seconds
+        self.steps[arm] += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        """Steps, rates and the current choice (for logs and tests)."""
+        return {"steps": list(self.steps), "chosen": list(self.chosen),
+                "rates": [self.rate(0), self.rate(1)], "best": ARMS[self.best()]}
+
+
 def _src_at(src: str, depth: int, n: int) -> str:
     """A candidate's store letter at ``depth``: one letter for the whole candidate, or one per token."""
     return src[depth] if len(src) == n and n > 1 else src[:1]
@@ -409,7 +494,7 @@ def observe(model: AcceptanceModel, candidates: Sequence[Sequence[int]], sources
         model.record(src, alt, depth < len(acc) and acc[depth] == t, c)
 
 
-__all__ = ["BUDGETS", "COST_AWARE_LABEL", "ENGINE_HALF_LIFE", "FALLBACK_PRIOR", "MATCH_CLASSES", "MAX_BUDGET",
+__all__ = ["ARMS", "CHOICE_EXPLORE", "CHOICE_HALF_LIFE", "CHOICE_WARMUP", "BUDGETS", "PolicyChoice", "COST_AWARE_LABEL", "ENGINE_HALF_LIFE", "FALLBACK_PRIOR", "MATCH_CLASSES", "MAX_BUDGET",
            "POSITION_CLASSES", "PRIOR_WEIGHT", "REQUEST_HALF_LIFE", "AcceptanceModel", "EngineAcceptance",
            "check_acceptance", "check_budget", "cold_start_prior", "confidence_class", "default_prior", "observe",
            "plan"]

@@ -1,4 +1,5 @@
-"""HD's vLLM results as tables: the per-(method, category) summary of per-question rows and the committed
+"""HD's vLLM results as tables: the per-(method, category) summary of per-question rows, paired ratios between
+methods with bootstrap intervals over questions (:func:`paired_ratio`, :func:`verdict`), and the committed
 full-benchmark table (``data/hd/specbench_vllm_full.csv``, measured by :mod:`moelab.bench.specbench`).
 
 Reading only: nothing here runs an engine, so a notebook can show the committed results without the
@@ -43,4 +44,91 @@ def summarize_vllm(df: pd.DataFrame) -> pd.DataFrame:
         .reset_index(drop=True)
 
 
-__all__ = ["FULL_TABLE", "full_table_path", "summarize_vllm"]
+#: bootstrap resamples of the paired intervals (vectorised: one (B, n) index draw)
+BOOTSTRAP_RESAMPLES = 4000
+#: the seed of every interval (an interval is a property of the data, not of the run that printed it)
+BOOTSTRAP_SEED = 0
+
+
+def paired_ratio(df: pd.DataFrame, a: str, b: str, *, level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
+                 seed: int = BOOTSTRAP_SEED) -> dict[str, float]:
+    """Method ``a``'s speed over method ``b``'s on the questions both ran, with a percentile bootstrap interval.
+
+    The ratio is that of the mean per-question tokens/s (so it equals ``speedup(a) / speedup(b)`` of
+    :func:`summarize_vllm` on the same questions). The interval resamples *questions* with replacement, each
+    keeping both methods' speeds: the two were measured back to back on the question (rotated order,
+    :func:`moelab.bench.specbench.vllm_runs.arrange_points`), so load that drifts over minutes falls on both and
+    cancels in the pair, and the interval reflects how the questions differ, not how the machine did.
+
+    Parameters
+    ----------
+    df : DataFrame
+        Per-question rows (``question_id``, ``method``, ``tokens_per_s``), e.g. of
+        :func:`moelab.bench.specbench.run_vllm_methods` or the points ledger.
+    a, b : str
+        Method labels (``"HD-cost"``, ``"HD-fixed"``, ...).
+    level : float
+        Coverage of the interval, in (0, 1).
+    resamples : int
+        Bootstrap resamples (>= 100).
+    seed : int
+        Seeds the resampling (the same data and seed give the same interval).
+
+    Returns
+    -------
+    dict
+        ``ratio``, ``ci_low``, ``ci_high``, ``questions`` (NaN bounds, and 0 questions, when none are shared).
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1); got {level!r}")
+    if int(resamples) < 100:
+        raise ValueError(f"resamples must be at least 100; got {resamples!r}")
+    speed = df[df["method"].isin([a, b])].pivot_table(index="question_id", columns="method", values="tokens_per_s",
+                                                      aggfunc="mean")
+    if a not in speed or b not in speed:
+        return {"ratio": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "questions": 0}
+    speed = speed[[a, b]].dropna()
+    x, y = speed[a].to_numpy(float), speed[b].to_numpy(float)
+    n = x.size
+    if n == 0:
+        return {"ratio": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "questions": 0}
+    idx = np.random.default_rng(seed).integers(0, n, size=(int(resamples), n))
+    boot = x[idx].mean(axis=1) / y[idx].mean(axis=1)
+    lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+    return {"ratio": float(x.mean() / y.mean()), "ci_low": float(lo), "ci_high": float(hi), "questions": int(n)}
+
+
+def verdict(ci_low: float, ci_high: float) -> str:
+    """What an interval of a ratio ``a / b`` allows one to say: ``"ahead"`` (``a`` faster: the whole interval is
+    above 1), ``"behind"`` (below 1) or ``"not distinguishable"`` (it holds 1, or is undefined)."""
+    if not (np.isfinite(ci_low) and np.isfinite(ci_high)):
+        return "not distinguishable"
+    if ci_low > 1.0:
+        return "ahead"
+    if ci_high < 1.0:
+        return "behind"
+    return "not distinguishable"
+
+
+#: the paired comparisons of HD's benchmark and full table: (first method, second method)
+PAIRS = (("HD-cost", "HD-fixed"), ("HD-cost", "suffix"), ("HD-cost", "ngram"))
+
+
+def paired_table(df: pd.DataFrame, pairs: tuple[tuple[str, str], ...] = PAIRS, **kw: float) -> pd.DataFrame:
+    """:func:`paired_ratio` of every pair in ``pairs`` (pairs whose methods did not run are left out), overall and
+    per category, with its :func:`verdict`; ``kw`` goes to :func:`paired_ratio`."""
+    rows = []
+    have = set(df["method"]) if len(df) else set()
+    for a, b in pairs:
+        if a not in have or b not in have:
+            continue
+        groups = [("overall", df)] + [(c, df[df["category"] == c]) for c in SPEC_BENCH_CATEGORIES
+                                      if "category" in df and (df["category"] == c).any()]
+        for cat, g in groups:
+            r = paired_ratio(g, a, b, **kw)
+            rows.append({"a": a, "b": b, "category": cat, **r, "verdict": verdict(r["ci_low"], r["ci_high"])})
+    return pd.DataFrame(rows, columns=["a", "b", "category", "ratio", "ci_low", "ci_high", "questions", "verdict"])
+
+
+__all__ = ["BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "FULL_TABLE", "PAIRS", "full_table_path", "paired_ratio",
+           "paired_table", "summarize_vllm", "verdict"]

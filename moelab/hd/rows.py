@@ -87,6 +87,10 @@ class RowDrafters:
         self.rows: dict[int, _Row] = {}
         self.stats = RowStats()
         self.timing = bool(timing)
+        # what a live engine's drafters share beyond the stores (set by moelab.hd.engine.cost_aware_rows):
+        # the online verify-cost curve and the plan-or-full-chain choice; None where not used
+        self.cost_model: Any = None
+        self.policy_choice: Any = None
 
     def propose(self, row: int, tokens: np.ndarray, max_len: int) -> list[int]:
         """One chain (``<= max_len`` tokens, possibly empty) after ``tokens`` for batch row ``row``."""

@@ -92,6 +92,14 @@ def _run_question(engine: Any, method: str, budget: int, q: dict[str, Any], *, m
         rec["draft_us_p50"] = float(np.median(us)) if us.size else float("nan")
         rec["hd_drafted_tokens"] = st.drafted_tokens - stats0["drafted_tokens"]
         rec["hd_accepted_tokens"] = st.accepted_tokens - stats0["accepted_tokens"]
+        rows = vllm_adapter.ACTIVE.rows
+        if getattr(rows, "policy_choice", None) is not None:  # the engine's choice after this question
+            ch = rows.policy_choice.as_dict()
+            rec["hd_policy"] = ch["best"]
+            rec["hd_policy_steps"] = ch["steps"]
+        if getattr(rows, "cost_model", None) is not None:  # the online curve after this question
+            rec["hd_cost_rel_q2"] = float(rows.cost_model.relative(2))
+            rec["hd_cost_rel_q9"] = float(rows.cost_model.relative(9))
     return rec
 
 
@@ -131,19 +139,24 @@ def _probe(engine: Any, spec: dict[str, Any], start_s: float) -> int:
     tok_path = str(engine.llm_engine.vllm_config.model_config.tokenizer)
     lengths = [0, *spec["probe"]]
     short, long_ = int(spec.get("probe_short", 4)), int(spec.get("probe_long", 20))
-    best: dict[tuple[int, int], float] = {}
-    # rounds over every length (not one length after another): a shared machine's load drifts, and the
-    # minimum over rounds of interleaved runs is what each length costs when the machine is least busy
-    for _ in range(int(spec.get("probe_repeat", 2))):
+    per_step: dict[int, list[float]] = {d: [] for d in lengths}
+    # rounds over every length (not one length after another): a shared machine's load drifts; each round
+    # gives one per-step time per length (the long run minus the short one: prefill cancels), and the median
+    # over rounds is the typical cost (a minimum is the cost of the least busy moment, which a busy machine's
+    # steps never see; the online curve then corrects the seed from the engine's own steps)
+    for _ in range(int(spec.get("probe_repeat", 5))):
         for d in lengths:
             vllm_adapter.ACTIVE.rows = make_row_drafters({"method": "probe", "probe_len": d, "probe_token": PROBE_TOKEN},
                                                          tokenizer_path=tok_path, budget=max(spec["probe"]))
+            dt = {}
             for n in (short, long_):
                 t = time.perf_counter()
                 generate(engine, [prompt], n, ignore_eos=True, progress=False)
-                dt = time.perf_counter() - t
-                best[(d, n)] = min(best.get((d, n), float("inf")), dt)
-    rows = [{"q": d + 1, "ms": (best[(d, long_)] - best[(d, short)]) / (long_ - short) * 1e3} for d in lengths]
+                dt[n] = time.perf_counter() - t
+            per_step[d].append((dt[long_] - dt[short]) / (long_ - short) * 1e3)
+    # a preempted short run can make one round's difference tiny or negative: the median ignores it, and a
+    # floor keeps the fit's input positive
+    rows = [{"q": d + 1, "ms": max(float(np.median(per_step[d])), 1e-3), "rounds": per_step[d]} for d in lengths]
     atomic_write_json(Path(spec["out_dir"]) / "probe.json", {"rows": rows, "engine_start_s": start_s})
     return 0
 

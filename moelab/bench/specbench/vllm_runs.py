@@ -155,7 +155,9 @@ def start_engines(methods: Sequence[str], *, budget: int = 8, cost: VerifyCost |
 def measure_vllm_cost(model_dir: str | Path, *, qs: Sequence[int] = (2, 3, 5, 9), context_tokens: int = 256,
                       timeout_s: float = 900.0, refresh: bool = False) -> VerifyCost:
     """vLLM's verify cost per step on this machine for ``q`` = 1 + chain length tokens (cached per machine
-    and model): chains of ``q - 1`` wrong tokens, so every step emits one token and costs a q-token forward."""
+    and model): chains of ``q - 1`` wrong tokens, so every step emits one token and costs a q-token forward;
+    the median over 5 interleaved rounds. It only seeds cost-aware HD: the engine corrects it online from its
+    own step times (:class:`moelab.costmodel.verify.OnlineVerifyCost`)."""
     d_lens = sorted({check_int("qs entry", q, low=2, high=65) - 1 for q in qs})
 
     def measure() -> VerifyCost:
@@ -167,10 +169,11 @@ def measure_vllm_cost(model_dir: str | Path, *, qs: Sequence[int] = (2, 3, 5, 9)
                          "model_dir": str(model_dir), "out_dir": str(out)}, out / "worker.log", timeout_s)
         rows = read_json(out / "probe.json")["rows"]
         return fit_verify_cost([r["q"] for r in rows], [r["ms"] for r in rows],
-                            f"vLLM CPU, {Path(model_dir).name}, context {context_tokens}, min over interleaved rounds, "
-                            f"measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}")
+                            f"vLLM CPU, {Path(model_dir).name}, context {context_tokens}, median over interleaved "
+                            f"rounds, measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}")
 
-    return cached_verify_cost("vllm", Path(model_dir).name, measure, refresh=refresh)
+    # "vllm-median": curves cached as "vllm" were minima over 2 rounds (the least busy moment, not the typical step)
+    return cached_verify_cost("vllm-median", Path(model_dir).name, measure, refresh=refresh)
 
 
 def arrange_points(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
