@@ -1,4 +1,12 @@
-"""``moelab sweep SUITE [--backend serial|local|ray] [--address A] [--grid k=v1,v2 ...] [--out DIR] [--cached-only]``."""
+"""``moelab sweep SUITE [--backend serial|local|ray] [--address A] [--grid k=v1,v2 ...] [--out DIR] [--cached-only]
+[--trace FILE]``.
+
+``moelab sweep eldr --trace FILE`` sweeps a real expert trace (any :class:`~moelab.traces.ExpertTrace` file,
+e.g. one ``moelab.capture`` wrote) instead of the synthetic workload: the suite :func:`eldr_trace_suite`, whose
+points run :func:`eldr_trace_point` (ELDR's decode cluster with the trace's real routing and the PROJECTION
+step model, :func:`moelab.eldr.experiments.projection_cost`). Rates are in ELDR's one unit, req/s at 16
+decode workers (scaled by K/16).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +14,115 @@ import argparse
 import io
 import sys
 import warnings
+from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from moelab._io import atomic_write_bytes
-from moelab.bench.suites import SWEEP_SUITES, get_suite, run_named_suite
+from moelab._validate import check_choice, check_int, check_real
+from moelab.bench.suites import _FLOOR, SWEEP_SUITES, get_suite
+from moelab.costmodel import MODEL_SHAPES
+from moelab.datasets import bundled_path
+from moelab.eldr import experiments as eldr_experiments
+from moelab.routing import available_routers
 from moelab.sweep.core import BACKENDS, parse_grid_args
-from moelab.sweep.suite import coerce
+from moelab.sweep.suite import Suite, coerce, run_suite
+from moelab.traces import load_trace
+
+
+@lru_cache(maxsize=4)
+def _trace_setup(trace: str, mtime_ns: int, K: int, n_pairs: int, like: str, seed: int) -> Any:
+    # one setup per (file version, K, ...) in each worker process: the points of a sweep share it
+    tr = load_trace(trace)
+    return eldr_experiments.prepare(tr, eldr_experiments.projection_cost(tr, like), K, n_pairs=n_pairs, seed=seed)
+
+
+def eldr_trace_point(trace: str, rate: float = 60.0, K: int = 16, tau: float = 0.1, router: str = "eldr",
+                     n_requests: int = 2000, output_len: int = 128, n_pairs: int = 10000,
+                     like: str = "qwen3-30b-a3b", seed: int = 0) -> dict[str, Any]:
+    """One ELDR decode-cluster simulation on a real expert trace (a point of ``moelab sweep eldr --trace``).
+
+    Parameters
+    ----------
+    trace : str
+        Path of an :class:`~moelab.traces.ExpertTrace` file (``.npz`` with its ``.json`` sidecar).
+    rate : float
+        Arrival rate in ELDR's unit, req/s at 16 decode workers; ``K`` workers get ``rate * K / 16``.
+    K : int
+        Decode workers (one centroid each, fitted on the trace's calibration half).
+    tau : float
+        ELDR's band width (only the ``eldr`` router takes it).
+    router : str
+        A registered router.
+    n_requests, output_len : int
+        Requests replayed from the trace's pool half, and decode tokens each (the trace's captured decode
+        tokens are replayed cyclically).
+    n_pairs : int
+        Request pairs of the signature's layer-mask search.
+    like : str
+        The registry model whose expert, attention and head sizes price the trace's routing.
+    seed : int
+        Seed of the split, K-means, arrivals and routers.
+
+    Returns
+    -------
+    dict
+        :func:`moelab.eldr.experiments.run_one`'s row (the sweep adds the point's parameters, ``trace`` too).
+    """
+    path = Path(trace)
+    setup = _trace_setup(str(path), path.stat().st_mtime_ns, int(K), int(n_pairs), like, int(seed))
+    row = eldr_experiments.run_one(setup, router, rate=rate, n_requests=n_requests, output_len=output_len, tau=tau,
+                                   rate_scale=eldr_experiments.paper_rate_scale(int(K)), seed=seed)
+    return row
+
+
+def _trace_check(points: list[dict]) -> None:
+    routers = available_routers()
+    for p in points:
+        check_choice("router", p["router"], routers)
+        check_real("rate", p["rate"], low=0, low_open=True)
+        check_int("K", p["K"], low=1, high=1024)
+        check_real("tau", p["tau"], low=0)
+        check_int("n_requests", p["n_requests"], low=1, high=1_000_000)
+        check_int("output_len", p["output_len"], low=1, high=100_000)
+        check_int("n_pairs", p["n_pairs"], low=100, high=1_000_000)
+        check_choice("like", p["like"], sorted(k for k, v in MODEL_SHAPES.items() if v.is_moe))
+        check_int("seed", p["seed"], low=0)
+
+
+def eldr_trace_suite(trace: str | Path) -> Suite:
+    """The ``eldr`` suite on a real expert trace: rate x K x tau x router, one :func:`eldr_trace_point` each.
+
+    The trace is read once here (a bad file is refused before anything runs, with the loaders' named
+    errors); its contents (and its sidecar) are hashed into every cache key.
+
+    Parameters
+    ----------
+    trace : str or path
+        An :class:`~moelab.traces.ExpertTrace` file.
+
+    Returns
+    -------
+    moelab.sweep.suite.Suite
+    """
+    path = Path(trace).expanduser().resolve()
+    if not path.is_file():
+        raise ValueError(f"--trace must be an ExpertTrace file (.npz); {str(trace)!r} does not exist")
+    tr = load_trace(path)
+    n_half = max(1, tr.n_requests // 2)
+
+    def data() -> list[Path]:
+        side = path.with_suffix(".json")
+        return [path, *([side] if side.is_file() else []), bundled_path("calibration", "h200")]
+
+    return Suite(
+        "eldr-trace", eldr_trace_point,
+        {"trace": [str(path)], "rate": [20.0, 40.0, 60.0, 80.0, 100.0], "K": [min(16, n_half)], "tau": [0.1],
+         "router": [*eldr_experiments.BASELINES, "eldr"], "n_requests": [2000], "output_len": [128],
+         "n_pairs": [10000], "like": ["qwen3-30b-a3b"], "seed": [0]},
+        f"ELDR decode cluster on the real trace {path.name} ({tr.geometry.model_name}, {tr.n_requests} requests): "
+        "rate x K x tau x router", ("moelab.eldr", "moelab.bench.sweep_cli", *_FLOOR), data,
+        ("tpot_ms_p50", "tpot_ms_p99", "distinct_per_layer_step"), check=_trace_check)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="values for some parameters (the others keep the suite's defaults)")
     p.add_argument("--out", default="runs/sweep", help="results go to OUT/SUITE.parquet, the cache to OUT/cache/SUITE")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--trace", metavar="FILE",
+                   help="eldr only: sweep this real ExpertTrace file (.npz) instead of the synthetic workload")
     p.add_argument("--cached-only", action="store_true",
                    help="compute nothing: show the points already cached (e.g. a long run's progress while it runs)")
     return p
@@ -59,9 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = show
     try:
         suite = get_suite(args.suite)
+        if args.trace is not None:
+            if args.suite != "eldr":
+                raise ValueError(f"--trace is for the eldr suite only; got suite {args.suite!r}")
+            suite = eldr_trace_suite(args.trace)
         overrides = parse_grid_args(args.grid)
         grid = coerce(suite, suite.grid(overrides))
-        res = run_named_suite(args.suite, overrides, out=args.out, backend=args.backend, workers=args.workers,
+        res = run_suite(suite, overrides, out=args.out, backend=args.backend, workers=args.workers,
                         address=args.address, progress=not args.no_progress, compute=not args.cached_only)
         out = Path(args.out).expanduser().resolve()
         if args.cached_only:
@@ -72,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         buf = io.BytesIO()
         res.frame.to_parquet(buf, index=False)
-        path = atomic_write_bytes(out / f"{args.suite}.parquet", buf.getvalue())
+        path = atomic_write_bytes(out / f"{suite.name}.parquet", buf.getvalue())
         print(_summary(res, suite, grid))
         print(f"\n{res.points} points: {res.computed} computed, {res.cached} from the cache"
               + (f" ({len(res.recomputed)} corrupt entries recomputed)" if res.recomputed else "")

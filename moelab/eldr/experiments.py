@@ -4,6 +4,14 @@ kinds, prefix cache on/off — and the side-by-side with the paper's published p
 One :class:`ELDRSetup` holds what every run shares: the calibration split (signatures are fitted and
 centroids computed on it), the replay pool (requests replay its expert traces), the cost model and
 the packed expert bits. Every run returns a flat dict of measured metrics; sweeps return DataFrames.
+
+**What "rate" means, everywhere in ELDR** (this module, notebook 01, ``moelab sweep eldr``, the bench): an
+arrival rate in the paper's units, req/s offered to the paper's cluster of :data:`PAPER_DECODE_WORKERS` = 16
+decode workers. A cluster of ``K`` workers is offered ``rate * K / 16`` req/s (:func:`paper_rate_scale`), so
+a rate names the same load *per worker* at every ``K``. Every result row keeps both: ``rate`` (paper units)
+and ``sim_rate`` (req/s actually simulated). The one exception is :func:`run_one` (and what forwards to it,
+:func:`rate_sweep`, the ablations), whose ``rate_scale`` defaults to 1: there ``rate`` is req/s into the
+simulated cluster unless the caller passes ``rate_scale=paper_rate_scale(K)``, as every report here does.
 """
 
 from __future__ import annotations
@@ -39,9 +47,27 @@ BASELINES = router_names("eldr_paper")  # the paper's four load balancers (tagge
 # the paper's baselines, the KV-load balancer, the domain oracle and ELDR (the rows of notebook 01's sweep)
 SWEEP_ROUTERS = (*BASELINES, "least_kv", "domain_oracle", "eldr")
 PAPER_RATES = (20, 40, 60, 80, 100)
+#: decode workers of the paper's cluster (8P16D): the unit of every ELDR arrival rate
+PAPER_DECODE_WORKERS = 16
 #: the default no-regression sweep of issue 11: every paper rate at K = 8, 16 and 32 decode workers,
 #: the per-worker load of the paper's 16-worker cluster held fixed (rate scaled by K/16)
 DEFAULT_SWEEP_K = (8, 16, 32)
+
+
+def paper_rate_scale(n_workers: int) -> float:
+    """Factor from a rate in the paper's units (req/s at :data:`PAPER_DECODE_WORKERS` decode workers) to the
+    rate that offers ``n_workers`` workers the same per-worker load: ``n_workers / 16``.
+
+    Parameters
+    ----------
+    n_workers : int
+        Decode workers ``K`` of the simulated cluster (>= 1).
+
+    Returns
+    -------
+    float
+    """
+    return check_int("n_workers", n_workers, low=1) / PAPER_DECODE_WORKERS
 
 
 @dataclass
@@ -184,9 +210,41 @@ def run_one(
 ) -> dict:
     """Simulate one configuration; returns the metrics plus the configuration.
 
-    ``rate_scale`` multiplies the nominal ``rate`` (e.g. ``K/16`` to hold the per-worker load of the
-    paper's 16-worker cluster on a smaller one); ``rate`` stays the nominal one in the output and
-    ``sim_rate`` is what was simulated."""
+    The simulated arrival rate is ``rate * rate_scale`` req/s into the setup's ``K`` workers. For the
+    paper's units (req/s at 16 decode workers, what every ELDR report uses) pass
+    ``rate_scale=paper_rate_scale(K)``; ``rate`` stays the nominal one in the output and ``sim_rate`` is
+    what was simulated.
+
+    Parameters
+    ----------
+    setup : ELDRSetup
+        The shared workload, signatures, centroids and cost model (:func:`prepare`).
+    router : str
+        A registered router name (:func:`moelab.routers.router_names`).
+    rate : float
+        Nominal arrival rate (> 0), multiplied by ``rate_scale``.
+    n_requests, output_len : int
+        Requests replayed, and decode tokens each.
+    tau : float
+        ELDR's band width (only routers that take it).
+    kind : str
+        Signature kind (:data:`moelab.eldr.signature.KINDS`).
+    balanced : bool
+        Balanced K-means centroids (ELDR).
+    slots : int
+        Batch slots per worker.
+    rate_scale : float
+        Factor from ``rate`` to the simulated rate (> 0; default 1).
+    refit_window_s : float, optional
+        Refit ELDR's centroids online over this window.
+    seed : int
+        Seed of arrivals and routers.
+
+    Returns
+    -------
+    dict
+        ``router``, ``rate``, ``sim_rate``, the configuration and :meth:`moelab.sim.SimResult.metrics`.
+    """
     rate_scale = check_real("rate_scale", rate_scale, low=0, low_open=True)
     r = build_router(setup, router, tau=tau, kind=kind, balanced=balanced, refit_window_s=refit_window_s, seed=seed)
     sig = setup.signatures(kind) if "signature" in r.requires else None
@@ -200,7 +258,8 @@ def run_one(
 
 def rate_sweep(setup: ELDRSetup, rates: Sequence[float] = PAPER_RATES, routers: Sequence[str] = SWEEP_ROUTERS,
                **kw: Any) -> pd.DataFrame:
-    """Every router at every rate (same arrivals per rate for every router)."""
+    """Every router at every rate (same arrivals per rate for every router); ``kw`` go to :func:`run_one`
+    (pass ``rate_scale=paper_rate_scale(K)`` for rates in the paper's units)."""
     for name in routers:
         if name not in available_routers():
             raise ValueError(f"router must be one of {available_routers()}; got {name!r}")
@@ -304,12 +363,25 @@ def adjusted_rand_index(a: np.ndarray, b: np.ndarray) -> float:
 
 def real_trace_report(trace: ExpertTrace, *, n_workers: int = 16, rates: Sequence[float] = PAPER_RATES,
                       n_requests: int = 2000, output_len: int = 512, n_pairs: int = 10000, like: str = "qwen3-30b-a3b",
-                      seed: int = 0, routers: Sequence[str] = SWEEP_ROUTERS) -> tuple[dict, pd.DataFrame]:
+                      seed: int = 0, routers: Sequence[str] = SWEEP_ROUTERS,
+                      rate_scale: float | None = None) -> tuple[dict, pd.DataFrame]:
     """ELDR end to end on any real :class:`ExpertTrace`: held-out count_idf rho and decode-expert
     recall, same-task distinct-expert reduction (B = min(32, smallest task)), K-means (one cluster per
     task) vs task labels ARI, and the decode-cluster rate sweep of every router with the PROJECTION
     cost (:func:`projection_cost`: real routing, measured H200 kernel costs of ``like``-sized experts).
-    Returns the statistics and the sweep."""
+
+    ``rates`` are in the paper's units (req/s at 16 decode workers): ``n_workers`` workers are offered
+    ``rate * n_workers / 16`` (``rate_scale``, default :func:`paper_rate_scale`), the same per-worker load
+    as the synthetic sweeps at the same rate.
+
+    Returns
+    -------
+    stats : dict
+        The trace's locality statistics and the cost model's source.
+    sweep : DataFrame
+        :func:`rate_sweep` rows (``rate`` in paper units, ``sim_rate`` simulated).
+    """
+    rate_scale = paper_rate_scale(n_workers) if rate_scale is None else rate_scale
     cost = projection_cost(trace, like)
     setup = prepare(trace, cost, n_workers, n_pairs=n_pairs, seed=seed)
     rep = setup.builder("count_idf").report(setup.pool, n_pairs=n_pairs)
@@ -318,11 +390,13 @@ def real_trace_report(trace: ExpertTrace, *, n_workers: int = 16, rates: Sequenc
     red = distinct_reduction(trace, batch=max(2, min(32, smallest)), seed=seed)
     X = setup.builder("count_idf").transform(trace)
     km = spherical_kmeans(X, len(names), balanced=False, seed=seed)
-    df = rate_sweep(setup, rates=rates, routers=routers, n_requests=n_requests, output_len=output_len, seed=seed)
+    df = rate_sweep(setup, rates=rates, routers=routers, n_requests=n_requests, output_len=output_len, seed=seed,
+                    rate_scale=rate_scale)
     stats = {"trace": trace.geometry.model_name, "n_requests": trace.n_requests, "n_tasks": len(names),
              "rho": rep["rho"], "recall": rep["recall"], "layers_kept": rep["layers_kept"],
              "distinct_reduction_pct": red["reduction_pct"], "reduction_batch": red["batch"],
-             "kmeans_ari": adjusted_rand_index(km.labels, codes), "n_workers": n_workers, "cost": cost.shape.source}
+             "kmeans_ari": adjusted_rand_index(km.labels, codes), "n_workers": n_workers, "rate_scale": float(rate_scale),
+             "cost": cost.shape.source}
     return stats, df
 
 
@@ -492,7 +566,7 @@ def regime_map(scales: Sequence[float] = (0.25, 0.5, 1.0, 1.5), *, rates: Sequen
     return pd.DataFrame(rows)
 
 
-__all__ = ["BASELINES", "DEFAULT_SWEEP_K", "PAPER_RATES", "adjusted_rand_index", "default_sweep", "paper_peak_rate",
+__all__ = ["BASELINES", "DEFAULT_SWEEP_K", "PAPER_DECODE_WORKERS", "PAPER_RATES", "paper_rate_scale", "adjusted_rand_index", "default_sweep", "paper_peak_rate",
            "projection_cost", "real_trace_report", "regime_map", "sweep_gains", "SWEEP_ROUTERS", "ELDRSetup", "build_router", "compare_with_paper", "gains",
            "kmeans_ablation", "paper_gains", "rate_for_batch", "refit_ablation", "PREFIX_MODES", "prefix_cache_ablation",
            "prefix_setup", "prepare", "rate_sweep", "run_one",

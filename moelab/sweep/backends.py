@@ -34,11 +34,44 @@ def execute(backend: str, call: Call, fn: Callable[..., Any], name: str, todo: S
     return _local(call, fn, name, todo, workers=workers)
 
 
+def start_method(fn: Callable[..., Any]) -> str:
+    """The start method of the local process pool for ``fn``.
+
+    ``spawn`` (fresh interpreters, safe beside threads such as BLAS, torch or a Ray driver in this process)
+    for a function that lives in an importable module. A function defined in the running script or
+    notebook (module ``__main__``) gets ``fork`` where the platform has it: a spawned worker would
+    re-run the script from the top (it has no ``if __name__ == "__main__":`` guard) or, from a notebook,
+    could not find the function at all.
+
+    Parameters
+    ----------
+    fn : callable
+        The sweep's point function.
+
+    Returns
+    -------
+    str
+        ``"spawn"`` or ``"fork"``.
+
+    Raises
+    ------
+    ValueError
+        For a ``__main__`` function on a platform without ``fork`` (Windows), saying what to change.
+    """
+    if getattr(fn, "__module__", None) != "__main__":
+        return "spawn"
+    if "fork" in mp.get_all_start_methods():
+        return "fork"
+    raise ValueError(
+        f"the local backend cannot run {getattr(fn, '__qualname__', fn)!r}, defined in your script or notebook "
+        "(__main__), on this platform (no fork): move it into a module you import (e.g. mypoints.py), or put the "
+        "run_sweep call under `if __name__ == \"__main__\":` in a script, or use backend=\"serial\"")
+
+
 def _local(call: Call, fn: Callable[..., Any], name: str, todo: Sequence[Point], *,
            workers: int | None) -> Iterator[tuple[str, bytes]]:
     n = min(workers or os.cpu_count() or 1, len(todo))
-    # spawn: fresh interpreters, safe beside threads (BLAS, torch, a Ray driver) in this process
-    with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context(start_method(fn))) as pool:
         futures = [pool.submit(call, fn, name, k, p) for k, p in todo]
         try:
             for fut in as_completed(futures):

@@ -407,6 +407,10 @@ def run_sweep(
     fn : callable
         A module-level function (workers import it by name) returning a dict (one row), a list of
         dicts or a DataFrame. It must be deterministic in its parameters for the cache to make sense.
+        It may live in the running script or notebook: the ``local`` backend then forks its workers
+        (:func:`moelab.sweep.backends.start_method`), so a plain script needs no
+        ``if __name__ == "__main__":`` guard. Lambdas and functions defined inside another function are
+        refused (workers could not find them).
     grid : mapping of str to list, or list of dicts
         Parameter name -> values (see :func:`expand_grid`), or explicit points.
     cache_dir : path, optional
