@@ -42,13 +42,14 @@ from typing import Any
 from moelab import lecture
 from moelab._validate import check_int, check_loopback_host, check_real
 from moelab.notebooks import (
+    check_parameters,
     describe_requirements,
     missing_requirements,
-    notebook_parameters,
     notebooks_dir,
     parse_params,
     resolve,
 )
+from moelab.parameters import assignments
 
 #: the JupyterLab front-end extensions a lesson page needs: plotly's figures and the widgets (ipywidgets'
 #: manager, Voila's own for ipywidgets 8, anywidget for plotly's FigureWidget). Voila loads every installed
@@ -122,7 +123,9 @@ def voila_command(notebook: Path, *, host: str, port: int, token: str, open_brow
     :data:`PAGE_EXTENSIONS` loaded; with ``pool`` > 0, that many kernels have already run the notebook
     before a visitor arrives (Voila's pre-heated kernels), and a used one is replaced ``refill_delay_s``
     seconds after a visitor took it."""
-    return [sys.executable, "-m", "voila", str(notebook), f"--port={port}", f"--Voila.ip={host}", f"--token={token}",
+    # port_retries=0: Voila would otherwise serve on the next free port while we printed this one's URL
+    return [sys.executable, "-m", "voila", str(notebook), f"--port={port}", "--Voila.port_retries=0",
+            f"--Voila.ip={host}", f"--token={token}",
             "--strip_sources=True", "--show_tracebacks=False", "--Voila.log_level=WARN", f"--template={VOILA_TEMPLATE}",
             *(f"--VoilaConfiguration.extension_allowlist={name}" for name in PAGE_EXTENSIONS),
             *(["--preheat_kernel=True", f"--pool_size={pool}", f"--VoilaKernelManager.fill_delay={refill_delay_s:g}"]
@@ -139,13 +142,10 @@ def prepare_notebook(name: str, params: dict[str, Any], workdir: Path) -> Path:
     source = notebooks_dir() / f"{name}.ipynb"
     if not params:
         return source
-    known = notebook_parameters(name)
-    unknown = sorted(set(params) - set(known))
-    if unknown:
-        raise ValueError(f"notebook {name} has no parameter(s) {unknown}; its parameters are {sorted(known)}")
+    params = check_parameters(name, params)
     nb = nbformat.read(source, as_version=4)
     at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", []))
-    code = "# Injected parameters (moelab app --params)\n" + "\n".join(f"{k} = {v!r}" for k, v in params.items())
+    code = assignments(params, header="# Injected parameters (moelab app --params)")
     nb.cells.insert(at + 1, nbformat.v4.new_code_cell(code, metadata={"tags": ["injected-parameters"]}))
     out = workdir / f"{name}.ipynb"
     nbformat.write(nb, out)
@@ -155,10 +155,7 @@ def prepare_notebook(name: str, params: dict[str, Any], workdir: Path) -> Path:
 def prepare_lecture(name: str, params: dict[str, Any], runs: str, workdir: Path, *, precompute: bool = False) -> Path:
     """Write the lesson notebook to serve into ``workdir`` (see :func:`moelab.lecture.lecture_notebook`),
     precomputing the lesson part first when asked; print where its results come from."""
-    unknown = sorted(set(params) - set(notebook_parameters(name)))
-    if unknown:
-        raise ValueError(f"notebook {name} has no parameter(s) {unknown}; its parameters are "
-                         f"{sorted(notebook_parameters(name))}")
+    params = check_parameters(name, params)
     if precompute:
         print(f"precomputing the lesson part of {name} ...", flush=True)
         print(f"wrote {lecture.precompute(name, params, runs)}", flush=True)
@@ -184,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback --host (anyone who reaches it with the token runs the notebook)")
     p.add_argument("--token", default=None, help="access token (default: a random one, printed at start)")
-    p.add_argument("--params", "-p", nargs="*", metavar="K=V", help="notebook parameters, e.g. N=3000")
+    p.add_argument("--params", "-p", nargs="*", action="extend", metavar="K=V",
+                   help="notebook parameters, e.g. N=3000 (checked like 'moelab notebooks run' does)")
     p.add_argument("--open", action="store_true", help="open a browser on the dashboard")
     p.add_argument("--from", dest="runs", default="runs",
                    help="folder of precomputed runs: RUNS/lecture/NAME.ipynb (--precompute) or RUNS/NAME.ipynb "
@@ -213,6 +211,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def check_port_free(host: str, port: int) -> None:
+    """``ValueError`` naming ``--port`` when ``port`` cannot be bound on ``host`` now (in use, or privileged),
+    so the URL printed is the one served."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family) as s:
+            s.bind((host, port))
+    except OSError as exc:
+        raise ValueError(f"--port {port} cannot be bound on {host} ({exc.strerror or exc}); choose another port, "
+                         "or --port 0 for a free one") from None
+
+
 def free_port(host: str) -> int:
     """A free TCP port on ``host`` (IPv4 or IPv6, e.g. ``::1``); a host that cannot be bound is a
     ``ValueError`` naming ``--host`` (not a ``socket.gaierror``)."""
@@ -237,13 +247,17 @@ def serve(args: argparse.Namespace) -> int:
     refill_delay_s = check_real("--refill-delay", args.refill_delay, low=0, high=600)
     if port == 0:
         port = free_port(args.host)
+    else:
+        check_port_free(args.host, port)
     if importlib.util.find_spec("voila") is None:
         raise ValueError("moelab app needs Voila: pip install 'moelab[browser]' (or pip install voila)")
     missing = missing_requirements(name)
     if missing:
         raise ValueError(f"notebook {name} needs {describe_requirements(missing)}, which is not installed")
     token = args.token or secrets.token_urlsafe(16)
-    params = parse_params(args.params or [])
+    if args.token is not None and not (1 <= len(token) <= 256 and all(c.isalnum() or c in "-_." for c in token)):
+        raise ValueError("--token must be 1 to 256 letters, digits, '-', '_' or '.'")
+    params = check_parameters(name, parse_params(args.params or []))
     if args.whole and args.precompute:
         raise ValueError("--precompute prepares the lesson part; it cannot be combined with --whole")
     with tempfile.TemporaryDirectory(prefix="moelab-app-") as tmp:

@@ -34,6 +34,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     # lazy: like DELEGATED's, a subcommand's module loads when it runs, so `moelab --help` stays off pandas
     from moelab.notebooks import (
         available_notebooks,
+        check_run_output,
         choose_preset,
         describe_requirements,
         figures_location,
@@ -67,6 +68,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     # the preset and every value checked for every notebook before the first one runs
     run_params = {name: run_parameters(name, preset, {k: v for k, v in params.items() if k in known[name]})
                   for name in names}
+    check_run_output(out, names)  # and the output folder, before the first kernel starts
     runs = []
     with tqdm(names, desc="notebooks", unit="nb") as bar:
         for name in bar:
@@ -90,8 +92,11 @@ def _cmd_lab(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     # lazy: the bench suites import every paper (and pandas); only `moelab bench` needs them
     from moelab._io import atomic_write_json
+    from moelab._outputs import check_output_file, record_output_file
     from moelab.bench import run_suites
 
+    if args.json:  # checked before the (long) run, not after it
+        args.json = check_output_file(args.json, writer="bench", name="--json")
     figures = run_suites(args.suites, quick=args.quick)
     print(f"{'figure':<44}{'value':>14}  {'unit':<8}{'goal':<10}{'met':<6}note")
     for f in figures:
@@ -99,6 +104,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"{f.name:<44}{f.value:>14.4g}  {f.unit:<8}{f.goal:<10}{met:<6}{f.note}")
     if args.json:
         atomic_write_json(args.json, [f.as_dict() for f in figures])
+        record_output_file(args.json, "bench")
         print(f"wrote {args.json}")
     return 0
 
@@ -114,9 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     nb.add_argument("--preset", choices=PRESETS, default=None,
                     help="run size, the same in every notebook (moelab/presets.py): ci (smallest, the tests'), "
                          "classroom (the default: <= 3 min per notebook on a laptop) or full (paper scale)")
-    nb.add_argument("--params", "-p", nargs="*", metavar="K=V",
-                    help="papermill parameters, e.g. N_REQUESTS=200 (a value given here wins over the preset)")
-    nb.add_argument("--out", default="runs", help="folder for executed notebooks; figures go to OUT/figures")
+    nb.add_argument("--params", "-p", nargs="*", action="extend", metavar="K=V",
+                    help="papermill parameters, e.g. N_REQUESTS=200 (a value given here wins over the preset; "
+                         "repeated -p flags add up, a name given twice is refused)")
+    nb.add_argument("--out", default="runs",
+                    help="folder for executed notebooks (new, empty, or one this command wrote; never notebooks/); "
+                         "figures go to OUT/figures")
     nb.set_defaults(func=_cmd_notebooks)
 
     lab = sub.add_parser("lab", help="open JupyterLab on notebooks/")

@@ -29,20 +29,25 @@ from __future__ import annotations
 import ast
 import builtins
 import copy
+import html
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moelab._io import read_json
+from moelab._outputs import check_output_dir, record_outputs
 from moelab.notebooks import (
     _kernel_config,
+    check_parameters,
     figures_location,
-    notebook_parameters,
     notebooks_dir,
     parse_cell_source,
 )
+from moelab.parameters import assignments
 
 RESEARCH_TAG = "research"
 PARAMETERS_TAG = "parameters"
@@ -50,6 +55,8 @@ INJECTED_TAG = "injected-parameters"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 #: the folder under the runs folder where ``--precompute`` writes lesson-only runs
 LECTURE_SUBDIR = "lecture"
+#: the writer's name in that folder's output marker (:mod:`moelab._outputs`)
+PRECOMPUTE_WRITER = "app --precompute"
 _BUILTINS = frozenset(dir(builtins))
 
 
@@ -225,18 +232,36 @@ def find_precomputed(name: str, runs: str | Path, params: dict[str, Any] | None 
             reasons.append(f"{path} does not exist")
             continue
         try:
-            executed = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            reasons.append(f"{path} cannot be read ({exc})")
+            executed = read_json(path)  # size and nesting checked before parsing
+            if not isinstance(executed, dict):
+                raise ValueError("not a notebook")
+            meta = executed.get("metadata", {}).get("papermill", {})
+            ran_with = _run_parameters(name, meta.get("parameters") or {})
+        except (OSError, ValueError, AttributeError) as exc:
+            reasons.append(f"{path} cannot be used ({exc})")
             continue
         outputs, why = match_run(name, executed, dict(params or {}))
         if why:
             reasons.append(f"{path}: {why}")
             continue
-        meta = executed.get("metadata", {}).get("papermill", {})
-        return Precomputed(path, dict(meta.get("parameters") or {}), str(meta.get("end_time") or "unknown time"),
-                           outputs), ""
+        return Precomputed(path, ran_with, _timestamp(meta.get("end_time")), outputs), ""
     return None, "; ".join(reasons)
+
+
+def _run_parameters(name: str, ran_with: Any) -> dict[str, Any]:
+    """The parameters a precomputed run records, checked like new ones: a run is outputs only, so what its
+    metadata says is data that must pass ``name``'s parameter model before it is shown or set in a kernel."""
+    if not isinstance(ran_with, dict):
+        raise ValueError("its papermill parameters are not a dict")
+    return check_parameters(name, ran_with)
+
+
+_ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)?")
+
+
+def _timestamp(value: Any) -> str:
+    """A run's finishing time as shown on the page: an ISO timestamp, or "unknown time" (never free text)."""
+    return value if isinstance(value, str) and _ISO_TIME.fullmatch(value) else "unknown time"
 
 
 # --- the notebook Voila serves --------------------------------------------------------------------------
@@ -250,7 +275,7 @@ class OutputReplay:
 
     @classmethod
     def load(cls, path: str | Path) -> OutputReplay:
-        return cls(json.loads(Path(path).read_text()))
+        return cls(read_json(path))
 
     def __call__(self, key: int) -> None:
         # lazy: IPython is only present (and needed) inside a kernel
@@ -307,9 +332,10 @@ def lecture_notebook(name: str, params: dict[str, Any], runs: str | Path, replay
                 f"(or `moelab notebooks run {name}`) once, then serve it again.")
         live = set(range(len(code)))
     else:
-        shown = ", ".join(f"{k}={v!r}" for k, v in sorted(pre.parameters.items())) or "the notebook's defaults"
+        shown = html.escape(", ".join(f"{k}={v!r}" for k, v in sorted(pre.parameters.items())).replace("`", "'"))
         note = (f"**Lecture mode.** The results on this page were computed by an earlier run "
-                f"(`{pre.path.name}`, finished {pre.finished}, with {shown}); the interactive panels run live.")
+                f"(`{html.escape(pre.path.name)}`, finished {pre.finished}, with "
+                f"{f'<code>{shown}</code>' if shown else 'the notebook defaults'}); the interactive panels run live.")
         seeds = {k for k, c in enumerate(code) if PARAMETERS_TAG in _tags(c)
                  or any(WIDGET_MIME in o.get("data", {}) for o in pre.outputs.get(k, []))}
         live = live_cells([_source(c) for c in code], seeds)
@@ -330,8 +356,7 @@ def lecture_notebook(name: str, params: dict[str, Any], runs: str | Path, replay
         else:
             served.append(_code(f"_moelab_replay({k})", tags=("replayed",)))
         if PARAMETERS_TAG in _tags(cell) and effective:
-            inject = "# parameters of this lecture\n" + "\n".join(f"{p} = {v!r}" for p, v in effective.items())
-            served.append(_code(inject, tags=(INJECTED_TAG,)))
+            served.append(_code(assignments(effective, header="# parameters of this lecture"), tags=(INJECTED_TAG,)))
     for i, cell in enumerate(served):
         cell.setdefault("id", f"moelab-lecture-{i}")
     out = {k: v for k, v in nb.items() if k != "cells"}
@@ -359,11 +384,9 @@ def precompute(name: str, params: dict[str, Any], runs: str | Path, *, timeout_s
     # lazy: papermill pulls in the whole notebook runner (nbclient, jupyter_client, zmq)
     import papermill as pm
 
-    unknown = sorted(set(params) - set(notebook_parameters(name)))
-    if unknown:
-        raise ValueError(f"notebook {name} has no parameter(s) {unknown}; its parameters are "
-                         f"{sorted(notebook_parameters(name))}")
-    out_dir = Path(runs).expanduser().resolve() / LECTURE_SUBDIR
+    params = _run_parameters(name, params)
+    out_dir = check_output_dir(Path(runs).expanduser() / LECTURE_SUBDIR, writer=PRECOMPUTE_WRITER, name="--from",
+                               overwrites=[f"{name}.ipynb"])
     out_dir.mkdir(parents=True, exist_ok=True)
     source, output = out_dir / f".{name}.lesson.ipynb", out_dir / f"{name}.ipynb"
     source.write_text(json.dumps(lesson_only(name)))
@@ -382,6 +405,8 @@ def precompute(name: str, params: dict[str, Any], runs: str | Path, *, timeout_s
             os.environ.pop("MOELAB_FIGURES", None)
         else:
             os.environ["MOELAB_FIGURES"] = before
+        if output.is_file():
+            record_outputs(out_dir, PRECOMPUTE_WRITER, [output])
     return output
 
 

@@ -11,8 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from moelab import presets
-from moelab._validate import MAX_CLI_VALUE_CHARS, parse_cli_literal
+from moelab._outputs import check_output_dir, record_outputs
+from moelab._validate import MAX_CLI_VALUE_CHARS
 from moelab.datasets import repo_root
+from moelab.parameters import assignments, check_json_value, parse_value
+
+#: the writer's name in the output marker of a ``--out`` folder (:mod:`moelab._outputs`)
+WRITER = "notebooks run"
 
 
 def parse_cell_source(source: str) -> ast.Module | None:
@@ -50,7 +55,11 @@ def resolve(names: list[str] | None) -> list[str]:
 
 
 def parse_params(pairs: list[str]) -> dict[str, Any]:
-    """``["k=v", ...]`` -> dict, values parsed as Python literals when they are ones (else strings)."""
+    """``["k=v", ...]`` -> dict, values parsed as Python literals when they are ones (else strings).
+
+    A value is data (:func:`moelab.parameters.parse_value`): a literal that JSON cannot hold (bytes, a set, a
+    tuple, a complex number) is refused, and so is a name given twice (every ``-p`` flag's entries are merged
+    into one dict, so the second value would silently replace the first)."""
     params: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
@@ -59,7 +68,9 @@ def parse_params(pairs: list[str]) -> dict[str, Any]:
                              f"{MAX_CLI_VALUE_CHARS} for one command-line value")
         if not sep or not key.isidentifier():
             raise ValueError(f"--params entries must look like name=value; got {pair!r}")
-        params[key] = parse_cli_literal(f"--params {key}", raw)
+        if key in params:
+            raise ValueError(f"--params {key} is given twice; give each parameter once")
+        params[key] = parse_value(f"--params {key}", raw)
     return params
 
 
@@ -71,6 +82,7 @@ def notebook_parameters(name: str) -> dict[str, Any]:
     nb = nbformat.read(notebooks_dir() / f"{name}.ipynb", as_version=4)
     for cell in nb.cells:
         if "parameters" in cell.get("metadata", {}).get("tags", []):
+            # one name per assignment, as papermill reads them (``A, B = 1, 2`` is not a parameter to it)
             tree = ast.parse(cell.source)
             return {t.id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
                     for t in node.targets if isinstance(t, ast.Name)}
@@ -91,14 +103,67 @@ def choose_preset(flag: str | None, params: dict[str, Any]) -> str:
 
 def run_parameters(name: str, preset: str, params: dict[str, Any]) -> dict[str, Any]:
     """The papermill parameters of one run of notebook ``name``: ``params`` plus ``PRESET`` when the notebook
-    has that parameter, checked against the preset's table (:func:`moelab.presets.resolve`) so that an
-    out-of-range value stops with its name before anything executes."""
+    has that parameter, each checked against the notebook's parameter model (:func:`moelab.presets.resolve`:
+    the preset's table and :mod:`moelab.parameters`) so that an unknown name, a value that is not data, an
+    out-of-range value or a broken relation stops with its name before any kernel starts.
+
+    Raises
+    ------
+    ValueError
+        The message names the parameter and its allowed range.
+    """
     known = notebook_parameters(name)
-    if "PRESET" not in known:
-        return dict(params)
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise ValueError(f"notebook {name} has no parameter(s) {unknown}; its parameters are {sorted(known)}")
+    params = {k: check_json_value(k, v) for k, v in params.items()}
     if name in presets.SIZES:
-        presets.resolve(name, preset, params)
-    return {"PRESET": preset, **params}
+        presets.resolve(name, preset, {**known, **params})
+    out = {"PRESET": preset, **params} if "PRESET" in known else dict(params)
+    assignments(out)  # every value written as a literal reads back as the same data
+    return out
+
+
+def check_parameters(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` checked against notebook ``name``'s parameter model like :func:`run_parameters` does, for
+    the commands that hand values to a notebook without running it here (``moelab app``, ``course release``,
+    ``book build``): a ``PRESET`` among them is checked and kept, none is added."""
+    params = dict(params)
+    given = "PRESET" in params
+    checked = run_parameters(name, choose_preset(None, params), params)
+    if not given:
+        checked.pop("PRESET", None)
+    return checked
+
+
+def check_run_output(out_dir: str | os.PathLike, names: list[str]) -> Path:
+    """Check, before anything runs, that ``moelab notebooks run`` may write ``names``' executed notebooks
+    (and figures) into ``out_dir``: a new or empty folder, or one this command wrote, where every file it
+    would replace is its own and unchanged (:mod:`moelab._outputs`); never moelab's own ``notebooks/``."""
+    out = check_output_dir(out_dir, writer=WRITER, name="--out")
+    figures = figures_location(out)
+    mine = [f"{n}.ipynb" for n in names]
+    if out in figures.parents and figures.is_dir():
+        mine += [p.relative_to(out).as_posix() for p in figures.rglob("*") if p.is_file() or p.is_symlink()]
+    return check_output_dir(out, writer=WRITER, name="--out", overwrites=mine)
+
+
+def _check_injection(params: dict[str, Any]) -> None:
+    """Papermill writes ``params`` into the notebook as code: prove that code only assigns these values."""
+    from papermill.translators import translate_parameters  # lazy: papermill loads only to run a notebook
+
+    code = translate_parameters("python", "python", params, "Parameters")
+    try:
+        tree = ast.parse(code)
+        got = {}
+        for node in tree.body:
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+                raise ValueError("not a plain assignment")
+            got[node.targets[0].id] = ast.literal_eval(node.value)
+    except (SyntaxError, ValueError) as exc:
+        raise ValueError(f"the parameters cannot be passed to the notebook as data ({exc}); refused") from None
+    if got != params:
+        raise ValueError("the parameters do not read back as the same data once written; refused")
 
 
 #: how to install each optional package a notebook may declare (``moelab.requires`` in its metadata)
@@ -162,7 +227,9 @@ class NotebookRun:
 def run_notebook(name: str, params: dict[str, Any], out_dir: Path, *, timeout_s: int = 1200) -> NotebookRun:
     """Execute one notebook with papermill into ``out_dir``.
 
-    Figures go to :func:`figures_location` (``$MOELAB_FIGURES`` or ``out_dir/figures``, made absolute
+    ``params`` must be data (:func:`run_parameters` checks them against the notebook's parameter model);
+    ``out_dir`` follows moelab's output policy (:func:`check_run_output`): the run never replaces a file it
+    did not write. Figures go to :func:`figures_location` (``$MOELAB_FIGURES`` or ``out_dir/figures``, made absolute
     against the current folder before the kernel starts in ``notebooks/``)."""
     # lazy: papermill pulls in the whole notebook runner (nbclient, jupyter_client, zmq)
     import papermill as pm
@@ -171,7 +238,9 @@ def run_notebook(name: str, params: dict[str, Any], out_dir: Path, *, timeout_s:
     unknown = sorted(set(params) - set(known))
     if unknown:
         raise ValueError(f"notebook {name} has no parameter(s) {unknown}; its parameters are {sorted(known)}")
-    out_dir = Path(out_dir).expanduser().resolve()
+    params = {k: check_json_value(k, v) for k, v in params.items()}
+    _check_injection(params)
+    out_dir = check_run_output(out_dir, [name])
     out_dir.mkdir(parents=True, exist_ok=True)
     output = out_dir / f"{name}.ipynb"
     figures = figures_location(out_dir)
@@ -191,3 +260,7 @@ def run_notebook(name: str, params: dict[str, Any], out_dir: Path, *, timeout_s:
             os.environ.pop("MOELAB_FIGURES", None)
         else:
             os.environ["MOELAB_FIGURES"] = env_before
+        written = [output] if output.is_file() else []
+        if out_dir in figures.parents and figures.is_dir():
+            written += [p for p in figures.rglob("*") if p.is_file() and not p.is_symlink()]
+        record_outputs(out_dir, WRITER, written)

@@ -117,7 +117,7 @@ def test_cli_refuses_a_bad_preset_or_value_before_running(capsys, tmp_path):
     assert main(["notebooks", "run", "03", "--params", "PRESET=huge", "--out", out]) == 2
     assert "error: PRESET must be one of 'ci', 'classroom', 'full'; got 'huge'" in capsys.readouterr().err
     assert main(["notebooks", "run", "03", "--preset", "ci", "--params", "N=-3", "--out", out]) == 2
-    assert "error: N must be an integer in [1, inf); got -3" in capsys.readouterr().err
+    assert "error: N must be an integer in [1, 1000000]; got -3" in capsys.readouterr().err
     assert main(["notebooks", "run", "03", "--preset", "ci", "--params", "PRESET=full", "--out", out]) == 2
     assert "disagree" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()  # nothing ran

@@ -14,7 +14,9 @@ of contents and the toggles) that works from any static file server with no netw
   the notebook live (every page also starts with that command and, given a repository, a Binder link).
 
 The site is written into a temporary folder beside ``OUT`` and swapped in only when the whole build
-succeeded, so a failing notebook never leaves a half-written book over a good one.
+succeeded, so a failing notebook never leaves a half-written book over a good one. ``OUT`` follows moelab's
+output policy (:mod:`moelab._outputs`): it must be new, empty, or a book this command built, with no file in it
+that the build did not write; anything else stops the command before any notebook runs.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moelab._outputs import check_output_dir, replace_dir
 from moelab.datasets import repo_root
-from moelab.notebooks import notebooks_dir, resolve, run_notebook
+from moelab.notebooks import check_parameters, notebooks_dir, resolve, run_notebook
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -62,11 +65,17 @@ class BookBuild:
     seconds: float = 0.0
 
 
+#: the writer's name in the output marker (:mod:`moelab._outputs`)
+WRITER = "book build"
+
+
 def check_output_folder(out: str | os.PathLike) -> Path:
-    """``out`` as an absolute path that can become the site: not a file, its parent a writable folder."""
-    path = Path(out).expanduser().resolve()
-    if path.exists() and not path.is_dir():
-        raise BookError(f"OUT must be a folder; {path} is a file")
+    """``out`` as an absolute path that can become the site: new, empty or a book this command built (nothing
+    in it that the build did not write), not a link, not inside moelab's sources, its parent writable."""
+    try:
+        path = check_output_dir(out, writer=WRITER, name="OUT", replace=True)
+    except ValueError as exc:
+        raise BookError(str(exc)) from None
     parent = path.parent
     while not parent.exists():
         parent = parent.parent
@@ -223,16 +232,18 @@ def _title(nb: dict[str, Any], fallback: str) -> str:
 
 
 def build_book(out: str | os.PathLike = "book", *, names: Sequence[str] | None = None,
-               executed_dir: str | os.PathLike | None = "runs", params: dict[str, Any] | None = None,
+               executed_dir: str | os.PathLike | None = None, params: dict[str, Any] | None = None,
                binder_repo: str | None = None, timeout_s: int = 1200) -> BookBuild:
     """Build the executed lab into a static site at ``out``.
 
     Parameters
     ----------
     out : path
-        The site folder (replaced whole, only after a successful build).
+        The site folder (replaced whole, only after a successful build; it must be new, empty, or a book this
+        command built with nothing added since).
     names : notebook names or unique prefixes; all of them when None.
-    executed_dir : folder of ``moelab notebooks run`` outputs to reuse (None: execute every notebook).
+    executed_dir : folder of ``moelab notebooks run`` outputs to reuse (None: execute every notebook); a
+        folder that does not exist is a ``BookError``.
     params : papermill parameters for the notebooks executed here (e.g. a preset).
     binder_repo : ``OWNER/NAME`` of the repository on GitHub, for a Binder link on every page.
     timeout_s : per-cell execution limit of the notebooks executed here.
@@ -245,15 +256,20 @@ def build_book(out: str | os.PathLike = "book", *, names: Sequence[str] | None =
     site = check_output_folder(out)
     try:
         chosen = resolve(list(names) if names else None)
+        for name in chosen:  # every notebook's parameters before the first one runs
+            check_parameters(name, dict(params or {}))
     except ValueError as exc:
         raise BookError(str(exc)) from exc
+    runs = Path(executed_dir).expanduser().resolve() if executed_dir else None
+    if runs is not None and not runs.is_dir():
+        raise BookError(f"--from {runs} is not a folder of executed notebooks; run 'moelab notebooks run' into it "
+                        "first, or leave --from out to execute every notebook here")
     site.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{site.name}.building-", dir=site.parent))
     try:
         src = staging / "src"
         (src / "_static" / "vendor").mkdir(parents=True)
         executed, reused, titles = {}, [], {}
-        runs = Path(executed_dir).expanduser().resolve() if executed_dir else None
         for name in chosen:
             source = notebooks_dir() / f"{name}.ipynb"
             if runs is not None and reusable(runs / f"{name}.ipynb", source):
@@ -287,13 +303,10 @@ def build_book(out: str | os.PathLike = "book", *, names: Sequence[str] | None =
         if done.returncode != 0:
             raise BookError(f"sphinx failed: {(done.stderr or done.stdout).strip()[-800:]}")
         sphinx_seconds = time.perf_counter() - t_sphinx
-        old = None
-        if site.exists():
-            old = site.with_name(f".{site.name}.old-{os.getpid()}")
-            site.rename(old)
-        (staging / "html").rename(site)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        try:
+            replace_dir(staging / "html", site, WRITER)
+        except ValueError as exc:  # a file appeared in OUT during the build: it stays, and so does the old book
+            raise BookError(str(exc)) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return BookBuild(site, tuple(pages), tuple(reused), executed, sphinx_seconds, time.perf_counter() - t0)
@@ -306,11 +319,13 @@ def main(argv: list[str] | None = None) -> int:
     build = sub.add_parser("build", help="execute (or reuse) the notebooks and build the site")
     build.add_argument("out", nargs="?", default="book", help="site folder (default: book)")
     build.add_argument("--names", nargs="*", help="notebook names or unique prefixes (default: all)")
-    build.add_argument("--from", dest="executed_dir", default="runs",
-                       help="reuse notebooks executed by 'moelab notebooks run' from this folder (default: runs)")
+    build.add_argument("--from", dest="executed_dir", default=None,
+                       help="reuse notebooks executed by 'moelab notebooks run' from this folder (default: runs, "
+                            "when it exists; a folder named here must exist)")
     build.add_argument("--binder", dest="binder_repo", help="OWNER/NAME on GitHub: add a Binder link to every page")
     args = parser.parse_args(argv)
-    done = build_book(args.out, names=args.names, executed_dir=args.executed_dir, binder_repo=args.binder_repo)
+    executed_dir = args.executed_dir if args.executed_dir is not None else ("runs" if Path("runs").is_dir() else None)
+    done = build_book(args.out, names=args.names, executed_dir=executed_dir, binder_repo=args.binder_repo)
     print(f"book: {done.out}/index.html ({len(done.pages)} pages; reused {len(done.reused)} executed notebooks, "
           f"executed {len(done.executed)}; sphinx {done.sphinx_seconds:.1f} s, total {done.seconds:.1f} s)")
     print(f"serve it offline: python -m http.server --bind 127.0.0.1 --directory {done.out} 8000")

@@ -24,8 +24,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from moelab._outputs import check_output_dir, record_outputs
 from moelab.course.lessons import is_lesson, load_notebook, nbgrader_problems, notebook_names
-from moelab.notebooks import notebook_parameters, parse_params, resolve
+from moelab.notebooks import check_parameters, parse_params, resolve
+from moelab.parameters import assignments
+
+#: the writer's name in the course folder's output marker (:mod:`moelab._outputs`)
+WRITER = "course release"
 
 CONFIG = '''\
 # nbgrader configuration written by `moelab course release`
@@ -43,17 +48,15 @@ def lesson_names() -> list[str]:
 
 
 def with_parameters(nb: dict[str, Any], name: str, params: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``nb`` whose ``parameters`` cell assigns ``params`` (appended after its defaults)."""
-    known = notebook_parameters(name)
-    unknown = sorted(set(params) - set(known))
-    if unknown:
-        raise ValueError(f"notebook {name} has no parameter(s) {unknown}; its parameters are {sorted(known)}")
+    """A copy of ``nb`` whose ``parameters`` cell assigns ``params`` (appended after its defaults), each
+    checked against notebook ``name``'s parameter model first (a ``PRESET`` among them included), so a
+    released lab never holds a value its notebook would refuse."""
+    params = check_parameters(name, params)
     nb = copy.deepcopy(nb)
     if params:
         cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        lines = [f"{key} = {value!r}" for key, value in params.items()]
-        source = source.rstrip("\n") + "\n# set by `moelab course release --params`\n" + "\n".join(lines) + "\n"
+        source = source.rstrip("\n") + "\n" + assignments(params, header="# set by `moelab course release --params`")
         cell["source"] = source
     return nb
 
@@ -76,7 +79,7 @@ def release_course(out: str | os.PathLike, *, names: Sequence[str] | None = None
     list of Path
         The source notebooks written, one per lab.
     """
-    root = Path(out).expanduser().resolve()
+    root = check_output_dir(out, writer=WRITER, name="OUT")  # not a link, not inside moelab's sources
     if root.exists():
         raise ValueError(f"OUT must be a new folder: {root} exists (course release never writes over a course)")
     if not isinstance(course_id, str) or not course_id.isidentifier():
@@ -103,6 +106,7 @@ def release_course(out: str | os.PathLike, *, names: Sequence[str] | None = None
             (lab / f"{name}.ipynb").write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
             written.append(root / "source" / name / f"{name}.ipynb")
         (staging / "nbgrader_config.py").write_text(CONFIG.format(course_id=course_id, timeout_s=int(timeout_s)))
+        record_outputs(staging, WRITER)
         staging.rename(root)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -117,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     rel = sub.add_parser("release", help="write an nbgrader course folder (source/<lab>/) from the lessons")
     rel.add_argument("out", help="the new course folder (must not exist)")
     rel.add_argument("--labs", nargs="*", help="lesson names or unique prefixes (default: every lesson)")
-    rel.add_argument("--params", "-p", nargs="*", metavar="K=V", help="values for the labs' parameters cells")
+    rel.add_argument("--params", "-p", nargs="*", action="extend", metavar="K=V",
+                     help="values for the labs' parameters cells (checked against each lab's parameter model)")
     rel.add_argument("--course-id", default="moelab", help="nbgrader course id (default: moelab)")
     sub.add_parser("list", help="list the lessons that can be released")
     args = parser.parse_args(argv)
