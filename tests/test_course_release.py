@@ -1,15 +1,15 @@
 """``moelab course release`` writes an nbgrader course; the REAL nbgrader strips the solutions and grades.
 
 One lab (the map, 00, whose exercises run in seconds) goes through nbgrader's own commands, offline:
-``generate_assignment`` (student copy: solutions stubbed, checks kept), then ``autograde`` on a correct and a
-wrong submission: full marks for the first, none for the second, whose graded copy shows the checkers'
-explanations.
+``generate_assignment`` (student copy: solutions stubbed, checks kept), then ``autograde``,
+``generate_feedback`` and ``export`` on a correct and a partly wrong submission (:mod:`moelab.course.grading`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from moelab.course.lessons import SOLUTION_BEGIN, SOLUTION_END, exercise_cells, load_notebook, solution_cells
+from moelab.course import EXERCISES
+from moelab.course.grading import answered, exercise_keys, round_trip
+from moelab.course.lessons import SOLUTION_BEGIN, exercise_cells, load_notebook
 from moelab.course.release import lesson_names, release_course
 
 LAB = "00_overview"
@@ -38,28 +40,13 @@ def _run(args: list[str], cwd: Path) -> str:
     return done.stdout + done.stderr
 
 
-def _source(cell: dict) -> str:
-    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-
-
-def _submission(release: dict, source: dict, answers: str) -> dict:
-    """The student copy with each stubbed cell answered: ``"solution"`` (the source's answer without its
-    markers) or ``"wrong"`` (every answer ``None``)."""
-    sub = json.loads(json.dumps(release))
-    solutions = {c["metadata"]["nbgrader"]["grade_id"]: _source(c) for c in solution_cells(source)}
-    for cell in sub["cells"]:
-        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if gid in solutions:
-            if answers == "solution":
-                text = solutions[gid].replace(SOLUTION_BEGIN + "\n", "").replace(SOLUTION_END + "\n", "")
-                cell["source"] = text.replace(SOLUTION_END, "")
-            else:
-                cell["source"] = "answer = None\n"
-    return sub
-
-
 @pytest.mark.slow
-def test_release_generate_and_autograde(tmp_path):
+def test_release_generate_autograde_feedback_export(tmp_path):
+    """The instructor's whole flow (COURSE.md): release, generate_assignment, hand in, autograde,
+    generate_feedback, export. A submission filled from the solutions gets full marks; one with the first
+    exercise right and the others filled with the registered typical wrong answers gets that exercise's points
+    and zero on every other check cell; its feedback page names each failed quantity without its expected
+    value; nbgrader logs no partial-credit warning (check cells evaluate to None)."""
     nbgrader = _nbgrader()
     course = tmp_path / "course"
     written = release_course(course, names=["00"], params={"INTERACTIVE": False})
@@ -67,27 +54,36 @@ def test_release_generate_and_autograde(tmp_path):
     source = json.loads(written[0].read_text())
     assert "INTERACTIVE = False" in "".join(c["source"] if isinstance(c["source"], str) else "".join(c["source"])
                                             for c in source["cells"])
-    _run([nbgrader, "generate_assignment", LAB, "--force"], course)
+    log = _run([nbgrader, "generate_assignment", LAB, "--force"], course)
     release = json.loads((course / "release" / LAB / f"{LAB}.ipynb").read_text())
     text = json.dumps(release)
     assert SOLUTION_BEGIN not in text and "YOUR CODE HERE" in text
-    assert len(exercise_cells(release)) == len(exercise_cells(load_notebook(LAB))) >= 2  # checks kept
-    points = sum(c["metadata"]["nbgrader"]["points"] for c in exercise_cells(release))
+    checks = exercise_cells(release)
+    assert len(checks) == len(exercise_cells(load_notebook(LAB))) >= 2  # checks kept
+    points = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"]["points"] for c in checks}
+    keys = exercise_keys(source)
+    first = next(iter(keys.values()))
 
-    for student, answers in (("alice", "solution"), ("bob", "wrong")):
-        folder = course / "submitted" / student / LAB
-        folder.mkdir(parents=True)
-        (folder / f"{LAB}.ipynb").write_text(json.dumps(_submission(release, source, answers)))
-    _run([nbgrader, "autograde", LAB, "--force"], course)
+    result = round_trip(course, LAB, {"alice": answered(release, source),
+                                      "bob": answered(release, source, right={first})}, nbgrader=nbgrader)
+    assert result.scores["alice"] == pytest.approx(sum(points.values()))
+    bob = {gid: got for gid, (got, _) in result.cells["bob"].items() if gid in points}
+    first_check = list(points)[0]
+    assert bob[first_check] == points[first_check]
+    assert all(bob[gid] == 0 for gid in points if gid != first_check), bob
+    assert result.scores["bob"] == pytest.approx(points[first_check])
+    assert not [w for w in result.warnings + log.splitlines() if "partial credit" in w], result.warnings
 
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
-        alice = gb.find_submission(LAB, "alice").score
-        bob = gb.find_submission(LAB, "bob").score
-    assert alice == pytest.approx(points) and bob == 0
-    graded = (course / "autograded" / "bob" / LAB / f"{LAB}.ipynb").read_text()
-    assert "expected" in graded.lower()  # the checker's explanation reaches the student
+    page = result.feedback["bob"]
+    assert page and "Not yet:" in page
+    for key in list(keys.values())[1:]:  # each failed check names its quantity, by the name the checker uses
+        ex = EXERCISES[key]
+        message = ex.check(ex.wrong(**ex.context), **ex.context).message
+        name = (re.findall(r"`([^`]+)`", message) or [message.split("(")[0]])[0]
+        assert name in page, (key, name)
+    assert "Correct:" in result.feedback["alice"] and "Not yet:" not in result.feedback["alice"]
+    grades = {row["student_id"]: float(row["score"]) for row in result.grades_csv if row["assignment"] == LAB}
+    assert grades == pytest.approx({"alice": sum(points.values()), "bob": points[first_check]})
 
 
 def test_release_refuses_bad_requests(tmp_path):

@@ -440,6 +440,7 @@ def require(feedback: Feedback) -> None:
     if not feedback.ok:
         raise AssertionError(str(feedback))
     try:
+        # lazy: IPython is there in a kernel, and the checkers must import without it
         from IPython import get_ipython
         from IPython.display import display
     except ImportError:  # pragma: no cover - IPython ships with every Jupyter kernel
