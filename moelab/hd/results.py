@@ -130,5 +130,29 @@ def paired_table(df: pd.DataFrame, pairs: tuple[tuple[str, str], ...] = PAIRS, *
     return pd.DataFrame(rows, columns=["a", "b", "category", "ratio", "ci_low", "ci_high", "questions", "verdict"])
 
 
+def with_intervals(summary: pd.DataFrame, df: pd.DataFrame, *, against: str = "HD-cost", **kw: float) -> pd.DataFrame:
+    """:func:`summarize_vllm`'s ``summary`` of the rows ``df`` with paired 95 % intervals added per (method,
+    category): ``speedup_ci_low``/``speedup_ci_high`` (the method over AR) and ``hd_ratio``,
+    ``hd_ci_low``/``hd_ci_high`` and ``hd_verdict`` (``against``, cost-aware HD, over the method; empty on its
+    own row), all from :func:`paired_ratio` on the questions both ran; ``kw`` goes to :func:`paired_ratio`."""
+    out = summary.copy()
+    cols: dict[str, list] = {c: [] for c in ("speedup_ci_low", "speedup_ci_high", "hd_ratio", "hd_ci_low",
+                                             "hd_ci_high", "hd_verdict")}
+    for m, cat in zip(out["method"], out["category"]):
+        g = df if cat == "overall" else df[df["category"] == cat]
+        sp = paired_ratio(g, m, "AR", **kw) if m != "AR" else {"ci_low": 1.0, "ci_high": 1.0}
+        hd = paired_ratio(g, against, m, **kw) if m != against else {"ratio": np.nan, "ci_low": np.nan,
+                                                                       "ci_high": np.nan}
+        cols["speedup_ci_low"].append(sp["ci_low"])
+        cols["speedup_ci_high"].append(sp["ci_high"])
+        cols["hd_ratio"].append(hd["ratio"])
+        cols["hd_ci_low"].append(hd["ci_low"])
+        cols["hd_ci_high"].append(hd["ci_high"])
+        cols["hd_verdict"].append("" if m == against else verdict(hd["ci_low"], hd["ci_high"]))
+    for c, v in cols.items():
+        out[c] = v
+    return out
+
+
 __all__ = ["BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "FULL_TABLE", "PAIRS", "full_table_path", "paired_ratio",
-           "paired_table", "summarize_vllm", "verdict"]
+           "paired_table", "summarize_vllm", "verdict", "with_intervals"]

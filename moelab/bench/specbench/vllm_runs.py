@@ -36,7 +36,7 @@ from moelab.costmodel.verify import VerifyCost, cached_verify_cost, fit_verify_c
 from moelab.datasets import cache_dir, load_spec_bench, public_path, repo_root
 from moelab.hd.methods import vllm_methods
 from moelab.hd.policy import check_budget
-from moelab.hd.results import full_table_path, summarize_vllm
+from moelab.hd.results import full_table_path, summarize_vllm, with_intervals
 from moelab.hd.specbench import spec_bench_split
 from moelab.hd.stores import default_model_store_path
 from moelab.models.lm import DEFAULT_LM, chat_prompt_ids, lm_folder
@@ -352,7 +352,9 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
                    ledger: str | Path | None = None, progress: bool = True, compute: bool = True) -> pd.DataFrame:
     """The whole Spec-Bench evaluation in vLLM (every category, all 480 questions, ``max_new_tokens``
     tokens, each temperature), the methods interleaved question by question (:func:`run_vllm_methods`),
-    then one table with one row per method, category and temperature, stamped with date, commit, machine and
+    then one table with one row per method, category and temperature (each speedup and each HD-cost / method
+    ratio with its paired 95 % bootstrap interval over questions and a verdict,
+    :func:`moelab.hd.results.with_intervals`), stamped with date, commit, machine and
     the measuring code's version (``run_code``), written to ``out`` (default ``data/hd/specbench_vllm_full.csv``)
     once every question is done — the committed table is only ever a complete run.
 
@@ -415,7 +417,9 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
             tables.append(pd.DataFrame([{"engine": "vllm", "method": m, "category": "overall", "budget": budget,
                                          "temperature": float(t), "questions": 0, "complete": False} for m in ran]))
             continue
-        summ = summarize_vllm(mine)
+        # every speedup and every HD-cost / peer ratio with its paired 95 % bootstrap interval over questions
+        # (each question's methods ran back to back, rotated: arrange_points)
+        summ = with_intervals(summarize_vllm(mine), mine)
         summ["complete"] = complete
         summ["temperature"] = float(t)
         tables.append(summ)
