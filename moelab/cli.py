@@ -50,6 +50,15 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
         for name in available_notebooks():
             print(name)
         return 0
+    if args.action == "copy":
+        from moelab.notebooks import copy_notebooks
+
+        if len(args.names) != 1:
+            raise ValueError(f"notebooks copy takes one folder, DIR; got {args.names or 'none'}")
+        written = copy_notebooks(args.names[0])
+        print(f"wrote {len(written)} files to {written[0].parent}; there, `moelab notebooks run NAME` runs the copies "
+              "and `moelab lab` opens them")
+        return 0
     names = resolve(args.names)
     if not args.names:  # running "everything": leave out notebooks whose optional packages are absent
         skipped = {n: missing_requirements(n) for n in names}
@@ -114,9 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"moelab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    nb = sub.add_parser("notebooks", help="list or run the lab's notebooks headless (papermill)")
-    nb.add_argument("action", choices=["run", "list"])
-    nb.add_argument("names", nargs="*", help="notebook names or unique prefixes (default: all)")
+    nb = sub.add_parser("notebooks", help="list, run (headless, papermill) or copy the lab's notebooks",
+                        description="run: execute notebooks headless; list: their names; copy DIR: write the "
+                                    "notebooks, NOTATION.md and COURSE.md into DIR (then run them there)")
+    nb.add_argument("action", choices=["run", "list", "copy"])
+    nb.add_argument("names", nargs="*", help="notebook names or unique prefixes (default: all); for copy, the folder DIR")
     nb.add_argument("--preset", choices=PRESETS, default=None,
                     help="run size, the same in every notebook (moelab/presets.py): ci (smallest, the tests'), "
                          "classroom (the default: <= 3 min per notebook on a laptop) or full (paper scale)")

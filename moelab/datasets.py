@@ -1,6 +1,8 @@
 """Bundled data and public data sets, through one loader.
 
-Bundled data (calibration tables, the tiny MoE, its traces) lives in the repository's ``data/``.
+Bundled data (calibration tables, the tiny MoE, its traces) lives in the repository's ``data/``; an
+installed wheel carries the same ``data/`` (and ``notebooks/``) inside the package, in ``moelab/_tree/``
+(:func:`repo_root` finds whichever is there).
 The small, permissively licensed public sets the notebooks need (Spec-Bench questions, the Azure 2023
 traces, the OLMoE/Mixtral routing counts, published tables) are bundled too, in ``data/public/<name>/``
 with their LICENSE and PROVENANCE.md, so everything runs offline. A public file is looked up in this
@@ -101,17 +103,53 @@ _LOCAL_ONLY = {"olmoe-routing-counts", "mixtral-routing-counts", "specbench-lead
                "eldr-results", "llmservingsim-moe"}
 
 
+#: where a wheel install keeps the lab's tree (data/, notebooks/, COURSE.md), inside the package
+INSTALLED_TREE = "_tree"
+
+
 def repo_root() -> Path:
-    """The source tree that holds ``data/`` (moelab is installed editable from it)."""
-    return Path(__file__).resolve().parents[1]
+    """The folder that holds the lab's ``data/`` and ``notebooks/``.
+
+    In a source checkout (an editable install, ``pip install -e .``) that is the checkout itself; a wheel
+    (``pip install moelab-*.whl``) carries the same tree inside the package, ``moelab/_tree/``.
+
+    Returns
+    -------
+    pathlib.Path
+        The checkout, else the installed tree; the checkout's path when neither holds ``data/`` (then
+        :func:`bundled_path` names what is missing).
+    """
+    package = Path(__file__).resolve().parent
+    checkout = package.parent
+    if (checkout / "pyproject.toml").is_file() and (checkout / "data").is_dir():
+        return checkout
+    tree = package / INSTALLED_TREE
+    return tree if (tree / "data").is_dir() else checkout
 
 
 def bundled_path(*parts: str) -> Path:
-    """Path of a file bundled in the repository's ``data/`` folder; raises if it is missing."""
+    """Path of a file bundled in the lab's ``data/`` folder (:func:`repo_root`); raises if it is missing.
+
+    Parameters
+    ----------
+    *parts : str
+        Path components below ``data/``, e.g. ``("calibration", "h200")``.
+
+    Returns
+    -------
+    pathlib.Path
+
+    Raises
+    ------
+    FileNotFoundError
+        Naming the path and where the data comes from.
+    """
     path = repo_root().joinpath("data", *parts)
     if not path.exists():
         raise FileNotFoundError(
-            f"bundled data {path} is missing; moelab's data/ ships with the source tree (install with `pip install -e .`)"
+            f"bundled data {path} is missing; moelab's data/ ships with the source tree (`pip install -e .` in a "
+            f"clone) and inside the wheel (moelab/{INSTALLED_TREE}/data, from `pip wheel .` or `python -m build` "
+            "in a clone); reinstall from one of those"
         )
     return path
 

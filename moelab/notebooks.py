@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from moelab import presets
-from moelab._outputs import check_output_dir, record_outputs
+from moelab._outputs import check_output_dir, read_marker, record_outputs
 from moelab._validate import MAX_CLI_VALUE_CHARS
 from moelab.datasets import repo_root
 from moelab.parameters import assignments, check_json_value, parse_value
@@ -30,8 +30,73 @@ def parse_cell_source(source: str) -> ast.Module | None:
         return None
 
 
+#: the writer's name in the marker of a folder ``moelab notebooks copy`` wrote (:mod:`moelab._outputs`)
+COPY_WRITER = "notebooks copy"
+#: what ``moelab notebooks copy`` writes beside the notebooks (paths below :func:`~moelab.datasets.repo_root`)
+COPY_EXTRAS = ("notebooks/NOTATION.md", "COURSE.md")
+
+
+def _copied_here() -> Path | None:
+    """The current folder when ``moelab notebooks copy`` wrote it, else None."""
+    here = Path.cwd()
+    try:
+        marker = read_marker(here)
+    except ValueError:  # a foreign marker: not a copy of ours
+        return None
+    return here if marker is not None and marker.get("writer") == COPY_WRITER else None
+
+
 def notebooks_dir() -> Path:
-    return repo_root() / "notebooks"
+    """The folder the lab's notebooks are read from.
+
+    The current folder when ``moelab notebooks copy`` wrote it (so ``moelab notebooks run NAME`` inside it
+    runs the copies there), else the lab's ``notebooks/`` (:func:`~moelab.datasets.repo_root`: the
+    checkout, or the tree an installed wheel carries).
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    return _copied_here() or repo_root() / "notebooks"
+
+
+def copy_notebooks(dest: str | os.PathLike) -> list[Path]:
+    """Write the lab's notebooks, ``NOTATION.md`` and ``COURSE.md`` into ``dest`` (``moelab notebooks copy``).
+
+    ``dest`` must be new, empty, or a folder this command wrote whose files are unchanged since (the
+    output policy, :mod:`moelab._outputs`: a notebook you edited there is never overwritten). Links to
+    ``../COURSE.md`` in the notebooks are pointed at the copy beside them. Then ``moelab notebooks run NAME``
+    and ``moelab lab`` run inside ``dest`` use the copies.
+
+    Parameters
+    ----------
+    dest : path
+        The folder to write.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The files written.
+    """
+    src = repo_root() / "notebooks"
+    notebooks = sorted(src.glob("*.ipynb"))
+    if not notebooks:
+        raise FileNotFoundError(f"no notebooks under {src}; reinstall moelab (a wheel carries them in moelab/_tree)")
+    extras = [repo_root() / e for e in COPY_EXTRAS if (repo_root() / e).is_file()]
+    names = [p.name for p in notebooks] + [p.name for p in extras]
+    out = check_output_dir(dest, writer=COPY_WRITER, name="DIR", overwrites=names)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in notebooks:
+        # the notebooks link the course guide one folder up; beside the copies it is in the same folder
+        text = path.read_text(encoding="utf-8").replace("](../COURSE.md", "](COURSE.md")
+        (out / path.name).write_text(text, encoding="utf-8")
+        written.append(out / path.name)
+    for path in extras:
+        (out / path.name).write_bytes(path.read_bytes())
+        written.append(out / path.name)
+    record_outputs(out, COPY_WRITER, written)
+    return written
 
 
 def available_notebooks() -> list[str]:
