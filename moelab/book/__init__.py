@@ -163,6 +163,7 @@ def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
     links to notebooks outside ``included`` (default: all) reduced to text, the live-run note first."""
     nb = copy.deepcopy(nb)
     figure = 0
+    nb["cells"] = _with_blanks(nb["cells"])
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
             source = book_links("".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"],
@@ -170,8 +171,10 @@ def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
             cell["source"] = source if included is None else unlink_missing(source, included)
         meta = cell.setdefault("metadata", {})
         tags = meta.setdefault("tags", [])
-        solution = meta.get("nbgrader", {}).get("solution") or meta.get("jupyter", {}).get("source_hidden")
-        if cell["cell_type"] == "code" and solution and "hide-input" not in tags:
+        grader = meta.get("nbgrader", {})
+        solution = grader.get("solution") or meta.get("jupyter", {}).get("source_hidden")
+        check = grader.get("grade") is True and grader.get("locked") is True  # collapsed like the solution
+        if cell["cell_type"] == "code" and (solution or check) and "hide-input" not in tags:
             tags.append("hide-input")
         for out in cell.get("outputs", []):
             data = out.get("data")
@@ -190,7 +193,47 @@ def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
                 data["text/markdown"] = ("*An interactive panel: its sliders need a live kernel (see the note at "
                                          "the top of this page).*")
     nb["cells"].insert(0, {"cell_type": "markdown", "metadata": {}, "source": live_note(name, binder_repo)})
+    note = capture_note(nb)
+    if note:
+        nb["cells"].insert(1, {"cell_type": "markdown", "metadata": {}, "source": note})
     return nb
+
+
+#: what nbgrader's generate_assignment writes in place of a solution (the student's blank)
+STUDENT_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
+
+
+def _with_blanks(cells: list[dict]) -> list[dict]:
+    """``cells`` with, before every solution cell, the student's blank: the cell as nbgrader hands it out
+    (the solution between its markers replaced by nbgrader's stub), shown as code and never executed."""
+    out = []
+    for cell in cells:
+        source = "".join(cell["source"]) if isinstance(cell.get("source"), list) else str(cell.get("source", ""))
+        if (cell.get("cell_type") == "code" and cell.get("metadata", {}).get("nbgrader", {}).get("solution")
+                and "### BEGIN SOLUTION" in source and "### END SOLUTION" in source):
+            head, rest = source.split("### BEGIN SOLUTION", 1)
+            tail = rest.split("### END SOLUTION", 1)[1].lstrip("\n")
+            blank = head + STUDENT_STUB + ("\n" + tail if tail else "")
+            out.append({"cell_type": "markdown", "metadata": {"tags": ["exercise-blank"]},
+                        "source": "*Your answer (the cell as the lab hands it out):*\n\n```python\n"
+                                  + blank.rstrip("\n") + "\n```"})
+        out.append(cell)
+    return out
+
+
+def capture_note(nb: dict[str, Any]) -> str:
+    """A labelled note for a page whose expert trace was captured without a live engine (notebook 06 prints
+    ``capture backend: hf`` when vLLM is not installed), or ``""``."""
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            text = out.get("text", "")
+            text = "".join(text) if isinstance(text, list) else str(text)
+            if text.startswith("capture backend: hf"):
+                return ("```{important}\nThis page was executed **without a live vLLM engine**: the expert trace "
+                        "below was captured with the Hugging Face backend (the same model and requests, one "
+                        "request at a time), so the engine start and the vLLM-versus-HF agreement check are "
+                        "labelled *skipped*. With vLLM installed the same page captures from the live engine.\n```")
+    return ""
 
 
 CONF = '''\
@@ -217,7 +260,7 @@ def _index(pages: Sequence[str], titles: dict[str, str]) -> str:
     lines = ["# moelab: a lab for Mixture-of-Experts LLM serving", "",
              "Five serving papers reproduced end to end, one executed notebook each. "
              "Start with the overview; the notation page defines every symbol the lessons use.", "",
-             "```{toctree}", ":maxdepth: 1", ""]
+             "```{toctree}", ":maxdepth: 1", ":titlesonly:", ""]  # chapters only, never a page's sections
     lines += [f"{titles.get(p, p)} <{p}>" for p in pages]
     return "\n".join(lines + ["```", ""])
 
