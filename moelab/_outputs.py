@@ -6,7 +6,7 @@ the SHA-256 of every file it wrote there); a single output file (``bench --json`
 recorded in the marker of the folder it sits in. Before any work a command checks its target:
 
 * a symbolic link is refused (writing through it would land where the user did not name);
-* a path inside the repository's ``notebooks/``, the ``moelab`` package, ``tests/``, ``data/`` or ``.git``
+* a path inside the repository's ``notebooks/``, the ``moelab`` package, ``tests/`` or ``.git``
   is refused, and so is the repository root itself (the committed sources are never an output);
 * a folder that exists must be empty or carry the marker of the same command; a file that exists must be
   recorded in its folder's marker, by the same command, with the content moelab wrote (a file the user
@@ -51,11 +51,12 @@ def _repo_root() -> Path | None:
 
 def protected_paths() -> list[Path]:
     """The folders no command may write into: the ``moelab`` package and, in a source checkout, its
-    ``notebooks/``, ``tests/``, ``data/`` and ``.git``."""
+    ``notebooks/``, ``tests/``, ``.ci`` and ``.git`` (``data/`` stays writable: ``moelab calibrate`` adds a GPU's
+    tables under ``data/calibration/``, into a new folder)."""
     out = [_package_dir()]
     root = _repo_root()
     if root is not None:
-        out += [root / d for d in ("notebooks", "tests", "data", ".git", ".ci")]
+        out += [root / d for d in ("notebooks", "tests", ".git", ".ci")]
     return [p.resolve() for p in out]
 
 
@@ -245,6 +246,16 @@ def record_outputs(folder: str | os.PathLike, writer: str, files: Iterable[str |
     return folder / MARKER
 
 
+def claim_output_dir(folder: str | os.PathLike, writer: str) -> Path:
+    """Create ``folder`` (checked by :func:`check_output_dir`) with ``writer``'s marker before the first file is
+    written, so that a run interrupted halfway leaves a folder the next run recognises as its own."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if read_marker(folder) is None:
+        record_outputs(folder, writer, [])
+    return folder
+
+
 def record_output_file(path: str | os.PathLike, writer: str) -> Path:
     """Record the single output file ``path`` in its folder's marker (the folder stays the user's)."""
     path = Path(path)
@@ -268,5 +279,5 @@ def replace_dir(staged: str | os.PathLike, target: str | os.PathLike, writer: st
     return target
 
 
-__all__ = ["MARKER", "OutputPolicyError", "check_output_dir", "check_output_file", "protected_paths",
+__all__ = ["MARKER", "OutputPolicyError", "check_output_dir", "claim_output_dir", "check_output_file", "protected_paths",
            "read_marker", "record_output_file", "record_outputs", "replace_dir"]

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from moelab._io import read_json
-from moelab._outputs import check_output_dir, record_outputs
+from moelab._outputs import check_output_dir, claim_output_dir, record_outputs
 from moelab.notebooks import (
     _kernel_config,
     check_parameters,
@@ -49,6 +49,7 @@ from moelab.notebooks import (
 )
 from moelab.parameters import assignments
 
+#: Cell tag that starts a notebook's research part (lecture mode serves the cells before it).
 RESEARCH_TAG = "research"
 PARAMETERS_TAG = "parameters"
 INJECTED_TAG = "injected-parameters"
@@ -327,7 +328,8 @@ def lecture_notebook(name: str, params: dict[str, Any], runs: str | Path, replay
     code = [c for c in cells if c.get("cell_type") == "code"]
     effective = dict(pre.parameters) if pre else dict(params)
     if pre is None:
-        note = (f"**Lecture mode: no precomputed results** for `{name}` ({why_not}). This page computes the "
+        why = html.escape(why_not).replace("`", "'")  # names files and values a run's metadata holds: text only
+        note = (f"**Lecture mode: no precomputed results** for `{name}` ({why}). This page computes the "
                 f"lesson now, which can take minutes. To make it instant, run `{precompute_command(name, runs)}` "
                 f"(or `moelab notebooks run {name}`) once, then serve it again.")
         live = set(range(len(code)))
@@ -387,7 +389,7 @@ def precompute(name: str, params: dict[str, Any], runs: str | Path, *, timeout_s
     params = _run_parameters(name, params)
     out_dir = check_output_dir(Path(runs).expanduser() / LECTURE_SUBDIR, writer=PRECOMPUTE_WRITER, name="--from",
                                overwrites=[f"{name}.ipynb"])
-    out_dir.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(out_dir, PRECOMPUTE_WRITER)
     source, output = out_dir / f".{name}.lesson.ipynb", out_dir / f"{name}.ipynb"
     source.write_text(json.dumps(lesson_only(name)))
     before = os.environ.get("MOELAB_FIGURES")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from moelab import presets
-from moelab._outputs import check_output_dir, read_marker, record_outputs
+from moelab._outputs import check_output_dir, claim_output_dir, read_marker, record_outputs
 from moelab._validate import MAX_CLI_VALUE_CHARS
 from moelab.datasets import repo_root
 from moelab.parameters import assignments, check_json_value, parse_value
@@ -305,8 +305,7 @@ def run_notebook(name: str, params: dict[str, Any], out_dir: Path, *, timeout_s:
         raise ValueError(f"notebook {name} has no parameter(s) {unknown}; its parameters are {sorted(known)}")
     params = {k: check_json_value(k, v) for k, v in params.items()}
     _check_injection(params)
-    out_dir = check_run_output(out_dir, [name])
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = claim_output_dir(check_run_output(out_dir, [name]), WRITER)
     output = out_dir / f"{name}.ipynb"
     figures = figures_location(out_dir)
     env_before = os.environ.get("MOELAB_FIGURES")

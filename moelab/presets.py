@@ -72,7 +72,9 @@ Check = Callable[[str, Any], Any]
 
 # Every size has an upper bound too: a value above it would take hours to days or more memory than a laptop
 # has, and the notebooks never need it (the full preset is far below each cap).
+#: Upper bound of every count parameter (requests, rounds, pairs, trace entries).
 MAX_COUNT = 1_000_000  # requests, rounds, pairs, trace entries
+#: Upper bound of the points of one sweep axis.
 MAX_LIST = 16  # points of one sweep axis
 
 

@@ -160,14 +160,21 @@ def test_output_folder_errors(tmp_path):
             locked.chmod(0o700)
 
 
-def test_failed_notebook_leaves_the_good_book(tmp_path):
+def test_failed_notebook_leaves_the_good_book(tmp_path, monkeypatch):
+    import moelab.book as book
+    from moelab._outputs import record_outputs
+    from moelab.notebooks import NotebookRun
+
     good = tmp_path / "site"
     good.mkdir()
     (good / "index.html").write_text("the good book")
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    with pytest.raises(BookError, match="00_overview failed"):
+    record_outputs(good, book.WRITER)  # a book this command built earlier
+    with pytest.raises(BookError, match="METHOD must be one of"):  # refused before any notebook runs
         build_book(good, names=["00"], executed_dir=None, params={"METHOD": "no_such_method"})
+    monkeypatch.setattr(book, "run_notebook", lambda name, params, out, **kw: NotebookRun(
+        name, 0.1, Path(out) / f"{name}.ipynb", False, "KeyError: 'boom'"))
+    with pytest.raises(BookError, match="00_overview failed"):
+        build_book(good, names=["00"], executed_dir=None)
     assert (good / "index.html").read_text() == "the good book"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".site")] == []  # no staging left behind
 

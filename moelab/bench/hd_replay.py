@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from moelab._io import atomic_write_json
+from moelab._outputs import check_output_file, record_output_file
 from moelab._validate import check_choice, check_instance, check_int
 from moelab.bench.specbench.vllm_runs import _question_table, measure_vllm_cost
 from moelab.costmodel.verify import VerifyCost
@@ -269,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write both tables to this JSON file")
     args = p.parse_args(argv)
     budget = check_budget(args.budget)
+    if args.json:  # checked before the (long) replay, not after it
+        args.json = check_output_file(args.json, writer="hd-replay", name="--json")
     S, L, prompts, outputs, cost, info = replay_inputs(args.prompts, args.n, max_new_tokens=args.max_new_tokens)
     classes = class_acceptance(S, L, prompts, outputs, budget=budget)
     variants = compare_variants(S, L, prompts, outputs, cost=cost, budget=budget)
@@ -281,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         atomic_write_json(args.json, {"info": info, "budget": budget, "classes": classes.to_dict("records"),
                                       "variants": variants.to_dict("records")})
+        record_output_file(args.json, "hd-replay")
         print(f"wrote {args.json}")
     return 0
 

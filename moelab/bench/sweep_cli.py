@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from moelab._io import atomic_write_bytes
+from moelab._outputs import check_output_dir, claim_output_dir, record_outputs
 from moelab._validate import check_choice, check_int, check_real
 from moelab.bench.suites import _FLOOR, SWEEP_SUITES, get_suite
 from moelab.costmodel import MODEL_SHAPES
@@ -125,6 +126,10 @@ def eldr_trace_suite(trace: str | Path) -> Suite:
         ("tpot_ms_p50", "tpot_ms_p99", "distinct_per_layer_step"), check=_trace_check)
 
 
+#: the writer's name in the output folder's marker (:mod:`moelab._outputs`)
+WRITER = "sweep"
+
+
 def build_parser() -> argparse.ArgumentParser:
     lines = "\n".join(f"  {s.name:<14}{s.description}\n  {'':<14}parameters: {', '.join(s.params)}"
                       for s in SWEEP_SUITES.values())
@@ -141,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "min(4, CPU count))")
     p.add_argument("--grid", nargs="*", default=[], metavar="K=V1,V2",
                    help="values for some parameters (the others keep the suite's defaults)")
-    p.add_argument("--out", default="runs/sweep", help="results go to OUT/SUITE.parquet, the cache to OUT/cache/SUITE")
+    p.add_argument("--out", default="runs/sweep", help="results go to OUT/SUITE.parquet, the cache to OUT/cache/SUITE "
+                   "(OUT: new, empty, or a folder moelab sweep wrote)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--trace", metavar="FILE",
                    help="eldr only: sweep this real ExpertTrace file (.npz) instead of the synthetic workload")
@@ -178,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
             suite = eldr_trace_suite(args.trace)
         overrides = parse_grid_args(args.grid)
         grid = coerce(suite, suite.grid(overrides))
+        if not args.cached_only:  # the output folder checked and claimed before any point runs
+            claim_output_dir(check_output_dir(args.out, writer=WRITER, name="--out",
+                                              overwrites=[f"{suite.name}.parquet"]), WRITER)
         res = run_suite(suite, overrides, out=args.out, backend=args.backend, workers=args.workers,
                         address=args.address, progress=not args.no_progress, compute=not args.cached_only)
         out = Path(args.out).expanduser().resolve()
@@ -190,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         buf = io.BytesIO()
         res.frame.to_parquet(buf, index=False)
         path = atomic_write_bytes(out / f"{suite.name}.parquet", buf.getvalue())
+        record_outputs(out, WRITER, [path])
         print(_summary(res, suite, grid))
         print(f"\n{res.points} points: {res.computed} computed, {res.cached} from the cache"
               + (f" ({len(res.recomputed)} corrupt entries recomputed)" if res.recomputed else "")

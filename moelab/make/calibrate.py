@@ -35,8 +35,13 @@ import numpy as np
 import pandas as pd
 
 from moelab._io import atomic_write_json, atomic_write_text
+from moelab._outputs import check_output_dir, claim_output_dir, record_outputs
 from moelab._validate import check_choice, check_int
 from moelab.costmodel import MODEL_SHAPES, AttentionModel, DenseVerifyModel, MoEShape, MoEStepModel
+
+#: the writer's name in the output folder's marker (:mod:`moelab._outputs`), and the files it writes there
+WRITER = "calibrate"
+OUTPUT_FILES = ("moe_step.csv", "attn_step.csv", "dense_verify.csv", "env.json", "fit.json")
 
 
 @dataclass(frozen=True)
@@ -419,8 +424,9 @@ def calibrate(out: str | Path, *, smoke: bool = False, device: str | None = None
     plan = smoke_plan() if smoke else full_plan()
     if reps is not None:
         plan = Plan(**{**asdict_shallow(plan), "reps": check_int("reps", reps, low=1, high=MAX_REPS, high_name="MAX_REPS")})
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    # moelab's output policy: a new or empty folder, or one calibrate wrote, whose files are its own; checked
+    # before measuring (minutes on a GPU), claimed so that an interrupted run is recognised next time
+    out = claim_output_dir(check_output_dir(out, writer=WRITER, name="--out", overwrites=OUTPUT_FILES), WRITER)
     threads = torch.get_num_threads()
     if not device.startswith("cuda"):
         # one thread: OpenMP barriers of a multi-threaded op stall for whole scheduler slices when
@@ -439,6 +445,7 @@ def calibrate(out: str | Path, *, smoke: bool = False, device: str | None = None
                         "attention": {k: asdict(v) for k, v in plan.attn_shapes.items()},
                         "dense": {k: asdict(v) for k, v in plan.dense_shapes.items()}}
     atomic_write_json(out / "fit.json", report)
+    record_outputs(out, WRITER, [p for p in OUTPUT_FILES if (out / p).is_file()])
     return report
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from moelab._io import atomic_save_npz, load_npz
+from moelab._outputs import check_output_file, record_output_file
 from moelab._validate import check_choice, check_int
 from moelab.datasets import cache_dir, load_spec_bench
 from moelab.hd.decode import generate
@@ -284,11 +285,19 @@ def build_statistics_store(texts: Iterable[str], tokenizer: Any, *, key_lengths:
 
 
 # ------------------------------------------------------------------------------------------ CLI
+#: the writer's name in the output marker (:mod:`moelab._outputs`)
+WRITER = "build-hd-stores"
+
+
 def build_s_store(*, model: str | None = None, prompts: int = S_PROMPTS, max_new_tokens: int = S_MAX_NEW_TOKENS,
                   out: str | Path | None = None, engine: str = "vllm", cached_only: bool = False,
                   progress: bool = True) -> Path:
-    """Generate the target's outputs on ShareGPT prompts and write S (default: ``data/hd/<lm>.S.npz``)."""
+    """Generate the target's outputs on ShareGPT prompts and write S (default: ``data/hd/<lm>.S.npz``).
+
+    The output file follows moelab's output policy (:mod:`moelab._outputs`), checked before any generation:
+    it must be new, or an S store this command wrote and nobody changed since."""
     check_choice("engine", engine, ("vllm", "hf"))
+    path = check_output_file(Path(out) if out else default_model_store_path(), writer=WRITER, name="--out")
     name = model or DEFAULT_LM
     folder = lm_folder(name)
     from transformers import AutoTokenizer  # lazy: transformers pulls in torch
@@ -313,8 +322,9 @@ def build_s_store(*, model: str | None = None, prompts: int = S_PROMPTS, max_new
     table = model_store_from_outputs(
         outputs, tok, source=f"target greedy outputs on {len(outputs)} ShareGPT first turns disjoint from Spec-Bench",
         extra_meta={"model": name, "generation": gen, "prompts": info, "generation_s": time.perf_counter() - t0})
-    path = Path(out) if out else default_model_store_path()
-    return table.save(path)
+    table.save(path)
+    record_output_file(path, WRITER)
+    return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from moelab import lecture
+from moelab._io import atomic_write_text
+from moelab._outputs import check_output_dir, record_outputs
 from moelab.notebooks import resolve
 
 HERE = Path(__file__).parent
@@ -184,11 +186,22 @@ def slide_notebook(name: str, outputs: dict[int, list[dict[str, Any]]], *, app_c
     return out
 
 
-def check_output_folder(out: str | os.PathLike) -> Path:
-    """``out`` as an absolute folder path that can be written (it may not exist yet)."""
-    path = Path(out).expanduser().resolve()
-    if path.exists() and not path.is_dir():
-        raise SlidesError(f"OUT must be a folder; {path} is a file")
+#: the writer's name in the output folder's marker (:mod:`moelab._outputs`)
+WRITER = "slides"
+
+
+def check_output_folder(out: str | os.PathLike, name: str | None = None) -> Path:
+    """``out`` as an absolute folder path that can be written (it may not exist yet): new, empty, or one
+    this command wrote, where the slides of ``name`` and the vendored scripts it would replace are its own and
+    unchanged (moelab's output policy, :mod:`moelab._outputs`); not a link, not inside moelab's sources."""
+    try:
+        path = check_output_dir(out, writer=WRITER, name="OUT")
+        mine = [f"{name}.slides.html"] if name else []
+        if (path / VENDOR_DIR).is_dir():
+            mine += [p.relative_to(path).as_posix() for p in (path / VENDOR_DIR).rglob("*") if not p.is_dir()]
+        path = check_output_dir(path, writer=WRITER, name="OUT", overwrites=mine)
+    except ValueError as exc:
+        raise SlidesError(str(exc)) from None
     parent = path
     while not parent.exists():
         parent = parent.parent
@@ -236,7 +249,7 @@ def build_slides(name: str, out: str | os.PathLike = "slides", *, runs: str | os
         (name,) = resolve([name])
     except ValueError as exc:
         raise SlidesError(str(exc)) from None
-    folder = check_output_folder(out)
+    folder = check_output_folder(out, name)
     pre, why = lecture.find_precomputed(name, runs)
     computed = pre is None
     if pre is None:
@@ -256,9 +269,8 @@ def build_slides(name: str, out: str | os.PathLike = "slides", *, runs: str | os
     folder.mkdir(parents=True, exist_ok=True)
     vendor_into(folder)
     html = folder / f"{name}.slides.html"
-    tmp = html.with_name(f".{html.name}.tmp")
-    tmp.write_text(body)
-    tmp.replace(html)
+    atomic_write_text(html, body)
+    record_outputs(folder, WRITER, [html, *(p for p in (folder / VENDOR_DIR).rglob("*") if p.is_file())])
     slides = sum(1 for c in nb["cells"] if c["metadata"].get("slideshow", {}).get("slide_type") in ("slide", "subslide"))
     return SlidesBuild(html, slides, pre.path, computed)
 
