@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from moelab import lecture
+from moelab._io import read_json
 from moelab._validate import check_int, check_loopback_host, check_real
 from moelab.notebooks import (
     check_parameters,
@@ -84,7 +85,7 @@ def _plotly_js_version(path: Path) -> str | None:
 def recorded_trace_types(notebook: Path) -> set[str]:
     """Trace types of the plotly figures recorded in ``notebook``'s outputs (what the lesson page draws itself;
     widget panels are drawn by their own front end)."""
-    nb = json.loads(notebook.read_text())
+    nb = read_json(notebook)
     types: set[str] = set()
     for cell in nb.get("cells", []):
         for out in cell.get("outputs", []):

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moelab._io import read_json
 from moelab._outputs import check_output_dir, replace_dir
 from moelab.datasets import repo_root
 from moelab.notebooks import check_parameters, notebooks_dir, resolve, run_notebook
@@ -90,8 +91,8 @@ def reusable(executed: Path, source: Path) -> bool:
     if not executed.is_file() or executed.stat().st_mtime < source.stat().st_mtime:
         return False
     try:
-        meta = json.loads(executed.read_text()).get("metadata", {}).get("papermill", {})
-    except (OSError, ValueError):
+        meta = read_json(executed).get("metadata", {}).get("papermill", {})  # size and nesting checked first
+    except (OSError, ValueError, AttributeError):
         return False
     return bool(meta) and not meta.get("exception")
 
@@ -323,7 +324,7 @@ def build_book(out: str | os.PathLike = "book", *, names: Sequence[str] | None =
                 if not run.ok:
                     raise BookError(f"notebook {name} failed: {run.error}; the book was not written")
                 path, executed[name] = run.output, run.seconds
-            nb = prepare_notebook(json.loads(path.read_text()), name, binder_repo, included=chosen)
+            nb = prepare_notebook(read_json(path), name, binder_repo, included=chosen)
             titles[name] = _title(nb, name)
             (src / f"{name}.ipynb").write_text(json.dumps(nb))
         pages = list(chosen)
