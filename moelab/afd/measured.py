@@ -423,8 +423,8 @@ def gap_map(B_values=(128, 256, 512), mu_P_values=(100, 1000), mu_D_values=(100,
     return pd.DataFrame(rows)
 
 
-# the check workloads: the paper's five (B, mu_P, mu_D) with Azure-conv-shaped lengths, both raw traces (None:
-# the trace's own means), and three long-context workloads where attention, not the FFN peak, sets r* on an H200
+#: the check workloads: the paper's five (B, mu_P, mu_D) with Azure-conv-shaped lengths, both raw traces (None:
+#: the trace's own means), and three long-context workloads where attention, not the FFN peak, sets r* on an H200
 CHECK_WORKLOADS: tuple[tuple[int, float | None, float | None, str], ...] = (
     (256, 100, 500, "azure-conv"), (128, 100, 500, "azure-conv"), (512, 100, 500, "azure-conv"),
     (256, 100, 100, "azure-conv"), (256, 500, 500, "azure-conv"),

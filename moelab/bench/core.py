@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 # suite name -> module; each module exposes run(quick: bool) -> list[Figure]
+#: Every ``moelab bench`` suite: name -> module (each module's ``run(quick)`` returns its figures).
 BENCH_SUITES: dict[str, str] = {
     "costmodel": "moelab.bench.costmodel",
     "afd": "moelab.bench.afd",

@@ -16,6 +16,7 @@ from moelab._validate import check_choice, check_int
 from moelab.capture.hf import capture_hf
 from moelab.traces.expert import ExpertTrace
 
+#: Capture backends: ``hf`` (Hugging Face transformers, one request at a time) or ``vllm`` (a live vLLM engine).
 BACKENDS = ("hf", "vllm")
 
 

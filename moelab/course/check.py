@@ -518,6 +518,7 @@ class Exercise:
         return f"{self.notebook}.{self.id}"
 
 
+#: Every checked exercise of the lessons, by key ``"<notebook>.<id>"`` (filled as each lesson's module registers them).
 EXERCISES: dict[str, Exercise] = {}
 # one guarded wrapper per checker, so registering the same checker twice gives an equal Exercise
 _GUARDED: dict[tuple[Callable, str], Callable[..., Feedback]] = {}

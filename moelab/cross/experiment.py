@@ -38,6 +38,7 @@ from moelab.traces import RequestTrace, load_azure_trace, replay_requests
 INSTANCE_ROUTERS = ("jsq", "eldr")
 #: rank routers compared (BalanceRoute's two vs the load balancer)
 RANK_ROUTERS = ("jsq", "br0", "brh")
+#: The (instance router, rank router) pair every gain is measured against: JSQ x JSQ.
 BASELINE_PAIR = ("jsq", "jsq")
 
 

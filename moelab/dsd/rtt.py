@@ -95,7 +95,10 @@ class RTTDistribution:
                                self.scale * factor, self.uniform_jitter, self.source, self.assumed)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` round-trip times (ms) drawn with ``rng`` (a numpy Generator)."""
         n = check_int("n", n, low=0, high=MAX_SAMPLES * 100)
+        if not isinstance(rng, np.random.Generator):  # an AttributeError deep in numpy before
+            raise ValueError(f"rng must be a numpy Generator (np.random.default_rng(seed)); got {type(rng).__name__}")
         if self.uniform_jitter is not None:
             if self.uniform_jitter == 0 or self.scale == 0:
                 return np.full(n, self.scale)
@@ -150,7 +153,7 @@ def measure_loopback_rtt(n: int = 2000, payload_bytes: int = 64, host: str = "12
     return out
 
 
-# WAN shapes: lognormal through (p50, p95). Anchors (cited facts) and the assumption are in `source`.
+#: WAN shapes: lognormal through (p50, p95). Anchors (cited facts) and the assumption are in `source`.
 WAN_SCENARIOS: dict[str, RTTDistribution] = {
     "mobile-nearby": RTTDistribution.lognormal(
         35.0, 90.0, "mobile, nearby cloud region",

@@ -30,6 +30,7 @@ from moelab.hd.policy import (
 from moelab.hd.stores import ContextStore, Store, match_length
 from moelab.hd.suffix import SuffixStore
 
+#: Hierarchy Drafting's stores, in walk order: W (the context window), S (the model's own outputs), L (a large corpus).
 STORE_LETTERS = "WSL"
 #: W's key lengths in cost-aware HD: a 3-token key's continuation is a confidence class of its own (the
 #: paper's fixed hierarchy keeps 1-2 token keys)
@@ -418,7 +419,12 @@ class CostAwareDrafter(Drafter):
                     self.choice.record(self._arm, self._step_tokens, now - self._t_start)
             self._t_start = now
             self._step_tokens = 0
-        b = self.budget if budget is None else min(self.budget, check_budget(budget))
+        if budget is None:
+            b = self.budget
+        elif type(budget) is int and 1 <= budget:  # the per-step fast path (the checker formats its messages)
+            b = min(self.budget, budget)
+        else:
+            b = min(self.budget, check_budget(budget))
         d = self.inner.draft_chain(b) if self.chain else self.inner.draft()
         arm = self._arm = self.choice.choose(self._rng.random()) if self.choice is not None else 0
         self.arms[arm] += 1

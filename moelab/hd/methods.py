@@ -51,6 +51,7 @@ class Method:
     order: str = ""
 
 
+#: Every drafting method by name (:class:`Method`): which engines run it and how it maps to vLLM.
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("ar", "AR", "AR (no drafting)", hf=True),
     Method("pld", "PLD", "PLD (prompt lookup)", hf=True),
@@ -66,7 +67,7 @@ _BY_LABEL = {m.label: m for m in METHODS.values()}
 
 def get_method(method: str) -> Method:
     """The :class:`Method` of a name (``"hd"``) or of its result label (``"HD-cost"``, as result tables carry it)."""
-    m = METHODS.get(method) or _BY_LABEL.get(method)
+    m = (METHODS.get(method) or _BY_LABEL.get(method)) if isinstance(method, str) else None  # unhashables, named
     if m is None:
         raise ValueError(f"method must be one of {list(METHODS)} (or their result labels {list(_BY_LABEL)}); "
                          f"got {method!r}")

@@ -23,8 +23,11 @@ from moelab._validate import check_int
 from moelab.datasets import repo_root
 from moelab.models.corpus import iter_domain_texts
 
+#: Folder of the bundled tiny MoE (``data/models/tiny-moe``).
 TINY_MOE_PATH = repo_root() / "data" / "models" / "tiny-moe"
+#: Folder of the bundled OLMoE-like MoE trained on ShareGPT (``data/models/sharegpt-moe``).
 SHAREGPT_MOE_PATH = repo_root() / "data" / "models" / "sharegpt-moe"
+#: The bundled MoE models by name: ``tiny-moe`` and ``sharegpt-moe``.
 MOE_MODELS = {"tiny-moe": TINY_MOE_PATH, "sharegpt-moe": SHAREGPT_MOE_PATH}
 
 

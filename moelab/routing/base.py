@@ -38,6 +38,7 @@ import numpy as np
 
 from moelab._validate import MAX_SEQUENCE_TOKENS, check_int, check_int_array, check_real, rng_from
 
+#: What a router answers for a request it keeps waiting (no worker has a free slot).
 UNASSIGNED = -1
 
 #: Every field a router may require, where it lives and what it means.

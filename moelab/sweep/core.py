@@ -41,6 +41,7 @@ from moelab._validate import MAX_CLI_VALUE_CHARS, check_choice, check_int, parse
 from moelab.datasets import cache_dir as moelab_cache_dir
 from moelab.sweep.backends import execute
 
+#: Where a sweep's points run: ``serial`` (this process), ``local`` (a process pool) or ``ray`` (Ray tasks).
 BACKENDS = ("serial", "local", "ray")
 MAX_ENTRY_BYTES = 64 * 2**20  # one cache entry; larger files are not read
 MAX_DECODED_BYTES = 256 * 2**20  # one entry's columns as its footer declares them, before decoding

@@ -17,10 +17,10 @@ import ipywidgets as w
 from moelab._io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from moelab.datasets import repo_root
 
-# One colour per router / method / model name, used by every figure of the lab (look names up with
-# :func:`color_for`, which is case-insensitive and gives unknown names a stable colour of their own).
-# Convention: each paper's proposed method is red (eldr, hd, br0), plain autoregressive decoding and
-# round-robin grey, the paper's reference numbers grey; names that share a figure never share a colour.
+#: One colour per router / method / model name, used by every figure of the lab (look names up with
+#: :func:`color_for`, which is case-insensitive and gives unknown names a stable colour of their own).
+#: Convention: each paper's proposed method is red (eldr, hd, br0), plain autoregressive decoding and
+#: round-robin grey, the paper's reference numbers grey; names that share a figure never share a colour.
 PALETTE: dict[str, str] = {
     # request routers (ELDR, BalanceRoute, the cross-paper notebook, the live proxy)
     "round_robin": "#7f7f7f", "random": "#bcbd22", "jsq": "#1f77b4", "p2c": "#17becf", "least_kv": "#2ca02c",

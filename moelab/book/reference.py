@@ -1,0 +1,235 @@
+"""The API reference of the book: one page per public package, generated from the NumPy docstrings.
+
+Public means: a module or package directly under :mod:`moelab` whose name does not start with ``_`` and
+that declares ``__all__``; every name in that ``__all__`` gets an entry (Sphinx ``autodoc`` with
+``napoleon`` reading the NumPy-style sections, an ``autosummary`` table at the top of each page). Private
+modules (``moelab._io``, ``moelab.sim._cluster_jit``, ...) and names outside ``__all__`` stay out.
+
+:func:`undocumented` lists the public names without a docstring (a function or class without its own
+``__doc__``, a dataclass with only the generated signature, a constant without a ``#:`` comment): the test
+suite fails on any, and ``moelab bench notebooks`` reports their count (``api_public_names_undocumented``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+import moelab
+
+#: the Sphinx extensions and settings the reference needs (added to the book's ``conf.py``)
+SPHINX_CONF = '''
+extensions += ["sphinx.ext.autodoc", "sphinx.ext.autosummary", "sphinx.ext.napoleon"]
+autosummary_generate = False  # the tables link to the entries on the same page; no stub pages
+autodoc_member_order = "bysource"
+autodoc_typehints = "signature"
+autodoc_default_options = {"show-inheritance": True}
+napoleon_numpy_docstring = True
+napoleon_google_docstring = False
+napoleon_use_rtype = False
+suppress_warnings += ["autodoc", "autosummary", "ref.python", "docutils", "autodoc.import_object"]
+'''
+#: the folder of the reference pages inside the book's source
+FOLDER = "api"
+
+
+def public_modules() -> list[str]:
+    """Names of the public modules and packages directly under :mod:`moelab` (those with ``__all__``).
+
+    Returns
+    -------
+    list of str
+        Sorted, e.g. ``["moelab.afd", "moelab.balanceroute", ...]``.
+    """
+    out = []
+    for info in pkgutil.iter_modules(moelab.__path__):
+        if info.name.startswith("_"):
+            continue
+        name = f"moelab.{info.name}"
+        if hasattr(_import(name), "__all__"):
+            out.append(name)
+    return sorted(out)
+
+
+def _import(name: str) -> ModuleType:
+    return importlib.import_module(name)
+
+
+def public_names() -> dict[str, list[str]]:
+    """Every public name, by module: the ``__all__`` of each of :func:`public_modules`.
+
+    Returns
+    -------
+    dict of str to list of str
+    """
+    return {m: list(_import(m).__all__) for m in public_modules()}
+
+
+@cache
+def _attr_docs(module: str) -> dict[str, str]:
+    """``#:`` comments and attribute docstrings of ``module``'s top-level names (as Sphinx reads them)."""
+    try:
+        from sphinx.pycode import ModuleAnalyzer  # lazy: Sphinx is the docs extra
+    except ImportError:  # without Sphinx, read the ``#:`` lines ourselves
+        return _hash_colon_docs(module)
+    try:
+        docs = ModuleAnalyzer.for_module(module).find_attr_docs()
+    except Exception:  # noqa: BLE001 - a module Sphinx cannot parse documents nothing
+        return {}
+    return {name: "\n".join(lines) for (scope, name), lines in docs.items() if scope == ""}
+
+
+def _hash_colon_docs(module: str) -> dict[str, str]:
+    path = getattr(_import(module), "__file__", None)
+    if not path:
+        return {}
+    out, pending = {}, []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.startswith("#:"):
+            pending.append(line[2:].strip())
+            continue
+        head = line.split("=", 1)[0].split(":", 1)[0].strip()
+        if pending and head.isidentifier() and not line.startswith((" ", "\t")):
+            out[head] = " ".join(pending)
+        pending = []
+    return out
+
+
+def _own_doc(obj: object) -> str | None:
+    doc = getattr(obj, "__doc__", None)
+    if not isinstance(doc, str) or not doc.strip():
+        return None
+    if inspect.isclass(obj):
+        if any(doc is getattr(base, "__doc__", None) for base in obj.__mro__[1:]):
+            return None  # inherited, not its own
+        if doc.startswith(f"{obj.__name__}("):  # the signature a dataclass writes when it has no docstring
+            return None
+    return doc
+
+
+def _data_doc(module: str, name: str, obj: object) -> str | None:
+    """The ``#:`` documentation of a constant, looked up in every moelab module that holds the same object."""
+    import sys
+
+    for modname in [module, *sorted(m for m in sys.modules if m.startswith("moelab."))]:
+        mod = sys.modules.get(modname)
+        if mod is None or getattr(mod, name, _MISSING) is not obj:
+            continue
+        doc = _attr_docs(modname).get(name)
+        if doc:
+            return doc
+    return None
+
+
+_MISSING = object()
+
+
+def docstring(module: str, name: str) -> str | None:
+    """The documentation of the public name ``module.name``, or None when it has none.
+
+    Parameters
+    ----------
+    module : str
+        A public module, e.g. ``"moelab.afd"``.
+    name : str
+        A name of its ``__all__``.
+
+    Returns
+    -------
+    str or None
+    """
+    obj = getattr(_import(module), name)
+    if inspect.isclass(obj) or inspect.isroutine(obj) or inspect.ismodule(obj):
+        return _own_doc(obj)
+    return _data_doc(module, name, obj)
+
+
+def undocumented() -> list[str]:
+    """Every public name without documentation, as ``"module.name"`` (goal: none).
+
+    Returns
+    -------
+    list of str
+    """
+    return [f"{m}.{n}" for m, names in public_names().items() for n in names if not docstring(m, n)]
+
+
+def _summary(module: ModuleType) -> str:
+    doc = inspect.getdoc(module) or ""
+    return doc.strip().split("\n\n", 1)[0].replace("\n", " ")
+
+
+def page(module: str, seen: set[int] | None = None) -> str:
+    """The reStructuredText reference page of one public module: its docstring, a table of its names
+    with their one-line summaries, then every name's full entry.
+
+    Parameters
+    ----------
+    module : str
+        One of :func:`public_modules`.
+    seen : set of int, optional
+        ``id`` of the objects already documented on earlier pages: a name re-exported here (e.g.
+        :class:`moelab.routing.RouterCalibration` in :mod:`moelab.routers`) gets its entry without a second
+        index target. Updated in place.
+
+    Returns
+    -------
+    str
+    """
+    seen = set() if seen is None else seen
+    mod = _import(module)
+    names = list(mod.__all__)
+    title = f"``{module}``"
+    lines = [title, "=" * len(title), "", f".. automodule:: {module}", "   :no-members:", ""]
+    if names:
+        lines += [".. autosummary::", "   :nosignatures:", ""] + [f"   {module}.{n}" for n in names] + [""]
+    for n in names:
+        obj = getattr(mod, n)
+        again = ["   :no-index:"] if id(obj) in seen and (inspect.isclass(obj) or inspect.isroutine(obj)) else []
+        seen.add(id(obj))
+        if inspect.isclass(obj):
+            lines += [f".. autoclass:: {module}.{n}", "   :members:", *again, ""]
+        elif inspect.isroutine(obj):
+            lines += [f".. autofunction:: {module}.{n}", *again, ""]
+        elif inspect.ismodule(obj):
+            lines += [f".. rubric:: {n}", "", f"Module :mod:`{obj.__name__}`: {_summary(obj)}", ""]
+        else:
+            doc = _data_doc(module, n, obj) or ""
+            lines += [f".. py:data:: {module}.{n}", "", *(f"   {ln}" for ln in doc.splitlines()), ""]
+    return "\n".join(lines)
+
+
+def write_reference(src: str | Path) -> list[str]:
+    """Write the reference pages into the book's source folder ``src`` (``src/api/``).
+
+    Parameters
+    ----------
+    src : path
+        The Sphinx source folder of the book.
+
+    Returns
+    -------
+    list of str
+        The page names to list in the book's table of contents (``["api/index"]``).
+    """
+    folder = Path(src) / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    modules = public_modules()
+    index = ["API reference", "=============", "",
+             "Every public name of moelab: the ``__all__`` of each package below, from its NumPy docstrings. "
+             "The user guide (*Using moelab as a library*) shows them at work.", "",
+             ".. toctree::", "   :maxdepth: 1", ""]
+    seen: set[int] = set()
+    for m in modules:
+        (folder / f"{m}.rst").write_text(page(m, seen), encoding="utf-8")
+        index.append(f"   {m}")
+    (folder / "index.rst").write_text("\n".join(index) + "\n", encoding="utf-8")
+    return [f"{FOLDER}/index"]
+
+
+__all__ = ["FOLDER", "SPHINX_CONF", "docstring", "page", "public_modules", "public_names", "undocumented",
+           "write_reference"]
