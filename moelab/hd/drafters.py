@@ -419,12 +419,7 @@ class CostAwareDrafter(Drafter):
                     self.choice.record(self._arm, self._step_tokens, now - self._t_start)
             self._t_start = now
             self._step_tokens = 0
-        if budget is None:
-            b = self.budget
-        elif type(budget) is int and 1 <= budget:  # the per-step fast path (the checker formats its messages)
-            b = min(self.budget, budget)
-        else:
-            b = min(self.budget, check_budget(budget))
+        b = self.budget if budget is None else min(self.budget, check_budget(budget))
         d = self.inner.draft_chain(b) if self.chain else self.inner.draft()
         arm = self._arm = self.choice.choose(self._rng.random()) if self.choice is not None else 0
         self.arms[arm] += 1

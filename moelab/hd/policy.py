@@ -173,9 +173,6 @@ class AcceptanceModel:
         self.engine = engine
         self.accepted: dict[Key, float] = {}
         self.tried: dict[Key, float] = {}
-        # (store, class) -> alphas(store, class), dropped when one of its keys records an outcome: a step reads
-        # a dozen alphas and changes two or three, so most reads are one dict probe (the drafting hot path)
-        self._pairs: dict[tuple[str, int], tuple[float, float]] = {}
 
     def alpha(self, store: str, alternative: bool, cls: int = 0) -> float:
         key = (store, alternative, cls)
@@ -185,15 +182,11 @@ class AcceptanceModel:
     def alphas(self, store: str, cls: int = 0) -> tuple[float, float]:
         """``(alpha(store, first child, cls), alpha(store, alternative, cls))``: what :func:`plan` reads per
         store and class."""
-        pair = self._pairs.get((store, cls))
-        if pair is None:
-            pair = self._pairs[(store, cls)] = (self.alpha(store, False, cls), self.alpha(store, True, cls))
-        return pair
+        return self.alpha(store, False, cls), self.alpha(store, True, cls)
 
     def record(self, store: str, alternative: bool, ok: bool, cls: int = 0) -> None:
         """One tested node's outcome: earlier outcomes of its key decay by one step, this one counts 1."""
         key = (store, alternative, cls)
-        self._pairs.pop((store, cls), None)
         keep = self._keep
         self.tried[key] = self.tried.get(key, 0.0) * keep + 1.0
         self.accepted[key] = self.accepted.get(key, 0.0) * keep + (1.0 if ok else 0.0)
@@ -372,10 +365,6 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
     elif len(classes) != len(candidates) or any(len(k) != len(c) for k, c in zip(classes, candidates)):
         raise ValueError("classes must hold one confidence class per candidate token (as many sequences as "
                          f"candidates, each as long as its candidate); got {len(classes)} for {len(candidates)} candidates")
-    if len(candidates) == 1:  # one chain (vLLM's proposals): no tree to build
-        got = _plan_chain(candidates[0], sources[0], classes[0], model, cost, budget)
-        if got is not None:
-            return got
     threshold = cost.draft_threshold(budget)
     if threshold > 0.0:
         # A node's probability is a product of alphas (each <= 1 for consistent counts), so none exceeds
@@ -440,20 +429,20 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
             prob.append(pp)
         segs.append((j_best, best, nid, len(prob)))
     # the likeliest K nodes, for every K: expected tokens per unit of cost (the values alone suffice)
-    # likeliest first, ties in node order (stable): parents before children (p(child) < p(parent)), so the
-    # kept set is prefix-closed and a candidate's kept prefix is counted node by node (one sort for both)
-    ranked = sorted(range(1, len(prob)), key=prob.__getitem__, reverse=True)
+    ps = sorted(prob[1:], reverse=True)
     table = cost.table
     best_k, best_ratio, gain = 0, 1.0 / table[1], 1.0
-    for k in range(1, min(budget, len(ranked)) + 1):
-        gain += prob[ranked[k - 1]]
+    for k in range(1, min(budget, len(ps)) + 1):
+        gain += ps[k - 1]
         r = gain / table[k + 1]
         if r > best_ratio:
             best_k, best_ratio = k, r
     if best_k == 0:
         return [], []
+    # likeliest first, ties in node order (stable): parents before children (p(child) < p(parent)), so the
+    # kept set is prefix-closed and a candidate's kept prefix is counted node by node
     kept = [False] * len(prob)
-    for x in ranked[:best_k]:
+    for x in sorted(range(1, len(prob)), key=prob.__getitem__, reverse=True)[:best_k]:
         kept[x] = True
     ns: list[int] = []
     out, srcs = [], []
@@ -479,65 +468,12 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
     return out, srcs
 
 
-def _plan_chain(cand: Sequence[int], src: str, cls: Sequence[int], model: AcceptanceModel, cost: VerifyCost,
-                budget: int) -> tuple[list[tuple[int, ...]], list[str]] | None:
-    """:func:`plan` of a single chain, the same answer without the trie: every node is its parent's first
-    child, so ``p(node d) = alpha_1 * ... * alpha_d`` never grows along the chain (each alpha <= 1) and the
-    likeliest ``K`` nodes are the chain's first ``K`` (ties keep node order, as the general plan's stable sort
-    does). None when an alpha exceeds 1 (inconsistent counts): the general plan decides then."""
-    n = len(cand)
-    if not n:
-        return [], []
-    per_token = n > 1 and len(src) == n
-    first = src[:1]
-    table = cost.table
-    a = model.alphas(src[0] if per_token else first, cls[0])[0]
-    if a > 1.0:
-        return None
-    if a < cost.draft_threshold(budget):  # no node is likelier than the first: nothing pays
-        return [], []
-    best_k, best_ratio = 0, 1.0 / table[1]
-    p, gain = 1.0, 1.0
-    alphas: dict[tuple[str, int], float] = {(src[0] if per_token else first, cls[0]): a}
-    for k in range(1, min(budget, n) + 1):
-        key = (src[k - 1] if per_token else first, cls[k - 1])
-        a = alphas.get(key)
-        if a is None:
-            a = alphas[key] = model.alphas(*key)[0]
-            if a > 1.0:
-                return None
-        p *= a
-        gain += p
-        r = gain / table[k + 1]
-        if r > best_ratio:
-            best_k, best_ratio = k, r
-    if best_k == 0:
-        return [], []
-    c = cand[:best_k]
-    if type(c) is not tuple:
-        c = tuple(map(int, c))
-    return [c], [src[:best_k] if per_token else src]
-
-
 def observe(model: AcceptanceModel, candidates: Sequence[Sequence[int]], sources: Sequence[str],
             accepted: Sequence[int], classes: Sequence[Sequence[int]] | None = None) -> None:
     """Update ``model`` from one verification: ``accepted`` = the accepted draft tokens (longest accepted
     path). Every node whose parent was on the accepted path was tested: accepted iff it is the next token.
     ``classes``: the tokens' confidence classes as given to :func:`plan` (class 0 for all when None)."""
     acc = [int(t) for t in accepted]
-    if len(candidates) == 1:  # one chain: node d was tested iff the d nodes before it were accepted
-        cand, src = candidates[0], sources[0]
-        n = len(cand)
-        cls = classes[0] if classes is not None else (0,) * n
-        per_token = n > 1 and len(src) == n
-        n_acc = len(acc)
-        for depth in range(n):
-            t = int(cand[depth])
-            ok = depth < n_acc and acc[depth] == t
-            model.record(src[depth] if per_token else src[:1], False, ok, int(cls[depth]))
-            if not ok:
-                break
-        return
     tested: dict[tuple[int, int], tuple[str, bool, int]] = {}
     n_children: dict[int, int] = {}
     seen: dict[tuple[int, ...], int] = {(): 0}
