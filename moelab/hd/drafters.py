@@ -23,7 +23,7 @@ from moelab.hd.policy import (
     PolicyChoice,
     check_acceptance,
     check_budget,
-    confidence_class,
+    class_row,
     observe,
     plan,
 )
@@ -246,7 +246,7 @@ class HierarchyDrafter(Drafter):
                     seen.add(cand)
                     cands.append(cand)
                     sources.append(letter)
-                    classes.append(tuple(confidence_class(m, i) for i in range(len(cand))))
+                    classes.append(class_row(m, len(cand)))
                     c.candidates += 1
                     if len(cands) >= G:
                         return Draft(cands, sources, classes)
@@ -280,7 +280,7 @@ class HierarchyDrafter(Drafter):
             seg = list(got[0][:max_len - len(chain)])
             chain.extend(seg)
             letters += got[1] * len(seg)
-            classes.extend(confidence_class(got[2], i) for i in range(len(seg)))
+            classes.extend(class_row(got[2], len(seg)))
             if len(chain) >= max_len:
                 break
             ctx.extend(seg)
@@ -419,7 +419,12 @@ class CostAwareDrafter(Drafter):
                     self.choice.record(self._arm, self._step_tokens, now - self._t_start)
             self._t_start = now
             self._step_tokens = 0
-        b = self.budget if budget is None else min(self.budget, check_budget(budget))
+        if budget is None:
+            b = self.budget
+        elif type(budget) is int and 1 <= budget:  # the per-step fast path (the checker formats its messages)
+            b = min(self.budget, budget)
+        else:
+            b = min(self.budget, check_budget(budget))
         d = self.inner.draft_chain(b) if self.chain else self.inner.draft()
         arm = self._arm = self.choice.choose(self._rng.random()) if self.choice is not None else 0
         self.arms[arm] += 1
@@ -453,14 +458,12 @@ def _kept_classes(kept: Sequence[tuple[int, ...]], draft: Draft) -> list[tuple[i
         return None
     if len(draft.candidates) == 1:  # a chain (vLLM): the kept prefix's classes
         return [draft.classes[0][:len(c)] for c in kept]
-    out = []
-    for c in kept:
-        cls = []
-        for d in range(len(c)):
-            path = c[:d + 1]
-            cls.append(next(k[d] for cand, k in zip(draft.candidates, draft.classes) if cand[:d + 1] == path))
-        out.append(tuple(cls))
-    return out
+    # every node's path -> its class, the first candidate holding the path winning (one pass, no rescans)
+    first: dict[tuple[int, ...], int] = {}
+    for cand, k in zip(draft.candidates, draft.classes):
+        for d in range(len(cand)):
+            first.setdefault(tuple(cand[:d + 1]), k[d])
+    return [tuple(first[c[:d + 1]] for d in range(len(c))) for c in kept]
 
 
 __all__ = ["COST_AWARE_CONTEXT_KEYS", "EXPLORE_OVERHEAD", "MAX_EXPLORE_RATE", "STORE_LETTERS", "CostAwareDrafter", "Draft", "Drafter",

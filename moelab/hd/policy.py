@@ -135,11 +135,25 @@ MATCH_CLASSES = 4
 POSITION_CLASSES = 4
 
 
+def class_row(match: int, n: int) -> tuple[int, ...]:
+    """``(confidence_class(match, 0), ..., confidence_class(match, n - 1))``, from a table built once (a
+    drafter asks for one per store answer on every step)."""
+    m = match if match < MATCH_CLASSES else MATCH_CLASSES - 1
+    if m < 0 or n > _ROW_LEN:
+        return tuple(confidence_class(match, i) for i in range(n))
+    return _CLASS_ROWS[m][:n]
+
+
 def confidence_class(match: int, position: int) -> int:
     """A draft token's confidence class: the store's match length (how many context tokens its answer was
     looked up with; 0 when the store does not say) and the token's position in that answer, both capped
     (:data:`MATCH_CLASSES`, :data:`POSITION_CLASSES`). Acceptance is learned per class (:class:`AcceptanceModel`)."""
     return min(match, MATCH_CLASSES - 1) * POSITION_CLASSES + min(position, POSITION_CLASSES - 1)
+
+
+_ROW_LEN = 256
+_CLASS_ROWS = [tuple(min(m, MATCH_CLASSES - 1) * POSITION_CLASSES + min(i, POSITION_CLASSES - 1) for i in range(_ROW_LEN))
+               for m in range(MATCH_CLASSES)]
 
 
 class AcceptanceModel:
@@ -173,6 +187,9 @@ class AcceptanceModel:
         self.engine = engine
         self.accepted: dict[Key, float] = {}
         self.tried: dict[Key, float] = {}
+        # (store, class) -> alphas(store, class), dropped when one of its keys records an outcome: a step reads
+        # a dozen alphas and changes two or three, so most reads are one dict probe (the drafting hot path)
+        self._pairs: dict[tuple[str, int], tuple[float, float]] = {}
 
     def alpha(self, store: str, alternative: bool, cls: int = 0) -> float:
         key = (store, alternative, cls)
@@ -182,11 +199,15 @@ class AcceptanceModel:
     def alphas(self, store: str, cls: int = 0) -> tuple[float, float]:
         """``(alpha(store, first child, cls), alpha(store, alternative, cls))``: what :func:`plan` reads per
         store and class."""
-        return self.alpha(store, False, cls), self.alpha(store, True, cls)
+        pair = self._pairs.get((store, cls))
+        if pair is None:
+            pair = self._pairs[(store, cls)] = (self.alpha(store, False, cls), self.alpha(store, True, cls))
+        return pair
 
     def record(self, store: str, alternative: bool, ok: bool, cls: int = 0) -> None:
         """One tested node's outcome: earlier outcomes of its key decay by one step, this one counts 1."""
         key = (store, alternative, cls)
+        self._pairs.pop((store, cls), None)
         keep = self._keep
         self.tried[key] = self.tried.get(key, 0.0) * keep + 1.0
         self.accepted[key] = self.accepted.get(key, 0.0) * keep + (1.0 if ok else 0.0)
@@ -365,22 +386,34 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
     elif len(classes) != len(candidates) or any(len(k) != len(c) for k, c in zip(classes, candidates)):
         raise ValueError("classes must hold one confidence class per candidate token (as many sequences as "
                          f"candidates, each as long as its candidate); got {len(classes)} for {len(candidates)} candidates")
+    if len(candidates) == 1:  # one chain (vLLM's proposals): no tree to build
+        got = _plan_chain(candidates[0], sources[0], classes[0], model, cost, budget)
+        if got is not None:
+            return got
     threshold = cost.draft_threshold(budget)
     if threshold > 0.0:
         # A node's probability is a product of alphas (each <= 1 for consistent counts), so none exceeds
         # that of the root child it descends from: the first candidate's first-child alpha or a later
         # candidate's alternative alpha. Below the threshold nothing pays: no tree is needed.
         hi, first, ok = -1.0, True, True
+        # an AcceptanceModel's alphas are <= 1 by construction (accepted <= tried, priors <= 1): only the root
+        # children's are read; another model's are all checked first
+        consistent = type(model) is AcceptanceModel
         for cand, src, cls in zip(candidates, sources, classes):
             if not cand:
                 continue
-            per_token = len(cand) > 1 and len(src) == len(cand)
-            for depth in range(len(cand)):
-                key = (src[depth] if per_token else src[:1], cls[depth])
-                if key not in alphas:
-                    ab = alphas[key] = model.alphas(*key)
-                    ok = ok and ab[0] <= 1.0 and ab[1] <= 1.0
-            a = alphas[(src[:1], cls[0])][not first]
+            if not consistent:
+                per_token = len(cand) > 1 and len(src) == len(cand)
+                for depth in range(len(cand)):
+                    key = (src[depth] if per_token else src[:1], cls[depth])
+                    if key not in alphas:
+                        ab = alphas[key] = model.alphas(*key)
+                        ok = ok and ab[0] <= 1.0 and ab[1] <= 1.0
+            key = (src[:1], cls[0])
+            ab = alphas.get(key)
+            if ab is None:
+                ab = alphas[key] = model.alphas(*key)
+            a = ab[not first]
             first = False
             if a > hi:
                 hi = a
@@ -429,20 +462,20 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
             prob.append(pp)
         segs.append((j_best, best, nid, len(prob)))
     # the likeliest K nodes, for every K: expected tokens per unit of cost (the values alone suffice)
-    ps = sorted(prob[1:], reverse=True)
+    # likeliest first, ties in node order (stable): parents before children (p(child) < p(parent)), so the
+    # kept set is prefix-closed and a candidate's kept prefix is counted node by node (one sort for both)
+    ranked = sorted(range(1, len(prob)), key=prob.__getitem__, reverse=True)
     table = cost.table
     best_k, best_ratio, gain = 0, 1.0 / table[1], 1.0
-    for k in range(1, min(budget, len(ps)) + 1):
-        gain += ps[k - 1]
+    for k in range(1, min(budget, len(ranked)) + 1):
+        gain += prob[ranked[k - 1]]
         r = gain / table[k + 1]
         if r > best_ratio:
             best_k, best_ratio = k, r
     if best_k == 0:
         return [], []
-    # likeliest first, ties in node order (stable): parents before children (p(child) < p(parent)), so the
-    # kept set is prefix-closed and a candidate's kept prefix is counted node by node
     kept = [False] * len(prob)
-    for x in sorted(range(1, len(prob)), key=prob.__getitem__, reverse=True)[:best_k]:
+    for x in ranked[:best_k]:
         kept[x] = True
     ns: list[int] = []
     out, srcs = [], []
@@ -468,12 +501,65 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
     return out, srcs
 
 
+def _plan_chain(cand: Sequence[int], src: str, cls: Sequence[int], model: AcceptanceModel, cost: VerifyCost,
+                budget: int) -> tuple[list[tuple[int, ...]], list[str]] | None:
+    """:func:`plan` of a single chain, the same answer without the trie: every node is its parent's first
+    child, so ``p(node d) = alpha_1 * ... * alpha_d`` never grows along the chain (each alpha <= 1) and the
+    likeliest ``K`` nodes are the chain's first ``K`` (ties keep node order, as the general plan's stable sort
+    does). None when an alpha exceeds 1 (inconsistent counts): the general plan decides then."""
+    n = len(cand)
+    if not n:
+        return [], []
+    per_token = n > 1 and len(src) == n
+    first = src[:1]
+    table = cost.table
+    a = model.alphas(src[0] if per_token else first, cls[0])[0]
+    if a > 1.0:
+        return None
+    if a < cost.draft_threshold(budget):  # no node is likelier than the first: nothing pays
+        return [], []
+    best_k, best_ratio = 0, 1.0 / table[1]
+    p, gain = 1.0, 1.0
+    alphas: dict[tuple[str, int], float] = {(src[0] if per_token else first, cls[0]): a}
+    for k in range(1, min(budget, n) + 1):
+        key = (src[k - 1] if per_token else first, cls[k - 1])
+        a = alphas.get(key)
+        if a is None:
+            a = alphas[key] = model.alphas(*key)[0]
+            if a > 1.0:
+                return None
+        p *= a
+        gain += p
+        r = gain / table[k + 1]
+        if r > best_ratio:
+            best_k, best_ratio = k, r
+    if best_k == 0:
+        return [], []
+    c = cand[:best_k]
+    if type(c) is not tuple:
+        c = tuple(map(int, c))
+    return [c], [src[:best_k] if per_token else src]
+
+
 def observe(model: AcceptanceModel, candidates: Sequence[Sequence[int]], sources: Sequence[str],
             accepted: Sequence[int], classes: Sequence[Sequence[int]] | None = None) -> None:
     """Update ``model`` from one verification: ``accepted`` = the accepted draft tokens (longest accepted
     path). Every node whose parent was on the accepted path was tested: accepted iff it is the next token.
     ``classes``: the tokens' confidence classes as given to :func:`plan` (class 0 for all when None)."""
     acc = [int(t) for t in accepted]
+    if len(candidates) == 1:  # one chain: node d was tested iff the d nodes before it were accepted
+        cand, src = candidates[0], sources[0]
+        n = len(cand)
+        cls = classes[0] if classes is not None else (0,) * n
+        per_token = n > 1 and len(src) == n
+        n_acc = len(acc)
+        for depth in range(n):
+            t = int(cand[depth])
+            ok = depth < n_acc and acc[depth] == t
+            model.record(src[depth] if per_token else src[:1], False, ok, int(cls[depth]))
+            if not ok:
+                break
+        return
     tested: dict[tuple[int, int], tuple[str, bool, int]] = {}
     n_children: dict[int, int] = {}
     seen: dict[tuple[int, ...], int] = {(): 0}
@@ -497,5 +583,5 @@ def observe(model: AcceptanceModel, candidates: Sequence[Sequence[int]], sources
 
 __all__ = ["ARMS", "CHOICE_EXPLORE", "CHOICE_HALF_LIFE", "CHOICE_WARMUP", "BUDGETS", "PolicyChoice", "COST_AWARE_LABEL", "ENGINE_HALF_LIFE", "FALLBACK_PRIOR", "MATCH_CLASSES", "MAX_BUDGET",
            "POSITION_CLASSES", "PRIOR_WEIGHT", "REQUEST_HALF_LIFE", "AcceptanceModel", "EngineAcceptance",
-           "check_acceptance", "check_budget", "cold_start_prior", "confidence_class", "default_prior", "observe",
+           "check_acceptance", "check_budget", "class_row", "cold_start_prior", "confidence_class", "default_prior", "observe",
            "plan"]
