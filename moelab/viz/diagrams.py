@@ -82,7 +82,7 @@ def eldr_tier_diagram(n_prefill: int = 2, n_decode: int = 3, routed_to: int = 1)
         _box(fig, 2.6, y - 0.4, 4.6, y + 0.4, f"prefill {i}")
         _arrow(fig, 1.7, height / 2, 2.6, y)
         _arrow(fig, 4.6, y, 6.0, height / 2, "signature s" if i == 0 else "")
-    _box(fig, 6.0, height / 2 - 0.7, 8.0, height / 2 + 0.7, "router<br>band: cos(s, c_j)<br>&ge; best &minus; tau",
+    _box(fig, 6.0, height / 2 - 0.7, 8.0, height / 2 + 0.7, "router<br>band: cos(s, c_j)<br>≥ best − tau",
          fill="#fde0dd", line=color_for("eldr"), font_size=11)
     for j in range(n_decode):
         y = height / 2 + ((n_decode - 1) / 2 - j) * 1.2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 import ipywidgets as w
@@ -114,6 +115,15 @@ DECODE_TERMS: list[dict[str, str]] = [
 _TERM_COLORS = dict(zip([row["paper"] for row in DECODE_TERMS], ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]))
 
 
+# characters per caption line under a term's box (10 px text, a box about 140 px wide in a 1000 px figure)
+_CAPTION_CHARS = 20
+
+
+def _wrap(text: str, width: int) -> str:
+    """``text`` wrapped at ``width`` characters, lines joined with plotly's ``<br>``."""
+    return "<br>".join(textwrap.wrap(text, width)) or text
+
+
 def decode_step_figure() -> go.Figure:
     """The decode step drawn once as a sum of terms, each labelled with the paper that moves it.
 
@@ -134,15 +144,17 @@ def decode_step_figure() -> go.Figure:
             color = _TERM_COLORS[row["paper"]]
             fig.add_shape(type="rect", x0=x, x1=x + width, y0=0.45, y1=1.0, fillcolor=color, opacity=0.25,
                           line={"color": color})
-            fig.add_annotation(x=x + width / 2, y=0.3, text=f"<b>{row['paper']}</b><br>{row['term']}<br>"
-                               f"<i>{row['how']}</i><br>notebook {row['notebook'][:2]}", showarrow=False,
+            # each caption wrapped to its box's width, so neighbouring captions never run into each other
+            term, how = (_wrap(row[k], _CAPTION_CHARS) for k in ("term", "how"))
+            fig.add_annotation(x=x + width / 2, y=0.3, text=f"<b>{row['paper']}</b><br>{term}<br>"
+                               f"<i>{how}</i><br>notebook {row['notebook'][:2]}", showarrow=False,
                                font={"size": 10, "color": color}, yanchor="top")
         fig.add_annotation(x=x + width / 2, y=0.72, text=piece, showarrow=False, font={"size": 15})
         x += width + 0.1
     fig.update_xaxes(visible=False, range=[-0.1, x])
-    fig.update_yaxes(visible=False, range=[-0.75, 1.1])
+    fig.update_yaxes(visible=False, range=[-1.3, 1.1])
     fig.update_layout(title="One decode step, term by term, and which paper moves which term",
-                      template="plotly_white", height=330, margin={"l": 10, "r": 10})
+                      template="plotly_white", height=420, margin={"l": 10, "r": 10})
     return fig
 
 
@@ -169,11 +181,13 @@ def distinct_experts_figure(num_experts: int, top_k: int, batch: int, *, guess: 
     curve = expected_distinct_experts(grid, num_experts, top_k)
     at = float(expected_distinct_experts(int(batch), num_experts, top_k))
     fig = go.Figure()
-    fig.add_scatter(x=grid, y=curve, mode="lines", name="D = E(1 - (1 - k/E)^B)", line={"color": color_for("theory")})
+    fig.add_scatter(x=grid, y=curve, mode="lines", name="D = E(1 - (1 - k/E)^B)", line={"color": color_for("theory")},
+                    legendgroup="theory")
     fig.add_scatter(x=grid, y=np.minimum(num_experts, top_k * grid), mode="lines", name="min(E, k·B): no overlap",
                     line={"dash": "dot", "color": "#999"})
     fig.add_scatter(x=[batch], y=[at], mode="markers+text", name=f"B = {batch}", text=[f"D = {at:.1f}"],
-                    textposition="top left", marker={"size": 11, "color": color_for("theory")})
+                    textposition="top left", marker={"size": 11, "color": color_for("theory")},
+                    legendgroup="theory")  # a point of the curve: the curve's colour
     if guess is not None:
         fig.add_scatter(x=[batch], y=[float(guess)], mode="markers", name="your guess",
                         marker={"size": 12, "symbol": "x", "color": "#d62728"})

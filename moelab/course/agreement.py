@@ -1,0 +1,136 @@
+"""Does every number a notebook's rendered prose states agree with what the notebook shows?
+
+A notebook renders its sentences (``display(Markdown(...))``) from the same results it records with
+``write_results`` and shows in its tables. :func:`prose_mismatches` reads an executed notebook (JSON, nothing is
+run) and its results, pulls every number out of the rendered prose (math, inline code and link targets left
+out; small integers, which count things, and years ignored) and looks each one up, within the rounding it is
+printed with, among
+
+* every number in the notebook's results (as recorded, times 100 for a fraction printed as a percentage, and
+  its absolute value for a signed change written in words),
+* every number the notebook's other outputs show (tables, printed lines) and its ``parameters`` cell sets.
+
+A number found nowhere is a mismatch: typed into the prose, or computed from a different source than the
+output shows. The notebook tests call :func:`prose_mismatches` on the executions they already make.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+_MATH = re.compile(r"\$\$.*?\$\$|\$[^$\n]*\$", re.DOTALL)
+_CODE = re.compile(r"`[^`\n]*`")
+_LINK_TARGET = re.compile(r"\]\([^)]*\)")
+_TAGS = re.compile(r"<[^<>]*>")
+# a number standing alone: not inside a word or an identifier (H200, Qwen3-30B, r32), optionally signed
+_PROSE_NUMBER = re.compile(r"(?<![\w.\-−])([+\-−]?)(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?=(?:x|%)?(?![\w]))")
+_ANY_NUMBER = re.compile(r"[+\-−]?\d+(?:,\d{3})*(?:\.\d+)?(?:e[+\-]?\d+)?")
+#: integers up to this are counts (workers, candidates, steps) that the prose may name freely
+SMALL_INT = 10
+
+
+@dataclass(frozen=True)
+class ProseNumber:
+    """One number of rendered prose: the cell it is in, the text as printed, its value and printed decimals."""
+
+    cell: int
+    text: str
+    value: float
+    decimals: int
+    context: str
+
+
+def _text(data: Any) -> str:
+    return "".join(data) if isinstance(data, list) else str(data or "")
+
+
+def prose_numbers(executed: dict) -> list[ProseNumber]:
+    """Every number stated in the notebook's rendered prose (``text/markdown`` outputs of code cells)."""
+    found = []
+    for i, cell in enumerate(executed.get("cells", [])):
+        for out in cell.get("outputs", []) or []:
+            md = (out.get("data") or {}).get("text/markdown")
+            if md is None:
+                continue
+            text = _TAGS.sub(" ", _LINK_TARGET.sub("]", _CODE.sub(" ", _MATH.sub(" ", _text(md)))))
+            for m in _PROSE_NUMBER.finditer(text):
+                sign, body = m.group(1), m.group(2)
+                value = float(body.replace(",", ""))
+                decimals = len(body.split(".", 1)[1]) if "." in body else 0
+                if decimals == 0 and (value <= SMALL_INT or 1990 <= value <= 2035):
+                    continue
+                value = -value if sign in ("-", "−") else value
+                lo, hi = max(0, m.start() - 40), min(len(text), m.end() + 40)
+                found.append(ProseNumber(i, sign + body, value, decimals, " ".join(text[lo:hi].split())))
+    return found
+
+
+def _numbers(value: Any, depth: int = 0) -> Iterable[float]:
+    if depth > 12:
+        return
+    if isinstance(value, bool):
+        return
+    if isinstance(value, (int, float)):
+        if math.isfinite(value):
+            yield float(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _numbers(item, depth + 1)
+            if isinstance(key, str):
+                yield from _numbers_in_text(key)
+    elif isinstance(value, (list, tuple)):
+        for item in value[:100_000]:
+            yield from _numbers(item, depth + 1)
+    elif isinstance(value, str):
+        yield from _numbers_in_text(value)
+
+
+def _numbers_in_text(text: str) -> Iterable[float]:
+    for m in _ANY_NUMBER.finditer(text):
+        try:
+            yield float(m.group(0).replace(",", "").replace("−", "-"))
+        except ValueError:
+            continue
+
+
+def reference_numbers(executed: dict, results: Any) -> list[float]:
+    """What the prose may state: the results' numbers and every number the notebook's other outputs and its
+    ``parameters`` cell show."""
+    refs = list(_numbers(results))
+    for cell in executed.get("cells", []):
+        tags = cell.get("metadata", {}).get("tags", [])
+        if "parameters" in tags or "injected-parameters" in tags:
+            refs += list(_numbers_in_text(_text(cell.get("source"))))
+        for out in cell.get("outputs", []) or []:
+            data = out.get("data") or {}
+            for mime in ("text/plain", "text/html"):
+                if mime in data and "text/markdown" not in data:
+                    refs += list(_numbers_in_text(html.unescape(_TAGS.sub(" ", _text(data[mime])))))
+            if out.get("output_type") == "stream":
+                refs += list(_numbers_in_text(_text(out.get("text"))))
+    return refs
+
+
+def agrees(number: ProseNumber, refs: Iterable[float]) -> bool:
+    """Whether ``number`` is one of ``refs`` (or 100 times one, or its absolute value) within its printed rounding."""
+    half = 0.5 * 10 ** (-number.decimals) * (1 + 1e-9) + 1e-12
+    v = number.value
+    for r in refs:
+        for cand in (r, 100 * r):
+            if abs(v - cand) <= half or abs(abs(v) - abs(cand)) <= half:
+                return True
+    return False
+
+
+def prose_mismatches(executed: dict, results: Any) -> list[ProseNumber]:
+    """The prose numbers of ``executed`` that agree with nothing the notebook records or shows."""
+    refs = sorted(set(reference_numbers(executed, results)))
+    return [n for n in prose_numbers(executed) if not agrees(n, refs)]
+
+
+__all__ = ["ProseNumber", "agrees", "prose_mismatches", "prose_numbers", "reference_numbers"]

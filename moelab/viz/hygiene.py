@@ -1,0 +1,354 @@
+"""Figure hygiene: what makes a figure hard to read, found from its plotly JSON alone (no browser, deterministic).
+
+* :func:`text_entities`: HTML entities (``&ge;``, ``&#x27;``, ``&nbsp;``) or tags plotly does not render (it
+  renders ``<br>``, ``<b>``, ``<i>``, ``<em>``, ``<sup>``, ``<sub>``, ``<span>`` and ``<a>``) anywhere a reader
+  sees text: titles, axis titles, tick labels, annotations, legend names, trace text and hover text.
+* :func:`label_overlaps`: two annotations whose boxes overlap. Each box is estimated from the text (its longest
+  line and its number of lines) and the font size, at the size the figure is exported (``layout.width`` x
+  ``layout.height``, else :data:`EXPORT_SIZE`, the static export's size), placed by its anchor, shifts and arrow
+  offset; data coordinates are mapped through the axis range (set, or the traces' extent).
+* :func:`method_colors`: two differently named traces (methods) on one figure whose colours are closer than
+  :data:`MIN_COLOR_DELTA_E` (CIE76 colour difference in CIELAB; about 2.3 is the smallest difference a
+  viewer notices side by side, and lines in a legend need far more).
+* :func:`log_axis_ticks`: a log axis left to plotly's own ticks, which label 2s and 5s between decades (stray
+  labels such as "2 5 10 2 5"); a log axis must set its tick values (or a ``dtick``).
+
+:func:`figure_problems` runs all four; :func:`notebook_figures` reads the figures an executed notebook displays.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from collections.abc import Iterator
+from typing import Any
+
+#: the size the lab exports static figures at (:func:`moelab.viz.save_figure`'s PNG), for a figure without its own
+EXPORT_SIZE = (1000, 560)
+#: the smallest CIE76 colour difference allowed between two methods on one figure
+MIN_COLOR_DELTA_E = 20.0
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+# plotly's default margins (px) and annotation arrow offset
+_MARGIN = {"l": 80, "r": 80, "t": 100, "b": 80}
+_ARROW = (-10.0, -30.0)
+_ENTITY = re.compile(r"&(?:[A-Za-z][A-Za-z0-9]{1,31}|#[0-9]{1,7}|#[xX][0-9A-Fa-f]{1,6});")
+_TAG = re.compile(r"</?\s*([A-Za-z][A-Za-z0-9]*)\b[^<>]*>")
+_PLOTLY_TAGS = {"br", "b", "i", "em", "sup", "sub", "span", "a", "s", "u", "extra"}  # extra: hover's side box
+
+
+# ---------------------------------------------------------------------------------------------- text
+def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(item, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value[:2000]):
+            yield from _strings(item, f"{where}[{i}]")
+
+
+_TEXT_KEYS = ("text", "title", "name", "hovertext", "hovertemplate", "texttemplate", "ticktext", "header", "cells",
+              "labels", "legendgrouptitle")
+
+
+def figure_texts(fig: dict) -> list[tuple[str, str]]:
+    """Every piece of text a reader can see in the figure (JSON dict), as ``(where, text)``."""
+    out: list[tuple[str, str]] = []
+    layout = fig.get("layout", {}) or {}
+    for key, value in layout.items():
+        if key == "title" or key.startswith(("xaxis", "yaxis", "coloraxis", "legend", "scene", "polar")):
+            out += [(f"layout.{key}{w}", t) for w, t in _strings(value, "") if _visible_key(w)]
+        elif key in ("annotations", "shapes", "updatemenus", "sliders"):
+            out += [(f"layout.{key}{w}", t) for w, t in _strings(value, "") if _visible_key(w)]
+    for i, trace in enumerate(fig.get("data", []) or []):
+        for key in _TEXT_KEYS:
+            if key in trace:
+                out += [(f"data[{i}].{key}{w}", t) for w, t in _strings(trace[key], "")]
+        for sub in ("marker", "colorbar"):
+            if isinstance(trace.get(sub), dict):
+                out += [(f"data[{i}].{sub}{w}", t) for w, t in _strings(trace[sub], "") if _visible_key(w)]
+    return out
+
+
+def _visible_key(where: str) -> bool:
+    last = where.rsplit(".", 1)[-1].split("[", 1)[0]
+    return last in ("text", "title", "ticktext", "name", "label", "hovertext", "hovertemplate") or where == ""
+
+
+def text_entities(fig: dict) -> list[str]:
+    """HTML entities, and tags plotly does not render, in the figure's visible text (``where: snippet``)."""
+    problems = []
+    for where, text in figure_texts(fig):
+        for m in _ENTITY.finditer(text):
+            problems.append(f"{where}: HTML entity {m.group(0)!r} in {text[:60]!r}")
+        for m in _TAG.finditer(text):
+            if m.group(1).lower() not in _PLOTLY_TAGS:
+                problems.append(f"{where}: HTML tag {m.group(0)[:30]!r} in {text[:60]!r}")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------- annotations
+def _plain(text: str) -> list[str]:
+    """The lines a reader sees: ``<br>`` splits lines, other tags vanish, entities count as one character."""
+    lines = re.split(r"<br\s*/?>", text, flags=re.IGNORECASE)
+    return [html.unescape(_TAG.sub("", line)) for line in lines]
+
+
+def _size(fig: dict) -> tuple[float, float, dict[str, float]]:
+    layout = fig.get("layout", {}) or {}
+    width = float(layout.get("width") or EXPORT_SIZE[0])
+    height = float(layout.get("height") or EXPORT_SIZE[1])
+    margin = {**_MARGIN, **{k: float(v) for k, v in (layout.get("margin") or {}).items() if k in _MARGIN and v is not None}}
+    return width, height, margin
+
+
+def _axis(layout: dict, ref: str) -> dict:
+    name = ref[0] + "axis" + ref[1:].split(" ", 1)[0]
+    return layout.get(name, {}) or {}
+
+
+def _data_extent(fig: dict, ref: str) -> tuple[float, float] | None:
+    letter, suffix = ref[0], ref[1:]
+    values: list[float] = []
+    for trace in fig.get("data", []) or []:
+        if (trace.get(f"{letter}axis") or letter) != ref:
+            continue
+        for v in trace.get(letter, []) or []:
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                values.append(float(v))
+    del suffix
+    return (min(values), max(values)) if values else None
+
+
+def _to_fraction(fig: dict, ref: str, value: Any) -> float | None:
+    """``value`` on axis ``ref`` (``x``, ``x2``, ``paper``, ``x domain``) as a fraction of the plot area."""
+    if ref in ("paper", None) or ref.endswith("domain"):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            return None
+    layout = fig.get("layout", {}) or {}
+    axis = _axis(layout, ref)
+    log = axis.get("type") == "log"
+    rng = axis.get("range")
+    if not (isinstance(rng, (list, tuple)) and len(rng) == 2 and all(isinstance(r, (int, float)) for r in rng)):
+        extent = _data_extent(fig, ref)
+        if extent is None or not isinstance(value, (int, float)):
+            return None
+        lo, hi = extent
+        if log:
+            if lo <= 0 or hi <= 0:
+                return None
+            lo, hi = math.log10(lo), math.log10(hi)
+        pad = 0.05 * (hi - lo) if hi > lo else 0.5
+        rng = (lo - pad, hi + pad)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    v = float(value)
+    if log:
+        if v <= 0:
+            return None
+        v = math.log10(v)
+    lo, hi = float(rng[0]), float(rng[1])
+    return (v - lo) / (hi - lo) if hi != lo else 0.5
+
+
+def annotation_boxes(fig: dict) -> list[tuple[int, str, tuple[float, float, float, float]]]:
+    """``(index, text, (x0, y0, x1, y1))`` in pixels of the exported figure for every visible annotation
+    whose position can be read (annotations on category axes are skipped)."""
+    layout = fig.get("layout", {}) or {}
+    width, height, m = _size(fig)
+    plot_w, plot_h = max(1.0, width - m["l"] - m["r"]), max(1.0, height - m["t"] - m["b"])
+    default_size = float(((layout.get("font") or {}).get("size")) or 12)
+    boxes = []
+    for i, ann in enumerate(layout.get("annotations", []) or []):
+        text = ann.get("text")
+        if not text or ann.get("visible") is False:
+            continue
+        fx = _to_fraction(fig, ann.get("xref", "x"), ann.get("x", 0.5))
+        fy = _to_fraction(fig, ann.get("yref", "y"), ann.get("y", 0.5))
+        if fx is None or fy is None:
+            continue
+        if ann.get("xref", "x") == "paper":
+            px = m["l"] + fx * plot_w
+        else:
+            px = m["l"] + fx * plot_w
+        py = m["t"] + (1 - fy) * plot_h
+        size = float(((ann.get("font") or {}).get("size")) or default_size)
+        lines = _plain(str(text))
+        w = 0.6 * size * max(len(line) for line in lines) + 2 * float(ann.get("borderpad") or 1)
+        h = 1.3 * size * len(lines) + 2 * float(ann.get("borderpad") or 1)
+        if ann.get("showarrow", True):
+            ax = ann.get("ax", _ARROW[0])
+            ay = ann.get("ay", _ARROW[1])
+            if ann.get("axref", "pixel") == "pixel" and isinstance(ax, (int, float)):
+                px += float(ax)
+            if ann.get("ayref", "pixel") == "pixel" and isinstance(ay, (int, float)):
+                py += float(ay)
+            xanchor, yanchor = ann.get("xanchor", "auto"), ann.get("yanchor", "auto")
+            xanchor = "center" if xanchor == "auto" else xanchor
+            yanchor = "middle" if yanchor == "auto" else yanchor
+        else:
+            xanchor, yanchor = ann.get("xanchor", "auto"), ann.get("yanchor", "auto")
+            if xanchor == "auto":
+                xanchor = "center" if ann.get("xref", "x") != "paper" else ("left" if fx <= 1 / 3 else
+                                                                            "right" if fx >= 2 / 3 else "center")
+            if yanchor == "auto":
+                yanchor = "middle" if ann.get("yref", "y") != "paper" else ("bottom" if fy <= 1 / 3 else
+                                                                            "top" if fy >= 2 / 3 else "middle")
+        px += float(ann.get("xshift") or 0)
+        py -= float(ann.get("yshift") or 0)
+        x0 = px - (0 if xanchor == "left" else w if xanchor == "right" else w / 2)
+        y0 = py - (0 if yanchor == "top" else h if yanchor == "bottom" else h / 2)
+        boxes.append((i, str(text), (x0, y0, x0 + w, y0 + h)))
+    return boxes
+
+
+def label_overlaps(fig: dict, *, min_overlap_px: float = 2.0) -> list[str]:
+    """Pairs of annotations whose estimated boxes overlap by more than ``min_overlap_px`` in both directions."""
+    boxes = annotation_boxes(fig)
+    problems = []
+    for a in range(len(boxes)):
+        for b in range(a + 1, len(boxes)):
+            (i, ti, (ax0, ay0, ax1, ay1)), (j, tj, (bx0, by0, bx1, by1)) = boxes[a], boxes[b]
+            dx = min(ax1, bx1) - max(ax0, bx0)
+            dy = min(ay1, by1) - max(ay0, by0)
+            if dx > min_overlap_px and dy > min_overlap_px:
+                problems.append(f"annotations {i} {_plain(ti)[0][:30]!r} and {j} {_plain(tj)[0][:30]!r} overlap "
+                                f"({dx:.0f} x {dy:.0f} px at {EXPORT_SIZE[0]} x {EXPORT_SIZE[1]})")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------- colours
+def _rgb(color: str) -> tuple[float, float, float] | None:
+    c = color.strip().lower()
+    if re.fullmatch(r"#[0-9a-f]{6}", c):
+        return tuple(int(c[k:k + 2], 16) / 255 for k in (1, 3, 5))  # type: ignore[return-value]
+    if re.fullmatch(r"#[0-9a-f]{3}", c):
+        return tuple(int(ch * 2, 16) / 255 for ch in c[1:])  # type: ignore[return-value]
+    m = re.fullmatch(r"rgba?\(\s*([\d.]+)\s*,\s*([\d.]+)\s*,\s*([\d.]+)\s*(?:,\s*([\d.]+)\s*)?\)", c)
+    if m:
+        return tuple(float(m.group(k)) / 255 for k in (1, 2, 3))  # type: ignore[return-value]
+    return None
+
+
+def _lab(rgb: tuple[float, float, float]) -> tuple[float, float, float]:
+    def lin(u: float) -> float:
+        return u / 12.92 if u <= 0.04045 else ((u + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (lin(u) for u in rgb)
+    x = (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047
+    y = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    z = (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883
+
+    def f(t: float) -> float:
+        return t ** (1 / 3) if t > 216 / 24389 else (24389 / 27 * t + 16) / 116
+
+    fx, fy, fz = f(x), f(y), f(z)
+    return 116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)
+
+
+def delta_e(a: str, b: str) -> float | None:
+    """CIE76 colour difference between two CSS colours (hex or rgb()), None when one cannot be read."""
+    ra, rb = _rgb(a), _rgb(b)
+    if ra is None or rb is None:
+        return None
+    return math.dist(_lab(ra), _lab(rb))
+
+
+def _trace_color(trace: dict) -> str | None:
+    for key in ("marker", "line"):
+        color = (trace.get(key) or {}).get("color")
+        if isinstance(color, str):
+            return color
+    color = trace.get("fillcolor")
+    return color if isinstance(color, str) else None
+
+
+def _method(trace: dict) -> str:
+    """The method a trace draws: its legend group, else its name without a trailing ``(...)`` qualifier
+    (``qwen3 (fit)`` and ``qwen3 (measured)`` are one method drawn two ways, in one colour on purpose)."""
+    group = trace.get("legendgroup")
+    if group:
+        return str(group)
+    return re.sub(r"\s*\([^()]*\)\s*$", "", str(trace.get("name"))).strip()
+
+
+def method_colors(fig: dict, *, min_delta_e: float = MIN_COLOR_DELTA_E) -> list[str]:
+    """Two methods in the legend of one subplot whose colours differ by less than ``min_delta_e``."""
+    per_axes: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
+    for trace in fig.get("data", []) or []:
+        name, color = trace.get("name"), _trace_color(trace)
+        if not name or color is None or trace.get("showlegend") is False or trace.get("visible") is False:
+            continue
+        axes = (str(trace.get("xaxis") or "x"), str(trace.get("yaxis") or "y"))
+        per_axes.setdefault(axes, {}).setdefault(_method(trace), (str(name), color))
+    problems = []
+    for named in per_axes.values():
+        items = sorted(named.values())
+        for a in range(len(items)):
+            for b in range(a + 1, len(items)):
+                d = delta_e(items[a][1], items[b][1])
+                if d is not None and d < min_delta_e:
+                    problems.append(f"{items[a][0]!r} ({items[a][1]}) and {items[b][0]!r} ({items[b][1]}) are "
+                                    f"{d:.1f} apart (CIE76), under {min_delta_e:g}")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------- axes
+def log_axis_ticks(fig: dict) -> list[str]:
+    """Log axes left to plotly's own tick labels (which add 2s and 5s between decades)."""
+    problems = []
+    for key, axis in (fig.get("layout", {}) or {}).items():
+        if not re.fullmatch(r"[xy]axis\d*", key) or not isinstance(axis, dict) or axis.get("type") != "log":
+            continue
+        if axis.get("tickvals") is None and axis.get("dtick") is None and axis.get("showticklabels") is not False:
+            problems.append(f"{key} is a log axis without tickvals or dtick (plotly labels 2s and 5s between decades)")
+    return problems
+
+
+def figure_problems(fig: Any) -> dict[str, list[str]]:
+    """All four checks on a figure (a ``go.Figure`` or its JSON dict)."""
+    if not isinstance(fig, dict):
+        fig = fig.to_plotly_json()
+    return {"text_entities": text_entities(fig), "label_overlaps": label_overlaps(fig),
+            "method_colors": method_colors(fig), "log_axis_ticks": log_axis_ticks(fig)}
+
+
+def notebook_figures(executed: dict) -> list[tuple[int, dict]]:
+    """``(cell index, figure JSON)`` for every plotly figure an executed notebook (JSON) displays."""
+    out = []
+    for i, cell in enumerate(executed.get("cells", [])):
+        for output in cell.get("outputs", []) or []:
+            data = (output.get("data") or {}).get(PLOTLY_MIME)
+            if isinstance(data, dict):
+                out.append((i, data))
+    return out
+
+
+def _figure_name(fig: dict, fallback: str) -> str:
+    meta = (fig.get("layout") or {}).get("meta")
+    if isinstance(meta, dict):
+        for value in meta.values():
+            if isinstance(value, str):
+                return value
+    title = (fig.get("layout") or {}).get("title")
+    text = title.get("text") if isinstance(title, dict) else title
+    return str(text)[:50] if text else fallback
+
+
+def notebook_figure_problems(executed: dict) -> dict[str, list[str]]:
+    """Every problem of every figure an executed notebook displays, per check, each prefixed with the figure."""
+    found: dict[str, list[str]] = {"text_entities": [], "label_overlaps": [], "method_colors": [], "log_axis_ticks": []}
+    for cell, fig in notebook_figures(executed):
+        name = _figure_name(fig, f"cell {cell}")
+        for kind, problems in figure_problems(fig).items():
+            found[kind] += [f"{name}: {p}" for p in problems]
+    return found
+
+
+__all__ = ["EXPORT_SIZE", "MIN_COLOR_DELTA_E", "annotation_boxes", "delta_e", "figure_problems", "figure_texts",
+           "label_overlaps", "log_axis_ticks", "method_colors", "notebook_figure_problems", "notebook_figures",
+           "text_entities"]
