@@ -5,9 +5,10 @@ a probability of being accepted, ``p(node) = p(parent) * alpha(store, first-or-a
 where ``alpha`` is the running acceptance rate of the node's key (accepted / tried over every node whose parent
 was accepted, decayed, with a prior; see below), learned from the verification outcomes of earlier steps. The
 ``class`` is the drafter's confidence class of the token (:func:`confidence_class`): how long a context the
-store matched and how deep into the store's answer the token is. On the full Spec-Bench run's greedy outputs a
-W token after a 1-token key is accepted 28 % of the time and after a 2-token key 64 %, and a W answer's 4th token
-~80 % once its 3rd was, so one rate per store cuts confident chains short and keeps doubtful ones. The
+store matched and how deep into the store's answer the token is. On the full Spec-Bench run's greedy outputs
+(``moelab hd-replay --prompts specbench``) the first W token after a 1-token key is accepted 28 % of the time,
+after a 2-token key 48 % and after a 3-token key 78 % (held-out ShareGPT prompts: 25 %, 53 %, 83 %), so one rate
+per store cuts confident chains short and keeps doubtful ones. The
 expected tokens of a step that verifies the ``K`` most likely nodes are ``1 + sum(p)`` (the bonus token
 always comes), its cost ``c(K + 1)``, the measured time of one target forward over ``K + 1`` tokens
 (:class:`VerifyCost`). The policy keeps the ``K`` that maximises expected tokens per unit of cost,
@@ -15,7 +16,16 @@ subject to the budget; ``K = 0`` (draft nothing) wins when no store is confident
 the extra verified tokens.
 
 The measured cost curve is cached per machine and model (:func:`moelab.costmodel.verify.cached_verify_cost`);
-a curve file records both and is refused on another machine or for another model.
+a curve file records both and is refused on another machine or for another model. In a live engine (vLLM) it
+only seeds the curve the plan reads: :class:`moelab.costmodel.verify.OnlineVerifyCost` corrects it from the step
+times the engine's drafters observe, so a curve probed on a busy machine (or a machine whose load changes) is
+corrected within a few dozen steps.
+
+**A default that is never behind the paper's policy.** Where the plan cannot at least match verifying the
+hierarchy's whole chain every step (HD-fixed) on this engine, because the estimates misjudge it, the engine's
+:class:`PolicyChoice` finds out from the tokens per second each policy delivers and runs the better one (a
+two-armed bandit over steps, per engine, re-trying the other on a tenth of the steps). Both policies are
+lossless; the choice only changes what is drafted.
 
 Acceptance is learned per request, because it is a property of the request (a temperature-1 request rejects
 drafts a greedy one accepts; a translation accepts what a chat does not): each request has its own

@@ -62,6 +62,20 @@ class _Row:
     drafter: Drafter
     known: np.ndarray
     last: Draft
+    # ``known``'s bytes: the per-step check that a row still holds the same request compares these with one
+    # memcmp (numpy's elementwise comparison costs several microseconds of call overhead on every step)
+    raw: bytes = b""
+
+
+def _same_prefix(tokens: np.ndarray, st: _Row) -> bool:
+    """Whether ``tokens`` starts with exactly the tokens ``st`` has seen (token for token)."""
+    n = st.known.size
+    if n > tokens.size:
+        return False
+    head = tokens[:n]
+    if head.dtype == st.known.dtype:
+        return head.tobytes() == st.raw
+    return bool(np.array_equal(head, st.known))
 
 
 class RowDrafters:
@@ -98,7 +112,7 @@ class RowDrafters:
         tokens = np.asarray(tokens)
         st = self.rows.get(row)
         n_known = st.known.size if st is not None else 0
-        if st is not None and n_known <= tokens.size and np.array_equal(tokens[:n_known], st.known):
+        if st is not None and _same_prefix(tokens, st):
             new = tokens[n_known:].tolist()
             if st.last.candidates and new:
                 cand = st.last.candidates[0]
@@ -110,12 +124,14 @@ class RowDrafters:
             if new:
                 st.drafter.accept(new)
                 st.known = tokens.copy()
+                st.raw = st.known.tobytes()
         else:
             if st is not None:
                 self.stats.resets += 1
             d = self.factory()
             d.start(tokens.tolist())
-            st = _Row(d, tokens.copy(), Draft([], []))
+            known = tokens.copy()
+            st = _Row(d, known, Draft([], []), known.tobytes())
             self.rows[row] = st
             if len(self.rows) > self.max_rows:
                 self.rows.pop(next(iter(self.rows)))
