@@ -203,3 +203,14 @@ def test_fit_keeps_the_step_from_one_token_to_two():
     assert np.all(np.diff(flat.ms) >= 0) and flat(3) == pytest.approx(11.0)
     with pytest.raises(ValueError, match="ms must be finite"):
         fit_verify_cost([1, 2], [1.0, -1.0])
+
+
+def test_observe_of_a_chain_counts_the_accepted_prefix_and_the_first_miss():
+    m = AcceptanceModel(half_life=float("inf"))
+    observe(m, [(1, 2, 3, 4)], ["WWSS"], accepted=[1, 2], classes=[(0, 1, 2, 3)])
+    # tested: 1 and 2 (accepted), 3 (the first miss); 4's parent was rejected, so 4 was never tested
+    assert m.tried == {("W", False, 0): 1, ("W", False, 1): 1, ("S", False, 2): 1}
+    assert {k: v for k, v in m.accepted.items() if v} == {("W", False, 0): 1, ("W", False, 1): 1}
+    full = AcceptanceModel(half_life=float("inf"))
+    observe(full, [(5, 6)], ["L"], accepted=[5, 6])  # all accepted: every node tested and right
+    assert full.tried == {("L", False, 0): 2} and full.accepted == {("L", False, 0): 2}
