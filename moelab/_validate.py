@@ -120,6 +120,18 @@ def parse_cli_literal(name: str, text: Any, *, max_chars: int = MAX_CLI_VALUE_CH
         return text
 
 
+def check_product(names: tuple[str, ...], values: tuple[int, ...], *, cap: int, cap_name: str, why: str) -> int:
+    """The product of sizes that together set a buffer (``N x L x E`` cells), or a ``ValueError`` naming
+    every factor, the cap and why it is there, before anything is allocated.
+
+    Each value must already be a checked int (:func:`check_int`); the product is exact (Python ints)."""
+    total = math.prod(int(v) for v in values)
+    if total > cap:
+        raise ValueError(f"{' x '.join(names)} must be <= {cap_name}={cap} ({why}); got "
+                         f"{' x '.join(str(int(v)) for v in values)} = {total}")
+    return total
+
+
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     """Return ``value`` if it is one of ``choices``, else raise ``ValueError`` listing them."""
     options = list(choices)
@@ -232,7 +244,7 @@ def check_int_array(
     if ndim is not None and arr.ndim != ndim:
         raise ValueError(f"{name} must be a {ndim}-d array of {kind}; got shape {arr.shape}")
     if arr.dtype.kind == "f":
-        bad = ~np.isfinite(arr)
+        bad = np.asarray(~np.isfinite(arr))  # an array even for a 0-d input (a scalar is not assignable)
         bad[~bad] = arr[~bad] != np.round(arr[~bad])
         if bad.any():
             raise ValueError(f"{name} must be {what}; got {_first_bad(arr, bad)}")
