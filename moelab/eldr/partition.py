@@ -46,6 +46,24 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
+#: a row whose norm is below this has no direction: ``_unit`` would leave it (near) zero, a centroid that
+#: is equally (dis)similar to every signature
+_ZERO_NORM = 1e-12
+
+
+def check_directions(name: str, rows: np.ndarray, *, what: str = "centroid") -> np.ndarray:
+    """``rows`` [K, d] (finite) when no row is all zero, else a ``ValueError`` naming the first zero row.
+
+    A zero centroid scores 0 against every signature, so a locality fit holding one is degenerate (its
+    worker's band is decided by the other workers' scores alone); it is refused, never normalised away."""
+    norms = np.linalg.norm(rows, axis=-1)
+    zero = np.flatnonzero(norms < _ZERO_NORM)
+    if zero.size:
+        raise ValueError(f"{name} must have no all-zero row (a zero {what} has no direction: every cosine with it "
+                         f"is 0); got {zero.size} zero row(s), the first at index {int(zero[0])}")
+    return rows
+
+
 def kmeans_pp(X: np.ndarray, K: int, rng: np.random.Generator) -> np.ndarray:
     """k-means++ seeding with cosine distance ``1 - x.c`` (seeded)."""
     n = X.shape[0]
@@ -117,6 +135,7 @@ def spherical_kmeans(
     max_iter: int = 50,
     seed: int | np.random.Generator | None = 0,
     init: np.ndarray | None = None,
+    name: str = "X",
 ) -> KMeansResult:
     """Spherical K-means on unit rows of ``X`` [N, d]; ``balanced`` caps clusters at ``ceil(N/K)``
     (and takes at most :data:`MAX_BALANCED_N` rows).
@@ -125,13 +144,26 @@ def spherical_kmeans(
     approximate beyond (:func:`greedy_balanced_assign`; ``KMeansResult.exact`` says which), so a run
     takes seconds, not hours. ``N x K`` is at most :data:`MAX_KMEANS_CELLS`.
 
-    ``init`` [K, d] replaces k-means++ seeding (used by online refits)."""
-    X = _unit(check_array("X", X, ndim=2, dtype=np.float64))
+    ``init`` [K, d] replaces k-means++ seeding (used by online refits). ``name`` is what messages call
+    ``X`` (a caller's own parameter, e.g. ``"signatures"``).
+
+    A zero row has no direction: at least ``K`` rows must be non-zero (fewer is a ``ValueError``, never a
+    fit with zero centroids)."""
+    X = _unit(check_array(name, X, ndim=2, dtype=np.float64))
     n = X.shape[0]
+    if n == 0 or X.shape[1] == 0:
+        raise ValueError(f"{name} must hold at least one signature of dimension >= 1; got shape {X.shape}")
     if balanced and n > MAX_BALANCED_N:
         raise ValueError(f"balanced K-means takes at most MAX_BALANCED_N={MAX_BALANCED_N} signatures (each "
                          f"iteration's assignment grows with N x K); got N={n}: subsample them or use balanced=False")
     K = check_int("K", K, low=1, high=n)
+    # a zero signature has no direction: it cannot seed or move a centroid, so K centroids need K non-zero
+    # signatures (all-zero signatures used to "fit" K zero centroids that route nothing by locality)
+    live = np.linalg.norm(X, axis=1) >= _ZERO_NORM
+    n_live = int(live.sum())
+    if n_live < K:
+        raise ValueError(f"{name} must hold at least K={K} non-zero signatures (a zero signature has no direction, so it "
+                         f"cannot place a centroid); got {n_live} non-zero of {n}")
     if n * K > MAX_KMEANS_CELLS:
         raise ValueError(f"K-means holds an N x K similarity matrix of at most MAX_KMEANS_CELLS={MAX_KMEANS_CELLS} "
                          f"entries (512 MiB); got N={n} x K={K} = {n * K}: subsample the signatures or use a smaller K")
@@ -140,9 +172,9 @@ def spherical_kmeans(
     max_iter = check_int("max_iter", max_iter, low=1)
     rng = rng_from(seed)
     if init is None:
-        C = kmeans_pp(X, K, rng)
+        C = kmeans_pp(X, K, rng)  # a zero seed is moved by the first update (empty clusters re-seed on live points)
     else:
-        C = _unit(check_array("init", init, shape=(K, X.shape[1]), dtype=np.float64))
+        C = _unit(check_directions("init", check_array("init", init, shape=(K, X.shape[1]), dtype=np.float64)))
     cap = math.ceil(n / K)
     labels = np.full(n, -1, dtype=np.int64)
     converged = False
@@ -157,11 +189,13 @@ def spherical_kmeans(
         labels = new
         sums = np.zeros_like(C)
         np.add.at(sums, labels, X)
-        empty = np.linalg.norm(sums, axis=1) == 0
-        if empty.any():  # vanilla only: re-seed an empty cluster with the worst-served point
-            worst = np.argsort(sim[np.arange(n), labels])[: int(empty.sum())]
+        empty = np.linalg.norm(sums, axis=1) < _ZERO_NORM
+        if empty.any():  # no members, or only zero signatures: re-seed with the worst-served non-zero points
+            served = np.where(live, sim[np.arange(n), labels], np.inf)
+            worst = np.argsort(served, kind="stable")[: int(empty.sum())]
             sums[empty] = X[worst]
         C = _unit(sums)
+    check_directions("the fitted centroids", C)  # never expected with K live signatures: a guard, named
     sim = np.einsum("nd,nd->n", X, C[labels])
     return KMeansResult(C, labels, n_iter, float(sim.mean()), converged, balanced, exact)
 
@@ -169,8 +203,8 @@ def spherical_kmeans(
 def align_centroids(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     """Permute ``new`` centroids so row ``j`` is the one most similar to ``old[j]`` overall
     (Hungarian matching on ``-old @ new.T``): workers keep their locality across refits."""
-    old = np.asarray(old, dtype=np.float64)
-    new = np.asarray(new, dtype=np.float64)
+    old = check_array("old", old, ndim=2, dtype=np.float64)
+    new = check_array("new", new, ndim=2, dtype=np.float64)
     if old.shape != new.shape:
         raise ValueError(f"new centroids must have the shape of the old ones {old.shape}; got {new.shape}")
     rows, cols = linear_sum_assignment(-(old @ new.T))
@@ -199,13 +233,16 @@ class OnlineRefitter:
 
     def observe(self, time_s: float, signatures: np.ndarray) -> None:
         """Record signatures seen at ``t`` (seconds) in the sliding window."""
-        for row in np.atleast_2d(signatures):
-            self._buf.append((float(time_s), row))
+        time_s = check_real("time_s", time_s)
+        for row in np.atleast_2d(check_array("signatures", signatures, dtype=np.float64)):
+            self._buf.append((time_s, row))
         while self._buf and self._buf[0][0] < time_s - self.window_s:
             self._buf.popleft()
 
     def maybe_refit(self, time_s: float, centroids: np.ndarray) -> np.ndarray | None:
         """New centroids aligned to the workers when a refit is due, else None."""
+        time_s = check_real("time_s", time_s)
+        centroids = check_array("centroids", centroids, ndim=2, dtype=np.float64)
         K = centroids.shape[0]
         if time_s - self._last < self.every_s or len(self._buf) < max(self.min_points, K):
             return None
@@ -217,4 +254,5 @@ class OnlineRefitter:
 
 
 __all__ = ["MAX_BALANCED_N", "MAX_EXACT_BALANCED_N", "MAX_KMEANS_CELLS", "KMeansResult", "OnlineRefitter",
-           "align_centroids", "balanced_assign", "greedy_balanced_assign", "kmeans_pp", "spherical_kmeans"]
+           "align_centroids", "balanced_assign", "check_directions", "greedy_balanced_assign", "kmeans_pp",
+           "spherical_kmeans"]

@@ -30,7 +30,7 @@ import struct
 import numpy as np
 
 from moelab._validate import check_array, check_int, check_real
-from moelab.eldr.partition import OnlineRefitter, spherical_kmeans
+from moelab.eldr.partition import OnlineRefitter, check_directions, spherical_kmeans
 from moelab.routing.base import (
     UNASSIGNED,
     ClusterView,
@@ -100,6 +100,7 @@ class ELDRRouter(Router):
         C = check_array("centroids", centroids, ndim=2, dtype=np.float64)
         if C.shape[0] < 1:
             raise ValueError("centroids must have K >= 1 rows (one per worker)")
+        check_directions("centroids", C)  # a zero centroid would be normalised to zero and score 0 everywhere
         self.centroids = C / np.maximum(np.linalg.norm(C, axis=1, keepdims=True), 1e-12)
         self._ct = np.ascontiguousarray(self.centroids.T)
         # float32 copy for the one-request fast path: the [K, d] matrix is the memory traffic of a decision
@@ -136,7 +137,7 @@ class ELDRRouter(Router):
                                  f"{calibration.signatures.shape[0]} signatures, fewer than its n_workers="
                                  f"{calibration.n_workers} (one centroid per worker)")
             km = spherical_kmeans(calibration.signatures, calibration.n_workers, balanced=self.balanced,
-                                  seed=calibration.seed)
+                                  seed=calibration.seed, name="signatures")
             self.set_centroids(km.centroids)
         if self.refit_window_s is not None:
             self.refit = self._window_refitter()
