@@ -24,8 +24,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moelab._validate import check_array, check_int
+from moelab._validate import _as_array, check_array, check_int, check_product
 from moelab.traces import expert_counts
+from moelab.traces.expert import MAX_EXPERTS, MAX_LAYERS
+
+#: most KV blocks one cache holds: the free list keeps one Python int per block (4M blocks: ~150 MB), and
+#: 4M blocks of 16 tokens are 64M tokens, far beyond one prefill tier's KV cache
+MAX_CACHE_BLOCKS = 1 << 22
+#: most histogram cells (blocks x layers x experts) one cache allocates up front: 512 MiB of uint16 counts
+#: (e.g. 43k blocks of Qwen3-30B-A3B's 48 x 128 experts; the notebooks use 4096)
+MAX_CACHE_CELLS = 1 << 28
 
 
 @dataclass(frozen=True)
@@ -55,14 +63,20 @@ class SignatureCache:
     ----------
     block_size : tokens per KV block (>= 1)
     num_layers, num_experts : geometry of the histograms
-    capacity_blocks : KV blocks available (>= 1)
+    capacity_blocks : KV blocks available, in ``[1, MAX_CACHE_BLOCKS]``; ``capacity_blocks x num_layers x
+        num_experts`` histogram cells are allocated up front, at most :data:`MAX_CACHE_CELLS`
     """
 
     def __init__(self, block_size: int, num_layers: int, num_experts: int, capacity_blocks: int) -> None:
         self.block_size = check_int("block_size", block_size, low=1)
-        self.num_layers = check_int("num_layers", num_layers, low=1)
-        self.num_experts = check_int("num_experts", num_experts, low=1)
-        self.capacity = check_int("capacity_blocks", capacity_blocks, low=1)
+        self.num_layers = check_int("num_layers", num_layers, low=1, high=MAX_LAYERS, high_name="MAX_LAYERS")
+        self.num_experts = check_int("num_experts", num_experts, low=1, high=MAX_EXPERTS, high_name="MAX_EXPERTS")
+        self.capacity = check_int("capacity_blocks", capacity_blocks, low=1, high=MAX_CACHE_BLOCKS,
+                                  high_name="MAX_CACHE_BLOCKS", why="the free list holds one entry per block")
+        # checked before the allocation below: a huge capacity used to end in a MemoryError (11 TiB asked)
+        check_product(("capacity_blocks", "num_layers", "num_experts"),
+                      (self.capacity, self.num_layers, self.num_experts), cap=MAX_CACHE_CELLS,
+                      cap_name="MAX_CACHE_CELLS", why="the histograms of every block are allocated up front")
         dtype = np.uint16 if self.block_size < np.iinfo(np.uint16).max else np.uint32  # an expert counts <= block_size
         self.hist = np.zeros((self.capacity, self.num_layers, self.num_experts), dtype=dtype)
         self.refcount = np.zeros(self.capacity, dtype=np.int64)
@@ -114,7 +128,7 @@ class SignatureCache:
         the uncached suffix are read (that is all a prefix-cached prefill computes)."""
         self._check_new(request_id)
         tokens = _token_ids(prompt_tokens)
-        ids = np.asarray(prefill_ids)
+        ids = _as_array("prefill_ids", prefill_ids, what="an array of expert ids [P, L, k]")
         if ids.ndim != 3 or ids.shape[:2] != (tokens.size, self.num_layers):
             raise ValueError(f"prefill_ids must have shape (P={tokens.size}, L={self.num_layers}, k); got {ids.shape}")
         bs = self.block_size
@@ -136,7 +150,7 @@ class SignatureCache:
         they must be integer counts that fit the cache's histograms."""
         self._check_new(request_id)
         tokens = _token_ids(prompt_tokens)
-        h = np.asarray(block_hists)
+        h = _as_array("block_hists", block_hists, what="an array of integer counts [blocks, L, E]")
         n_blocks = -(-tokens.size // self.block_size)
         want = (n_blocks, self.num_layers, self.num_experts)
         if h.shape != want:
@@ -154,7 +168,15 @@ class SignatureCache:
 
         return self._admit(request_id, tokens, block)
 
+    @staticmethod
+    def _check_id(request_id: object) -> str:
+        # a request id is a dict key: an unhashable one used to end in a bare TypeError
+        if not isinstance(request_id, str):
+            raise ValueError(f"request_id must be a string; got {type(request_id).__name__} {request_id!r:.60}")
+        return request_id
+
     def _check_new(self, request_id: str) -> None:
+        self._check_id(request_id)
         if request_id in self.tables:
             raise ValueError(f"request_id {request_id!r} is already admitted")
 
@@ -203,13 +225,13 @@ class SignatureCache:
 
     def release(self, request_id: str) -> None:
         """The request finished: drop its references (shareable blocks stay cached, evictable)."""
-        if request_id not in self.tables:
+        if self._check_id(request_id) not in self.tables:
             raise ValueError(f"request_id {request_id!r} is not admitted")
         self._release_blocks(self.tables.pop(request_id))
 
     def counts(self, request_id: str) -> np.ndarray:
         """The request's prefill expert counts ``[L, E]``: the sum over its block table."""
-        if request_id not in self.tables:
+        if self._check_id(request_id) not in self.tables:
             raise ValueError(f"request_id {request_id!r} is not admitted")
         return self.hist[list(self.tables[request_id])].sum(axis=0, dtype=np.int64)
 
@@ -224,4 +246,4 @@ class SignatureCache:
         return len(self._free) + len(self._evictable)
 
 
-__all__ = ["Admission", "SignatureCache"]
+__all__ = ["MAX_CACHE_BLOCKS", "MAX_CACHE_CELLS", "Admission", "SignatureCache"]

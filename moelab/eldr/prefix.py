@@ -54,18 +54,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moelab._validate import check_array, check_int, check_real, rng_from
+from moelab._validate import check_array, check_instance, check_int, check_real, rng_from
 from moelab.eldr.cache import SignatureCache
 from moelab.eldr.workload import (
     OLMOE_DOMAINS,
     DomainSpread,
     SyntheticConfig,
+    _config,
     _decode_topk,
     _domain_logits,
     _inclusion,
     _request_logits,
+    _spread,
     _topic_logits,
-    fit_domain_spread,
 )
 from moelab.traces import ExpertTrace, default_provenance, expert_counts
 
@@ -151,8 +152,9 @@ class ConversationWorkload:
         return np.concatenate([sys, self._conv_ids[c][: int(self.trace.prompt_lens[row]) - sys.shape[0]]])
 
     def block_hists(self, row: int, block_size: int) -> np.ndarray:
-        """Expert histograms of request ``row``'s KV blocks, int32 [ceil(P / block_size), L, E]."""
-        bs = check_int("block_size", block_size, low=1)
+        """Expert histograms of request ``row``'s KV blocks, int32 [ceil(P / block_size), L, E]
+        (``block_size`` at most :data:`MAX_PROMPT_TOKENS`: a larger block is the same one block)."""
+        bs = check_int("block_size", block_size, low=1, high=MAX_PROMPT_TOKENS, high_name="MAX_PROMPT_TOKENS")
         ids = self.prompt_ids(row)
         P, L, k = ids.shape
         E = self.config.num_experts
@@ -173,9 +175,10 @@ def generate_conversations(
     trace row per turn (see the module docstring). ``config.prompt_len_mean`` is not used: prompt
     lengths come from the conversation structure."""
     n = check_int("n_conversations", n_conversations, low=1, high=1_000_000)
-    cfg = (config or SyntheticConfig()).validate()
-    cc = (conversations or ConversationConfig()).validate()
-    spread = spread or fit_domain_spread("olmoe")
+    cfg = _config(config)
+    cc = (ConversationConfig() if conversations is None else check_instance(
+        "conversations", conversations, ConversationConfig, "a ConversationConfig or None")).validate()
+    spread = _spread(spread)
     rng = rng_from(seed)
     L, E, k, S, T = cfg.num_layers, cfg.num_experts, cfg.top_k, cfg.prefix_tokens, cfg.decode_tokens
     id_dtype = np.uint8 if E <= 256 else np.int16
@@ -261,6 +264,7 @@ def conversation_arrivals(workload: ConversationWorkload, rows: np.ndarray, *, r
     of its turns (``sessions / rate`` seconds) — the quantity that decides whether its history is still
     cached. An assumption, stated: the gap is not coupled to the simulated decode time of the reply.
     The first arrival is at 0."""
+    check_instance("workload", workload, ConversationWorkload, "a ConversationWorkload (generate_conversations())")
     rate = check_real("rate", rate, low=0, low_open=True)
     sessions = check_int("sessions", sessions, low=1)
     rows = check_array("rows", rows, ndim=1).astype(np.int64)
@@ -329,6 +333,7 @@ def cache_signatures(workload: ConversationWorkload, rows: np.ndarray, arrival_s
     bs = check_int("block_size", block_size, low=1, high=4096)
     cap = check_int("capacity_blocks", capacity_blocks, low=1, high=1 << 20)
     window = check_int("in_flight", in_flight, low=1)
+    check_instance("workload", workload, ConversationWorkload, "a ConversationWorkload (generate_conversations())")
     tr = workload.trace
     rows = check_array("rows", rows, ndim=1).astype(np.int64)
     if rows.size == 0 or rows.min() < 0 or rows.max() >= tr.n_requests:

@@ -20,11 +20,28 @@ from typing import Any
 
 import numpy as np
 
-from moelab._validate import check_choice, check_finite_array, check_int, rng_from
+from moelab._validate import _as_array, check_choice, check_finite_array, check_instance, check_int, rng_from
 from moelab.traces import ExpertTrace
 
 #: Signature kinds: IDF-weighted prefill expert counts (``count_idf``, the default), raw counts (``count``), summed gate probabilities (``gate_prob``).
 KINDS = ("count_idf", "count", "gate_prob")
+#: most request pairs one correlation compares: the greedy layer search holds three ``L x n_pairs`` float
+#: arrays (48 layers: ~1.2 GB at the cap) and its time is linear in them (the paper uses 30,000)
+MAX_PAIRS = 1_000_000
+_PAIRS_WHY = "the greedy layer search's memory and time grow linearly with it"
+
+
+def _check_pairs(n_pairs: object) -> int:
+    return check_int("n_pairs", n_pairs, low=10, high=MAX_PAIRS, high_name="MAX_PAIRS", why=_PAIRS_WHY)
+
+
+def _profiles(prefill: object, decode: object) -> tuple[np.ndarray, np.ndarray]:
+    """``prefill`` and ``decode`` as finite float64 ``[N, L, E]`` arrays of one shape, decode counts >= 0."""
+    p = check_finite_array("prefill", prefill, ndim=3)
+    d = check_finite_array("decode", decode, ndim=3, low=0)
+    if p.shape != d.shape:
+        raise ValueError(f"prefill and decode must both have shape (N, L, E); got {p.shape} and {d.shape}")
+    return p, d
 
 
 def _sample_pairs(n: int, n_pairs: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -65,9 +82,15 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> float:
 def decode_recall(prefill: np.ndarray, decode: np.ndarray) -> float:
     """Recall of decode experts from the prefill signal: per (request, layer), predict the
     ``m`` experts with the largest prefill value, ``m`` = number of distinct experts the decode used;
-    recall = predicted-and-used / used, over all requests and layers."""
-    prefill = np.asarray(prefill, dtype=np.float64)
-    used = np.asarray(decode) > 0
+    recall = predicted-and-used / used, over all requests and layers.
+
+    Both are ``[..., E]`` arrays of one shape (``[N, L, E]`` in practice), finite, decode counts >= 0."""
+    prefill = check_finite_array("prefill", prefill)
+    decode = check_finite_array("decode", decode, low=0)
+    if prefill.ndim < 1 or prefill.shape != decode.shape:
+        raise ValueError(f"prefill and decode must have one shape (..., E), e.g. (N, L, E); got {prefill.shape} "
+                         f"and {decode.shape}")
+    used = decode > 0
     order = np.argsort(-prefill, axis=-1, kind="stable")
     rank = np.empty_like(order)
     np.put_along_axis(rank, order, np.broadcast_to(np.arange(prefill.shape[-1]), order.shape), axis=-1)
@@ -78,11 +101,8 @@ def decode_recall(prefill: np.ndarray, decode: np.ndarray) -> float:
 def predictability(prefill: np.ndarray, decode: np.ndarray, *, n_pairs: int = 30000, seed: int = 0) -> dict[str, float]:
     """Prefill->decode predictability of ``[N, L, E]`` prefill signals vs decode profiles: Spearman
     rho between pairwise cosine distances (``n_pairs`` random pairs) and :func:`decode_recall`."""
-    prefill = np.asarray(prefill, dtype=np.float64)
-    decode = np.asarray(decode, dtype=np.float64)
-    if prefill.shape != decode.shape or prefill.ndim != 3:
-        raise ValueError(f"prefill and decode must both have shape (N, L, E); got {prefill.shape} and {decode.shape}")
-    n_pairs = check_int("n_pairs", n_pairs, low=10)
+    prefill, decode = _profiles(prefill, decode)
+    n_pairs = _check_pairs(n_pairs)
     a, b = _sample_pairs(prefill.shape[0], n_pairs, rng_from(seed))
     n = prefill.shape[0]
     rho = _spearman(_cos_dist(prefill.reshape(n, -1), a, b), _cos_dist(decode.reshape(n, -1), a, b))
@@ -102,10 +122,9 @@ def greedy_layer_mask(
 
     Greedy stops after ``patience`` additions without a new best (the curve has peaked). Returns the
     boolean mask of the best greedy prefix, the correlation after each addition, and the order."""
-    prefill = np.asarray(prefill, dtype=np.float64)
-    decode = np.asarray(decode, dtype=np.float64)
+    prefill, decode = _profiles(prefill, decode)
     n, L, _ = prefill.shape
-    n_pairs = check_int("n_pairs", n_pairs, low=10)
+    n_pairs = _check_pairs(n_pairs)
     patience = check_int("patience", patience, low=1)
     a, b = _sample_pairs(n, n_pairs, rng_from(seed))
     target = _ranks(_cos_dist(decode.reshape(n, -1), a, b))
@@ -167,8 +186,10 @@ class SignatureBuilder:
             layer_mask = "greedy" if kind == "count_idf" else "all"
         if isinstance(layer_mask, str):
             check_choice("layer_mask", layer_mask, ("greedy", "all"))
+        elif layer_mask is not None:
+            layer_mask = _as_array("layer_mask", layer_mask, what="'greedy', 'all' or a boolean array of length L")
         self.layer_mask_spec = layer_mask
-        self.n_pairs = check_int("n_pairs", n_pairs, low=10)
+        self.n_pairs = _check_pairs(n_pairs)
         self.seed = seed
         self.idf: np.ndarray | None = None
         self.mask: np.ndarray | None = None
@@ -190,6 +211,7 @@ class SignatureBuilder:
     # ------------------------------------------------------------------ fit / transform
     def fit(self, trace: ExpertTrace) -> SignatureBuilder:
         """Fit idf weights and the layer mask on calibration requests (decode profiles from ``trace``)."""
+        check_instance("trace", trace, ExpertTrace, "an ExpertTrace (the calibration requests)")
         if trace.n_requests < 2:
             raise ValueError(f"trace must hold at least 2 calibration requests; got {trace.n_requests}")
         sig = self._signal(trace)
@@ -204,7 +226,10 @@ class SignatureBuilder:
         elif isinstance(spec, str):
             self.mask = np.ones(L, dtype=bool)
         else:
-            mask = np.asarray(spec, dtype=bool)
+            if spec.dtype != bool:  # integers could be layer indices ([0, 2]): read as a mask they pick other layers
+                raise ValueError(f"layer_mask must be 'greedy', 'all' or a boolean array of length num_layers={L}; "
+                                 f"got dtype {spec.dtype}")
+            mask = spec
             if mask.shape != (L,) or not mask.any():
                 raise ValueError(f"layer_mask must be a boolean array of length num_layers={L} with a True entry")
             self.mask = mask
@@ -246,13 +271,18 @@ class SignatureBuilder:
     def report(self, trace: ExpertTrace, n_pairs: int | None = None) -> dict[str, float]:
         """Prefill->decode rho (the signature's layers vs whole decode profiles) and decode-expert recall."""
         self._check_fitted()
+        check_instance("trace", trace, ExpertTrace, "an ExpertTrace")
+        if (trace.geometry.num_layers, trace.geometry.num_experts) != self.shape:
+            raise ValueError(f"trace must have the (L, E)={self.shape} the builder was fitted on; got "
+                             f"{(trace.geometry.num_layers, trace.geometry.num_experts)}")
+        n_pairs = self.n_pairs if n_pairs is None else _check_pairs(n_pairs)
         sig = self._weighted(self._signal(trace))
         dec = trace.decode_profiles()
         n = sig.shape[0]
-        a, b = _sample_pairs(n, check_int("n_pairs", n_pairs or self.n_pairs, low=10), rng_from(self.seed))
+        a, b = _sample_pairs(n, n_pairs, rng_from(self.seed))
         rho = _spearman(_cos_dist(sig[:, self.mask].reshape(n, -1), a, b), _cos_dist(dec.reshape(n, -1), a, b))
         return {"rho": rho, "recall": decode_recall(sig, dec), "layers_kept": int(self.mask.sum()),
                 "num_layers": self.shape[0]}
 
 
-__all__ = ["KINDS", "SignatureBuilder", "decode_recall", "greedy_layer_mask", "predictability"]
+__all__ = ["KINDS", "MAX_PAIRS", "SignatureBuilder", "decode_recall", "greedy_layer_mask", "predictability"]

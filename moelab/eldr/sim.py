@@ -31,7 +31,8 @@ def simulate(trace: ExpertTrace, requests: RequestTrace, router: Router, cost: D
     check_instance("router", router, Router, "a Router (e.g. make_router('eldr', calibration))")
     check_instance("cost", cost, DecodeStepModel, "a DecodeStepModel (e.g. DecodeStepModel.h200())")
     if signatures is not None and requests.signature is None:
-        f32 = np.asarray(signatures).dtype == np.float32  # float32 signatures stay float32
+        f32 = getattr(signatures, "dtype", None) == np.float32  # float32 signatures stay float32 (no np.asarray:
+        # a ragged list would fail there in numpy's words; check_array names it)
         signatures = check_array("signatures", signatures, ndim=2, dtype=np.float32 if f32 else np.float64)
         if signatures.shape[0] != trace.n_requests:
             raise ValueError(f"signatures must have one row per trace request ({trace.n_requests}); "

@@ -45,12 +45,30 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moelab._validate import check_int, check_real, rng_from
+from moelab._validate import (
+    MAX_SEQUENCE_TOKENS,
+    check_choice,
+    check_instance,
+    check_int,
+    check_product,
+    check_real,
+    rng_from,
+)
 from moelab.datasets import load_routing_counts
 from moelab.eldr.signature import predictability
 from moelab.traces import ExpertTrace, Geometry, default_provenance
+from moelab.traces.expert import MAX_EXPERTS, MAX_LAYERS
 
 OLMOE_DOMAINS = ("arxiv", "book", "c4", "github", "wikipedia")
+#: models whose real per-domain routing counts :func:`fit_domain_spread` reads (and their layer counts)
+SPREAD_MODELS = {"olmoe": 16, "mixtral": 32}
+#: most bytes of trace arrays :func:`generate` allocates up front (prefill counts, summed probabilities and the
+#: domain-prefix counts: 12 bytes per request x layer x expert; decode ids; prompt tokens): the default
+#: Qwen3-30B-A3B geometry takes ~100 KB a request, so the notebooks' largest N_TRACE (100,000: ~9.4 GiB) fits
+MAX_SYNTHETIC_BYTES = 10 << 30
+#: most cells of one logit tensor the generator holds in float64 (domains x sub-topics x L x E, or one
+#: request's decode tokens x L x E Gumbel keys): 512 MiB
+MAX_LOGIT_CELLS = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -72,8 +90,9 @@ class DomainSpread:
 def fit_domain_spread(model: str = "olmoe") -> DomainSpread:
     """Measure expert-popularity and domain-deviation spreads from the real per-domain counts
     (OLMoE-1B-7B: 64 experts, layers 0/7/15; Mixtral-8x7B: 8 experts, layers 0/7/15)."""
+    check_choice("model", model, sorted(SPREAD_MODELS))
     counts = load_routing_counts(model)["expert_counts"]
-    n_layers_src = {"olmoe": 16, "mixtral": 32}[model]
+    n_layers_src = SPREAD_MODELS[model]
     domains = [d for d in OLMOE_DOMAINS if d in counts]
     layers = sorted({k for d in domains for k in counts[d]}, key=lambda s: int(s.removeprefix("layer")))
     num_experts = 1 + max(int(e) for d in domains for k in counts[d] for e in counts[d][k])
@@ -137,23 +156,35 @@ class SyntheticConfig:
     decode_tokens: int = 32
 
     def validate(self) -> SyntheticConfig:
-        """Raise ``ValueError`` naming the first parameter out of range."""
-        check_int("num_layers", self.num_layers, low=1)
-        check_int("num_experts", self.num_experts, low=2)
-        check_int("top_k", self.top_k, low=1, high=self.num_experts - 1)
-        check_int("n_domains", self.n_domains, low=1)
+        """Raise ``ValueError`` naming the first parameter out of range (sizes are capped: each sets an
+        array the generator allocates, see :data:`MAX_LOGIT_CELLS`)."""
+        L = check_int("num_layers", self.num_layers, low=1, high=MAX_LAYERS, high_name="MAX_LAYERS")
+        E = check_int("num_experts", self.num_experts, low=2, high=MAX_EXPERTS, high_name="MAX_EXPERTS")
+        check_int("top_k", self.top_k, low=1, high=E - 1, high_name="num_experts - 1")
+        D = check_int("n_domains", self.n_domains, low=1)
         check_real("sharpness", self.sharpness, low=0, low_open=True)
         check_real("domain_scale", self.domain_scale, low=0)
         check_real("request_sigma", self.request_sigma, low=0)
         check_real("drift_sigma", self.drift_sigma, low=0)
         check_real("drift_walk", self.drift_walk, low=0)
         check_real("mix_max", self.mix_max, low=0, high=0.5)
-        check_int("subtopics", self.subtopics, low=1)
+        sub = check_int("subtopics", self.subtopics, low=1)
+        check_product(("n_domains", "subtopics", "num_layers", "num_experts"), (D, sub, L, E), cap=MAX_LOGIT_CELLS,
+                      cap_name="MAX_LOGIT_CELLS", why="the sub-topic logits are one float64 array")
         check_real("subtopic_sigma", self.subtopic_sigma, low=0)
-        check_int("prompt_len_mean", self.prompt_len_mean, low=1)
-        check_int("prefix_tokens", self.prefix_tokens, low=0, high=self.prompt_len_mean)
-        check_int("decode_tokens", self.decode_tokens, low=1)
+        P = check_int("prompt_len_mean", self.prompt_len_mean, low=1, high=MAX_SEQUENCE_TOKENS,
+                      high_name="MAX_SEQUENCE_TOKENS")
+        check_int("prefix_tokens", self.prefix_tokens, low=0, high=P, high_name="prompt_len_mean")
+        T = check_int("decode_tokens", self.decode_tokens, low=1)
+        check_product(("decode_tokens", "num_layers", "num_experts"), (T, L, E), cap=MAX_LOGIT_CELLS,
+                      cap_name="MAX_LOGIT_CELLS", why="one request's decode Gumbel keys are drawn at once")
         return self
+
+    def trace_bytes(self, n_requests: int) -> int:
+        """Bytes of the trace arrays :func:`generate` allocates for ``n_requests`` requests (an estimate
+        within a few percent: prefill counts, summed probabilities, domain-prefix counts, decode ids, tokens)."""
+        L, E, k = self.num_layers, self.num_experts, self.top_k
+        return int(n_requests) * (12 * L * E + 2 * self.decode_tokens * L * k + 4 * self.prompt_len_mean)
 
     @property
     def geometry(self) -> Geometry:
@@ -243,6 +274,20 @@ def _decode_topk(cfg: SyntheticConfig, req: np.ndarray, rng: np.random.Generator
     return _gumbel_topk(dec_t, cfg.top_k, rng), mean
 
 
+def _config(config: SyntheticConfig | None) -> SyntheticConfig:
+    """``config`` (or the default) validated; a wrong object is named, not an ``AttributeError``."""
+    if config is None:
+        return SyntheticConfig().validate()
+    return check_instance("config", config, SyntheticConfig, "a SyntheticConfig or None").validate()
+
+
+def _spread(spread: DomainSpread | None) -> DomainSpread:
+    """``spread`` (or OLMoE's, fitted from its real counts); a wrong object is named."""
+    if spread is None:
+        return fit_domain_spread("olmoe")
+    return check_instance("spread", spread, DomainSpread, "a DomainSpread (fit_domain_spread()) or None")
+
+
 def generate(
     n_requests: int,
     config: SyntheticConfig | None = None,
@@ -255,8 +300,14 @@ def generate(
     Returns an :class:`ExpertTrace` (prefill counts, decode top-k ids, prompt tokens with a shared
     per-domain prefix) wrapped in a :class:`SyntheticWorkload`."""
     n = check_int("n_requests", n_requests, low=1)
-    cfg = (config or SyntheticConfig()).validate()
-    spread = spread or fit_domain_spread("olmoe")
+    cfg = _config(config)
+    need = cfg.trace_bytes(n)
+    if need > MAX_SYNTHETIC_BYTES:  # before any allocation: a large n used to end in a MemoryError
+        raise ValueError(f"n_requests={n} needs ~{need / 2**30:.1f} GiB of trace arrays at num_layers x num_experts="
+                         f"{cfg.num_layers} x {cfg.num_experts}, decode_tokens={cfg.decode_tokens}, prompt_len_mean="
+                         f"{cfg.prompt_len_mean}: at most MAX_SYNTHETIC_BYTES={MAX_SYNTHETIC_BYTES} (the arrays are "
+                         f"allocated up front); n_requests must be <= {MAX_SYNTHETIC_BYTES // cfg.trace_bytes(1)} here")
+    spread = _spread(spread)
     rng = rng_from(seed)
     L, E, k = cfg.num_layers, cfg.num_experts, cfg.top_k
     dom_logits = _domain_logits(cfg, spread, rng)
@@ -304,6 +355,7 @@ def generate(
 def distinct_reduction(trace: ExpertTrace, batch: int = 32, n_batches: int = 200, seed: int = 0) -> dict[str, float]:
     """Same-domain distinct-expert reduction: mean distinct experts per layer of one decode step of
     ``batch`` requests drawn from one domain vs drawn from the whole mix; reduction = 1 - same/mixed."""
+    check_instance("trace", trace, ExpertTrace, "an ExpertTrace")
     batch = check_int("batch", batch, low=1)
     n_batches = check_int("n_batches", n_batches, low=1)
     rng = rng_from(seed)
@@ -325,6 +377,7 @@ def distinct_reduction(trace: ExpertTrace, batch: int = 32, n_batches: int = 200
 def workload_stats(trace: ExpertTrace, *, batch: int = 32, n_pairs: int = 20000, seed: int = 0) -> dict[str, float]:
     """The two calibration targets measured on a trace: prefill->decode Spearman rho (raw counts, all
     layers, cosine distances over random pairs) and the same-domain distinct-expert reduction."""
+    check_instance("trace", trace, ExpertTrace, "an ExpertTrace")
     rho = predictability(trace.prefill_counts.astype(np.float64), trace.decode_profiles(), n_pairs=n_pairs, seed=seed)
     return {"rho": rho["rho"], "recall": rho["recall"], **distinct_reduction(trace, batch=batch, seed=seed)}
 
@@ -333,5 +386,5 @@ PAPER_RHO = (0.70, 0.92)
 PAPER_REDUCTION_PCT = (17.0, 21.0)
 
 
-__all__ = ["PAPER_REDUCTION_PCT", "PAPER_RHO", "DomainSpread", "SyntheticConfig", "SyntheticWorkload", "distinct_reduction",
+__all__ = ["MAX_LOGIT_CELLS", "MAX_SYNTHETIC_BYTES", "PAPER_REDUCTION_PCT", "PAPER_RHO", "SPREAD_MODELS", "DomainSpread", "SyntheticConfig", "SyntheticWorkload", "distinct_reduction",
            "fit_domain_spread", "generate", "workload_stats"]

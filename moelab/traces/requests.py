@@ -10,21 +10,36 @@ import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from moelab._io import DEFAULT_MAX_CSV_BYTES, FileFormatError, check_file, read_csv_checked
-from moelab._validate import MAX_SEQUENCE_TOKENS, check_array, check_int, check_real, rng_from
+from moelab._validate import (
+    MAX_SEQUENCE_TOKENS,
+    _as_array,
+    check_array,
+    check_choice,
+    check_instance,
+    check_int,
+    check_int_array,
+    check_product,
+    check_real,
+    rng_from,
+)
 from moelab.datasets import public_path
-
-if TYPE_CHECKING:
-    from moelab.traces.expert import ExpertTrace
+from moelab.traces.expert import ExpertTrace
 
 REQUIRED_COLUMNS = ("arrival_s", "prompt_len", "output_len")
 OPTIONAL_COLUMNS = ("prompt_key", "domain", "signature", "trace_row", "trace_offset", "prefix_hashes")
 _AZURE_COLUMNS = {"TIMESTAMP": "timestamp", "ContextTokens": "prompt_len", "GeneratedTokens": "output_len"}
+#: most requests a generated trace holds (:func:`replay_requests`, :meth:`RequestTrace.resample`): every request
+#: is at least one routing call of a simulator (the decode-tier simulator takes at most 2^20), and 4M requests'
+#: columns already take ~300 MB
+MAX_TRACE_REQUESTS = 1 << 22
+_REQUESTS_WHY = "each request's columns are allocated up front, and a simulator routes each one"
+#: most signature entries (requests x dimension) :func:`replay_requests` gathers: 1 GiB of float64
+MAX_SIGNATURE_CELLS = 1 << 27
 
 
 @dataclass(frozen=True)
@@ -52,9 +67,10 @@ class RequestTrace:
     prefix_hashes: tuple | None = None
 
     def __post_init__(self) -> None:
-        arrival = np.asarray(self.arrival_s, dtype=np.float64)
-        prompt = np.asarray(self.prompt_len)
-        output = np.asarray(self.output_len)
+        # through _as_array: ragged lists, strings and objects are named, not numpy's words
+        arrival = _as_array("arrival_s", self.arrival_s, np.float64, "a 1-d array of arrival times (s)")
+        prompt = _as_array("prompt_len", self.prompt_len, what="a 1-d array of token counts")
+        output = _as_array("output_len", self.output_len, what="a 1-d array of token counts")
         n = arrival.shape[0] if arrival.ndim else -1
         for name, arr in (("arrival_s", arrival), ("prompt_len", prompt), ("output_len", output)):
             if arr.ndim != 1 or arr.shape[0] != n:
@@ -77,7 +93,7 @@ class RequestTrace:
             value = getattr(self, name)
             if value is None:
                 continue
-            arr = np.asarray(value)
+            arr = _as_array(name, value, what=f"a 1-d array of {n} integers")
             if arr.shape != (n,):
                 raise ValueError(f"{name} must be a 1-d array of length {n}; got shape {arr.shape}")
             if n and (arr.dtype.kind not in "iu" and not np.all(np.equal(np.mod(arr, 1), 0))):
@@ -90,7 +106,7 @@ class RequestTrace:
         if (self.trace_row is None) != (self.trace_offset is None):
             raise ValueError("trace_row and trace_offset must be given together")
         if self.signature is not None:
-            sig = np.asarray(self.signature)
+            sig = _as_array("signature", self.signature, what="an [n_requests, dim] array of numbers")
             sig = sig if sig.dtype == np.float32 else sig.astype(np.float64)  # float32 stays float32
             if sig.ndim != 2 or sig.shape[0] != n:
                 raise ValueError(f"signature must have shape (n_requests={n}, dim); got {sig.shape}")
@@ -98,7 +114,11 @@ class RequestTrace:
                 raise ValueError("signature must contain only finite values (NaN/inf refused)")
             object.__setattr__(self, "signature", sig)
         if self.prefix_hashes is not None:
-            ph = tuple(tuple(int(h) for h in row) for row in self.prefix_hashes)
+            try:
+                ph = tuple(tuple(int(h) for h in row) for row in self.prefix_hashes)
+            except (TypeError, ValueError, OverflowError):
+                raise ValueError("prefix_hashes must hold, per request, a sequence of integer block hashes; got "
+                                 f"{type(self.prefix_hashes).__name__} {self.prefix_hashes!r:.60}") from None
             if len(ph) != n:
                 raise ValueError(f"prefix_hashes must have one entry per request ({n}); got {len(ph)}")
             object.__setattr__(self, "prefix_hashes", ph)
@@ -191,7 +211,7 @@ class RequestTrace:
     def resample(self, n: int, seed: int | None = 0, *, all_at_zero: bool = False) -> RequestTrace:
         """Draw ``n`` requests with replacement (lengths only), keeping the mean rate, or as a backlog
         with every arrival at t=0 when ``all_at_zero``."""
-        n = check_int("n", n, low=1)
+        n = check_int("n", n, low=1, high=MAX_TRACE_REQUESTS, high_name="MAX_TRACE_REQUESTS", why=_REQUESTS_WHY)
         if not len(self):
             raise ValueError("cannot resample an empty trace")
         rng = rng_from(seed)
@@ -206,6 +226,7 @@ class RequestTrace:
     @classmethod
     def from_frame(cls, df: pd.DataFrame, source: str = "frame") -> RequestTrace:
         """Build from a DataFrame with ``arrival_s, prompt_len, output_len`` (and optional ``prompt_key``)."""
+        check_instance("df", df, pd.DataFrame, "a pandas DataFrame")
         missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
         if missing:
             raise ValueError(f"trace is missing column(s) {missing}; required: {list(REQUIRED_COLUMNS)}")
@@ -277,10 +298,8 @@ def load_azure_trace(kind: str = "conv", year: int = 2023, *, nrows: int | None 
     ``$MOELAB_PUBLIC_DATA`` or download). The 2024 week-long traces are large: they are read in
     chunks, and ``nrows`` keeps only the first rows.
     """
-    if kind not in ("code", "conv"):
-        raise ValueError(f"kind must be one of ['code', 'conv']; got {kind!r}")
-    if year not in (2023, 2024):
-        raise ValueError(f"year must be one of [2023, 2024]; got {year!r}")
+    check_choice("kind", kind, ("code", "conv"))
+    check_choice("year", year, (2023, 2024))
     if nrows is not None:
         nrows = check_int("nrows", nrows, low=1)
     path = public_path(f"azure-{year}-{kind}")
@@ -317,26 +336,34 @@ def replay_requests(
     ``trace`` (its prompt length and domain included) from a random decode offset, with fixed or given
     output lengths. Trace requests without captured decode tokens have no experts to replay and are
     not drawn. ``signatures`` ([trace.n_requests, d]) gives each request its trace row's signature."""
+    check_instance("trace", trace, ExpertTrace, "an ExpertTrace")
     rate = check_real("rate", rate, low=0, low_open=True)
-    n = check_int("n_requests", n_requests, low=1)
-    rng = rng_from(seed)
-    arrival = np.cumsum(rng.exponential(1.0 / rate, size=n))
-    arrival -= arrival[0]
-    eligible = np.flatnonzero(trace.decode_lens > 0)
-    if eligible.size == 0:
-        raise ValueError("trace has no request with decode tokens to replay")
-    idx = eligible[rng.integers(0, eligible.size, size=n)]
-    lens = trace.decode_lens[idx]
-    out = np.broadcast_to(np.asarray(output_len), (n,)).copy()
-    if out.min() < 1:
-        raise ValueError(f"output_len must be >= 1; got minimum {out.min()}")
-    codes, _ = trace.domain_codes()
-    sig = None
+    n = check_int("n_requests", n_requests, low=1, high=MAX_TRACE_REQUESTS, high_name="MAX_TRACE_REQUESTS",
+                  why=_REQUESTS_WHY)
+    # every input is checked before the draws: a bad output_len or signatures used to fail after them, in numpy
+    out = check_int_array("output_len", output_len, low=1, high=MAX_SEQUENCE_TOKENS + 1,
+                          high_name="MAX_SEQUENCE_TOKENS + 1", kind="token counts")
+    if out.ndim > 1 or (out.ndim == 1 and out.shape[0] not in (1, n)):
+        raise ValueError(f"output_len must be one length or one per request (n_requests={n}); got shape {out.shape}")
     if signatures is not None:
         signatures = check_array("signatures", signatures, ndim=2, dtype=np.float64)
         if signatures.shape[0] != trace.n_requests:
             raise ValueError(f"signatures must have one row per trace request ({trace.n_requests}); "
                              f"got {signatures.shape[0]}")
+        check_product(("n_requests", "signature dim"), (n, signatures.shape[1]), cap=MAX_SIGNATURE_CELLS,
+                      cap_name="MAX_SIGNATURE_CELLS", why="each request gets its own copy of its row's signature")
+    eligible = np.flatnonzero(trace.decode_lens > 0)
+    if eligible.size == 0:
+        raise ValueError("trace has no request with decode tokens to replay")
+    rng = rng_from(seed)
+    arrival = np.cumsum(rng.exponential(1.0 / rate, size=n))
+    arrival -= arrival[0]
+    idx = eligible[rng.integers(0, eligible.size, size=n)]
+    lens = trace.decode_lens[idx]
+    out = np.broadcast_to(out, (n,)).copy()
+    codes, _ = trace.domain_codes()
+    sig = None
+    if signatures is not None:
         sig = signatures[idx]
     return RequestTrace(arrival, trace.prompt_lens[idx], out, None, f"replay of an expert trace at "
                         f"{rate:g} req/s (seed {seed})", {}, codes[idx], sig, idx, rng.integers(0, lens))
