@@ -24,6 +24,7 @@ break-even gain, 0.175 extra tokens per window token per step, is 7.7x the bound
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -51,21 +52,40 @@ class TokenTree:
         return int(self.tokens.size)
 
 
+_INT64_END = 1 << 63  # token ids are stored as int64 (a larger int used to end in numpy's OverflowError)
+
+
 def build_tree(root: int, candidates: Sequence[Sequence[int]], sources: Sequence[str]) -> TokenTree:
-    """Merge candidate continuations of ``root`` into a trie (shared prefixes become one node)."""
-    tokens, parents, srcs = [int(root)], [-1], [""]
+    """Merge candidate continuations of ``root`` into a trie (shared prefixes become one node).
+
+    ``root`` and every candidate token are integer ids >= 0 (a float is refused, never truncated to another
+    token); ``sources`` has one store letter (or one letter per token) for each candidate."""
+    try:
+        r = operator.index(root)
+        cands = [tuple(map(operator.index, c)) for c in candidates]
+    except TypeError:
+        raise ValueError(f"root and candidates must hold integer token ids (candidates: a list of id sequences); "
+                         f"got root={root!r:.30}, candidates={candidates!r:.60}") from None
+    if isinstance(sources, str) or not isinstance(sources, Sequence) or len(sources) != len(cands) \
+            or not all(isinstance(x, str) for x in sources):
+        raise ValueError(f"sources must be a list of store letters, one per candidate ({len(cands)}); got "
+                         f"{sources!r:.60}")  # zip() used to drop the candidates past the shorter list
+    if not 0 <= r < _INT64_END or any(not 0 <= t < _INT64_END for c in cands for t in c):
+        raise ValueError(f"root and candidates must hold token ids in [0, 2^63); got root={r}, "
+                         f"candidates={candidates!r:.60}")
+    tokens, parents, srcs = [r], [-1], [""]
     children: dict[tuple[int, int], int] = {}
     child_lists: list[list[int]] = [[]]
-    for cand, src in zip(candidates, sources):
+    for cand, src in zip(cands, sources):
         node = 0
         per_token = len(src) == len(cand) and len(cand) > 1  # one store letter per token (stitched chains)
         for depth, t in enumerate(cand):
-            key = (node, int(t))
+            key = (node, t)
             nxt = children.get(key)
             if nxt is None:
                 nxt = len(tokens)
                 children[key] = nxt
-                tokens.append(int(t))
+                tokens.append(t)
                 parents.append(node)
                 srcs.append(src[depth] if per_token else src)
                 child_lists.append([])
@@ -112,8 +132,50 @@ class GenerationResult:
         return len(self.tokens) / self.decode_s if self.decode_s > 0 else float("nan")
 
 
-def _validate(prompt_ids: Sequence[int], max_new_tokens: int, temperature: float) -> list[int]:
-    ids = check_token_ids("prompt_ids", prompt_ids)
+def model_vocab_size(model: Any) -> int | None:
+    """The token ids ``model`` can embed: its input embedding's rows (the bound past which a forward fails
+    with a bare ``IndexError``), else ``config.vocab_size``; None when the model states neither."""
+    emb = getattr(model, "get_input_embeddings", None)
+    rows = getattr(emb(), "num_embeddings", None) if callable(emb) else None
+    if rows is None:
+        rows = getattr(getattr(model, "config", None), "vocab_size", None)
+    return None if rows is None else int(rows)
+
+
+def drafter_label(drafter: Any) -> str:
+    """How messages name a drafter: its class and its ``name`` (``PLDDrafter 'PLD'``); a string is its own label."""
+    if isinstance(drafter, str):
+        return drafter
+    name = getattr(drafter, "name", None)
+    return f"{type(drafter).__name__} {name!r}" if name is not None else type(drafter).__name__
+
+
+def check_draft_ids(drafter: Any, candidates: Sequence[Sequence[int]], vocab_size: int | None) -> None:
+    """Every token of ``candidates`` (a drafter's proposal, on its way into verification) is an integer id
+    in ``[0, vocab_size)``, else a ``ValueError`` naming the drafter, the id and the vocabulary size.
+
+    HD's boundary with the target: a drafter whose stores were built for another tokenizer (or a buggy one)
+    would otherwise crash the target's embedding lookup with a bare torch ``IndexError``, or have a float
+    id silently truncated to another token. ``vocab_size=None`` checks only that the ids are integers >= 0."""
+    for cand in candidates:
+        for t in cand:
+            if type(t) is int and 0 <= t and (vocab_size is None or t < vocab_size):
+                continue  # the common case: a plain int in range
+            try:
+                v = operator.index(t)
+            except TypeError:
+                raise ValueError(f"drafter {drafter_label(drafter)} proposed a non-integer token id {t!r} "
+                                 f"(type {type(t).__name__}); token ids are integers in [0, vocab_size="
+                                 f"{vocab_size})") from None
+            if v < 0 or (vocab_size is not None and v >= vocab_size):
+                raise ValueError(f"drafter {drafter_label(drafter)} proposed token id {v}, outside the target's "
+                                 f"vocabulary [0, vocab_size={vocab_size}) (were its stores built for another "
+                                 "tokenizer?)")
+
+
+def _validate(prompt_ids: Sequence[int], max_new_tokens: int, temperature: float,
+              vocab_size: int | None = None) -> list[int]:
+    ids = check_token_ids("prompt_ids", prompt_ids, vocab_size=vocab_size)
     if not ids:
         raise ValueError("prompt_ids must not be empty (an empty prompt gives nothing to condition on)")
     check_int("max_new_tokens", max_new_tokens, low=1)
@@ -196,7 +258,8 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
     -------
     GenerationResult
     """
-    ids = _validate(prompt_ids, max_new_tokens, temperature)
+    vocab = model_vocab_size(model)
+    ids = _validate(prompt_ids, max_new_tokens, temperature, vocab)  # prompt ids past the vocabulary, named
     rng = rng_from(seed)
     eos = set() if eos_token_id is None else ({int(eos_token_id)} if np.isscalar(eos_token_id)
                                               else {int(e) for e in eos_token_id})
@@ -214,6 +277,7 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
         td = time.perf_counter()
         d = drafter.draft()
         draft_us = (time.perf_counter() - td) * 1e6
+        check_draft_ids(drafter, d.candidates, vocab)  # before the target's embedding lookup sees them
         tv = time.perf_counter()
         tree = build_tree(root, d.candidates, d.sources)
         logits = session.forward_tree(tree.tokens, tree.parents)
@@ -253,8 +317,8 @@ def replay_greedy(drafter: Drafter, prompt_ids: Sequence[int], reference: Sequen
     per-step accepted lengths (and the W store's evolution) are those of a real run; only the timing of
     the target is missing (``verify_ms`` is 0). Tested against :func:`generate` for equality.
     """
-    ids = _validate(prompt_ids, max(1, len(reference)), 0.0)
-    ref = check_token_ids("reference", reference)
+    ref = check_token_ids("reference", reference)  # first: len() of a scalar was a bare TypeError
+    ids = _validate(prompt_ids, max(1, len(ref)), 0.0)
     check_instance("drafter", drafter, Drafter, "a Drafter (e.g. moelab.hd.PLDDrafter())")
     drafter.start(ids)
     res = GenerationResult(prompt_len=len(ids), tokens=[])
@@ -264,6 +328,7 @@ def replay_greedy(drafter: Drafter, prompt_ids: Sequence[int], reference: Sequen
         td = time.perf_counter()
         d = drafter.draft()
         draft_us = (time.perf_counter() - td) * 1e6
+        check_draft_ids(drafter, d.candidates, None)  # no target here: integers >= 0, named by drafter
         tree = build_tree(root, d.candidates, d.sources)
         path: list[int] = []
         node = 0
@@ -290,4 +355,5 @@ def replay_greedy(drafter: Drafter, prompt_ids: Sequence[int], reference: Sequen
     return res
 
 
-__all__ = ["GenerationResult", "StepRecord", "TokenTree", "build_tree", "generate", "replay_greedy"]
+__all__ = ["GenerationResult", "StepRecord", "TokenTree", "build_tree", "check_draft_ids", "drafter_label", "generate",
+           "model_vocab_size", "replay_greedy"]

@@ -67,7 +67,7 @@ _BY_LABEL = {m.label: m for m in METHODS.values()}
 
 def get_method(method: str) -> Method:
     """The :class:`Method` of a name (``"hd"``) or of its result label (``"HD-cost"``, as result tables carry it)."""
-    m = METHODS.get(method) or _BY_LABEL.get(method)
+    m = (METHODS.get(method) or _BY_LABEL.get(method)) if isinstance(method, str) else None  # unhashables, named
     if m is None:
         raise ValueError(f"method must be one of {list(METHODS)} (or their result labels {list(_BY_LABEL)}); "
                          f"got {method!r}")

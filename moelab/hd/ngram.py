@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from moelab._io import FileFormatError, atomic_save_npz, load_npz, loads_json
-from moelab._validate import check_int, token_tuple
+from moelab._validate import check_int, check_token_array, token_tuple
 
 FORMAT = "moelab.hd.ngram/1"
 _SHIFT = 21  # packed key = t0 << 21 | t1: vocabularies up to 2M tokens
@@ -43,6 +43,23 @@ def _pack_rows(keys: np.ndarray) -> np.ndarray:
     out = np.zeros(keys.shape[0], dtype=np.int64)
     for j in range(keys.shape[1]):
         out = (out << _SHIFT) | keys[:, j].astype(np.int64)
+    return out
+
+
+def token_documents(name: str, documents: Any) -> list[np.ndarray]:
+    """``documents`` (token-id sequences) as flat int64 arrays: integer dtypes only, so a float id is refused
+    rather than truncated to another token (``np.asarray(d, dtype=np.int64)`` did that), and a scalar or a
+    string is named rather than a bare ``TypeError``."""
+    if isinstance(documents, (str, bytes, dict)) or not isinstance(documents, Iterable):
+        raise ValueError(f"{name} must be a list of token-id sequences; got {type(documents).__name__} "
+                         f"{documents!r:.60}")
+    out = []
+    for i, d in enumerate(documents):
+        if isinstance(d, np.ndarray):
+            d = d.ravel()
+        elif not isinstance(d, (list, tuple, range)):
+            raise ValueError(f"{name}[{i}] must be a sequence of token ids; got {type(d).__name__} {d!r:.40}")
+        out.append(check_token_array(f"{name}[{i}]", d))
     return out
 
 
@@ -105,7 +122,7 @@ class NGramTable:
         if vocab is not None and int(vocab) > _MAX_ID:
             raise ValueError(f"tokenizer vocab_size {vocab} is larger than the {_MAX_ID} token ids an n-gram table "
                              "packs (21 bits per token); use moelab.hd.suffix.SuffixStore for this tokenizer")
-        seqs = [np.asarray(s, dtype=np.int64).ravel() for s in sequences]
+        seqs = token_documents("sequences", sequences)
         if any(s.size and (s.min() < 0 or s.max() >= _MAX_ID) for s in seqs):
             raise ValueError(f"sequences must hold token ids in [0, {_MAX_ID}) (21 bits per token)")
         tables = {}

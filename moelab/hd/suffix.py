@@ -30,7 +30,7 @@ from moelab._io import atomic_save_npz, build_lock
 from moelab._validate import check_int, token_tuple
 from moelab.datasets import cache_dir
 from moelab.hd.identity import store_meta, tokenizer_identity
-from moelab.hd.ngram import StoreFileError, load_store_npz, read_store_meta
+from moelab.hd.ngram import StoreFileError, load_store_npz, read_store_meta, token_documents
 from moelab.models.corpus import sharegpt_conversations
 
 FORMAT = "moelab.hd.suffix/1"
@@ -106,8 +106,9 @@ class SuffixStore:
               meta: dict[str, Any] | None = None, **kw: Any) -> SuffixStore:
         """Index ``documents`` (token-id sequences; ids in ``[0, vocab_size)``)."""
         t0 = time.perf_counter()
-        docs = [np.asarray(d, dtype=np.int64).ravel() for d in documents]
-        docs = [d for d in docs if d.size]
+        docs = [d for d in token_documents("documents", documents) if d.size]  # float ids refused, not truncated
+        if vocab_size is not None:
+            vocab_size = check_int("vocab_size", vocab_size, low=1, high=1 << 32, high_name="2^32 (32-bit ids)")
         if not docs:
             raise ValueError("documents must hold at least one non-empty token sequence")
         lo = min(int(d.min()) for d in docs)

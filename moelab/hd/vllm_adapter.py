@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from moelab.hd.decode import check_draft_ids
 from moelab.hd.drafters import check_order
 from moelab.hd.engine import make_row_drafters
 from moelab.hd.policy import check_budget
@@ -98,6 +99,7 @@ class HDProposer:
             raise ValueError(f"{CONFIG_ENV} must hold a JSON object; got {raw[:80]!r}")
         self.config = cfg
         tokenizer_path = vllm_config.model_config.tokenizer
+        self.vocab_size = target_vocab_size(vllm_config)
         self.rows = make_row_drafters(cfg, tokenizer_path=str(tokenizer_path), budget=self.k)
         self.rows.timing = bool(cfg.get("timing", False))
         ACTIVE = self
@@ -114,9 +116,24 @@ class HDProposer:
             if not len(sampled) or room <= 0:
                 out.append([])
                 continue
-            out.append(self.rows.propose(i, token_ids_cpu[i, :n], room))
+            chain = self.rows.propose(i, token_ids_cpu[i, :n], room)
+            # HD's boundary with vLLM's verify step: an id past the vocabulary would fail inside vLLM's
+            # rejection sampler / embedding as a bare IndexError (or a CUDA assert), far from its cause
+            check_draft_ids(f"vLLM proposer method {self.config.get('method', 'hd')!r}", (chain,), self.vocab_size)
+            out.append(chain)
         return out
 
 
+def target_vocab_size(vllm_config: Any) -> int | None:
+    """The target's vocabulary size from vLLM's config (``model_config.get_vocab_size()``, else the HF
+    config's ``vocab_size``); None when neither is there (the ids are then checked as integers >= 0 only)."""
+    mc = vllm_config.model_config
+    get = getattr(mc, "get_vocab_size", None)
+    if callable(get):
+        return int(get())
+    v = getattr(getattr(mc, "hf_config", None), "vocab_size", None)
+    return None if v is None else int(v)
+
+
 __all__ = ["ACTIVE", "CONFIG_ENV", "METHODS", "PROPOSER_PATH", "SUPPORTED_VLLM", "HDProposer", "adapter_config",
-           "check_vllm_version", "publish_adapter_config", "speculative_config"]
+           "check_vllm_version", "publish_adapter_config", "speculative_config", "target_vocab_size"]
