@@ -168,9 +168,35 @@ def idle_ratios(r: np.ndarray | float, B: int, mu_P: float, mu_D: float, N: floa
     return {"attention": 1.0 - st["t_A"] / st["tau"], "ffn": 1.0 - st["t_F"] / st["tau"]}
 
 
+#: most rows :func:`ratio_table` builds (each is a closed-form evaluation and a dict)
+MAX_TABLE_ROWS = 100_000
+
+
+def _axis(name: str, values: object) -> list:
+    """A table axis as a list (a scalar or a string used to fail as 'object is not iterable')."""
+    if isinstance(values, (list, tuple, range)):
+        out = list(values)
+    elif isinstance(values, np.ndarray) and values.ndim == 1:
+        out = values.tolist()
+    else:
+        raise ValueError(f"{name} must be a non-empty 1-d sequence of numbers; got {type(values).__name__} {values!r:.60}")
+    if not out:
+        raise ValueError(f"{name} must be a non-empty 1-d sequence of numbers; got an empty one")
+    return out
+
+
 def ratio_table(B_values=(64, 128, 256, 512), mu_P_values=(100, 500, 2000), mu_D_values=(100, 500, 1000),
                 N: float | None = DEFAULT_REQUESTS, coeffs: AFDCoefficients | None = None):
-    """r* and its binding term for every combination of B, mu_P and mu_D (one row each)."""
+    """r* and its binding term for every combination of B, mu_P and mu_D (one row each; each axis a
+    non-empty 1-d sequence, at most :data:`MAX_TABLE_ROWS` combinations; every value checked by
+    :func:`ratio_terms`)."""
+    axes = {name: _axis(name, v) for name, v in (("B_values", B_values), ("mu_P_values", mu_P_values),
+                                                  ("mu_D_values", mu_D_values))}
+    n_rows = len(axes["B_values"]) * len(axes["mu_P_values"]) * len(axes["mu_D_values"])
+    if n_rows > MAX_TABLE_ROWS:
+        raise ValueError(f"B_values x mu_P_values x mu_D_values must be <= MAX_TABLE_ROWS={MAX_TABLE_ROWS} combinations "
+                         f"(one closed form each, a table to read); got {n_rows}")
+    B_values, mu_P_values, mu_D_values = axes.values()
     rows = []
     for B in B_values:
         for mu_P in mu_P_values:
@@ -182,6 +208,6 @@ def ratio_table(B_values=(64, 128, 256, 512), mu_P_values=(100, 500, 2000), mu_D
 
 
 __all__ = [
-    "DEFAULT_REQUESTS", "ratio_table", "AFDCoefficients", "RatioTerms", "expected_decode_load", "horizon_steps", "idle_ratios",
+    "DEFAULT_REQUESTS", "MAX_TABLE_ROWS", "ratio_table", "AFDCoefficients", "RatioTerms", "expected_decode_load", "horizon_steps", "idle_ratios",
     "mean_token_load", "optimal_ratio", "ratio_terms", "stage_times", "termination_prob", "throughput_per_instance",
 ]

@@ -26,8 +26,13 @@ from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostin
 from sklearn.metrics import roc_auc_score
 from threadpoolctl import threadpool_limits
 
-from moelab._validate import check_int, rng_from
+from moelab._validate import _as_array, check_choice, check_instance, check_int, check_product, rng_from
 from moelab.traces import RequestTrace
+
+#: longest lookahead a predictor is fitted for: BR-H's own cap (:class:`moelab.balanceroute.routers.BRH`)
+MAX_HORIZON = 1024
+#: most cells of the learned predictor's lookup grid (prompt bins x ages): 2 float64 tables of 128 MiB
+MAX_LEARNED_GRID = 1 << 24
 
 
 class Predictor:
@@ -37,7 +42,11 @@ class Predictor:
     horizon: int = 0
 
     def fit(self, train: RequestTrace | None, horizon: int) -> Predictor:
-        self.horizon = check_int("horizon", horizon, low=0)
+        """Record ``horizon`` (``[0, MAX_HORIZON]``) and check ``train`` (a RequestTrace or None)."""
+        self.horizon = check_int("horizon", horizon, low=0, high=MAX_HORIZON, high_name="MAX_HORIZON",
+                                 why="BR-H's own cap: it projects every running request over horizon + 1 steps")
+        if train is not None:  # an AttributeError on .output_len before
+            check_instance("train", train, RequestTrace, "a RequestTrace (the training part of a trace) or None")
         return self
 
     def predict(self, prompt_len: np.ndarray, age: np.ndarray, prompt_key: np.ndarray | None = None,
@@ -52,6 +61,29 @@ class Predictor:
         return (1.0 - p) * (self.horizon + 1) + p * mu
 
 
+def _states(prompt_len: object, age: object, output_len: object = None) -> tuple[np.ndarray, ...]:
+    """The active requests' ``prompt_len`` and ``age`` (and ``output_len`` when given) as float64 1-d arrays of
+    one length, finite and >= 0: a negative age used to index a lookup table from its end (a wrong number,
+    silently), a NaN to end in numpy's words. Cheap (one min/max per array): it runs on every routing call."""
+    out = []
+    for name, value in (("prompt_len", prompt_len), ("age", age), ("output_len", output_len)):
+        if value is None and name == "output_len":
+            break
+        try:
+            a = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a 1-d array of numbers (one per active request); got "
+                             f"{type(value).__name__} {value!r:.60}") from None
+        if a.ndim != 1 or (out and a.shape != out[0].shape):
+            raise ValueError(f"{name} must be a 1-d array with one entry per active request"
+                             f"{f' ({out[0].size})' if out else ''}; got shape {a.shape}")
+        if a.size and not (a.min() >= 0 and a.max() < np.inf):  # NaN fails both comparisons
+            bad = a[~(np.isfinite(a) & (a >= 0))][0].item()
+            raise ValueError(f"{name} must be finite and >= 0; got {bad!r}")
+        out.append(a)
+    return tuple(out)
+
+
 class OraclePredictor(Predictor):
     """True remaining lengths (needs ``output_len``)."""
 
@@ -60,7 +92,8 @@ class OraclePredictor(Predictor):
     def predict(self, prompt_len, age, prompt_key=None, output_len=None):
         if output_len is None:
             raise ValueError("the oracle predictor needs output_len (true lengths) of the active requests")
-        rem = np.asarray(output_len, np.float64) - np.asarray(age, np.float64)
+        _, age, output_len = _states(prompt_len, age, output_len)
+        rem = output_len - age
         fin = rem <= self.horizon
         return fin.astype(np.float64), np.where(fin, rem, 0.0)
 
@@ -96,7 +129,7 @@ class SurvivalPredictor(Predictor):
         return self
 
     def predict(self, prompt_len, age, prompt_key=None, output_len=None):
-        age = np.asarray(age, np.float64)
+        _, age = _states(prompt_len, age)
         lo = np.searchsorted(self.sorted_out, age, side="right")
         hi = np.searchsorted(self.sorted_out, age + self.horizon, side="right")
         n = np.full(age.shape, self.sorted_out.size)
@@ -136,8 +169,11 @@ class ExactMatchPredictor(Predictor):
         return self
 
     def predict(self, prompt_len, age, prompt_key=None, output_len=None):
-        key = np.asarray(prompt_len if prompt_key is None else prompt_key)
-        age = np.asarray(age, np.float64)
+        prompt_len, age = _states(prompt_len, age)
+        key = prompt_len if prompt_key is None else _as_array("prompt_key", prompt_key, what="an array of integer keys")
+        if key.shape != age.shape or key.dtype.kind not in "iuf":  # keys are integer hashes
+            raise ValueError(f"prompt_key must be a 1-d array of integer keys, one per active request ({age.size}); "
+                             f"got {prompt_key!r:.60}")
         p, mu = self.fallback.predict(prompt_len, age)
         pos = np.searchsorted(self.uniq, key)
         pos = np.minimum(pos, self.uniq.size - 1)
@@ -190,6 +226,10 @@ class LearnedPredictor(Predictor):
         super().fit(train, horizon)
         if train is None or len(train) < 20:
             raise ValueError("the learned predictor needs a training trace of at least 20 requests")
+        bins = check_int("prompt_bins", self.prompt_bins, low=1)
+        ages = check_int("max_age", self.max_age, low=0)
+        check_product(("prompt_bins", "max_age + 1"), (bins, ages + 1), cap=MAX_LEARNED_GRID,
+                      cap_name="MAX_LEARNED_GRID", why="the fitted models are tabulated on this grid up front")
         rows = sample_decode_states(train, horizon, seed=self.seed)
         X = np.stack([rows["prompt_len"], rows["age"]], axis=1)
         y = rows["finish"]
@@ -218,8 +258,9 @@ class LearnedPredictor(Predictor):
         return np.searchsorted(self.edges, np.asarray(prompt_len), side="right")
 
     def predict(self, prompt_len, age, prompt_key=None, output_len=None):
+        prompt_len, age = _states(prompt_len, age)
         b = self._bin(prompt_len)
-        a = np.minimum(np.asarray(age, np.int64), self.max_age)
+        a = np.minimum(age, self.max_age).astype(np.int64)  # ages are whole tokens; past max_age: the last column
         return self.p_table[b, a], self.mu_table[b, a]
 
     def evaluate(self, test: RequestTrace, seed: int | None = 1) -> dict[str, float]:
@@ -243,6 +284,6 @@ PREDICTORS: dict[str, type[Predictor]] = {
 
 def make_predictor(name: str, train: RequestTrace | None, horizon: int, **kwargs) -> Predictor:
     """Build and fit a predictor by name (``oracle`` needs no training trace)."""
-    if name not in PREDICTORS:
-        raise ValueError(f"predictor must be one of {sorted(PREDICTORS)}; got {name!r}")
+    if not isinstance(name, str) or name not in PREDICTORS:  # a list was a bare "unhashable type" TypeError
+        check_choice("predictor", name, sorted(PREDICTORS))
     return PREDICTORS[name](**kwargs).fit(train, horizon)

@@ -29,7 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from moelab._validate import check_choice, check_counts, check_int, check_real, rng_from
+from moelab._validate import (
+    MAX_SEQUENCE_TOKENS,
+    check_choice,
+    check_counts,
+    check_finite_array,
+    check_instance,
+    check_int,
+    check_real,
+    rng_from,
+)
 from moelab.costmodel import AttentionModel, DenseVerifyModel
 from moelab.dsd.rtt import RTTDistribution
 from moelab.dsd.server import capacity_search
@@ -47,6 +56,7 @@ def iid_rounds(alpha: float, gamma: int, n: int, rng: np.random.Generator) -> di
     alpha = check_real("alpha", alpha, low=0, high=1, high_open=True)
     gamma = check_int("gamma", gamma, low=1, high=64)
     n = check_int("n", n, low=1, high=MAX_ROUNDS)
+    check_instance("rng", rng, np.random.Generator, "a numpy Generator (np.random.default_rng(seed))")
     trials = rng.random((n, gamma + 1)) < alpha
     run = np.cumprod(trials, axis=1).sum(axis=1)  # leading accepts of gamma + 1 tries
     return {"accepted": np.minimum(run, gamma), "nodes": np.full(n, gamma, np.int64), "valid_next": run > gamma,
@@ -233,6 +243,16 @@ class BatchedResult:
     rounds: int
 
 
+def _check_cost_fns(verify_batch_ms: Any, draft_batch_ms: Any) -> None:
+    """The batched cost functions are callables (a number used to fail mid-run: 'float' object is not callable)."""
+    if not callable(verify_batch_ms):
+        raise ValueError("verify_batch_ms must be a callable (batch, q) -> ms, e.g. h200_verify_batch_ms(); got "
+                         f"{type(verify_batch_ms).__name__} {verify_batch_ms!r:.60}")
+    if draft_batch_ms is not None and not callable(draft_batch_ms):
+        raise ValueError("draft_batch_ms must be a callable batch -> ms or None; got "
+                         f"{type(draft_batch_ms).__name__} {draft_batch_ms!r:.60}")
+
+
 def serve_batched(mode: str, clients: int, rounds: dict[str, np.ndarray], *, verify_batch_ms: Callable[[int, int], float],
                   draft_batch_ms: Callable[[int], float] | None = None, t_a: float = 0.0,
                   rtt: RTTDistribution | None = None, max_batch: int = 16, rounds_per_client: int = 100,
@@ -250,6 +270,7 @@ def serve_batched(mode: str, clients: int, rounds: dict[str, np.ndarray], *, ver
     max_batch = check_int("max_batch", max_batch, low=1, high=MAX_CLIENTS)
     rpc = check_int("rounds_per_client", rounds_per_client, low=10, high=100_000)
     t_a = check_real("t_a", t_a, low=0, high=1e6)
+    _check_cost_fns(verify_batch_ms, draft_batch_ms)
     if mode == "colocated" and draft_batch_ms is None:
         raise ValueError("draft_batch_ms is required for colocated (the server drafts for its clients)")
     if mode == "dsd" and not isinstance(rtt, RTTDistribution):
@@ -330,6 +351,7 @@ def capacity_batched(rounds: dict[str, np.ndarray], *, verify_batch_ms: Callable
     unloaded rate), measured with :func:`serve_batched`; ``ratio`` = DSD / co-located."""
     frac = check_real("target_fraction", target_fraction, low=0, high=1, low_open=True)
     max_clients = check_int("max_clients", max_clients, low=2, high=MAX_CLIENTS)
+    _check_cost_fns(verify_batch_ms, draft_batch_ms)
     cache: dict[str, dict[int, float]] = {"colocated": {}, "dsd": {}}
 
     def rate(mode: str) -> Callable[[int], float]:
@@ -347,6 +369,10 @@ def capacity_batched(rounds: dict[str, np.ndarray], *, verify_batch_ms: Callable
     return BatchedCapacity(col, dsd, dsd / col, target, {k: dict(sorted(v.items())) for k, v in cache.items()})
 
 
+#: KV heads and head dim of the dense shapes the measured verify table holds
+_KV_DIMS = {"llama2-7b": (32, 128), "tinyllama-1.1b": (4, 64), "llama-160m": (12, 64)}
+
+
 def h200_verify_batch_ms(shape: str = "llama2-7b", ctx: int = 1024) -> Callable[[int, int], float]:
     """Batched verify cost on the H200 from measured tables: ``dense_verify.csv`` at ``q`` tokens (one
     forward's weight reads and FLOPs) plus the K/V reads of the extra sequences, ``attn_step``-measured
@@ -354,11 +380,13 @@ def h200_verify_batch_ms(shape: str = "llama2-7b", ctx: int = 1024) -> Callable[
     largest (128) is refused, never clamped."""
     dv = DenseVerifyModel.h200()
     attn = AttentionModel.h200()
+    check_choice("shape", shape, sorted(_KV_DIMS))  # before pandas compares it with the column
+    ctx = check_int("ctx", ctx, low=0, high=MAX_SEQUENCE_TOKENS, high_name="MAX_SEQUENCE_TOKENS")
     rows = dv.table[dv.table["shape"] == shape]
     if rows.empty:
         raise ValueError(f"shape must be one of {dv.shapes}; got {shape!r}")
     layers = int(rows["layers_in_model"].iloc[0])
-    dims = {"llama2-7b": (32, 128), "tinyllama-1.1b": (4, 64), "llama-160m": (12, 64)}[shape]
+    dims = _KV_DIMS[shape]
     kv_seq = 2 * dims[0] * dims[1] * 2 * ctx  # K+V bytes of one sequence per layer (bf16)
     per_byte = float(attn.fit.as_dict()["ms_per_GB"]) / 1e9
 
@@ -389,9 +417,22 @@ def cpu_costs(extra: dict) -> dict[str, Any]:
         :data:`VerifyLatencyFn`, piecewise-linear in the measured q; q beyond the measured range is
         refused) and ``q_max``.
     """
-    tim = extra["timings_ms"]
-    qs = np.array(sorted(int(k) for k in tim["target_q"]))
-    ms = np.array([tim["target_q"][str(q)] if str(q) in tim["target_q"] else tim["target_q"][q] for q in qs])
+    # a recording's metadata is data from a file: a missing or malformed key is named (a bare KeyError before)
+    tim = extra.get("timings_ms") if isinstance(extra, Mapping) else None
+    if not isinstance(tim, Mapping) or not isinstance(tim.get("target_q"), Mapping) or not tim["target_q"] \
+            or not isinstance(tim.get("draft_q"), Mapping):
+        raise ValueError("extra must hold timings_ms = {'target_q': {q: ms, ...}, 'draft_q': {q: ms, ...}} (a "
+                         f"recording's metadata); got {extra!r:.80}")
+    try:
+        qs = np.array(sorted(int(k) for k in tim["target_q"]))
+        ms = check_finite_array("timings_ms['target_q']", [tim["target_q"][str(q)] if str(q) in tim["target_q"]
+                                                            else tim["target_q"][q] for q in qs], low=0)
+        d = tim["draft_q"]
+        t_a = check_real("timings_ms['draft_q'][1]", d["1"] if "1" in d else d.get(1), low=0)
+    except (TypeError, ValueError, OverflowError, KeyError) as exc:
+        raise ValueError(f"extra['timings_ms'] must map integer q (1 included) to finite ms >= 0: {exc}") from None
+    if qs[0] != 1 or np.any(np.diff(qs) == 0):
+        raise ValueError(f"extra['timings_ms']['target_q'] must start at q=1 with distinct q; got {qs.tolist()}")
 
     def verify(q: np.ndarray) -> np.ndarray:
         q = np.asarray(q, dtype=np.float64)
@@ -399,8 +440,7 @@ def cpu_costs(extra: dict) -> dict[str, Any]:
             raise ValueError(f"q must be in [{qs[0]}, {qs[-1]}] (the measured CPU verify curve); got {q.min()}..{q.max()}")
         return np.interp(q, qs, ms)
 
-    d = tim["draft_q"]
-    return {"t_ar": float(verify(1)), "t_a": float(d.get("1", d.get(1))), "verify": verify, "q_max": int(qs[-1])}
+    return {"t_ar": float(verify(1)), "t_a": t_a, "verify": verify, "q_max": int(qs[-1])}
 
 
 

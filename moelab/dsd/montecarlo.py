@@ -59,6 +59,16 @@ def jittered_rtt(rtt: float, jitter: float, n: int, rng: np.random.Generator) ->
     return rtt * (1.0 + jitter * rng.uniform(-1.0, 1.0, size=n))
 
 
+def _one_value(name: str, value: object) -> None:
+    """One client runs one setting: an array or a list is a ``ValueError`` naming ``name`` (numpy's
+    'only length-1 arrays' words before); scalars go on to :func:`latency_per_token`'s checks."""
+    if value is None or isinstance(value, (str, bytes)) or np.isscalar(value) \
+            or (isinstance(value, np.ndarray) and value.ndim == 0):
+        return
+    raise ValueError(f"{name} must be one real number (one client's setting; sweep by calling again); "
+                     f"got {type(value).__name__} {value!r:.60}")
+
+
 def simulate_rounds(mode: str, *, alpha: float = 0.0, gamma: int = 1, t_ar: float | None = None,
                     t_d: float | None = None, t_v: float | None = None, t_a: float | None = None,
                     rtt: float | None = None, rtt_jitter: float = 0.0, rounds: int = 20_000,
@@ -70,6 +80,8 @@ def simulate_rounds(mode: str, *, alpha: float = 0.0, gamma: int = 1, t_ar: floa
     check_choice("mode", mode, MODES)
     rounds = check_int("rounds", rounds, low=2, high=MAX_ROUNDS)
     jitter = check_real("rtt_jitter", rtt_jitter, low=0, high=1)
+    for name, value in (("alpha", alpha), ("t_ar", t_ar), ("t_d", t_d), ("t_v", t_v), ("t_a", t_a), ("rtt", rtt)):
+        _one_value(name, value)
     closed = float(latency_per_token(mode, alpha=alpha, gamma=gamma, t_ar=t_ar, t_d=t_d, t_v=t_v, t_a=t_a,
                                      rtt=rtt, rtt_jitter=jitter))
     rng = rng_from(seed)

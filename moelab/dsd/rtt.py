@@ -95,7 +95,10 @@ class RTTDistribution:
                                self.scale * factor, self.uniform_jitter, self.source, self.assumed)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` round-trip times (ms) drawn with ``rng`` (a numpy Generator)."""
         n = check_int("n", n, low=0, high=MAX_SAMPLES * 100)
+        if not isinstance(rng, np.random.Generator):  # an AttributeError deep in numpy before
+            raise ValueError(f"rng must be a numpy Generator (np.random.default_rng(seed)); got {type(rng).__name__}")
         if self.uniform_jitter is not None:
             if self.uniform_jitter == 0 or self.scale == 0:
                 return np.full(n, self.scale)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from moelab._validate import check_choice, check_int, check_real
+from moelab._validate import _as_array, check_choice, check_finite_array, check_int, check_real
 
 #: Decoding modes compared: plain autoregressive (``ar``), draft and target on one machine (``colocated``), and distributed speculative decoding over a network, synchronous (``dsd_sync``) or pipelined (``dsd_pipelined``).
 MODES = ("ar", "colocated", "dsd_sync", "dsd_pipelined")
@@ -21,9 +21,12 @@ def _arr(name: str, value, *, low: float = 0.0, high: float | None = None, high_
     """Validate a scalar or array parameter; returns a float for scalars."""
     if value is None:
         raise ValueError(f"{name} is required here (a real number >= {low:g})")
-    if np.ndim(value) == 0:
+    if isinstance(value, (str, bytes)) or np.isscalar(value):
         return check_real(name, value, low=low, high=high, high_open=high_open)
-    arr = np.asarray(value, dtype=np.float64)
+    arr = _as_array(name, value, what="a real number or an array of them")  # strings and ragged lists, named
+    if arr.ndim == 0:
+        return check_real(name, arr.item(), low=low, high=high, high_open=high_open)
+    arr = arr.astype(np.float64)
     bad = ~np.isfinite(arr) | (arr < low)
     if high is not None:
         bad |= (arr >= high) if high_open else (arr > high)
@@ -121,7 +124,10 @@ def breakeven_table(alphas=(0.5, 0.7, 0.85, 0.9), t_ars=(100, 50, 30, 20), gamma
                     *, decimals: int | None = 0) -> pd.DataFrame:
     """RTT break-even (rows ``t_ar``, columns ``alpha``), rounded to ``decimals``; NaN (blank) where
     negative, i.e. where DSD never beats cloud AR."""
-    alphas = np.asarray(alphas, dtype=np.float64)
+    alphas = check_finite_array("alphas", alphas, ndim=1, low=0, high=1)
+    t_ars = check_finite_array("t_ars", t_ars, ndim=1, low=0).tolist()
+    if decimals is not None:
+        decimals = check_int("decimals", decimals, low=0, high=15)
     rows = {}
     for t_ar in t_ars:
         value = np.asarray(rtt_breakeven(alphas, gamma, t_ar, t_a), dtype=np.float64)
@@ -157,6 +163,9 @@ def leviathan_speedup(alpha, gamma: int, c):
 def optimal_gamma(alpha: float, c: float, gamma_max: int = 32) -> int:
     """The draft length in ``1..gamma_max`` that maximises :func:`leviathan_speedup`."""
     gamma_max = check_int("gamma_max", gamma_max, low=1, high=1024)
+    # one optimum for one (alpha, c): an array of them has no single answer (numpy's argmax words before)
+    alpha = check_real("alpha", alpha, low=0, high=1, high_open=True)
+    c = check_real("c", c, low=0)
     speedups = [leviathan_speedup(alpha, g, c) for g in range(1, gamma_max + 1)]
     return int(np.argmax(speedups)) + 1
 
@@ -169,9 +178,21 @@ def best_mode(*, alpha, rtt, gamma: int, t_ar, t_a, t_d=None, t_v=None, modes=MO
         check_choice("modes", m, MODES)
     if not modes:
         raise ValueError(f"modes must list at least one of {list(MODES)}")
-    alpha, rtt = np.broadcast_arrays(np.asarray(alpha, float), np.asarray(rtt, float))
-    lat = [np.broadcast_to(latency_per_token(m, alpha=alpha, gamma=gamma, t_ar=t_ar, t_d=t_d, t_v=t_v, t_a=t_a,
-                                             rtt=rtt, rtt_jitter=rtt_jitter), alpha.shape) for m in modes]
+    alpha, rtt = _alpha(alpha), _arr("rtt", rtt)
+    try:
+        alpha, rtt = np.broadcast_arrays(np.asarray(alpha, float), np.asarray(rtt, float))
+    except ValueError:
+        raise ValueError(f"alpha and rtt must broadcast together; got shapes {np.shape(alpha)} and "
+                         f"{np.shape(rtt)}") from None
+    lat = []
+    for m in modes:
+        v = latency_per_token(m, alpha=alpha, gamma=gamma, t_ar=t_ar, t_d=t_d, t_v=t_v, t_a=t_a, rtt=rtt,
+                              rtt_jitter=rtt_jitter)
+        try:
+            lat.append(np.broadcast_to(v, alpha.shape))
+        except ValueError:  # an array t_ar / t_a / t_d / t_v of another shape: numpy's words before
+            raise ValueError(f"t_ar, t_a, t_d and t_v must be scalars or broadcast to the shape of alpha and rtt "
+                             f"{alpha.shape}; mode {m!r} gave shape {np.shape(v)}") from None
     stacked = np.stack(lat)
     # tolerance so exact ties (e.g. pipelined == co-located inside the window) are not decided by rounding
     best = stacked.min(axis=0)

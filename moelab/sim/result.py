@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from moelab._validate import check_real
+from moelab._validate import check_choice, check_instance, check_real
 from moelab.sim.metrics import LatencySummary, percentiles, summarize_requests
 
 REQUEST_COLUMNS = ("arrival_s", "prompt_len", "output_len", "worker", "admit_s", "first_token_s", "finish_s")
@@ -187,17 +187,41 @@ class SimResult:
         return {**out, **self.info}
 
 
+def _name(name: str, value: Any) -> Any:
+    """``value`` if it can be a dict key or a column name (a string, usually), else a named ``ValueError``:
+    a list or an array used to end in a bare ``TypeError: unhashable type``."""
+    try:
+        hash(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a name (a string); got {type(value).__name__} {value!r:.60}") from None
+    return value
+
+
+def _names(name: str, values: Any) -> list[Any]:
+    if isinstance(values, str) or not isinstance(values, Collection):
+        raise ValueError(f"{name} must be a collection of names; got {type(values).__name__} {values!r:.60}")
+    return [_name(f"{name} entries", v) for v in values]
+
+
 def gain_vs_best(results: Mapping[str, Mapping[str, float]], method: str, baselines: Collection[str], *,
                  metric: str = "tpot_ms_p50", higher_is_better: bool = False) -> tuple[float, str]:
     """``(gain %, best baseline)``: how much ``method`` improves ``metric`` over the best of
     ``baselines`` (lower is better unless ``higher_is_better``). Positive = better than every baseline.
 
-    ``results`` maps a name to its metrics dict (e.g. ``{name: SimResult.metrics()}``)."""
-    if method not in results:
-        raise ValueError(f"method must be one of {sorted(results)}; got {method!r}")
+    ``results`` maps a name to its metrics dict or row (e.g. ``{name: SimResult.metrics()}``)."""
+    if not isinstance(results, Mapping) or not all(isinstance(v, (Mapping, pd.Series)) for v in results.values()):
+        raise ValueError(f"results must map each name to its metrics dict; got {type(results).__name__} "
+                         f"{results!r:.60}")
+    check_choice("method", _name("method", method), results)
+    baselines = _names("baselines", baselines)
+    _name("metric", metric)
     base = [b for b in baselines if b in results and b != method]
     if not base:
-        raise ValueError(f"none of the baselines {sorted(baselines)} is in results ({sorted(results)})")
+        raise ValueError(f"none of the baselines {sorted(map(str, baselines))} is in results ({sorted(map(str, results))})")
+    lacking = [r for r in (method, *base) if metric not in results[r]]
+    if lacking:  # a KeyError before
+        raise ValueError(f"metric must be a key of every compared result; got {metric!r}, which "
+                         f"{lacking[0]!r} lacks (it has {sorted(map(str, results[lacking[0]].keys()))})")
     vals = {b: float(results[b][metric]) for b in base}
     if higher_is_better:
         best = max(vals, key=vals.get)
@@ -209,6 +233,15 @@ def gain_vs_best(results: Mapping[str, Mapping[str, float]], method: str, baseli
 def gains_table(df: pd.DataFrame, method: str, baselines: Collection[str], *, by: str | list[str] = "rate",
                 metric: str = "tpot_ms_p50", name_col: str = "router", higher_is_better: bool = False) -> pd.DataFrame:
     """:func:`gain_vs_best` per group of a long table (one row per run, ``name_col`` the method)."""
+    check_instance("df", df, pd.DataFrame, "a pandas DataFrame (one row per run)")
+    _name("method", method)
+    baselines = _names("baselines", baselines)
+    columns = list(map(str, df.columns))
+    keys = [by] if isinstance(by, str) else by
+    if not isinstance(keys, list) or not keys:
+        raise ValueError(f"by must be a column name or a non-empty list of them; got {by!r:.60}")
+    for name, col in [("name_col", name_col), ("metric", metric)] + [("by", k) for k in keys]:
+        check_choice(name, col, columns)  # a KeyError from pandas before
     rows = []
     for key, g in df.groupby(by, sort=True):
         res = {r[name_col]: r for r in g.to_dict("records")}

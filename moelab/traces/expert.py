@@ -277,18 +277,28 @@ class ExpertTrace:
     def decode_lens(self) -> np.ndarray:
         return np.diff(self.decode_offsets)
 
+    def _row(self, i: Any) -> int:
+        """``i`` as a request index in ``[0, n_requests)``: ``-1`` would slice offsets[-1]:offsets[0] (an empty
+        array, silently) and ``n_requests`` past the offsets (a bare IndexError)."""
+        if type(i) is int and 0 <= i < len(self.request_ids):  # the common case, without check_int's cost
+            return i
+        return check_int("i", i, low=0, high=len(self.request_ids) - 1, high_name="n_requests - 1")
+
     def prompt(self, i: int) -> np.ndarray:
         """Prompt token ids of request ``i``."""
+        i = self._row(i)
         return self.prompt_tokens[self.prompt_offsets[i]:self.prompt_offsets[i + 1]]
 
     def decode(self, i: int) -> np.ndarray:
         """Decode top-k ids of request ``i``: ``[T_i, L, k]``."""
+        i = self._row(i)
         return self.decode_ids[self.decode_offsets[i]:self.decode_offsets[i + 1]]
 
     def prefill_topk(self, i: int) -> np.ndarray:
         """Prefill top-k ids of request ``i``: ``[P_i, L, k]`` (needs ``prefill_ids``)."""
         if self.prefill_ids is None:
             raise ValueError("this trace has no per-token prefill_ids (captured without them)")
+        i = self._row(i)
         return self.prefill_ids[self.prompt_offsets[i]:self.prompt_offsets[i + 1]]
 
     def decode_profiles(self, max_steps: int | None = None) -> np.ndarray:
@@ -296,8 +306,8 @@ class ExpertTrace:
         (first ``max_steps`` tokens of each request if given)."""
         g = self.geometry
         n = self.n_requests
-        if max_steps is not None:
-            max_steps = check_int("max_steps", max_steps, low=0)
+        if max_steps is not None:  # int64 at most: np.minimum with a larger Python int overflows
+            max_steps = check_int("max_steps", max_steps, low=0, high=np.iinfo(np.int64).max, high_name="int64 max")
         lens = self.decode_lens if max_steps is None else np.minimum(self.decode_lens, max_steps)
         owner = np.repeat(np.arange(n), lens)
         pos = np.concatenate([np.arange(s, s + m) for s, m in zip(self.decode_offsets[:-1], lens)]) if n else np.zeros(0, np.int64)
@@ -313,7 +323,8 @@ class ExpertTrace:
         ``requests`` are request indices; ``steps`` the decode step each is at (scalar or per request).
         A step past a request's last captured token wraps around (traces are finite; simulators run
         longer outputs)."""
-        req = check_int_array("requests", requests, low=0, high=self.n_requests, high_name="number of requests")
+        req = check_int_array("requests", requests, low=0, high=self.n_requests, high_name="number of requests",
+                              ndim=1)
         if req.size == 0:
             return np.zeros(self.geometry.num_layers, dtype=np.int64)
         step = check_int_array("steps", steps, low=0)
@@ -472,8 +483,11 @@ def check_loaded_trace(trace: ExpertTrace, path: str | Path) -> None:
 def concat_traces(traces: list[ExpertTrace], provenance: dict[str, Any] | None = None) -> ExpertTrace:
     """One :class:`ExpertTrace` holding the requests of ``traces`` in order (same geometry;
     ``prefill_ids`` / ``prefill_probs`` / ``decode_tokens`` kept only if every part has them)."""
-    if not traces:
-        raise ValueError("traces must be a non-empty list")
+    if isinstance(traces, ExpertTrace) or not isinstance(traces, (list, tuple)) or not traces \
+            or not all(isinstance(t, ExpertTrace) for t in traces):
+        raise ValueError(f"traces must be a non-empty list of ExpertTrace; got {type(traces).__name__} {traces!r:.60}")
+    if provenance is not None and not isinstance(provenance, dict):
+        raise ValueError(f"provenance must be a dict or None; got {type(provenance).__name__}")
     g = traces[0].geometry
     for i, t in enumerate(traces):
         if (t.geometry.num_layers, t.geometry.num_experts, t.geometry.top_k) != (g.num_layers, g.num_experts, g.top_k):

@@ -53,7 +53,7 @@ def traces_dir() -> Path:
 
 def bundled_trace_path(name: str) -> Path:
     """``data/traces/<name>.npz`` (it may be absent: check before loading)."""
-    if not name or "/" in name or "\\" in name or name.startswith("."):
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name.startswith("."):
         raise ValueError(f"name must be a plain file stem under data/traces/ (no folders); got {name!r}")
     return traces_dir() / f"{name}.npz"
 
