@@ -46,7 +46,7 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 VENDOR = Path(__file__).parent / "static" / "vendor"
 #: pages besides the notebooks, in reading order: (file in the repository, page name)
-EXTRA_PAGES = (("COURSE.md", "course"), ("notebooks/NOTATION.md", "notation"))
+EXTRA_PAGES = (("COURSE.md", "course"), ("notebooks/NOTATION.md", "notation"), ("docs/guide.md", "guide"))
 
 
 class BookError(ValueError):
@@ -334,8 +334,15 @@ def build_book(out: str | os.PathLike = "book", *, names: Sequence[str] | None =
                 (src / f"{page}.md").write_text(unlink_missing(text, chosen))
                 titles[page] = next((line[2:].strip() for line in text.splitlines() if line.startswith("# ")), page)
                 pages.append(page)
+        conf = CONF
+        if not names:  # the whole book: the API reference too (moelab.book.reference; a partial book skips it)
+            from moelab.book.reference import SPHINX_CONF, write_reference
+
+            pages += write_reference(src)
+            titles["api/index"] = "API reference"
+            conf += SPHINX_CONF
         (src / "index.md").write_text(_index(pages, titles))
-        (src / "conf.py").write_text(CONF)
+        (src / "conf.py").write_text(conf)
         shutil.copytree(VENDOR, src / "_static" / "vendor", dirs_exist_ok=True)
         import plotly  # lazy: plotly is only needed while a book is built
 
