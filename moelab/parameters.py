@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moelab._validate import check_choice, check_int, check_real
+from moelab._validate import check_choice, check_int, check_real, parse_cli_literal
 
 #: the deepest list/dict nesting a parameter value may have
 MAX_VALUE_DEPTH = 4
@@ -77,8 +77,6 @@ def parse_value(name: str, text: str) -> Any:
     """A command-line value (``20``, ``0.1``, ``[1, 2]``, ``"x"``, ``None``) as data: a Python literal when it
     is one, else the text itself as a string; a literal that is not JSON data (bytes, a set, a tuple, a
     complex number) is a ``ValueError`` naming ``name``."""
-    from moelab._validate import parse_cli_literal  # the one literal parser of the command line (size-capped)
-
     return check_json_value(name, parse_cli_literal(name, text))
 
 
@@ -189,13 +187,19 @@ class Parameter:
 # ---- allowed values read from the data (lazily: only when a value is checked) ------------------------------
 
 
+# lazy (each import below): the data behind an allowed-values list loads only when a value is checked against
+# it, so importing the parameter model (every notebook and the CLI do) stays cheap
+
+
 def _moe_shapes() -> tuple[str, ...]:
+    # lazy: see above
     from moelab.costmodel import MODEL_SHAPES
 
     return tuple(k for k, v in MODEL_SHAPES.items() if v.num_experts > 0)
 
 
 def _shapes() -> tuple[str, ...]:
+    # lazy: see above
     from moelab.costmodel import MODEL_SHAPES
 
     return tuple(MODEL_SHAPES)
@@ -203,6 +207,7 @@ def _shapes() -> tuple[str, ...]:
 
 def _h200_column(column: str) -> Callable[[], tuple[Any, ...]]:
     def values() -> tuple[Any, ...]:
+        # lazy: see above
         from moelab.datasets import load_calibration
 
         return tuple(sorted(v.item() if hasattr(v, "item") else v
@@ -211,18 +216,21 @@ def _h200_column(column: str) -> Callable[[], tuple[Any, ...]]:
 
 
 def _spec_bench_categories() -> tuple[str, ...]:
+    # lazy: see above
     from moelab.datasets import load_spec_bench
 
     return tuple(sorted(load_spec_bench()["category"].unique()))
 
 
 def _read_trace(path: Path) -> Any:
+    # lazy: see above
     from moelab.traces.files import load_trace
 
     return load_trace(path)
 
 
 def _read_recording(path: Path) -> Any:
+    # lazy: see above
     from moelab.dsd.acceptance import load_traces
 
     return load_traces(path)

@@ -130,6 +130,7 @@ def _routers() -> tuple[str, ...]:
 
 
 def _shapes() -> tuple[str, ...]:
+    # lazy: the shapes registry loads only when a list of shapes is checked
     from moelab.costmodel import MODEL_SHAPES
 
     return tuple(MODEL_SHAPES)

@@ -57,6 +57,7 @@ def _run(argv: list[str]) -> tuple[int, str]:
 
 def run_battery() -> dict[str, Any]:
     """Run every writer against every hostile target; return the case count and the unexpected cases."""
+    # lazy: the notebook stack loads only when the battery runs
     from moelab.datasets import repo_root
     from moelab.notebooks import notebooks_dir
 
