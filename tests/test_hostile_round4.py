@@ -9,6 +9,7 @@ the caps are hit before anything is allocated."""
 from __future__ import annotations
 
 import math
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -436,3 +437,26 @@ def test_latency_summary_takes_matching_arrays_or_refuses_by_name(lengths, scala
         assert str(exc).split(" ")[0] in ("arrival_s", "first_token_s", "finish_s", "output_len"), exc
         return
     assert s.n_requests == lengths[0]
+
+
+# ---- the cost model's size arguments and reporting inputs (named, capped before allocating) ---------------
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda m: m.table(2**70), "max_batch must be an integer in [1, 1048576]"),
+    (lambda m: m.ep_table(2**20, 2**20), "ranks x slots must be <= MAX_TABLE_BATCH"),
+    (lambda m: m.with_attention_share(0.5, 32, "x"), "ctx must be a real number"),
+    (lambda m: m.attention_share(-1, 5), "B must be in (0, inf)"),
+])
+def test_step_model_sizes_and_inputs_are_named(call, says):
+    from moelab.costmodel import DecodeStepModel
+
+    with pytest.raises(ValueError, match=re.escape(says)):
+        call(DecodeStepModel.h200())
+
+
+def test_step_model_seed_is_checked():
+    from moelab.costmodel import DecodeStepModel
+
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        DecodeStepModel.h200(seed=float("nan"))

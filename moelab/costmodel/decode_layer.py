@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
-from moelab._validate import check_array, check_real, rng_from
+from moelab._validate import check_array, check_int, check_real, rng_from
 from moelab.costmodel.fit import FitReport
 from moelab.costmodel.models import AttentionModel, MoEStepModel
 from moelab.costmodel.shapes import ModelShape, model_shape
@@ -109,7 +109,8 @@ class DecodeLayerModel:
     @classmethod
     def h200(cls, *, test_frac: float = 0.5, seed: int = 0) -> DecodeLayerModel:
         """Fitted on the bundled H200 tables (overhead on a training half of ``decode_layer.csv``)."""
-        return _h200_layer(float(test_frac), int(seed))
+        test_frac = check_real("test_frac", test_frac, low=0, high=1, low_open=True, high_open=True)
+        return _h200_layer(float(test_frac), check_int("seed", seed, low=0, high=2**32 - 1))
 
     def _known_and_features(self, shape: ModelShape | str, B: float, ctx: float, D: float) -> tuple[float, np.ndarray]:
         s = _layer_shape(shape)

@@ -33,6 +33,9 @@ from moelab.costmodel.decode_layer import DecodeLayerModel
 from moelab.costmodel.models import expected_distinct_experts
 from moelab.costmodel.shapes import ModelShape, model_shape
 
+#: the largest batch a step table folds: far above any decode batch (vLLM's max_num_seqs is in the hundreds)
+MAX_TABLE_BATCH = 1 << 20
+
 
 def _nonneg(name: str, x: np.ndarray | float) -> np.ndarray:
     return check_array(name, x, low=0).astype(np.float64)
@@ -120,6 +123,7 @@ class DecodeStepModel:
         """The step model at a registry shape (:data:`MODEL_SHAPES`) or a given :class:`ModelShape`,
         fitted on the bundled H200 tables."""
         shape = model_shape(model)
+        seed = check_int("seed", seed, low=0, high=2**32 - 1)
         return cls(DecodeLayerModel.h200(seed=seed), shape, model if isinstance(model, str) else "custom")
 
     @classmethod
@@ -216,8 +220,9 @@ class DecodeStepModel:
         return self.num_layers * expected_distinct_experts(n_tokens, self.shape.num_experts, self.shape.top_k)
 
     def table(self, max_batch: int) -> StepTable:
-        """The model folded at batch sizes ``0..max_batch`` for a simulator's hot loop."""
-        max_batch = check_int("max_batch", max_batch, low=1)
+        """The model folded at batch sizes ``0..max_batch`` for a simulator's hot loop (at most
+        :data:`MAX_TABLE_BATCH`: one row per batch size is allocated)."""
+        max_batch = check_int("max_batch", max_batch, low=1, high=MAX_TABLE_BATCH)
         Bs = np.arange(max_batch + 1, dtype=np.float64)
         zero = np.zeros_like(Bs)
         attn0 = float(self.attention_ms(0.0))
@@ -230,8 +235,11 @@ class DecodeStepModel:
 
     def ep_table(self, ranks: int, slots: int) -> EPStepTable:
         """:meth:`ep_step_ms` folded for ``ranks`` ranks of at most ``slots`` requests each."""
-        ranks = check_int("ranks", ranks, low=1)
-        slots = check_int("slots", slots, low=1)
+        ranks = check_int("ranks", ranks, low=1, high=MAX_TABLE_BATCH)
+        slots = check_int("slots", slots, low=1, high=MAX_TABLE_BATCH)
+        if ranks * slots > MAX_TABLE_BATCH:  # one row per total batch size is allocated
+            raise ValueError(f"ranks x slots must be <= MAX_TABLE_BATCH={MAX_TABLE_BATCH} (one table row per batch "
+                             f"size); got {ranks} x {slots} = {ranks * slots}")
         Bt = np.arange(ranks * slots + 1, dtype=np.float64)
         m0, per_d = self._moe_parts(Bt, ep=ranks)
         b = np.arange(slots + 1, dtype=np.float64)
@@ -249,13 +257,16 @@ class DecodeStepModel:
     def attention_share(self, B: float, ctx: float, sum_D: float | None = None) -> float:
         """Share of the step spent in attention for ``B`` requests of ``ctx`` cached tokens each
         (``sum_D`` defaults to uniform routing of ``B`` tokens)."""
-        sd = float(self.expected_sum_distinct(B)) if sum_D is None else float(sum_D)
+        B = check_real("B", B, low=0, low_open=True)
+        ctx = check_real("ctx", ctx, low=0)
+        sd = float(self.expected_sum_distinct(B)) if sum_D is None else check_real("sum_D", sum_D, low=0)
         return float(self.attention_ms(B * ctx) / self.step_ms(B, sd, B * ctx))
 
     def with_attention_share(self, share: float, B: float, ctx: float, sum_D: float | None = None) -> DecodeStepModel:
         """The model whose attention takes ``share`` of the step at (``B``, ``ctx``), by scaling the KV
         bytes attention reads (a longer context / heavier KV layout; the rest of the step unchanged)."""
         share = check_real("share", share, low=0, high=1, low_open=True, high_open=True)
+        self.attention_share(B, ctx, sum_D)  # B, ctx and sum_D checked (named) before the search
         lo, hi = 0.0, 1.0
         while replace(self, attn_scale=hi).attention_share(B, ctx, sum_D) < share:
             hi *= 2
