@@ -284,6 +284,35 @@ def book_figure(executed_dir: Path, out: Path) -> Figure:
                   f"executed {executed}; sphinx {done.sphinx_seconds:.1f} s")
 
 
+def api_reference_figure() -> Figure:
+    """``api_public_names_undocumented``: public names (every public package's ``__all__``) without a docstring
+    or ``#:`` comment (:func:`moelab.book.reference.undocumented`; goal 0)."""
+    from moelab.book.reference import undocumented  # lazy: imports every public package
+
+    missing = undocumented()
+    return Figure(SUITE, "api_public_names_undocumented", float(len(missing)), "names", "<= 0",
+                  ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else ""))
+
+
+def guide_figure() -> Figure:
+    """``guide_blocks_run_seconds``: every code block of the user guide (``docs/guide.md``) run in order in one
+    session (:func:`moelab.book.guide.run_blocks`), the total wall time; the slowest block in the note."""
+    from moelab.book import guide  # lazy: the guide's blocks import every system
+
+    if not guide.guide_path().is_file():
+        return Figure(SUITE, "guide_blocks_run_seconds", math.nan, "s", "", "skipped: no docs/guide.md (not a checkout)")
+    with tempfile.TemporaryDirectory(prefix="moelab-bench-guide-") as tmp:
+        try:
+            runs = guide.run_blocks(out_dir=tmp)
+        except RuntimeError as exc:
+            return Figure(SUITE, "guide_blocks_run_seconds", math.nan, "s", "", f"FAILED: {str(exc)[:200]}")
+    slow = max(runs, key=lambda r: r.seconds)
+    skipped = [r.block.line for r in runs if r.skipped]
+    return Figure(SUITE, "guide_blocks_run_seconds", sum(r.seconds for r in runs), "s", "",
+                  f"{len(runs)} blocks; slowest {slow.seconds:.1f} s ({slow.block.section}, line {slow.block.line})"
+                  + (f"; skipped lines {skipped}" if skipped else ""))
+
+
 def run(quick: bool = False) -> list[Figure]:
     """The suite's figures; ``quick`` leaves out the classroom timings (they execute every notebook)."""
     notebooks = {name: load_notebook(name) for name in notebook_names()}
@@ -311,8 +340,10 @@ def run(quick: bool = False) -> list[Figure]:
     figs.append(Figure(SUITE, "notebook_figures_unshown", float(sum(map(len, unshown.values()))), "figures", "<= 0",
                        "save_figure calls never displayed (static): "
                        + ", ".join(f"{n} {v}" for n, v in unshown.items() if v)))
+    figs.append(api_reference_figure())  # issue 38: static
     if quick:
         return figs
+    figs.append(guide_figure())  # issue 38: the user guide's blocks, run
     with tempfile.TemporaryDirectory(prefix="moelab-bench-book-") as tmp:
         timed = classroom_seconds(out_dir=Path(tmp) / "runs")
         figs.append(book_figure(Path(tmp) / "runs", Path(tmp) / "site"))
@@ -331,5 +362,5 @@ def run(quick: bool = False) -> list[Figure]:
     return figs
 
 
-__all__ = ["CLASSROOM_GOAL_S", "HEADLINE_TAG", "SUITE", "book_figure", "checker_verdicts", "classroom_seconds", "first_result_cell_frac", "import_course_modules",
+__all__ = ["CLASSROOM_GOAL_S", "HEADLINE_TAG", "SUITE", "api_reference_figure", "book_figure", "checker_verdicts", "guide_figure", "classroom_seconds", "first_result_cell_frac", "import_course_modules",
            "markdown_typed_numbers", "run", "typed_numbers", "unshown_figures"]
