@@ -55,3 +55,13 @@ def test_a_reference_page_renders_with_napoleon(tmp_path):
     for text in ("route_batch", "choose", "prepare_state", "free_slots", "waiting_tokens", "RouterError"):
         assert text in html, text
     assert "Parameters" in html and "Returns" in html
+
+
+def test_lessons_link_public_symbols_to_their_reference_entry():
+    md = "see `moelab.afd.simulate_measured`, `moelab.eldr.routing.ELDRRouter`, `moelab.hd`, `moelab._io`, `x`"
+    out = reference.link_symbols(md)
+    assert "[`moelab.afd.simulate_measured`](api/moelab.afd.html#moelab.afd.simulate_measured)" in out
+    assert "[`moelab.eldr.routing.ELDRRouter`](api/moelab.eldr.html#moelab.eldr.ELDRRouter)" in out
+    assert "[`moelab.hd`](api/moelab.hd.html)" in out
+    assert "`moelab._io`, `x`" in out  # private modules and other code spans stay as they are
+    assert reference.link_symbols(out) == out

@@ -158,10 +158,12 @@ def book_links(markdown: str, source: str) -> str:
 
 
 def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
-                     included: Collection[str] | None = None) -> dict[str, Any]:
+                     included: Collection[str] | None = None, *, api_links: bool = False) -> dict[str, Any]:
     """A copy of an executed notebook ready for Sphinx: plotly outputs as HTML, widget panels as a note,
     solution cells collapsed, links to the notation and course pages pointed at the book's (:func:`book_links`),
-    links to notebooks outside ``included`` (default: all) reduced to text, the live-run note first."""
+    links to notebooks outside ``included`` (default: all) reduced to text, the live-run note first;
+    ``api_links``: a backticked public name (`` `moelab.afd.simulate_measured` ``) links to its API reference
+    entry (:func:`moelab.book.reference.link_symbols`)."""
     nb = copy.deepcopy(nb)
     figure = 0
     nb["cells"] = _with_blanks(nb["cells"])
@@ -170,6 +172,10 @@ def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
             source = book_links("".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"],
                                 f"notebooks/{name}.ipynb")
             cell["source"] = source if included is None else unlink_missing(source, included)
+            if api_links:
+                from moelab.book.reference import link_symbols  # lazy: imports every public package
+
+                cell["source"] = link_symbols(cell["source"])
         meta = cell.setdefault("metadata", {})
         tags = meta.setdefault("tags", [])
         grader = meta.get("nbgrader", {})
@@ -324,7 +330,7 @@ def build_book(out: str | os.PathLike = "book", *, names: Sequence[str] | None =
                 if not run.ok:
                     raise BookError(f"notebook {name} failed: {run.error}; the book was not written")
                 path, executed[name] = run.output, run.seconds
-            nb = prepare_notebook(read_json(path), name, binder_repo, included=chosen)
+            nb = prepare_notebook(read_json(path), name, binder_repo, included=chosen, api_links=not names)
             titles[name] = _title(nb, name)
             (src / f"{name}.ipynb").write_text(json.dumps(nb))
         pages = list(chosen)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import re
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -67,6 +68,11 @@ def public_names() -> dict[str, list[str]]:
     dict of str to list of str
     """
     return {m: list(_import(m).__all__) for m in public_modules()}
+
+
+@cache
+def _public_names_cached() -> dict[str, tuple[str, ...]]:
+    return {m: tuple(n) for m, n in public_names().items()}
 
 
 @cache
@@ -203,6 +209,65 @@ def page(module: str, seen: set[int] | None = None) -> str:
     return "\n".join(lines)
 
 
+_SYMBOL = re.compile(r"`(moelab(?:\.[A-Za-z_]\w*)+)`")
+
+
+def symbol_url(symbol: str) -> str | None:
+    """The reference page (and anchor) of a dotted name such as ``moelab.afd.simulate_measured``, relative
+    to the book's root; None when the name has no entry (a private module, a name outside ``__all__``).
+
+    Parameters
+    ----------
+    symbol : str
+        ``moelab.<package>`` or ``moelab.<package>[.<module>...].<name>``.
+
+    Returns
+    -------
+    str or None
+    """
+    parts = symbol.split(".")
+    if len(parts) < 2 or any(p.startswith("_") for p in parts):
+        return None
+    package = ".".join(parts[:2])
+    names = _public_names_cached().get(package)
+    if names is None:
+        return None
+    if len(parts) == 2:
+        return f"{FOLDER}/{package}.html"
+    name = parts[-1]
+    if name not in names:
+        return None
+    try:  # a re-export: the name the package exports must be the object the dotted path names
+        obj = _import(".".join(parts[:-1]))
+        if getattr(obj, name) is not getattr(_import(package), name):
+            return None
+    except (ImportError, AttributeError):
+        return None
+    return f"{FOLDER}/{package}.html#{package}.{name}"
+
+
+def link_symbols(markdown: str) -> str:
+    """``markdown`` with every backticked public name (e.g. ``moelab.afd.simulate_measured`` in backticks) linked to its
+    reference entry (:func:`symbol_url`); other code spans are left as they are.
+
+    Parameters
+    ----------
+    markdown : str
+
+    Returns
+    -------
+    str
+    """
+    def fix(m: re.Match) -> str:
+        start = m.start()
+        if start > 0 and markdown[start - 1] == "[":  # already a link's text
+            return m.group(0)
+        url = symbol_url(m.group(1))
+        return m.group(0) if url is None else f"[{m.group(0)}]({url})"
+
+    return _SYMBOL.sub(fix, markdown)
+
+
 def write_reference(src: str | Path) -> list[str]:
     """Write the reference pages into the book's source folder ``src`` (``src/api/``).
 
@@ -231,5 +296,5 @@ def write_reference(src: str | Path) -> list[str]:
     return [f"{FOLDER}/index"]
 
 
-__all__ = ["FOLDER", "SPHINX_CONF", "docstring", "page", "public_modules", "public_names", "undocumented",
-           "write_reference"]
+__all__ = ["FOLDER", "SPHINX_CONF", "docstring", "link_symbols", "page", "public_modules", "public_names",
+           "symbol_url", "undocumented", "write_reference"]
