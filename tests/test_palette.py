@@ -34,6 +34,8 @@ FIGURE_GROUPS = {
                              "br0", "brh_oracle", "brh_survival", "brh_exact_match", "brh_learned", "brh_tuned_oracle"),
     "hd methods": ("AR", "PLD", "W", "S", "L", "HD(WSL)", "HD(LSW)", "HD(SWL)"),
     "hd vllm methods": ("AR", "ngram", "suffix", "HD-cost", "HD-fixed", "REST"),
+    "hd vllm shown names": ("AR (no drafting)", "HD (cost-aware)", "HD (paper, fixed)", "vLLM ngram (prompt lookup)",
+                            "vLLM suffix decoding"),
     "hd stores": ("W", "S", "L", "P", "bonus"),
     "dsd modes": ("ar", "colocated", "dsd_sync", "dsd_pipelined"),
     "dsd drafters": ("early_exit", "pld", "hd"),
@@ -59,6 +61,23 @@ def test_names_sharing_a_figure_have_distinct_colours(group):
     names = FIGURE_GROUPS[group]
     colours = [color_for(n) for n in names]
     assert len(set(colours)) == len(colours), {n: c for n, c in zip(names, colours)}
+    # distinct is not enough: two methods on one figure must be told apart at a glance (issue 40: HD-fixed and
+    # vLLM ngram were two near-identical blues)
+    from moelab.viz.hygiene import MIN_COLOR_DELTA_E, delta_e
+
+    close = [(a, b, round(delta_e(color_for(a), color_for(b)), 1)) for i, a in enumerate(names) for b in names[i + 1:]
+             if delta_e(color_for(a), color_for(b)) < MIN_COLOR_DELTA_E]
+    assert not close, f"{group}: colours closer than {MIN_COLOR_DELTA_E} (CIE76): {close}"
+
+
+def test_distinct_colors_moves_a_clashing_name_to_a_far_fallback():
+    from moelab.viz.common import distinct_colors
+    from moelab.viz.hygiene import MIN_COLOR_DELTA_E, delta_e
+
+    given = distinct_colors(["HF, measured now", "HF, cached curve", "another engine", "jsq", "p2c"])
+    values = list(given.values())
+    assert given["jsq"] == color_for("jsq") or delta_e(given["jsq"], color_for("jsq")) > 0
+    assert all(delta_e(a, b) >= MIN_COLOR_DELTA_E for i, a in enumerate(values) for b in values[i + 1:])
 
 
 def test_every_registered_router_and_model_has_a_fixed_colour():

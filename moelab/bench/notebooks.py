@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import math
 import os
 import pkgutil
 import re
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,9 @@ import moelab.course as course
 from moelab.bench import app as app_bench
 from moelab.bench.core import Figure
 from moelab.book import BookError, build_book
+from moelab.course.agreement import executed_report
 from moelab.course.check import EXERCISES
+from moelab.course.grading import answered, nbgrader_executable, round_trip
 from moelab.course.lessons import (
     _source,
     code_cells,
@@ -47,6 +51,8 @@ from moelab.course.lessons import (
     load_notebook,
     notebook_names,
 )
+from moelab.course.release import release_course
+from moelab.course.vocabulary import TERMS, undefined_terms, unlinked_first_uses
 from moelab.notebooks import describe_requirements, missing_requirements, parse_cell_source, run_notebook
 
 SUITE = "notebooks"
@@ -284,6 +290,58 @@ def book_figure(executed_dir: Path, out: Path) -> Figure:
                   f"executed {executed}; sphinx {done.sphinx_seconds:.1f} s")
 
 
+def glossary_figure() -> Figure:
+    """``glossary_terms_undefined`` (issue 40): terms of :data:`moelab.course.vocabulary.TERMS` with no glossary
+    entry in NOTATION.md; the note adds the first uses not linked to it."""
+    missing = undefined_terms()
+    unlinked = unlinked_first_uses()
+    return Figure(SUITE, "glossary_terms_undefined", float(len(missing)), "terms", "<= 0",
+                  f"{len(TERMS)} terms checked{': undefined ' + ', '.join(missing) if missing else ''}; first uses "
+                  f"not linked to NOTATION.md: {sum(map(len, unlinked.values()))}")
+
+
+def executed_figures(runs: Path) -> list[Figure]:
+    """``prose_numbers_mismatched``, ``figure_text_entities`` and ``figure_label_overlaps`` (issue 40) over the
+    notebooks executed into ``runs`` (their results JSON in ``runs/figures``): see
+    :func:`moelab.course.agreement.executed_report`."""
+    results = {p.stem: json.loads(p.read_text()) for p in sorted((runs / "figures").glob("*.json"))}
+    totals: dict[str, dict[str, int]] = {}
+    for path in sorted(runs.glob("[0-9][0-9]_*.ipynb")):
+        report = executed_report(json.loads(path.read_text()), results)
+        for kind, found in report.items():
+            totals.setdefault(kind, {})[path.stem] = len(found)
+    out = []
+    for kind, unit in (("prose_numbers_mismatched", "numbers"), ("figure_text_entities", "texts"),
+                       ("figure_label_overlaps", "pairs")):
+        per = totals.get(kind, {})
+        out.append(Figure(SUITE, kind, float(sum(per.values())) if per else math.nan, unit, "<= 0",
+                          (", ".join(f"{n} {c}" for n, c in per.items() if c) or "none")
+                          + f" (over {len(per)} executed notebooks)" if per else "no executed notebooks"))
+    return out
+
+
+def autograde_figure(course: Path) -> Figure:
+    """``nbgrader_autograde_seconds`` (issue 40): ``nbgrader autograde`` of lab 00 released by ``moelab course
+    release`` for two submissions (one from the solutions, one with typical wrong answers), after
+    ``generate_assignment``; the note says whether the scores were right."""
+    exe = nbgrader_executable()
+    if exe is None:
+        return Figure(SUITE, "nbgrader_autograde_seconds", math.nan, "s", "", "skipped: nbgrader not installed")
+    lab = "00_overview"
+    try:
+        source = json.loads(release_course(course, names=["00"], params={"INTERACTIVE": False})[0].read_text())
+        subprocess.run([exe, "generate_assignment", lab, "--force"], cwd=course, check=True, capture_output=True,
+                       timeout=600)
+        release = json.loads((course / "release" / lab / f"{lab}.ipynb").read_text())
+        done = round_trip(course, lab, {"right": answered(release, source), "wrong": answered(release, source, set())},
+                          nbgrader=exe)
+    except Exception as exc:  # any failure of the chain is the figure's note
+        return Figure(SUITE, "nbgrader_autograde_seconds", math.nan, "s", "", f"FAILED: {str(exc)[:200]}")
+    return Figure(SUITE, "nbgrader_autograde_seconds", done.autograde_seconds, "s", "",
+                  f"lab 00, two submissions: scores {done.scores} (wrong must be 0); "
+                  f"{len(done.warnings)} nbgrader warnings")
+
+
 def api_reference_figure() -> Figure:
     """``api_public_names_undocumented``: public names (every public package's ``__all__``) without a docstring
     or ``#:`` comment (:func:`moelab.book.reference.undocumented`; goal 0)."""
@@ -340,6 +398,7 @@ def run(quick: bool = False) -> list[Figure]:
     figs.append(Figure(SUITE, "notebook_figures_unshown", float(sum(map(len, unshown.values()))), "figures", "<= 0",
                        "save_figure calls never displayed (static): "
                        + ", ".join(f"{n} {v}" for n, v in unshown.items() if v)))
+    figs.append(glossary_figure())  # issue 40: static
     figs.append(api_reference_figure())  # issue 38: static
     if quick:
         return figs
@@ -347,6 +406,8 @@ def run(quick: bool = False) -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="moelab-bench-book-") as tmp:
         timed = classroom_seconds(out_dir=Path(tmp) / "runs")
         figs.append(book_figure(Path(tmp) / "runs", Path(tmp) / "site"))
+        figs += executed_figures(Path(tmp) / "runs")  # issue 40: what the executed classroom runs read like
+        figs.append(autograde_figure(Path(tmp) / "course"))
     goal = f"<= {CLASSROOM_GOAL_S:g}"
     for name, (seconds, note) in timed.items():
         figs.append(Figure(SUITE, f"notebook_classroom_seconds_{name}", seconds, "s", goal,
@@ -362,5 +423,6 @@ def run(quick: bool = False) -> list[Figure]:
     return figs
 
 
-__all__ = ["CLASSROOM_GOAL_S", "HEADLINE_TAG", "SUITE", "api_reference_figure", "book_figure", "checker_verdicts", "guide_figure", "classroom_seconds", "first_result_cell_frac", "import_course_modules",
+__all__ = ["CLASSROOM_GOAL_S", "HEADLINE_TAG", "SUITE", "api_reference_figure", "autograde_figure", "book_figure", "executed_figures",
+           "glossary_figure", "checker_verdicts", "guide_figure", "classroom_seconds", "first_result_cell_frac", "import_course_modules",
            "markdown_typed_numbers", "run", "typed_numbers", "unshown_figures"]

@@ -17,11 +17,16 @@ output shows. The notebook tests call :func:`prose_mismatches` on the executions
 from __future__ import annotations
 
 import html
+import json
 import math
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from moelab.viz.hygiene import notebook_figure_problems
 
 _MATH = re.compile(r"\$\$.*?\$\$|\$[^$\n]*\$", re.DOTALL)
 _CODE = re.compile(r"`[^`\n]*`")
@@ -134,3 +139,33 @@ def prose_mismatches(executed: dict, results: Any) -> list[ProseNumber]:
 
 
 __all__ = ["ProseNumber", "agrees", "prose_mismatches", "prose_numbers", "reference_numbers"]
+
+
+def executed_report(executed: dict, results: Any) -> dict[str, list[str]]:
+    """What a reader of an executed notebook would trip over, per kind (each list empty when clean):
+    ``prose_numbers_mismatched`` (:func:`prose_mismatches`) and the figure checks of
+    :func:`moelab.viz.hygiene.notebook_figure_problems` (``figure_text_entities``, ``figure_label_overlaps``,
+    ``figure_method_colors``, ``figure_log_axis_ticks``)."""
+    results = {k: v for k, v in results.items() if not str(k).startswith("_")} if isinstance(results, dict) else results
+    report = {"prose_numbers_mismatched": [f"cell {n.cell}: {n.text} in {n.context!r}"
+                                           for n in prose_mismatches(executed, results)]}
+    report.update({f"figure_{kind}": found for kind, found in notebook_figure_problems(executed).items()})
+    return report
+
+
+__all__ += ["executed_report"]
+
+
+def assert_reads_cleanly(executed_path: str | os.PathLike, results: Any) -> dict[str, list[str]]:
+    """Raise ``AssertionError`` listing every problem :func:`executed_report` finds in the executed notebook at
+    ``executed_path`` (its results: ``results``); return the (empty) report. The notebook tests call it on the
+    execution they already make, so nothing is executed twice."""
+    report = executed_report(json.loads(Path(executed_path).read_text()), results)
+    found = {kind: problems for kind, problems in report.items() if problems}
+    if found:
+        raise AssertionError(f"{Path(executed_path).name} does not read cleanly: "
+                             + "; ".join(f"{kind} ({len(p)}): {p[:5]}" for kind, p in found.items()))
+    return report
+
+
+__all__ += ["assert_reads_cleanly"]

@@ -276,8 +276,8 @@ def bundle_diagram(r: int = 4, B: int = 256, mu_P: float = 100, mu_D: float = 50
     fig.update_xaxes(range=[0, 10], visible=False, row=1, col=1)
     fig.update_yaxes(range=[0, 4], visible=False, row=1, col=1)
     # bottom: the pipeline timeline, one bar per (microbatch, step, stage)
-    stage_colors = {"attention": color_for("attention"), "A→F link": "#999999", "FFN": color_for("ffn"),
-                    "F→A link": "#cccccc"}
+    stage_colors = {"attention": color_for("attention"), "A→F link": "#636363", "FFN": color_for("ffn"),
+                    "F→A link": "#bdbdbd"}  # the two links: dark and light grey, told apart at a glance
     for name in PIPELINE_STAGES:
         part = sched[sched["stage"] == name]
         fig.add_bar(x=part["end"] - part["start"], base=part["start"], y=[name] * len(part), orientation="h",

@@ -16,6 +16,7 @@ import ipywidgets as w
 
 from moelab._io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from moelab.datasets import repo_root
+from moelab.viz.hygiene import delta_e
 
 #: One colour per router / method / model name, used by every figure of the lab (look names up with
 #: :func:`color_for`, which is case-insensitive and gives unknown names a stable colour of their own).
@@ -24,10 +25,11 @@ from moelab.datasets import repo_root
 PALETTE: dict[str, str] = {
     # request routers (ELDR, BalanceRoute, the cross-paper notebook, the live proxy)
     "round_robin": "#7f7f7f", "random": "#bcbd22", "jsq": "#1f77b4", "p2c": "#17becf", "least_kv": "#2ca02c",
-    "vllm_dp": "#ff7f0e", "vllm_dp@0.32": "#e6550d", "vllm_dp@latest": "#ffbb78", "vllm_dp@legacy": "#d6a36b",
-    "sglang_round_robin": "#98df8a", "sglang_minimum_tokens": "#aec7e8", "sglang_total_tokens": "#393b79",
+    # (vLLM's versions: oranges from light to dark, each at least 20 CIE76 units from every name it shares 05 with)
+    "vllm_dp": "#ff7f0e", "vllm_dp@0.32": "#d94801", "vllm_dp@latest": "#fdae6b", "vllm_dp@legacy": "#8c2d04",
+    "sglang_round_robin": "#98df8a", "sglang_minimum_tokens": "#c6dbef", "sglang_total_tokens": "#393b79",
     "eldr": "#d62728", "domain_oracle": "#8c564b",
-    "br0": "#d62728", "brh": "#9467bd", "brh_oracle": "#9467bd", "brh_tuned": "#c5b0d5", "brh_tuned_oracle": "#c5b0d5",
+    "br0": "#d62728", "brh": "#9467bd", "brh_oracle": "#9467bd", "brh_tuned": "#e7cb94", "brh_tuned_oracle": "#e7cb94",
     "brh_survival": "#8c564b", "brh_exact_match": "#e377c2", "brh_learned": "#000000",
     # speculative decoding (Hierarchy Drafting, DSD): methods, draft stores, modes
     "ar": "#7f7f7f", "early_exit": "#1f77b4", "pld": "#9467bd", "ngram": "#17becf", "suffix": "#bcbd22", "rest": "#ff7f0e",
@@ -46,7 +48,10 @@ PALETTE: dict[str, str] = {
 }
 # Other spellings of the same name.
 ALIASES = {"rr": "round_robin", "l (rest)": "l", "rest/l": "l", "vllm_dp@0.32.0": "vllm_dp@0.32",
-           "hd(w,s,l)": "hd(wsl)", "sim": "simulation", "co-located": "colocated"}
+           "hd(w,s,l)": "hd(wsl)", "sim": "simulation", "co-located": "colocated",
+           # the names notebook 02 shows its methods under (each its method's colour, never a hashed one)
+           "hd (cost-aware)": "hd-cost", "hd (paper, fixed)": "hd-fixed", "vllm ngram (prompt lookup)": "ngram",
+           "vllm suffix decoding": "suffix", "ar (no drafting)": "ar"}
 # Unknown names get one of these, chosen by a hash of the name (the same in every process).
 FALLBACK_COLORS = ("#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#31a354", "#756bb1", "#636363",
                    "#6baed6", "#fd8d3c", "#74c476", "#9e9ac8", "#969696", "#ad494a", "#5254a3", "#b5cf6b")
@@ -70,6 +75,20 @@ def color_for(name: str) -> str:
         return PALETTE[base]
     digest = hashlib.sha1(key.encode()).digest()
     return FALLBACK_COLORS[digest[0] % len(FALLBACK_COLORS)]
+
+
+def distinct_colors(names: list[str], min_delta_e: float = 20.0) -> dict[str, str]:
+    """A colour per name for one figure: :func:`color_for`'s, except that a name whose colour is closer than
+    ``min_delta_e`` (CIE76) to one already given in this figure takes the next :data:`FALLBACK_COLORS` entry far
+    enough from all of them (names are served in order, so the first keeps its own colour)."""
+    given: dict[str, str] = {}
+    for name in names:
+        color = color_for(name)
+        if any((delta_e(color, other) or 0.0) < min_delta_e for other in given.values()):
+            color = next((c for c in FALLBACK_COLORS
+                          if all((delta_e(c, other) or 0.0) >= min_delta_e for other in given.values())), color)
+        given[name] = color
+    return given
 
 
 def untitled_axes(fig: Any) -> list[str]:

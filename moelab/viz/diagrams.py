@@ -45,14 +45,14 @@ def _box(fig: go.Figure, x0: float, y0: float, x1: float, y1: float, text: str =
 
 
 def _arrow(fig: go.Figure, x0: float, y0: float, x1: float, y1: float, text: str = "", *,
-           color: str = BOX_LINE, dash: bool = False) -> None:
-    """An arrow from (x0, y0) to (x1, y1) with an optional label at its middle."""
+           color: str = BOX_LINE, dash: bool = False, label_at: float = 0.5) -> None:
+    """An arrow from (x0, y0) to (x1, y1) with an optional label ``label_at`` of the way along it."""
     fig.add_annotation(x=x1, y=y1, ax=x0, ay=y0, xref="x", yref="y", axref="x", ayref="y", text="",
                        showarrow=True, arrowhead=2, arrowsize=1.2, arrowwidth=1.5, arrowcolor=color)
     if dash:  # a dashed shaft drawn over the arrow's (solid) one
         fig.add_shape(type="line", x0=x0, y0=y0, x1=x1, y1=y1, line={"color": "white", "width": 1.5, "dash": "dot"})
     if text:
-        fig.add_annotation(x=(x0 + x1) / 2, y=(y0 + y1) / 2, text=text, showarrow=False, yshift=9,
+        fig.add_annotation(x=x0 + label_at * (x1 - x0), y=y0 + label_at * (y1 - y0), text=text, showarrow=False, yshift=9,
                            font={"size": 11, "color": color}, bgcolor="rgba(255,255,255,0.85)")
 
 
@@ -81,16 +81,18 @@ def eldr_tier_diagram(n_prefill: int = 2, n_decode: int = 3, routed_to: int = 1)
         y = height / 2 + (i - (n_prefill - 1) / 2) * 1.2
         _box(fig, 2.6, y - 0.4, 4.6, y + 0.4, f"prefill {i}")
         _arrow(fig, 1.7, height / 2, 2.6, y)
-        _arrow(fig, 4.6, y, 6.0, height / 2, "signature s" if i == 0 else "")
+        # the topmost arrow carries the label (drawn above it): no other arrow runs through it
+        _arrow(fig, 4.6, y, 6.0, height / 2, "signature s" if i == n_prefill - 1 else "")
     _box(fig, 6.0, height / 2 - 0.7, 8.0, height / 2 + 0.7, "router<br>band: cos(s, c_j)<br>≥ best − tau",
          fill="#fde0dd", line=color_for("eldr"), font_size=11)
     for j in range(n_decode):
         y = height / 2 + ((n_decode - 1) / 2 - j) * 1.2
         chosen = j == routed_to
-        _box(fig, 9.4, y - 0.4, 11.8, y + 0.4, f"decode {j}: centroid c<sub>{j}</sub>",
+        # the chosen worker says why inside its own box: a label on its arrow would sit among the other arrows
+        _box(fig, 9.4, y - 0.4, 11.8, y + 0.4, f"decode {j}: centroid c<sub>{j}</sub>"
+             + ("<br><b>in band, least loaded</b>" if chosen else ""),
              fill="#fde0dd" if chosen else BOX_FILL, line=color_for("eldr") if chosen else BOX_LINE, font_size=11)
-        _arrow(fig, 8.0, height / 2, 9.4, y, "in band, least loaded" if chosen else "",
-               color=color_for("eldr") if chosen else IDLE)
+        _arrow(fig, 8.0, height / 2, 9.4, y, color=color_for("eldr") if chosen else IDLE)
     return fig
 
 
@@ -307,8 +309,8 @@ def two_level_routing_diagram(n_instances: int = 2, ranks: int = 4, instance: in
             hit = chosen and g == rank
             _box(fig, x0, y - 0.35, x0 + 0.95, y + 0.35, f"rank {g}", font_size=9,
                  fill="#fde0dd" if hit else BOX_FILL, line=color_for("br0") if hit else BOX_LINE)
-            if hit:
-                _arrow(fig, 4.0, y, x0, y, color=color_for("br0"))
+            if hit:  # over the ranks before it, onto the chosen rank's top edge: it never crosses a label
+                _arrow(fig, 4.0, y + 0.5, x0 + 0.475, y + 0.36, color=color_for("br0"))
     return fig
 
 

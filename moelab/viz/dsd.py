@@ -27,11 +27,13 @@ def latency_vs_rtt_figure(*, alpha: float, gamma: int, t_ar: float, t_a: float, 
     for mode in MODES:
         y = np.broadcast_to(latency_per_token(mode, alpha=alpha, gamma=gamma, t_ar=t_ar, t_d=t_d, t_v=t_v, t_a=t_a,
                                               rtt=rtt), rtt.shape)
-        fig.add_scatter(x=rtt, y=y, mode="lines", name=MODE_LABELS[mode], line={"color": MODE_COLORS[mode]})
+        fig.add_scatter(x=rtt, y=y, mode="lines", name=MODE_LABELS[mode], line={"color": MODE_COLORS[mode]},
+                        legendgroup=mode)
     if mc is not None:
         for mode, g in mc.groupby("mode", sort=False):
             fig.add_scatter(x=g["rtt"], y=g["latency"], error_y={"type": "data", "array": g["ci"]}, mode="markers",
-                            name=f"{MODE_LABELS[mode]} (Monte-Carlo)", marker={"color": MODE_COLORS[mode], "symbol": "x"})
+                            name=f"{MODE_LABELS[mode]} (Monte-Carlo)", marker={"color": MODE_COLORS[mode], "symbol": "x"},
+                            legendgroup=mode)  # the same mode simulated: its closed form's colour
     be = float(rtt_breakeven(alpha, gamma, t_ar, t_a))
     if be >= 0:
         fig.add_vline(x=be, line_dash="dash", line_color=MODE_COLORS["dsd_sync"], annotation_text="sync break-even")
@@ -110,9 +112,10 @@ def conditional_acceptance_figure(traces: dict) -> go.Figure:
         c = tr.conditional_acceptance()
         j = np.arange(1, c.size + 1)
         color = color_for(name)  # the lab's palette: PLD and HD as in notebook 02
-        fig.add_scatter(x=j, y=c, mode="markers+lines", name=f"{tr.drafter} (measured)", line={"color": color})
+        fig.add_scatter(x=j, y=c, mode="markers+lines", name=f"{tr.drafter} (measured)", line={"color": color},
+                        legendgroup=tr.drafter)
         fig.add_scatter(x=j, y=np.full(c.size, tr.alpha()), mode="lines", name=f"{tr.drafter}: i.i.d. at fitted alpha",
-                        line={"color": color, "dash": "dot"})
+                        line={"color": color, "dash": "dot"}, legendgroup=tr.drafter)  # one drafter, two readings
     fig.update_layout(title="Acceptance of draft token j given the first j-1 were accepted (recorded on SmolLM2-135M)",
                       xaxis_title="draft position j", yaxis_title="P(accept)", yaxis_range=[0, 1],
                       template="plotly_white")

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from moelab.datasets import SPEC_BENCH_CATEGORIES
-from moelab.viz.common import color_for, slider
+from moelab.viz.common import color_for, distinct_colors, slider
 
 STORE_COLORS = {k: color_for(k) for k in ("W", "S", "L", "P", "bonus")}  # the lab's palette
 STORE_NAMES = {"W": "W context store", "S": "S model store", "L": "L statistics store", "P": "PLD",
@@ -63,6 +63,7 @@ def fig_verify_cost(curves: dict[str, Any]) -> go.Figure:
     ``curves``: ``{engine label: VerifyCost or DataFrame with q, ms_median}``."""
     fig = go.Figure()
     ticks: set[int] = set()
+    colors = distinct_colors(list(curves))
     for label, c in curves.items():
         if isinstance(c, pd.DataFrame):
             q, ms = c["q"].to_numpy(), c["ms_median"].to_numpy()
@@ -70,7 +71,7 @@ def fig_verify_cost(curves: dict[str, Any]) -> go.Figure:
             d = c.as_dict()
             q, ms = np.asarray(d["qs"]), np.asarray(d["ms"])
         ticks.update(int(x) for x in q)
-        fig.add_scatter(x=q, y=ms / ms[0], mode="lines+markers", name=label, marker_color=color_for(label))
+        fig.add_scatter(x=q, y=ms / ms[0], mode="lines+markers", name=label, marker_color=colors[label])
     # a log axis labels only the measured q values (plotly's own log ticks add stray 2s and 5s between decades)
     fig.update_xaxes(type="log", tickmode="array", tickvals=sorted(ticks), ticktext=[str(t) for t in sorted(ticks)])
     fig.update_layout(template="plotly_white", xaxis_title="tokens verified in one forward (q)",

@@ -123,8 +123,22 @@ def _data_extent(fig: dict, ref: str) -> tuple[float, float] | None:
 
 
 def _to_fraction(fig: dict, ref: str, value: Any) -> float | None:
-    """``value`` on axis ``ref`` (``x``, ``x2``, ``paper``, ``x domain``) as a fraction of the plot area."""
-    if ref in ("paper", None) or ref.endswith("domain"):
+    """``value`` on axis ``ref`` (``x``, ``x2``, ``paper``, ``x domain``) as a fraction of the plot area (paper
+    coordinates: an axis's fraction is mapped through its ``domain``)."""
+    layout = fig.get("layout", {}) or {}
+    if ref in ("paper", None):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            return None
+    domain = _axis(layout, ref).get("domain") or [0.0, 1.0]
+    inner = _axis_fraction(fig, ref, value)
+    return None if inner is None else float(domain[0]) + inner * (float(domain[1]) - float(domain[0]))
+
+
+def _axis_fraction(fig: dict, ref: str, value: Any) -> float | None:
+    """``value`` as a fraction of axis ``ref``'s own extent (``x domain`` values already are one)."""
+    if ref.endswith("domain"):
         try:
             return float(value)
         except (TypeError, ValueError):
@@ -206,10 +220,59 @@ def annotation_boxes(fig: dict) -> list[tuple[int, str, tuple[float, float, floa
     return boxes
 
 
+def _px(fig: dict, ref: str, value: Any, horizontal: bool) -> float | None:
+    width, height, m = _size(fig)
+    f = _to_fraction(fig, ref, value)
+    if f is None:
+        return None
+    if horizontal:
+        return m["l"] + f * max(1.0, width - m["l"] - m["r"])
+    return m["t"] + (1 - f) * max(1.0, height - m["t"] - m["b"])
+
+
+def arrow_segments(fig: dict) -> list[tuple[int, tuple[float, float, float, float]]]:
+    """``(index, (x0, y0, x1, y1))`` in pixels for every arrow drawn in data coordinates (``axref``/``ayref``
+    on an axis): from its tail ``(ax, ay)`` to its head ``(x, y)``."""
+    out = []
+    for i, ann in enumerate((fig.get("layout", {}) or {}).get("annotations", []) or []):
+        if not ann.get("showarrow", True) or ann.get("axref", "pixel") == "pixel" or ann.get("visible") is False:
+            continue
+        pts = (_px(fig, ann.get("axref"), ann.get("ax"), True), _px(fig, ann.get("ayref"), ann.get("ay"), False),
+               _px(fig, ann.get("xref", "x"), ann.get("x"), True), _px(fig, ann.get("yref", "y"), ann.get("y"), False))
+        if None not in pts:
+            out.append((i, pts))  # type: ignore[arg-type]
+    return out
+
+
+def _to_segment(px: float, py: float, x0: float, y0: float, x1: float, y1: float) -> float:
+    """Distance (px) from a point to a segment: a label anchored on an arrow is that arrow's own label."""
+    dx, dy = x1 - x0, y1 - y0
+    t = 0.0 if dx == dy == 0 else max(0.0, min(1.0, ((px - x0) * dx + (py - y0) * dy) / (dx * dx + dy * dy)))
+    return math.hypot(px - (x0 + t * dx), py - (y0 + t * dy))
+
+
 def label_overlaps(fig: dict, *, min_overlap_px: float = 2.0) -> list[str]:
-    """Pairs of annotations whose estimated boxes overlap by more than ``min_overlap_px`` in both directions."""
+    """Pairs of annotations whose estimated boxes overlap by more than ``min_overlap_px`` in both directions,
+    and arrows whose shaft (its middle 84%: the ends touch what they connect) runs through a label."""
     boxes = annotation_boxes(fig)
     problems = []
+    anns = (fig.get("layout", {}) or {}).get("annotations", []) or []
+    for i, (x0, y0, x1, y1) in arrow_segments(fig):
+        for j, text, (bx0, by0, bx1, by1) in boxes:
+            ann = anns[j]
+            ax_, ay_ = _px(fig, ann.get("xref", "x"), ann.get("x"), True), _px(fig, ann.get("yref", "y"), ann.get("y"), False)
+            # the arrow's own label: drawn right after it and anchored on its shaft (moelab's diagrams label an
+            # arrow so); any other label on the shaft is one the arrow runs through
+            own_label = (j == i + 1 and ax_ is not None and ay_ is not None
+                         and _to_segment(ax_, ay_, x0, y0, x1, y1) < 3)
+            if i == j or own_label:
+                continue
+            for k in range(8, 93):
+                t = k / 100
+                px, py = x0 + t * (x1 - x0), y0 + t * (y1 - y0)
+                if bx0 + min_overlap_px < px < bx1 - min_overlap_px and by0 + min_overlap_px < py < by1 - min_overlap_px:
+                    problems.append(f"the arrow of annotation {i} runs through label {j} {_plain(text)[0][:30]!r}")
+                    break
     for a in range(len(boxes)):
         for b in range(a + 1, len(boxes)):
             (i, ti, (ax0, ay0, ax1, ay1)), (j, tj, (bx0, by0, bx1, by1)) = boxes[a], boxes[b]
@@ -268,17 +331,17 @@ def _trace_color(trace: dict) -> str | None:
 
 
 def _method(trace: dict) -> str:
-    """The method a trace draws: its legend group, else its name without a trailing ``(...)`` qualifier
-    (``qwen3 (fit)`` and ``qwen3 (measured)`` are one method drawn two ways, in one colour on purpose)."""
+    """The method a trace draws: its legend group (``qwen3 (fit)`` and ``qwen3 (measured)`` in one group are one
+    method drawn two ways, in one colour on purpose), else its name."""
     group = trace.get("legendgroup")
-    if group:
-        return str(group)
-    return re.sub(r"\s*\([^()]*\)\s*$", "", str(trace.get("name"))).strip()
+    return str(group) if group else str(trace.get("name"))
 
 
 def method_colors(fig: dict, *, min_delta_e: float = MIN_COLOR_DELTA_E) -> list[str]:
     """Two methods in the legend of one subplot whose colours differ by less than ``min_delta_e``."""
     per_axes: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
+    if (fig.get("layout", {}) or {}).get("showlegend") is False:
+        return []  # no legend: traces are told apart by their axis labels or annotations, not by colour
     for trace in fig.get("data", []) or []:
         name, color = trace.get("name"), _trace_color(trace)
         if not name or color is None or trace.get("showlegend") is False or trace.get("visible") is False:
@@ -349,6 +412,6 @@ def notebook_figure_problems(executed: dict) -> dict[str, list[str]]:
     return found
 
 
-__all__ = ["EXPORT_SIZE", "MIN_COLOR_DELTA_E", "annotation_boxes", "delta_e", "figure_problems", "figure_texts",
+__all__ = ["EXPORT_SIZE", "MIN_COLOR_DELTA_E", "annotation_boxes", "arrow_segments", "delta_e", "figure_problems", "figure_texts",
            "label_overlaps", "log_axis_ticks", "method_colors", "notebook_figure_problems", "notebook_figures",
            "text_entities"]
