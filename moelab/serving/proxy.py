@@ -23,12 +23,20 @@ Behaviour, in plain words:
 * Each backend takes at most ``max_inflight`` requests; beyond that requests wait in a bounded queue
   (``max_queue``, ``queue_timeout_s``) and get HTTP 503 when it is full or the wait runs out.
 * A backend that refuses connections, drops one before answering, answers 502/503/504, breaks HTTP
-  framing, cuts its body short (a chunked body cut inside a chunk included) or stays silent past
-  ``response_timeout_s`` is marked down and the request is retried on another backend (at most
-  ``retries`` times): every read of a backend's reply is bounded in bytes and time, and every failure
-  class (:data:`moelab.serving.client.BACKEND_ERRORS`) means "this backend is unhealthy", never a crash.
-  A stream is committed to a backend once its first whole event arrived; one that breaks after that
-  cannot be replayed: the client connection is closed (an unfinished stream) and the error counted.
+  framing (a malformed head, a malformed chunk-size line or a chunk without its CRLF), cuts its body short
+  (a chunked body cut inside a chunk included) or misses a deadline is marked down, its slot is freed at
+  once and the request is retried on another backend (at most ``retries`` times): every read of a
+  backend's reply is bounded in bytes and time, and every failure class
+  (:data:`moelab.serving.client.BACKEND_ERRORS`) means "this backend is unhealthy", never a crash. A
+  malformed body fails the moment the parser refuses it (aiohttp alone would wait forever there: see
+  :mod:`moelab.serving.client`). A stream is committed to a backend once its first whole event arrived; one
+  that breaks after that cannot be replayed: the client connection is closed (an unfinished stream) and
+  the error counted.
+* Every forwarded reply has deadlines, so no backend can hold a request (or its slot) forever: its head
+  within ``response_timeout_s`` of sending the request; a buffered reply's body silent at most
+  ``response_timeout_s`` at a time; a stream silent at most ``stream_idle_timeout_s`` between two pieces;
+  and the whole reply, head to last byte, stream or not, within ``reply_timeout_s``. Each read waits for
+  the earliest deadline that applies; none is a task of its own.
 * A supervised health loop (``GET /health`` every ``health_interval_s``; a reply that is not a whole 200
   is a failure) brings backends back; an exception in a round is logged and the loop goes on, and if
   the loop task itself ends it is started again. At start-up every backend is asked ``GET /v1/models``:
@@ -37,12 +45,16 @@ Behaviour, in plain words:
   closed), so it cannot hold a backend slot; a client that does not send its request within
   ``client_timeout_s`` is disconnected.
 * Hostile input stays with its own request: HTTP framing is aiohttp's strict parser (a 400 with an
-  OpenAI-style JSON error), an HTTP/1.1 request needs ``Host``, chunked request bodies get 411, the body
-  must be strict JSON (400 otherwise, also for nesting too deep to parse), and every numeric field must
-  lie in the range vLLM accepts, token counts within the model's context (:data:`NUMERIC_FIELDS`; 400
-  naming the field), so nothing a client sends can overflow the proxy's own load accounting. A body over
-  ``max_body_bytes`` gets a 413 the client can read (aiohttp reads and drops the rest of the body for a
-  few seconds before closing).
+  OpenAI-style JSON error), an HTTP/1.1 request needs ``Host``, a POST without ``Content-Length`` gets 411
+  (so do chunked request bodies: see :meth:`RouterProxy._dispatch` for why), a client that half-closes its
+  side before the end of the body its ``Content-Length`` announced gets a 400 (and one that half-closes
+  after a whole request still gets its answer), each connection carries one request (bytes after it are
+  never parsed as another: every answer closes the connection), the body must be strict JSON (400
+  otherwise, also for nesting too deep to parse), and every numeric field must lie in the range vLLM
+  accepts, token counts within the model's context (:data:`NUMERIC_FIELDS`; 400 naming the field), so
+  nothing a client sends can overflow the proxy's own load accounting. A body over ``max_body_bytes`` gets
+  a 413 the client can read (aiohttp reads and drops the rest of the body for a few seconds before
+  closing).
 * ``GET /metrics`` (Prometheus text) and ``GET /metrics.json`` expose per-backend load, in-flight
   counts, routing decisions (per backend and the most recent ones) and errors; ``GET /health``.
   Responses are counted per status for real requests only (a bare TCP connect/close is not one).
@@ -76,7 +88,9 @@ from typing import Any, Protocol
 import aiohttp
 import numpy as np
 from aiohttp import web
-from aiohttp.http import HttpVersion10, HttpVersion11
+from aiohttp.helpers import DEFAULT_CHUNK_SIZE
+from aiohttp.http import HttpRequestParser, HttpVersion10, HttpVersion11
+from aiohttp.web_protocol import RequestPayloadError
 
 from moelab._validate import check_choice, check_int, check_loopback_host, check_real
 from moelab.eldr.signature import SignatureBuilder
@@ -86,13 +100,16 @@ from moelab.serving.client import (
     BACKEND_ERRORS,
     MAX_RESPONSE_BYTES,
     MAX_SMALL_REPLY_BYTES,
+    ReplyDeadlineError,
     ReplyTooLargeError,
     backend_timeout,
     fetch_json,
     new_session,
     read_bounded,
+    read_within,
     split_url,
     stale_connection,
+    within,
 )
 from moelab.serving.signatures import ELDRSignatureClient
 from moelab.traces import ExpertTrace
@@ -111,6 +128,7 @@ LINGER_S = 5.0  # after an early answer (a 413, say), aiohttp reads and drops th
 # connection before the backend does and a request rarely meets one the backend closed
 BACKEND_KEEPALIVE_S = 2.0
 MAX_FIRST_EVENT_BYTES = 1 << 20  # a stream's bytes held back until its first whole event
+MAX_TIMEOUT_S = 86_400.0  # the longest deadline a reply (or a command-line flag) takes: a day; longer is a typo
 # headers of a backend reply not passed on: hop-by-hop ones, and the framing aiohttp sets for the client
 NOT_RELAYED = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade", "content-length",
                "transfer-encoding", "server", "date"}
@@ -322,10 +340,55 @@ def _sequences(payload: dict[str, Any]) -> int:
 
 
 class _ProxyRequestHandler(web.RequestHandler):
-    """aiohttp's per-connection protocol with one change: a request aiohttp's parser refuses (bad framing,
-    no ``Host``) is answered with the proxy's OpenAI-style JSON error and counted in its metrics."""
+    """aiohttp's per-connection protocol with three changes:
+
+    * a request aiohttp's parser refuses (bad framing, no ``Host``) is answered with the proxy's
+      OpenAI-style JSON error and counted in its metrics;
+    * one request per connection: the parser (llhttp, as aiohttp's own) pauses after the first request, so
+      bytes after it are never parsed as a second one. Every answer closes the connection, so they could
+      never be served; parsed, they would replace the first request's answer with a 400 for themselves (a
+      POST without ``Content-Length`` followed by its JSON was answered "invalid method" that way);
+    * a half-close: aiohttp lets asyncio close the whole connection when the client ends its sending side,
+      so a request still in progress never got its answer. Here the connection stays open for the answer,
+      and a body still expected ends with an error there (a 400 naming the half-close).
+    """
 
     proxy: RouterProxy
+
+    def __init__(self, manager: web.Server, *, loop: asyncio.AbstractEventLoop, max_line_size: int = 8190,
+                 max_field_size: int = 8190, max_headers: int = 128, read_bufsize: int = DEFAULT_CHUNK_SIZE,
+                 auto_decompress: bool = True, **kwargs: Any) -> None:
+        super().__init__(manager, loop=loop, max_line_size=max_line_size, max_field_size=max_field_size,
+                         max_headers=max_headers, read_bufsize=read_bufsize, auto_decompress=auto_decompress, **kwargs)
+        # aiohttp's own parser, as aiohttp's RequestHandler makes it, but pausing after one message (aiohttp
+        # has no option for it); bytes after the first request stay unparsed until the connection closes
+        self._parser = HttpRequestParser(self, loop, read_bufsize, max_line_size=max_line_size,
+                                         max_field_size=max_field_size, max_headers=max_headers,
+                                         payload_exception=RequestPayloadError, auto_decompress=auto_decompress,
+                                         max_msg_queue_size=1)
+        self._bodies: list[Any] = []  # the body readers of the requests parsed on this connection
+        self.half_closed = False  # the client ended its sending side
+
+    def data_received(self, data: bytes) -> None:
+        queued = len(self._messages)
+        super().data_received(data)
+        # aiohttp queues each parsed request with its body reader; remember them for a half-close (a request
+        # may already be taken from the queue, and not yet be "current", when the client half-closes)
+        self._bodies.extend(body for _, body in list(self._messages)[queued:])
+
+    def eof_received(self) -> bool:
+        """The client ended its sending side. Nothing parsed yet: nothing to answer, close (as aiohttp does).
+        Otherwise keep the connection open for the answer; a body that has not reached its end ends here, short
+        of its ``Content-Length`` (the proxy answers 400 naming the half-close)."""
+        self.half_closed = True
+        if not self._bodies:
+            return False
+        for body in self._bodies:
+            # an end, not an error: whoever waits on the body (the proxy, or aiohttp reading and dropping the
+            # rest of one after an early answer) sees it short and stops, without an exception to log
+            if not body.is_eof():
+                body.feed_eof()
+        return True
 
     def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -370,10 +433,22 @@ class RouterProxy:
         Requests in flight per backend before requests queue at the proxy.
     max_queue : int
         Requests that may wait for a slot; more get HTTP 503 at once.
-    queue_timeout_s, connect_timeout_s, response_timeout_s, client_timeout_s, client_write_timeout_s : float
-        Wait for a slot; connect to a backend (also the bound of a health probe); backend silent (first
-        byte or between chunks); receiving a client's request; one write to a client that does not read
-        (past it the client's connection is closed and the backend's slot freed).
+    queue_timeout_s, connect_timeout_s, client_timeout_s, client_write_timeout_s : float
+        Wait for a slot; connect to a backend (also the bound of a health probe); receiving a client's
+        request; one write to a client that does not read (past it the client's connection is closed and the
+        backend's slot freed).
+    response_timeout_s : float
+        A backend's reply head must arrive within this of sending the request (a buffered reply is sent
+        whole, so for vLLM this is its generation time); a buffered reply's body may then be silent at most
+        this long at a time. In (0, 86400] seconds.
+    stream_idle_timeout_s : float, optional
+        A streamed reply may be silent at most this long between two pieces (its head and first event
+        included: a busy vLLM queues a request before its first token). In (0, 86400] seconds; default
+        ``response_timeout_s``.
+    reply_timeout_s : float
+        The whole reply, from sending the request to its last byte, stream or not: past it the attempt
+        fails (the backend is marked down and its slot freed), however the backend trickles its bytes. In
+        (0, 86400] seconds; the default (10 minutes) leaves a long generation room.
     retries : int
         Further backends tried after a failed attempt.
     health_interval_s : float
@@ -395,7 +470,8 @@ class RouterProxy:
     def __init__(self, backends: list[str], router: str | Router = "jsq", *, host: str = "127.0.0.1", port: int = 0,
                  max_inflight: int = 32, max_queue: int = 256, queue_timeout_s: float = 60.0, connect_timeout_s: float = 3.0,
                  response_timeout_s: float = 120.0, client_timeout_s: float = 30.0, client_write_timeout_s: float = 30.0,
-                 retries: int = 2, health_interval_s: float = 2.0, signature_source: SignatureSource | None = None,
+                 stream_idle_timeout_s: float | None = None, reply_timeout_s: float = 600.0, retries: int = 2,
+                 health_interval_s: float = 2.0, signature_source: SignatureSource | None = None,
                  max_body_bytes: int = 1 << 20, decisions_kept: int = 200, seed: int = 0,
                  max_model_len: int | None = None, max_n: int = DEFAULT_MAX_N) -> None:
         if not backends:
@@ -417,7 +493,11 @@ class RouterProxy:
         self.max_queue = check_int("max_queue", max_queue, low=0)
         self.queue_timeout_s = check_real("queue_timeout_s", queue_timeout_s, low=0, low_open=True)
         self.connect_timeout_s = check_real("connect_timeout_s", connect_timeout_s, low=0, low_open=True)
-        self.response_timeout_s = check_real("response_timeout_s", response_timeout_s, low=0, low_open=True)
+        self.response_timeout_s = check_real("response_timeout_s", response_timeout_s, low=0, low_open=True,
+                                             high=MAX_TIMEOUT_S)
+        self.stream_idle_timeout_s = self.response_timeout_s if stream_idle_timeout_s is None else check_real(
+            "stream_idle_timeout_s", stream_idle_timeout_s, low=0, low_open=True, high=MAX_TIMEOUT_S)
+        self.reply_timeout_s = check_real("reply_timeout_s", reply_timeout_s, low=0, low_open=True, high=MAX_TIMEOUT_S)
         self.client_timeout_s = check_real("client_timeout_s", client_timeout_s, low=0, low_open=True)
         self.client_write_timeout_s = check_real("client_write_timeout_s", client_write_timeout_s, low=0, low_open=True)
         self.retries = check_int("retries", retries, low=0)
@@ -443,9 +523,9 @@ class RouterProxy:
         self._runner: web.ServerRunner | None = None
         self._session: aiohttp.ClientSession | None = None  # fresh connections: health probes, /v1/models
         self._pool: aiohttp.ClientSession | None = None  # kept-alive connections: forwarded requests
-        # every read of a backend's reply (its head, each body chunk) within response_timeout_s: aiohttp's own
-        # sock_read timer, so the relay needs no timer task of its own per read
-        self._backend_timeout = backend_timeout(self.connect_timeout_s, self.response_timeout_s)
+        # connecting is aiohttp's deadline; every read of the reply (head, body, stream) has the proxy's own
+        # (_forward: one timer handle per read, no task), as aiohttp's sock_read cannot tell a head from a stream
+        self._backend_timeout = backend_timeout(self.connect_timeout_s, None)
         self._health_task: asyncio.Task | None = None
         self._stopping = False
         self._t0 = time.monotonic()
@@ -664,6 +744,14 @@ class RouterProxy:
         return resp
 
     async def _dispatch(self, request: web.BaseRequest) -> tuple[web.StreamResponse, int]:
+        """Answer one parsed request by method and path.
+
+        A request body must come with ``Content-Length``: a chunked one gets 411 (RFC 9110 lets a server
+        require the length), although aiohttp could decode it. Why: the proxy refuses an oversized body (413)
+        from its head, before reading a byte, and one framing leaves nothing for a client and the proxy to
+        read differently; the clients of an OpenAI API (the ``openai`` SDK over httpx, curl, vLLM's benchmark
+        clients) all send ``Content-Length`` with their JSON bodies. Backends get the body re-framed by
+        aiohttp's client either way."""
         if request.version not in (HttpVersion10, HttpVersion11):
             raise HTTPError(400, f"HTTP/{request.version.major}.{request.version.minor} is not supported (HTTP/1.0 or 1.1)")
         if "Transfer-Encoding" in request.headers:  # aiohttp refuses every coding but a well-formed chunked body
@@ -698,10 +786,12 @@ class RouterProxy:
 
     async def _read_body(self, request: web.BaseRequest) -> bytes:
         """The request body: it needs a ``Content-Length`` of at most ``max_body_bytes`` and must arrive
-        within ``client_timeout_s`` (408 otherwise; 400 if the client stops before its length)."""
+        within ``client_timeout_s`` (408 otherwise; 400 if the client stops before its length, a half-close
+        included)."""
         length = request.content_length
-        if length is None:
-            raise HTTPError(411, "a request body needs a Content-Length header")
+        if length is None:  # bytes after such a head are no body of it (HTTP/1.1), and are never parsed
+            raise HTTPError(411, f"{request.method} {request.path} needs a Content-Length header (the length of its "
+                                 "JSON body; chunked bodies are not accepted)")
         if length > self.max_body_bytes:
             raise HTTPError(413, f"request body must be at most {self.max_body_bytes} bytes; got {length}")
         if request.headers.get("Expect", "").lower() == "100-continue":  # curl waits a second for this otherwise
@@ -715,7 +805,8 @@ class RouterProxy:
         except (aiohttp.ClientError, ConnectionError, OSError, EOFError, ValueError) as exc:
             raise HTTPError(400, f"request body broken off before its Content-Length {length}: {_describe(exc)}") from None
         if len(body) != length:
-            raise HTTPError(400, f"body shorter than its Content-Length {length}")
+            why = " (the client half-closed the connection)" if getattr(request.protocol, "half_closed", False) else ""
+            raise HTTPError(400, f"body of {len(body)} bytes, shorter than its Content-Length {length}{why}")
         return body
 
     async def _proxy(self, request: web.BaseRequest, body: bytes) -> tuple[web.StreamResponse, int]:
@@ -792,8 +883,9 @@ class RouterProxy:
     async def _send_to_backend(self, b: Backend, path: str, body: bytes) -> aiohttp.ClientResponse:
         """POST ``body`` to backend ``b`` and return its reply once its head arrived: on a kept-alive connection
         (no TCP handshake, and no connection set-up in the backend, per request), and once more on a fresh
-        connection if the kept one turns out closed by the backend while idle (that is not the backend failing;
-        a backend that is down fails the fresh connection too)."""
+        connection if the kept one turns out closed by the backend while idle, or its head malformed (bytes an
+        earlier reply left after its end read as this head): that is not this request failing; a backend that
+        is down or answers malformed heads fails the fresh connection too, and only that counts."""
         kw = dict(data=body, headers={"Content-Type": "application/json"}, timeout=self._backend_timeout,
                   allow_redirects=False)
         try:
@@ -809,10 +901,14 @@ class RouterProxy:
 
         Non-streaming replies are read whole (bounded) before the client sees a byte, so a backend failing
         mid-reply is retried; a stream is held back until its first whole event (``\\n\\n``) and relayed as
-        it arrives after that, so it can be retried only until then. A client that goes away or does not
-        read is not the backend's fault (status 499, backend not marked down)."""
+        it arrives after that, so it can be retried only until then. Every read of the reply has its deadlines
+        (the class docstring: head, body silence, stream silence, the whole reply); a missed one, a framing
+        error or a cut is the backend's failure (marked down; the caller frees the slot). A client that goes
+        away or does not read is not the backend's fault (status 499, backend not marked down)."""
         resp: web.StreamResponse | None = None
         committed = False  # bytes of this attempt went to the client: it can no longer be retried
+        end = asyncio.get_running_loop().time() + self.reply_timeout_s  # the whole reply, stream or not
+        phase = "head"
 
         def failed(msg: str) -> tuple[web.StreamResponse, int, bool, bool, str]:
             self._mark_down(b, msg)
@@ -823,22 +919,26 @@ class RouterProxy:
             return self._error(502, msg), 502, False, True, msg
 
         try:
-            async with await self._send_to_backend(b, request.path, body) as up:
+            up = await within(self._send_to_backend(b, request.path, body), idle_s=self.response_timeout_s, deadline=end)
+            async with up:
                 # Only "gateway/unavailable" answers say the backend itself is unwell; another 5xx belongs to
                 # this one request and is passed through, so a poison request cannot mark every backend down.
+                phase = "body"
                 if up.status in (502, 503, 504):
-                    text = await read_bounded(up.content, MAX_SMALL_REPLY_BYTES)
+                    text = await read_bounded(up.content, MAX_SMALL_REPLY_BYTES, idle_s=self.response_timeout_s,
+                                              deadline=end)
                     return failed(f"backend {b.index} answered {up.status}: {text[:200]!r}")
                 if not stream:
-                    data = await read_bounded(up.content, MAX_RESPONSE_BYTES)
+                    data = await read_bounded(up.content, MAX_RESPONSE_BYTES, idle_s=self.response_timeout_s, deadline=end)
                     resp = self._client_response(up, data)
                     committed = True
                     if not await self._to_client(request, resp, b"", last=True):
                         return resp, 499, True, False, "client closed the connection or did not read"
                     return resp, up.status, up.status < 400, False, ""
+                phase = "stream"
                 first = b""
                 while b"\n\n" not in first:
-                    chunk = await up.content.readany()
+                    chunk = await read_within(up.content, idle_s=self.stream_idle_timeout_s, deadline=end)
                     if not chunk:
                         break
                     first += chunk
@@ -849,7 +949,7 @@ class RouterProxy:
                 if not await self._to_client(request, resp, first):
                     return resp, 499, True, False, "client closed the connection or did not read"
                 total = len(first)
-                while chunk := await up.content.readany():
+                while chunk := await read_within(up.content, idle_s=self.stream_idle_timeout_s, deadline=end):
                     total += len(chunk)
                     if total > MAX_RESPONSE_BYTES:
                         raise ReplyTooLargeError(f"backend reply larger than {MAX_RESPONSE_BYTES} bytes")
@@ -858,8 +958,20 @@ class RouterProxy:
             if not await self._to_client(request, resp, b"", last=True):
                 return resp, 499, True, False, "client closed the connection or did not read"
             return resp, up.status, up.status < 400, False, ""
+        except ReplyDeadlineError as exc:
+            return failed(f"backend {b.index} ({b.url}) failed: {self._deadline_missed(exc, phase)}")
         except BACKEND_ERRORS as exc:
             return failed(f"backend {b.index} ({b.url}) failed: {_describe(exc)}")
+
+    def _deadline_missed(self, exc: ReplyDeadlineError, phase: str) -> str:
+        """Which deadline a reply missed, by the name of its parameter."""
+        if exc.which == "total":
+            return f"reply not complete within reply_timeout_s={self.reply_timeout_s:g} s"
+        if phase == "head":
+            return f"no reply head within response_timeout_s={self.response_timeout_s:g} s"
+        if phase == "body":
+            return f"reply body silent for response_timeout_s={self.response_timeout_s:g} s"
+        return f"stream silent for stream_idle_timeout_s={self.stream_idle_timeout_s:g} s"
 
     # ------------------------------------------------------------------ metrics
     def metrics(self) -> dict[str, Any]:
@@ -923,7 +1035,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=256)
     p.add_argument("--queue-timeout", type=float, default=60.0)
     p.add_argument("--connect-timeout", type=float, default=3.0)
-    p.add_argument("--response-timeout", type=float, default=120.0)
+    p.add_argument("--response-timeout", type=float, default=120.0,
+                   help="seconds a backend's reply head may take (and a buffered body may be silent); default 120")
+    p.add_argument("--stream-idle-timeout", type=float, default=None,
+                   help="seconds a streamed reply may be silent between two pieces; default: --response-timeout")
+    p.add_argument("--reply-timeout", type=float, default=600.0,
+                   help="seconds one whole forwarded reply may take, head to last byte, stream or not; default 600")
     p.add_argument("--client-write-timeout", type=float, default=30.0,
                    help="seconds one write to a client may wait for it to read (then its stream is closed)")
     p.add_argument("--retries", type=int, default=2)
@@ -935,8 +1052,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# the command line's deadlines and the range each must lie in, checked by flag name before anything starts
+TIMEOUT_FLAGS = ("queue_timeout", "connect_timeout", "response_timeout", "stream_idle_timeout", "reply_timeout",
+                 "client_write_timeout", "health_interval")
+
+
 def build_proxy(args: argparse.Namespace) -> RouterProxy:
-    """A :class:`RouterProxy` from parsed command-line arguments."""
+    """A :class:`RouterProxy` from parsed command-line arguments (``ValueError`` naming the flag for a value
+    out of its range)."""
+    for name in TIMEOUT_FLAGS:
+        if getattr(args, name) is not None:  # None: the default that follows another flag
+            check_real("--" + name.replace("_", "-"), getattr(args, name), low=0, low_open=True, high=MAX_TIMEOUT_S)
     source, calibration = None, RouterCalibration(n_workers=len(args.backend), seed=args.seed)
     if "signature" in router_class(args.router).requires:  # signatures: calibration ones, then one per request
         if not (args.signature_url and args.eldr_calibration):
@@ -949,7 +1075,8 @@ def build_proxy(args: argparse.Namespace) -> RouterProxy:
     router = make_router(args.router, calibration, seed=args.seed, options={"tau": args.tau})
     return RouterProxy(args.backend, router, host=args.host, port=args.port, max_inflight=args.max_inflight,
                        max_queue=args.max_queue, queue_timeout_s=args.queue_timeout, connect_timeout_s=args.connect_timeout,
-                       response_timeout_s=args.response_timeout, client_write_timeout_s=args.client_write_timeout,
+                       response_timeout_s=args.response_timeout, stream_idle_timeout_s=args.stream_idle_timeout,
+                       reply_timeout_s=args.reply_timeout, client_write_timeout_s=args.client_write_timeout,
                        retries=args.retries, health_interval_s=args.health_interval, signature_source=source,
                        seed=args.seed)
 
