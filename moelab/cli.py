@@ -52,7 +52,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
             print(name)
         return 0
     if args.action == "copy":
-        from moelab.notebooks import copy_notebooks
+        from moelab.notebooks import copy_notebooks  # lazy: like the other notebooks actions
 
         if len(args.names) != 1:
             raise ValueError(f"notebooks copy takes one folder, DIR; got {args.names or 'none'}")

@@ -342,6 +342,7 @@ def build_book(out: str | os.PathLike = "book", *, names: Sequence[str] | None =
                 pages.append(page)
         conf = CONF
         if not names:  # the whole book: the API reference too (moelab.book.reference; a partial book skips it)
+            # lazy: the reference imports every public package
             from moelab.book.reference import SPHINX_CONF, write_reference
 
             pages += write_reference(src)

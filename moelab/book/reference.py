@@ -16,6 +16,7 @@ import importlib
 import inspect
 import pkgutil
 import re
+import sys
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -119,8 +120,6 @@ def _own_doc(obj: object) -> str | None:
 
 def _data_doc(module: str, name: str, obj: object) -> str | None:
     """The ``#:`` documentation of a constant, looked up in every moelab module that holds the same object."""
-    import sys
-
     for modname in [module, *sorted(m for m in sys.modules if m.startswith("moelab."))]:
         mod = sys.modules.get(modname)
         if mod is None or getattr(mod, name, _MISSING) is not obj:
