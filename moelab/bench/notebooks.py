@@ -5,7 +5,10 @@ Everything here reads the committed ``.ipynb`` files as JSON (static, no executi
 ``notebook_classroom_seconds_<notebook>`` (issue 27), which executes every notebook headless at
 ``PRESET="classroom"`` (:mod:`moelab.presets`; minutes, so ``--quick`` leaves them out), then
 ``book_build_seconds`` (``moelab book build`` from those executed notebooks) and the lecture mode's browser
-timings (:mod:`moelab.bench.app`). Definitions:
+timings (:mod:`moelab.bench.app`). Issue 40 adds ``glossary_terms_undefined`` (static, goal 0), then from the
+classroom executions ``prose_numbers_mismatched``, ``figure_text_entities`` and ``figure_label_overlaps`` (goal 0
+each; :mod:`moelab.course.agreement`, :mod:`moelab.viz.hygiene`) and ``nbgrader_autograde_seconds`` (the course
+round trip of :mod:`moelab.course.grading` on lab 00). Definitions:
 
 * **exercise**: a locked nbgrader check cell (``metadata.nbgrader``: ``grade: true, locked: true``);
   each exercise has one, after its solution cell.
