@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 import ipywidgets as w
@@ -68,7 +69,9 @@ def table(df: pd.DataFrame, title: str) -> go.Figure:
         if pd.api.types.is_float_dtype(shown[c]):
             shown[c] = shown[c].map(lambda v: "—" if pd.isna(v) else (f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.2f}"))
     widths = [3] + [2] * (len(shown.columns) - 1)
-    fig = go.Figure(go.Table(columnwidth=widths, header={"values": list(shown.columns), "align": "left"},
+    # headers wrapped to their column (a long snake_case name was cut off at the column's edge)
+    header = ["<br>".join(textwrap.wrap(str(c).replace("_", " "), 12)) or str(c) for c in shown.columns]
+    fig = go.Figure(go.Table(columnwidth=widths, header={"values": header, "align": "left"},
                              cells={"values": [shown[c] for c in shown.columns], "align": "left", "height": 24}))
     fig.update_layout(title=title, template="plotly_white", margin={"l": 20, "r": 20, "t": 50, "b": 10})
     return fig
