@@ -56,6 +56,8 @@ import numpy as np
 from moelab._validate import check_choice, check_int, check_real
 from moelab.bench.core import Figure
 from moelab.bench.files import run_battery
+from moelab.bench.output_battery import FILE_WRITERS, FOLDER_WRITERS
+from moelab.bench.output_battery import run_battery as run_output_battery
 from moelab.datasets import repo_root
 from moelab.models import vllm_engine
 from moelab.models.vllm_engine import launch_server, stop_server, wait_healthy
@@ -886,6 +888,7 @@ def run(quick: bool = False) -> list[Figure]:
     fr = proxy_survives_malformed_framing(200 if quick else 2000, seed=0)
     deadlines = "/".join(f"{x:g}" for x in fr["deadlines_s"])
     fb = run_battery(seed=0, cases_per_loader=7 if quick else 42)
+    ob = run_output_battery()
     per = ", ".join(f"{k} {v['ok']} ok/{v['refused']} refused" for k, v in fb["per_loader"].items())
     figs = [Figure(SUITE, "fuzz_cases_run", fz["cases"], "cases", "", f"{fz['accepted']} answered 200, {fz['refused']} "
                    f"refused {fz['refused_by_status']}, {fz['closed']} unfinished heads closed"),
@@ -908,7 +911,12 @@ def run(quick: bool = False) -> list[Figure]:
                    f"{len(fb['per_loader'])} loaders x mutated valid files (moelab.bench.files): {per}"),
             Figure(SUITE, "file_cases_unexpected", fb["file_cases_unexpected"], "cases", "<= 0",
                    "; ".join(f"{u['loader']} ({u['mutation']}): {u['outcome']}" for u in fb["unexpected"][:2])
-                   or "every hostile file loaded or was refused with a clear error")]
+                   or "every hostile file loaded or was refused with a clear error"),
+            Figure(SUITE, "cli_output_cases_run", ob["cases"], "cases", "",
+                   f"{len(FOLDER_WRITERS)} folder and {len(FILE_WRITERS)} file writers against a user's folder, '.', "
+                   "notebooks/, the repository root, a link, a user's file (moelab.bench.output_battery)"),
+            Figure(SUITE, "cli_output_cases_unexpected", len(ob["unexpected"]), "cases", "<= 0",
+                   "; ".join(ob["unexpected"][:2]) or "every one refused with error: and exit 2, nothing touched")]
     model = Path(os.environ.get("MOELAB_VLLM_TEST_MODEL", repo_root() / "data" / "models" / "tiny-moe"))
     ok, why = vllm_engine.vllm_status()  # through the module: a test can leave vLLM out
     if not ok or not (model / "config.json").is_file():
