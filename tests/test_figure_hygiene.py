@@ -107,3 +107,20 @@ def test_notebook_figures_are_read_from_the_executed_outputs():
         {"output_type": "display_data", "data": {"application/vnd.plotly.v1+json": fig.to_plotly_json()}}]}]}
     found = notebook_figure_problems(executed)
     assert found["text_entities"] and found["text_entities"][0].startswith("demo:")
+
+
+def test_annotations_on_data_axes_of_binary_encoded_figures_are_placed():
+    """plotly 6 stores numpy arrays as base64 ({dtype, bdata}) in the JSON a notebook keeps: the axis extent is
+    still read, so two close vline labels (03's r* and sim opt) are found to overlap."""
+    import json
+
+    import numpy as np
+
+    fig = go.Figure(go.Scatter(x=np.arange(1.0, 13.0), y=np.arange(12.0)))
+    fig.add_vline(x=3.54, annotation_text="r* = 3.54")
+    fig.add_vline(x=4.0, annotation_text="sim opt = 4")
+    assert label_overlaps(json.loads(fig.to_json()))
+    apart = go.Figure(go.Scatter(x=np.arange(1.0, 13.0), y=np.arange(12.0)))
+    apart.add_vline(x=3.54, annotation_text="r* = 3.54", annotation_position="top left")
+    apart.add_vline(x=4.0, annotation_text="sim opt = 4", annotation_position="top right")
+    assert label_overlaps(json.loads(apart.to_json())) == []

@@ -65,9 +65,10 @@ def idle_figure(df: pd.DataFrame, *, B: int, mu_P: float, mu_D: float, N: float 
     fig = go.FigureWidget() if widget else go.Figure()
     for side, label in (("attention", "attention"), ("ffn", "FFN")):
         fig.add_scatter(x=grid, y=idle[side], mode="lines", name=f"{label} idle (theory)",
-                        line={"color": _IDLE_COLORS[side]})
+                        line={"color": _IDLE_COLORS[side]}, legendgroup=side)
         fig.add_scatter(x=df["r"], y=df[f"sim_{side}_idle"], mode="markers", name=f"{label} idle (simulation)",
-                        marker={"color": _IDLE_COLORS[side], "size": 9, "symbol": "diamond"})
+                        marker={"color": _IDLE_COLORS[side], "size": 9, "symbol": "diamond"},
+                        legendgroup=side)  # one side, theory and simulation: one colour
     fig.add_vline(x=optimal_ratio(B, mu_P, mu_D, N, c), line_dash="dash", line_color="black", annotation_text="r*")
     fig.update_layout(title="Idle share of each side: they cross where neither waits for the other",
                       xaxis_title="r = attention instances per FFN instance", yaxis_title="idle share of time",
@@ -101,8 +102,11 @@ def measured_figure(res, *, title: str | None = None) -> go.Figure:
     fig.add_scatter(x=f["r"], y=f["sim_vs_theory_pct"], mode="markers+lines", name="residual sim/theory - 1",
                     marker={"color": color_for("simulation"), "symbol": "diamond"}, showlegend=False, row=2, col=1)
     fig.add_hline(y=0, line_color="#999", row=2, col=1)
-    for x, label, dash in ((res.r_star, f"r* = {res.r_star:.2f}", "dash"), (res.r_sim, f"sim opt = {res.r_sim}", "dot")):
-        fig.add_vline(x=x, line_dash=dash, line_color="black", annotation_text=label, row=1, col=1)
+    # the two markers' labels lean away from each other (the left one to its left), so close values never overlap
+    lines = sorted(((res.r_star, f"r* = {res.r_star:.2f}", "dash"), (res.r_sim, f"sim opt = {res.r_sim}", "dot")))
+    for (x, label, dash), side in zip(lines, ("top left", "top right")):
+        fig.add_vline(x=x, line_dash=dash, line_color="black", annotation_text=label, annotation_position=side,
+                      row=1, col=1)
     fig.update_yaxes(title_text=f"tokens per {unit_singular(res.unit)} per instance", row=1, col=1)
     fig.update_yaxes(title_text="residual %", row=2, col=1)
     fig.update_xaxes(title_text="r = attention instances per FFN instance", row=2, col=1)

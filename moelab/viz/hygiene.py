@@ -109,16 +109,29 @@ def _axis(layout: dict, ref: str) -> dict:
     return layout.get(name, {}) or {}
 
 
+def _values(raw: Any) -> list[Any]:
+    """A trace's data array as a list: plotly 6 writes numpy arrays as ``{"dtype", "bdata"}`` (base64)."""
+    if isinstance(raw, dict) and "bdata" in raw and "dtype" in raw:
+        import base64  # lazy: only plotly's binary-encoded arrays need it
+
+        import numpy as np  # lazy: this module reads plain JSON; numpy only decodes binary-encoded arrays
+
+        try:
+            return np.frombuffer(base64.b64decode(raw["bdata"]), dtype=np.dtype(raw["dtype"])).tolist()
+        except (ValueError, TypeError):
+            return []
+    return list(raw) if isinstance(raw, (list, tuple)) else []
+
+
 def _data_extent(fig: dict, ref: str) -> tuple[float, float] | None:
-    letter, suffix = ref[0], ref[1:]
+    letter = ref[0]
     values: list[float] = []
     for trace in fig.get("data", []) or []:
         if (trace.get(f"{letter}axis") or letter) != ref:
             continue
-        for v in trace.get(letter, []) or []:
+        for v in _values(trace.get(letter)):
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                 values.append(float(v))
-    del suffix
     return (min(values), max(values)) if values else None
 
 
