@@ -9,6 +9,7 @@ import json
 import socket
 import sys
 
+import numpy as np
 import pytest
 
 from moelab.bench.reliability import BackendInThread, FaultyBackend, dechunk
@@ -725,5 +726,40 @@ def test_kept_connection_closed_by_the_backend_is_retried_fresh_and_not_held_aga
             await proxy.stop()
             server.close()
             await server.wait_closed()
+
+    run(go())
+
+
+def test_a_router_that_fails_answers_that_request_with_a_named_500_and_frees_nothing_it_did_not_take():
+    """A user's router that raises or answers a worker out of range fails the request it routed, by name; the
+    proxy keeps serving (every slot free, the next request routed by the same router when it answers well)."""
+    from moelab.routing import Router
+
+    class Flaky(Router):
+        name = "test_flaky"
+        answers = iter(["raise", 7, 0])
+
+        def route_batch(self, batch, view):
+            a = next(self.answers)
+            if a == "raise":
+                raise RuntimeError("boom")
+            return np.array([a])
+
+    async def go():
+        be = ScriptedBackend()
+        url = await be.start()
+        proxy = RouterProxy([url], Flaky(), health_interval_s=60, connect_timeout_s=2)
+        port = (await proxy.start())[1]
+        try:
+            status, body = await _raw(port, _post("/v1/completions", {"prompt": "a", "max_tokens": 2}))
+            assert status == 500 and b"test_flaky" in body and b"boom" in body, body
+            status, body = await _raw(port, _post("/v1/completions", {"prompt": "b", "max_tokens": 2}))
+            assert status == 500 and b"test_flaky" in body, body
+            status, body = await _raw(port, _post("/v1/completions", {"prompt": "c", "max_tokens": 2}))
+            assert status == 200 and json.loads(body)["choices"][0]["text"] == "echo:c"
+            assert all(b.in_flight == 0 and b.kv_tokens == 0 for b in proxy.backends)
+        finally:
+            await proxy.stop()
+            await be.stop()
 
     run(go())

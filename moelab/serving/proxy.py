@@ -74,6 +74,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import importlib
 import itertools
 import json
 import logging
@@ -95,7 +96,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from moelab._validate import check_choice, check_int, check_loopback_host, check_real
 from moelab.eldr.signature import SignatureBuilder
 from moelab.routers import check_supplies, make_router, router_class, router_names
-from moelab.routing import ClusterView, RequestBatch, Router, RouterCalibration
+from moelab.routing import ClusterView, RequestBatch, Router, RouterCalibration, RouterError, call_router
 from moelab.serving.client import (
     BACKEND_ERRORS,
     MAX_RESPONSE_BYTES,
@@ -122,7 +123,14 @@ ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions")
 # domain oracle and BR-H's output-length predictors need what a live request does not carry.
 SUPPLIES = frozenset({"prompt_len", "active", "waiting", "kv_tokens", "free_slots", "time_s", "signature"})
 CALIBRATION = frozenset({"n_workers", "signatures", "seed"})
-ROUTER_CHOICES = router_names(supplied=SUPPLIES, engine_queues=False, calibration=CALIBRATION)
+
+
+def router_choices() -> list[str]:
+    """The registered routers the proxy can run, read when asked: a router registered after this module was
+    imported (``moelab serve-router --router-module``, or a script's own) is among them."""
+    return router_names(supplied=SUPPLIES, engine_queues=False, calibration=CALIBRATION)
+
+
 LINGER_S = 5.0  # after an early answer (a 413, say), aiohttp reads and drops the client's body this long
 # idle keep-alive of a proxy->backend connection: below uvicorn's 5 s (vLLM's server), so the proxy drops an idle
 # connection before the backend does and a request rarely meets one the backend closed
@@ -481,7 +489,7 @@ class RouterProxy:
         for b in self.backends:
             check_loopback_host(f"backend URL {b.url!r} host", b.host)
         if isinstance(router, str):
-            check_choice("router", router, ROUTER_CHOICES)
+            check_choice("router", router, router_choices())
             router = make_router(router, RouterCalibration(n_workers=len(self.backends), seed=seed), seed=seed)
         self.router = router
         check_supplies(router, SUPPLIES if signature_source is not None else SUPPLIES - {"signature"},
@@ -680,7 +688,11 @@ class RouterProxy:
                     if not any(b.up for b in self.backends if b.index not in exclude):
                         raise HTTPError(503, "no backend is up" + (" (all failed for this request)" if exclude else ""))
                     batch = RequestBatch(np.array([prompt_len]), signature=None if signature is None else signature[None, :])
-                    w = int(self.router.route(batch, view)[0]) if view.free_slots.max() > 0 else -1
+                    try:  # a router of the user's that raises or answers nonsense fails this request, named
+                        w = (int(call_router(self.router, batch, view, free_slots=view.free_slots)[0])
+                             if view.free_slots.max() > 0 else -1)
+                    except RouterError as exc:
+                        raise HTTPError(500, f"the router failed: {exc}") from None
                     if w >= 0:
                         b = self.backends[w]
                         b.in_flight += 1
@@ -1028,7 +1040,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="moelab serve-router", description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", "-b", action="append", required=True, metavar="URL",
                    help="an OpenAI-compatible vLLM server, e.g. http://127.0.0.1:8001 (repeat for each)")
-    p.add_argument("--router", default="jsq", choices=ROUTER_CHOICES, help="routing policy (default jsq)")
+    p.add_argument("--router", default="jsq",
+                   help="routing policy (default jsq): a registered router that needs only what a live proxy knows "
+                        f"({', '.join(router_choices())}, or one a --router-module registers)")
+    p.add_argument("--router-module", action="append", default=[], metavar="MODULE",
+                   help="import this module first (repeatable): a module of yours that registers a router "
+                        "(moelab.routers.register) so --router can name it")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-inflight", type=int, default=32, help="requests in flight per backend")
@@ -1063,6 +1080,12 @@ def build_proxy(args: argparse.Namespace) -> RouterProxy:
     for name in TIMEOUT_FLAGS:
         if getattr(args, name) is not None:  # None: the default that follows another flag
             check_real("--" + name.replace("_", "-"), getattr(args, name), low=0, low_open=True, high=MAX_TIMEOUT_S)
+    for module in args.router_module:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"--router-module {module!r} cannot be imported: {exc}") from None
+    check_choice("--router", args.router, router_choices())
     source, calibration = None, RouterCalibration(n_workers=len(args.backend), seed=args.seed)
     if "signature" in router_class(args.router).requires:  # signatures: calibration ones, then one per request
         if not (args.signature_url and args.eldr_calibration):
