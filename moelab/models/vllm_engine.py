@@ -12,7 +12,6 @@ contract before any engine or server starts (naming each missing or changed symb
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -25,6 +24,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from moelab._io import read_json
 from moelab._validate import check_int, check_loopback_host, check_real
 from moelab.models.vllm_contract import (
     SUPPORTED_VLLM,
@@ -123,6 +123,10 @@ def is_cpu_platform() -> bool:
     return bool(current_platform.is_cpu())
 
 
+#: a model config.json is a few KiB; anything near this is not a model config
+MAX_CONFIG_BYTES = 4 * 2**20
+
+
 def _check_model_dir(model: str) -> dict[str, Any] | None:
     """Read a local model folder's config (clear errors for a missing folder); hub ids pass through."""
     path = Path(model)
@@ -130,7 +134,10 @@ def _check_model_dir(model: str) -> dict[str, Any] | None:
         cfg = path / "config.json"
         if not cfg.is_file():
             raise ValueError(f"model folder {model!r} has no config.json")
-        return json.loads(cfg.read_text(encoding="utf-8"))
+        config = read_json(cfg, max_bytes=MAX_CONFIG_BYTES)  # a user's file: size and nesting checked first
+        if not isinstance(config, dict):
+            raise ValueError(f"model folder {model!r}: config.json must hold a JSON object")
+        return config
     if model.startswith((".", "/")) or os.sep in model.strip("/").split("/", 1)[-1]:
         raise ValueError(f"model folder {model!r} does not exist")
     return None
