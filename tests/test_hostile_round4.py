@@ -460,3 +460,42 @@ def test_step_model_seed_is_checked():
 
     with pytest.raises(ValueError, match="seed must be an integer"):
         DecodeStepModel.h200(seed=float("nan"))
+
+
+# ---- routing contract, decode-tier helpers and AFD's measured lengths: named, never numpy's words -----------
+
+
+def test_cluster_view_refuses_counts_that_are_not_whole_numbers():
+    from moelab.routing import ClusterView
+
+    with pytest.raises(ValueError, match="active must be an array of whole numbers"):
+        ClusterView(np.array([np.nan, 1.0]), np.zeros(2), np.ones(2))
+    with pytest.raises(ValueError, match="kv_tokens must be an array of whole numbers"):
+        ClusterView(np.zeros(2), np.array([0.5, 1.0]), np.ones(2))
+    assert ClusterView(np.array([1.0, 2.0]), np.zeros(2), np.ones(2)).active.dtype == np.int64  # whole floats pass
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda: __import__("moelab.routing", fromlist=["make_router"]).make_router(["jsq"]), "router must be one of"),
+    (lambda: __import__("moelab.routing.baselines", fromlist=["x"]).VLLMDataParallel().reset(2**70),
+     "n_workers must be an integer in [1, 65536]"),
+    (lambda: __import__("moelab.routing", fromlist=["x"]).RouterCalibration(n_workers=2, signatures="x"),
+     "signatures must be a finite [n >= 1, d] array of numbers"),
+    (lambda: __import__("moelab.sim.cluster", fromlist=["x"]).pack_expert_bits(1.5), "trace must be an ExpertTrace"),
+    (lambda: __import__("moelab.sim.cluster", fromlist=["x"]).supplied_fields(1.5), "requests must be a RequestTrace"),
+    (lambda: __import__("moelab.afd.sim", fromlist=["x"]).idle_crossing(pd.DataFrame({"r": [1]}), prefix="x"),
+     "df must be a DataFrame with the columns"),
+])
+def test_routing_and_decode_tier_inputs_are_named(call, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        call()
+
+
+def test_measured_length_draws_are_capped_and_need_a_generator():
+    from moelab.afd.measured import MAX_DRAWS, LengthDistribution
+
+    lengths = LengthDistribution.geometric(100.0, 500.0)
+    with pytest.raises(ValueError, match="n must be an integer"):
+        lengths.draw(np.random.default_rng(0), MAX_DRAWS + 1)
+    with pytest.raises(ValueError, match="rng must be a numpy Generator"):
+        lengths.draw(1.5, 10)

@@ -131,7 +131,10 @@ class LengthDistribution:
         return float((self.prompt * d).sum() / d.sum() + ((d - 1) * d / 2).sum() / d.sum())
 
     def draw(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """``n`` (prompt, decode-steps) pairs."""
+        """``n`` (prompt, decode-steps) pairs (``n`` at most :data:`MAX_DRAWS`: two float arrays of ``n``)."""
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError(f"rng must be a numpy Generator (np.random.default_rng(seed)); got {type(rng).__name__}")
+        n = check_int("n", n, low=0, high=MAX_DRAWS)
         if self.geometric_mu_D is not None:
             mu_P, p = float(self.prompt[0]), 1.0 / (1.0 + self.geometric_mu_D)
             if self.prompt_cv == 0 or mu_P == 0:
@@ -143,6 +146,10 @@ class LengthDistribution:
             return prompts, gaps
         idx = rng.integers(0, self.prompt.size, size=n)
         return self.prompt[idx], self.decode[idx]
+
+
+#: the most length pairs one draw makes: 2 x 8 bytes each, 256 MiB at the cap
+MAX_DRAWS = 1 << 24
 
 
 def _renewal_loads(B: int, K: int, lengths: LengthDistribution, rng: np.random.Generator) -> np.ndarray:

@@ -318,6 +318,11 @@ def sweep(r_values=R_SWEEP, B: int = 256, mu_P: float = 100, mu_D: float = 500, 
 def idle_crossing(df: pd.DataFrame, prefix: str = "sim") -> float | None:
     """The r where the attention and FFN idle curves cross (linear interpolation between rows);
     None when they do not cross inside the swept range."""
+    needed = ["r", f"{prefix}_attention_idle", f"{prefix}_ffn_idle"]
+    missing = [c for c in needed if not isinstance(df, pd.DataFrame) or c not in df.columns]
+    if missing:
+        raise ValueError(f"df must be a DataFrame with the columns {needed} (prefix={prefix!r} names the sweep's "
+                         f"columns, e.g. 'sim' or 'theory'); missing {missing}")
     r = df["r"].to_numpy(np.float64)
     diff = (df[f"{prefix}_attention_idle"] - df[f"{prefix}_ffn_idle"]).to_numpy()
     for i in range(len(r) - 1):

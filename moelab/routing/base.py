@@ -38,6 +38,20 @@ import numpy as np
 
 from moelab._validate import MAX_SEQUENCE_TOKENS, check_int, check_int_array, check_real, rng_from
 
+#: The most workers (decode instances, DP ranks, backends) a router is prepared for: routers allocate per-worker
+#: state in :meth:`Router.reset`, and no cluster a simulator or proxy drives comes near it.
+MAX_WORKERS = 1 << 16
+
+
+def _whole_counts(name: str, value: Any) -> np.ndarray:
+    """``value`` as int64 counts; a float array must hold whole, finite numbers (a NaN would cast to garbage)."""
+    a = np.asarray(value)
+    if a.dtype.kind not in "iub":
+        if a.dtype.kind != "f" or not np.isfinite(a).all() or (a != np.round(a)).any():
+            raise ValueError(f"{name} must be an array of whole numbers (one per worker); got {str(value)[:60]!r}")
+    return a.astype(np.int64, copy=False)
+
+
 #: What a router answers for a request it keeps waiting (no worker has a free slot).
 UNASSIGNED = -1
 
@@ -114,9 +128,13 @@ class RouterCalibration:
 
     def __post_init__(self) -> None:
         if self.n_workers is not None:
-            object.__setattr__(self, "n_workers", check_int("n_workers", self.n_workers, low=1))
+            object.__setattr__(self, "n_workers", check_int("n_workers", self.n_workers, low=1, high=MAX_WORKERS))
         if self.signatures is not None:
-            sig = np.asarray(self.signatures, dtype=np.float64)
+            try:
+                sig = np.asarray(self.signatures, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise ValueError(f"signatures must be a finite [n >= 1, d] array of numbers; got "
+                                 f"{type(self.signatures).__name__} {str(self.signatures)[:40]!r}") from None
             if sig.ndim != 2 or sig.shape[0] < 1 or not np.isfinite(sig).all():
                 raise ValueError(f"signatures must be a finite [n >= 1, d] array; got shape {sig.shape}")
             object.__setattr__(self, "signatures", sig)
@@ -217,11 +235,13 @@ class ClusterView:
     waiting_tokens: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        self.active = np.asarray(self.active, dtype=np.int64)
+        self.active = _whole_counts("active", self.active)
+        if self.active.ndim != 1:
+            raise ValueError(f"active must be a 1-d array with one entry per worker; got shape {self.active.shape}")
         g = self.active.shape[0]
-        self.kv_tokens = np.asarray(self.kv_tokens, dtype=np.int64)
-        self.free_slots = np.asarray(self.free_slots, dtype=np.int64)
-        self.waiting = np.zeros(g, np.int64) if self.waiting is None else np.asarray(self.waiting, dtype=np.int64)
+        self.kv_tokens = _whole_counts("kv_tokens", self.kv_tokens)
+        self.free_slots = _whole_counts("free_slots", self.free_slots)
+        self.waiting = np.zeros(g, np.int64) if self.waiting is None else _whole_counts("waiting", self.waiting)
         for name in ("kv_tokens", "free_slots", "waiting"):
             if getattr(self, name).shape != (g,):
                 raise ValueError(f"{name} must have one entry per worker ({g}); got shape {getattr(self, name).shape}")
@@ -499,7 +519,7 @@ class Router:
         seed : int, optional
             Re-seeds :attr:`rng` (default: the constructor's ``seed``).
         """
-        self.n_workers = check_int("n_workers", n_workers, low=1)
+        self.n_workers = check_int("n_workers", n_workers, low=1, high=MAX_WORKERS)
         self.rng = rng_from(self.seed if seed is None else seed)
         return self
 
@@ -704,7 +724,7 @@ def register_router(cls: type[Router]) -> type[Router]:
 
 def router_class(name: str) -> type[Router]:
     """The class registered under ``name`` (``ValueError`` listing the registry)."""
-    if name not in ROUTERS:
+    if not isinstance(name, str) or name not in ROUTERS:
         raise ValueError(f"router must be one of {sorted(ROUTERS)}; got {name!r} (moelab.routers registers every "
                          "router of the lab)")
     return ROUTERS[name]

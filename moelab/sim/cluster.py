@@ -86,6 +86,7 @@ _REQUEST_FIELDS = ("signature", "domain", "prompt_key", "prefix_hashes")
 
 def pack_expert_bits(trace: ExpertTrace) -> np.ndarray:
     """Every decode token's expert set as bits: uint64 ``[sum T, L, ceil(E/64)]``."""
+    check_instance("trace", trace, ExpertTrace, "an ExpertTrace")
     ids = trace.decode_ids.astype(np.int64)
     words = (trace.geometry.num_experts + 63) // 64
     out = np.zeros(ids.shape[:2] + (words,), dtype=np.uint64)
@@ -98,6 +99,7 @@ def pack_expert_bits(trace: ExpertTrace) -> np.ndarray:
 
 def supplied_fields(requests: RequestTrace) -> frozenset[str]:
     """What the decode tier can tell an instance router about ``requests``."""
+    check_instance("requests", requests, RequestTrace, "a RequestTrace")
     return INSTANCE_FIELDS | {f for f in _REQUEST_FIELDS if getattr(requests, f) is not None}
 
 
