@@ -450,7 +450,17 @@ def run_doctor(need: list[str] | None = None, *, servers: list[str] | None = Non
         checked.append((ok, what, fix))
         items.append(Item("servers", "server", ok, what, fix))
     feats = _features(torch_info, vllm_info, lm_ok, checked)
-    live_ok = _live(items) if live else True
+    live_ok = True
+    if live:  # vLLM logs to stdout: the engine's lines go to stderr, so stdout stays the report (--json parses)
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(2, 1)
+        try:
+            live_ok = _live(items)
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
     if need:
         ready = [feats[n].ok if n in feats else extras[n] == "whole" for n in need]
         code = 0 if all(ready) and live_ok and not any(not ok for ok, _, _ in checked) else 2
