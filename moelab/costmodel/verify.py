@@ -118,9 +118,11 @@ class OnlineVerifyCost(VerifyCost):
     probed on a busy machine that makes long chains look dear would otherwise never be tested on them. The
     median (in log space) is why: a preempted step (a 3-10x outlier) moves nothing until it is the typical
     step, and a curve that is off by a factor is corrected after ``ONLINE_WINDOW // 2 + 1`` steps at a ``q``.
-    The table is kept non-decreasing (a running maximum in ``q``, as :class:`VerifyCost` requires) and is
-    rebuilt only when a median moves by more than :data:`ONLINE_TOLERANCE`, so an observation costs a few
-    microseconds on the drafting hot path.
+    The table is kept non-decreasing (a running maximum in ``q``, as :class:`VerifyCost` requires). That is
+    conservative: on a noisy machine a high median at a short chain lifts every longer one, so the plan errs
+    toward drafting less; an engine's :class:`moelab.hd.policy.PolicyChoice` then runs the full chain instead
+    where that is faster. The table is rebuilt only when a median moves by more than :data:`ONLINE_TOLERANCE`,
+    so an observation costs a few microseconds on the drafting hot path.
 
     Parameters
     ----------
