@@ -8,6 +8,7 @@ import json
 import pytest
 
 from moelab.costmodel import MODEL_SHAPES, expected_distinct_experts
+from moelab.course.agreement import assert_reads_cleanly
 from moelab.datasets import repo_root
 from tests.helpers import execute_notebook
 
@@ -39,6 +40,8 @@ def test_map_structure_links_and_nbgrader_metadata():
 @pytest.mark.notebook
 def test_overview_notebook(tmp_path):
     out = execute_notebook("00_overview", {"PRESET": "ci"}, tmp_path)
+    # issue 40: every number its prose states agrees with its results or tables, and its figures read cleanly
+    assert_reads_cleanly(tmp_path / "00_overview.ipynb", out)
     res = out["00_overview"]
     assert res["notebooks"] == ["01_eldr", "02_hierarchy_drafting", "03_afd_ratio", "04_dsd_rtt",
                                 "05_balanceroute", "07_cross_paper", "06_from_your_deployment"]

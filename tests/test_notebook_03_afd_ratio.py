@@ -8,6 +8,7 @@ import json
 import pytest
 
 import moelab.afd as afd
+from moelab.course.agreement import assert_reads_cleanly
 from moelab.datasets import repo_root
 from moelab.presets import preset_values
 from tests.helpers import execute_notebook
@@ -58,6 +59,8 @@ def test_lesson_structure_and_nbgrader_metadata():
 @pytest.mark.notebook
 def test_afd_notebook(tmp_path):
     out = execute_notebook("03_afd_ratio", CI_PARAMS, tmp_path)
+    # issue 40: every number its prose states agrees with its results or tables, and its figures read cleanly
+    assert_reads_cleanly(tmp_path / "03_afd_ratio.ipynb", out)
     res = out["03_afd_ratio"]
     assert len(res["check_values"]) == 5 and res["check_max_abs_err"] <= 0.1
     assert res["r_star"] == pytest.approx(afd.optimal_ratio(256, 100, 500, N=CI["N"]))

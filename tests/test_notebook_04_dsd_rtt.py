@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import moelab.dsd as dsd
+from moelab.course.agreement import assert_reads_cleanly
 from moelab.presets import preset_values
 from tests.helpers import execute_notebook
 from tests.test_dsd import SPEC_TABLE
@@ -17,6 +18,8 @@ CI_PARAMS = {"PRESET": "ci", "INTERACTIVE": False}
 @pytest.mark.notebook
 def test_dsd_notebook(tmp_path):
     out = execute_notebook("04_dsd_rtt", CI_PARAMS, tmp_path)
+    # issue 40: every number its prose states agrees with its results or tables, and its figures read cleanly
+    assert_reads_cleanly(tmp_path / "04_dsd_rtt.ipynb", out)
     res = out["04_dsd_rtt"]
     for t_ar, row in SPEC_TABLE.items():
         for alpha, expected in row.items():

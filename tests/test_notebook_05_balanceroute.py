@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from moelab.course.agreement import assert_reads_cleanly
 from moelab.presets import preset_values
 from tests.helpers import execute_notebook
 
@@ -19,6 +20,8 @@ CI = preset_values("05_balanceroute", "ci")
 @pytest.mark.slow
 def test_notebook_05_balanceroute(tmp_path, public_data):
     out = execute_notebook("05_balanceroute", CI_PARAMS, tmp_path)
+    # issue 40: every number its prose states agrees with its results or tables, and its figures read cleanly
+    assert_reads_cleanly(tmp_path / "05_balanceroute.ipynb", out)
     res = out["05_balanceroute"]
     figs = set(out["_figures"])
     for name in ("05_imbalance_over_time", "05_costs_table", "05_throughput", "05_decision_time", "05_load_sweep",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from moelab.course.agreement import assert_reads_cleanly
 from moelab.models.vllm_engine import vllm_status
 from tests.helpers import execute_notebook
 
@@ -39,6 +40,7 @@ def _check_analysis(r: dict) -> None:
 @pytest.mark.skipif(not OK, reason=WHY)
 def test_notebook_06_from_your_deployment(tmp_path):
     res = execute_notebook("06_from_your_deployment", {"MODEL": _model(), **SMALL}, tmp_path)
+    assert_reads_cleanly(tmp_path / "06_from_your_deployment.ipynb", res)  # issue 40
     r = res["06_from_your_deployment"]
     assert r["backend"] == "vllm" and r["live_engine"] and r["hf_agreement"] == 1.0  # live trace == HF reference
     assert r["n_requests"] >= 6 and r["tokens_captured"] > r["n_requests"] * 8
@@ -50,6 +52,7 @@ def test_notebook_06_from_your_deployment(tmp_path):
 @pytest.mark.slow
 def test_notebook_06_without_vllm_falls_back_to_hf_capture(tmp_path):
     res = execute_notebook("06_from_your_deployment", {"MODEL": _model(), **SMALL, "BACKEND": "hf"}, tmp_path)
+    assert_reads_cleanly(tmp_path / "06_from_your_deployment.ipynb", res)  # issue 40
     r = res["06_from_your_deployment"]
     assert r["backend"] == "hf" and not r["live_engine"] and r["hf_agreement"] is None  # the live check is skipped
     assert r["n_requests"] >= 6 and r["tokens_captured"] > r["n_requests"] * 8

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from moelab.course.agreement import assert_reads_cleanly
 from moelab.presets import preset_values
 from tests.helpers import execute_notebook
 
@@ -18,6 +19,8 @@ PARAMS = {"PRESET": "ci"}
 @pytest.mark.slow
 def test_notebook_07_cross_paper(tmp_path):
     out = execute_notebook("07_cross_paper", PARAMS, tmp_path)
+    # issue 40: every number its prose states agrees with its results or tables, and its figures read cleanly
+    assert_reads_cleanly(tmp_path / "07_cross_paper.ipynb", out)
     res = out["07_cross_paper"]
     figs = set(out["_figures"])
     assert {"07_pairs.html", "07_causes.html", "07_two_level_routing.html"} <= figs
