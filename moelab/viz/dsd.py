@@ -129,9 +129,13 @@ def measured_latency_figure(df: pd.DataFrame) -> go.Figure:
     for mode, g in df.groupby("mode", sort=False):
         color = MODE_COLORS[mode]
         fig.add_scatter(x=g["rtt"], y=g["closed_form"], mode="lines", name=f"{MODE_LABELS[mode]} (closed form)",
-                        line={"color": color}, row=1, col=1)
+                        line={"color": color}, legendgroup=mode, row=1, col=1)
+        # pipelined points are open circles around sync's crosses: when every pre-drafted block is invalidated
+        # (see M5) the two coincide, and neither hides the other
+        marker = ({"color": color, "symbol": "circle-open", "size": 14, "line": {"width": 2}}
+                  if mode == "dsd_pipelined" else {"color": color, "symbol": "x", "size": 9})
         fig.add_scatter(x=g["rtt"], y=g["measured"], mode="markers", name=f"{MODE_LABELS[mode]} (measured inputs)",
-                        marker={"color": color, "symbol": "x", "size": 9}, row=1, col=1)
+                        marker=marker, legendgroup=mode, row=1, col=1)
         fig.add_scatter(x=g["rtt"], y=100 * (g["measured"] / g["closed_form"] - 1), mode="markers+lines",
                         marker={"color": color}, showlegend=False, row=2, col=1)
     fig.add_hline(y=0, line_color="#999", row=2, col=1)

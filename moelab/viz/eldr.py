@@ -49,16 +49,20 @@ def fig_rate_sweep(df: pd.DataFrame) -> go.Figure:
     """p50 TPOT and distinct experts per layer per step vs arrival rate, one line per router."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("p50 TPOT (ms)", "distinct experts / layer / step"))
     order = sorted(df["router"].unique(), key=lambda r: r == "domain_oracle")  # oracle drawn last
-    for router in order:
+    # one marker shape per router, drawn larger first: routers whose results coincide (small runs often make
+    # the load balancers identical) stay visible as nested markers instead of hiding one another
+    symbols = ("circle", "square", "diamond", "triangle-up", "x", "cross", "triangle-down", "star")
+    for k, router in enumerate(order):
         g = df[df["router"] == router]
         g = g.sort_values("rate")
         # the oracle is dashed on top: where it coincides with ELDR both stay visible
         style = {"color": _color(router), "width": 4 if router == "eldr" else 2,
                  "dash": "dash" if router == "domain_oracle" else "solid"}
+        marker = {"symbol": symbols[k % len(symbols)], "size": max(6, 16 - 2 * k), "color": _color(router)}
         fig.add_scatter(x=g["rate"], y=g["tpot_ms_p50"], mode="lines+markers", name=router, line=style, row=1, col=1,
-                        legendgroup=router)
+                        legendgroup=router, marker=marker)
         fig.add_scatter(x=g["rate"], y=g["distinct_per_layer_step"], mode="lines+markers", name=router, line=style,
-                        row=1, col=2, legendgroup=router, showlegend=False)
+                        row=1, col=2, legendgroup=router, showlegend=False, marker=marker)
     fig.update_xaxes(title_text="arrival rate (req/s)")
     fig.update_yaxes(title_text="p50 TPOT (ms)", row=1, col=1)
     fig.update_yaxes(title_text="distinct experts / layer / step", row=1, col=2)
