@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -107,6 +108,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     if args.json:  # checked before the (long) run, not after it
         args.json = check_output_file(args.json, writer="bench", name="--json")
+    if args.busy_core:
+        if "hd" not in (args.suites or ["hd"]):
+            raise ValueError("--busy-core is for the hd suite (moelab bench hd --busy-core)")
+        os.environ["MOELAB_HD_BUSY_CORE"] = "1"  # read by moelab.bench.hd, which starts and stops the hog
     figures = run_suites(args.suites, quick=args.quick)
     print(f"{'figure':<44}{'value':>14}  {'unit':<8}{'goal':<10}{'met':<6}note")
     for f in figures:
@@ -148,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("suites", nargs="*", help="suites (default: all)")
     bench.add_argument("--json", help="also write the figures to this JSON file")
     bench.add_argument("--quick", action="store_true", help="smaller sizes (for smoke tests)")
+    bench.add_argument("--busy-core", action="store_true",
+                       help="suite hd: keep one core busy with a spinning process during the whole run (probes "
+                            "included), to check that the claims hold on a busy machine")
     bench.set_defaults(func=_cmd_bench)
 
     for name, (_, help_text) in DELEGATED.items():
