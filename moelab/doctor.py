@@ -48,6 +48,7 @@ from moelab.models.vllm_contract import (
 )
 from moelab.models.vllm_engine import _installed_version, _parse, vllm_status
 
+#: the live features ``--need`` can ask for: capture hooks, HD as a vLLM drafter, GPU calibration, the router proxy
 FEATURES = ("capture", "hd-vllm", "calibrate", "serve-router")
 #: extras: pip extra -> (what it is for, the import names that make it whole)
 EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -82,12 +83,27 @@ class Item:
 
 @dataclass
 class Report:
+    """What :func:`run_doctor` found.
+
+    Attributes
+    ----------
+    items : list of Item
+        Every line of the report, in print order (system, vLLM, extras, cache, data).
+    features : dict of str to Item
+        Per live feature (:data:`FEATURES`), whether it is ready, why not and the command that fixes it.
+    need : list of str
+        The features the user asked for (``--need``); the exit code reflects only these and consistency.
+    exit_code : int
+        0 when everything asked for is ready, 2 otherwise.
+    """
+
     items: list[Item]
     features: dict[str, Item]
     need: list[str]
     exit_code: int
 
     def as_dict(self) -> dict[str, Any]:
+        """The report as JSON data (``moelab doctor --json``)."""
         return {"ok": self.exit_code == 0, "exit_code": self.exit_code, "need": self.need,
                 "items": [asdict(i) for i in self.items],
                 "features": {k: {"ready": v.ok, "why": v.value, "fix": v.fix} for k, v in self.features.items()}}

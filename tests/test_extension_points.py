@@ -207,7 +207,10 @@ def test_serve_router_imports_a_router_module_before_choosing(tmp_path, monkeypa
     monkeypatch.syspath_prepend(str(tmp_path))
     args = build_parser().parse_args(["-b", "http://127.0.0.1:9", "-b", "http://127.0.0.1:10",
                                       "--router-module", "my_routers_for_test", "--router", "test_module_router"])
-    assert build_proxy(args).router.name == "test_module_router"
+    try:
+        assert build_proxy(args).router.name == "test_module_router"
+    finally:
+        ROUTERS.pop("test_module_router", None)  # the registry is the process's: leave it as it was
     bad = build_parser().parse_args(["-b", "http://127.0.0.1:9", "--router-module", "no_such_module_xyz"])
     with pytest.raises(ValueError, match="--router-module 'no_such_module_xyz' cannot be imported"):
         build_proxy(bad)

@@ -190,6 +190,27 @@ def code_version(*targets: str, extra: Sequence[str] = ()) -> str:
     return h.hexdigest()[:16]
 
 
+def function_fingerprint(fn: Callable[..., Any]) -> str:
+    """A hash of ``fn``'s compiled code (bytecode, names, constants, nested functions): what stands for its
+    source when its module has no file. Stable across runs, unlike ``marshal`` (whose output depends on
+    reference counts)."""
+    def walk(code: Any, h: Any) -> None:
+        h.update(code.co_code)
+        h.update(repr((code.co_names, code.co_varnames, code.co_freevars)).encode())
+        for c in code.co_consts:
+            if hasattr(c, "co_code"):
+                walk(c, h)
+            else:
+                h.update(repr(c).encode())
+
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        raise ValueError(f"code_version: {fn!r} has no Python code to stand for its source")
+    h = hashlib.sha256(getattr(fn, "__qualname__", "").encode())
+    walk(code, h)
+    return h.hexdigest()[:16]
+
+
 _FILE_HASHES: dict[tuple[str, int, int], str] = {}
 
 
@@ -451,7 +472,10 @@ def run_sweep(
             if bad:
                 raise ValueError(f"unknown grid parameter(s) {bad}; the parameters are {sorted(allowed)}")
     if code is None:
-        code = code_version(fn.__module__)
+        try:
+            code = code_version(fn.__module__)
+        except ValueError:  # defined where no file stands for its module (exec'd code, some runners' __main__)
+            code = code_version(extra=[function_fingerprint(fn)])
     if cache_dir is None:
         cache_dir = moelab_cache_dir() / "sweep"
     cache = ResultCache(cache_dir)
