@@ -19,12 +19,15 @@ from moelab.afd.coefficients import check_coefficients as _coeffs
 
 # Requests each attention instance serves when the caller does not say (the paper's finite horizon).
 DEFAULT_REQUESTS = 10_000
+#: the longest mean prompt or decode length (tokens) the closed form takes: far beyond any context window, and
+#: below the point where its products (B x mu x N) overflow a float
+MAX_MEAN_TOKENS = 1e9
 
 
 def _workload(B: int, mu_P: float, mu_D: float, N: float | None) -> tuple[int, float, float, float | None]:
     B = check_int("B", B, low=1)
-    mu_P = check_real("mu_P", mu_P, low=0)
-    mu_D = check_real("mu_D", mu_D, low=0)
+    mu_P = check_real("mu_P", mu_P, low=0, high=MAX_MEAN_TOKENS)
+    mu_D = check_real("mu_D", mu_D, low=0, high=MAX_MEAN_TOKENS)
     if N is not None:
         # a horizon shorter than one fill of the B slots has no steady part: the load formula needs N >= B
         N = check_real("N", N, low=B)
@@ -33,7 +36,7 @@ def _workload(B: int, mu_P: float, mu_D: float, N: float | None) -> tuple[int, f
 
 def termination_prob(mu_D: float) -> float:
     """Per-step termination probability p of a geometric decode length with mean ``mu_D=(1-p)/p``."""
-    mu_D = check_real("mu_D", mu_D, low=0)
+    mu_D = check_real("mu_D", mu_D, low=0, high=MAX_MEAN_TOKENS)
     return 1.0 / (1.0 + mu_D)
 
 
@@ -208,6 +211,6 @@ def ratio_table(B_values=(64, 128, 256, 512), mu_P_values=(100, 500, 2000), mu_D
 
 
 __all__ = [
-    "DEFAULT_REQUESTS", "MAX_TABLE_ROWS", "ratio_table", "AFDCoefficients", "RatioTerms", "expected_decode_load", "horizon_steps", "idle_ratios",
+    "DEFAULT_REQUESTS", "MAX_MEAN_TOKENS", "MAX_TABLE_ROWS", "ratio_table", "AFDCoefficients", "RatioTerms", "expected_decode_load", "horizon_steps", "idle_ratios",
     "mean_token_load", "optimal_ratio", "ratio_terms", "stage_times", "termination_prob", "throughput_per_instance",
 ]
