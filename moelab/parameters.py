@@ -344,6 +344,8 @@ FIXED: dict[str, dict[str, Parameter]] = {
         "TAU": Parameter("ELDR locality band", _TAU),
         "HF_CHECK": Parameter("requests re-captured with the HF backend (0: skip)", integer(0, 1000)),
         "BACKEND": Parameter("capture backend", one_of(("auto", "vllm", "hf"))),
+        "TRACE": Parameter("an expert trace (.npz) a deployment recorded; empty: capture one here",
+                           file_or_empty(".npz", _read_trace, what="expert trace")),
         "INTERACTIVE": _INTERACTIVE,
         "SEED": _SEED,
     },
