@@ -6,7 +6,9 @@ table (:data:`moelab.hd.methods.METHODS`), so a method name means the same store
 
 from __future__ import annotations
 
+import importlib
 import itertools
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -59,6 +61,41 @@ class _Probe(Drafter):
         return Draft([(self.token,) * self.length], ["P" * self.length if self.length > 1 else "P"])
 
 
+def drafter_factory(spec: Any) -> Callable[[], Drafter]:
+    """The callable named by ``spec`` (``"package.module:name"``, a :class:`~moelab.hd.drafters.Drafter`
+    subclass or any function returning a drafter): how a vLLM engine, which passes nothing but its own config to
+    the proposer, is told to run a drafter of yours (``adapter_config("custom", drafter="mymod:MyDrafter")``).
+    The module is imported in the engine's process, so it must be importable there (installed, or on
+    ``PYTHONPATH``)."""
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise ValueError(f"drafter must name a callable as 'package.module:name'; got {spec!r}")
+    module, name = spec.split(":")
+    try:
+        obj = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"drafter {spec!r} cannot be imported: {exc}") from None
+    if not callable(obj):
+        raise ValueError(f"drafter {spec!r} is not callable (a Drafter subclass or a function returning one)")
+    return obj
+
+
+def _user_drafter(factory: Callable[[], Any]) -> Drafter:
+    d = factory()
+    return check_instance("drafter", d, None, "a drafter (start, accept, draft, observe)",
+                          methods=("start", "accept", "draft", "observe"))
+
+
+def _first_chain(drafter: Any, max_len: int) -> Draft:
+    """A drafter's first candidate, cut to ``max_len``: the one chain a row proposes to vLLM."""
+    draft = drafter.draft()
+    if not isinstance(draft, Draft):
+        raise ValueError(f"drafter {getattr(drafter, 'name', type(drafter).__name__)!r} must return a Draft from "
+                         f"draft(); got {type(draft).__name__}")
+    if not draft.candidates or max_len <= 0:
+        return Draft([], [])
+    return Draft([tuple(draft.candidates[0][:max_len])], [draft.sources[0] if draft.sources else "?"])
+
+
 def make_row_drafters(cfg: dict[str, Any], *, tokenizer_path: str, budget: int) -> RowDrafters:
     """Per-row drafters for a batching engine from an adapter config (see :mod:`moelab.hd.vllm_adapter`).
 
@@ -66,6 +103,9 @@ def make_row_drafters(cfg: dict[str, Any], *, tokenizer_path: str, budget: int) 
     :func:`moelab.hd.policy.cold_start_prior` and ``cfg["seed"]`` seeds the exploration (:func:`cost_aware_rows`)."""
     method = cfg.get("method", "hd")
     budget = check_budget(budget)
+    if method == "custom":  # a drafter of the user's: no stores, no tokenizer; each row gets its own instance
+        factory = drafter_factory(cfg.get("drafter"))
+        return RowDrafters(lambda: _user_drafter(factory), _first_chain)
     # checked before the stores load (L takes seconds): a bad config fails at once
     prior = cfg.get("acceptance_prior")
     prior = None if prior is None else check_acceptance("acceptance_prior", prior)

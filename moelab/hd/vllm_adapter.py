@@ -12,7 +12,11 @@ What to draft with is read from the environment variable :data:`CONFIG_ENV` (JSO
 
 ``method``     ``"hd"`` (cost-aware HD, the default), ``"hd-fixed"`` (the hierarchy's chain, always the
                full budget), ``"rest"`` (L alone), ``"probe"`` (a fixed-length chain that is never
-               right: measures vLLM's verify cost per chain length)
+               right: measures vLLM's verify cost per chain length), ``"custom"`` (a drafter of yours)
+``drafter``    method ``custom``: ``"package.module:name"``, a :class:`~moelab.hd.drafters.Drafter` subclass
+               or a function returning one, importable in the engine's process; each request gets its own
+               instance, its first candidate (cut to the budget) is the chain proposed, and vLLM verifies it
+               (so the output stays greedy decoding's)
 ``order``      store order, e.g. ``"WSL"``
 ``s_path``     S store file (default: the shipped one); ``l_max_tokens``: size of the ShareGPT L index
 ``cost``       ``{"qs": [...], "ms": [...]}`` measured verify-cost curve (method ``hd``)
@@ -34,7 +38,7 @@ import numpy as np
 
 from moelab.hd.decode import check_draft_ids
 from moelab.hd.drafters import check_order
-from moelab.hd.engine import make_row_drafters
+from moelab.hd.engine import drafter_factory, make_row_drafters
 from moelab.hd.policy import check_budget
 from moelab.models.vllm_contract import SUPPORTED_VLLM, SUPPORTED_VLLM_TEXT, require_contract
 from moelab.models.vllm_engine import VLLMUnavailableError, _installed_version, _parse
@@ -43,7 +47,7 @@ CONFIG_ENV = "MOELAB_HD_VLLM"
 PROPOSER_PATH = "moelab.hd.vllm_adapter.HDProposer"
 # SUPPORTED_VLLM: the range whose releases hold the contract's "hd-vllm" items (moelab.models.vllm_contract: the
 # custom_class option, create_custom_proposer(vllm_config), the runner's propose(...) call)
-METHODS = ("hd", "hd-fixed", "rest", "probe")
+METHODS = ("hd", "hd-fixed", "rest", "probe", "custom")
 ACTIVE: HDProposer | None = None
 
 
@@ -73,6 +77,8 @@ def adapter_config(method: str = "hd", **options: Any) -> dict[str, Any]:
     """The proposer's config (``method`` and its options, see the module docstring), validated."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {list(METHODS)}; got {method!r}")
+    if method == "custom":  # "drafter": "package.module:name", imported now so a bad name fails before the engine
+        drafter_factory(options.get("drafter"))
     if "order" in options:
         check_order(options["order"])
     return {"method": method, **options}
