@@ -499,3 +499,10 @@ def test_measured_length_draws_are_capped_and_need_a_generator():
         lengths.draw(np.random.default_rng(0), MAX_DRAWS + 1)
     with pytest.raises(ValueError, match="rng must be a numpy Generator"):
         lengths.draw(1.5, 10)
+
+
+def test_acceptance_model_priors_must_be_a_dict():
+    from moelab.hd.policy import AcceptanceModel
+
+    with pytest.raises(ValueError, match="priors must be a dict"):
+        AcceptanceModel(priors=1.5)

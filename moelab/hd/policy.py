@@ -193,6 +193,9 @@ class AcceptanceModel:
         self.half_life = check_real("half_life", half_life, low=0.0, low_open=True) if half_life != float("inf") \
             else half_life
         self._keep = 0.5 ** (1.0 / self.half_life)
+        if priors is not None and not isinstance(priors, dict):
+            raise ValueError(f"priors must be a dict of (store, class) -> acceptance in [0, 1]; got "
+                             f"{type(priors).__name__} {priors!r:.40}")
         self.priors = {k: check_acceptance(f"priors[{k!r}]", v) for k, v in (priors or {}).items()}
         self.engine = engine
         self.accepted: dict[Key, float] = {}
