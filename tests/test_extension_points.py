@@ -217,3 +217,15 @@ def test_serve_router_imports_a_router_module_before_choosing(tmp_path, monkeypa
     unknown = build_parser().parse_args(["-b", "http://127.0.0.1:9", "--router", "no_such_router"])
     with pytest.raises(ValueError, match="--router must be one of"):
         build_proxy(unknown)
+
+
+def test_a_choose_router_answering_out_of_range_is_named_not_an_index_error():
+    class Far(Router):
+        name = "test_far"
+
+        def choose(self, batch, i, view, open_):
+            return 99
+
+    view = ClusterView(np.zeros(2), np.zeros(2), np.array([4, 4]))
+    with pytest.raises(RouterError, match=r"choose\(\) returned \[?99\]? for request 0; expected a worker id in \[0, 2\)"):
+        call_router(Far(), RequestBatch([7]), view)

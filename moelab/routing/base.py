@@ -642,9 +642,12 @@ class Router:
             open_ = work.free_slots > 0
             if not open_.any():
                 break
-            w = int(self.choose(batch, i, work, open_))
+            w = self.choose(batch, i, work, open_)
+            if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or not 0 <= w < work.n_workers:
+                raise RouterError(f"{_router_label(self)} choose() returned {_show(w)} for request {i}; expected a "
+                                  f"worker id in [0, {work.n_workers})")
             out[i] = w
-            work.admit(w, int(batch.prompt_len[i]))
+            work.admit(int(w), int(batch.prompt_len[i]))
         return out
 
     def choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:

@@ -1045,7 +1045,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"({', '.join(router_choices())}, or one a --router-module registers)")
     p.add_argument("--router-module", action="append", default=[], metavar="MODULE",
                    help="import this module first (repeatable): a module of yours that registers a router "
-                        "(moelab.routers.register) so --router can name it")
+                        "(moelab.routing.register_router) so --router can name it; it must be importable by this "
+                        "command (installed, or its folder on PYTHONPATH, e.g. PYTHONPATH=. moelab serve-router ...)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-inflight", type=int, default=32, help="requests in flight per backend")
