@@ -96,7 +96,8 @@ def _analysis(trace_path: Path, tmp_path: Path) -> dict:
     if "TRACE" in notebook_parameters("06_from_your_deployment"):
         from tests.helpers import execute_notebook
 
-        res = execute_notebook("06_from_your_deployment", {"TRACE": str(trace_path), "PRESET": "ci"}, tmp_path)
+        # a folder of its own: tmp_path holds the captured trace, and moelab writes only where it owns the folder
+        res = execute_notebook("06_from_your_deployment", {"TRACE": str(trace_path), "PRESET": "ci"}, tmp_path / "runs")
         return res["06_from_your_deployment"]
     from moelab.eldr import SignatureBuilder
     from moelab.eldr.partition import spherical_kmeans

@@ -32,10 +32,12 @@ def _by_name(report: dict) -> dict[str, dict]:
 def test_report_on_this_machine_has_every_line_and_starts_no_engine(capsys):
     import sys
 
+    loaded_before = "vllm.v1.engine.llm_engine" in sys.modules  # an earlier test of this process may have loaded it
     t0 = time.monotonic()
     code, rep = _run(capsys)
     assert time.monotonic() - t0 < 120  # seconds on an idle machine; generous for 2 shared cores
-    assert "vllm.v1.engine.llm_engine" not in sys.modules  # no engine (nor vLLM's engine code) was loaded
+    if not loaded_before:
+        assert "vllm.v1.engine.llm_engine" not in sys.modules  # no engine (nor vLLM's engine code) was loaded
     items = _by_name(rep)
     assert SECTIONS <= {i["section"] for i in rep["items"]} | {"features"}
     assert {"python", "torch", "vLLM", "MOELAB_CACHE", "bundled", "packaged LM"} <= set(items)
