@@ -6,8 +6,6 @@ byte where it was."""
 
 from __future__ import annotations
 
-import hashlib
-import os
 from pathlib import Path
 
 import pytest
@@ -21,20 +19,12 @@ from moelab._outputs import (
     record_outputs,
     replace_dir,
 )
+from moelab.bench.output_battery import FOLDER_WRITERS as WRITERS
+from moelab.bench.output_battery import tree_digest
 from moelab.cli import main
 from moelab.notebooks import notebooks_dir
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """Every file under ``root`` (links not followed) with its SHA-256: what must not change."""
-    out = {}
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            p = Path(dirpath) / f
-            out[str(p.relative_to(root))] = "link" if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
 
 
 @pytest.fixture
@@ -56,23 +46,12 @@ def _refused(argv: list[str], capsys, *must_say: str) -> str:
     return err
 
 
-# each writer with the argument that names its output; "{}" is replaced by the target
-WRITERS = {
-    "book build": ["book", "build", "{}", "--names", "00"],
-    "notebooks run": ["notebooks", "run", "00", "--preset", "ci", "--out", "{}"],
-    "course release": ["course", "release", "{}", "--labs", "00"],
-    "slides": ["slides", "00", "{}"],
-    "sweep": ["sweep", "eldr", "--out", "{}", "--no-progress"],
-    "calibrate": ["calibrate", "--smoke", "--out", "{}"],
-}
-
-
 @pytest.mark.parametrize("writer", sorted(WRITERS))
 def test_no_writer_touches_a_folder_of_user_files(writer, user_folder, capsys):
-    before = snapshot(user_folder)
+    before = tree_digest(user_folder)
     argv = [a.replace("{}", str(user_folder)) for a in WRITERS[writer]]
     _refused(argv, capsys, str(user_folder))
-    assert snapshot(user_folder) == before
+    assert tree_digest(user_folder) == before
     assert not (user_folder / MARKER).exists()
 
 
@@ -82,10 +61,10 @@ def test_no_writer_writes_into_the_sources(writer, where, capsys):
     target = {"notebooks": notebooks_dir(), "notebooks/sub": notebooks_dir() / "sub", "moelab": REPO / "moelab" / "x",
               "root": REPO, "tests": REPO / "tests" / "out"}[where]
     watched = REPO / "notebooks"
-    before = snapshot(watched)
+    before = tree_digest(watched)
     argv = [a.replace("{}", str(target)) for a in WRITERS[writer]]
     _refused(argv, capsys)
-    assert snapshot(watched) == before
+    assert tree_digest(watched) == before
     assert not (target / MARKER).exists()
 
 
@@ -93,17 +72,17 @@ def test_no_writer_writes_into_the_sources(writer, where, capsys):
 def test_no_writer_writes_through_a_symlink(writer, user_folder, tmp_path, capsys):
     link = tmp_path / "link"
     link.symlink_to(user_folder, target_is_directory=True)
-    before = snapshot(user_folder)
+    before = tree_digest(user_folder)
     argv = [a.replace("{}", str(link)) for a in WRITERS[writer]]
     _refused(argv, capsys, "symbolic link")
-    assert snapshot(user_folder) == before and link.is_symlink()
+    assert tree_digest(user_folder) == before and link.is_symlink()
 
 
 def test_book_build_from_a_non_empty_current_folder_is_refused(user_folder, capsys, monkeypatch):
     monkeypatch.chdir(user_folder)
-    before = snapshot(user_folder)
+    before = tree_digest(user_folder)
     _refused(["book", "build", ".", "--names", "00"], capsys, "did not write")
-    assert snapshot(user_folder) == before
+    assert tree_digest(user_folder) == before
 
 
 def test_book_build_from_a_missing_folder_is_refused(tmp_path, capsys):

@@ -34,7 +34,9 @@ FILE_WRITERS: dict[str, list[str]] = {
 }
 
 
-def _snapshot(root: Path) -> dict[str, str]:
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (links not followed) with its SHA-256 ("link" for a link): what a command
+    must leave as it found it."""
     out = {}
     for dirpath, _, files in os.walk(root):
         for f in files:
@@ -76,7 +78,7 @@ def run_battery() -> dict[str, Any]:
         watched = {"user": user, "notebooks": notebooks_dir()}
         folder_targets = {"user folder": user, "link to it": link, "notebooks/": notebooks_dir(),
                           "inside notebooks/": notebooks_dir() / "out", "repository root": repo_root()}
-        before = {k: _snapshot(v) for k, v in watched.items()}
+        before = {k: tree_digest(v) for k, v in watched.items()}
         cwd = os.getcwd()
         try:
             for writers, targets in ((FOLDER_WRITERS, folder_targets),
@@ -96,7 +98,7 @@ def run_battery() -> dict[str, Any]:
                     unexpected.append(f"{writer} into '.': exit {code}")
         finally:
             os.chdir(cwd)
-        after = {k: _snapshot(v) for k, v in watched.items()}
+        after = {k: tree_digest(v) for k, v in watched.items()}
         for k in watched:
             if after[k] != before[k]:
                 unexpected.append(f"files under {k} changed")
@@ -105,4 +107,4 @@ def run_battery() -> dict[str, Any]:
     return {"cases": cases, "unexpected": unexpected}
 
 
-__all__ = ["FILE_WRITERS", "FOLDER_WRITERS", "run_battery"]
+__all__ = ["FILE_WRITERS", "FOLDER_WRITERS", "run_battery", "tree_digest"]
