@@ -138,7 +138,7 @@ def _foreign_files(folder: Path, marker: dict[str, Any], writer: str) -> list[st
 
 
 def check_output_dir(path: str | os.PathLike, *, writer: str, name: str = "OUT",
-                     replace: bool = False, overwrites: Iterable[str] = ()) -> Path:
+                     replace: bool = False, overwrites: Iterable[str] = (), owned_subdirs: Iterable[str] = ()) -> Path:
     """Check, before any work, that ``writer`` may write into the folder ``path``.
 
     Parameters
@@ -154,6 +154,9 @@ def check_output_dir(path: str | os.PathLike, *, writer: str, name: str = "OUT",
     overwrites : iterable of str
         Files (relative to the folder) the command will write: each must be absent, or written by ``writer``
         and unchanged since.
+    owned_subdirs : iterable of str
+        Subfolders whose files the command rewrites without naming them in advance (a notebook's figures, the
+        vendored scripts of a slide deck): every file already under each must pass the ``overwrites`` check.
 
     Returns
     -------
@@ -186,7 +189,9 @@ def check_output_dir(path: str | os.PathLike, *, writer: str, name: str = "OUT",
             raise OutputPolicyError(f"{name} {folder} holds {len(foreign)} file(s) moelab {writer} did not write "
                                     f"or that changed since ({', '.join(foreign[:5])}); replacing the folder would "
                                     "delete them: move them out or name another folder")
-    for rel in overwrites:
+    owned = [p.relative_to(folder).as_posix() for d in owned_subdirs if (folder / d).is_dir()
+             for p in (folder / d).rglob("*") if p.is_file() or p.is_symlink()]
+    for rel in [*overwrites, *owned]:
         _check_own_file(folder, marker, rel, writer, name)
     return folder
 

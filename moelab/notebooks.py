@@ -205,12 +205,12 @@ def check_run_output(out_dir: str | os.PathLike, names: list[str]) -> Path:
     """Check, before anything runs, that ``moelab notebooks run`` may write ``names``' executed notebooks
     (and figures) into ``out_dir``: a new or empty folder, or one this command wrote, where every file it
     would replace is its own and unchanged (:mod:`moelab._outputs`); never moelab's own ``notebooks/``."""
-    out = check_output_dir(out_dir, writer=WRITER, name="--out")
-    figures = figures_location(out)
-    mine = [f"{n}.ipynb" for n in names]
-    if out in figures.parents and figures.is_dir():
-        mine += [p.relative_to(out).as_posix() for p in figures.rglob("*") if p.is_file() or p.is_symlink()]
-    return check_output_dir(out, writer=WRITER, name="--out", overwrites=mine)
+    out = Path(os.path.abspath(Path(out_dir).expanduser()))  # a link named as OUT stays a link: refused below
+    base = out.parent.resolve() / out.name
+    figures = figures_location(base)
+    subdirs = [figures.relative_to(base).as_posix()] if base in figures.parents else []
+    return check_output_dir(out, writer=WRITER, name="--out", overwrites=[f"{n}.ipynb" for n in names],
+                            owned_subdirs=subdirs)
 
 
 def _check_injection(params: dict[str, Any]) -> None:

@@ -195,11 +195,8 @@ def check_output_folder(out: str | os.PathLike, name: str | None = None) -> Path
     this command wrote, where the slides of ``name`` and the vendored scripts it would replace are its own and
     unchanged (moelab's output policy, :mod:`moelab._outputs`); not a link, not inside moelab's sources."""
     try:
-        path = check_output_dir(out, writer=WRITER, name="OUT")
-        mine = [f"{name}.slides.html"] if name else []
-        if (path / VENDOR_DIR).is_dir():
-            mine += [p.relative_to(path).as_posix() for p in (path / VENDOR_DIR).rglob("*") if not p.is_dir()]
-        path = check_output_dir(path, writer=WRITER, name="OUT", overwrites=mine)
+        path = check_output_dir(out, writer=WRITER, name="OUT", overwrites=[f"{name}.slides.html"] if name else [],
+                                owned_subdirs=[VENDOR_DIR])
     except ValueError as exc:
         raise SlidesError(str(exc)) from None
     parent = path
