@@ -4,6 +4,8 @@ refused by name before an engine starts."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -54,3 +56,57 @@ def test_an_object_that_is_no_drafter_is_refused_by_name():
                              tokenizer_path="unused", budget=3)
     with pytest.raises(ValueError, match="drafter must be a drafter"):
         rows.propose(0, np.array([1, 2]), 3)
+
+
+class _Undeclared(hd.Drafter):
+    """Drafts from a store letter it never declared."""
+
+    name = "undeclared"
+    letters = "R"
+
+    def draft(self):
+        return hd.Draft([tuple(self.context[-2:])], ["Q"])
+
+
+class _Unpaired(hd.Drafter):
+    """Two candidates, one source."""
+
+    name = "unpaired"
+    letters = "R"
+
+    def draft(self):
+        return hd.Draft([(1,), (2,)], ["R"])
+
+
+class _NotADraft(hd.Drafter):
+    name = "not-a-draft"
+
+    def draft(self):
+        return [(1, 2)]
+
+
+@pytest.mark.parametrize("drafter, says", [
+    (_Undeclared(), "named source 'Q', not made of its declared store letters 'R'"),
+    (_Unpaired(), "returned 2 candidates but 1 sources"),
+    (_NotADraft(), "returned list; it must return a moelab.hd.Draft"),
+])
+def test_a_draft_a_drafter_cannot_account_for_is_refused_by_name(drafter, says):
+    with pytest.raises(ValueError, match=re.escape(says)) as err:
+        hd.replay_greedy(drafter, [1, 2, 3, 1, 2], [3, 1, 2, 3])
+    assert repr(drafter.name) in str(err.value)
+
+
+def test_credit_to_an_undeclared_store_is_refused():
+    d = hd.PLDDrafter()
+    with pytest.raises(ValueError, match=r"credited for store 'W', which is not one of its declared letters 'P'"):
+        d.credit("W", 2)
+    d.credit("P", 2)
+    assert (d.counters["P"].accept_steps, d.counters["P"].accepted_tokens) == (1, 2)
+
+
+def test_the_drafter_protocol_is_documented_where_help_shows_it():
+    assert "Returns" in hd.Drafter.draft.__doc__ and "sources" in hd.Drafter.draft.__doc__
+    for field in ("queries", "lookup_hits", "candidates", "accept_steps", "accepted_tokens"):
+        assert field in hd.StoreCounters.__doc__
+    for attr in ("name", "letters", "context", "counters"):
+        assert f"{attr} :" in hd.Drafter.__doc__

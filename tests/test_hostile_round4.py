@@ -101,6 +101,7 @@ def _drafter_proposing(*candidates):
 
     class Fixed(Drafter):
         name = "fixed"
+        letters = "W"
 
         def draft(self):
             return Draft([tuple(c) for c in candidates], ["W"] * len(candidates))

@@ -113,6 +113,7 @@ class _OneDraft(Drafter):
     """Proposes one fixed candidate at the first step, nothing afterwards (the reference for one step)."""
 
     name = "one draft"
+    letters = "W"
 
     def __init__(self, candidate: Sequence[int]) -> None:
         super().__init__()

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from moelab._validate import check_instance, check_int, check_real, check_token_ids, rng_from
-from moelab.hd.drafters import Drafter, NoDrafter
+from moelab.hd.drafters import Draft, Drafter, NoDrafter
 from moelab.models.lm import LMSession
 
 
@@ -173,6 +173,26 @@ def check_draft_ids(drafter: Any, candidates: Sequence[Sequence[int]], vocab_siz
                                  "tokenizer?)")
 
 
+def check_draft(drafter: Drafter, draft: Any, vocab_size: int | None) -> None:
+    """A drafter's whole proposal on its way into verification: a :class:`~moelab.hd.drafters.Draft` with one
+    source per candidate, every source made of the drafter's declared :attr:`~moelab.hd.drafters.Drafter.letters`
+    (a letter it never declared would be credited to no store, its counters silently lost), and every token
+    id checked by :func:`check_draft_ids`; else a ``ValueError`` naming the drafter."""
+    if not isinstance(draft, Draft):
+        raise ValueError(f"drafter {drafter_label(drafter)}.draft() returned {type(draft).__name__}; it must "
+                             "return a moelab.hd.Draft(candidates, sources)")
+    cands, srcs = draft.candidates, draft.sources
+    if len(srcs) != len(cands):
+        raise ValueError(f"drafter {drafter_label(drafter)} returned {len(cands)} candidates but {len(srcs)} "
+                         "sources; a Draft needs one source (store letter) per candidate")
+    letters = drafter.letters
+    for src in srcs:
+        if not (type(src) is str and src and (src in letters or all(ch in letters for ch in src))):
+            raise ValueError(f"drafter {drafter_label(drafter)} named source {src!r}, not made of its declared "
+                             f"store letters {letters!r} (set the class attribute letters to every store it drafts from)")
+    check_draft_ids(drafter, cands, vocab_size)
+
+
 def _validate(prompt_ids: Sequence[int], max_new_tokens: int, temperature: float,
               vocab_size: int | None = None) -> list[int]:
     ids = check_token_ids("prompt_ids", prompt_ids, vocab_size=vocab_size)
@@ -277,7 +297,7 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
         td = time.perf_counter()
         d = drafter.draft()
         draft_us = (time.perf_counter() - td) * 1e6
-        check_draft_ids(drafter, d.candidates, vocab)  # before the target's embedding lookup sees them
+        check_draft(drafter, d, vocab)  # before the target's embedding lookup sees them
         tv = time.perf_counter()
         tree = build_tree(root, d.candidates, d.sources)
         logits = session.forward_tree(tree.tokens, tree.parents)
@@ -328,7 +348,7 @@ def replay_greedy(drafter: Drafter, prompt_ids: Sequence[int], reference: Sequen
         td = time.perf_counter()
         d = drafter.draft()
         draft_us = (time.perf_counter() - td) * 1e6
-        check_draft_ids(drafter, d.candidates, None)  # no target here: integers >= 0, named by drafter
+        check_draft(drafter, d, None)  # no target here: integers >= 0, named by drafter
         tree = build_tree(root, d.candidates, d.sources)
         path: list[int] = []
         node = 0
@@ -355,5 +375,5 @@ def replay_greedy(drafter: Drafter, prompt_ids: Sequence[int], reference: Sequen
     return res
 
 
-__all__ = ["GenerationResult", "StepRecord", "TokenTree", "build_tree", "check_draft_ids", "drafter_label", "generate",
+__all__ = ["GenerationResult", "StepRecord", "TokenTree", "build_tree", "check_draft", "check_draft_ids", "drafter_label", "generate",
            "model_vocab_size", "replay_greedy"]

@@ -49,12 +49,30 @@ class Draft:
 
 @dataclass
 class StoreCounters:
-    """Per-store counters accumulated over steps."""
+    """One store's counters, accumulated over steps and requests (:meth:`Drafter.reset_counters` zeroes them).
+
+    A drafter counts ``queries``, ``lookup_hits`` and ``candidates`` itself in :meth:`Drafter.draft`; the
+    engines (:func:`moelab.hd.generate`, :func:`moelab.hd.replay_greedy`) add ``accept_steps`` and
+    ``accepted_tokens`` through :meth:`Drafter.credit` after each verification.
+
+    Attributes
+    ----------
+    queries : int
+        Steps on which the store was asked for candidates.
+    lookup_hits : int
+        Queries that returned at least one candidate (``lookup_hits / queries`` is the store's hit rate).
+    candidates : int
+        Candidates the store contributed to drafts (after de-duplication and the per-step cap).
+    accept_steps : int
+        Steps whose accepted draft path ended in a token from this store.
+    accepted_tokens : int
+        Draft tokens accepted on those steps (the store's share of the mean accepted tokens per forward).
+    """
 
     queries: int = 0
-    lookup_hits: int = 0  # queries that returned at least one candidate
+    lookup_hits: int = 0
     candidates: int = 0
-    accept_steps: int = 0  # steps whose accepted draft came from this store
+    accept_steps: int = 0
     accepted_tokens: int = 0
 
 
@@ -85,7 +103,27 @@ def check_order(order: str) -> str:
 
 
 class Drafter:
-    """Base class: keeps the request's context and the per-store counters."""
+    """Base class of every drafter: keeps the request's context and the per-store counters.
+
+    The engines drive a drafter through one request as ``start(prompt_ids)``, then per step ``draft()`` ->
+    verification -> ``observe(draft, accepted)`` -> ``accept(new_tokens)`` -> ``credit(source, n)``. Any
+    drafter is lossless under greedy verification: a draft only decides how many tokens one target forward
+    may confirm. To write one, subclass this class, set :attr:`name` and :attr:`letters`, and override
+    :meth:`draft` (and :meth:`start`/:meth:`accept` if it keeps per-request state of its own, calling
+    ``super()`` first). The user guide's "Your own drafter" recipe is a complete example.
+
+    Attributes
+    ----------
+    name : str
+        Label in results, tables and error messages.
+    letters : str
+        One letter per store the drafter draws from (e.g. ``"WSL"``); every :class:`Draft` source must use only
+        these letters, and :attr:`counters` has one entry per letter.
+    context : list of int
+        The request's token ids so far: the prompt, then every token the target produced.
+    counters : dict of str to StoreCounters
+        Per-store counters (see :class:`StoreCounters`), kept across requests until :meth:`reset_counters`.
+    """
 
     name = "drafter"
     letters: str = ""
@@ -105,19 +143,35 @@ class Drafter:
         self.context.extend(_token_list("new_tokens", new_tokens))
 
     def draft(self) -> Draft:  # pragma: no cover - overridden
+        """This step's proposal: candidate continuations of :attr:`context`.
+
+        Returns
+        -------
+        Draft
+            ``candidates``: tuples of token ids, each a guess at the tokens that follow the context (the HF
+            engine verifies them all as one token tree; vLLM verifies the first, cut to its budget, as one
+            chain); ``sources``: for each candidate, the letter (from :attr:`letters`) of the store it came
+            from, or one letter per token; an empty ``Draft([], [])`` drafts nothing (the step decodes one
+            token). A subclass also counts its store queries in :attr:`counters`.
+        """
         return Draft([], [])
 
     def observe(self, draft: Draft, accepted: Sequence[int]) -> None:
         """Called after each verification with the step's draft and its accepted draft tokens (no-op here)."""
 
     def credit(self, source: str | None, n_tokens: int) -> None:
-        """Record that ``n_tokens`` accepted draft tokens came from store ``source``."""
-        if source and n_tokens > 0 and source in self.counters:
-            c = self.counters[source]
+        """Record that ``n_tokens`` accepted draft tokens came from store ``source`` (one of :attr:`letters`;
+        ``None`` or ``n_tokens == 0``: nothing was accepted)."""
+        if source and n_tokens > 0:
+            c = self.counters.get(source)
+            if c is None:
+                raise ValueError(f"drafter {self.name!r} was credited for store {source!r}, which is not one of "
+                                 f"its declared letters {self.letters!r}")
             c.accept_steps += 1
             c.accepted_tokens += n_tokens
 
     def reset_counters(self) -> None:
+        """Zero every store's counters (one :class:`StoreCounters` per letter in :attr:`letters`)."""
         self.counters = {c: StoreCounters() for c in self.letters}
 
 

@@ -52,6 +52,7 @@ class _Probe(Drafter):
     """A fixed-length chain of one token id that the target almost never picks (measures verify cost)."""
 
     name = "probe"
+    letters = "P"
 
     def __init__(self, length: int, token: int) -> None:
         super().__init__()
