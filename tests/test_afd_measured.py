@@ -157,7 +157,7 @@ def test_gap_map_rows(stages):
     ({"r_values": [0]}, "r_values"), ({"r_values": [MAX_R + 1]}, "r_values"), ({"r_values": [1.5]}, "r_values"),
     ({"r_values": []}, "r_values"), ({"B": 0}, "B"), ({"B": MAX_B + 1}, "B"), ({"requests": 0}, "requests"),
     ({"requests": 1e12}, "requests"), ({"microbatches": 0}, "microbatches"), ({"microbatches": 99}, "microbatches"),
-    ({"speed_cv": -1}, "speed_cv"), ({"lengths": 3}, "lengths"), ({"lengths": "sharegpt"}, "kind"),
+    ({"speed_cv": -1}, "speed_cv"), ({"lengths": 3}, "lengths"), ({"lengths": "sharegpt"}, "lengths must be"),
     ({"requests": 900_000, "r_values": [200]}, "MAX_"), ({"stages": "h200"}, "stages"), ({"seed": -1}, "seed"),
 ])
 def test_bad_input_names_parameter(kwargs, name):
@@ -187,3 +187,38 @@ def test_r_star_does_not_depend_on_the_r_values_asked():
         assert part.r_star == pytest.approx(full.r_star, rel=1e-12), subset
         assert part.coeffs == full.coeffs
     assert tuple(FIT_R_VALUES) == tuple(range(1, 33))
+
+
+def test_one_fit_design_for_the_user_and_the_simulator():
+    """coefficients_from_tables fits on the simulator's design (FIT_R_VALUES): the closed form a user computes
+    equals the simulator's r_star at the same workload, also where lengths move r* (long contexts)."""
+    from moelab.afd.calibration import FIT_R_VALUES as design
+    from moelab.afd.measured import FIT_R_VALUES
+
+    assert design is FIT_R_VALUES and afd.FIT_R_VALUES is FIT_R_VALUES
+    import inspect
+
+    assert inspect.signature(afd.coefficients_from_tables).parameters["r_values"].default is FIT_R_VALUES
+    assert inspect.signature(afd.fit_coefficients).parameters["r_values"].default is FIT_R_VALUES
+    coeffs = afd.coefficients_from_tables("h200", B=256)
+    for mu_P, mu_D in ((1000, 300), (4000, 1000)):
+        res = afd.simulate_measured([4], 256, LengthDistribution.geometric(mu_P, mu_D), requests=300)
+        assert (res.mu_P, res.mu_D) == (mu_P, mu_D)  # the geometric law's means are exact
+        assert res.coeffs.as_dict() | {"source": ""} == coeffs.as_dict() | {"source": ""}
+        assert res.r_star == pytest.approx(afd.optimal_ratio(256, mu_P, mu_D, N=300, coeffs=coeffs), rel=1e-12)
+
+
+@pytest.mark.parametrize("fn", ["measured_optimum", "simulate_measured"])
+def test_mean_lengths_as_keywords_are_refused_by_name_saying_what_to_pass(fn):
+    call = getattr(afd, fn)
+    args = () if fn == "measured_optimum" else ([4],)
+    with pytest.raises(TypeError) as err:
+        call(*args, mu_P=1000, mu_D=300)
+    msg = str(err.value)
+    assert msg.startswith(f"{fn}() takes no mu_P or mu_D")
+    assert "lengths=LengthDistribution.geometric(mu_P=1000, mu_D=300)" in msg and "from_trace('azure-conv'" in msg
+    assert "simulate_measured" not in msg or fn == "simulate_measured"
+    with pytest.raises(TypeError, match=rf"{fn}\(\) got an unexpected keyword argument 'bogus'"):
+        call(*args, bogus=1)
+    with pytest.raises(ValueError, match=r"lengths must be .*LengthDistribution.geometric\(mu_P, mu_D\)"):
+        call(*args, lengths="geometric")

@@ -43,6 +43,11 @@ from moelab.costmodel.tables import calibration_folder, read_calibration_table
 from moelab.datasets import public_path
 
 LINK_TABLE = "deepep-lowlatency"  # moelab.datasets name of the bundled DeepEP table
+#: The one design the theory's six coefficients are fitted on (bundle sizes r = 1..32 at the asked ``B``), by
+#: :func:`coefficients_from_tables`, :func:`fit_coefficients` and the measured simulator alike: never the r
+#: values a caller asks to simulate, so the fitted closed form, and its r*, do not depend on which r were
+#: asked for, and the coefficients a user fits agree with the simulator's.
+FIT_R_VALUES = tuple(range(1, 33))
 # the DeepEP table's per-call volume: 128 tokens x hidden 7168 x top-8 copies, FP8 dispatch / BF16 combine
 _DEEPEP_REF_BYTES = {"dispatch": 128 * 7168 * 8 * 1, "combine": 128 * 7168 * 8 * 2}
 
@@ -304,7 +309,8 @@ def _lsq(x: np.ndarray, y: np.ndarray) -> tuple[float, float, np.ndarray]:
     return float(fit.coef[0]), float(fit.coef[1]), report.rel_err
 
 
-def fit_coefficients(stages: StageTables, *, B: int, r_values, kv_tokens: np.ndarray | None = None) -> CoefficientFit:
+def fit_coefficients(stages: StageTables, *, B: int, r_values=FIT_R_VALUES,
+                     kv_tokens: np.ndarray | None = None) -> CoefficientFit:
     """Fit ``a_A, b_A, a_F, b_F, a_C, b_C`` (ms per model step) by least squares to measured stages.
 
     - attention: every ``attn_step`` row of the shape (x = cached tokens, y = table ms x layers);
@@ -312,6 +318,23 @@ def fit_coefficients(stages: StageTables, *, B: int, r_values, kv_tokens: np.nda
     - FFN: the measured FFN time at the aggregated batches ``n = r*B`` of ``r_values`` (and the table's own
       batch rows inside that range), at the distinct experts each activates;
     - link: the slower direction at ``B/4 .. 4B`` tokens and every r of ``r_values``.
+
+    Parameters
+    ----------
+    stages : StageTables
+        The measured stage tables (e.g. :meth:`StageTables.h200`).
+    B : int
+        Request slots per attention instance (>= 1).
+    r_values : sequence of int
+        The bundle sizes whose operating range the FFN and link fits cover; default :data:`FIT_R_VALUES`,
+        the design the measured simulator fits on too (another design gives other coefficients and another r*).
+    kv_tokens : ndarray, optional
+        Extra attention operating points (KV tokens per instance).
+
+    Returns
+    -------
+    CoefficientFit
+        The coefficients (ms per model step) and each stage's fit error.
     """
     B = check_int("B", B, low=1)
     r_arr = check_array("r_values", r_values, ndim=1, low=1)
@@ -351,16 +374,35 @@ def fit_coefficients(stages: StageTables, *, B: int, r_values, kv_tokens: np.nda
 
 
 def coefficients_from_tables(calibration: str | os.PathLike = "h200", shape: str = "qwen3-30b-a3b", *, B: int = 256,
-                             r_values=(1, 2, 4, 8, 16, 24, 32), method: str = "bmm_active",
-                             link: bool = True) -> AFDCoefficients:
-    """The six coefficients (ms per model step) fitted to measured tables for bundles of ``B`` slots and the
-    ``r_values`` a sweep will use; see :func:`fit_coefficients`.
+                             r_values=FIT_R_VALUES, method: str = "bmm_active", link: bool = True) -> AFDCoefficients:
+    """The six coefficients (ms per model step) fitted to measured tables for bundles of ``B`` slots; see
+    :func:`fit_coefficients`.
+
+    With the default design (:data:`FIT_R_VALUES`) these are exactly the coefficients the measured simulator
+    (:func:`moelab.afd.simulate_measured`, :func:`moelab.afd.measured_optimum`) fits on the same tables, so
+    ``optimal_ratio(B, mu_P, mu_D, coeffs=coefficients_from_tables(...))`` equals the simulator's ``r_star``
+    at the same workload.
 
     Parameters
     ----------
     calibration : str or path
         A bundled GPU (``"h200"``) or any folder ``moelab calibrate --out DIR`` wrote; a folder without
         ``attn_step.csv`` / ``moe_step.csv`` is refused with a ``ValueError`` naming the missing file.
+    shape : str
+        The registry model whose stage geometry prices the tables (a MoE shape).
+    B : int
+        Request slots per attention instance (>= 1).
+    r_values : sequence of int
+        The fit's design of bundle sizes (default :data:`FIT_R_VALUES`, the simulator's).
+    method : str
+        The ``moe_step`` table's method column.
+    link : bool
+        Include the A<->F link stage (the DeepEP table); False prices it at zero.
+
+    Returns
+    -------
+    AFDCoefficients
+        ``a_A, b_A, a_F, b_F, a_C, b_C`` in ms per model step, with the fit errors in ``source``.
     """
     return fit_coefficients(StageTables.from_calibration(calibration, shape, method, link), B=B,
                             r_values=r_values).coeffs
@@ -385,5 +427,5 @@ def _bundled_h200_tables() -> tuple[pd.DataFrame, pd.DataFrame]:
     return read_calibration_table("h200", "attn_step"), read_calibration_table("h200", "moe_step")
 
 
-__all__ = ["Coverage", "CoefficientFit", "LinearStages", "StageGeometry", "StageTables", "coefficients_from_tables",
+__all__ = ["FIT_R_VALUES", "Coverage", "CoefficientFit", "LinearStages", "StageGeometry", "StageTables", "coefficients_from_tables",
            "fit_coefficients", "geometry", "link_table"]

@@ -26,14 +26,24 @@ form; that reduction is the one place agreement is expected.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from moelab._validate import check_array, check_choice, check_int, check_real
-from moelab.afd.calibration import CoefficientFit, Coverage, LinearStages, StageTables, fit_coefficients
+from moelab.afd.calibration import (
+    FIT_R_VALUES,
+    CoefficientFit,
+    Coverage,
+    LinearStages,
+    StageTables,
+    fit_coefficients,
+)
 from moelab.afd.coefficients import AFDCoefficients
 from moelab.afd.sim import (
     MAX_B,
@@ -54,11 +64,9 @@ from moelab.afd.theory import (
 )
 from moelab.traces.requests import load_azure_trace
 
+#: The length laws: the theory's geometric one (:meth:`LengthDistribution.geometric`) and the bundled traces
+#: (:meth:`LengthDistribution.from_trace`; a simulator also takes these two by name)
 LENGTH_SOURCES = ("geometric", "azure-conv", "azure-code")
-#: The fixed design the theory's six coefficients are fitted on (bundle sizes r = 1..32 at the asked ``B``):
-#: never the r values a caller asks to simulate, so the fitted closed form, and its r*, do not depend on
-#: which r were asked for (``simulate_measured([8])`` and ``measured_optimum()`` agree).
-FIT_R_VALUES = tuple(range(1, 33))
 
 
 
@@ -66,9 +74,20 @@ FIT_R_VALUES = tuple(range(1, 33))
 class LengthDistribution:
     """Request lengths a simulated slot draws: joint (prompt, decode) pairs, or the theory's geometric law.
 
+    This is how a workload's mean lengths reach the measured simulator (:func:`simulate_measured`,
+    :func:`measured_optimum` take it as ``lengths``): build one with :meth:`geometric` (the closed form's own
+    assumption, at the means ``mu_P`` and ``mu_D`` the closed form is given) or :meth:`from_trace` (a
+    bundled trace's joint lengths, optionally rescaled to those means), and compare the simulator with
+    ``optimal_ratio(B, mu_P, mu_D, ...)`` at the same workload.
+
     ``prompt`` and ``decode`` are the resampled pairs (decode = steps a request holds its slot, >= 1);
     for ``geometric`` the decode steps are Geometric(p) on {1, 2, ...} with ``p = 1/(1+mu_D)`` and the
     prompts gamma-distributed around ``mu_P`` (CV ``prompt_cv``), as in :mod:`moelab.afd.sim`.
+
+    Examples
+    --------
+    >>> LengthDistribution.geometric(mu_P=1000, mu_D=300).mean_decode
+    300.0
     """
 
     name: str
@@ -80,6 +99,23 @@ class LengthDistribution:
 
     @classmethod
     def geometric(cls, mu_P: float, mu_D: float, prompt_cv: float = 0.5) -> LengthDistribution:
+        """The theory's law at mean prompt ``mu_P`` and mean decode ``mu_D`` (tokens).
+
+        Parameters
+        ----------
+        mu_P : float
+            Mean prompt tokens (>= 0); prompts are gamma-distributed around it.
+        mu_D : float
+            Mean decode tokens (0..1e7); a request holds its slot for Geometric(1/(1+mu_D)) steps on
+            {1, 2, ...}, mean ``1 + mu_D``.
+        prompt_cv : float
+            Coefficient of variation of the prompts (0..10; 0: every prompt is ``mu_P``).
+
+        Returns
+        -------
+        LengthDistribution
+            Its :attr:`mean_prompt` and :attr:`mean_decode` are ``mu_P`` and ``mu_D`` exactly.
+        """
         mu_P = check_real("mu_P", mu_P, low=0)
         mu_D = check_real("mu_D", mu_D, low=0, high=1e7)
         prompt_cv = check_real("prompt_cv", prompt_cv, low=0, high=10)
@@ -91,7 +127,21 @@ class LengthDistribution:
                    ) -> LengthDistribution:
         """Joint (prompt, output) lengths of a bundled trace; ``mu_P``/``mu_D`` rescale each to that mean
         (decode steps rounded to integers >= 1; the realised means are what :attr:`mean_prompt` and
-        :attr:`mean_decode` report and what the theory is given)."""
+        :attr:`mean_decode` report and what the theory is given).
+
+        Parameters
+        ----------
+        kind : str
+            ``"azure-conv"`` or ``"azure-code"`` (the Azure LLM inference traces of 2023).
+        mu_P : float, optional
+            Rescale the prompts to this mean (tokens, >= 0); default the trace's own.
+        mu_D : float, optional
+            Rescale the outputs to this mean (tokens, 0..1e7); default the trace's own.
+
+        Returns
+        -------
+        LengthDistribution
+        """
         check_choice("kind", kind, LENGTH_SOURCES[1:])
         tr = load_azure_trace(kind.split("-", 1)[1], 2023)
         prompt = tr.prompt_len.astype(np.float64)
@@ -108,6 +158,7 @@ class LengthDistribution:
 
     @property
     def mean_prompt(self) -> float:
+        """Mean prompt tokens: the theory's ``mu_P`` for this distribution."""
         return float(self.prompt.mean())
 
     @property
@@ -240,6 +291,9 @@ class MeasuredSweep:
 
 def _check_lengths(lengths) -> LengthDistribution:
     if isinstance(lengths, str):
+        if lengths not in LENGTH_SOURCES[1:]:
+            raise ValueError(f"lengths must be a LengthDistribution or one of {list(LENGTH_SOURCES[1:])}; got "
+                             f"{lengths!r} (the geometric law needs its means: LengthDistribution.geometric(mu_P, mu_D))")
         return LengthDistribution.from_trace(lengths)
     if not isinstance(lengths, LengthDistribution):
         raise ValueError(f"lengths must be a LengthDistribution or one of {list(LENGTH_SOURCES[1:])}; "
@@ -247,6 +301,25 @@ def _check_lengths(lengths) -> LengthDistribution:
     return lengths
 
 
+def _lengths_carry_the_means(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Refuse ``mu_P=`` / ``mu_D=`` by the function's name, saying what to pass: the means come with ``lengths``
+    (Python's own error would only say the keyword is unexpected)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        given = [k for k in ("mu_P", "mu_D") if k in kwargs]
+        if given:
+            means = ", ".join(f"{k}={kwargs[k]!r}" for k in given)
+            raise TypeError(f"{fn.__name__}() takes no {' or '.join(given)}: a workload's mean lengths come with "
+                            f"lengths=, e.g. {fn.__name__}(..., lengths=LengthDistribution.geometric({means})) for "
+                            f"the theory's geometric law, or lengths=LengthDistribution.from_trace('azure-conv', "
+                            f"{means}) for a trace's lengths rescaled to those means (moelab.afd.LengthDistribution)")
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_lengths_carry_the_means
 def simulate_measured(r_values, B: int = 256, lengths: LengthDistribution | str = "azure-conv", *,
                       stages: StageTables | LinearStages | None = None, requests: float = DEFAULT_REQUESTS,
                       microbatches: int = 3, speed_cv: float = 0.0, seed: int | None = 0,
@@ -260,7 +333,10 @@ def simulate_measured(r_values, B: int = 256, lengths: LengthDistribution | str 
     B : int
         Request slots per attention instance and microbatch (1..:data:`MAX_B`).
     lengths : LengthDistribution or str
-        Request lengths (``"azure-conv"``, ``"azure-code"``, or a :class:`LengthDistribution`).
+        Request lengths, and with them the workload's mean lengths: a :class:`LengthDistribution`
+        (``LengthDistribution.geometric(mu_P, mu_D)``, ``LengthDistribution.from_trace(kind, mu_P, mu_D)``) or
+        a bundled trace by name (``"azure-conv"``, ``"azure-code"``, its own means). There is no ``mu_P`` /
+        ``mu_D`` argument: they are the distribution's.
     stages : StageTables or LinearStages, optional
         Stage times; default the H200 tables with the DeepEP link for Qwen3-30B-A3B.
     requests : float
@@ -385,16 +461,44 @@ def default_r_values(B: int, lengths: LengthDistribution, stages: StageTables | 
     return list(range(1, r_hi + 1))
 
 
+@_lengths_carry_the_means
 def measured_optimum(B: int = 256, lengths: LengthDistribution | str = "azure-conv", *,
                      stages: StageTables | LinearStages | None = None, requests: float = DEFAULT_REQUESTS,
-                     r_values=None, seed: int | None = 0, **kwargs) -> MeasuredSweep:
+                     r_values=None, seed: int | None = 0, microbatches: int = 3, speed_cv: float = 0.0,
+                     coeffs: AFDCoefficients | None = None) -> MeasuredSweep:
     """:func:`simulate_measured` over every integer r up to past the fitted r* (see
-    :func:`default_r_values`); compare ``.r_sim`` with ``.r_star``."""
+    :func:`default_r_values`); compare ``.r_sim`` with ``.r_star``.
+
+    Parameters
+    ----------
+    B : int
+        Request slots per attention instance and microbatch.
+    lengths : LengthDistribution or str
+        The workload's request lengths and so its mean lengths (``LengthDistribution.geometric(mu_P, mu_D)``,
+        ``LengthDistribution.from_trace(kind, mu_P, mu_D)``, or ``"azure-conv"`` / ``"azure-code"``).
+    stages : StageTables or LinearStages, optional
+        Stage times (default the H200 tables).
+    requests : float
+        Requests per slot group (the theory's horizon N).
+    r_values : sequence of int, optional
+        The r to simulate (default :func:`default_r_values`: 1 up to well past the fitted r*).
+    seed : int, optional
+        Seed (common random numbers across r).
+    microbatches, speed_cv, coeffs
+        As in :func:`simulate_measured`.
+
+    Returns
+    -------
+    MeasuredSweep
+        ``.r_sim`` (the simulated optimum) beside ``.r_star`` (the closed form fitted on
+        :data:`FIT_R_VALUES`, at the realised means of ``lengths``).
+    """
     lengths = _check_lengths(lengths)
     stages = StageTables.h200() if stages is None else stages
     if r_values is None:
         r_values = default_r_values(B, lengths, stages, requests)
-    return simulate_measured(r_values, B, lengths, stages=stages, requests=requests, seed=seed, **kwargs)
+    return simulate_measured(r_values, B, lengths, stages=stages, requests=requests, seed=seed,
+                             microbatches=microbatches, speed_cv=speed_cv, coeffs=coeffs)
 
 
 def gap_map(B_values=(128, 256, 512), mu_P_values=(100, 1000), mu_D_values=(100, 500),
