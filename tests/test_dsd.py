@@ -192,3 +192,30 @@ def test_capacity_gain_at_least_one_and_linear(gamma, t_d, t_v):
     g = dsd.capacity_gain(gamma, t_d, t_v)
     assert g >= 1
     assert dsd.capacity_gain(gamma, 2 * t_d, t_v) - 1 == pytest.approx(2 * (g - 1), abs=1e-9)
+
+
+def test_public_functions_document_every_parameter_with_its_unit():
+    """help() on any public DSD function defines each of its parameters (t_a, t_d, t_v, ... with ms), and says
+    what it returns: a user needs no source to call them."""
+    import inspect
+    import re
+
+    import moelab.dsd as dsd
+
+    for name in dsd.__all__:
+        obj = getattr(dsd, name)
+        if not inspect.isfunction(obj):
+            continue
+        doc = inspect.getdoc(obj) or ""
+        assert "Parameters\n----------" in doc or not inspect.signature(obj).parameters, name
+        assert "Returns\n-------" in doc, name
+        documented = set()
+        for line in doc.split("Parameters\n----------", 1)[-1].splitlines():
+            m = re.match(r"^([\w, *]+?)\s*(:|$)", line)
+            if m and not line.startswith(" "):
+                documented |= {p.strip().lstrip("*") for p in m.group(1).split(",")}
+        for p in inspect.signature(obj).parameters:
+            assert p in documented, f"{name}: parameter {p!r} is not in its docstring"
+    for t in ("t_a", "t_d", "t_v", "t_ar", "rtt"):  # the times the guide's example passes, each with its unit
+        assert re.search(rf"^{t} : .*\n\s+.*\bms\b", inspect.getdoc(dsd.best_mode), re.M), t
+    assert "end of the pipelined protocol's window" in inspect.getdoc(dsd.pipelined_window)

@@ -40,7 +40,18 @@ Proposer = Callable[[list[int], int], list[tuple[int, ...]]]
 
 def drafter_proposer(drafter: Any) -> Proposer:
     """Wrap a drafter with ``start(ids)`` / ``draft().candidates`` (e.g. ``moelab.hd`` PLD or HD) as a proposer.
-    Each call restarts it on the full context, so its per-request state is that of a real run at ``p``."""
+    Each call restarts it on the full context, so its per-request state is that of a real run at ``p``.
+
+    Parameters
+    ----------
+    drafter : object
+        Anything with ``start(context_ids)`` and ``draft()`` returning an object with ``.candidates``.
+
+    Returns
+    -------
+    Proposer
+        ``(context_ids, p) -> candidates`` for :func:`record_acceptance`.
+    """
     check_instance("drafter", drafter, None, "a drafter with start(ids) and draft() returning an object with "
                    ".candidates (e.g. moelab.hd.PLDDrafter())", methods=("start", "draft"))
 
@@ -52,7 +63,17 @@ def drafter_proposer(drafter: Any) -> Proposer:
 
 
 def chains_proposer(chains: np.ndarray) -> Proposer:
-    """A proposer that returns row ``p`` of precomputed greedy chains (one candidate per position)."""
+    """A proposer that returns row ``p`` of precomputed greedy chains (one candidate per position).
+
+    Parameters
+    ----------
+    chains : ndarray of int
+        ``[positions, gamma_max]`` token ids (e.g. :func:`moelab.models.early_exit.greedy_chains`).
+
+    Returns
+    -------
+    Proposer
+    """
     chains = check_token_array("chains", chains, ndim=2)
     if chains.ndim != 2:
         raise ValueError(f"chains must be a 2-d array (positions x gamma_max); got shape {chains.shape}")
@@ -195,6 +216,16 @@ def record_acceptance(proposer: Proposer | Any, prompt_ids: Sequence[int], refer
         The prompt and the target's greedy continuation after it.
     gamma_max : int
         Longest draft considered (1..:data:`MAX_GAMMA`).
+    question_id : int
+        An id stored with the record.
+    category : str
+        A label stored with the record (e.g. a Spec-Bench category).
+
+    Returns
+    -------
+    SequenceRecord
+        Per position of ``reference``: the matched run, the proposal's size in tokens and the proposal's
+        wall-clock time (microseconds).
     """
     gamma_max = check_int("gamma_max", gamma_max, low=1, high=MAX_GAMMA)
     prompt = check_token_ids("prompt_ids", prompt_ids)
@@ -218,13 +249,40 @@ def record_acceptance(proposer: Proposer | Any, prompt_ids: Sequence[int], refer
 
 
 def save_traces(path: str | Path, traces: dict[str, AcceptanceTrace], extra: dict[str, Any] | None = None) -> Path:
-    """Write recordings (and e.g. measured timings in ``extra``) to one JSON file, atomically."""
+    """Write recordings (and e.g. measured timings in ``extra``) to one JSON file, atomically.
+
+    Parameters
+    ----------
+    path : str or path
+        The JSON file.
+    traces : dict of str to AcceptanceTrace
+        Recordings by name.
+    extra : dict, optional
+        More top-level fields (e.g. ``timings_ms``, read back by :func:`moelab.dsd.cpu_costs`).
+
+    Returns
+    -------
+    pathlib.Path
+        The file written.
+    """
     return atomic_write_json(path, {"format": "moelab-dsd-acceptance-1", **(extra or {}),
                                     "traces": {k: t.to_dict() for k, t in traces.items()}})
 
 
 def load_traces(path: str | Path) -> tuple[dict[str, AcceptanceTrace], dict[str, Any]]:
-    """Read a file written by :func:`save_traces` (size-checked, JSON only): the traces and the rest."""
+    """Read a file written by :func:`save_traces` (size-checked, JSON only): the traces and the rest.
+
+    Parameters
+    ----------
+    path : str or path
+        The JSON file.
+
+    Returns
+    -------
+    traces : dict of str to AcceptanceTrace
+    extra : dict
+        The file's other top-level fields.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"acceptance recording {path} not found")
@@ -249,7 +307,14 @@ def shipped_path() -> Path:
 
 
 def load_shipped() -> tuple[dict[str, AcceptanceTrace], dict[str, Any]]:
-    """The bundled recording: SmolLM2-135M-Instruct as target; early-exit, PLD and HD drafters."""
+    """The bundled recording: SmolLM2-135M-Instruct as target; early-exit, PLD and HD drafters.
+
+    Returns
+    -------
+    traces : dict of str to AcceptanceTrace
+    extra : dict
+        The recording's measured CPU timings and provenance (:func:`moelab.dsd.cpu_costs` reads them).
+    """
     return load_traces(shipped_path())
 
 

@@ -52,7 +52,25 @@ VerifyLatencyFn = Callable[[np.ndarray], np.ndarray]
 
 
 def iid_rounds(alpha: float, gamma: int, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """The closed form's law as a round sequence: accepted ~ truncated geometric(alpha, gamma), i.i.d."""
+    """The closed form's law as a round sequence: accepted ~ truncated geometric(alpha, gamma), i.i.d.
+
+    Parameters
+    ----------
+    alpha : float
+        Per-token acceptance probability in [0, 1).
+    gamma : int
+        Draft length, tokens per round (1..64).
+    n : int
+        Rounds (1..:data:`MAX_ROUNDS`).
+    rng : numpy.random.Generator
+        The random stream.
+
+    Returns
+    -------
+    dict
+        ``accepted``, ``nodes`` (= gamma), ``valid_next`` and ``sequence`` arrays, as
+        :meth:`AcceptanceTrace.rounds` gives for a recording.
+    """
     alpha = check_real("alpha", alpha, low=0, high=1, high_open=True)
     gamma = check_int("gamma", gamma, low=1, high=64)
     n = check_int("n", n, low=1, high=MAX_ROUNDS)
@@ -132,21 +150,34 @@ def simulate(mode: str, rounds: dict[str, np.ndarray], *, t_ar: float | None = N
 
     Parameters
     ----------
-    mode : one of :data:`moelab.dsd.MODES`.
+    mode : str
+        One of :data:`moelab.dsd.MODES`.
     rounds : dict
         Recorded rounds (:meth:`AcceptanceTrace.rounds`) or :func:`iid_rounds`; resampled to ``n_rounds``.
-    t_ar : float
-        Cloud AR ms per token (``ar`` only).
-    t_d, t_a : float
-        Draft ms per token on the server / on the edge (>= 0).
+    t_ar : float, optional
+        Cloud autoregressive step per token, ms (``ar`` only; > 0).
+    t_d : float
+        Draft time per token on the cloud server, ms (>= 0; ``colocated``).
+    t_a : float
+        Draft time per token on the edge device, ms (>= 0; DSD modes).
     verify_ms : callable or float
-        Verify cost of one forward of ``q`` tokens (``q = n + 1``), ms; a float means a constant.
+        Verify cost of one forward of ``q`` tokens (``q = n + 1``), ms; a float means a constant
+        (the closed forms' ``t_v``).
     rtt : RTTDistribution
-        Per-round RTT law (DSD modes).
-    pipeline : ``"event"`` (invalidated drafts are paid for) or ``"paper"`` (the closed form's timeline).
+        Per-round RTT law, ms (DSD modes).
+    n_rounds : int
+        Rounds simulated (2..:data:`MAX_ROUNDS`).
+    pipeline : str
+        ``"event"`` (invalidated drafts are paid for) or ``"paper"`` (the closed form's timeline).
     seed : int, optional
         Equal seeds give equal results; the RTT draws use their own stream, so two RTT laws see the same
         rounds (common random numbers).
+
+    Returns
+    -------
+    MeasuredMC
+        ms per emitted token with its standard error, tokens per round, and for pipelined runs the share
+        of drafts wasted and of rounds invalidated.
     """
     check_choice("mode", mode, MODES)
     check_choice("pipeline", pipeline, PIPELINES)
@@ -221,7 +252,24 @@ def breakeven_rtt_sync(rounds: dict[str, np.ndarray], *, t_ar: float, t_a: float
 
     A sync round costs ``n*t_a + RTT + verify(n+1)``, so the RTT law enters the latency per token only
     through its mean: on the recorded rounds (each used once, in order) the break-even is exact,
-    ``(t_ar * sum(tokens) - sum(n*t_a + verify(n+1))) / rounds``. Negative means DSD never beats AR here."""
+    ``(t_ar * sum(tokens) - sum(n*t_a + verify(n+1))) / rounds``. Negative means DSD never beats AR here.
+
+    Parameters
+    ----------
+    rounds : dict
+        Recorded rounds (:meth:`AcceptanceTrace.rounds`) or :func:`iid_rounds`.
+    t_ar : float
+        Cloud autoregressive step per token, ms (> 0).
+    t_a : float
+        Draft time per token on the edge device, ms (>= 0).
+    verify_ms : callable or float
+        Verify cost of one forward of ``q`` tokens, ms.
+
+    Returns
+    -------
+    float
+        The break-even mean RTT, ms.
+    """
     t_ar = check_real("t_ar", t_ar, low=0, low_open=True, high=1e6)
     t_a = check_real("t_a", t_a, low=0, high=1e6)
     r = _check_rounds(rounds)
@@ -235,6 +283,8 @@ def breakeven_rtt_sync(rounds: dict[str, np.ndarray], *, t_ar: float, t_a: float
 
 @dataclass(frozen=True)
 class BatchedResult:
+    """One run of :func:`serve_batched`: per-client token rate (tokens per ms), batch size, utilisation."""
+
     mode: str
     clients: int
     per_client_rate: float  # tokens per ms per client over the measured window
@@ -264,6 +314,34 @@ def serve_batched(mode: str, clients: int, rounds: dict[str, np.ndarray], *, ver
     ``colocated`` first runs ``n_max`` batched draft steps (``draft_batch_ms(b)`` each) and then the verify.
     DSD clients draft on their edge (``n * t_a``) and pay half an RTT each way. Per-round acceptance comes
     from ``rounds`` (recorded or i.i.d.), resampled per client.
+
+    Parameters
+    ----------
+    mode : str
+        ``"colocated"`` or ``"dsd"``.
+    clients : int
+        Concurrent closed-loop clients (1..:data:`MAX_CLIENTS`).
+    rounds : dict
+        Recorded rounds (:meth:`AcceptanceTrace.rounds`) or :func:`iid_rounds`.
+    verify_batch_ms : callable
+        ``(b, q) -> ms``: one forward verifying ``b`` clients' blocks, ``q`` tokens in total (e.g.
+        :func:`h200_verify_batch_ms`).
+    draft_batch_ms : callable, optional
+        ``b -> ms``: one batched draft step on the server (``colocated``).
+    t_a : float
+        Draft time per token on the edge device, ms (>= 0; ``dsd``).
+    rtt : RTTDistribution, optional
+        Round-trip law, ms (``dsd``).
+    max_batch : int
+        Most clients in one forward.
+    rounds_per_client : int
+        Run length in unloaded rounds of one client (10..100000); the first 10% is warm-up.
+    seed : int, optional
+        Seed; equal seeds give equal results.
+
+    Returns
+    -------
+    BatchedResult
     """
     check_choice("mode", mode, ("colocated", "dsd"))
     clients = check_int("clients", clients, low=1, high=MAX_CLIENTS)
@@ -336,6 +414,8 @@ def serve_batched(mode: str, clients: int, rounds: dict[str, np.ndarray], *, ver
 
 @dataclass(frozen=True)
 class BatchedCapacity:
+    """Clients each mode sustains at one per-client rate target with batched verification (:func:`capacity_batched`)."""
+
     colocated_clients: float
     dsd_clients: float
     ratio: float
@@ -348,7 +428,23 @@ def capacity_batched(rounds: dict[str, np.ndarray], *, verify_batch_ms: Callable
                      target_fraction: float = 0.25, max_batch: int = 16, rounds_per_client: int = 60,
                      max_clients: int = 1024, seed: int | None = 0) -> BatchedCapacity:
     """Clients each mode sustains at one per-client rate target (``target_fraction`` of the slower mode's
-    unloaded rate), measured with :func:`serve_batched`; ``ratio`` = DSD / co-located."""
+    unloaded rate), measured with :func:`serve_batched`; ``ratio`` = DSD / co-located.
+
+    Parameters
+    ----------
+    rounds, verify_batch_ms, draft_batch_ms, t_a, rtt, max_batch, rounds_per_client, seed
+        As in :func:`serve_batched` (times in ms).
+    target_fraction : float
+        The per-client rate target as a share of the slower mode's unloaded rate, in (0, 1].
+    max_clients : int
+        Most clients tried (2..:data:`MAX_CLIENTS`).
+
+    Returns
+    -------
+    BatchedCapacity
+        Interpolated clients of each mode, their ratio, the target (tokens per ms per client) and every
+        rate measured.
+    """
     frac = check_real("target_fraction", target_fraction, low=0, high=1, low_open=True)
     max_clients = check_int("max_clients", max_clients, low=2, high=MAX_CLIENTS)
     _check_cost_fns(verify_batch_ms, draft_batch_ms)
@@ -377,7 +473,20 @@ def h200_verify_batch_ms(shape: str = "llama2-7b", ctx: int = 1024) -> Callable[
     """Batched verify cost on the H200 from measured tables: ``dense_verify.csv`` at ``q`` tokens (one
     forward's weight reads and FLOPs) plus the K/V reads of the extra sequences, ``attn_step``-measured
     ms per byte (the table's GQA kernel; ``ctx`` cached tokens per sequence). ``q`` above the table's
-    largest (128) is refused, never clamped."""
+    largest (128) is refused, never clamped.
+
+    Parameters
+    ----------
+    shape : str
+        A dense model shape of the measured table (``llama2-7b``, ``tinyllama-1.1b``, ``llama-160m``).
+    ctx : int
+        Cached tokens per sequence (>= 0).
+
+    Returns
+    -------
+    callable
+        ``(b, q) -> ms``: one forward verifying ``b`` sequences, ``q`` tokens in total.
+    """
     dv = DenseVerifyModel.h200()
     attn = AttentionModel.h200()
     check_choice("shape", shape, sorted(_KV_DIMS))  # before pandas compares it with the column

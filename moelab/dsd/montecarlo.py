@@ -40,6 +40,7 @@ class MCResult:
         return (self.latency_per_token - self.closed_form) / self.std_err if self.std_err > 0 else 0.0
 
     def ci(self, level_z: float = 1.96) -> tuple[float, float]:
+        """Confidence interval of the latency per token (ms), ``+- level_z`` standard errors."""
         return self.latency_per_token - level_z * self.std_err, self.latency_per_token + level_z * self.std_err
 
 
@@ -75,7 +76,36 @@ def simulate_rounds(mode: str, *, alpha: float = 0.0, gamma: int = 1, t_ar: floa
                     seed: int | None = 0) -> MCResult:
     """Simulate ``rounds`` speculative rounds of one client (``ar``: ``rounds`` single-token steps).
 
-    Parameters are those of :func:`moelab.dsd.latency_per_token`, plus ``rounds`` (>= 2) and ``seed``.
+    Parameters
+    ----------
+    mode : str
+        One of :data:`moelab.dsd.MODES`.
+    alpha : float
+        Per-token acceptance probability in [0, 1).
+    gamma : int
+        Draft length, tokens per round (1..:data:`MAX_GAMMA`).
+    t_ar : float, optional
+        Cloud autoregressive step per token, ms (``ar``; ``t_v``'s default).
+    t_d : float, optional
+        Draft time per token on the cloud server, ms (``colocated``).
+    t_v : float, optional
+        One verification pass of the target, ms (default ``t_ar``).
+    t_a : float, optional
+        Draft time per token on the edge device, ms (DSD modes).
+    rtt : float, optional
+        Mean edge-cloud round-trip time, ms (DSD modes).
+    rtt_jitter : float
+        Relative uniform RTT jitter in [0, 1]: each round's RTT is ``U(rtt(1-j), rtt(1+j))``.
+    rounds : int
+        Rounds simulated (2..:data:`MAX_ROUNDS`).
+    seed : int, optional
+        Seed; equal seeds give equal results.
+
+    Returns
+    -------
+    MCResult
+        Measured ms per token with its standard error, tokens per round, and the closed form
+        (:func:`moelab.dsd.latency_per_token`) at the same parameters.
     """
     check_choice("mode", mode, MODES)
     rounds = check_int("rounds", rounds, low=2, high=MAX_ROUNDS)

@@ -43,6 +43,7 @@ class RTTDistribution:
 
     @classmethod
     def constant(cls, rtt_ms: float) -> RTTDistribution:
+        """Every round trip takes ``rtt_ms`` ms (0..1e6)."""
         rtt_ms = check_real("rtt_ms", rtt_ms, low=0, high=1e6)
         return cls(f"constant {rtt_ms:g} ms", uniform_jitter=0.0, scale=rtt_ms, source="constant")
 
@@ -55,7 +56,8 @@ class RTTDistribution:
                    source="the closed form's jitter law")
 
     @classmethod
-    def empirical(cls, samples_ms, name: str = "measured", source: str = "") -> RTTDistribution:
+    def empirical(cls, samples_ms: np.ndarray, name: str = "measured", source: str = "") -> RTTDistribution:
+        """Resample measured round trips ``samples_ms`` (ms, >= 0, 2..:data:`MAX_SAMPLES` of them, positive mean)."""
         s = check_array("samples_ms", samples_ms, ndim=1, low=0, dtype=np.float64)
         if s.size < 2 or s.size > MAX_SAMPLES:
             raise ValueError(f"samples_ms must hold 2..{MAX_SAMPLES} samples; got {s.size}")
@@ -73,6 +75,7 @@ class RTTDistribution:
 
     @property
     def mean(self) -> float:
+        """Mean round-trip time, ms."""
         if self.uniform_jitter is not None:
             return self.scale
         if self.samples is not None:
@@ -80,6 +83,7 @@ class RTTDistribution:
         return math.exp(self.mu + self.sigma**2 / 2) * self.scale
 
     def percentile(self, q: float) -> float:
+        """The ``q``-th percentile (0..100) of the round-trip time, ms."""
         q = check_real("q", q, low=0, high=100)
         if self.uniform_jitter is not None:
             return self.scale * (1 - self.uniform_jitter + 2 * self.uniform_jitter * q / 100)
@@ -112,7 +116,22 @@ def measure_loopback_rtt(n: int = 2000, payload_bytes: int = 64, host: str = "12
     """``n`` TCP round trips of ``payload_bytes`` through an echo thread on loopback, in ms.
 
     Nagle is off on both ends; the first 20 round trips are a discarded warm-up. Only loopback hosts
-    are accepted (nothing leaves the machine)."""
+    are accepted (nothing leaves the machine).
+
+    Parameters
+    ----------
+    n : int
+        Round trips measured (2..100000).
+    payload_bytes : int
+        Bytes sent each way (1..65536; one drafted block's worth by default).
+    host : str
+        A loopback address.
+
+    Returns
+    -------
+    ndarray of float
+        ``n`` round-trip times, ms (e.g. for :meth:`RTTDistribution.empirical`).
+    """
     n = check_int("n", n, low=2, high=100_000)
     payload_bytes = check_int("payload_bytes", payload_bytes, low=1, high=65_536)
     host = check_loopback_host("host", host)

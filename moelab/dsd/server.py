@@ -108,15 +108,34 @@ def serve(mode: str, clients: int, *, alpha: float, gamma: int, t_d: float, t_v:
 
     Parameters
     ----------
-    mode : ``"colocated"`` or ``"dsd"`` (synchronous DSD).
+    mode : str
+        ``"colocated"`` (the server drafts and verifies) or ``"dsd"`` (synchronous DSD: the edge drafts).
     clients : int
-        Concurrent clients (>= 1).
-    alpha, gamma, t_d, t_v, t_a, rtt, rtt_jitter
-        As in :func:`moelab.dsd.latency_per_token` (``t_v > 0``).
+        Concurrent clients (1..:data:`MAX_CLIENTS`).
+    alpha : float
+        Per-token acceptance probability in [0, 1).
+    gamma : int
+        Draft length, tokens per round (>= 1).
+    t_d : float
+        Draft time per token on the server, ms (>= 0; ``colocated``).
+    t_v : float
+        One verification pass of the target, ms (> 0).
+    t_a : float
+        Draft time per token on the edge device, ms (>= 0; ``dsd``).
+    rtt : float
+        Mean edge-cloud round-trip time, ms (>= 0; ``dsd``).
+    rtt_jitter : float
+        Relative uniform RTT jitter in [0, 1].
     rounds_per_client : int
         Length of the run, in unloaded rounds of one client (>= 10); the first 10% is warm-up.
     seed : int, optional
         Seed; equal seeds give equal results.
+
+    Returns
+    -------
+    ServerResult
+        ``per_client_rate`` (tokens per ms per client), ``server_utilisation`` (busy share) and the rounds
+        measured.
     """
     check_choice("mode", mode, SERVER_MODES)
     clients = check_int("clients", clients, low=1, high=MAX_CLIENTS)
@@ -144,7 +163,25 @@ def max_clients(mode: str, target_rate: float, *, alpha: float, gamma: int, t_d:
                 t_a: float = 0.0, rtt: float = 0.0, rtt_jitter: float = 0.0, rounds_per_client: int = 200,
                 max_c: int = 4096, seed: int | None = 0) -> Capacity:
     """Search the largest C with per-client rate >= ``target_rate`` (doubling, then bisection; every
-    C is simulated with the same seed so the measured rate is a smooth function of C)."""
+    C is simulated with the same seed so the measured rate is a smooth function of C).
+
+    Parameters
+    ----------
+    mode : str
+        ``"colocated"`` or ``"dsd"`` (see :func:`serve`).
+    target_rate : float
+        Per-client rate to meet, tokens per ms (> 0, at most one unloaded client's rate).
+    alpha, gamma, t_d, t_v, t_a, rtt, rtt_jitter, rounds_per_client, seed
+        As in :func:`serve` (times in ms).
+    max_c : int
+        Most clients tried (1..:data:`MAX_CLIENTS`).
+
+    Returns
+    -------
+    Capacity
+        ``max_clients`` (an integer), ``clients_interp`` (where the rate crosses the target) and the rate of
+        every client count tried.
+    """
     target_rate = check_real("target_rate", target_rate, low=0, low_open=True)
     max_c = check_int("max_c", max_c, low=1, high=MAX_CLIENTS)
     rates: dict[int, float] = {}
@@ -181,6 +218,8 @@ def capacity_search(rate: Callable[[int], float], target: float, max_c: int, *, 
 
 @dataclass(frozen=True)
 class CapacityComparison:
+    """Clients each mode sustains at one per-client rate (:func:`capacity_ratio`), measured and predicted."""
+
     colocated: Capacity
     dsd: Capacity
     measured_ratio: float  # interpolated DSD clients / co-located clients
@@ -193,7 +232,21 @@ def capacity_ratio(*, alpha: float, gamma: int, t_d: float, t_v: float, t_a: flo
     """Measure how many more clients DSD sustains than co-located SD at the same per-client rate.
 
     The target rate is ``target_fraction`` (in (0, 1]) of the slower mode's unloaded per-client rate,
-    so both modes can meet it and the server is saturated at the limit."""
+    so both modes can meet it and the server is saturated at the limit.
+
+    Parameters
+    ----------
+    alpha, gamma, t_d, t_v, t_a, rtt, rtt_jitter, rounds_per_client, seed
+        As in :func:`serve` (times in ms).
+    target_fraction : float
+        The per-client rate target as a share of the slower mode's unloaded rate, in (0, 1].
+
+    Returns
+    -------
+    CapacityComparison
+        Both modes' :class:`Capacity`, the measured ratio of clients (DSD / co-located) and the closed
+        form's :func:`moelab.dsd.capacity_gain`.
+    """
     frac = check_real("target_fraction", target_fraction, low=0, high=1, low_open=True)
     s = _setup(alpha, gamma, t_d, t_v, t_a, rtt, rtt_jitter)
     E = float(expected_tokens(s.alpha, s.gamma))

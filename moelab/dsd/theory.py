@@ -1,15 +1,25 @@
 """Closed forms for edge-cloud (distributed) speculative decoding (Lyu et al., arXiv 2606.25091).
 
-Notation: ``gamma`` draft length, ``alpha`` i.i.d. per-token acceptance probability, ``t_d`` draft
-time per token on the server, ``t_a`` draft time per token on the edge, ``t_v`` one verification pass
-of the target (about one decode step ``t_ar``: verification is memory-bound), ``rtt`` the edge-cloud
-round trip. All times share one unit (ms in the notebooks). Functions broadcast over numpy arrays.
+Notation (every function's parameters use these names):
+
+- ``alpha``: i.i.d. per-token acceptance probability of a draft token, in [0, 1);
+- ``gamma``: draft length, tokens drafted per speculative round (>= 1);
+- ``t_ar``: one autoregressive decode step of the target in the cloud, per token (ms);
+- ``t_v``: one verification pass of the target over a drafted block (ms; about one decode step ``t_ar``,
+  since verification is memory-bound, and ``t_ar`` where not given);
+- ``t_d``: draft time per token when the draft model runs on the cloud server beside the target (ms);
+- ``t_a``: draft time per token when the draft model runs on the edge device (ms);
+- ``rtt``: the edge-cloud round-trip time (ms), ``rtt_jitter`` its relative uniform jitter.
+
+All times share one unit: ms throughout the lab (any unit works if every time uses it; the results are
+then in that unit). Functions broadcast over numpy arrays.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from moelab._validate import _as_array, check_choice, check_finite_array, check_int, check_real
 
@@ -44,7 +54,7 @@ def _gamma(gamma) -> int:
     return check_int("gamma", gamma, low=1)
 
 
-def expected_tokens(alpha, gamma: int):
+def expected_tokens(alpha: ArrayLike, gamma: int) -> float | np.ndarray:
     """Expected tokens per speculative round, ``(1 - alpha^(gamma+1)) / (1 - alpha)`` (Leviathan et al.).
 
     Parameters
@@ -76,25 +86,44 @@ def _expected_max(c, rtt, jitter):
     return out if out.ndim else float(out)
 
 
-def latency_per_token(mode: str, *, alpha=None, gamma: int | None = None, t_ar=None, t_d=None, t_v=None, t_a=None,
-                      rtt=None, rtt_jitter: float = 0.0):
-    """Mean latency per output token of one request under ``mode``.
+def latency_per_token(mode: str, *, alpha: ArrayLike | None = None, gamma: int | None = None,
+                      t_ar: ArrayLike | None = None, t_d: ArrayLike | None = None, t_v: ArrayLike | None = None,
+                      t_a: ArrayLike | None = None, rtt: ArrayLike | None = None,
+                      rtt_jitter: float = 0.0) -> float | np.ndarray:
+    """Mean latency per output token of one request under ``mode``, with ``E`` = :func:`expected_tokens`.
 
     - ``ar``: cloud autoregressive decoding, ``t_ar``.
     - ``colocated``: draft and target on the server, ``(gamma*t_d + t_v) / E``.
     - ``dsd_sync``: draft on the edge, one round trip per round, ``(gamma*t_a + rtt + t_v) / E``.
     - ``dsd_pipelined``: the edge keeps drafting the next block during the round trip, which hides
-      the round trip while ``rtt <= gamma*t_a``: ``(max(gamma*t_a, rtt) + t_v) / E``.
+      the round trip while ``rtt <= gamma*t_a`` (:func:`pipelined_window`): ``(max(gamma*t_a, rtt) + t_v) / E``.
 
     Parameters
     ----------
     mode : str
         One of :data:`MODES`.
-    alpha, gamma : acceptance in [0, 1) and draft length >= 1 (all modes but ``ar``).
-    t_ar, t_d, t_v, t_a, rtt : times >= 0, needed by the mode as above; ``t_v`` defaults to ``t_ar``.
+    alpha : float or array, optional
+        Per-token acceptance probability in [0, 1) (every mode but ``ar``).
+    gamma : int, optional
+        Draft length, tokens per round (>= 1; every mode but ``ar``).
+    t_ar : float or array, optional
+        Cloud autoregressive step per token, ms (>= 0; ``ar``, and ``t_v``'s default).
+    t_d : float or array, optional
+        Draft time per token on the cloud server, ms (>= 0; ``colocated``).
+    t_v : float or array, optional
+        One verification pass of the target, ms (>= 0; default ``t_ar``).
+    t_a : float or array, optional
+        Draft time per token on the edge device, ms (>= 0; ``dsd_sync``, ``dsd_pipelined``).
+    rtt : float or array, optional
+        Mean edge-cloud round-trip time, ms (>= 0; ``dsd_sync``, ``dsd_pipelined``).
     rtt_jitter : float
         Relative half-width ``j`` in [0, 1] of a uniform RTT jitter, ``U(rtt(1-j), rtt(1+j))``. Only the
         pipelined form depends on it (through ``E[max(gamma*t_a, RTT)]``); the others are linear in RTT.
+
+    Returns
+    -------
+    float or array
+        ms per output token (broadcast over the array arguments).
     """
     check_choice("mode", mode, MODES)
     jitter = check_real("rtt_jitter", rtt_jitter, low=0, high=1)
@@ -113,17 +142,53 @@ def latency_per_token(mode: str, *, alpha=None, gamma: int | None = None, t_ar=N
     return (_expected_max(draft, rtt, jitter) + t_v) / E
 
 
-def rtt_breakeven(alpha, gamma: int, t_ar, t_a):
+def rtt_breakeven(alpha: ArrayLike, gamma: int, t_ar: ArrayLike, t_a: ArrayLike) -> float | np.ndarray:
     """Largest RTT at which synchronous DSD beats cloud AR (with ``t_v = t_ar``):
-    ``(E - 1)*t_ar - gamma*t_a``. A negative value means DSD never beats AR at these settings."""
+    ``(E - 1)*t_ar - gamma*t_a``, ``E`` = :func:`expected_tokens`.
+
+    Parameters
+    ----------
+    alpha : float or array
+        Per-token acceptance probability in [0, 1).
+    gamma : int
+        Draft length, tokens per round (>= 1).
+    t_ar : float or array
+        Cloud autoregressive step per token, ms (>= 0); also the verification pass.
+    t_a : float or array
+        Draft time per token on the edge device, ms (>= 0).
+
+    Returns
+    -------
+    float or array
+        The break-even RTT in ms: below it ``dsd_sync`` is faster per token than ``ar``. A negative value
+        means DSD never beats AR at these settings.
+    """
     E = expected_tokens(alpha, gamma)
     return (E - 1.0) * _arr("t_ar", t_ar) - gamma * _arr("t_a", t_a)
 
 
-def breakeven_table(alphas=(0.5, 0.7, 0.85, 0.9), t_ars=(100, 50, 30, 20), gamma: int = 5, t_a: float = 10.0,
-                    *, decimals: int | None = 0) -> pd.DataFrame:
-    """RTT break-even (rows ``t_ar``, columns ``alpha``), rounded to ``decimals``; NaN (blank) where
-    negative, i.e. where DSD never beats cloud AR."""
+def breakeven_table(alphas: ArrayLike = (0.5, 0.7, 0.85, 0.9), t_ars: ArrayLike = (100, 50, 30, 20), gamma: int = 5,
+                    t_a: float = 10.0, *, decimals: int | None = 0) -> pd.DataFrame:
+    """:func:`rtt_breakeven` on a grid: rows ``t_ar``, columns ``alpha``.
+
+    Parameters
+    ----------
+    alphas : sequence of float
+        Per-token acceptance probabilities in [0, 1] (the columns).
+    t_ars : sequence of float
+        Cloud autoregressive steps per token, ms (>= 0; the rows).
+    gamma : int
+        Draft length, tokens per round (>= 1).
+    t_a : float
+        Draft time per token on the edge device, ms (>= 0).
+    decimals : int, optional
+        Round to this many decimals (0..15); None keeps full precision.
+
+    Returns
+    -------
+    DataFrame
+        Break-even RTT in ms; NaN (blank) where negative, i.e. where DSD never beats cloud AR.
+    """
     alphas = check_finite_array("alphas", alphas, ndim=1, low=0, high=1)
     t_ars = check_finite_array("t_ars", t_ars, ndim=1, low=0).tolist()
     if decimals is not None:
@@ -139,14 +204,47 @@ def breakeven_table(alphas=(0.5, 0.7, 0.85, 0.9), t_ars=(100, 50, 30, 20), gamma
     return table
 
 
-def pipelined_window(gamma: int, t_a):
-    """RTT below which pipelined DSD hides the round trip (and can match co-located SD): ``gamma*t_a``."""
+def pipelined_window(gamma: int, t_a: ArrayLike) -> float | np.ndarray:
+    """The end of the pipelined protocol's window: the largest RTT that pipelined DSD hides, ``gamma*t_a``.
+
+    While a drafted block is in flight the edge drafts the next one, which takes ``gamma*t_a``; a round
+    trip shorter than that is hidden behind the drafting, so inside the window (``rtt <= gamma*t_a``)
+    pipelined DSD costs ``gamma*t_a + t_v`` per round whatever the RTT, and matches co-located SD when
+    ``t_a = t_d``. Past it every extra ms of RTT is paid.
+
+    Parameters
+    ----------
+    gamma : int
+        Draft length, tokens per round (>= 1).
+    t_a : float or array
+        Draft time per token on the edge device, ms (>= 0).
+
+    Returns
+    -------
+    float or array
+        The window's end in ms (it starts at RTT 0).
+    """
     return _gamma(gamma) * _arr("t_a", t_a)
 
 
-def capacity_gain(gamma: int, t_d, t_v):
+def capacity_gain(gamma: int, t_d: ArrayLike, t_v: ArrayLike) -> float | np.ndarray:
     """Clients a saturated server sustains under DSD relative to co-located SD at equal per-client
-    rate: ``1 + gamma*t_d/t_v`` (co-located spends ``gamma*t_d + t_v`` per round, DSD only ``t_v``)."""
+    rate: ``1 + gamma*t_d/t_v`` (co-located spends ``gamma*t_d + t_v`` per round, DSD only ``t_v``).
+
+    Parameters
+    ----------
+    gamma : int
+        Draft length, tokens per round (>= 1).
+    t_d : float or array
+        Draft time per token on the cloud server, ms (>= 0).
+    t_v : float or array
+        One verification pass of the target, ms (> 0).
+
+    Returns
+    -------
+    float or array
+        The ratio of clients (>= 1; dimensionless).
+    """
     g = _gamma(gamma)
     t_d = _arr("t_d", t_d)
     t_v = _arr("t_v", t_v)
@@ -155,13 +253,43 @@ def capacity_gain(gamma: int, t_d, t_v):
     return 1.0 + g * t_d / t_v
 
 
-def leviathan_speedup(alpha, gamma: int, c):
-    """Co-located speed-up over AR, ``E / (gamma*c + 1)`` with cost ratio ``c = t_d/t_v`` (>= 0)."""
+def leviathan_speedup(alpha: ArrayLike, gamma: int, c: ArrayLike) -> float | np.ndarray:
+    """Co-located speed-up over AR, ``E / (gamma*c + 1)`` (Leviathan et al.), ``E`` = :func:`expected_tokens`.
+
+    Parameters
+    ----------
+    alpha : float or array
+        Per-token acceptance probability in [0, 1).
+    gamma : int
+        Draft length, tokens per round (>= 1).
+    c : float or array
+        Cost ratio ``t_d / t_v`` of one draft token to one verification pass (>= 0, dimensionless).
+
+    Returns
+    -------
+    float or array
+        AR time per token over co-located SD time per token (> 1: SD is faster).
+    """
     return expected_tokens(alpha, gamma) / (gamma * _arr("c", c) + 1.0)
 
 
 def optimal_gamma(alpha: float, c: float, gamma_max: int = 32) -> int:
-    """The draft length in ``1..gamma_max`` that maximises :func:`leviathan_speedup`."""
+    """The draft length in ``1..gamma_max`` that maximises :func:`leviathan_speedup`.
+
+    Parameters
+    ----------
+    alpha : float
+        Per-token acceptance probability in [0, 1).
+    c : float
+        Cost ratio ``t_d / t_v`` (>= 0).
+    gamma_max : int
+        Longest draft considered (1..1024).
+
+    Returns
+    -------
+    int
+        The best ``gamma`` (the smallest one on ties).
+    """
     gamma_max = check_int("gamma_max", gamma_max, low=1, high=1024)
     # one optimum for one (alpha, c): an array of them has no single answer (numpy's argmax words before)
     alpha = check_real("alpha", alpha, low=0, high=1, high_open=True)
@@ -170,9 +298,40 @@ def optimal_gamma(alpha: float, c: float, gamma_max: int = 32) -> int:
     return int(np.argmax(speedups)) + 1
 
 
-def best_mode(*, alpha, rtt, gamma: int, t_ar, t_a, t_d=None, t_v=None, modes=MODES, rtt_jitter: float = 0.0):
-    """Index into ``modes`` of the lowest-latency mode at each (alpha, rtt) (arrays broadcast).
-    Ties go to the earlier mode, i.e. to the simpler deployment in :data:`MODES` order."""
+def best_mode(*, alpha: ArrayLike, rtt: ArrayLike, gamma: int, t_ar: ArrayLike, t_a: ArrayLike,
+              t_d: ArrayLike | None = None, t_v: ArrayLike | None = None, modes: tuple[str, ...] = MODES,
+              rtt_jitter: float = 0.0) -> np.ndarray:
+    """Index into ``modes`` of the lowest-latency mode (:func:`latency_per_token`) at each (alpha, rtt).
+
+    Ties go to the earlier mode, i.e. to the simpler deployment in :data:`MODES` order.
+
+    Parameters
+    ----------
+    alpha : float or array
+        Per-token acceptance probability in [0, 1); broadcast with ``rtt``.
+    rtt : float or array
+        Mean edge-cloud round-trip time, ms (>= 0).
+    gamma : int
+        Draft length, tokens per round (>= 1).
+    t_ar : float or array
+        Cloud autoregressive step per token, ms (>= 0); also ``t_v``'s default.
+    t_a : float or array
+        Draft time per token on the edge device, ms (>= 0).
+    t_d : float or array, optional
+        Draft time per token on the cloud server, ms (>= 0); required when ``modes`` holds ``colocated``.
+    t_v : float or array, optional
+        One verification pass of the target, ms (>= 0; default ``t_ar``).
+    modes : tuple of str
+        The candidate modes, from :data:`MODES` (e.g. without ``colocated`` when the server cannot host
+        the draft model).
+    rtt_jitter : float
+        Relative uniform RTT jitter in [0, 1] (see :func:`latency_per_token`).
+
+    Returns
+    -------
+    ndarray of int
+        Per (alpha, rtt) point, the index into ``modes`` of the fastest one (``modes[i]`` names it).
+    """
     modes = list(modes)
     for m in modes:
         check_choice("modes", m, MODES)
