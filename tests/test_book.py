@@ -195,3 +195,25 @@ def test_links_to_notebooks_outside_a_partial_book_become_text():
     assert unlink_missing(md, {"00_overview"}) == ("Next: ELDR, back to [the map](00_overview.ipynb#top), "
                                                     "see [docs](https://x.org/a.ipynb).")
     assert unlink_missing(md, {"00_overview"}, to_pages=True).startswith("Next: ELDR, back to [the map](00_overview.html#top)")
+
+
+def test_book_shows_06_from_the_recorded_capture_when_vllm_is_hidden(tmp_path, monkeypatch):
+    """Issue 40: where no live engine is installed, the book runs notebook 06 on the capture recorded with vLLM
+    (data/traces/tiny-moe-06-vllm.npz) and labels the page with that recording's engine and date."""
+    import importlib.util
+
+    import moelab.models.vllm_engine as ve
+
+    if importlib.util.find_spec("myst_nb") is None:
+        if os.environ.get("CI"):
+            pytest.fail("myst-nb (the docs extra) is required under CI")
+        pytest.skip("needs the docs extra (sphinx, myst-nb)")
+    monkeypatch.setattr(ve, "vllm_status", lambda features=("engine",): (False, "vLLM is not installed (hidden)"))
+    done = build_book(tmp_path / "site", names=["06_from_your_deployment"], executed_dir=None, params={"PRESET": "ci"})
+    assert set(done.executed) == {"06_from_your_deployment"}
+    page = (tmp_path / "site" / "06_from_your_deployment.html").read_text()
+    assert "capture backend: file (reading tiny-moe-06-vllm.npz)" in page  # the recorded capture, not a capture here
+    assert "trace recorded with vLLM 0.32" in page or "trace recorded with vLLM 0.33" in page
+    label = page.split("executed from a capture recorded with vLLM ", 1)
+    assert len(label) == 2 and ", no live engine here" in label[1][:60], "the page is not labelled"
+    assert "live-engine check: made when the trace was recorded" in page

@@ -52,3 +52,36 @@ def test_a_page_captured_without_a_live_engine_is_labelled():
     live = {"cells": [{"cell_type": "code", "metadata": {}, "source": "", "outputs": [
         {"output_type": "stream", "name": "stdout", "text": "capture backend: vllm (vllm 0.32.0)\n"}]}]}
     assert capture_note(live) == ""
+
+
+def test_a_page_run_on_the_recorded_capture_names_its_engine_and_date():
+    executed = {"cells": [{"cell_type": "code", "metadata": {}, "source": "", "outputs": [
+        {"output_type": "stream", "name": "stdout", "text": "capture backend: file (reading tiny-moe-06-vllm.npz)\n"},
+        {"output_type": "stream", "name": "stdout", "text": ["trace recorded with vLLM 0.32.0 on 2026-12-06\n",
+                                                             "30 requests (file)\n"]}]}]}
+    note = capture_note(executed)
+    assert "executed from a capture recorded with vLLM 0.32.0 on 2026-12-06, no live engine here" in note
+    assert "data/traces/tiny-moe-06-vllm.npz" in note  # the bundled recording, named
+    other = {"cells": [{"cell_type": "code", "metadata": {}, "source": "", "outputs": [
+        {"output_type": "stream", "name": "stdout", "text": "capture backend: file (reading mine.npz)\n"}]}]}
+    assert "recorded with an engine elsewhere" in capture_note(other) and "tiny-moe-06" not in capture_note(other)
+
+
+def test_the_book_gives_06_the_recorded_capture_only_where_no_live_engine_is(monkeypatch):
+    import moelab.models.vllm_engine as ve
+    from moelab.book import RECORDED_CAPTURE, notebook_params, recorded_capture
+    from moelab.traces import load_trace
+
+    path = recorded_capture()
+    assert path is not None and path.name == RECORDED_CAPTURE.name  # shipped in data/traces
+    trace = load_trace(path)
+    assert trace.provenance["backend"] == "vllm" and trace.provenance["versions"]["vllm"]
+    assert trace.provenance["dtype"] == "float32" and len(set(trace.domains)) >= 2
+    assert all(v for k, v in trace.provenance["hf_agreement"].items() if k.endswith("_equal"))
+    assert path.stat().st_size < 200_000  # small: a few dozen requests
+    monkeypatch.setattr(ve, "vllm_status", lambda features=("engine",): (False, "vLLM is not installed (hidden)"))
+    assert notebook_params("06_from_your_deployment", {"PRESET": "ci"}) == {"PRESET": "ci", "TRACE": str(path)}
+    assert notebook_params("06_from_your_deployment", {"BACKEND": "hf"}) == {"BACKEND": "hf"}  # asked for: kept
+    assert notebook_params("00_overview", {}) == {}
+    monkeypatch.setattr(ve, "vllm_status", lambda features=("engine",): (True, "vLLM 0.32.0"))
+    assert notebook_params("06_from_your_deployment", {}) == {}  # a live engine: the page captures from it

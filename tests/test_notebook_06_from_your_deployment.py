@@ -58,3 +58,40 @@ def test_notebook_06_without_vllm_falls_back_to_hf_capture(tmp_path):
     assert r["n_requests"] >= 6 and r["tokens_captured"] > r["n_requests"] * 8
     _check_analysis(r)
     assert FIGURES <= set(res["_figures"])
+
+
+@pytest.mark.notebook
+def test_notebook_06_on_the_recorded_capture(tmp_path):
+    """What the book shows where no live engine is installed: 06 on the bundled capture recorded with vLLM (nothing
+    started; the recording's own vLLM-vs-HF check shown; domain labels kept, so the full locality step runs)."""
+    from moelab.book import recorded_capture
+
+    trace = recorded_capture()
+    assert trace is not None, "data/traces/tiny-moe-06-vllm.npz is missing (python -m moelab.make.deployment_trace)"
+    res = execute_notebook("06_from_your_deployment", {**SMALL, "TRACE": str(trace)}, tmp_path)
+    assert_reads_cleanly(tmp_path / "06_from_your_deployment.ipynb", res)
+    r = res["06_from_your_deployment"]
+    assert r["backend"] == "vllm" and not r["live_engine"] and r["trace_file"] == trace.name
+    assert r["recorded_with"].startswith("vLLM 0.3") and r["engine_s"] < 5
+    _check_analysis(r)
+    assert FIGURES <= set(res["_figures"])
+
+
+def test_the_recorded_capture_is_the_notebooks_requests():
+    """The bundled recording (moelab.make.deployment_trace) holds notebook 06's own requests at the classroom
+    preset: a change to 06's parameters or to the preset's sizes needs a re-recording, and this says so."""
+    import numpy as np
+
+    from moelab.book import recorded_capture
+    from moelab.make.deployment_trace import ENGINE, notebook_settings, readme_section
+    from moelab.traces import load_trace
+
+    trace = load_trace(recorded_capture())
+    prov, now = trace.provenance, notebook_settings(trace.provenance["preset"])
+    stale = {k: (v, now[k]) for k, v in prov["parameters"].items() if now[k] != v}
+    assert not stale, f"notebook 06 changed since its capture was recorded {stale}: python -m moelab.make.deployment_trace"
+    assert {k: prov["engine"][k] for k in ENGINE} == ENGINE
+    assert len(trace) == now["N_PER_DOMAIN"] * len(set(trace.domains))
+    assert np.all(trace.decode_lens == now["MAX_NEW_TOKENS"])
+    section = readme_section(trace, recorded_capture())
+    assert section in (recorded_capture().parent / "README.md").read_text()  # the README describes this recording

@@ -11,7 +11,10 @@ of contents and the toggles) that works from any static file server with no netw
 * MathJax is the npm package ``mathjax@3.2.2`` (Apache-2.0), vendored in ``moelab/book/static/vendor``;
 * solution cells (nbgrader ``solution: true`` or ``jupyter.source_hidden``) are collapsed behind a toggle;
 * ipywidgets panels need a running kernel: in the book each is replaced by a note that says how to open
-  the notebook live (every page also starts with that command and, given a repository, a Binder link).
+  the notebook live (every page also starts with that command and, given a repository, a Binder link);
+* notebook 06 captures from a live vLLM engine: where none is installed, the book runs it on the capture recorded
+  with vLLM once (``data/traces/tiny-moe-06-vllm.npz``, :func:`notebook_params`) and labels the page with the
+  engine and date of that recording (:func:`capture_note`).
 
 The site is written into a temporary folder beside ``OUT`` and swapped in only when the whole build
 succeeded, so a failing notebook never leaves a half-written book over a good one. ``OUT`` follows moelab's
@@ -228,18 +231,64 @@ def _with_blanks(cells: list[dict]) -> list[dict]:
     return out
 
 
-def capture_note(nb: dict[str, Any]) -> str:
-    """A labelled note for a page whose expert trace was captured without a live engine (notebook 06 prints
-    ``capture backend: hf`` when vLLM is not installed), or ``""``."""
-    for cell in nb["cells"]:
-        for out in cell.get("outputs", []):
+#: notebook 06's recorded capture (``python -m moelab.make.deployment_trace``): the page's trace where no live engine is
+DEPLOYMENT_NOTEBOOK = "06_from_your_deployment"
+RECORDED_CAPTURE = Path("data") / "traces" / "tiny-moe-06-vllm.npz"
+_RECORDED = re.compile(r"^trace recorded with (.+)$", re.MULTILINE)
+
+
+def recorded_capture() -> Path | None:
+    """The bundled capture notebook 06 is shown from when no live engine is installed (:data:`RECORDED_CAPTURE`
+    under the repository), or None when it is not there."""
+    path = repo_root() / RECORDED_CAPTURE
+    return path if path.is_file() and path.with_suffix(".json").is_file() else None
+
+
+def notebook_params(name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The parameters the book executes ``name`` with: ``params``, and for notebook 06 where vLLM is not usable
+    (:func:`moelab.models.vllm_engine.vllm_status`) and neither ``TRACE`` nor ``BACKEND`` is given, ``TRACE`` = the
+    recorded capture (:func:`recorded_capture`; when it is missing the notebook falls back to the Hugging Face
+    capture, and :func:`capture_note` labels either page)."""
+    out = dict(params or {})
+    if name != DEPLOYMENT_NOTEBOOK or "TRACE" in out or "BACKEND" in out:
+        return out
+    from moelab.models.vllm_engine import vllm_status  # lazy: reads vLLM's files only when 06 is in the book
+
+    recorded = recorded_capture()
+    if recorded is not None and not vllm_status()[0]:
+        out["TRACE"] = str(recorded)
+    return out
+
+
+def _stream_text(nb: dict[str, Any]) -> str:
+    """Everything the notebook's cells printed, in order."""
+    parts = []
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []) or []:
             text = out.get("text", "")
-            text = "".join(text) if isinstance(text, list) else str(text)
-            if text.startswith("capture backend: hf"):
-                return ("```{important}\nThis page was executed **without a live vLLM engine**: the expert trace "
-                        "below was captured with the Hugging Face backend (the same model and requests, one "
-                        "request at a time), so the engine start and the vLLM-versus-HF agreement check are "
-                        "labelled *skipped*. With vLLM installed the same page captures from the live engine.\n```")
+            parts.append("".join(text) if isinstance(text, list) else str(text))
+    return "\n".join(parts)
+
+
+def capture_note(nb: dict[str, Any]) -> str:
+    """A labelled note for a page whose expert trace did not come from a live engine here, or ``""``: notebook 06
+    run on a recorded capture (it prints ``capture backend: file`` and ``trace recorded with vLLM X on DATE``) says
+    so with the engine and date, and 06 run with the Hugging Face fallback (``capture backend: hf``) says that."""
+    text = _stream_text(nb)
+    if re.search(r"^capture backend: file\b", text, re.MULTILINE):
+        m = _RECORDED.search(text)
+        how = re.sub(r"[`*_\[\]<>]", "", m.group(1).strip())[:120] if m else "an engine elsewhere"
+        what = ("this notebook's own requests through the same model, recorded once with a live engine "
+                f"(`{RECORDED_CAPTURE.as_posix()}`, " if f"(reading {RECORDED_CAPTURE.name})" in text else "(")
+        return ("```{important}\nThis page was **executed from a capture recorded with " + how + ", no live engine "
+                "here**: no engine was started and the expert trace was read from a file: " + what + "the "
+                "notebook's `TRACE`). Any vLLM-versus-HF agreement shown is the check made when the trace was "
+                "recorded. With vLLM installed the same page captures from the live engine.\n```")
+    if re.search(r"^capture backend: hf\b", text, re.MULTILINE):
+        return ("```{important}\nThis page was executed **without a live vLLM engine**: the expert trace "
+                "below was captured with the Hugging Face backend (the same model and requests, one "
+                "request at a time), so the engine start and the vLLM-versus-HF agreement check are "
+                "labelled *skipped*. With vLLM installed the same page captures from the live engine.\n```")
     return ""
 
 
@@ -307,7 +356,7 @@ def build_book(out: str | os.PathLike = "book", *, names: Sequence[str] | None =
     try:
         chosen = resolve(list(names) if names else None)
         for name in chosen:  # every notebook's parameters before the first one runs
-            check_parameters(name, dict(params or {}))
+            check_parameters(name, notebook_params(name, params))
     except ValueError as exc:
         raise BookError(str(exc)) from exc
     runs = Path(executed_dir).expanduser().resolve() if executed_dir else None
@@ -326,7 +375,7 @@ def build_book(out: str | os.PathLike = "book", *, names: Sequence[str] | None =
                 path = runs / f"{name}.ipynb"
                 reused.append(name)
             else:
-                run = run_notebook(name, dict(params or {}), staging / "executed", timeout_s=timeout_s)
+                run = run_notebook(name, notebook_params(name, params), staging / "executed", timeout_s=timeout_s)
                 if not run.ok:
                     raise BookError(f"notebook {name} failed: {run.error}; the book was not written")
                 path, executed[name] = run.output, run.seconds
