@@ -21,6 +21,7 @@ from moelab.hd.ngram import NGramTable
 from moelab.hd.policy import (
     AcceptanceModel,
     PolicyChoice,
+    _plan,
     check_acceptance,
     check_budget,
     class_row,
@@ -265,6 +266,11 @@ class HierarchyDrafter(Drafter):
         if statistics_store is not None:
             self._stores["L"] = statistics_store
         self._reach = _context_reach([self._stores[c] for c in order])
+        # the walk: (letter, store, its lookup_matched or None). The store types of this package answer a
+        # lookup and its match length in one probe; exact types only (a subclass may override lookup), any
+        # other store is asked through the Store protocol (lookup, then match_length when it answered)
+        self._walk = [(c, st, st.lookup_matched if type(st) in _MATCHED_TYPES else None)
+                      for c, st in ((c, self._stores[c]) for c in order)]
 
     def start(self, prompt_ids: Sequence[int]) -> None:
         super().start(prompt_ids)
@@ -283,16 +289,20 @@ class HierarchyDrafter(Drafter):
         seen: set[tuple[int, ...]] = set()
         ctx = self.context
         L, G = self.length, self.max_candidates
-        counters, stores = self.counters, self._stores
-        for letter in self.order:
+        counters = self.counters
+        for letter, store, matched in self._walk:
             c = counters[letter]
             c.queries += 1
-            store = stores[letter]
-            got = store.lookup(ctx, G)
-            if not got:
-                continue
+            if matched is not None:
+                got, m = matched(ctx, G)
+                if not got:
+                    continue
+            else:
+                got = store.lookup(ctx, G)
+                if not got:
+                    continue
+                m = match_length(store, ctx)
             c.lookup_hits += 1
-            m = match_length(store, ctx)
             for cand in got:
                 if len(cand) > L:
                     cand = cand[:L]
@@ -306,6 +316,20 @@ class HierarchyDrafter(Drafter):
                         return Draft(cands, sources, classes)
         return Draft(cands, sources, classes)
 
+    def _first(self, ctx: list[int]) -> tuple[tuple[int, ...], str, int] | None:
+        """The walk's first non-empty answer for ``ctx`` asked for one candidate: (its first candidate, the
+        store letter, the store's match length), or None when no store answers."""
+        for letter, store, matched in self._walk:
+            if matched is not None:
+                cands, m = matched(ctx, 1)
+                if cands and cands[0]:
+                    return cands[0], letter, m
+            else:
+                cands = store.lookup(ctx, 1)
+                if cands and cands[0]:
+                    return cands[0], letter, match_length(store, ctx)
+        return None
+
     def draft_chain(self, max_len: int) -> Draft:
         """One chain of up to ``max_len`` tokens (what vLLM verifies): the hierarchy's first candidate,
         extended by querying the hierarchy again after it; sources hold one store letter per token, classes
@@ -315,36 +339,44 @@ class HierarchyDrafter(Drafter):
             max_len = int(max_len)
         # the walk reads only the context's last `_reach` tokens: copy those, not the whole request
         ctx = list(self.context) if self._reach is None else self.context[-self._reach:]
-        chain: list[int] = []
-        letters = ""
-        classes: list[int] = []
-        stores = self._stores
         # the first round counts queries and hits per store; later rounds (extending the chain) do not
         got = None
-        for letter in self.order:
-            c = self.counters[letter]
+        counters = self.counters
+        for letter, store, matched in self._walk:
+            c = counters[letter]
             c.queries += 1
-            cands = stores[letter].lookup(ctx, 1)
+            if matched is not None:
+                cands, m = matched(ctx, 1)
+            else:
+                cands = store.lookup(ctx, 1)
+                m = None  # asked for only when the store answered
             if cands and cands[0]:
-                got = (cands[0], letter, match_length(stores[letter], ctx))
+                got = (cands[0], letter, m if m is not None else match_length(store, ctx))
                 c.lookup_hits += 1
                 c.candidates += 1
                 break
-        while got is not None:
-            seg = list(got[0][:max_len - len(chain)])
+        if got is None:
+            return Draft([], [], [])
+        seg, letter, m = got
+        if len(seg) >= max_len:  # one answer fills the chain: no second round, no list to build
+            seg = tuple(seg[:max_len])
+            return Draft([seg], [letter * len(seg)], [class_row(m, len(seg))])
+        chain = list(seg)
+        letters = letter * len(seg)
+        classes = list(class_row(m, len(seg)))
+        while True:
+            ctx.extend(seg)
+            got = self._first(ctx)
+            if got is None:
+                break
+            seg, letter, m = got
+            seg = seg[:max_len - len(chain)]
             chain.extend(seg)
-            letters += got[1] * len(seg)
-            classes.extend(class_row(got[2], len(seg)))
+            letters += letter * len(seg)
+            classes.extend(class_row(m, len(seg)))
             if len(chain) >= max_len:
                 break
-            ctx.extend(seg)
-            got = None
-            for letter in self.order:
-                cands = stores[letter].lookup(ctx, 1)
-                if cands and cands[0]:
-                    got = (cands[0], letter, match_length(stores[letter], ctx))
-                    break
-        return Draft([tuple(chain)], [letters], [tuple(classes)]) if chain else Draft([], [], [])
+        return Draft([tuple(chain)], [letters], [tuple(classes)])
 
 
 def _context_reach(stores: Sequence[Store]) -> int | None:
@@ -363,6 +395,10 @@ def _context_reach(stores: Sequence[Store]) -> int | None:
             return None
     return max(reach, 1)
 
+
+# the store types that answer lookup_matched (HierarchyDrafter's walk); an NGramTable has no match length, so
+# it is asked through the protocol (match_length() says 0 for it)
+_MATCHED_TYPES = (ContextStore, SuffixStore)
 
 # Exploration spends at most this share of the verify time re-testing estimates the plan does not draft on,
 # and re-tests at most every MAX_EXPLORE_RATE-th such step (where verification is nearly free).
@@ -479,11 +515,17 @@ class CostAwareDrafter(Drafter):
             b = min(self.budget, budget)
         else:
             b = min(self.budget, check_budget(budget))
-        d = self.inner.draft_chain(b) if self.chain else self.inner.draft()
+        inner = self.inner
+        d = inner.draft_chain(b) if self.chain else inner.draft()
         arm = self._arm = self.choice.choose(self._rng.random()) if self.choice is not None else 0
         self.arms[arm] += 1
+        kept = None  # the kept candidates' classes, where the plan gave them
         if arm == 1:  # the hierarchy's full chain (the paper's policy), the engine's choice for this step
             cands, srcs = list(d.candidates), list(d.sources)
+        elif type(inner) is HierarchyDrafter and d.candidates and isinstance(self.cost, VerifyCost):
+            # the hierarchy's own draft, well-formed by construction (one class per token): plan()'s checks
+            # are skipped, and its tree pass also gives the kept candidates' classes
+            cands, srcs, kept = _plan(d.candidates, d.sources, d.classes, self.acceptance, self.cost, b, True)
         else:
             cands, srcs = plan(d.candidates, d.sources, self.acceptance, self.cost, b, d.classes)
         if (arm == 0 and not cands and d.candidates and self.explore > 0.0 and self._rng.random() < self.explore
@@ -492,8 +534,9 @@ class CostAwareDrafter(Drafter):
             # untested (prior) estimates this draft would pay, so a low estimate is what is being re-tested
             i = self._rng.randrange(len(d.candidates))
             cands, srcs = [tuple(d.candidates[i][:1])], [d.sources[i][:1]]
+            kept = None
             self.explored += 1
-        self._last = last = Draft(cands, srcs, _kept_classes(cands, d))
+        self._last = last = Draft(cands, srcs, kept if kept is not None else _kept_classes(cands, d))
         if self.timed:
             # q of the step this draft starts: the bonus token plus every drafted node (a chain: its length)
             self._q = 1 + (len(cands[0]) if self.chain and cands else len({c[:i + 1] for c in cands for i in range(len(c))}))

@@ -375,67 +375,92 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
          budget: int, classes: Sequence[Sequence[int]] | None = None) -> tuple[list[tuple[int, ...]], list[str]]:
     """The sub-tree of ``candidates`` worth verifying (see the module docstring).
 
-    A source is one store letter per candidate, or a string with one letter per token (chains
-    stitched from several lookups). ``classes`` gives every token's confidence class
-    (:func:`confidence_class`; one sequence per candidate, as long as it), class 0 for all when None. Returns the kept candidates (root-to-leaf paths of the chosen
-    prefix-closed node set, in their original order, truncated) and their sources; empty lists mean
-    "draft nothing this step".
+    Parameters
+    ----------
+    candidates : sequence of sequence of int
+        Candidate continuations of the context (the draft tree's root-to-leaf paths).
+    sources : sequence of str
+        One store letter per candidate, or a string with one letter per token (chains stitched from several
+        lookups).
+    model : AcceptanceModel
+        The request's running acceptance per (store, first child or alternative, class).
+    cost : VerifyCost
+        The measured verify-cost curve.
+    budget : int
+        Draft tokens verified at most (1 .. :data:`MAX_BUDGET`).
+    classes : sequence of sequence of int, optional
+        Every token's confidence class (:func:`confidence_class`; one sequence per candidate, as long as
+        it); class 0 for all when None.
+
+    Returns
+    -------
+    candidates : list of tuple of int
+        The kept candidates: root-to-leaf paths of the chosen prefix-closed node set, in their original
+        order, truncated; empty means "draft nothing this step".
+    sources : list of str
+        Their sources.
     """
-    check_instance("cost", cost, VerifyCost, "a VerifyCost (e.g. moelab.costmodel.fit_verify_cost(qs, ms))")
+    if not isinstance(cost, VerifyCost):  # (check_instance only formats the message)
+        check_instance("cost", cost, VerifyCost, "a VerifyCost (e.g. moelab.costmodel.fit_verify_cost(qs, ms))")
     if type(budget) is not int or not 1 <= budget <= MAX_BUDGET:  # the per-step fast path skips the checker
         budget = check_budget(budget)
     if not candidates:
         return [], []
+    if classes is None:
+        classes = [(0,) * len(c) for c in candidates]
+    elif len(classes) != len(candidates) or not _lengths_match(classes, candidates):
+        raise ValueError("classes must hold one confidence class per candidate token (as many sequences as "
+                         f"candidates, each as long as its candidate); got {len(classes)} for {len(candidates)} candidates")
+    out, srcs, _ = _plan(candidates, sources, classes, model, cost, budget, False)
+    return out, srcs
+
+
+def _lengths_match(classes: Sequence[Sequence[int]], candidates: Sequence[Sequence[int]]) -> bool:
+    """Whether every class sequence is as long as its candidate (both sequences of one length): one
+    ``map(len)`` per side, falling back to the pairwise check (which stops at the first mismatch) when a
+    length cannot be taken, so a malformed input fails as it always did."""
+    try:
+        if list(map(len, classes)) == list(map(len, candidates)):
+            return True
+    except TypeError:
+        pass
+    return not any(len(k) != len(c) for k, c in zip(classes, candidates))
+
+
+def _plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], classes: Sequence[Sequence[int]],
+          model: AcceptanceModel, cost: VerifyCost, budget: int,
+          with_classes: bool) -> tuple[list[tuple[int, ...]], list[str], list[tuple[int, ...]] | None]:
+    """:func:`plan` of checked, non-empty arguments (``classes`` given), and, with ``with_classes``, the
+    confidence classes of the kept candidates (a node's class is that of the first candidate holding its
+    path: the candidate that made the node) so a drafter need not rebuild them. The drafter's per-step
+    entry: it built the candidates itself, so the checks of :func:`plan` would only cost time."""
+    if len(candidates) == 1:  # one chain (vLLM's proposals): no tree to build
+        got = _plan_chain(candidates[0], sources[0], classes[0], model, cost, budget)
+        if got is not None:
+            return got[0], got[1], [classes[0][:len(c)] for c in got[0]] if with_classes else None
+    threshold = cost.draft_threshold(budget)
+    # An AcceptanceModel's alphas are <= 1 by construction (accepted <= tried, priors <= 1), so no node is
+    # likelier than the root child it descends from: the first candidate's first-child alpha or a later
+    # candidate's alternative alpha. Below the threshold nothing pays, and the answer is empty. The tree pass
+    # below takes that maximum (``hi``) on its way; another model's alphas are all checked first, here.
+    consistent = type(model) is AcceptanceModel
+    # (store, class) -> (alpha first child, alpha alternative), read once per step: an AcceptanceModel's own
+    # memo of them (one dict probe per node), else a per-step dict in front of the model's alphas()
+    alphas = model._pairs if consistent else {}
+    if threshold > 0.0 and not consistent and _below_threshold(candidates, sources, classes, model, threshold, alphas):
+        return [], [], [] if with_classes else None
     # The trie of the candidates, built one candidate at a time: a candidate shares its first ``l`` nodes
     # with the (first) earlier candidate it has the longest common prefix with, and adds ``len - l`` new
     # nodes (ids in creation order, as a node-by-node trie would number them). Plain Python: a step has a
     # dozen nodes, where numpy's per-call overhead dominates. Paths are not materialised: candidate ``i``
     # keeps ``segs[i] = (j, l, first, end)``: the candidate it branches from, ``l``, and its new node ids
     # ``first:end``, which is all the final count of its kept prefix needs.
-    # (store, class) -> (alpha first child, alpha alternative), read once per step
-    alphas: dict[tuple[str, int], tuple[float, float]] = {}
-    if classes is None:
-        classes = [(0,) * len(c) for c in candidates]
-    elif len(classes) != len(candidates) or any(len(k) != len(c) for k, c in zip(classes, candidates)):
-        raise ValueError("classes must hold one confidence class per candidate token (as many sequences as "
-                         f"candidates, each as long as its candidate); got {len(classes)} for {len(candidates)} candidates")
-    if len(candidates) == 1:  # one chain (vLLM's proposals): no tree to build
-        got = _plan_chain(candidates[0], sources[0], classes[0], model, cost, budget)
-        if got is not None:
-            return got
-    threshold = cost.draft_threshold(budget)
-    if threshold > 0.0:
-        # A node's probability is a product of alphas (each <= 1 for consistent counts), so none exceeds
-        # that of the root child it descends from: the first candidate's first-child alpha or a later
-        # candidate's alternative alpha. Below the threshold nothing pays: no tree is needed.
-        hi, first, ok = -1.0, True, True
-        # an AcceptanceModel's alphas are <= 1 by construction (accepted <= tried, priors <= 1): only the root
-        # children's are read; another model's are all checked first
-        consistent = type(model) is AcceptanceModel
-        for cand, src, cls in zip(candidates, sources, classes):
-            if not cand:
-                continue
-            if not consistent:
-                per_token = len(cand) > 1 and len(src) == len(cand)
-                for depth in range(len(cand)):
-                    key = (src[depth] if per_token else src[:1], cls[depth])
-                    if key not in alphas:
-                        ab = alphas[key] = model.alphas(*key)
-                        ok = ok and ab[0] <= 1.0 and ab[1] <= 1.0
-            key = (src[:1], cls[0])
-            ab = alphas.get(key)
-            if ab is None:
-                ab = alphas[key] = model.alphas(*key)
-            a = ab[not first]
-            first = False
-            if a > hi:
-                hi = a
-        if ok and hi < threshold:
-            return [], []
+    get_alphas = model.alphas
     prob: list[float] = [1.0]
     root_used = False  # whether the root has a child yet (node 0's children are alternatives after the first)
     branched: set[int] = set()  # other nodes given a second child by a later candidate
     segs: list[tuple[int, int, int, int]] = []
+    hi = -1.0  # the likeliest root child's alpha (see above)
     for i, (cand, src, cls) in enumerate(zip(candidates, sources, classes)):
         n_c = len(cand)
         best, j_best = 0, -1
@@ -450,6 +475,13 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
                         lcp += 1
                     if lcp > best:
                         best, j_best = lcp, j
+            if best:  # (a candidate that starts a root child reads its alpha below)
+                key = (src[:1], cls[0])
+                ab = alphas.get(key)
+                if ab is None:
+                    ab = alphas[key] = get_alphas(*key)
+                if ab[root_used] > hi:  # root_used: a non-empty candidate came before (the first one starts a child)
+                    hi = ab[root_used]
         if best == n_c:  # nothing new: a prefix of (or equal to) an earlier candidate
             segs.append((j_best, best, 0, 0))
             continue
@@ -464,16 +496,29 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
         else:
             parent, alt, root_used = 0, root_used, True
         nid = len(prob)
-        per_token = n_c > 1 and len(src) == n_c  # one store letter per token (stitched chains)
         pp = prob[parent]
-        for depth in range(best, n_c):
-            key = (src[depth] if per_token else src[:1], cls[depth])
-            ab = alphas.get(key)
-            if ab is None:
-                ab = alphas[key] = model.alphas(*key)
-            pp *= ab[alt and depth == best]  # the rest of the chain: first children
-            prob.append(pp)
+        if n_c > 1 and len(src) == n_c:  # one store letter per token (stitched chains)
+            for depth in range(best, n_c):
+                key = (src[depth], cls[depth])
+                ab = alphas.get(key)
+                if ab is None:
+                    ab = alphas[key] = get_alphas(*key)
+                pp *= ab[alt and depth == best]  # the rest of the chain: first children
+                prob.append(pp)
+        else:
+            letter = src[:1]
+            for depth in range(best, n_c):
+                key = (letter, cls[depth])
+                ab = alphas.get(key)
+                if ab is None:
+                    ab = alphas[key] = get_alphas(*key)
+                pp *= ab[alt and depth == best]
+                prob.append(pp)
+        if not best and prob[nid] > hi:  # a root child: its probability is its alpha
+            hi = prob[nid]
         segs.append((j_best, best, nid, len(prob)))
+    if consistent and threshold > 0.0 and hi < threshold:
+        return [], [], [] if with_classes else None
     # the likeliest K nodes, for every K: expected tokens per unit of cost (the values alone suffice)
     # likeliest first, ties in node order (stable): parents before children (p(child) < p(parent)), so the
     # kept set is prefix-closed and a candidate's kept prefix is counted node by node (one sort for both)
@@ -486,14 +531,15 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
         if r > best_ratio:
             best_k, best_ratio = k, r
     if best_k == 0:
-        return [], []
+        return [], [], [] if with_classes else None
     kept = [False] * len(prob)
     for x in ranked[:best_k]:
         kept[x] = True
     ns: list[int] = []
-    out, srcs = [], []
+    kcs: list[tuple[int, ...]] = []  # per candidate: the classes of its kept prefix (with_classes)
+    out, srcs, out_cls = [], [], []
     seen: set[tuple[int, ...]] = set()
-    for (j, shared, nid, end), cand, src in zip(segs, candidates, sources):
+    for (j, shared, nid, end), cand, src, cls in zip(segs, candidates, sources, classes):
         n = min(ns[j], shared) if shared else 0  # kept nodes among those shared with candidate j
         if n == shared:
             x = nid
@@ -501,6 +547,12 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
                 x += 1
             n += x - nid
         ns.append(n)
+        if with_classes:
+            # the shared nodes were made by candidate j's path (their classes are its), the rest by this one
+            kc = kcs[j][:min(n, shared)] if shared else ()
+            if n > shared:
+                kc += tuple(cls[shared:n])
+            kcs.append(kc)
         if not n:
             continue
         c = cand[:n]
@@ -511,7 +563,32 @@ def plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], model: Acc
             seen.add(c)
             out.append(c)
             srcs.append(src[:n] if len(src) == len(cand) and len(cand) > 1 else src)
-    return out, srcs
+            if with_classes:
+                out_cls.append(kc)
+    return out, srcs, out_cls if with_classes else None
+
+
+def _below_threshold(candidates: Sequence[Sequence[int]], sources: Sequence[str], classes: Sequence[Sequence[int]],
+                     model: AcceptanceModel, threshold: float, alphas: dict[tuple[str, int], tuple[float, float]]) -> bool:
+    """Whether every alpha of the draft is <= 1 (consistent counts) and the likeliest root child's alpha is
+    below ``threshold`` (then nothing pays): the check for a model other than :class:`AcceptanceModel`. The
+    alphas read go to ``alphas`` (the tree pass reads them from there: one alphas() call per key and step)."""
+    hi, first, ok = -1.0, True, True
+    for cand, src, cls in zip(candidates, sources, classes):
+        if not cand:
+            continue
+        per_token = len(cand) > 1 and len(src) == len(cand)
+        for depth in range(len(cand)):
+            key = (src[depth] if per_token else src[:1], cls[depth])
+            if key not in alphas:
+                ab = alphas[key] = model.alphas(*key)
+                ok = ok and ab[0] <= 1.0 and ab[1] <= 1.0
+        ab = alphas[(src[:1], cls[0])]
+        a = ab[not first]
+        first = False
+        if a > hi:
+            hi = a
+    return ok and hi < threshold
 
 
 def _plan_chain(cand: Sequence[int], src: str, cls: Sequence[int], model: AcceptanceModel, cost: VerifyCost,

@@ -101,6 +101,49 @@ class ContextStore:
                 return m
         return 0
 
+    def lookup_matched(self, context: Sequence[int], k: int = 7) -> tuple[list[tuple[int, ...]], int]:
+        """``(lookup(context, k), match_length(context))`` in one pass over the keys.
+
+        A drafter asks for both on every step; both probe the same keys (the longest key with continuations
+        is the match length, and its continuations come first), so one pass halves the probes.
+
+        Parameters
+        ----------
+        context : sequence of int
+            The tokens so far (only the last ``max(key_lengths)`` are read).
+        k : int
+            Continuations wanted at most.
+
+        Returns
+        -------
+        candidates : list of tuple of int
+            What :meth:`lookup` returns.
+        match_length : int
+            What :meth:`match_length` returns (0 when there is no candidate).
+        """
+        out: list[tuple[int, ...]] | None = None
+        matched = 0
+        n = len(context)
+        table = self._table
+        for m in self.key_lengths:
+            if n < m:
+                continue
+            bucket = table.get(tuple(context[n - m:]))
+            if not bucket:
+                continue
+            if out is None:  # the longest key with continuations: the match length (as in lookup)
+                matched = m
+                out = bucket[:max(k, 1)]
+                if len(out) >= k:
+                    return out, matched
+                continue
+            for c in bucket:
+                if c not in out:
+                    out.append(c)
+                    if len(out) >= k:
+                        return out, matched
+        return ([], 0) if out is None else (out, matched)
+
     def lookup(self, context: Sequence[int], k: int = 7) -> list[tuple[int, ...]]:
         """Up to ``k`` continuations of ``context``'s last tokens (longest key first, most recent first)."""
         out: list[tuple[int, ...]] | None = None

@@ -144,12 +144,41 @@ class SuffixStore:
         short suffixes recur at almost every step, so most of a lookup's work is done once per store."""
         n = len(context)
         key = token_tuple("context", context[max(0, n - self.depth):])  # a float id is refused, not truncated
+        return self._answer(key, k)[0]
+
+    def lookup_matched(self, context: Sequence[int], k: int = 7) -> tuple[list[tuple[int, ...]], int]:
+        """``(lookup(context, k), match_length(context))`` from one probe of the memo.
+
+        A drafter asks for both on every step; both read the same match ranges, so one call converts the
+        context's tail and probes the memo once instead of twice.
+
+        Parameters
+        ----------
+        context : sequence of int
+            The tokens so far (only the last ``depth`` are read).
+        k : int
+            Continuations wanted at most.
+
+        Returns
+        -------
+        candidates : list of tuple of int
+            What :meth:`lookup` returns.
+        match_length : int
+            What :meth:`match_length` returns.
+        """
+        n = len(context)
+        key = token_tuple("context", context[max(0, n - self.depth):])  # a float id is refused, not truncated
+        out, ranges = self._answer(key, k)
+        return out, ranges[0][0] if ranges else 0
+
+    def _answer(self, key: tuple[int, ...], k: int) -> tuple[list[tuple[int, ...]], list[tuple[int, int, int]]]:
+        """:meth:`lookup`'s answer for the context tail ``key``, and the tail's match ranges (longest first)."""
         memo = self._memo
         hit = memo.get(key)
         if hit is not None:
             if hit[0] >= k or len(hit[1]) < hit[0]:  # asked for as many, or exhausted
                 memo.move_to_end(key)
-                return hit[1][:k]
+                return hit[1][:k], hit[2]
             ranges = hit[2]  # asked for fewer before: the match ranges are known
         else:
             ranges = self._suffix_ranges(key)
@@ -168,7 +197,7 @@ class SuffixStore:
             memo.move_to_end(key)
             if len(memo) > self._memo_size:
                 memo.popitem(last=False)
-        return out
+        return out, ranges
 
     def match_length(self, context: Sequence[int]) -> int:
         """The length of the longest suffix of ``context`` (at most ``depth`` tokens) that occurs in the corpus;
