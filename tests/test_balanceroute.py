@@ -119,8 +119,8 @@ def test_br0_fills_the_margin_exactly():
 
 def test_brh_h0_equals_br0():
     tr = synthetic_trace(300)
-    a = simulate_dp(tr, BR0(window=64), 4, 8, cost(4, 8))
-    b = simulate_dp(tr, BRH(horizon=0, gamma=1.0, beta=None, window=64), 4, 8, cost(4, 8))
+    a = simulate_dp(tr, BR0(window=64), cost(4, 8), n_workers=4, slots=8)
+    b = simulate_dp(tr, BRH(horizon=0, gamma=1.0, beta=None, window=64), cost(4, 8), n_workers=4, slots=8)
     np.testing.assert_array_equal(a.requests['admit_s'], b.requests['admit_s'])
     assert a.metrics()["avg_imbalance"] == b.metrics()["avg_imbalance"]
 
@@ -131,7 +131,7 @@ def test_starvation_guard_admits_a_giant_request():
     prompt = np.full(n, 50)
     prompt[0] = 20_000
     tr = RequestTrace(np.zeros(n), prompt, np.full(n, 20), None, "synthetic")
-    res = simulate_dp(tr, BR0(window=32, max_wait_steps=30), 2, 4, cost(2, 4))
+    res = simulate_dp(tr, BR0(window=32, max_wait_steps=30), cost(2, 4), n_workers=2, slots=4)
     assert np.isfinite(res.finish_s).all()
 
 
@@ -140,7 +140,7 @@ def test_simulator_hand_computed_single_worker():
     # G=1, B=1: request 0 (prompt 10, 2 tokens) then request 1 (prompt 20, 1 token), both at t=0
     c = DPCost.synthetic(1, 1, fixed_ms=1.0, ms_per_token=1e-3)
     tr = RequestTrace(np.zeros(2), np.array([10, 20]), np.array([2, 1]), None, "synthetic")
-    res = simulate_dp(tr, make_router("round_robin"), 1, 1, c, warmup_lifetimes=0.0)
+    res = simulate_dp(tr, make_router("round_robin"), c, n_workers=1, slots=1, warmup_lifetimes=0.0)
     # step loads: 10, 11 (request 0), then 20 (request 1); step ms = 1 + load * 1e-3
     np.testing.assert_array_equal(res.steps["max_load"], [10, 11, 20])
     np.testing.assert_allclose(res.steps["step_ms"], [1.01, 1.011, 1.02])
@@ -155,7 +155,7 @@ def test_metrics_window_is_a_parameter_and_info_never_overrides_a_metric():
     from moelab.sim import MeasurementWindow, SimResult
 
     tr = synthetic_trace(400)
-    res = simulate_dp(tr, make_router("jsq"), 4, 8, cost(4, 8))  # the simulator states 2 lifetimes of warm-up
+    res = simulate_dp(tr, make_router("jsq"), cost(4, 8), n_workers=4, slots=8)  # the simulator states 2 lifetimes of warm-up
     stated, whole = res.metrics(), res.metrics(window=MeasurementWindow())
     assert stated["warmup_steps"] > 0 and whole["warmup_steps"] == 0
     assert whole["window_steps"] > stated["window_steps"]
@@ -195,7 +195,7 @@ def test_route_to_ranks_refuses_unknown_ranks_and_overfilling():
 def test_simulator_invariants_and_metrics():
     tr = synthetic_trace(500)
     G, B = 4, 8
-    res = simulate_dp(tr, make_router("jsq"), G, B, cost(G, B))
+    res = simulate_dp(tr, make_router("jsq"), cost(G, B), n_workers=G, slots=B)
     st = res.steps
     assert st["n_active"].max() <= G * B
     assert st["n_active"].sum() == tr.output_len.sum()  # one token per active request per step
@@ -214,15 +214,15 @@ def test_simulator_invariants_and_metrics():
 
 def test_simulation_is_seeded():
     tr = synthetic_trace(200)
-    a = simulate_dp(tr, make_router("random", seed=0), 4, 8, cost(4, 8), seed=3)
-    b = simulate_dp(tr, make_router("random", seed=0), 4, 8, cost(4, 8), seed=3)
+    a = simulate_dp(tr, make_router("random", seed=0), cost(4, 8), n_workers=4, slots=8, seed=3)
+    b = simulate_dp(tr, make_router("random", seed=0), cost(4, 8), n_workers=4, slots=8, seed=3)
     np.testing.assert_array_equal(a.finish_s, b.finish_s)
 
 
 @pytest.mark.slow
 def test_br0_and_brh_beat_request_count_baselines_on_synthetic_trace():
     tr = synthetic_trace(1500, rate=400.0)
-    imb = {name: simulate_dp(tr, r, 4, 16, cost(4, 16)).metrics()["avg_imbalance"]
+    imb = {name: simulate_dp(tr, r, cost(4, 16), n_workers=4, slots=16).metrics()["avg_imbalance"]
            for name, r in {"jsq": make_router("jsq"), "round_robin": make_router("round_robin"),
                            "br0": BR0(), "brh": BRH(horizon=4, gamma=0.9, beta=None)}.items()}
     best = min(imb["jsq"], imb["round_robin"])
@@ -234,7 +234,7 @@ def test_br0_and_brh_beat_request_count_baselines_on_synthetic_trace():
 def test_every_baseline_runs_in_the_dp_simulator():
     tr = synthetic_trace(150)
     for name in ex.ALL_BASELINES:
-        res = simulate_dp(tr, make_router(name), 3, 4, cost(3, 4), kv_capacity_tokens=5000)
+        res = simulate_dp(tr, make_router(name), cost(3, 4), n_workers=3, slots=4, kv_capacity_tokens=5000)
         assert np.isfinite(res.finish_s).all(), name
         assert res.metrics()["queues"] == ("engine" if name in DP_BALANCERS else "pool")
 
@@ -284,15 +284,15 @@ def test_learned_predictor_beats_constant_on_synthetic_trace():
 def test_bad_parameters_raise_clear_errors():
     tr = synthetic_trace(20)
     with pytest.raises(ValueError, match="G must be"):
-        simulate_dp(tr, BR0(), 0, 4)
+        simulate_dp(tr, BR0(), n_workers=0, slots=4)
     with pytest.raises(ValueError, match="slots must be"):
-        simulate_dp(tr, BR0(), 2, 0)
+        simulate_dp(tr, BR0(), n_workers=2, slots=0)
     with pytest.raises(ValueError, match="slots must be"):
-        simulate_dp(tr, BR0(), 2, 10**6)
+        simulate_dp(tr, BR0(), n_workers=2, slots=10**6)
     with pytest.raises(ValueError, match="horizon must be"):
         BRH(horizon=10**6)
     with pytest.raises(ValueError, match="cost was built for"):
-        simulate_dp(tr, BR0(), 2, 4, cost(3, 4))
+        simulate_dp(tr, BR0(), cost(3, 4), n_workers=2, slots=4)
     with pytest.raises(ValueError, match="horizon must be"):
         BRH(horizon=-1)
     for gamma in (0.0, 1.5):
@@ -317,11 +317,11 @@ def test_bad_parameters_raise_clear_errors():
 def test_output_longer_than_the_step_cap_is_refused_up_front():
     tr = RequestTrace(np.zeros(2), np.array([10, 20]), np.array([5, 10_000]), None, "synthetic")
     with pytest.raises(ValueError, match="output_len of request 1 .* exceeds the run's step cap"):
-        simulate_dp(tr, BR0(), 2, 2, cost(2, 2), max_steps=1000)
+        simulate_dp(tr, BR0(), cost(2, 2), n_workers=2, slots=2, max_steps=1000)
     with pytest.raises(ValueError, match="output_len must hold integers <= MAX_SEQUENCE_TOKENS"):  # and 10^12 never
         RequestTrace(np.zeros(2), np.array([10, 20]), np.array([5, 10**12]), None, "synthetic")
     with pytest.raises(ValueError, match="max_steps"):
-        simulate_dp(tr.head(1), BR0(), 2, 2, cost(2, 2), max_steps=3)
+        simulate_dp(tr.head(1), BR0(), cost(2, 2), n_workers=2, slots=2, max_steps=3)
 
 
 def test_bad_traces_raise_and_filters_count(tmp_path):
@@ -371,7 +371,7 @@ def test_any_csv_with_the_three_columns(tmp_path):
                   "output_len": [10, 2000, 30]}).to_csv(path, index=False)
     tr = ex.load_trace(path=str(path))
     assert len(tr) == 2 and tr.dropped["output_len>1000"] == 1
-    res = simulate_dp(tr, BR0(), 2, 2, cost(2, 2))
+    res = simulate_dp(tr, BR0(), cost(2, 2), n_workers=2, slots=2)
     assert res.steps["imbalance"].ge(0).all() and res.steps["idle_fraction"].between(0, 1).all()
 
 
@@ -427,7 +427,7 @@ def test_sglang_balancers():
 def test_engine_queues_a_request_routed_to_a_full_engine_waits_there():
     # G=2, 1 slot each, round robin: r0 -> e0 (5 tokens), r1 -> e1 (1 token), r2 -> e0 (queued behind r0)
     tr = RequestTrace(np.zeros(3), np.array([10, 10, 10]), np.array([5, 1, 1]), None, "synthetic")
-    res = simulate_dp(tr, make_router("sglang_round_robin"), 2, 1, cost(2, 1), warmup_lifetimes=0.0)
+    res = simulate_dp(tr, make_router("sglang_round_robin"), cost(2, 1), n_workers=2, slots=1, warmup_lifetimes=0.0)
     assert res.worker.tolist() == [0, 1, 0]
     adm = res.requests["admit_s"].to_numpy()
     # e1 is free after step 1, but r2 waits for r0 on e0 (admitted when r0 finishes after 5 steps)
@@ -435,7 +435,7 @@ def test_engine_queues_a_request_routed_to_a_full_engine_waits_there():
     assert adm[2] > res.finish_s[1]
     assert res.metrics()["queues"] == "engine"
     # a pooled router would have used the free engine
-    pooled = simulate_dp(tr, make_router("round_robin"), 2, 1, cost(2, 1), warmup_lifetimes=0.0)
+    pooled = simulate_dp(tr, make_router("round_robin"), cost(2, 1), n_workers=2, slots=1, warmup_lifetimes=0.0)
     assert pooled.requests["admit_s"].iloc[2] == pytest.approx(pooled.finish_s[1])
 
 
@@ -444,14 +444,14 @@ def test_eldr_and_domain_oracle_run_in_the_dp_simulator_when_the_trace_supplies_
     n = 200
     tr = RequestTrace(np.sort(rng.uniform(0, 1, n)), rng.integers(10, 400, n), rng.integers(5, 60, n), None, "synthetic")
     with pytest.raises(ValueError, match=r"requires \['signature'\]"):
-        simulate_dp(tr, make_router("eldr"), 4, 8, cost(4, 8))
+        simulate_dp(tr, make_router("eldr"), cost(4, 8), n_workers=4, slots=8)
     with pytest.raises(ValueError, match=r"requires \['domain'\]"):
-        simulate_dp(tr, make_router("domain_oracle", n_domains=3), 4, 8, cost(4, 8))
+        simulate_dp(tr, make_router("domain_oracle", n_domains=3), cost(4, 8), n_workers=4, slots=8)
     sig = rng.random((n, 6))
     tr2 = tr.with_columns(signature=sig, domain=rng.integers(0, 3, n))
     eldr = make_router("eldr").fit(sig, 4)
     for r in (eldr, make_router("domain_oracle", n_domains=3)):
-        res = simulate_dp(tr2, r, 4, 8, cost(4, 8))
+        res = simulate_dp(tr2, r, cost(4, 8), n_workers=4, slots=8)
         assert np.isfinite(res.finish_s).all()
 
 

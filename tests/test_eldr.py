@@ -268,7 +268,7 @@ def test_simulator_matches_hand_computation():
     assert np.bitwise_count(bits).sum(axis=2).max() == 2
     reqs = RequestTrace(np.array([0.0, 0.0]), np.array([2, 2]), np.array([3, 3]), domain=np.array([0, 1]),
                         trace_row=np.array([0, 1]), trace_offset=np.array([0, 0]))
-    res = simulate(tr, reqs, make_router("round_robin"), cost, n_workers=1)
+    res = simulate(reqs, make_router("round_robin"), cost, n_workers=1, trace=tr)
     st = res.steps
     assert list(st["batch"]) == [1, 2, 2, 1]  # the second request joins at the first step boundary
     # distinct experts of each step agree with ExpertTrace.distinct_experts
@@ -284,22 +284,22 @@ def test_simulator_matches_hand_computation():
 
 def test_simulator_bad_input(small_workload):
     tr = small_workload.trace
-    reqs = poisson_requests(tr, rate=10, n_requests=20, output_len=8)
+    reqs = poisson_requests(tr, sim_rate=10, n_requests=20, output_len=8)
     with pytest.raises(ValueError, match="geometry"):
-        simulate(tr, reqs, make_router("jsq"), small_cost(6, 64, 4), n_workers=2)
+        simulate(reqs, make_router("jsq"), small_cost(6, 64, 4), n_workers=2, trace=tr)
     with pytest.raises(ValueError, match="n_workers"):
-        simulate(tr, reqs, make_router("jsq"), small_cost(), n_workers=0)
+        simulate(reqs, make_router("jsq"), small_cost(), n_workers=0, trace=tr)
     with pytest.raises(ValueError, match="signatures"):
-        simulate(tr, reqs, make_router("jsq"), small_cost(), n_workers=2, signatures=np.ones((3, 4)))
-    with pytest.raises(ValueError, match="rate"):
-        poisson_requests(tr, rate=0, n_requests=5)
+        simulate(reqs, make_router("jsq"), small_cost(), n_workers=2, trace=tr, signatures=np.ones((3, 4)))
+    with pytest.raises(ValueError, match="sim_rate"):
+        poisson_requests(tr, sim_rate=0, n_requests=5)
 
 
 def test_eldr_reduces_distinct_experts(small_workload):
     from moelab.eldr.experiments import gains, prepare, rate_sweep
 
     setup = prepare(small_workload.trace, small_cost(), 4, n_pairs=2000)
-    df = rate_sweep(setup, rates=(600.0,), routers=("jsq", "round_robin", "eldr", "domain_oracle"), n_requests=400,
+    df = rate_sweep(setup, rates=(2400.0,), routers=("jsq", "round_robin", "eldr", "domain_oracle"), n_requests=400,
                     output_len=64)
     g = gains(df)
     assert len(g) == 1
@@ -396,7 +396,7 @@ def test_user_trace_runs_unchanged(small_workload, tmp_path):
     trace = ExpertTrace.load(path)
     cost = DecodeStepModel.from_hf_config(str(tmp_path / "config.json"))
     setup = prepare(trace, cost, 4, n_pairs=500)
-    df = rate_sweep(setup, rates=(300.0,), routers=("jsq", "eldr"), n_requests=100, output_len=32)
+    df = rate_sweep(setup, rates=(1200.0,), routers=("jsq", "eldr"), n_requests=100, output_len=32)
     assert len(gains(df)) == 1 and df["n_requests"].eq(100).all()
     cfg["num_experts"] = 64
     with pytest.raises(ValueError, match="geometry"):

@@ -117,7 +117,7 @@ def test_multi_turn_prefixes_hit_the_cache(work):
     a first turn reuses its system prompt's full blocks once any earlier request of its domain came."""
     tr = work.trace
     rows = np.arange(tr.n_requests)
-    arrival = conversation_arrivals(work, rows, rate=20, sessions=6, seed=1)
+    arrival = conversation_arrivals(work, rows, sim_rate=20, sessions=6, seed=1)
     later = work.turn > 0
     assert (arrival[later] > arrival[np.flatnonzero(later) - 1]).all()  # a conversation's turns keep their order
     assert np.isclose(arrival.min(), 0) and np.unique(arrival).size == rows.size
@@ -139,7 +139,7 @@ def test_multi_turn_prefixes_hit_the_cache(work):
 def test_coindexed_equals_full_and_suffix_differs(work):
     tr = work.trace
     rows = np.arange(tr.n_requests)
-    arrival = conversation_arrivals(work, rows, rate=20, sessions=6, seed=1)
+    arrival = conversation_arrivals(work, rows, sim_rate=20, sessions=6, seed=1)
     big = cache_signatures(work, rows, arrival, block_size=BS, capacity_blocks=4000)
     small = cache_signatures(work, rows, arrival, block_size=BS, capacity_blocks=60, in_flight=2)
     assert small.evictions > 0 and 0 < small.hit_rate < big.hit_rate
@@ -158,7 +158,7 @@ def test_prefix_cache_ablation_measures(work):
     assert setup.calib.n_requests + setup.pool.n_requests == work.trace.n_requests
     assert not set(work.conversation[work.rows_of(setup.calib.request_ids)]) & set(
         work.conversation[work.rows_of(setup.pool.request_ids)])  # split by conversation
-    pc = ex.prefix_cache_ablation(setup, work, rate=40, capacity_blocks=[4000, 40], block_size=BS, in_flight=2,
+    pc = ex.prefix_cache_ablation(setup, work, rate=320, capacity_blocks=[4000, 40], block_size=BS, in_flight=2,
                                   sessions=4, output_len=8)
     modes = pc["prefix_cache"].tolist()
     assert modes[:5] == ["full prefill", "co-indexed", "suffix only", "co-indexed", "suffix only"]
@@ -176,7 +176,7 @@ def test_prefix_cache_ablation_measures(work):
 
 def test_bad_parameters(work):
     rows = np.arange(work.trace.n_requests)
-    arrival = conversation_arrivals(work, rows, rate=20)
+    arrival = conversation_arrivals(work, rows, sim_rate=20)
     for kw, name in ((dict(turns_mean=0.5), "turns_mean"), (dict(max_turns=0), "max_turns"),
                      (dict(turns_mean=6.0, max_turns=5), "turns_mean"), (dict(user_tokens_mean=0), "user_tokens_mean"),
                      (dict(reply_tokens_mean=0), "reply_tokens_mean"), (dict(turn_sigma=-1.0), "turn_sigma")):
@@ -195,9 +195,9 @@ def test_bad_parameters(work):
     with pytest.raises(ValueError, match="rows"):
         cache_signatures(work, rows + 10_000, arrival, block_size=BS)
     with pytest.raises(ValueError, match="rate"):
-        conversation_arrivals(work, rows, rate=0)
+        conversation_arrivals(work, rows, sim_rate=0)
     with pytest.raises(ValueError, match="sessions"):
-        conversation_arrivals(work, rows, rate=1, sessions=0)
+        conversation_arrivals(work, rows, sim_rate=1, sessions=0)
     with pytest.raises(ValueError, match="request_ids"):
         work.rows_of(["nope"])
     setup = ex.prefix_setup(work, small_cost(), 2, n_pairs=300)

@@ -79,7 +79,7 @@ def test_public_override_points_are_documented_in_help():
 @pytest.mark.parametrize("name", ["test_fewest_kv", "test_longest_first"])
 def test_user_router_runs_in_the_dp_simulator(name):
     tr = _trace()
-    res = simulate_dp(tr, make_router(name), 4, 8)
+    res = simulate_dp(tr, make_router(name), n_workers=4, slots=8)
     # every request placed exactly once and finished
     assert np.isfinite(res.requests["finish_s"]).all()
     assert res.requests["worker"].between(0, 3).all() and len(res.requests) == len(tr)
@@ -176,7 +176,7 @@ def test_every_simulator_refuses_a_bad_answer_before_placing(answer):
                  n_workers=3, slots=8)
     # the DP simulator's pooled path: a whole pool answered with one bad value
     with pytest.raises(RouterError, match="test_bad_answer"):
-        simulate_dp(tr, _Answer(np.full(20, 9)), 2, 4, pool_view=20)
+        simulate_dp(tr, _Answer(np.full(20, 9)), n_workers=2, slots=4, pool_view=20)
 
 
 def test_a_router_writing_to_the_drivers_view_is_refused():
@@ -229,3 +229,92 @@ def test_a_choose_router_answering_out_of_range_is_named_not_an_index_error():
     view = ClusterView(np.zeros(2), np.zeros(2), np.array([4, 4]))
     with pytest.raises(RouterError, match=r"choose\(\) returned \[?99\]? for request 0; expected a worker id in \[0, 2\)"):
         call_router(Far(), RequestBatch([7]), view)
+
+
+class _ReadsSignatures(Router):
+    """Declares the signatures it reads (ELDR-like)."""
+
+    name = "test_reads_signatures"
+    requires = frozenset({"prompt_len", "free_slots", "signature"})
+
+    def choose(self, batch, i, view, open_):
+        return int(np.argmax(batch.signature[i][: view.n_workers]))
+
+
+class _ReadsUndeclared(_ReadsSignatures):
+    """Reads the signatures without declaring them."""
+
+    name = "test_reads_undeclared"
+    requires = frozenset({"prompt_len", "free_slots"})
+
+
+def _drivers():
+    """Every driver a user router runs in, on data that carries no signatures."""
+    from moelab import eldr
+    from moelab.eldr.experiments import projection_cost
+    from moelab.traces import bundled_trace_path, load_trace
+
+    expert = load_trace(bundled_trace_path("tiny-moe-heldout"))
+    reqs = eldr.poisson_requests(expert, sim_rate=50.0, n_requests=20, output_len=4)
+    cost = projection_cost(expert)
+    return {
+        "the BalanceRoute DP simulator": lambda r: simulate_dp(_trace(), r, n_workers=2, slots=4),
+        "the decode-cluster simulator": lambda r: simulate(reqs, r, cost, n_workers=2, trace=expert),
+        "eldr.simulate": lambda r: eldr.simulate(reqs, r, cost, n_workers=2, trace=expert),
+        "the DP group of the decode-cluster simulator": lambda r: simulate(
+            reqs, make_router("jsq"), cost, n_workers=1, trace=expert, ranks=2, rank_router=r),
+    }
+
+
+def test_every_driver_refuses_a_router_requiring_a_field_it_cannot_supply_by_name():
+    """requires is enforced before anything runs: the driver names the router and the missing field."""
+    for run in _drivers().values():
+        with pytest.raises(ValueError, match=r"router 'test_reads_signatures' requires \['signature'\], which "
+                                             r"the .* does not supply"):
+            run(_ReadsSignatures())
+
+
+def test_a_router_reading_a_field_it_does_not_declare_is_told_to_declare_it():
+    for run in _drivers().values():
+        with pytest.raises(RouterError, match=r"router 'test_reads_undeclared' .*raised TypeError: .*NoneType.*"
+                                              r"RequestBatch\.signature.* None, and the router does not declare "
+                                              r"them in its requires"):
+            run(_ReadsUndeclared())
+
+
+@pytest.mark.parametrize("requires, exc, match", [
+    ("signature", TypeError, r"requires must be a set of field names .*got str 'signature'"),
+    (frozenset({"prompt_len", "signatures"}), ValueError, r"requires unknown field\(s\) \['signatures'\]; fields:"),
+    (frozenset({"prompt_len", 3}), TypeError, r"requires must be a set of field names"),
+])
+def test_a_malformed_requires_is_refused_by_every_driver_and_by_register_router(requires, exc, match):
+    bad = type("Malformed", (_ReadsSignatures,), {"name": "test_malformed", "requires": requires})
+    for run in _drivers().values():
+        with pytest.raises(exc, match=rf"router 'test_malformed'.*{match}"):
+            run(bad())
+    with pytest.raises(exc, match=match):
+        register_router(bad)
+    assert "test_malformed" not in ROUTERS
+
+
+def test_the_simulators_share_one_positional_order():
+    """(requests, router, cost) positionally everywhere, the rest by keyword: the old orders fail loudly."""
+    import inspect
+
+    from moelab import eldr
+    from moelab.eldr.experiments import projection_cost
+    from moelab.traces import bundled_trace_path, load_trace
+
+    for fn in (eldr.simulate, simulate, simulate_dp):
+        params = inspect.signature(fn).parameters.values()
+        positional = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
+        assert positional[1:] == ["router", "cost"] and positional[0] in ("requests", "trace"), fn
+        assert {"n_workers"} <= {p.name for p in params if p.kind is p.KEYWORD_ONLY}, fn
+    expert = load_trace(bundled_trace_path("tiny-moe-heldout"))
+    reqs = eldr.poisson_requests(expert, sim_rate=50.0, n_requests=5, output_len=2)
+    cost = projection_cost(expert)
+    with pytest.raises(TypeError, match="positional"):
+        eldr.simulate(expert, reqs, make_router("jsq"), cost, n_workers=2)  # the old order
+    with pytest.raises(TypeError, match="positional"):
+        simulate_dp(_trace(), make_router("jsq"), 2, 4)  # the old order
+    assert eldr.simulate(reqs, make_router("jsq"), cost, n_workers=2, trace=expert).metrics()["tpot_ms_p50"] > 0

@@ -196,7 +196,7 @@ def test_one_instance_of_ranks_is_the_dp_simulator(rank_router):
     model = DecodeStepModel.h200("qwen3-30b-a3b")
     tier = simulate(reqs, make_router("round_robin"), model, n_workers=1, slots=B, ranks=G,
                     rank_router=make_router(rank_router))
-    dp = simulate_dp(reqs, make_router(rank_router), G, B, DPCost.from_model(model, G, B), warmup_lifetimes=0)
+    dp = simulate_dp(reqs, make_router(rank_router), DPCost.from_model(model, G, B), n_workers=G, slots=B, warmup_lifetimes=0)
     assert len(tier.steps) == len(dp.steps)
     np.testing.assert_array_equal(tier.requests["rank"].to_numpy(), dp.requests["worker"].to_numpy())
     for col in ("admit_s", "first_token_s", "finish_s"):

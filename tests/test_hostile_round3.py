@@ -71,7 +71,7 @@ def test_slots_times_ranks_is_capped_before_any_table(monkeypatch):
 def test_eldr_suite_caps_name_the_parameter_the_cap_and_why():
     from moelab.bench.suites import MAX_ELDR_N_TRACE, _eldr_check
 
-    p = dict(rate=60.0, K=16, tau=0.1, router="eldr", rate_scale=1.0, hold_load=True, n_requests=2000, output_len=512,
+    p = dict(rate=60.0, K=16, tau=0.1, router="eldr", n_requests=2000, output_len=512,
              n_trace=2048, n_pairs=10000, model="qwen3-30b-a3b", seed=0)
     _eldr_check([p])
     assert MAX_ELDR_N_TRACE <= 50_000  # 200,000 needed 4.6 GiB
@@ -207,9 +207,9 @@ def test_entry_points_name_a_wrong_object():
     with pytest.raises(ValueError, match="cost must be a DecodeStepModel"):
         simulate(reqs, make_router("jsq"), "h200", n_workers=1, trace=tr)
     with pytest.raises(ValueError, match="router must be a Router"):
-        eldr_simulate(tr, reqs, "eldr", _cost(), n_workers=1)
+        eldr_simulate(reqs, "eldr", _cost(), n_workers=1, trace=tr)
     with pytest.raises(ValueError, match="router must be a Router"):
-        simulate_dp(reqs, "jsq", 2, 4)
+        simulate_dp(reqs, "jsq", n_workers=2, slots=4)
     with pytest.raises(ValueError, match="drafter must be a Drafter"):
         generate(object(), [1, 2], "pld", max_new_tokens=1)
     with pytest.raises(ValueError, match="drafter must be a drafter"):

@@ -192,13 +192,13 @@ def test_request_counts_are_capped_with_the_reason():
 
     with pytest.raises(ValueError, match=r"n_requests must be an integer in \[1, MAX_TRACE_REQUESTS=\d+\] \(each "
                                          r"request's columns are allocated up front"):
-        poisson_requests(TRACE, rate=10.0, n_requests=10**10)  # 75 GiB before
+        poisson_requests(TRACE, sim_rate=10.0, n_requests=10**10)  # 75 GiB before
     with pytest.raises(ValueError, match=r"n must be an integer in \[1, MAX_TRACE_REQUESTS"):
         RequestTrace(np.zeros(2), np.ones(2), np.ones(2)).resample(10**12)
     with pytest.raises(ValueError, match=r"n_requests x signature dim must be <= MAX_SIGNATURE_CELLS"):
-        poisson_requests(TRACE, rate=10.0, n_requests=MAX_TRACE_REQUESTS,
+        poisson_requests(TRACE, sim_rate=10.0, n_requests=MAX_TRACE_REQUESTS,
                          signatures=np.ones((TRACE.n_requests, 4096)))
-    assert len(poisson_requests(TRACE, rate=10.0, n_requests=5, output_len=[3])) == 5
+    assert len(poisson_requests(TRACE, sim_rate=10.0, n_requests=5, output_len=[3])) == 5
 
 
 def test_synthetic_workload_size_is_capped_before_allocating(monkeypatch):
@@ -297,9 +297,9 @@ UNNAMED_BEFORE = [
      "topk_ids must be an array of expert ids"),
     ("concat_traces(a trace)", lambda: __import__("moelab.traces", fromlist=["x"]).concat_traces(TRACE),
      "traces must be a non-empty list of ExpertTrace"),
-    ("replay_requests(trace=None)", lambda: _eldr("poisson_requests")(None, rate=1.0, n_requests=2),
+    ("replay_requests(trace=None)", lambda: _eldr("poisson_requests")(None, sim_rate=1.0, n_requests=2),
      "trace must be an ExpertTrace; got NoneType"),  # AttributeError: decode_lens
-    ("replay_requests(output_len='x')", lambda: _eldr("poisson_requests")(TRACE, rate=1.0, n_requests=2, output_len="x"),
+    ("replay_requests(output_len='x')", lambda: _eldr("poisson_requests")(TRACE, sim_rate=1.0, n_requests=2, output_len="x"),
      "output_len must be an array of token counts"),  # UFuncTypeError
     ("RequestTrace(ragged prompt_len)", lambda: RequestTrace([0.0, 1.0], [[1, 2], [3]], [1, 1]),
      "prompt_len must be a 1-d array of token counts"),
@@ -317,9 +317,9 @@ UNNAMED_BEFORE = [
      "time_s must be a real number"),
     ("OnlineRefitter.maybe_refit(centroids=None)", lambda: _eldr("OnlineRefitter")().maybe_refit(1.0, None),
      "centroids must be"),
-    ("eldr.simulate(ragged signatures)", lambda: _eldr("simulate")(TRACE, _eldr("poisson_requests")(
-        TRACE, rate=1.0, n_requests=2), __import__("moelab.routers", fromlist=["x"]).make_router("jsq"), _cost(),
-        n_workers=1, signatures=[[1.0], [1.0, 2.0]]), "signatures must be"),
+    ("eldr.simulate(ragged signatures)", lambda: _eldr("simulate")(_eldr("poisson_requests")(
+        TRACE, sim_rate=1.0, n_requests=2), __import__("moelab.routers", fromlist=["x"]).make_router("jsq"), _cost(),
+        n_workers=1, trace=TRACE, signatures=[[1.0], [1.0, 2.0]]), "signatures must be"),
     ("imbalance(scalar)", lambda: _sim("imbalance")(3.0), "loads must have a last axis of workers"),
     ("summarize_requests(scalar first_token_s)", lambda: _sim("summarize_requests")(np.zeros(2), 1.0, np.ones(2), [2, 2]),
      "first_token_s must be a 1-d array with one entry per request"),

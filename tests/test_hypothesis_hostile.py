@@ -155,7 +155,7 @@ def test_dp_simulator_runs_or_refuses_clearly(plens, olens, G, slots):
         return
     assume(int(reqs.output_len.sum()) <= 400)
     try:
-        res = simulate_dp(reqs, make_router("jsq"), G, slots, max_steps=2000)
+        res = simulate_dp(reqs, make_router("jsq"), n_workers=G, slots=slots, max_steps=2000)
     except CLEAR:
         return
     assert np.isfinite(res.steps["step_ms"]).all()

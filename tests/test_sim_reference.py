@@ -67,11 +67,11 @@ def _cluster_cases() -> dict[str, SimResult]:
     wl = generate(160, SyntheticConfig(), seed=0)
     setup = prepare(wl.trace, DecodeStepModel.h200("qwen3-30b-a3b"), 4, n_pairs=2000)
     sig = setup.signatures().astype(np.float32)
-    reqs = poisson_requests(setup.pool, rate=400.0, n_requests=300, output_len=48, seed=1)
+    reqs = poisson_requests(setup.pool, sim_rate=400.0, n_requests=300, output_len=48, seed=1)
     out = {}
     for name, router in (("eldr", ELDRRouter(setup.centroids(), tau=0.1)), ("round_robin", make_router("round_robin")),
                          ("jsq", make_router("jsq"))):
-        out[f"cluster_{name}"] = simulate(setup.pool, reqs, router, setup.cost, n_workers=4, slots=16,
+        out[f"cluster_{name}"] = simulate(reqs, router, setup.cost, n_workers=4, trace=setup.pool, slots=16,
                                           signatures=sig if "signature" in router.requires else None, bits=setup.bits)
     from moelab.sim.cluster import simulate as simulate_cluster
     out["cluster_jsq_x_jsq_ranks2"] = simulate_cluster(reqs, make_router("jsq"), setup.cost, n_workers=2, slots=8,
@@ -86,7 +86,7 @@ def _dp_cases() -> dict[str, SimResult]:
     _, held = ex.split_trace(trace, 0.3)
     cost = DPCost.h200(4, 16)
     tr, _ = ex.at_load(held, cost, 1.2, n_requests=400)
-    out = {"dp_br0": simulate_dp(tr, BR0(), 4, 16, cost), "dp_jsq": simulate_dp(tr, make_router("jsq"), 4, 16, cost)}
+    out = {"dp_br0": simulate_dp(tr, BR0(), cost, n_workers=4, slots=16), "dp_jsq": simulate_dp(tr, make_router("jsq"), cost, n_workers=4, slots=16)}
     return out
 
 

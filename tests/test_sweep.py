@@ -329,8 +329,16 @@ def test_cli_eldr_sweeps_a_real_trace_file(tmp_path, capsys):
     assert df["router"].tolist() == ["jsq", "eldr"] and (df["n_workers"] == 4).all()
     assert (df["sim_rate"] == 60.0 * 4 / 16).all() and df["tpot_ms_p50"].gt(0).all()
     assert main(argv) == 0 and "0 computed, 2 from the cache" in capsys.readouterr().out
-    assert main(["sweep", "eldr", "--trace", str(tmp_path / "none.npz"), "--out", str(tmp_path)]) == 2
-    assert "--trace must be an ExpertTrace file" in capsys.readouterr().err
+    # a bundled trace by name (what a wheel user has): the same file, so the same points, from the cache
+    by_name = [a if a != str(trace) else "tiny-moe-heldout" for a in argv]
+    assert main(by_name) == 0 and "0 computed, 2 from the cache" in capsys.readouterr().out
+    assert main([a if a != str(trace) else "tiny-moe-heldout.npz" for a in argv]) == 0
+    capsys.readouterr()
+    for neither in (str(tmp_path / "none.npz"), "no-such-trace"):
+        assert main(["sweep", "eldr", "--trace", neither, "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --trace must be an ExpertTrace file (.npz) or the name of a bundled trace")
+        assert "tiny-moe-heldout" in err and f"{neither!r} is neither" in err
     assert main(["sweep", "balanceroute", "--trace", str(trace), "--out", str(tmp_path)]) == 2
     assert "for the eldr suite only" in capsys.readouterr().err
 
@@ -374,3 +382,24 @@ def test_eldr_rate_has_one_meaning_req_s_at_16_workers():
     stats, df = ex.real_trace_report(trace, n_workers=4, rates=[60.0], n_requests=60, output_len=8, n_pairs=300,
                                      routers=("jsq",))
     assert stats["rate_scale"] == 0.25 and df["rate"].tolist() == [60.0] and df["sim_rate"].tolist() == [15.0]
+    # rate_sweep / run_one take the same unit, K from the setup: no scale factor to forget
+    setup = ex.prepare(trace, ex.projection_cost(trace), 4, n_pairs=300)
+    sweep = ex.rate_sweep(setup, rates=[60.0], routers=("jsq",), n_requests=60, output_len=8)
+    assert sweep["rate"].tolist() == [60.0] and sweep["sim_rate"].tolist() == [15.0]
+    assert sweep["tpot_ms_p50"].tolist() == df["tpot_ms_p50"].tolist()  # the same run as the report's
+    with pytest.raises(TypeError, match="rate_scale"):
+        ex.run_one(setup, "jsq", rate=60.0, rate_scale=0.25)
+    # the one function that takes the cluster's own req/s names it so
+    from moelab.eldr import poisson_requests
+
+    reqs = poisson_requests(setup.pool, sim_rate=15.0, n_requests=2000, output_len=8)
+    assert 13.5 < (len(reqs) - 1) / reqs.arrival_s[-1] < 16.5
+    with pytest.raises(TypeError, match="rate"):
+        poisson_requests(setup.pool, rate=15.0, n_requests=10)
+    # rate_for_load: ELDR's unit, linear in the load, and the same per-worker load at every K
+    r1, r2 = ex.rate_for_load(setup, 0.25, output_len=8), ex.rate_for_load(setup, 0.5, output_len=8)
+    assert r2 == pytest.approx(2 * r1)
+    assert ex.rate_for_load(ex.with_workers(setup, 8), 0.5, output_len=8) == pytest.approx(r2)
+    for bad in (0.0, 5.0):
+        with pytest.raises(ValueError, match=r"load must be"):
+            ex.rate_for_load(setup, bad)

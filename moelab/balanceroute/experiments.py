@@ -207,7 +207,7 @@ def run_lineup(trace: RequestTrace, routers: dict[str, Router], cost: DPCost, *,
     check_instance("cost", cost, DPCost, "a DPCost (e.g. DPCost.h200(G, slots))")
     if not isinstance(routers, dict):
         raise ValueError(f"routers must be a dict of name -> Router; got {type(routers).__name__}")
-    results = {name: simulate_dp(trace, r, cost.n_workers, cost.slots, cost, seed=seed, **sim_kwargs)
+    results = {name: simulate_dp(trace, r, cost, n_workers=cost.n_workers, slots=cost.slots, seed=seed, **sim_kwargs)
                for name, r in routers.items()}
     rows = []
     for name, res in results.items():
@@ -269,7 +269,7 @@ def tune_brh(train: RequestTrace, cost: DPCost, *, load: float = 1.2, n_requests
         pred = fit_predictors(train, p.horizon, (predictor,), seed)[predictor]
         r = make_router("brh", horizon=p.horizon, gamma=p.gamma, alpha=p.alpha, beta=p.beta, predictor=pred,
                         window=p.window, seed=seed)
-        s = simulate_dp(tr, r, cost.n_workers, cost.slots, cost, seed=seed, **sim_kwargs).metrics()
+        s = simulate_dp(tr, r, cost, n_workers=cost.n_workers, slots=cost.slots, seed=seed, **sim_kwargs).metrics()
         rows.append({"horizon": int(h), "gamma": float(g), "beta": "G" if b is None else b,
                      "avg_imbalance": s["avg_imbalance"], "throughput_tok_s": s["throughput_tok_s"]})
     table = pd.DataFrame(rows)

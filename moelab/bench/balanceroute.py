@@ -85,7 +85,7 @@ def run(quick: bool = False) -> list[Figure]:
     # ---- dispatch time: backlog, G=16, 72 slots, the router sees the 512 oldest waiting requests
     cost16 = DPCost.h200(16, slots)
     backlog = ex.backlog_trace(trace, 6000 if quick else 20_000, seed=0)
-    res = simulate_dp(backlog, BR0(), 16, slots, cost16, pool_view=512)
+    res = simulate_dp(backlog, BR0(), cost16, n_workers=16, slots=slots, pool_view=512)
     dec = res.steps["decision_ms"].to_numpy()
     dec = dec[np.isfinite(dec)][1:]  # the first call fills an empty cluster (1152 admissions)
     figs.append(Figure(SUITE, "br0_dispatch_ms_p50", float(np.median(dec)), "ms", "<= 1",
@@ -95,7 +95,7 @@ def run(quick: bool = False) -> list[Figure]:
     # ---- simulator speed: 10k arrival-driven requests, G=16, BR-0
     tr10k, _ = ex.at_load(held, cost16, load, n_requests=10_000)
     t0 = time.perf_counter()
-    sim = simulate_dp(tr10k, BR0(), 16, slots, cost16)
+    sim = simulate_dp(tr10k, BR0(), cost16, n_workers=16, slots=slots)
     sim_s = time.perf_counter() - t0
     figs.append(Figure(SUITE, "br_sim_seconds", sim_s, "s", "<= 10",
                        "10k requests, G=16, 72 slots, BR-0; shared CPU, noisy"))

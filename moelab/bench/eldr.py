@@ -119,17 +119,17 @@ def run(quick: bool = False) -> list[Figure]:
                    f"Qwen3-30B-A3B-shaped workload: 48 layers x 128 experts before masking), numpy; {_load()}")]
     # the requests carry their float32 signatures before the clock starts (preparing the trace is not
     # simulating it: the copy is n_requests x signature dimension)
-    reqs = poisson_requests(setup.pool, rate=100.0, n_requests=n_req, output_len=out_len, seed=1)
+    reqs = poisson_requests(setup.pool, sim_rate=100.0, n_requests=n_req, output_len=out_len, seed=1)  # K = 16
     reqs = reqs.with_columns(signature=sig.astype(np.float32)[reqs.trace_row])  # as simulate(signatures=) attaches
     router = ELDRRouter(setup.centroids(), tau=0.1)
     # the first simulation of a process imports numba and loads (or, on a fresh cache, compiles) the event
     # loop: timed apart, so the figures below are the simulator's steady speed
     t0 = time.perf_counter()
-    simulate(setup.pool, reqs.head(2), ELDRRouter(setup.centroids(), tau=0.1), setup.cost, n_workers=16,
+    simulate(reqs.head(2), ELDRRouter(setup.centroids(), tau=0.1), setup.cost, n_workers=16, trace=setup.pool,
              bits=setup.bits)
     first_call_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    res = simulate(setup.pool, reqs, router, setup.cost, n_workers=16, bits=setup.bits)
+    res = simulate(reqs, router, setup.cost, n_workers=16, trace=setup.pool, bits=setup.bits)
     sim_s = time.perf_counter() - t0
     figs.append(Figure("eldr", "eldr_sim_seconds", sim_s, "s", "<= 5",
                        f"16 workers, {n_req} requests x {out_len} tokens at 100 req/s, ELDR routing, {len(res.steps)} steps "

@@ -9,8 +9,9 @@ is the one place to update.
 Suites
 ------
 ``eldr``
-    :func:`moelab.eldr.experiments.run_one` on the synthetic realistic-scale workload: arrival rate x
-    decode workers K x band width tau x router (one simulation per point). SYNTHETIC traces; ``model``
+    :func:`moelab.eldr.experiments.run_one` on the synthetic realistic-scale workload: arrival rate (req/s
+    at 16 decode workers, ELDR's one unit) x decode workers K x band width tau x router (one simulation per
+    point). SYNTHETIC traces; ``model``
     is any MoE geometry :func:`moelab.eldr.experiments.synthetic_setup` knows (it rejects others).
 ``balanceroute``
     :func:`moelab.balanceroute.regime.regime_point`, the regime map: model shape x context scale x
@@ -75,17 +76,17 @@ def _eldr_setup_k(n_trace: int, model: str, seed: int, n_pairs: int, K: int) -> 
     return base if K == base.n_workers else eldr_experiments.with_workers(base, K)
 
 
-def eldr_point(rate: float = 60.0, K: int = 16, tau: float = 0.1, router: str = "eldr", rate_scale: float = 1.0,
-               hold_load: bool = True, n_requests: int = 2000, output_len: int = 512, n_trace: int = 2048,
-               n_pairs: int = 10000, model: str = "qwen3-30b-a3b", seed: int = 0) -> dict[str, Any]:
+def eldr_point(rate: float = 60.0, K: int = 16, tau: float = 0.1, router: str = "eldr", n_requests: int = 2000,
+               output_len: int = 512, n_trace: int = 2048, n_pairs: int = 10000, model: str = "qwen3-30b-a3b",
+               seed: int = 0) -> dict[str, Any]:
     """One ELDR decode-cluster simulation (:func:`moelab.eldr.experiments.run_one`).
 
-    ``hold_load`` scales the simulated rate by ``K/16`` (the per-worker load of the paper's 16-worker
-    cluster held fixed across K). ``tau`` only affects the ``eldr`` router."""
+    ``rate`` is in ELDR's one unit, req/s at 16 decode workers: ``K`` workers are offered ``rate * K / 16``
+    (the per-worker load of the paper's 16-worker cluster held fixed across K; the row's ``sim_rate``).
+    ``tau`` only affects the ``eldr`` router."""
     setup = _eldr_setup_k(int(n_trace), model, int(seed), int(n_pairs), int(K))
-    scale = float(rate_scale) * (K / 16 if hold_load else 1.0)
     return eldr_experiments.run_one(setup, router, rate=rate, n_requests=n_requests, output_len=output_len, tau=tau,
-                      rate_scale=scale, seed=seed)
+                                    seed=seed)
 
 
 def _eldr_routers() -> list[str]:
@@ -108,8 +109,6 @@ def _eldr_check(points: list[dict[str, Scalar]]) -> None:
         check_real("rate", p["rate"], low=0, low_open=True)
         check_int("K", p["K"], low=1, high=int(p["n_trace"]) // 2)
         check_real("tau", p["tau"], low=0)
-        check_real("rate_scale", p["rate_scale"], low=0, low_open=True)
-        check_choice("hold_load", p["hold_load"], (True, False))
         n_req = check_int("n_requests", p["n_requests"], low=1, high=1_000_000)
         out = check_int("output_len", p["output_len"], low=1, high=100_000)
         if n_req * out > MAX_DECODE_TOKENS:
@@ -228,7 +227,7 @@ SWEEP_SUITES: dict[str, Suite] = {
     "eldr": Suite(
         "eldr", eldr_point,
         {"rate": [20.0, 40.0, 60.0, 80.0, 100.0], "K": [16], "tau": [0.1],
-         "router": _eldr_routers, "rate_scale": [1.0], "hold_load": [True],
+         "router": _eldr_routers,
          "n_requests": [2000], "output_len": [512], "n_trace": [2048], "n_pairs": [10000],
          "model": ["qwen3-30b-a3b"], "seed": [0]},
         "ELDR decode cluster (SYNTHETIC Qwen3-30B-A3B-shaped traces): rate x K x tau x router",

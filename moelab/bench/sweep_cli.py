@@ -1,8 +1,10 @@
 """``moelab sweep SUITE [--backend serial|local|ray] [--address A] [--grid k=v1,v2 ...] [--out DIR] [--cached-only]
-[--trace FILE]``.
+[--trace FILE|NAME]``.
 
 ``moelab sweep eldr --trace FILE`` sweeps a real expert trace (any :class:`~moelab.traces.ExpertTrace` file,
-e.g. one ``moelab.capture`` wrote) instead of the synthetic workload: the suite :func:`eldr_trace_suite`, whose
+e.g. one ``moelab.capture`` wrote, or the name of a bundled trace such as ``tiny-moe-heldout``, which works
+from a wheel too) instead of the synthetic workload: the suite :func:`eldr_trace_suite` (named
+``eldr-trace``: its rows go to ``OUT/eldr-trace.parquet``, its cache to ``OUT/cache/eldr-trace``), whose
 points run :func:`eldr_trace_point` (ELDR's decode cluster with the trace's real routing and the PROJECTION
 step model, :func:`moelab.eldr.experiments.projection_cost`). Rates are in ELDR's one unit, req/s at 16
 decode workers (scaled by K/16).
@@ -28,7 +30,7 @@ from moelab.eldr import experiments as eldr_experiments
 from moelab.routing import available_routers
 from moelab.sweep.core import BACKENDS, parse_grid_args
 from moelab.sweep.suite import Suite, coerce, run_suite
-from moelab.traces import load_trace
+from moelab.traces import bundled_trace_path, load_trace, traces_dir
 
 
 @lru_cache(maxsize=4)
@@ -72,9 +74,8 @@ def eldr_trace_point(trace: str, rate: float = 60.0, K: int = 16, tau: float = 0
     """
     path = Path(trace)
     setup = _trace_setup(str(path), path.stat().st_mtime_ns, int(K), int(n_pairs), like, int(seed))
-    row = eldr_experiments.run_one(setup, router, rate=rate, n_requests=n_requests, output_len=output_len, tau=tau,
-                                   rate_scale=eldr_experiments.paper_rate_scale(int(K)), seed=seed)
-    return row
+    return eldr_experiments.run_one(setup, router, rate=rate, n_requests=n_requests, output_len=output_len, tau=tau,
+                                    seed=seed)
 
 
 def _trace_check(points: list[dict]) -> None:
@@ -91,24 +92,71 @@ def _trace_check(points: list[dict]) -> None:
         check_int("seed", p["seed"], low=0)
 
 
-def eldr_trace_suite(trace: str | Path) -> Suite:
-    """The ``eldr`` suite on a real expert trace: rate x K x tau x router, one :func:`eldr_trace_point` each.
+def bundled_trace_names() -> list[str]:
+    """Names of the expert traces bundled with the lab (``data/traces/*.npz``, in a clone or a wheel).
 
-    The trace is read once here (a bad file is refused before anything runs, with the loaders' named
-    errors); its contents (and its sidecar) are hashed into every cache key.
+    Returns
+    -------
+    list of str
+        File stems, e.g. ``"tiny-moe-heldout"``; each works as ``moelab sweep eldr --trace NAME``.
+    """
+    root = traces_dir()
+    return sorted(p.stem for p in root.glob("*.npz")) if root.is_dir() else []
+
+
+def resolve_trace(trace: str | Path) -> Path:
+    """The expert-trace file ``trace`` names: a path to an existing file, else a bundled trace's name
+    (:func:`bundled_trace_names`, resolved through :func:`moelab.traces.bundled_trace_path`).
 
     Parameters
     ----------
     trace : str or path
-        An :class:`~moelab.traces.ExpertTrace` file.
+        A ``.npz`` :class:`~moelab.traces.ExpertTrace` file, or a bundled name such as ``"tiny-moe-heldout"``.
+
+    Returns
+    -------
+    pathlib.Path
+        The resolved absolute file.
+
+    Raises
+    ------
+    ValueError
+        When ``trace`` is neither an existing file nor a bundled name (the message lists the names).
+    """
+    if not isinstance(trace, (str, Path)) or not str(trace):
+        raise ValueError(f"--trace must be an ExpertTrace file (.npz) or a bundled trace name; got {trace!r}")
+    path = Path(trace).expanduser()
+    if path.is_file():
+        return path.resolve()
+    text = str(trace)
+    stem = text[:-len(".npz")] if text.endswith(".npz") else text
+    if "/" not in stem and "\\" not in stem and not stem.startswith(".") and stem:
+        bundled = bundled_trace_path(stem)
+        if bundled.is_file():
+            return bundled.resolve()
+    names = bundled_trace_names()
+    raise ValueError(f"--trace must be an ExpertTrace file (.npz) or the name of a bundled trace "
+                     f"({', '.join(names) if names else 'none bundled here'}); {text!r} is neither")
+
+
+def eldr_trace_suite(trace: str | Path) -> Suite:
+    """The ``eldr`` suite on a real expert trace: rate x K x tau x router, one :func:`eldr_trace_point` each.
+
+    The trace is read once here (a bad file is refused before anything runs, with the loaders' named
+    errors); its contents (and its sidecar) are hashed into every cache key. The suite is named
+    ``eldr-trace``: ``moelab sweep eldr --trace`` writes its rows to ``OUT/eldr-trace.parquet``, so a trace
+    sweep never overwrites a synthetic one (``OUT/eldr.parquet``) in the same folder.
+
+    Parameters
+    ----------
+    trace : str or path
+        An :class:`~moelab.traces.ExpertTrace` file, or a bundled trace's name (:func:`resolve_trace`).
 
     Returns
     -------
     moelab.sweep.suite.Suite
     """
-    path = Path(trace).expanduser().resolve()
-    if not path.is_file():
-        raise ValueError(f"--trace must be an ExpertTrace file (.npz); {str(trace)!r} does not exist")
+    path = resolve_trace(trace)
     tr = load_trace(path)
     n_half = max(1, tr.n_requests // 2)
 
@@ -146,11 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                "min(4, CPU count))")
     p.add_argument("--grid", nargs="*", default=[], metavar="K=V1,V2",
                    help="values for some parameters (the others keep the suite's defaults)")
-    p.add_argument("--out", default="runs/sweep", help="results go to OUT/SUITE.parquet, the cache to OUT/cache/SUITE "
-                   "(OUT: new, empty, or a folder moelab sweep wrote)")
+    p.add_argument("--out", default="runs/sweep", help="results go to OUT/SUITE.parquet (OUT/eldr-trace.parquet for "
+                   "eldr --trace), the cache to OUT/cache/SUITE (OUT: new, empty, or a folder moelab sweep wrote)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--trace", metavar="FILE",
-                   help="eldr only: sweep this real ExpertTrace file (.npz) instead of the synthetic workload")
+    p.add_argument("--trace", metavar="FILE|NAME",
+                   help="eldr only: sweep this real ExpertTrace file (.npz), or a bundled trace by name (e.g. "
+                        "tiny-moe-heldout), instead of the synthetic workload (suite eldr-trace)")
     p.add_argument("--cached-only", action="store_true",
                    help="compute nothing: show the points already cached (e.g. a long run's progress while it runs)")
     return p

@@ -7,11 +7,11 @@ the packed expert bits. Every run returns a flat dict of measured metrics; sweep
 
 **What "rate" means, everywhere in ELDR** (this module, notebook 01, ``moelab sweep eldr``, the bench): an
 arrival rate in the paper's units, req/s offered to the paper's cluster of :data:`PAPER_DECODE_WORKERS` = 16
-decode workers. A cluster of ``K`` workers is offered ``rate * K / 16`` req/s (:func:`paper_rate_scale`), so
-a rate names the same load *per worker* at every ``K``. Every result row keeps both: ``rate`` (paper units)
-and ``sim_rate`` (req/s actually simulated). The one exception is :func:`run_one` (and what forwards to it,
-:func:`rate_sweep`, the ablations), whose ``rate_scale`` defaults to 1: there ``rate`` is req/s into the
-simulated cluster unless the caller passes ``rate_scale=paper_rate_scale(K)``, as every report here does.
+decode workers. A setup of ``K`` workers is offered ``rate * K / 16`` req/s (:func:`paper_rate_scale`, ``K``
+taken from the setup), so a rate names the same load *per worker* at every ``K``. Every result row keeps
+both: ``rate`` (paper units) and ``sim_rate`` (req/s actually simulated). No function here takes a scale
+factor; the one place a simulated rate is given directly is :func:`moelab.eldr.poisson_requests`
+(``sim_rate``). :func:`rate_for_load` gives the rate at a target load of the cluster's batch slots.
 """
 
 from __future__ import annotations
@@ -30,7 +30,13 @@ from moelab.datasets import load_eldr_results
 from moelab.eldr.partition import spherical_kmeans
 from moelab.eldr.prefix import ConversationWorkload, cache_signatures, conversation_arrivals
 from moelab.eldr.signature import KINDS, SignatureBuilder
-from moelab.eldr.sim import pack_expert_bits, poisson_requests, simulate
+from moelab.eldr.sim import (
+    PAPER_DECODE_WORKERS,
+    pack_expert_bits,
+    paper_rate_scale,
+    poisson_requests,
+    simulate,
+)
 from moelab.eldr.workload import SyntheticConfig, SyntheticWorkload, distinct_reduction, generate
 from moelab.routing import (
     Router,
@@ -47,27 +53,9 @@ BASELINES = router_names("eldr_paper")  # the paper's four load balancers (tagge
 # the paper's baselines, the KV-load balancer, the domain oracle and ELDR (the rows of notebook 01's sweep)
 SWEEP_ROUTERS = (*BASELINES, "least_kv", "domain_oracle", "eldr")
 PAPER_RATES = (20, 40, 60, 80, 100)
-#: decode workers of the paper's cluster (8P16D): the unit of every ELDR arrival rate
-PAPER_DECODE_WORKERS = 16
 #: the default no-regression sweep of issue 11: every paper rate at K = 8, 16 and 32 decode workers,
 #: the per-worker load of the paper's 16-worker cluster held fixed (rate scaled by K/16)
 DEFAULT_SWEEP_K = (8, 16, 32)
-
-
-def paper_rate_scale(n_workers: int) -> float:
-    """Factor from a rate in the paper's units (req/s at :data:`PAPER_DECODE_WORKERS` decode workers) to the
-    rate that offers ``n_workers`` workers the same per-worker load: ``n_workers / 16``.
-
-    Parameters
-    ----------
-    n_workers : int
-        Decode workers ``K`` of the simulated cluster (>= 1).
-
-    Returns
-    -------
-    float
-    """
-    return check_int("n_workers", n_workers, low=1) / PAPER_DECODE_WORKERS
 
 
 @dataclass
@@ -162,9 +150,27 @@ def synthetic_setup(
 
 
 def rate_for_batch(setup: ELDRSetup, batch: int, output_len: int = 512) -> float:
-    """Arrival rate (req/s) at which each of the setup's workers runs about ``batch`` requests
-    (Little's law with the cost model's step time at that batch; distinct experts taken from random
-    batches of the pool). Picks comparable operating points for models of very different speed."""
+    """Arrival rate, in ELDR's unit (req/s at 16 decode workers), at which each of the setup's workers runs
+    about ``batch`` requests.
+
+    Little's law with the cost model's step time at that batch, the distinct experts taken from random
+    batches of the pool (what a locality-blind router would batch). Picks comparable operating points for
+    models of very different speed.
+
+    Parameters
+    ----------
+    setup : ELDRSetup
+        The workload, cost model and ``K`` (:func:`prepare`).
+    batch : int
+        Running requests per worker (>= 1).
+    output_len : int
+        Decode tokens per request (>= 1), as the runs will use.
+
+    Returns
+    -------
+    float
+        ``rate`` in the paper's units; the setup's ``K`` workers are offered ``rate * K / 16`` req/s.
+    """
     batch = check_int("batch", batch, low=1)
     output_len = check_int("output_len", output_len, low=1)
     rng = rng_from(setup.seed)
@@ -174,7 +180,40 @@ def rate_for_batch(setup: ELDRSetup, batch: int, output_len: int = 512) -> float
     sum_d = float(pool.distinct_experts(reqs, rng.integers(0, 1 << 20, size=reqs.size)).sum())
     kv = batch * (float(pool.prompt_lens.mean()) + output_len / 2)
     step_s = float(setup.cost.step_ms(batch, sum_d, kv)) / 1e3
-    return setup.n_workers * batch / (output_len * step_s)
+    return PAPER_DECODE_WORKERS * batch / (output_len * step_s)
+
+
+#: the range of :func:`rate_for_load`'s ``load`` (a fraction of the cluster's batch slots)
+LOAD_RANGE = (0.01, 4.0)
+
+
+def rate_for_load(setup: ELDRSetup, load: float, *, output_len: int = 512, slots: int = 256) -> float:
+    """Arrival rate, in ELDR's unit (req/s at 16 decode workers), that offers ``load`` times the cluster's
+    slot capacity: :func:`rate_for_batch` at ``batch = slots``, times ``load``.
+
+    A router only changes anything when each worker runs a batch of many requests: near idle (``load``
+    close to 0) every worker runs one or two requests and every router makes the same batches, so ELDR
+    can group nothing. At ``load`` 0.5 a worker holds about half its ``slots``; above 1 requests queue.
+
+    Parameters
+    ----------
+    setup : ELDRSetup
+        The workload, cost model and ``K`` (:func:`prepare`).
+    load : float
+        Offered load as a fraction of the slot capacity, in :data:`LOAD_RANGE` (0.01..4).
+    output_len : int
+        Decode tokens per request (>= 1), as the runs will use.
+    slots : int
+        Batch slots per worker (>= 1), as the runs will use (:func:`run_one`'s ``slots``).
+
+    Returns
+    -------
+    float
+        ``rate`` in the paper's units, for :func:`run_one` / :func:`rate_sweep`.
+    """
+    load = check_real("load", load, low=LOAD_RANGE[0], high=LOAD_RANGE[1])
+    slots = check_int("slots", slots, low=1)
+    return load * rate_for_batch(setup, slots, output_len)
 
 
 def build_router(setup: ELDRSetup, name: str, *, tau: float = 0.1, kind: str = "count_idf", balanced: bool = True,
@@ -204,16 +243,13 @@ def run_one(
     kind: str = "count_idf",
     balanced: bool = True,
     slots: int = 256,
-    rate_scale: float = 1.0,
     refit_window_s: float | None = None,
     seed: int = 0,
 ) -> dict:
     """Simulate one configuration; returns the metrics plus the configuration.
 
-    The simulated arrival rate is ``rate * rate_scale`` req/s into the setup's ``K`` workers. For the
-    paper's units (req/s at 16 decode workers, what every ELDR report uses) pass
-    ``rate_scale=paper_rate_scale(K)``; ``rate`` stays the nominal one in the output and ``sim_rate`` is
-    what was simulated.
+    ``rate`` is in ELDR's unit, req/s at 16 decode workers: the setup's ``K`` workers are offered
+    ``sim_rate = rate * K / 16`` req/s (:func:`paper_rate_scale`). The row keeps both.
 
     Parameters
     ----------
@@ -222,7 +258,7 @@ def run_one(
     router : str
         A registered router name (:func:`moelab.routers.router_names`).
     rate : float
-        Nominal arrival rate (> 0), multiplied by ``rate_scale``.
+        Arrival rate (> 0) in req/s at 16 decode workers (e.g. :func:`rate_for_load`).
     n_requests, output_len : int
         Requests replayed, and decode tokens each.
     tau : float
@@ -233,8 +269,6 @@ def run_one(
         Balanced K-means centroids (ELDR).
     slots : int
         Batch slots per worker.
-    rate_scale : float
-        Factor from ``rate`` to the simulated rate (> 0; default 1).
     refit_window_s : float, optional
         Refit ELDR's centroids online over this window.
     seed : int
@@ -245,21 +279,40 @@ def run_one(
     dict
         ``router``, ``rate``, ``sim_rate``, the configuration and :meth:`moelab.sim.SimResult.metrics`.
     """
-    rate_scale = check_real("rate_scale", rate_scale, low=0, low_open=True)
+    rate = check_real("rate", rate, low=0, low_open=True)
+    sim_rate = rate * paper_rate_scale(setup.n_workers)
     r = build_router(setup, router, tau=tau, kind=kind, balanced=balanced, refit_window_s=refit_window_s, seed=seed)
     sig = setup.signatures(kind) if "signature" in r.requires else None
-    reqs = poisson_requests(setup.pool, rate=rate * rate_scale, n_requests=n_requests, output_len=output_len, seed=seed)
-    res = simulate(setup.pool, reqs, r, setup.cost, n_workers=setup.n_workers, signatures=sig, slots=slots,
+    reqs = poisson_requests(setup.pool, sim_rate=sim_rate, n_requests=n_requests, output_len=output_len, seed=seed)
+    res = simulate(reqs, r, setup.cost, n_workers=setup.n_workers, trace=setup.pool, signatures=sig, slots=slots,
                    bits=setup.bits)
-    return {"router": router, "rate": float(rate), "sim_rate": float(rate * rate_scale), "tau": tau, "kind": kind, "balanced": balanced,
+    return {"router": router, "rate": float(rate), "sim_rate": float(sim_rate), "tau": tau, "kind": kind, "balanced": balanced,
             "refit_window_s": refit_window_s, "n_workers": setup.n_workers,
             "n_refits": getattr(getattr(r, "refit", None), "n_refits", 0), **res.metrics()}
 
 
 def rate_sweep(setup: ELDRSetup, rates: Sequence[float] = PAPER_RATES, routers: Sequence[str] = SWEEP_ROUTERS,
                **kw: Any) -> pd.DataFrame:
-    """Every router at every rate (same arrivals per rate for every router); ``kw`` go to :func:`run_one`
-    (pass ``rate_scale=paper_rate_scale(K)`` for rates in the paper's units)."""
+    """Every router at every rate (same arrivals per rate for every router).
+
+    Parameters
+    ----------
+    setup : ELDRSetup
+        The shared workload, signatures, centroids and cost model (:func:`prepare`).
+    rates : sequence of float
+        Arrival rates in ELDR's unit, req/s at 16 decode workers: the setup's ``K`` workers are offered
+        ``rate * K / 16`` (default :data:`PAPER_RATES`, the paper's).
+    routers : sequence of str
+        Registered router names (default :data:`SWEEP_ROUTERS`).
+    **kw
+        Passed to :func:`run_one` (``n_requests``, ``output_len``, ``tau``, ``slots``, ``seed``, ...).
+
+    Returns
+    -------
+    DataFrame
+        One :func:`run_one` row per (rate, router): ``rate`` (paper units), ``sim_rate`` (simulated) and the
+        metrics.
+    """
     for name in routers:
         if name not in available_routers():
             raise ValueError(f"router must be one of {available_routers()}; got {name!r}")
@@ -316,12 +369,12 @@ def paper_peak_rate(model: str = "qwen3-30b-a3b") -> float:
 
 def default_sweep(setup: ELDRSetup, *, rates: Sequence[float] = PAPER_RATES, ks: Sequence[int] = DEFAULT_SWEEP_K,
                   routers: Sequence[str] = (*BASELINES, "eldr"), **kw: Any) -> pd.DataFrame:
-    """The no-regression sweep: every router at every rate for every K in ``ks`` (rate scaled by
-    ``K/16``, so each worker sees the paper's 16-worker per-worker load). One row per run."""
+    """The no-regression sweep: every router at every rate for every K in ``ks`` (rates in ELDR's unit, so
+    each K sees the paper's 16-worker per-worker load). One row per run."""
     rows = []
     for k in ks:
         s = setup if k == setup.n_workers else with_workers(setup, k)
-        rows.extend(run_one(s, r, rate=rate, rate_scale=k / 16, **kw) for rate in rates for r in routers)
+        rows.extend(run_one(s, r, rate=rate, **kw) for rate in rates for r in routers)
     return pd.DataFrame(rows)
 
 
@@ -363,16 +416,15 @@ def adjusted_rand_index(a: np.ndarray, b: np.ndarray) -> float:
 
 def real_trace_report(trace: ExpertTrace, *, n_workers: int = 16, rates: Sequence[float] = PAPER_RATES,
                       n_requests: int = 2000, output_len: int = 512, n_pairs: int = 10000, like: str = "qwen3-30b-a3b",
-                      seed: int = 0, routers: Sequence[str] = SWEEP_ROUTERS,
-                      rate_scale: float | None = None) -> tuple[dict, pd.DataFrame]:
+                      seed: int = 0, routers: Sequence[str] = SWEEP_ROUTERS) -> tuple[dict, pd.DataFrame]:
     """ELDR end to end on any real :class:`ExpertTrace`: held-out count_idf rho and decode-expert
     recall, same-task distinct-expert reduction (B = min(32, smallest task)), K-means (one cluster per
     task) vs task labels ARI, and the decode-cluster rate sweep of every router with the PROJECTION
     cost (:func:`projection_cost`: real routing, measured H200 kernel costs of ``like``-sized experts).
 
-    ``rates`` are in the paper's units (req/s at 16 decode workers): ``n_workers`` workers are offered
-    ``rate * n_workers / 16`` (``rate_scale``, default :func:`paper_rate_scale`), the same per-worker load
-    as the synthetic sweeps at the same rate.
+    ``rates`` are in ELDR's unit (req/s at 16 decode workers): ``n_workers`` workers are offered
+    ``rate * n_workers / 16`` (:func:`paper_rate_scale`), the same per-worker load as the synthetic sweeps
+    at the same rate.
 
     Returns
     -------
@@ -381,7 +433,6 @@ def real_trace_report(trace: ExpertTrace, *, n_workers: int = 16, rates: Sequenc
     sweep : DataFrame
         :func:`rate_sweep` rows (``rate`` in paper units, ``sim_rate`` simulated).
     """
-    rate_scale = paper_rate_scale(n_workers) if rate_scale is None else rate_scale
     cost = projection_cost(trace, like)
     setup = prepare(trace, cost, n_workers, n_pairs=n_pairs, seed=seed)
     rep = setup.builder("count_idf").report(setup.pool, n_pairs=n_pairs)
@@ -390,12 +441,12 @@ def real_trace_report(trace: ExpertTrace, *, n_workers: int = 16, rates: Sequenc
     red = distinct_reduction(trace, batch=max(2, min(32, smallest)), seed=seed)
     X = setup.builder("count_idf").transform(trace)
     km = spherical_kmeans(X, len(names), balanced=False, seed=seed)
-    df = rate_sweep(setup, rates=rates, routers=routers, n_requests=n_requests, output_len=output_len, seed=seed,
-                    rate_scale=rate_scale)
+    df = rate_sweep(setup, rates=rates, routers=routers, n_requests=n_requests, output_len=output_len, seed=seed)
     stats = {"trace": trace.geometry.model_name, "n_requests": trace.n_requests, "n_tasks": len(names),
              "rho": rep["rho"], "recall": rep["recall"], "layers_kept": rep["layers_kept"],
              "distinct_reduction_pct": red["reduction_pct"], "reduction_batch": red["batch"],
-             "kmeans_ari": adjusted_rand_index(km.labels, codes), "n_workers": n_workers, "rate_scale": float(rate_scale),
+             "kmeans_ari": adjusted_rand_index(km.labels, codes), "n_workers": n_workers,
+             "rate_scale": paper_rate_scale(n_workers),
              "cost": cost.shape.source}
     return stats, df
 
@@ -469,7 +520,6 @@ def prefix_cache_ablation(
     in_flight: int = 8,
     sessions: int = 64,
     output_len: int = 512,
-    rate_scale: float = 1.0,
     tau: float = 0.1,
     kind: str = "count_idf",
     slots: int = 256,
@@ -478,8 +528,9 @@ def prefix_cache_ablation(
     """Prefix caching and signatures, measured on the shared-prefix conversation workload.
 
     ``setup`` comes from :func:`prefix_setup` on ``workload``. Its served requests arrive as
-    conversations (:func:`~moelab.eldr.prefix.conversation_arrivals`: ``rate`` x ``rate_scale`` req/s
-    from ``sessions`` concurrent conversations) and go, in arrival order, through a KV-block signature cache of each
+    conversations (:func:`~moelab.eldr.prefix.conversation_arrivals`: ``rate`` in ELDR's unit, req/s
+    at 16 decode workers, i.e. ``rate * K / 16`` req/s into the setup's ``K`` workers, from ``sessions``
+    concurrent conversations) and go, in arrival order, through a KV-block signature cache of each
     size in ``capacity_blocks`` (:func:`~moelab.eldr.prefix.cache_signatures`). ELDR then runs the
     decode-cluster simulation on those arrivals once per signature mode: ``full prefill`` (no cache),
     ``co-indexed`` (sum over the whole block table, cached blocks included: equal to full prefill by the
@@ -487,7 +538,7 @@ def prefix_cache_ablation(
     computed itself), plus the best of the paper's baselines on the same arrivals. One row per mode and
     capacity: ``signature_err`` (mean cosine distance of the ``kind`` signatures to the full-prefill
     ones), ``hit_rate`` (prompt tokens served from cache), ``evictions`` and the run's metrics."""
-    rate_scale = check_real("rate_scale", rate_scale, low=0, low_open=True)
+    rate = check_real("rate", rate, low=0, low_open=True)
     output_len = check_int("output_len", output_len, low=1)
     check_choice("kind", kind, KINDS)
     caps = [capacity_blocks] if isinstance(capacity_blocks, (int, np.integer)) else list(capacity_blocks)
@@ -495,8 +546,8 @@ def prefix_cache_ablation(
         raise ValueError("capacity_blocks must name at least one cache size (blocks)")
     pool = setup.pool
     rows = workload.rows_of(pool.request_ids)
-    sim_rate = rate * rate_scale
-    arrival = conversation_arrivals(workload, rows, rate=sim_rate, sessions=sessions, seed=seed)
+    sim_rate = rate * paper_rate_scale(setup.n_workers)
+    arrival = conversation_arrivals(workload, rows, sim_rate=sim_rate, sessions=sessions, seed=seed)
     order = np.argsort(arrival, kind="stable")
     codes, _ = pool.domain_codes()
     offsets = rng_from(seed).integers(0, pool.decode_lens[order])
@@ -509,7 +560,7 @@ def prefix_cache_ablation(
 
     def run(router: str, sig: np.ndarray | None = None) -> dict:
         r = build_router(setup, router, tau=tau, kind=kind, seed=seed)
-        res = simulate(pool, reqs, r, setup.cost, n_workers=setup.n_workers,
+        res = simulate(reqs, r, setup.cost, n_workers=setup.n_workers, trace=pool,
                        signatures=sig if "signature" in r.requires else None, slots=slots, bits=setup.bits)
         return {"router": router, **base, **res.metrics()}
 
@@ -552,7 +603,7 @@ def regime_map(scales: Sequence[float] = (0.25, 0.5, 1.0, 1.5), *, rates: Sequen
         for k in ks:
             setup = base if k == base.n_workers else with_workers(base, k)
             for rate in rates:
-                kw = dict(rate=rate, rate_scale=k / 16, n_requests=n_requests, output_len=output_len, seed=seed)
+                kw = dict(rate=rate, n_requests=n_requests, output_len=output_len, seed=seed)
                 runs = {r: run_one(setup, r, **kw) for r in (*BASELINES, "domain_oracle")}
                 for tau in taus:
                     e = run_one(setup, "eldr", tau=tau, **kw)
@@ -568,6 +619,6 @@ def regime_map(scales: Sequence[float] = (0.25, 0.5, 1.0, 1.5), *, rates: Sequen
 
 __all__ = ["BASELINES", "DEFAULT_SWEEP_K", "PAPER_DECODE_WORKERS", "PAPER_RATES", "paper_rate_scale", "adjusted_rand_index", "default_sweep", "paper_peak_rate",
            "projection_cost", "real_trace_report", "regime_map", "sweep_gains", "SWEEP_ROUTERS", "ELDRSetup", "build_router", "compare_with_paper", "gains",
-           "kmeans_ablation", "paper_gains", "rate_for_batch", "refit_ablation", "PREFIX_MODES", "prefix_cache_ablation",
+           "kmeans_ablation", "LOAD_RANGE", "paper_gains", "rate_for_batch", "rate_for_load", "refit_ablation", "PREFIX_MODES", "prefix_cache_ablation",
            "prefix_setup", "prepare", "rate_sweep", "run_one",
            "signature_ablation", "synthetic_setup", "tau_sweep", "with_workers"]

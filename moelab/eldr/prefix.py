@@ -255,17 +255,39 @@ def _first_cumsum(x: np.ndarray, first: np.ndarray, group: np.ndarray) -> np.nda
     return before[group]
 
 
-def conversation_arrivals(workload: ConversationWorkload, rows: np.ndarray, *, rate: float, sessions: int = 64,
+def conversation_arrivals(workload: ConversationWorkload, rows: np.ndarray, *, sim_rate: float, sessions: int = 64,
                           seed: int = 0) -> np.ndarray:
-    """Arrival time (s) of each of ``rows``: a Poisson stream at ``rate`` req/s served by ``sessions``
-    concurrent conversations. Each arrival is the next turn of a uniformly chosen open session; a session
-    whose conversation has no turn left opens the next conversation (in a seeded random order), so the
-    turns of one conversation keep their order and about ``sessions`` other requests arrive between two
-    of its turns (``sessions / rate`` seconds) — the quantity that decides whether its history is still
-    cached. An assumption, stated: the gap is not coupled to the simulated decode time of the reply.
-    The first arrival is at 0."""
+    """Arrival time (s) of each of ``rows``: a Poisson stream at ``sim_rate`` req/s served by ``sessions``
+    concurrent conversations.
+
+    Each arrival is the next turn of a uniformly chosen open session; a session whose conversation has no
+    turn left opens the next conversation (in a seeded random order), so the turns of one conversation
+    keep their order and about ``sessions`` other requests arrive between two of its turns
+    (``sessions / sim_rate`` seconds) — the quantity that decides whether its history is still cached. An
+    assumption, stated: the gap is not coupled to the simulated decode time of the reply.
+
+    Parameters
+    ----------
+    workload : ConversationWorkload
+        The conversations (:func:`generate_conversations`).
+    rows : array of int
+        The workload requests that arrive (e.g. a split's served half).
+    sim_rate : float
+        Arrival rate in req/s into the whole simulated cluster (> 0); not ELDR's paper unit: for a ``rate``
+        in req/s at 16 decode workers pass ``rate * paper_rate_scale(K)``
+        (:func:`moelab.eldr.experiments.prefix_cache_ablation` does).
+    sessions : int
+        Concurrent conversations (>= 1).
+    seed : int
+        Seed of the gaps and the session choices.
+
+    Returns
+    -------
+    ndarray of float
+        One arrival time (s) per entry of ``rows``; the first arrival is at 0.
+    """
     check_instance("workload", workload, ConversationWorkload, "a ConversationWorkload (generate_conversations())")
-    rate = check_real("rate", rate, low=0, low_open=True)
+    rate = check_real("sim_rate", sim_rate, low=0, low_open=True)
     sessions = check_int("sessions", sessions, low=1)
     rows = check_array("rows", rows, ndim=1).astype(np.int64)
     if rows.size == 0 or rows.min() < 0 or rows.max() >= workload.trace.n_requests:

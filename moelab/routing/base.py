@@ -77,6 +77,8 @@ FIELDS: dict[str, str] = {
 _BATCH_FIELDS = frozenset({"prompt_len", "signature", "domain", "prompt_key", "prefix_hashes", "output_len"})
 # fields a RequestBatch / ClusterView always has (never None)
 _ALWAYS = frozenset({"prompt_len", "active", "waiting", "kv_tokens", "free_slots", "time_s"})
+# the fields a driver may leave None: a router reads one only if it declares it (and the driver then supplies it)
+_OPTIONAL = tuple(sorted(set(FIELDS) - _ALWAYS))
 
 
 #: Everything a router may need from its calibration (:meth:`Router.prepare`), and what it means.
@@ -421,6 +423,22 @@ def _show(x: Any, most: int = 8) -> str:
     return f"[{text}{', ...' if flat.size > most else ''}]"
 
 
+def _undeclared_hint(router: Router, batch: RequestBatch, view: ClusterView, exc: Exception) -> str:
+    """When a router fails the way reading an absent field fails (a ``None`` where it expected an array), name
+    the fields this driver left ``None`` that the router does not declare in :attr:`Router.requires`: a
+    router reads only what it declares, and a declared field the driver cannot supply is refused up front."""
+    if not isinstance(exc, (TypeError, AttributeError, IndexError)):
+        return ""
+    declared = getattr(router, "requires", frozenset())
+    absent = [f"{'RequestBatch' if f in _BATCH_FIELDS else 'ClusterView'}.{f}" for f in _OPTIONAL
+              if f not in declared and getattr(batch if f in _BATCH_FIELDS else view, f, None) is None]
+    if not absent:
+        return ""
+    return (f" (this driver leaves {', '.join(absent)} None, and the router does not declare them in its requires: "
+            f"a router must list every field it reads in requires (moelab.routing.FIELDS); then a driver that "
+            f"cannot supply one refuses the router up front, naming the field)")
+
+
 def call_router(router: Router, batch: RequestBatch, view: ClusterView, *, allow_waiting: bool = True,
                 free_slots: np.ndarray | None = None, unit: str = "worker") -> np.ndarray:
     """``router.route(batch, view)`` as a driver calls it: an exception the router raises comes back as a
@@ -436,7 +454,8 @@ def call_router(router: Router, batch: RequestBatch, view: ClusterView, *, allow
     except RouterError:
         raise
     except Exception as exc:
-        raise RouterError(f"{_router_label(router)} raised {type(exc).__name__}: {exc}") from exc
+        raise RouterError(f"{_router_label(router)} raised {type(exc).__name__}: {exc}"
+                          + _undeclared_hint(router, batch, view, exc)) from exc
     return check_routed(router, where, len(batch), view.n_workers, allow_waiting=allow_waiting,
                         free_slots=free_slots, unit=unit)
 
@@ -694,13 +713,49 @@ class Router:
         return f"{type(self).__name__}(seed={self.seed})"
 
 
+def _router_requires(router: Router | type[Router]) -> frozenset[str]:
+    """``router.requires`` checked: a collection (not a string) of :data:`FIELDS` names."""
+    name = getattr(router, "name", type(router).__qualname__)
+    requires = getattr(router, "requires", None)
+    if isinstance(requires, (str, bytes)) or not isinstance(requires, Collection) \
+            or not all(isinstance(f, str) for f in requires):
+        raise TypeError(f"router {name!r}: requires must be a set of field names from moelab.routing.FIELDS, e.g. "
+                        f"frozenset({{'prompt_len', 'signature'}}); got {type(requires).__name__} {requires!r:.60}")
+    unknown = sorted(set(requires) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"router {name!r} requires unknown field(s) {unknown}; fields: {sorted(FIELDS)}")
+    return frozenset(requires)
+
+
 def check_supplies(router: Router | type[Router], supplied: Collection[str], driver: str, *,
                    engine_queues: bool | None = None) -> None:
     """Refuse ``router`` (``ValueError`` naming the fields) when it requires a field that ``driver``
     does not supply, or, where ``engine_queues`` is given, when it needs per-engine queues that
-    ``driver`` does not keep (``engine_queues=False``)."""
+    ``driver`` does not keep (``engine_queues=False``). Every driver calls it before it starts, so this is
+    where :attr:`Router.requires` is enforced: a router whose ``requires`` is not a collection of
+    :data:`FIELDS` names (a bare string, a typo) is refused here too, by name.
+
+    Parameters
+    ----------
+    router : Router or type of Router
+        The router (or its class).
+    supplied : collection of str
+        The :data:`FIELDS` the driver fills.
+    driver : str
+        The driver, in words (named in the error).
+    engine_queues : bool, optional
+        Whether the driver keeps per-engine queues (None: not checked).
+
+    Raises
+    ------
+    ValueError
+        Naming the router and the fields it requires that the driver does not supply.
+    TypeError
+        When ``router.requires`` is not a collection of field names.
+    """
     supplied = _check_names(supplied, driver)
-    missing = sorted(set(router.requires) - supplied)
+    requires = _router_requires(router)
+    missing = sorted(requires - supplied)
     if missing:
         raise ValueError(f"router {router.name!r} requires {missing}, which {driver} does not supply "
                          f"(it supplies {sorted(supplied)})")
@@ -717,7 +772,7 @@ ROUTERS: dict[str, type[Router]] = {}
 def register_router(cls: type[Router]) -> type[Router]:
     """Class decorator: add ``cls`` to :data:`ROUTERS` under ``cls.name`` (validates ``requires`` and
     ``calibration_needs``; a second class under a taken name is refused)."""
-    _check_names(cls.requires, f"{cls.__name__}.requires")
+    _router_requires(cls)
     _check_names(cls.calibration_needs, f"{cls.__name__}.calibration_needs", CALIBRATION_FIELDS)
     if ROUTERS.get(cls.name, cls) is not cls:
         raise ValueError(f"router name {cls.name!r} is taken by {ROUTERS[cls.name].__qualname__}")

@@ -118,19 +118,38 @@ def simulate(
 ) -> SimResult:
     """Simulate the decode tier (see the module docstring).
 
+    The positional order, ``(requests, router, cost)``, is every decode-tier simulator's
+    (:func:`moelab.eldr.simulate` too); everything else is a keyword.
+
     Parameters
     ----------
-    requests : the arrivals (:class:`~moelab.traces.RequestTrace`; ``trace_row``/``trace_offset`` to
-        replay expert traces, e.g. from :func:`~moelab.traces.replay_requests`)
-    router : instance router; reset for ``n_workers``; refused if it needs a field the trace lacks
-    cost : the step model at the trace's geometry
-    n_workers : decode instances K (1..MAX_INSTANCES)
-    slots : most running requests per rank (the per-worker batch cap)
-    trace : the expert trace ``trace_row`` indexes (required when requests have trace rows)
-    bits : :func:`pack_expert_bits` of ``trace`` (saves time across runs)
-    ranks : DP-attention ranks per instance G (1 = an independent decode worker)
-    rank_router : router over the ranks of one instance (required when ``ranks > 1``)
-    pool_view : most queued requests the rank router sees per step
+    requests : RequestTrace
+        The arrivals (``trace_row``/``trace_offset`` to replay expert traces, e.g. from
+        :func:`~moelab.traces.replay_requests`).
+    router : Router
+        The instance router; reset for ``n_workers``; refused, naming the field, if it requires a field
+        the requests lack (:func:`moelab.routing.check_supplies`).
+    cost : DecodeStepModel
+        The step model at the trace's geometry.
+    n_workers : int
+        Decode instances K (1..:data:`MAX_INSTANCES`).
+    slots : int
+        Most running requests per rank (the per-worker batch cap).
+    trace : ExpertTrace, optional
+        The expert trace ``trace_row`` indexes (required when the requests have trace rows).
+    bits : ndarray, optional
+        :func:`pack_expert_bits` of ``trace`` (saves time across runs).
+    ranks : int
+        DP-attention ranks per instance G (1 = an independent decode worker).
+    rank_router : Router, optional
+        Router over the ranks of one instance (required when ``ranks > 1``).
+    pool_view : int
+        Most queued requests the rank router sees per step.
+
+    Returns
+    -------
+    SimResult
+        Per request and per step records; ``metrics()`` gives the run-level figures.
     """
     return _simulate(requests, router, cost, n_workers=n_workers, slots=slots, trace=trace, bits=bits, ranks=ranks,
                      rank_router=rank_router, pool_view=pool_view, python_loop=False)

@@ -85,23 +85,28 @@ def route_to_ranks(router: Router, batch: RequestBatch, view: ClusterView, free:
     return where, chosen, decision_ms
 
 
-def simulate_dp(trace: RequestTrace, router: Router, n_workers: int, slots: int, cost: DPCost | None = None, *,
-             pool_view: int = 512, warmup_lifetimes: float = 2.0, warmup_frac: float = 0.0, max_steps: int = MAX_STEPS,
-             kv_capacity_tokens: float | None = None, seed: int | None = 0) -> SimResult:
+def simulate_dp(trace: RequestTrace, router: Router, cost: DPCost | None = None, *, n_workers: int, slots: int,
+                pool_view: int = 512, warmup_lifetimes: float = 2.0, warmup_frac: float = 0.0,
+                max_steps: int = MAX_STEPS, kv_capacity_tokens: float | None = None, seed: int | None = 0) -> SimResult:
     """Run ``trace`` through ``n_workers`` DP ranks of ``slots`` slots each, routed by ``router``.
+
+    The positional order, ``(requests, router, cost)``, is the decode-tier simulators' too
+    (:func:`moelab.sim.cluster.simulate`, :func:`moelab.eldr.simulate`); the cluster's size and everything
+    else are keywords.
 
     Parameters
     ----------
     trace : RequestTrace
-        Arrival (prefill completed), prompt and output lengths; arrivals at 0 make a backlog.
+        The requests: arrival (prefill completed), prompt and output lengths; arrivals at 0 make a backlog.
     router : Router
         Any :class:`moelab.routing.Router`; it is reset for ``n_workers`` with ``seed``. Routers with
-        ``engine_queues = True`` get per-rank queues instead of the central pool.
-    n_workers, slots : int
-        ``1 <= G <= 1024`` ranks with ``1 <= B <= 4096`` batch slots each.
+        ``engine_queues = True`` get per-rank queues instead of the central pool. One that requires a
+        field this simulator does not supply is refused, naming it.
     cost : DPCost, optional
         Step-time model (default :meth:`DPCost.h200` for Qwen3-30B-A3B at ``G``, ``B``); its ``G`` and
         ``B`` must match.
+    n_workers, slots : int
+        ``1 <= G <= 1024`` ranks with ``1 <= B <= 4096`` batch slots each.
     pool_view : int
         How many of the oldest waiting requests a pooled router sees each step (1..100000).
     warmup_lifetimes : float
