@@ -5,6 +5,7 @@ skipped where they are absent (required under ``CI=true``)."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -36,3 +37,16 @@ def test_every_guide_block_runs(tmp_path):
         assert r.seconds < limit, f"guide block at line {r.block.line} ({r.block.section}) took {r.seconds:.1f} s"
     out = "".join(r.output for r in runs)
     assert "closed form r* =" in out and "refused:" in out and "tokens per forward" in out
+    # the recipes run where each system matters, and say so with computed numbers (issue 38):
+    # AFD's closed form is the simulator's fit at the same workload
+    afd = re.findall(r"closed form r\* = +([\d.]+) \(simulator's fit +([\d.]+)\)", out)
+    assert len(afd) == 4 and all(a == b for a, b in afd)
+    # DSD wins at one computed RTT and loses to cloud AR at another
+    assert re.search(r"RTT +[\d.]+ ms: dsd_\w+ +wins", out) and re.search(r"RTT +[\d.]+ ms: ar +wins", out)
+    # ELDR at half load: lower p50 TPOT and fewer distinct experts than JSQ
+    eldr = {m[0]: (float(m[1]), float(m[2])) for m in
+            re.findall(r"^(jsq|eldr) +p50 TPOT ([\d.]+) ms, distinct experts per layer-step ([\d.]+)", out, re.M)}
+    assert eldr["eldr"][0] < eldr["jsq"][0] and eldr["eldr"][1] < eldr["jsq"][1]
+    # BalanceRoute past capacity: BR-0 balances the ranks better than JSQ
+    br = {m[0]: float(m[1]) for m in re.findall(r"^load 1.2 (jsq|br0) .*mean imbalance +(\d+) tokens", out, re.M)}
+    assert br["br0"] < br["jsq"]
