@@ -40,6 +40,7 @@ DP_BALANCERS = _dp.DP_BALANCERS
 ALL_BASELINES = tuple(n for n in router_names("baseline") if n != "vllm_dp")
 POOLED_BASELINES = tuple(n for n in ALL_BASELINES if n not in DP_BALANCERS)
 PREDICTOR_NAMES = ("oracle", "survival", "exact_match", "learned")
+#: the range of :func:`at_load`'s ``load`` (a multiple of :func:`capacity_rps`)
 LOAD_RANGE = (0.05, 5.0)
 
 
@@ -134,7 +135,20 @@ def scale_context(trace: RequestTrace, factor: float) -> RequestTrace:
 
 def capacity_rps(trace: RequestTrace, cost: DPCost) -> float:
     """Requests/s the cluster sustains with every slot busy: ``G*B`` / (mean output x the balanced
-    full-slot step time at ``B * (mean prompt + mean output / 2)`` KV tokens per rank)."""
+    full-slot step time at ``B * (mean prompt + mean output / 2)`` KV tokens per rank).
+
+    Parameters
+    ----------
+    trace : RequestTrace
+        The requests (their mean prompt and output lengths set the step time and the work per request).
+    cost : DPCost
+        The DP group's step model (its ``G`` ranks and ``B`` slots per rank).
+
+    Returns
+    -------
+    float
+        req/s: the rate at which :func:`at_load` offers load 1.
+    """
     check_instance("trace", trace, RequestTrace, "a RequestTrace")
     check_instance("cost", cost, DPCost, "a DPCost (e.g. DPCost.h200(G, slots))")
     per_rank = cost.slots * (trace.prompt_len.mean() + trace.output_len.mean() / 2)
@@ -145,7 +159,30 @@ def capacity_rps(trace: RequestTrace, cost: DPCost) -> float:
 def at_load(trace: RequestTrace, cost: DPCost, load: float, *, n_requests: int | None = None
             ) -> tuple[RequestTrace, float]:
     """The first ``n_requests`` at their own arrival pattern, time-scaled so the offered load is
-    ``load`` x :func:`capacity_rps` (``0.05 <= load <= 5``). Returns (trace, rate factor applied)."""
+    ``load`` x :func:`capacity_rps`.
+
+    A balancer only matters when requests wait for a slot: near idle every request finds a free slot and
+    every router places it alike, so compare routers at a load near or past 1.
+
+    Parameters
+    ----------
+    trace : RequestTrace
+        The requests (at least 2, spread over time); their arrival pattern is kept, only compressed or
+        stretched.
+    cost : DPCost
+        The DP group's step model (:func:`capacity_rps`).
+    load : float
+        Offered load as a multiple of the capacity, in :data:`LOAD_RANGE` (0.05..5).
+    n_requests : int, optional
+        Keep only the first ``n_requests`` (default all).
+
+    Returns
+    -------
+    trace : RequestTrace
+        The time-scaled requests.
+    factor : float
+        The rate factor applied (new rate / the trace's own).
+    """
     load = check_real("load", load, low=LOAD_RANGE[0], high=LOAD_RANGE[1])
     if n_requests is not None:
         trace = trace.head(check_int("n_requests", n_requests, low=1))
