@@ -200,9 +200,10 @@ class AcceptanceModel:
         self.engine = engine
         self.accepted: dict[Key, float] = {}
         self.tried: dict[Key, float] = {}
-        # (store, class) -> alphas(store, class), dropped when one of its keys records an outcome: a step reads
-        # a dozen alphas and changes two or three, so most reads are one dict probe (the drafting hot path)
-        self._pairs: dict[tuple[str, int], tuple[float, float]] = {}
+        # store -> class -> alphas(store, class), dropped when one of its keys records an outcome: a step reads
+        # a dozen alphas and changes two or three, so most reads are one dict probe (the drafting hot path;
+        # one row per store: the plan probes by class, no (store, class) tuple to build per node)
+        self._rows: dict[str, dict[int, tuple[float, float]]] = {}
 
     def alpha(self, store: str, alternative: bool, cls: int = 0) -> float:
         key = (store, alternative, cls)
@@ -212,15 +213,31 @@ class AcceptanceModel:
     def alphas(self, store: str, cls: int = 0) -> tuple[float, float]:
         """``(alpha(store, first child, cls), alpha(store, alternative, cls))``: what :func:`plan` reads per
         store and class."""
-        pair = self._pairs.get((store, cls))
+        row = self._rows.get(store)
+        if row is None:
+            row = self._rows[store] = {}
+        pair = row.get(cls)
         if pair is None:
-            pair = self._pairs[(store, cls)] = (self.alpha(store, False, cls), self.alpha(store, True, cls))
+            pair = row[cls] = self._pair(store, cls)
         return pair
+
+    def _pair(self, store: str, cls: int) -> tuple[float, float]:
+        """``(alpha(store, False, cls), alpha(store, True, cls))`` computed (not memoised): :meth:`alpha`'s
+        expression itself where :meth:`alpha` is this class's (a subclass may override it)."""
+        if type(self).alpha is not AcceptanceModel.alpha:
+            return self.alpha(store, False, cls), self.alpha(store, True, cls)
+        w = PRIOR_WEIGHT
+        acc, tried, priors, prior = self.accepted, self.tried, self.priors, self.prior
+        k0, k1 = (store, False, cls), (store, True, cls)
+        return ((acc.get(k0, 0.0) + w * priors.get(k0, prior)) / (tried.get(k0, 0.0) + w),
+                (acc.get(k1, 0.0) + w * priors.get(k1, prior)) / (tried.get(k1, 0.0) + w))
 
     def record(self, store: str, alternative: bool, ok: bool, cls: int = 0) -> None:
         """One tested node's outcome: earlier outcomes of its key decay by one step, this one counts 1."""
         key = (store, alternative, cls)
-        self._pairs.pop((store, cls), None)
+        row = self._rows.get(store)
+        if row is not None:
+            row.pop(cls, None)
         keep = self._keep
         self.tried[key] = self.tried.get(key, 0.0) * keep + 1.0
         self.accepted[key] = self.accepted.get(key, 0.0) * keep + (1.0 if ok else 0.0)
@@ -444,10 +461,11 @@ def _plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], classes: 
     # candidate's alternative alpha. Below the threshold nothing pays, and the answer is empty. The tree pass
     # below takes that maximum (``hi``) on its way; another model's alphas are all checked first, here.
     consistent = type(model) is AcceptanceModel
-    # (store, class) -> (alpha first child, alpha alternative), read once per step: an AcceptanceModel's own
-    # memo of them (one dict probe per node), else a per-step dict in front of the model's alphas()
-    alphas = model._pairs if consistent else {}
-    if threshold > 0.0 and not consistent and _below_threshold(candidates, sources, classes, model, threshold, alphas):
+    # store -> class -> (alpha first child, alpha alternative), read once per step: an AcceptanceModel's own
+    # memo of them (one dict probe per node), else a per-step memo in front of the model's alphas()
+    rows: dict[str, dict[int, tuple[float, float]]] = model._rows if consistent else {}
+    pair = model._pair if consistent else model.alphas
+    if threshold > 0.0 and not consistent and _below_threshold(candidates, sources, classes, model, threshold, rows):
         return [], [], [] if with_classes else None
     # The trie of the candidates, built one candidate at a time: a candidate shares its first ``l`` nodes
     # with the (first) earlier candidate it has the longest common prefix with, and adds ``len - l`` new
@@ -455,7 +473,6 @@ def _plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], classes: 
     # dozen nodes, where numpy's per-call overhead dominates. Paths are not materialised: candidate ``i``
     # keeps ``segs[i] = (j, l, first, end)``: the candidate it branches from, ``l``, and its new node ids
     # ``first:end``, which is all the final count of its kept prefix needs.
-    get_alphas = model.alphas
     prob: list[float] = [1.0]
     root_used = False  # whether the root has a child yet (node 0's children are alternatives after the first)
     branched: set[int] = set()  # other nodes given a second child by a later candidate
@@ -475,11 +492,8 @@ def _plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], classes: 
                         lcp += 1
                     if lcp > best:
                         best, j_best = lcp, j
-            if best:  # (a candidate that starts a root child reads its alpha below)
-                key = (src[:1], cls[0])
-                ab = alphas.get(key)
-                if ab is None:
-                    ab = alphas[key] = get_alphas(*key)
+            if best and consistent:  # (a candidate that starts a root child reads its alpha below)
+                ab = _alphas(rows, pair, src[:1], cls[0])
                 if ab[root_used] > hi:  # root_used: a non-empty candidate came before (the first one starts a child)
                     hi = ab[root_used]
         if best == n_c:  # nothing new: a prefix of (or equal to) an earlier candidate
@@ -496,28 +510,33 @@ def _plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], classes: 
         else:
             parent, alt, root_used = 0, root_used, True
         nid = len(prob)
-        pp = prob[parent]
         if n_c > 1 and len(src) == n_c:  # one store letter per token (stitched chains)
-            for depth in range(best, n_c):
-                key = (src[depth], cls[depth])
-                ab = alphas.get(key)
-                if ab is None:
-                    ab = alphas[key] = get_alphas(*key)
-                pp *= ab[alt and depth == best]  # the rest of the chain: first children
+            pp = prob[parent] * _alphas(rows, pair, src[best], cls[best])[alt]
+            prob.append(pp)
+            for depth in range(best + 1, n_c):  # the rest of the chain: first children
+                pp *= _alphas(rows, pair, src[depth], cls[depth])[0]
                 prob.append(pp)
         else:
             letter = src[:1]
-            for depth in range(best, n_c):
-                key = (letter, cls[depth])
-                ab = alphas.get(key)
+            row = rows.get(letter)
+            if row is None:
+                row = rows[letter] = {}
+            c = cls[best]
+            ab = row.get(c)
+            if ab is None:
+                ab = row[c] = pair(letter, c)
+            pp = prob[parent] * ab[alt]  # the first new node: an alternative child if its parent has one
+            prob.append(pp)
+            for c in cls[best + 1:n_c]:  # the rest of the chain: first children
+                ab = row.get(c)
                 if ab is None:
-                    ab = alphas[key] = get_alphas(*key)
-                pp *= ab[alt and depth == best]
+                    ab = row[c] = pair(letter, c)
+                pp *= ab[0]
                 prob.append(pp)
         if not best and prob[nid] > hi:  # a root child: its probability is its alpha
             hi = prob[nid]
         segs.append((j_best, best, nid, len(prob)))
-    if consistent and threshold > 0.0 and hi < threshold:
+    if consistent and threshold > 0.0 and hi < threshold:  # (another model was checked before the tree)
         return [], [], [] if with_classes else None
     # the likeliest K nodes, for every K: expected tokens per unit of cost (the values alone suffice)
     # likeliest first, ties in node order (stable): parents before children (p(child) < p(parent)), so the
@@ -525,8 +544,8 @@ def _plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], classes: 
     ranked = sorted(range(1, len(prob)), key=prob.__getitem__, reverse=True)
     table = cost.table
     best_k, best_ratio, gain = 0, 1.0 / table[1], 1.0
-    for k in range(1, min(budget, len(ranked)) + 1):
-        gain += prob[ranked[k - 1]]
+    for k, x in enumerate(ranked[:budget], 1):
+        gain += prob[x]
         r = gain / table[k + 1]
         if r > best_ratio:
             best_k, best_ratio = k, r
@@ -568,23 +587,34 @@ def _plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], classes: 
     return out, srcs, out_cls if with_classes else None
 
 
+def _alphas(rows: dict[str, dict[int, tuple[float, float]]], pair: Any, store: str,
+            cls: int) -> tuple[float, float]:
+    """``rows[store][cls]``, made with ``pair(store, cls)`` when missing (:func:`_plan`'s memo of alphas)."""
+    row = rows.get(store)
+    if row is None:
+        row = rows[store] = {}
+    ab = row.get(cls)
+    if ab is None:
+        ab = row[cls] = pair(store, cls)
+    return ab
+
+
 def _below_threshold(candidates: Sequence[Sequence[int]], sources: Sequence[str], classes: Sequence[Sequence[int]],
-                     model: AcceptanceModel, threshold: float, alphas: dict[tuple[str, int], tuple[float, float]]) -> bool:
+                     model: AcceptanceModel, threshold: float, rows: dict[str, dict[int, tuple[float, float]]]) -> bool:
     """Whether every alpha of the draft is <= 1 (consistent counts) and the likeliest root child's alpha is
     below ``threshold`` (then nothing pays): the check for a model other than :class:`AcceptanceModel`. The
-    alphas read go to ``alphas`` (the tree pass reads them from there: one alphas() call per key and step)."""
+    alphas read go to ``rows`` (the tree pass reads them from there: one alphas() call per key and step)."""
     hi, first, ok = -1.0, True, True
     for cand, src, cls in zip(candidates, sources, classes):
         if not cand:
             continue
         per_token = len(cand) > 1 and len(src) == len(cand)
         for depth in range(len(cand)):
-            key = (src[depth] if per_token else src[:1], cls[depth])
-            if key not in alphas:
-                ab = alphas[key] = model.alphas(*key)
+            letter, c = src[depth] if per_token else src[:1], cls[depth]
+            if c not in rows.get(letter, ()):
+                ab = _alphas(rows, model.alphas, letter, c)
                 ok = ok and ab[0] <= 1.0 and ab[1] <= 1.0
-        ab = alphas[(src[:1], cls[0])]
-        a = ab[not first]
+        a = rows[src[:1]][cls[0]][not first]
         first = False
         if a > hi:
             hi = a
