@@ -84,7 +84,8 @@ class NGramTable:
         self._index = {m: dict(zip(_pack_rows(k).tolist(), range(k.shape[0]))) for m, (k, _, _) in self.tables.items()}
         self._memo: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         self._max_m = max(self.tables, default=1)
-        self._answers: dict[tuple[int, ...], list[tuple[int, ...]]] = {}  # tail -> every continuation, ranked
+        # tail -> (its first continuations, ranked; whether they are all of them): see lookup
+        self._answers: dict[tuple[int, ...], tuple[list[tuple[int, ...]], bool]] = {}
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -166,46 +167,61 @@ class NGramTable:
         """Up to ``k`` distinct continuations of ``context``: longest matching key first, most frequent first.
 
         The answer depends only on the last ``max(key lengths)`` tokens, and the answer for ``k`` is the
-        first ``k`` of the full answer (every distinct continuation, in that order), so the full answer is
-        memoised per tail (bounded: cleared when it reaches 65,536 entries): a repeated tail costs one dict
-        probe whatever ``k`` callers ask for."""
+        first ``k`` of the full answer (every distinct continuation, in that order), so answers are memoised
+        per tail (bounded: cleared when it reaches 65,536 entries): a repeated tail costs one dict probe. A
+        tail is answered as far as asked (a chain asks for one continuation, and the first key often holds
+        enough): its entry serves every later ``k`` up to its length, and is completed when a caller asks
+        for more."""
         n = len(context)
         tail = token_tuple("context", context[max(0, n - self._max_m):])  # a float id is refused, not truncated
-        full = self._answers.get(tail)
-        if full is None:
-            if k < 1:
-                return self._lookup(tail, k)
-            full = self._lookup(tail, _ALL)
-            if len(self._answers) >= 65_536:
-                self._answers.clear()
-            self._answers[tail] = full
-        return full[:k]
+        answers = self._answers
+        hit = answers.get(tail)  # (the first continuations, whether that is all of them)
+        if hit is not None and (hit[1] or 1 <= k <= len(hit[0])):
+            return hit[0][:k]
+        if k < 1 and hit is None:
+            return self._lookup(tail, k)
+        ask = k if k >= 1 else _ALL  # (k < 1 with a partial entry: its full answer, sliced as before)
+        got = self._lookup(tail, ask)
+        if hit is None and len(answers) >= 65_536:
+            answers.clear()
+        answers[tail] = (got, len(got) < ask)
+        return got[:k]
 
     def _lookup(self, context: Sequence[int], k: int) -> list[tuple[int, ...]]:
         out: list[tuple[int, ...]] = []
+        seen: set[tuple[int, ...]] | None = None  # out's members, once a second key length merges into it
         n = len(context)
+        memo = self._memo
         for m, index in self._index.items():
             if n < m:
                 continue
             row = index.get(_pack(context[n - m:]))
             if row is None:
                 continue
-            cands = self._memo.get((m, row))
+            cands = memo.get((m, row))
             if cands is None:
-                cands = [tuple(t for t in c if t >= 0) for c in self.tables[m][1][row].tolist() if c[0] >= 0]
-                cands = list(dict.fromkeys(cands))  # distinct, in rank order (a foreign file may repeat rows)
-                self._memo[(m, row)] = cands
+                cands = memo[(m, row)] = self._row_candidates(m, row)
             if not out:  # the longest key's continuations are distinct already
                 out = cands[:k]
                 if len(out) >= k:
                     return out
                 continue
+            if seen is None:
+                seen = set(out)
             for c in cands:
-                if c not in out:
+                if c not in seen:
+                    seen.add(c)
                     out.append(c)
                     if len(out) >= k:
                         return out
         return out
+
+    def _row_candidates(self, m: int, row: int) -> list[tuple[int, ...]]:
+        """The continuations of key row ``row`` of length ``m``: distinct, in rank order, -1 padding dropped
+        (a foreign file may repeat rows or pad inside one)."""
+        cands = [tuple(c) if min(c) >= 0 else tuple([t for t in c if t >= 0])
+                 for c in self.tables[m][1][row].tolist() if c[0] >= 0]
+        return list(dict.fromkeys(cands))
 
     @property
     def max_key_length(self) -> int:
