@@ -16,9 +16,9 @@ import pandas as pd
 from moelab._validate import check_array as check_input_array
 from moelab._validate import check_int, check_real
 from moelab.course.check import Feedback, _describe, check_array, check_callable, check_number, exercise
+from moelab.eldr import PAPER_DECODE_WORKERS, paper_rate_scale
 from moelab.eldr.routing import ELDRRouter
 from moelab.routing.base import ClusterView, RequestBatch
-from moelab.viz.eldr import PAPER_DECODE_WORKERS, paper_rate_scale
 
 NOTEBOOK = "01"
 #: free slots of a toy worker: large enough never to bind, so only similarity and load decide

@@ -10,11 +10,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from moelab._validate import check_int
+from moelab.eldr import PAPER_DECODE_WORKERS, paper_rate_scale
 from moelab.viz.common import color_for, refresh, slider
 
 #: decode workers of the paper's 8P16D cluster: its arrival rates are req/s at this many workers
-PAPER_DECODE_WORKERS = 16
 
 
 def _color(name: str) -> str:
@@ -178,13 +177,6 @@ def fig_ablation(df: pd.DataFrame, column: str, title: str) -> go.Figure:
     return fig
 
 
-def paper_rate_scale(n_workers: int) -> float:
-    """Factor from the paper's arrival rate (req/s at :data:`PAPER_DECODE_WORKERS` decode workers) to the
-    rate that gives ``n_workers`` workers the same load per worker: ``n_workers / 16``."""
-    n_workers = check_int("n_workers", n_workers, low=1)
-    return n_workers / PAPER_DECODE_WORKERS
-
-
 def _explore_figure(res: dict[str, dict], router: str, *, geometry: str, workers: int, tau: float, rate: float
                     ) -> go.Figure:
     """The explore panel's figure: the chosen router next to JSQ, titled with every setting it shows."""
@@ -214,8 +206,8 @@ def eldr_panel(setups: dict[str, Any], run_one: Any, *, n_requests: int, output_
 
     The rate is in the paper's units: req/s at :data:`PAPER_DECODE_WORKERS` decode workers. The simulator
     runs ``rate * K / 16``, so moving K changes the cluster's size, never the load each worker sees (the
-    title says what was simulated). ``run_one(setup, router, rate=, tau=, n_requests=, output_len=)`` is
-    called with that simulated rate.
+    title says what was simulated). ``run_one(setup, router, rate=, tau=, n_requests=, output_len=)`` (e.g.
+    :func:`moelab.eldr.experiments.run_one`) is called with the rate in that same unit.
     """
     geometry = w.Dropdown(options=list(setups), description="geometry", style={"description_width": "initial"})
     router = w.Dropdown(options=list(routers), value="eldr", description="router")
@@ -231,8 +223,8 @@ def eldr_panel(setups: dict[str, Any], run_one: Any, *, n_requests: int, output_
             base = setups[geometry.value]
             cache[key] = base if base.n_workers == workers.value else with_workers(base, workers.value)
         setup = cache[key]
-        sim_rate = rate.value * paper_rate_scale(workers.value)  # the same load per worker at every K
-        res = {name: run_one(setup, r, rate=sim_rate, tau=tau.value, n_requests=n_requests, output_len=output_len)
+        # ELDR's one rate unit (req/s at 16 workers): run_one simulates rate * K / 16, the same load per worker at every K
+        res = {name: run_one(setup, r, rate=rate.value, tau=tau.value, n_requests=n_requests, output_len=output_len)
                for name, r in (("jsq", "jsq"), ("chosen", router.value))}
         refresh(fig, _explore_figure(res, router.value, geometry=geometry.value, workers=workers.value,
                                      tau=tau.value, rate=rate.value))
@@ -243,5 +235,5 @@ def eldr_panel(setups: dict[str, Any], run_one: Any, *, n_requests: int, output_
     return w.VBox([w.HBox([geometry, router]), workers, tau, rate, fig])
 
 
-__all__ = ["PAPER_DECODE_WORKERS", "eldr_panel", "paper_rate_scale", "fig_ablation", "fig_costmodel", "fig_greedy_curve", "fig_paper_comparison", "fig_paper_two_sided",
+__all__ = ["eldr_panel", "fig_ablation", "fig_costmodel", "fig_greedy_curve", "fig_paper_comparison", "fig_paper_two_sided",
            "fig_rate_sweep", "fig_regime_map", "regime_panel"]
