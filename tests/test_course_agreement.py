@@ -51,5 +51,6 @@ def test_signs_and_absolute_values():
 def test_executed_report_names_every_kind():
     report = executed_report(_nb("fine"), {})
     assert set(report) == {"prose_numbers_mismatched", "figure_text_entities", "figure_label_overlaps",
-                           "figure_method_colors", "figure_log_axis_ticks"}
+                           "figure_method_colors", "figure_log_axis_ticks", "figure_hidden_series",
+                           "output_raw_entities"}
     assert not any(report.values())

@@ -13,10 +13,12 @@ from moelab.viz import overview as ov
 from moelab.viz.hygiene import (
     delta_e,
     figure_problems,
+    hidden_series,
     label_overlaps,
     log_axis_ticks,
     method_colors,
     notebook_figure_problems,
+    output_raw_entities,
     text_entities,
 )
 
@@ -124,3 +126,97 @@ def test_annotations_on_data_axes_of_binary_encoded_figures_are_placed():
     apart.add_vline(x=3.54, annotation_text="r* = 3.54", annotation_position="top left")
     apart.add_vline(x=4.0, annotation_text="sim opt = 4", annotation_position="top right")
     assert label_overlaps(json.loads(apart.to_json())) == []
+
+
+def test_a_series_drawn_under_an_identical_one_is_hidden_unless_the_figure_says_so():
+    x, y = [1, 2, 3, 4], [10.0, 12.0, 15.0, 11.0]
+    hides = go.Figure([go.Scatter(x=x, y=y, name="JSQ", mode="lines+markers", line_color="#1f77b4"),
+                       go.Scatter(x=x, y=[v + 0.001 for v in y], name="least-KV", mode="lines+markers",
+                                  line_color="#d62728")])
+    found = hidden_series(hides.to_plotly_json())
+    assert len(found) == 1 and "'JSQ'" in found[0] and "'least-KV'" in found[0], found
+    assert figure_problems(hides)["hidden_series"] == found  # one of the checks every figure gets
+    # the same figure saying so in a legend name or an annotation: deliberate
+    said = go.Figure(hides)
+    said.data[1].name = "least-KV (= JSQ here)"
+    assert hidden_series(said.to_plotly_json()) == []
+    noted = go.Figure(hides)
+    noted.add_annotation(x=2, y=12, text="JSQ and least-KV coincide")
+    assert hidden_series(noted.to_plotly_json()) == []
+
+
+def test_series_that_stay_visible_are_not_hidden():
+    x, y = [1, 2, 3, 4], [10.0, 12.0, 15.0, 11.0]
+    apart = go.Figure([go.Scatter(x=x, y=y, name="a"), go.Scatter(x=x, y=[v + 1 for v in y], name="b")])
+    assert hidden_series(apart.to_plotly_json()) == []
+    # 04's fix: open circles drawn around the crosses beneath them; 01's: smaller markers nested in larger ones
+    open_top = go.Figure([go.Scatter(x=x, y=y, mode="markers", name="sync", marker={"symbol": "x", "size": 9}),
+                          go.Scatter(x=x, y=y, mode="markers", name="pipelined",
+                                     marker={"symbol": "circle-open", "size": 14})])
+    assert hidden_series(open_top.to_plotly_json()) == []
+    nested = go.Figure([go.Scatter(x=x, y=y, name="a", marker={"size": 16}), go.Scatter(x=x, y=y, name="b",
+                                                                                         marker={"size": 10})])
+    assert hidden_series(nested.to_plotly_json()) == []
+    # a dashed or thinner line on top shows the one beneath; the reverse order hides it
+    lines = go.Figure([go.Scatter(x=x, y=y, mode="lines", name="eldr", line={"width": 4}),
+                       go.Scatter(x=x, y=y, mode="lines", name="oracle", line={"width": 2, "dash": "dash"})])
+    assert hidden_series(lines.to_plotly_json()) == []
+    lines = go.Figure([go.Scatter(x=x, y=y, mode="lines", name="oracle", line={"width": 2}),
+                       go.Scatter(x=x, y=y, mode="lines", name="eldr", line={"width": 4})])
+    assert len(hidden_series(lines.to_plotly_json())) == 1
+    # a series covering only part of another, or on other axes, or not shown, hides nothing
+    part = go.Figure([go.Scatter(x=x, y=y, name="a"), go.Scatter(x=x[:2], y=y[:2], name="b")])
+    assert hidden_series(part.to_plotly_json()) == []
+    other = go.Figure([go.Scatter(x=x, y=y, name="a"), go.Scatter(x=x, y=y, name="b", xaxis="x2", yaxis="y2")])
+    other.update_layout(xaxis2={"domain": [0.6, 1]}, yaxis2={"anchor": "x2"})
+    assert hidden_series(other.to_plotly_json()) == []
+    legend_only = go.Figure([go.Scatter(x=x, y=y, name="a"), go.Scatter(x=x, y=y, name="b", visible="legendonly")])
+    assert hidden_series(legend_only.to_plotly_json()) == []
+
+
+def test_hidden_series_reads_binary_encoded_and_category_data():
+    import json
+
+    import numpy as np
+
+    x = np.arange(1.0, 300.0)
+    fig = go.Figure([go.Scatter(x=x, y=np.sqrt(x), name="fit"), go.Scatter(x=x, y=np.sqrt(x), name="measured")])
+    assert len(hidden_series(json.loads(fig.to_json()))) == 1  # plotly 6 stores numpy arrays as base64
+    cats = go.Figure([go.Scatter(x=["a", "b"], y=[1, 2], name="p", mode="markers"),
+                      go.Scatter(x=["a", "b"], y=[1, 2], name="q", mode="markers")])
+    assert len(hidden_series(cats.to_plotly_json())) == 1
+    cats.data[1].x = ("a", "c")
+    assert hidden_series(cats.to_plotly_json()) == []
+
+
+def _executed(*outputs: dict) -> dict:
+    return {"cells": [{"cell_type": "code", "source": "", "outputs": list(outputs)}]}
+
+
+def test_entities_a_reader_would_see_raw_in_outputs_are_found():
+    html_out = {"output_type": "display_data", "data": {"text/html": "<b>it&amp;#x27;s</b> a &lt;tag&gt; &amp; more",
+                                                        "text/plain": "<HTML object>"}}
+    found = output_raw_entities(_executed(html_out))
+    assert len(found) == 1 and "escaped twice" in found[0] and "&amp;#x27;" in found[0]
+    nbsp = {"output_type": "display_data", "data": {"text/html": "a&nbsp;| b &#x27;c&#x27;"}}
+    assert len(output_raw_entities(_executed(nbsp))) == 3  # valid HTML, but written as characters or CSS here
+    printed = {"output_type": "stream", "name": "stdout", "text": ["x &ge; y\n"]}
+    assert "printed text" in output_raw_entities(_executed(printed))[0]
+    clean = {"output_type": "display_data", "data": {"text/html": "<span title=\"a &quot;b&quot;\">it's &lt;ok&gt;</span>",
+                                                     "text/markdown": "**fine** &amp; plain"}}
+    assert output_raw_entities(_executed(clean, {"output_type": "stream", "name": "stdout", "text": "a & b;\n"})) == []
+
+
+def test_the_demo_text_is_escaped_once_and_holds_no_entity():
+    from types import SimpleNamespace
+
+    from moelab.viz.hd import acceptance_html
+
+    words = {1: "it's", 2: " <b>&", 3: "\n", 4: "  x"}
+    tokenizer = SimpleNamespace(decode=lambda ids: words[ids[0]])
+    result = SimpleNamespace(steps=[SimpleNamespace(accepted=[1, 2], sources=["W", "S"], bonus=3),
+                                    SimpleNamespace(accepted=[-1], sources=["L"], bonus=4)])
+    out = acceptance_html(tokenizer, result)
+    assert "it's" in out and " &lt;b&gt;&amp;" in out and "\u21b5<br>" in out and "&nbsp;" not in out
+    executed = _executed({"output_type": "display_data", "data": {"text/html": out, "text/plain": "<HTML>"}})
+    assert output_raw_entities(executed) == []

@@ -6,9 +6,9 @@ Everything here reads the committed ``.ipynb`` files as JSON (static, no executi
 ``PRESET="classroom"`` (:mod:`moelab.presets`; minutes, so ``--quick`` leaves them out), then
 ``book_build_seconds`` (``moelab book build`` from those executed notebooks) and the lecture mode's browser
 timings (:mod:`moelab.bench.app`). Issue 40 adds ``glossary_terms_undefined`` (static, goal 0), then from the
-classroom executions ``prose_numbers_mismatched``, ``figure_text_entities`` and ``figure_label_overlaps`` (goal 0
-each; :mod:`moelab.course.agreement`, :mod:`moelab.viz.hygiene`) and ``nbgrader_autograde_seconds`` (the course
-round trip of :mod:`moelab.course.grading` on lab 00). Definitions:
+classroom executions ``prose_numbers_mismatched``, ``figure_text_entities``, ``figure_label_overlaps``,
+``figure_hidden_series`` and ``output_raw_entities`` (goal 0 each; :mod:`moelab.course.agreement`, :mod:`moelab.viz.hygiene`) and
+``nbgrader_autograde_seconds`` (the course round trip of :mod:`moelab.course.grading` on lab 00). Definitions:
 
 * **exercise**: a locked nbgrader check cell (``metadata.nbgrader``: ``grade: true, locked: true``);
   each exercise has one, after its solution cell.
@@ -43,7 +43,15 @@ import moelab.course as course
 from moelab.bench import app as app_bench
 from moelab.bench.core import Figure
 from moelab.book import BookError, build_book
-from moelab.course.agreement import executed_report
+from moelab.course.agreement import (
+    CODE_SPAN,
+    DISPLAY_MATH,
+    HTML_ENTITY,
+    HTML_TAG,
+    INLINE_MATH,
+    LINK_TARGET,
+    executed_report,
+)
 from moelab.course.check import EXERCISES
 from moelab.course.grading import answered, nbgrader_executable, round_trip
 from moelab.course.lessons import (
@@ -70,12 +78,6 @@ _LABEL_BEFORE = re.compile(_LABEL_WORDS + r"s?\s*(?:[\d.]+\s*(?:–|-|,|and|to)\
 _MATH_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 # a maximal "word" that holds a digit: 135M, H200, 04_dsd_rtt, 2606.25091, 0.5, t_1
 _NUMBER_WORD = re.compile(r"[A-Za-z0-9_.\-]*\d[A-Za-z0-9_.\-]*%?")
-_DISPLAY_MATH = re.compile(r"\$\$.+?\$\$", re.DOTALL)
-_MATH = re.compile(r"\$[^$\n]+?\$")
-_CODE_SPAN = re.compile(r"`([^`\n]+)`")
-_LINK_TARGET = re.compile(r"\]\([^)\s]*\)")
-_HTML_TAG = re.compile(r"<[^>\n]+>")
-_HTML_ENTITY = re.compile(r"&#?\w+;")
 _LIST_MARKER = re.compile(r"^\s*\d+[.)]\s")
 
 
@@ -125,16 +127,16 @@ def typed_numbers(markdown: str) -> list[str]:
         found.extend(w for w in _MATH_NUMBER.findall(body) if not re.fullmatch(r"\d", w))
         return " "
 
-    markdown = _DISPLAY_MATH.sub(math, markdown)  # display math may span lines
+    markdown = DISPLAY_MATH.sub(math, markdown)  # display math may span lines
     for line in markdown.splitlines():
         if line.lstrip().startswith("#"):  # a heading: section numbers
             continue
         line = _LIST_MARKER.sub("", line)  # "1. " of an ordered list
-        line = _LINK_TARGET.sub("]", line)
-        line = _HTML_TAG.sub(" ", line)
-        line = _HTML_ENTITY.sub(" ", line)
-        line = _CODE_SPAN.sub(lambda m: " " if " " not in m.group(1).strip() else f" {m.group(1)} ", line)
-        line = _MATH.sub(math, line)
+        line = LINK_TARGET.sub("]", line)
+        line = HTML_TAG.sub(" ", line)
+        line = HTML_ENTITY.sub(" ", line)
+        line = CODE_SPAN.sub(lambda m: " " if " " not in m.group(1).strip() else f" {m.group(1)} ", line)
+        line = INLINE_MATH.sub(math, line)
         for m in _NUMBER_WORD.finditer(line):
             word = m.group(0)
             if _allowed_word(word) or _LABEL_BEFORE.search(line[:m.start()]):
@@ -304,8 +306,9 @@ def glossary_figure() -> Figure:
 
 
 def executed_figures(runs: Path) -> list[Figure]:
-    """``prose_numbers_mismatched``, ``figure_text_entities`` and ``figure_label_overlaps`` (issue 40) over the
-    notebooks executed into ``runs`` (their results JSON in ``runs/figures``): see
+    """``prose_numbers_mismatched``, ``figure_text_entities``, ``figure_label_overlaps``, ``figure_hidden_series`` and
+    ``output_raw_entities`` (issue 40) over the notebooks executed into ``runs`` (their results JSON in
+    ``runs/figures``): see
     :func:`moelab.course.agreement.executed_report`."""
     results = {p.stem: json.loads(p.read_text()) for p in sorted((runs / "figures").glob("*.json"))}
     totals: dict[str, dict[str, int]] = {}
@@ -315,7 +318,8 @@ def executed_figures(runs: Path) -> list[Figure]:
             totals.setdefault(kind, {})[path.stem] = len(found)
     out = []
     for kind, unit in (("prose_numbers_mismatched", "numbers"), ("figure_text_entities", "texts"),
-                       ("figure_label_overlaps", "pairs")):
+                       ("figure_label_overlaps", "pairs"), ("figure_hidden_series", "series"),
+                       ("output_raw_entities", "entities")):
         per = totals.get(kind, {})
         out.append(Figure(SUITE, kind, float(sum(per.values())) if per else math.nan, unit, "<= 0",
                           (", ".join(f"{n} {c}" for n, c in per.items() if c) or "none")

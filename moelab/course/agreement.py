@@ -26,12 +26,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moelab.viz.hygiene import notebook_figure_problems
+from moelab.viz.hygiene import notebook_figure_problems, output_raw_entities
 
-_MATH = re.compile(r"\$\$.*?\$\$|\$[^$\n]*\$", re.DOTALL)
-_CODE = re.compile(r"`[^`\n]*`")
-_LINK_TARGET = re.compile(r"\]\([^)]*\)")
-_TAGS = re.compile(r"<[^<>]*>")
+# Markdown markup that states no prose number: one definition for the prose cross-check here and for the typed-number
+# scan of the committed lessons (moelab.bench.notebooks.typed_numbers)
+#: display math (``$$ ... $$``, across lines)
+DISPLAY_MATH = re.compile(r"\$\$.*?\$\$", re.DOTALL)
+#: inline math (``$ ... $`` on one line)
+INLINE_MATH = re.compile(r"\$[^$\n]*\$")
+#: either, display math first where both could start
+MATH = re.compile(f"{DISPLAY_MATH.pattern}|{INLINE_MATH.pattern}", re.DOTALL)
+#: a code span; group 1 is its content
+CODE_SPAN = re.compile(r"`([^`\n]*)`")
+#: a link's target (``](...)``); the link's text stays
+LINK_TARGET = re.compile(r"\]\([^)]*\)")
+#: an HTML tag
+HTML_TAG = re.compile(r"<[^<>]*>")
+#: an HTML entity
+HTML_ENTITY = re.compile(r"&#?\w+;")
+
+
+def strip_markup(markdown: str) -> str:
+    """``markdown`` with what is not prose blanked out: math (:data:`MATH`), code spans, link targets (the link's
+    text stays) and HTML tags, each replaced by a space (a target by ``]``).
+
+    Parameters
+    ----------
+    markdown : str
+
+    Returns
+    -------
+    str
+    """
+    return HTML_TAG.sub(" ", LINK_TARGET.sub("]", CODE_SPAN.sub(" ", MATH.sub(" ", markdown))))
+
 # a number standing alone: not inside a word or an identifier (H200, Qwen3-30B, r32), optionally signed
 _PROSE_NUMBER = re.compile(r"(?<![\w.\-−])([+\-−]?)(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?=(?:x|%)?(?![\w]))")
 _ANY_NUMBER = re.compile(r"[+\-−]?\d+(?:,\d{3})*(?:\.\d+)?(?:e[+\-]?\d+)?")
@@ -64,7 +92,7 @@ def prose_numbers(executed: dict) -> list[ProseNumber]:
             md = (out.get("data") or {}).get("text/markdown")
             if md is None:
                 continue
-            text = _TAGS.sub(" ", _LINK_TARGET.sub("]", _CODE.sub(" ", _MATH.sub(" ", _text(md)))))
+            text = strip_markup(_text(md))
             for m in _PROSE_NUMBER.finditer(text):
                 sign, body = m.group(1), m.group(2)
                 value = float(body.replace(",", ""))
@@ -117,7 +145,7 @@ def reference_numbers(executed: dict, results: Any) -> list[float]:
             data = out.get("data") or {}
             for mime in ("text/plain", "text/html"):
                 if mime in data and "text/markdown" not in data:
-                    refs += list(_numbers_in_text(html.unescape(_TAGS.sub(" ", _text(data[mime])))))
+                    refs += list(_numbers_in_text(html.unescape(HTML_TAG.sub(" ", _text(data[mime])))))
             if out.get("output_type") == "stream":
                 refs += list(_numbers_in_text(_text(out.get("text"))))
     return refs
@@ -140,18 +168,21 @@ def prose_mismatches(executed: dict, results: Any) -> list[ProseNumber]:
     return [n for n in prose_numbers(executed) if not agrees(n, refs)]
 
 
-__all__ = ["ProseNumber", "agrees", "prose_mismatches", "prose_numbers", "reference_numbers"]
+__all__ = ["CODE_SPAN", "DISPLAY_MATH", "HTML_ENTITY", "HTML_TAG", "INLINE_MATH", "LINK_TARGET", "MATH", "ProseNumber",
+           "agrees", "prose_mismatches", "prose_numbers", "reference_numbers", "strip_markup"]
 
 
 def executed_report(executed: dict, results: Any) -> dict[str, list[str]]:
     """What a reader of an executed notebook would trip over, per kind (each list empty when clean):
     ``prose_numbers_mismatched`` (:func:`prose_mismatches`) and the figure checks of
     :func:`moelab.viz.hygiene.notebook_figure_problems` (``figure_text_entities``, ``figure_label_overlaps``,
-    ``figure_method_colors``, ``figure_log_axis_ticks``)."""
+    ``figure_method_colors``, ``figure_log_axis_ticks``, ``figure_hidden_series``), and ``output_raw_entities``
+    (:func:`moelab.viz.hygiene.output_raw_entities`: entities in HTML or printed outputs a reader would see raw)."""
     results = {k: v for k, v in results.items() if not str(k).startswith("_")} if isinstance(results, dict) else results
     report = {"prose_numbers_mismatched": [f"cell {n.cell}: {n.text} in {n.context!r}"
                                            for n in prose_mismatches(executed, results)]}
     report.update({f"figure_{kind}": found for kind, found in notebook_figure_problems(executed).items()})
+    report["output_raw_entities"] = output_raw_entities(executed)
     return report
 
 

@@ -12,8 +12,15 @@
   viewer notices side by side, and lines in a legend need far more).
 * :func:`log_axis_ticks`: a log axis left to plotly's own ticks, which label 2s and 5s between decades (stray
   labels such as "2 5 10 2 5"); a log axis must set its tick values (or a ``dtick``).
+* :func:`hidden_series`: a series every drawn point of which lies (within :data:`HIDDEN_TOL_PX` pixels) under a
+  series drawn later on the same axes that covers it (a filled marker at least as large, a solid line at least as
+  wide), so the reader sees one series where the legend promises two; unless the figure says so (a legend name,
+  annotation or title saying that the series coincide).
 
-:func:`figure_problems` runs all four; :func:`notebook_figures` reads the figures an executed notebook displays.
+Beside the figures, :func:`output_raw_entities` reads an executed notebook's HTML, Markdown and printed outputs for
+entities a reader would see raw (escaped twice, or in plain text) or that a viewer may show raw (``&nbsp;``).
+
+:func:`figure_problems` runs all five; :func:`notebook_figures` reads the figures an executed notebook displays.
 """
 
 from __future__ import annotations
@@ -385,12 +392,200 @@ def log_axis_ticks(fig: dict) -> list[str]:
     return problems
 
 
+# ---------------------------------------------------------------------------------------------- hidden series
+#: two points closer than this (pixels of the exported figure, :data:`EXPORT_SIZE`) are drawn on one another
+HIDDEN_TOL_PX = 2.0
+# words with which a figure tells the reader that series coincide (in a legend name, an annotation or the title)
+_SAYS_COINCIDE = re.compile(r"coincid|identical|hidden|overlap|on top of|beneath|underneath|same (?:as|points|line|values)"
+                            r"|\(=", re.IGNORECASE)
+
+
+def _mode(trace: dict, n: int) -> set[str]:
+    mode = trace.get("mode")
+    if not isinstance(mode, str):  # plotly's default: lines+markers under 20 points, lines from 20 on
+        mode = "lines+markers" if n < 20 else "lines"
+    return set(mode.split("+")) - {"none"}
+
+
+def _points(fig: dict, trace: dict) -> list[tuple[float, float]] | None:
+    """The trace's drawn points in pixels of the exported figure (category values as their own coordinate),
+    or None when a point cannot be placed."""
+    ys = _values(trace.get("y"))
+    xs = _values(trace.get("x")) if trace.get("x") is not None else list(range(len(ys)))
+    xref, yref = str(trace.get("xaxis") or "x"), str(trace.get("yaxis") or "y")
+    out = []
+    for x, y in zip(xs, ys):
+        if x is None or y is None or (isinstance(x, float) and not math.isfinite(x)) or (
+                isinstance(y, float) and not math.isfinite(y)):
+            continue  # a gap: nothing drawn
+        px = _px(fig, xref, x, True) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+        py = _px(fig, yref, y, False) if isinstance(y, (int, float)) and not isinstance(y, bool) else None
+        if (px is None and not isinstance(x, str)) or (py is None and not isinstance(y, str)):
+            return None
+        out.append((px if px is not None else x, py if py is not None else y))  # type: ignore[arg-type]
+    return out
+
+
+def _near(p: tuple[Any, Any], q: tuple[Any, Any], tol: float) -> bool:
+    for a, b in zip(p, q):
+        if isinstance(a, str) or isinstance(b, str):
+            if a != b:
+                return False
+        elif abs(a - b) > tol:
+            return False
+    return True
+
+
+def _cell(p: tuple[Any, Any], tol: float) -> tuple[Any, Any]:
+    return tuple(v if isinstance(v, str) else math.floor(v / tol) for v in p)  # type: ignore[return-value]
+
+
+def _covered(points: list, by: list, tol: float) -> bool:
+    """Whether every point of ``points`` is within ``tol`` of one of ``by`` (a grid of ``tol`` cells: each point
+    is compared with the points of its own and the neighbouring cells only)."""
+    grid: dict[tuple[Any, Any], list] = {}
+    for q in by:
+        grid.setdefault(_cell(q, tol), []).append(q)
+    for p in points:
+        cx, cy = _cell(p, tol)
+        near = [(cx + dx if not isinstance(cx, str) else cx, cy + dy if not isinstance(cy, str) else cy)
+                for dx in (-1, 0, 1) for dy in (-1, 0, 1)]
+        if not any(_near(p, q, tol) for c in dict.fromkeys(near) for q in grid.get(c, ())):
+            return False
+    return True
+
+
+def _opacity(trace: dict) -> float:
+    """The lowest opacity the trace's markers are drawn with (the trace's and its markers')."""
+    values = [trace.get("opacity", 1), (trace.get("marker") or {}).get("opacity", 1)]
+    return min(float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 1.0 for v in values)
+
+
+def _marker(trace: dict) -> tuple[float, bool]:
+    """(size, open symbol) of the trace's markers (the largest size, whether any symbol is open)."""
+    marker = trace.get("marker") or {}
+    sizes = marker.get("size", 6)
+    sizes = [v for v in (_values(sizes) if not isinstance(sizes, (int, float)) else [sizes]) if isinstance(v, (int, float))]
+    symbols = marker.get("symbol", "circle")
+    symbols = symbols if isinstance(symbols, list) else [symbols]
+    is_open = any((isinstance(sym, str) and "open" in sym) or (isinstance(sym, (int, float)) and int(sym) % 400 >= 100)
+                  for sym in symbols)
+    return (max(sizes) if sizes else 6.0), is_open
+
+
+def _line(trace: dict) -> tuple[float, bool]:
+    """(width, solid) of the trace's line."""
+    line = trace.get("line") or {}
+    width = line.get("width", 2)
+    dash = line.get("dash")
+    return (float(width) if isinstance(width, (int, float)) else 2.0), dash in (None, "solid")
+
+
+def _hides(top: dict, below: dict, pts_top: list, pts_below: list, tol: float) -> bool:
+    """Whether ``top`` (drawn later) covers everything ``below`` draws."""
+    m_top, m_below = _mode(top, len(pts_top)), _mode(below, len(pts_below))
+    if not m_below or "text" in m_below or below.get("fill") not in (None, "none") or any(
+            isinstance(below.get(e), dict) and below[e].get("visible", True) is not False and below[e].get("array")
+            is not None for e in ("error_x", "error_y")):
+        return False  # text, a filled area or error bars stay visible
+    if not _covered(pts_below, pts_top, tol):
+        return False
+    if _opacity(top) < 0.9:
+        return False  # a translucent trace on top shows what is beneath
+    if "markers" in m_below:
+        size_top, open_top = _marker(top)
+        if "markers" not in m_top or open_top or size_top < 0.9 * _marker(below)[0]:
+            return False  # an open or smaller marker on top leaves the one below visible
+    if "lines" in m_below and len(pts_below) > 1:
+        width_top, solid_top = _line(top)
+        if "lines" not in m_top or not solid_top or width_top < _line(below)[0] or not _covered(pts_top, pts_below, tol):
+            return False  # a thinner, dashed or differently routed line on top leaves the one below visible
+    return True
+
+
+def _says_so(fig: dict, below: dict, top: dict) -> bool:
+    """Whether the figure tells the reader that ``below`` lies under ``top`` (a legend name or a visible text that
+    says the series coincide)."""
+    layout = fig.get("layout", {}) or {}
+    texts = [str(t.get("name") or "") for t in (below, top)]
+    texts += [str(a.get("text") or "") for a in layout.get("annotations", []) or [] if isinstance(a, dict)]
+    title = layout.get("title")
+    texts.append(str(title.get("text") if isinstance(title, dict) else title or ""))
+    legend = (layout.get("legend") or {}).get("title")
+    texts.append(str(legend.get("text") if isinstance(legend, dict) else legend or ""))
+    return any(_SAYS_COINCIDE.search(" ".join(_plain(t))) for t in texts if t)
+
+
+def hidden_series(fig: dict, *, tol_px: float = HIDDEN_TOL_PX) -> list[str]:
+    """Series (scatter traces) whose every drawn point lies, within ``tol_px`` pixels of the exported figure, under a
+    trace drawn later on the same axes that covers what it draws (a filled marker at least as large, a solid line at
+    least as wide along the same points), unless the figure says so (a legend name, annotation or title saying that
+    series coincide, are identical, overlap...)."""
+    traces = []
+    for i, trace in enumerate(fig.get("data", []) or []):
+        if not isinstance(trace, dict) or trace.get("type", "scatter") not in ("scatter", "scattergl"):
+            continue
+        if trace.get("visible", True) is not True:
+            continue
+        pts = _points(fig, trace)
+        if pts:
+            traces.append((i, trace, pts, (str(trace.get("xaxis") or "x"), str(trace.get("yaxis") or "y"))))
+    problems = []
+    for a, (i, below, pts_below, axes_below) in enumerate(traces):
+        for j, top, pts_top, axes_top in traces[a + 1:]:
+            if axes_top == axes_below and _hides(top, below, pts_top, pts_below, tol_px) and not _says_so(fig, below, top):
+                problems.append(f"trace {i} {str(below.get('name') or '')[:30]!r} is hidden under trace {j} "
+                                f"{str(top.get('name') or '')[:30]!r} (every point within {tol_px:g} px, drawn beneath it)")
+                break
+    return problems
+
+
 def figure_problems(fig: Any) -> dict[str, list[str]]:
-    """All four checks on a figure (a ``go.Figure`` or its JSON dict)."""
+    """All five checks on a figure (a ``go.Figure`` or its JSON dict)."""
     if not isinstance(fig, dict):
         fig = fig.to_plotly_json()
     return {"text_entities": text_entities(fig), "label_overlaps": label_overlaps(fig),
-            "method_colors": method_colors(fig), "log_axis_ticks": log_axis_ticks(fig)}
+            "method_colors": method_colors(fig), "log_axis_ticks": log_axis_ticks(fig),
+            "hidden_series": hidden_series(fig)}
+
+
+# ---------------------------------------------------------------------------------------------- HTML outputs
+#: the entities an HTML output needs to escape its text once (everything else is written as the character itself)
+STRUCTURAL_ENTITIES = frozenset({"&amp;", "&lt;", "&gt;", "&quot;"})
+_DOUBLE_ESCAPED = re.compile(r"&amp;(?:[A-Za-z][A-Za-z0-9]{1,31}|#[0-9]{1,7}|#[xX][0-9A-Fa-f]{1,6});")
+
+
+def _joined(value: Any) -> str:
+    return "".join(value) if isinstance(value, list) else str(value or "")
+
+
+def output_raw_entities(executed: dict) -> list[str]:
+    """Entities a reader of the executed notebook would see raw, or that a viewer may show raw, in its outputs
+    (figures are :func:`text_entities`'s): in an HTML or Markdown output, an entity escaped twice (``&amp;#x27;``
+    reads as ``&#x27;``) or any entity besides the :data:`STRUCTURAL_ENTITIES` that escaping text once needs
+    (``&nbsp;``, ``&#x27;``, ``&#8629;``: write the character itself, or spacing as CSS); in printed text, any entity
+    (nothing renders it)."""
+    problems = []
+    for i, cell in enumerate(executed.get("cells", [])):
+        for output in cell.get("outputs", []) or []:
+            data = output.get("data") or {}
+            items = [("stream", output.get("text"))] if output.get("output_type") == "stream" else [
+                (mime, data[mime]) for mime in ("text/html", "text/markdown") if mime in data]
+            if output.get("output_type") != "stream" and not items and "text/plain" in data:
+                items = [("text/plain", data["text/plain"])]  # shown as it is: nothing renders an entity
+            for mime, value in items:
+                text = _joined(value)
+                for m in _DOUBLE_ESCAPED.finditer(text):
+                    problems.append(f"cell {i} {mime}: entity escaped twice {m.group(0)!r} (shows as "
+                                    f"{html.unescape(m.group(0))!r}) in {text[max(0, m.start() - 30):m.end() + 10]!r}")
+                rendered = mime in ("text/html", "text/markdown")
+                for m in _ENTITY.finditer(_DOUBLE_ESCAPED.sub(" ", text)):
+                    if rendered and m.group(0) in STRUCTURAL_ENTITIES:
+                        continue
+                    problems.append(f"cell {i} {mime}: HTML entity {m.group(0)!r} "
+                                    + ("(write the character itself, or spacing as CSS)" if rendered else
+                                       "in printed text (shown raw)"))
+    return problems
 
 
 def notebook_figures(executed: dict) -> list[tuple[int, dict]]:
@@ -417,7 +612,8 @@ def _figure_name(fig: dict, fallback: str) -> str:
 
 def notebook_figure_problems(executed: dict) -> dict[str, list[str]]:
     """Every problem of every figure an executed notebook displays, per check, each prefixed with the figure."""
-    found: dict[str, list[str]] = {"text_entities": [], "label_overlaps": [], "method_colors": [], "log_axis_ticks": []}
+    found: dict[str, list[str]] = {"text_entities": [], "label_overlaps": [], "method_colors": [], "log_axis_ticks": [],
+                                   "hidden_series": []}
     for cell, fig in notebook_figures(executed):
         name = _figure_name(fig, f"cell {cell}")
         for kind, problems in figure_problems(fig).items():
@@ -425,6 +621,6 @@ def notebook_figure_problems(executed: dict) -> dict[str, list[str]]:
     return found
 
 
-__all__ = ["EXPORT_SIZE", "MIN_COLOR_DELTA_E", "annotation_boxes", "arrow_segments", "delta_e", "figure_problems", "figure_texts",
-           "label_overlaps", "log_axis_ticks", "method_colors", "notebook_figure_problems", "notebook_figures",
-           "text_entities"]
+__all__ = ["EXPORT_SIZE", "HIDDEN_TOL_PX", "MIN_COLOR_DELTA_E", "annotation_boxes", "arrow_segments", "delta_e",
+           "STRUCTURAL_ENTITIES", "figure_problems", "figure_texts", "hidden_series", "label_overlaps", "log_axis_ticks",
+           "method_colors", "notebook_figure_problems", "notebook_figures", "output_raw_entities", "text_entities"]
