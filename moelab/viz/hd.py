@@ -23,21 +23,28 @@ METHOD_COLORS = {m: color_for(m) for m in ("AR", "PLD", "W-only", "S-only", "L-o
 
 def acceptance_html(tokenizer: Any, result: Any, *, max_steps: int | None = None) -> str:
     """The generated text token by token: accepted draft tokens coloured by the store that drafted them,
-    the target's bonus token grey; a thin bar separates target forwards."""
+    the target's bonus token grey; a thin bar separates target forwards.
+
+    Each token's text and tooltip is escaped once (``&``, ``<``, ``>``, and ``"`` inside the double-quoted tooltip;
+    an apostrophe stays a character); a newline is shown as the character ``↵`` and a line break, and spacing is CSS,
+    so the output holds no entity a viewer could show raw (:func:`moelab.viz.hygiene.html_output_problems`)."""
     spans = []
     for i, step in enumerate(result.steps[:max_steps]):
         toks = [*zip(step.accepted, step.sources), (step.bonus, "bonus")]
         for tok, src in toks:
             if tok < 0:
                 continue
-            text = html.escape(tokenizer.decode([tok])).replace("\n", "&#8629;<br>")
-            spans.append(f'<span title="step {i}: {STORE_NAMES[src]}" style="background:{STORE_COLORS[src]};'
+            text = html.escape(tokenizer.decode([tok]), quote=False).replace("\n", "\u21b5<br>")
+            tip = html.escape(f"step {i}: {STORE_NAMES[src]}", quote=False).replace('"', "&quot;")
+            spans.append(f'<span title="{tip}" style="background:{STORE_COLORS[src]};white-space:pre-wrap;'
                          f'color:{"#000" if src == "bonus" else "#fff"};padding:1px 2px;border-radius:3px">{text}</span>')
         spans.append('<span style="border-left:2px solid #444;margin:0 1px"></span>')
     legend = " ".join(f'<span style="background:{c};color:{"#000" if k == "bonus" else "#fff"};padding:1px 4px;'
-                      f'border-radius:3px">{STORE_NAMES[k]}</span>' for k, c in STORE_COLORS.items())
+                      f'border-radius:3px">{html.escape(STORE_NAMES[k], quote=False)}</span>'
+                      for k, c in STORE_COLORS.items())
     return (f'<div style="font-family:monospace;line-height:1.9">{"".join(spans)}</div>'
-            f'<div style="margin-top:6px;font-size:90%">{legend} &nbsp;| = one target forward</div>')
+            f'<div style="margin-top:6px;font-size:90%">{legend}'
+            f'<span style="margin-left:1em">| = one target forward</span></div>')
 
 
 def fig_steps(result: Any, title: str = "", engine: str = "HF engine") -> go.Figure:
