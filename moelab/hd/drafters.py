@@ -82,9 +82,12 @@ def _token_list(name: str, values: Sequence[int]) -> list[int]:
     a list of plain non-negative ints below 2**63 comes back as a copy, exactly what the full check returns
     for it (the full check builds arrays and messages, the larger part of a short step's drafting time);
     anything else takes the full check, which converts it or raises."""
-    if type(values) is list and all(type(t) is int for t in values) and (
-            not values or (min(values) >= 0 and max(values) < _INT64_END)):
-        return values.copy()
+    if type(values) is list:
+        for t in values:  # (a plain loop: a step hands over one to a few tokens, too few for all() and min/max)
+            if type(t) is not int or not 0 <= t < _INT64_END:
+                break
+        else:
+            return values.copy()
     return check_token_ids(name, values)
 
 
@@ -266,10 +269,12 @@ class HierarchyDrafter(Drafter):
         if statistics_store is not None:
             self._stores["L"] = statistics_store
         self._reach = _context_reach([self._stores[c] for c in order])
-        # the walk: (letter, store, its lookup_matched or None). The store types of this package answer a
-        # lookup and its match length in one probe; exact types only (a subclass may override lookup), any
-        # other store is asked through the Store protocol (lookup, then match_length when it answered)
-        self._walk = [(c, st, st.lookup_matched if type(st) in _MATCHED_TYPES else None)
+        # the walk: (letter, store, its lookup_matched or None, its fixed match length or None). W and L answer
+        # a lookup and its match length in one probe; an n-gram table tells no match length (match_length()
+        # is 0 for it); exact types only (a subclass may override lookup or add match_length); any other store
+        # is asked through the Store protocol (lookup, then match_length when it answered)
+        self._walk = [(c, st, st.lookup_matched if type(st) in _MATCHED_TYPES else None,
+                       0 if type(st) is NGramTable and getattr(st, "match_length", None) is None else None)
                       for c, st in ((c, self._stores[c]) for c in order)]
 
     def start(self, prompt_ids: Sequence[int]) -> None:
@@ -290,7 +295,7 @@ class HierarchyDrafter(Drafter):
         ctx = self.context
         L, G = self.length, self.max_candidates
         counters = self.counters
-        for letter, store, matched in self._walk:
+        for letter, store, matched, fixed in self._walk:
             c = counters[letter]
             c.queries += 1
             if matched is not None:
@@ -301,8 +306,11 @@ class HierarchyDrafter(Drafter):
                 got = store.lookup(ctx, G)
                 if not got:
                     continue
-                m = match_length(store, ctx)
+                m = fixed if fixed is not None else match_length(store, ctx)
             c.lookup_hits += 1
+            # every answer of this store has match length m: a shorter candidate's classes are a prefix of a
+            # full-length one's (one class_row per store, not per candidate)
+            row = class_row(m, L)
             for cand in got:
                 if len(cand) > L:
                     cand = cand[:L]
@@ -310,7 +318,7 @@ class HierarchyDrafter(Drafter):
                     seen.add(cand)
                     cands.append(cand)
                     sources.append(letter)
-                    classes.append(class_row(m, len(cand)))
+                    classes.append(row if len(cand) == L else row[:len(cand)])
                     c.candidates += 1
                     if len(cands) >= G:
                         return Draft(cands, sources, classes)
@@ -319,7 +327,7 @@ class HierarchyDrafter(Drafter):
     def _first(self, ctx: list[int]) -> tuple[tuple[int, ...], str, int] | None:
         """The walk's first non-empty answer for ``ctx`` asked for one candidate: (its first candidate, the
         store letter, the store's match length), or None when no store answers."""
-        for letter, store, matched in self._walk:
+        for letter, store, matched, fixed in self._walk:
             if matched is not None:
                 cands, m = matched(ctx, 1)
                 if cands and cands[0]:
@@ -327,7 +335,7 @@ class HierarchyDrafter(Drafter):
             else:
                 cands = store.lookup(ctx, 1)
                 if cands and cands[0]:
-                    return cands[0], letter, match_length(store, ctx)
+                    return cands[0], letter, fixed if fixed is not None else match_length(store, ctx)
         return None
 
     def draft_chain(self, max_len: int) -> Draft:
@@ -342,14 +350,14 @@ class HierarchyDrafter(Drafter):
         # the first round counts queries and hits per store; later rounds (extending the chain) do not
         got = None
         counters = self.counters
-        for letter, store, matched in self._walk:
+        for letter, store, matched, fixed in self._walk:
             c = counters[letter]
             c.queries += 1
             if matched is not None:
                 cands, m = matched(ctx, 1)
             else:
                 cands = store.lookup(ctx, 1)
-                m = None  # asked for only when the store answered
+                m = fixed  # None: asked for only when the store answered
             if cands and cands[0]:
                 got = (cands[0], letter, m if m is not None else match_length(store, ctx))
                 c.lookup_hits += 1
