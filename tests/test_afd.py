@@ -41,6 +41,26 @@ def test_throughput_curve_peaks_at_r_star():
         assert r[f.argmax()] == pytest.approx(afd.optimal_ratio(*args, N=10_000), abs=0.01)
 
 
+def test_stage_times_name_the_cycle_t_cyc_and_throughput_is_rB_over_r_plus_1_t_cyc():
+    # NOTATION.md's symbol for the cycle time (the paper's tau is ELDR's band in this lab)
+    r = np.array([1.0, 4.0, 16.0])
+    st = afd.stage_times(r, 256, 100, 500, N=10_000)
+    assert set(st) == {"t_A", "t_C", "t_F", "t_cyc"}
+    assert np.allclose(st["t_cyc"], np.maximum(np.maximum(st["t_A"], st["t_C"]), st["t_F"]))
+    assert np.allclose(afd.throughput_per_instance(r, 256, 100, 500, N=10_000), r * 256 / ((r + 1) * st["t_cyc"]))
+
+
+def test_h200_r_star_is_the_ffn_peak_independent_of_lengths_and_horizon():
+    # what optimal_ratio's docstring and the guide say: on the H200 fit r* is often r_peak = sqrt(b_F/(a_F B))
+    c = afd.coefficients_from_tables("h200", B=256)
+    peak = np.sqrt(c.b_F / (c.a_F * 256))
+    for mu_P, mu_D, N in ((100, 100, 2000), (1000, 300, 2000), (1000, 1000, 1e6)):
+        terms = ratio_terms(256, mu_P, mu_D, N, c)
+        assert terms.binding == "ffn_peak" and terms.r_peak == pytest.approx(peak)
+        assert afd.optimal_ratio(256, mu_P, mu_D, N, c) == pytest.approx(peak)
+    assert ratio_terms(256, 4000, 1000, 2000, c).binding == "attention"  # long contexts: attention binds
+
+
 def test_theory_idle_curves_cross_at_r_A():
     r = np.linspace(1, 32, 3101)
     idle = afd.idle_ratios(r, 256, 100, 500, N=10_000)

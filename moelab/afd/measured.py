@@ -238,20 +238,88 @@ def _renewal_loads(B: int, K: int, lengths: LengthDistribution, rng: np.random.G
 
 @dataclass(frozen=True)
 class MeasuredSweep:
-    """One independent simulation over several r, with the fitted theory beside it."""
+    """One independent simulation over several r, with the fitted theory beside it.
 
-    frame: pd.DataFrame  # one row per r
+    Every time is in :attr:`unit` (``"ms"`` for the measured :class:`~moelab.afd.calibration.StageTables`;
+    a :class:`~moelab.afd.calibration.LinearStages` run is in its coefficients' unit, ``"cycles"`` for the
+    paper's fit), and every throughput is in **tokens per** :attr:`unit` **per instance**: the tokens the
+    bundle emits divided by its ``r + 1`` instances (r attention, one FFN) and by the time taken. With
+    ``unit == "ms"``, multiply by 1000 for tokens per second per instance.
+
+    Attributes
+    ----------
+    frame : pandas.DataFrame
+        One row per simulated r, in the order asked, with the columns
+
+        - ``r``: attention instances per FFN instance;
+        - ``sim_throughput``: simulated tokens per :attr:`unit` per instance, ``tokens / ((r + 1) *
+          makespan)``;
+        - ``theory_throughput``: the closed form's (:func:`moelab.afd.throughput_per_instance`) with
+          :attr:`coeffs` at the realised means :attr:`mu_P`, :attr:`mu_D` and horizon :attr:`requests`
+          (same unit);
+        - ``stage_bound_throughput``: ``r*B / ((r + 1) * t)`` with ``t`` the slowest of the simulated
+          stages' *mean* times (attention, both links, FFN): what the bundle would emit if no straggler
+          or pipeline bubble cost anything (same unit);
+        - ``sim_attention_idle``, ``sim_ffn_idle``: the share of the makespan an attention instance (on
+          average) and the FFN instance spent waiting, in [0, 1];
+        - ``theory_attention_idle``, ``theory_ffn_idle``: the closed form's ``1 - t_A/t_cyc`` and
+          ``1 - t_F/t_cyc`` (:func:`moelab.afd.idle_ratios`);
+        - ``sim_attention_time``: mean attention stage time of one instance for one microbatch step
+          (:attr:`unit`);
+        - ``sim_straggler_time``: mean over microbatch steps of the *slowest* of the r instances'
+          attention times, what the barrier waits for (:attr:`unit`);
+        - ``ffn_time``: the FFN stage time at ``r*B`` tokens (:attr:`unit`);
+        - ``link_af_time``, ``link_fa_time``: the attention->FFN and FFN->attention transfers of one
+          microbatch (:attr:`unit`; 0 without a link table);
+        - ``makespan``: simulated time until the last microbatch step returns (:attr:`unit`);
+        - ``tokens``: tokens emitted, ``steps * microbatches * r * B``;
+        - ``sim_vs_theory_pct``: ``100 * (sim_throughput / theory_throughput - 1)``.
+    B : int
+        Request slots per attention instance and microbatch.
+    lengths : str
+        Name of the :class:`LengthDistribution` drawn from (``"geometric"``, ``"azure-conv"``, ...).
+    mu_P, mu_D : float
+        The realised mean prompt and decode lengths (tokens) of that distribution: what the theory
+        columns and :attr:`r_star` are given.
+    steps : int
+        Decode steps each microbatch runs (``K = requests * mean_steps / B``); each step is one forward
+        of the whole bundle for that microbatch, so the run makes ``steps * microbatches`` forwards.
+    microbatches : int
+        Microbatches in flight per attention instance.
+    coverage : dict
+        How many stage evaluations fell outside the measured tables (``attention_evals``,
+        ``attention_extrapolated``, ``ffn_evals``, ``ffn_extrapolated``, ``link_evals``,
+        ``link_ep_extrapolated``, ``link_volume_extrapolated``; extrapolated, never clamped) and
+        ``notes``.
+    fit : CoefficientFit or None
+        The least-squares fit of the six coefficients to the stage tables on :data:`FIT_R_VALUES`, with
+        its errors; None when the stages are the theory's own (:class:`LinearStages`) or ``coeffs`` was
+        given.
+    coeffs : AFDCoefficients
+        The coefficients the theory columns and :attr:`r_star` use.
+    unit : str
+        The time unit of every time and throughput above (``"ms"`` for the measured tables).
+    steady_load_per_slot : float
+        Long-run KV tokens one slot holds under renewal with these lengths (size-biased prompt plus mean
+        age), to set beside the theory's ``mu_P + mu_D``.
+    requests : float
+        Requests per slot group, the theory's horizon N.
+    notes : list of str
+        Where the lengths and stage times came from.
+    """
+
+    frame: pd.DataFrame
     B: int
     lengths: str
-    mu_P: float  # realised means the theory is given
+    mu_P: float
     mu_D: float
     steps: int
     microbatches: int
     coverage: dict
-    fit: CoefficientFit | None  # None when the stages are the theory's own (LinearStages)
-    coeffs: AFDCoefficients  # what the theory columns use
+    fit: CoefficientFit | None
+    coeffs: AFDCoefficients
     unit: str
-    steady_load_per_slot: float  # long-run KV tokens per slot of the simulated lengths (theory: mu_P + mu_D)
+    steady_load_per_slot: float
     requests: float = DEFAULT_REQUESTS
     notes: list[str] = field(default_factory=list)
 
@@ -268,6 +336,8 @@ class MeasuredSweep:
 
     @property
     def r_sim(self) -> int:
+        """The simulated optimum: the swept r with the highest ``sim_throughput`` (the first swept on ties;
+        see :attr:`optimum_at_edge`)."""
         f = self.frame
         return int(f["r"].to_numpy()[int(f["sim_throughput"].to_numpy().argmax())])
 

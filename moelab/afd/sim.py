@@ -16,7 +16,7 @@ instances (each instance works through its microbatches FIFO at ``a_A*T_i + b_A`
 factor; the microbatch moves on when its slowest instance finishes - the straggler barrier), the
 A->F transfer ``t_C(B)``, the FFN ``t_F(rB)`` and the F->A transfer ``t_C(B)``. Microbatch j's next
 step may start only after its previous step has come back. With ``microbatches >= 3`` the stages
-overlap, so the long-run cycle approaches the slowest stage - the theory's ``tau = max(t_A, t_C, t_F)``
+overlap, so the long-run cycle approaches the slowest stage - the theory's ``t_cyc = max(t_A, t_C, t_F)``
 - and the simulation adds what theory averages away: stragglers and load fluctuations.
 """
 

@@ -3,7 +3,8 @@
 r attention instances hold B request slots each; one FFN instance serves the aggregated r*B tokens.
 Stage latencies are linear: ``t_A(T) = a_A*T + b_A`` (T = KV tokens one instance attends over),
 ``t_F(rB) = a_F*r*B + b_F`` and ``t_C(B) = a_C*B + b_C``; with pipelined microbatches the cycle time
-is the slowest stage, ``tau = max(t_A, t_C, t_F)``, and every cycle emits r*B tokens.
+is the slowest stage, ``t_cyc = max(t_A, t_C, t_F)`` (the paper's tau; ``notebooks/NOTATION.md`` names it
+t_cyc), and every cycle emits r*B tokens.
 """
 
 from __future__ import annotations
@@ -73,7 +74,33 @@ def mean_token_load(B: int, mu_P: float, mu_D: float, N: float | None = None) ->
 
 @dataclass(frozen=True)
 class RatioTerms:
-    """The three candidates of ``r* = max(r_A, r_C, r_peak)`` and the stage times behind them."""
+    """The three candidates of ``r* = max(r_A, r_C, r_peak)`` and the stage times behind them
+    (what :func:`ratio_terms` returns; :attr:`binding` names the candidate that sets r*).
+
+    Times are in the coefficients' unit (``coeffs.unit``: ms for a fit to measured tables, cycles for
+    the paper's fit); the ratios are dimensionless (attention instances per FFN instance) and may be
+    negative, meaning that stage never binds.
+
+    Attributes
+    ----------
+    r_A : float
+        The attention term ``(t_A - b_F) / (a_F B)``: the r at which the FFN time ``t_F(rB)`` reaches the
+        attention time; below it attention is the bottleneck. Grows with the mean lengths and N (through
+        ``token_load``).
+    r_C : float
+        The communication term ``(t_C - b_F) / (a_F B)``: the r at which ``t_F`` reaches the A<->F
+        transfer time.
+    r_peak : float
+        The FFN-peak term ``sqrt(b_F / (a_F B))``: once the FFN is the bottleneck, per-instance throughput
+        ``rB / ((r+1)(a_F r B + b_F))`` peaks here. It depends on B and the FFN coefficients only, not on
+        the lengths or N.
+    t_A : float
+        Mean attention stage time at the horizon-average load, ``a_A * token_load + b_A``.
+    t_C : float
+        One A<->F transfer of B tokens, ``a_C * B + b_C``.
+    token_load : float
+        Horizon-average KV tokens per attention instance, ``Tbar`` (:func:`mean_token_load`).
+    """
 
     r_A: float
     r_C: float
@@ -84,6 +111,7 @@ class RatioTerms:
 
     @property
     def r_star(self) -> float:
+        """``max(r_A, r_C, r_peak)``, what :func:`optimal_ratio` returns."""
         return max(self.r_A, self.r_C, self.r_peak)
 
     @property
@@ -94,8 +122,32 @@ class RatioTerms:
 
 def ratio_terms(B: int, mu_P: float, mu_D: float, N: float | None = None,
                 coeffs: AFDCoefficients | None = None) -> RatioTerms:
-    """``r_A = (a_A*Tbar + b_A - b_F)/(a_F B)``, ``r_C = (tbar_C - b_F)/(a_F B)``,
-    ``r_peak = sqrt(b_F/(a_F B))`` (see :func:`optimal_ratio`)."""
+    """The three candidates of r*: ``r_A = (a_A*Tbar + b_A - b_F)/(a_F B)``, ``r_C = (t_C - b_F)/(a_F B)``
+    and ``r_peak = sqrt(b_F/(a_F B))`` (see :func:`optimal_ratio`), to see which one binds.
+
+    Parameters
+    ----------
+    B : int
+        Request slots per attention instance (>= 1).
+    mu_P, mu_D : float
+        Mean prompt length and mean (geometric) decode length in tokens (0..:data:`MAX_MEAN_TOKENS`).
+    N : float, optional
+        Requests served per attention instance (the finite horizon, >= B); ``None`` means N -> inf.
+    coeffs : AFDCoefficients, optional
+        Stage-latency coefficients; the paper's Ascend fit by default.
+
+    Returns
+    -------
+    RatioTerms
+        ``r_A``, ``r_C``, ``r_peak``, the stage times behind them, ``r_star`` (their maximum) and
+        ``binding`` (``"attention"``, ``"communication"`` or ``"ffn_peak"``).
+
+    Examples
+    --------
+    >>> t = ratio_terms(256, 100, 500)
+    >>> t.binding in ("attention", "communication", "ffn_peak")
+    True
+    """
     c = _coeffs(coeffs)
     B, mu_P, mu_D, N = _workload(B, mu_P, mu_D, N)
     load = mean_token_load(B, mu_P, mu_D, N)
@@ -125,6 +177,14 @@ def optimal_ratio(B: int, mu_P: float, mu_D: float, N: float | None = None,
     float
         ``r* = max(r_A, r_C, r_peak)``: below r_A attention is the bottleneck, and adding attention
         instances past r_peak lowers per-instance throughput once the FFN is the bottleneck.
+
+    Notes
+    -----
+    Which term binds depends on the coefficients. With the coefficients fitted to the H200 tables
+    (:func:`coefficients_from_tables`), r* is often the FFN-peak term ``r_peak = sqrt(b_F/(a_F B))``,
+    which depends on B alone: r* then does not move with ``mu_P``, ``mu_D`` or ``N`` (the attention
+    term ``r_A`` takes over only for long contexts, thousands of tokens per request). :func:`ratio_terms`
+    shows all three terms and which one binds (``.binding``).
     """
     return ratio_terms(B, mu_P, mu_D, N, coeffs).r_star
 
@@ -141,34 +201,76 @@ def _ratios(r: np.ndarray | float) -> np.ndarray:
 
 def stage_times(r: np.ndarray | float, B: int, mu_P: float, mu_D: float, N: float | None = None,
                 coeffs: AFDCoefficients | None = None) -> dict[str, np.ndarray]:
-    """Mean stage times ``t_A, t_C, t_F(r)`` and the cycle ``tau = max(...)`` for each r."""
+    """Mean stage times and the cycle time for each r.
+
+    Parameters
+    ----------
+    r : float or array
+        Attention instances per FFN instance (> 0).
+    B, mu_P, mu_D, N, coeffs
+        The workload and coefficients, as in :func:`optimal_ratio`.
+
+    Returns
+    -------
+    dict of str to ndarray
+        ``t_A`` (attention), ``t_C`` (one A<->F transfer), ``t_F`` (the FFN at ``r*B`` tokens) and the
+        cycle time ``t_cyc = max(t_A, t_C, t_F)`` (NOTATION.md's t_cyc, the paper's tau), each an array
+        shaped like ``r``, in the coefficients' unit.
+    """
     c = _coeffs(coeffs)
     r = _ratios(r)
     terms = ratio_terms(B, mu_P, mu_D, N, c)
     t_F = c.a_F * r * B + c.b_F
     t_A = np.full_like(r, terms.t_A)
     t_C = np.full_like(r, terms.t_C)
-    return {"t_A": t_A, "t_C": t_C, "t_F": t_F, "tau": np.maximum(np.maximum(t_A, t_C), t_F)}
+    return {"t_A": t_A, "t_C": t_C, "t_F": t_F, "t_cyc": np.maximum(np.maximum(t_A, t_C), t_F)}
 
 
 def throughput_per_instance(r: np.ndarray | float, B: int, mu_P: float, mu_D: float, N: float | None = None,
                             coeffs: AFDCoefficients | None = None) -> np.ndarray | float:
-    """Tokens per time unit per instance of an rA-1F bundle, ``r*B / ((r+1) * tau(r))``.
+    """Tokens per time unit per instance of an rA-1F bundle, ``r*B / ((r+1) * t_cyc(r))``.
 
-    Attention-bound it is ``(B/tbar_A) * r/(r+1)``; FFN-bound ``rB/((r+1)(a_F r B + b_F))``.
-    Returns a float for scalar ``r``, else an array shaped like ``r``.
+    ``t_cyc(r) = max(t_A, t_C, t_F(rB))`` is the cycle time (:func:`stage_times`); every cycle emits
+    ``r*B`` tokens shared by ``r + 1`` instances. Attention-bound it is ``(B/t_A) * r/(r+1)``; FFN-bound
+    ``rB/((r+1)(a_F r B + b_F))``.
+
+    Parameters
+    ----------
+    r : float or array
+        Attention instances per FFN instance (> 0).
+    B, mu_P, mu_D, N, coeffs
+        The workload and coefficients, as in :func:`optimal_ratio`.
+
+    Returns
+    -------
+    float or ndarray
+        Tokens per ``coeffs.unit`` per instance: a float for scalar ``r``, else an array shaped like ``r``.
     """
     st = stage_times(r, B, mu_P, mu_D, N, coeffs)
     r_arr = _ratios(r)
-    out = r_arr * int(B) / ((r_arr + 1.0) * st["tau"])
+    out = r_arr * int(B) / ((r_arr + 1.0) * st["t_cyc"])
     return float(out) if np.ndim(r) == 0 else out
 
 
 def idle_ratios(r: np.ndarray | float, B: int, mu_P: float, mu_D: float, N: float | None = None,
                 coeffs: AFDCoefficients | None = None) -> dict[str, np.ndarray]:
-    """Theoretical idle shares per cycle: attention ``1 - t_A/tau`` and FFN ``1 - t_F/tau``."""
+    """Theoretical idle shares per cycle: attention ``1 - t_A/t_cyc`` and FFN ``1 - t_F/t_cyc``.
+
+    Parameters
+    ----------
+    r : float or array
+        Attention instances per FFN instance (> 0).
+    B, mu_P, mu_D, N, coeffs
+        The workload and coefficients, as in :func:`optimal_ratio`.
+
+    Returns
+    -------
+    dict of str to ndarray
+        ``attention`` and ``ffn``: the share of each cycle ``t_cyc`` (:func:`stage_times`) that stage
+        waits, in [0, 1], shaped like ``r``.
+    """
     st = stage_times(r, B, mu_P, mu_D, N, coeffs)
-    return {"attention": 1.0 - st["t_A"] / st["tau"], "ffn": 1.0 - st["t_F"] / st["tau"]}
+    return {"attention": 1.0 - st["t_A"] / st["t_cyc"], "ffn": 1.0 - st["t_F"] / st["t_cyc"]}
 
 
 #: most rows :func:`ratio_table` builds (each is a closed-form evaluation and a dict)
