@@ -41,6 +41,38 @@ def test_breakeven_is_where_sync_dsd_ties_ar():
     assert dsd.latency_per_token("dsd_sync", alpha=0.85, gamma=5, t_ar=50, t_a=10, rtt=rtt + 1) > 50
 
 
+@pytest.mark.parametrize("gamma", [1, 4, 8])
+@pytest.mark.parametrize("t_a", [0.0, 2.0, 5.0, 12.0])
+def test_pipelined_breakeven_is_where_best_mode_switches_from_pipelined_to_ar(gamma, t_a):
+    # on a grid of (alpha, RTT): pipelined DSD wins below the break-even, AR at and above it; NaN: AR everywhere
+    alphas = np.linspace(0.0, 0.95, 20)
+    t_ar = 30.0
+    be = dsd.pipelined_breakeven(alphas, gamma, t_ar, t_a)
+    assert be.shape == alphas.shape
+    sync = np.asarray(dsd.rtt_breakeven(alphas, gamma, t_ar, t_a))
+    wins = ~np.isnan(be)
+    assert np.array_equal(wins, sync > 0)
+    assert np.allclose(be[wins], (dsd.pipelined_window(gamma, t_a) + sync)[wins])
+    modes = ("ar", "dsd_pipelined")
+    for a, b in zip(alphas, be):
+        rtts = np.linspace(0.0, 200.0, 401)
+        best = dsd.best_mode(alpha=a, rtt=rtts, gamma=gamma, t_ar=t_ar, t_a=t_a, modes=modes)
+        if np.isnan(b):
+            assert (best == 0).all(), a
+        else:
+            assert (best[rtts < b - 1e-9] == 1).all() and (best[rtts > b + 1e-9] == 0).all(), (a, b)
+    assert isinstance(dsd.pipelined_breakeven(0.8, gamma, t_ar, 1.0), float)
+
+
+def test_best_mode_without_t_d_says_the_default_modes_include_colocated():
+    with pytest.raises(ValueError, match=r"t_d is required when modes include 'colocated'.*cloud server.*modes=\('ar', "
+                                         r"'dsd_sync', 'dsd_pipelined'\)"):
+        dsd.best_mode(alpha=0.8, rtt=10, gamma=4, t_ar=30, t_a=5)
+    assert dsd.best_mode(alpha=0.8, rtt=10, gamma=4, t_ar=30, t_a=5, modes=("ar", "dsd_sync")) == 1
+    with pytest.raises(ValueError, match="t_d is required for mode 'colocated'"):
+        dsd.latency_per_token("colocated", alpha=0.5, gamma=3, t_v=1)
+
+
 def test_expected_tokens_edges():
     assert dsd.expected_tokens(0.0, 5) == 1.0
     assert dsd.expected_tokens(0.5, 1) == pytest.approx(1.5)
@@ -136,6 +168,9 @@ def test_server_unloaded_rate_matches_single_client_latency():
     (lambda: dsd.latency_per_token("dsd_pipelined", alpha=0.5, gamma=3, t_a=1, t_v=1, rtt=1, rtt_jitter=2), "rtt_jitter"),
     (lambda: dsd.rtt_breakeven(0.5, 5, -1, 10), "t_ar"),
     (lambda: dsd.rtt_breakeven(0.5, 5, 10, float("nan")), "t_a"),
+    (lambda: dsd.pipelined_breakeven(0.5, 5, -1, 10), "t_ar"),
+    (lambda: dsd.pipelined_breakeven(1.0, 5, 10, 1), "alpha"),
+    (lambda: dsd.pipelined_breakeven(0.5, 0, 10, 1), "gamma"),
     (lambda: dsd.capacity_gain(5, 10, 0), "t_v"),
     (lambda: dsd.capacity_gain(0, 10, 5), "gamma"),
     (lambda: dsd.simulate_rounds("ar", t_ar=1, rounds=1), "rounds"),

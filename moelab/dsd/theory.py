@@ -134,6 +134,9 @@ def latency_per_token(mode: str, *, alpha: ArrayLike | None = None, gamma: int |
     t_v = _arr("t_v", t_v)
     E = expected_tokens(alpha, _gamma(gamma))
     if mode == "colocated":
+        if t_d is None:
+            raise ValueError("t_d is required for mode 'colocated': the draft time per token on the cloud server, "
+                             "ms (>= 0)")
         return (gamma * _arr("t_d", t_d) + t_v) / E
     draft = gamma * _arr("t_a", t_a)
     rtt = _arr("rtt", rtt)
@@ -225,6 +228,53 @@ def pipelined_window(gamma: int, t_a: ArrayLike) -> float | np.ndarray:
         The window's end in ms (it starts at RTT 0).
     """
     return _gamma(gamma) * _arr("t_a", t_a)
+
+
+def pipelined_breakeven(alpha: ArrayLike, gamma: int, t_ar: ArrayLike, t_a: ArrayLike) -> float | np.ndarray:
+    """Largest RTT at which pipelined DSD beats cloud AR (with ``t_v = t_ar``): ``(E - 1)*t_ar``,
+    ``E`` = :func:`expected_tokens`, where pipelined DSD beats AR at all; NaN where it never does.
+
+    Pipelined DSD costs ``(max(gamma*t_a, rtt) + t_v) / E`` per token (:func:`latency_per_token`): inside
+    its window (``rtt <= gamma*t_a``, :func:`pipelined_window`) the round trip is hidden, past it every ms
+    is paid. It beats AR's ``t_ar`` exactly when ``max(gamma*t_a, rtt) < (E - 1)*t_ar``, so:
+
+    - where ``gamma*t_a < (E - 1)*t_ar`` (:func:`rtt_breakeven` > 0), below RTT ``(E - 1)*t_ar``, which is
+      ``pipelined_window(gamma, t_a) + rtt_breakeven(alpha, gamma, t_ar, t_a)``: the synchronous
+      protocol's break-even moved out by the window;
+    - elsewhere never, even at RTT 0 (drafting a block costs more than the tokens it saves): NaN.
+
+    Without jitter (the jittered pipelined form pays ``E[max(gamma*t_a, RTT)]``, a little more).
+
+    Parameters
+    ----------
+    alpha : float or array
+        Per-token acceptance probability in [0, 1).
+    gamma : int
+        Draft length, tokens per round (>= 1).
+    t_ar : float or array
+        Cloud autoregressive step per token, ms (>= 0); also the verification pass.
+    t_a : float or array
+        Draft time per token on the edge device, ms (>= 0).
+
+    Returns
+    -------
+    float or array
+        The break-even RTT in ms: ``dsd_pipelined`` is faster per token than ``ar`` at every RTT below it
+        (and slower above); NaN where it is never faster. ``rtt < pipelined_breakeven(...)`` is False there.
+
+    Examples
+    --------
+    >>> round(pipelined_breakeven(0.8, 4, 30.0, 5.0), 2)
+    70.85
+    >>> bool(np.isnan(pipelined_breakeven(0.1, 4, 30.0, 5.0)))
+    True
+    """
+    E = expected_tokens(alpha, gamma)
+    t_ar = _arr("t_ar", t_ar)
+    t_a = _arr("t_a", t_a)
+    end = (E - 1.0) * t_ar
+    out = np.where(end > _gamma(gamma) * t_a, end, np.nan)
+    return float(out) if out.ndim == 0 else out
 
 
 def capacity_gain(gamma: int, t_d: ArrayLike, t_v: ArrayLike) -> float | np.ndarray:
@@ -332,11 +382,18 @@ def best_mode(*, alpha: ArrayLike, rtt: ArrayLike, gamma: int, t_ar: ArrayLike, 
     ndarray of int
         Per (alpha, rtt) point, the index into ``modes`` of the fastest one (``modes[i]`` names it).
     """
+    if isinstance(modes, str):  # "ar" would be read letter by letter
+        raise ValueError(f"modes must be a tuple of mode names from {list(MODES)}; got the string {modes!r}")
     modes = list(modes)
     for m in modes:
         check_choice("modes", m, MODES)
     if not modes:
         raise ValueError(f"modes must list at least one of {list(MODES)}")
+    if "colocated" in modes and t_d is None:
+        others = tuple(m for m in modes if m != "colocated")
+        raise ValueError(f"t_d is required when modes include 'colocated' (the default modes, MODES, do): t_d is "
+                         f"the draft time per token on the cloud server, ms. Pass t_d=..., or modes={others!r} "
+                         f"(without 'colocated') when the cloud cannot host the draft model")
     alpha, rtt = _alpha(alpha), _arr("rtt", rtt)
     try:
         alpha, rtt = np.broadcast_arrays(np.asarray(alpha, float), np.asarray(rtt, float))
@@ -360,5 +417,5 @@ def best_mode(*, alpha: ArrayLike, rtt: ArrayLike, gamma: int, t_ar: ArrayLike, 
 
 __all__ = [
     "MODES", "best_mode", "breakeven_table", "capacity_gain", "expected_tokens", "latency_per_token",
-    "leviathan_speedup", "optimal_gamma", "pipelined_window", "rtt_breakeven",
+    "leviathan_speedup", "optimal_gamma", "pipelined_breakeven", "pipelined_window", "rtt_breakeven",
 ]
