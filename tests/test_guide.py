@@ -47,6 +47,9 @@ def test_every_guide_block_runs(tmp_path):
     eldr = {m[0]: (float(m[1]), float(m[2])) for m in
             re.findall(r"^(jsq|eldr) +p50 TPOT ([\d.]+) ms, distinct experts per layer-step ([\d.]+)", out, re.M)}
     assert eldr["eldr"][0] < eldr["jsq"][0] and eldr["eldr"][1] < eldr["jsq"][1]
+    # rate_for_load offers half the slots; a run's mean batch is lower, the fill-up left out brings it closer
+    whole, steady = map(float, re.search(r"mean batch (\d+) over the whole run, (\d+) after the fill-up", out).groups())
+    assert whole < steady < 128
     # BalanceRoute past capacity: BR-0 balances the ranks better than JSQ
     br = {m[0]: float(m[1]) for m in re.findall(r"^load 1.2 (jsq|br0) .*mean imbalance +(\d+) tokens", out, re.M)}
     assert br["br0"] < br["jsq"]

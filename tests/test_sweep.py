@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
@@ -341,6 +342,45 @@ def test_cli_eldr_sweeps_a_real_trace_file(tmp_path, capsys):
         assert "tiny-moe-heldout" in err and f"{neither!r} is neither" in err
     assert main(["sweep", "balanceroute", "--trace", str(trace), "--out", str(tmp_path)]) == 2
     assert "for the eldr suite only" in capsys.readouterr().err
+
+
+def test_cli_help_lists_the_trace_suite_and_how_to_pick_its_rate(capsys):
+    with pytest.raises(SystemExit):
+        main(["sweep", "--help"])
+    out = capsys.readouterr().out
+    block = out[out.index("  eldr-trace"):]
+    assert "parameters: rate (or load), K, tau, router, n_requests, output_len, n_pairs, like, seed" in block
+    assert "no slots" in block  # the synthetic suite's slots-free parameters are not the trace suite's
+    assert "rate_for_load" in out and "--grid load=" in out
+    assert "moelab sweep eldr --trace tiny-moe-heldout --grid load=" in out
+
+
+def test_cli_trace_sweep_takes_a_load_and_prints_rates_readably(tmp_path, capsys):
+    """``--grid load=...`` on a trace: the rate rate_for_load gives (on the trace's own setup), printed without
+    an exponent, and a load column beside it."""
+    from moelab.bench.sweep_cli import _fmt, trace_rates_for_load
+    from moelab.eldr import experiments as ex
+    from moelab.traces import bundled_trace_path, load_trace
+
+    argv = ["sweep", "eldr", "--trace", "tiny-moe-heldout", "--backend", "serial", "--grid", "load=0.5", "K=4",
+            "router=jsq", "n_requests=100", "output_len=16", "n_pairs=300", "--out", str(tmp_path), "--no-progress"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    tr = load_trace(bundled_trace_path("tiny-moe-heldout"))
+    want = ex.rate_for_load(ex.prepare(tr, ex.projection_cost(tr), 4, n_pairs=300), 0.5, output_len=16)
+    assert trace_rates_for_load("tiny-moe-heldout", [0.5], K=4, output_len=16, n_pairs=300) == [pytest.approx(want)]
+    df = pd.read_parquet(tmp_path / "eldr-trace.parquet")
+    assert df["rate"].tolist() == [pytest.approx(want)] and df["load"].tolist() == [0.5]
+    assert want > 10_000 and f"{want:,.0f}" in out and "e+0" not in out
+    assert f"0.5 -> {want:,.0f}" in out
+    assert _fmt(22_229.4) == "22,229" and _fmt(0.7639) == "0.7639" and _fmt(60.0) == "60"
+    for bad, match in ((["load=0.5", "rate=60"], "load=... or rate=..., not both"),
+                       (["load=9"], r"load must be .*4"),
+                       (["load=0.5", "output_len=16,32"], r"needs one value of \['output_len'\]")):
+        assert main(["sweep", "eldr", "--trace", "tiny-moe-heldout", "--grid", *bad, "--out", str(tmp_path)]) == 2
+        assert re.search(match, capsys.readouterr().err)
+    assert main(["sweep", "eldr", "--grid", "load=0.5", "--out", str(tmp_path)]) == 2
+    assert "is for eldr --trace" in capsys.readouterr().err
 
 
 def test_local_backend_runs_from_a_plain_script(tmp_path):

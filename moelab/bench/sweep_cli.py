@@ -7,12 +7,15 @@ from a wheel too) instead of the synthetic workload: the suite :func:`eldr_trace
 ``eldr-trace``: its rows go to ``OUT/eldr-trace.parquet``, its cache to ``OUT/cache/eldr-trace``), whose
 points run :func:`eldr_trace_point` (ELDR's decode cluster with the trace's real routing and the PROJECTION
 step model, :func:`moelab.eldr.experiments.projection_cost`). Rates are in ELDR's one unit, req/s at 16
-decode workers (scaled by K/16).
+decode workers (scaled by K/16). A trace's request service time sets their scale (tens of thousands of
+req/s on the bundled tiny trace), so the trace suite also takes ``--grid load=...``: the share of the batch
+slots offered, turned into rates by :func:`trace_rates_for_load` (:func:`moelab.eldr.experiments.rate_for_load`).
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import io
 import sys
 import warnings
@@ -174,17 +177,97 @@ def eldr_trace_suite(trace: str | Path) -> Suite:
         ("tpot_ms_p50", "tpot_ms_p99", "distinct_per_layer_step"), check=_trace_check)
 
 
+def trace_rates_for_load(trace: str | Path, loads, *, K: int = 16, output_len: int = 128, n_pairs: int = 10000,
+                         like: str = "qwen3-30b-a3b", seed: int = 0) -> list[float]:
+    """The rates, in ELDR's unit (req/s at 16 decode workers), that offer each of ``loads`` on a trace:
+    :func:`moelab.eldr.experiments.rate_for_load` on the setup :func:`eldr_trace_point` builds (256 slots per
+    worker, as its runs use). What ``moelab sweep eldr --trace T --grid load=...`` runs.
+
+    Parameters
+    ----------
+    trace : str or path
+        An :class:`~moelab.traces.ExpertTrace` file, or a bundled trace's name (:func:`resolve_trace`).
+    loads : sequence of float
+        Offered loads, each a share of the cluster's batch slots in
+        :data:`moelab.eldr.experiments.LOAD_RANGE` (0.5: half the slots; above 1 requests queue).
+    K : int
+        Decode workers of the split's check (the rate itself is per worker: it does not depend on K).
+    output_len : int
+        Decode tokens per request, as the points use (the rate is inversely proportional to it).
+    n_pairs, like, seed
+        As in :func:`eldr_trace_point` (``like`` prices the trace's routing, ``seed`` draws the split).
+
+    Returns
+    -------
+    list of float
+        One rate per load, in the order given.
+    """
+    path = resolve_trace(trace)
+    check_int("K", K, low=1, high=1024)
+    check_int("output_len", output_len, low=1, high=100_000)
+    check_int("n_pairs", n_pairs, low=100, high=1_000_000)
+    check_choice("like", like, sorted(k for k, v in MODEL_SHAPES.items() if v.is_moe))
+    check_int("seed", seed, low=0)
+    if isinstance(loads, (str, bytes)) or not hasattr(loads, "__iter__"):
+        raise ValueError(f"loads must be a sequence of numbers in {list(eldr_experiments.LOAD_RANGE)}; got {loads!r}")
+    setup = _trace_setup(str(path), path.stat().st_mtime_ns, int(K), int(n_pairs), like, int(seed))
+    return [float(eldr_experiments.rate_for_load(setup, x, output_len=output_len)) for x in loads]
+
+
+def _rates_for_load_grid(suite: Suite, overrides: dict[str, list]) -> tuple[list[float], list[float]]:
+    """``--grid load=...`` of the trace suite as rates: (loads, rates). The rate depends on the trace,
+    ``output_len``, ``like``, ``n_pairs`` and ``seed``, so each must have one value here."""
+    loads = overrides.pop("load")
+    if "rate" in overrides:
+        raise ValueError("--grid takes load=... or rate=..., not both (load sets the rates)")
+    grid = coerce(suite, suite.grid(overrides))
+    several = [k for k in ("output_len", "like", "n_pairs", "seed") if len(grid[k]) > 1]
+    if several:
+        raise ValueError(f"--grid load=... needs one value of {several} (the rate for a load depends on them); "
+                         f"sweep them in separate runs or give rate=... instead")
+    for x in loads:
+        check_real("load", x, low=eldr_experiments.LOAD_RANGE[0], high=eldr_experiments.LOAD_RANGE[1])
+    rates = trace_rates_for_load(grid["trace"][0], loads, K=min(grid["K"]), output_len=grid["output_len"][0],
+                                 n_pairs=grid["n_pairs"][0], like=grid["like"][0], seed=grid["seed"][0])
+    return [float(x) for x in loads], rates
+
+
+def _fmt(x: float) -> str:
+    """A table number: thousands separated and no exponent from 1,000 up (rates of tens of thousands of
+    req/s), else 4 significant digits."""
+    return f"{x:,.0f}" if abs(x) >= 1000 and abs(x) < 1e15 else f"{x:.4g}"
+
+
+def _suite_help() -> str:
+    lines = [f"  {s.name:<14}{s.description}\n  {'':<14}parameters: {', '.join(s.params)}" for s in SWEEP_SUITES.values()]
+    trace_params = ["rate (or load)" if p == "rate" else p
+                    for p in inspect.signature(eldr_trace_point).parameters if p != "trace"]
+    lines.append(f"  {'eldr-trace':<14}ELDR decode cluster on a REAL expert trace, moelab sweep eldr --trace FILE|NAME "
+                 f"(rows to OUT/eldr-trace.parquet)\n  {'':<14}parameters: {', '.join(trace_params)} (the trace "
+                 "is --trace's; no slots: 256 per worker)")
+    return "\n".join(lines)
+
+
+EPILOG = """rates (eldr, eldr-trace): req/s offered to the paper's 16 decode workers (K workers get rate * K / 16). The
+synthetic suite's paper rates are 20..100; a trace's scale depends on its requests' service time (on the bundled
+tiny-moe-heldout trace, half the batch slots at the default output_len=128 is about 13,500 req/s). For a trace
+give --grid load=0.2,0.5 (the share of the batch slots offered, moelab.eldr.experiments.rate_for_load; printed
+with the rate it sets) and moelab picks the rates.
+
+examples:
+  moelab sweep eldr --grid rate=20,60,100 K=8,16 tau=0.05,0.1 --backend ray
+  moelab sweep eldr --trace tiny-moe-heldout --grid load=0.2,0.5 K=4 router=jsq,eldr"""
+
+
 #: the writer's name in the output folder's marker (:mod:`moelab._outputs`)
 WRITER = "sweep"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    lines = "\n".join(f"  {s.name:<14}{s.description}\n  {'':<14}parameters: {', '.join(s.params)}"
-                      for s in SWEEP_SUITES.values())
     p = argparse.ArgumentParser(
         prog="moelab sweep", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run an experiment grid with a result cache (reruns compute only missing points).",
-        epilog=f"suites:\n{lines}\n\nexample: moelab sweep eldr --grid rate=20,60,100 K=8,16 tau=0.05,0.1 --backend ray")
+        epilog=f"suites:\n{_suite_help()}\n\n{EPILOG}")
     p.add_argument("suite", help=f"one of {', '.join(SWEEP_SUITES)}")
     p.add_argument("--backend", default="local", choices=BACKENDS,
                    help="serial (this process), local (process pool, default) or ray")
@@ -193,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="local processes / CPUs of a Ray started here (default: CPU count / "
                                                "min(4, CPU count))")
     p.add_argument("--grid", nargs="*", default=[], metavar="K=V1,V2",
-                   help="values for some parameters (the others keep the suite's defaults)")
+                   help="values for some parameters (the others keep the suite's defaults); eldr --trace also "
+                        "takes load=... instead of rate=...")
     p.add_argument("--out", default="runs/sweep", help="results go to OUT/SUITE.parquet (OUT/eldr-trace.parquet for "
                    "eldr --trace), the cache to OUT/cache/SUITE (OUT: new, empty, or a folder moelab sweep wrote)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -211,7 +295,7 @@ def _summary(res, suite, grid) -> str:  # noqa: ANN001 - internal
     if not cols:
         cols = list(res.frame.columns[:8])
     df = res.frame[cols]
-    text = df.head(40).to_string(index=False, float_format=lambda x: f"{x:.4g}")
+    text = df.head(40).to_string(index=False, float_format=_fmt)
     if len(df) > 40:
         text += f"\n... {len(df) - 40} more rows"
     return text
@@ -232,12 +316,24 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--trace is for the eldr suite only; got suite {args.suite!r}")
             suite = eldr_trace_suite(args.trace)
         overrides = parse_grid_args(args.grid)
+        loads: list[float] = []
+        if "load" in overrides:
+            if args.trace is None:
+                raise ValueError(f"--grid load=... is for eldr --trace (the trace suite) only; suite {args.suite!r} "
+                                 "takes its own parameters (eldr: rate=..., req/s at 16 workers)")
+            loads, rates = _rates_for_load_grid(suite, overrides)
+            overrides["rate"] = rates
+            print("load -> rate (req/s at 16 workers): "
+                  + ", ".join(f"{x:g} -> {_fmt(r)}" for x, r in zip(loads, rates)))
         grid = coerce(suite, suite.grid(overrides))
         if not args.cached_only:  # the output folder checked and claimed before any point runs
             claim_output_dir(check_output_dir(args.out, writer=WRITER, name="--out",
                                               overwrites=[f"{suite.name}.parquet"]), WRITER)
         res = run_suite(suite, overrides, out=args.out, backend=args.backend, workers=args.workers,
                         address=args.address, progress=not args.no_progress, compute=not args.cached_only)
+        if loads and len(res.frame):  # the load each rate was computed for, beside it
+            res.frame.insert(0, "load", res.frame["rate"].map(dict(zip(overrides["rate"], loads))))
+            grid = {"load": loads, **grid}
         out = Path(args.out).expanduser().resolve()
         if args.cached_only:
             if len(res.frame):

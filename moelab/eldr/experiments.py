@@ -29,7 +29,7 @@ from moelab.costmodel import MODEL_SHAPES, DecodeStepModel
 from moelab.datasets import load_eldr_results
 from moelab.eldr.partition import spherical_kmeans
 from moelab.eldr.prefix import ConversationWorkload, cache_signatures, conversation_arrivals
-from moelab.eldr.signature import KINDS, SignatureBuilder
+from moelab.eldr.signature import KINDS, SignatureBuilder, _check_pairs
 from moelab.eldr.sim import (
     PAPER_DECODE_WORKERS,
     pack_expert_bits,
@@ -107,9 +107,35 @@ def prepare(
     n_pairs: int = 30000,
     seed: int = 0,
 ) -> ELDRSetup:
-    """Split ``trace`` into a calibration part (signature fit, K-means) and a replay pool (seeded)."""
+    """Split ``trace`` into a calibration part (signature fit, K-means) and a replay pool (seeded).
+
+    Parameters
+    ----------
+    trace : ExpertTrace
+        The expert trace to split (requests with their prefill counts and decode expert ids).
+    cost : DecodeStepModel
+        The step model runs are priced with, at the trace's geometry (layers, experts, top-k; checked).
+    n_workers : int
+        Decode workers K (>= 1): one centroid each; the calibration part needs at least ``max(2, K)``
+        requests.
+    calib_frac : float
+        Share of the trace's requests in the calibration part, in (0, 1); the rest is the replay pool
+        (which must not be empty).
+    n_pairs : int
+        Request pairs the signature builders' layer-mask search scores (:class:`SignatureBuilder`; 10..
+        ``MAX_PAIRS``, the paper 30,000); more is slower and steadier.
+    seed : int
+        Seed of the split (a random permutation), and of the signature builders and K-means fitted later.
+
+    Returns
+    -------
+    ELDRSetup
+        ``calib`` and ``pool`` (sub-traces), ``cost``, ``n_workers``, ``n_pairs``, ``seed`` and the pool's
+        packed expert bits; signature builders and centroids are fitted on ``calib`` when first asked.
+    """
     n_workers = check_int("n_workers", n_workers, low=1)
     calib_frac = check_real("calib_frac", calib_frac, low=0, high=1, low_open=True, high_open=True)
+    n_pairs = _check_pairs(n_pairs)  # refused here, not at the first signature fit
     g = trace.geometry
     cost.check_geometry(g.num_layers, g.num_experts, g.top_k)
     perm = rng_from(seed).permutation(trace.n_requests)
@@ -191,9 +217,30 @@ def rate_for_load(setup: ELDRSetup, load: float, *, output_len: int = 512, slots
     """Arrival rate, in ELDR's unit (req/s at 16 decode workers), that offers ``load`` times the cluster's
     slot capacity: :func:`rate_for_batch` at ``batch = slots``, times ``load``.
 
+    ``load`` is the *offered* load, ``load = lambda_w * S / slots``: ``lambda_w`` the arrival rate per
+    worker (``rate / 16``) and ``S`` a request's service time at a full batch, ``output_len`` decode steps
+    of the cost model's step time for ``slots`` running requests (their distinct experts taken from random
+    pool batches, their KV the pool's mean prompt plus half the output). By Little's law it is the share
+    of the slots a worker would hold in steady state if every step took a full batch's time. It is not
+    what a run's ``metrics()["mean_batch"]`` reports:
+
+    - a short run averages its fill-up from empty and its drain after the last arrival into the mean (on
+      the bundled ``tiny-moe-heldout`` trace at ``load`` 0.5 and 256 slots, 300 requests give a mean batch
+      of about 37, 3000 about 87);
+    - even in steady state a worker holds fewer than ``load * slots`` requests, because a smaller batch
+      steps faster than the full one the load is priced at (about 100 of 128 there).
+
+    To measure the steady state, simulate many request lifetimes (thousands of requests) and skip the
+    fill-up with a :class:`moelab.sim.MeasurementWindow`: ``res.metrics(window=MeasurementWindow(
+    warmup_lifetimes=...))`` (``metrics()["warmup_steps"]`` says how many steps it skipped). In the
+    decode-cluster simulator each row of ``res.steps`` is one worker's step, so one request lifetime is
+    about ``K * output_len`` rows: ``warmup_lifetimes=2 * K`` skips two (the window takes at most 10, and
+    skips at most half the steps; for more workers skip a share with ``warmup_frac``). The drain stays in
+    the window (this simulator records no admissions); many requests make it a small part.
+
     A router only changes anything when each worker runs a batch of many requests: near idle (``load``
     close to 0) every worker runs one or two requests and every router makes the same batches, so ELDR
-    can group nothing. At ``load`` 0.5 a worker holds about half its ``slots``; above 1 requests queue.
+    can group nothing. Above 1 requests queue.
 
     Parameters
     ----------
