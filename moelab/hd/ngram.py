@@ -10,6 +10,7 @@ different tokenizer (or a file that is not a table) raises ``ValueError``.
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,18 +26,6 @@ _SHIFT = 21  # packed key = t0 << 21 | t1: vocabularies up to 2M tokens
 
 _MAX_ID = 1 << _SHIFT
 _ALL = 1 << 30  # "every continuation" as a lookup size
-
-
-def _pack(key: Sequence[int]) -> int:
-    """Packed key, or -1 when a token id is outside ``[0, 2**21)`` (such ids are refused at build time, so
-    no stored key can match them; packing them would collide with other keys)."""
-    out = 0
-    for t in key:
-        t = int(t)
-        if t < 0 or t >= _MAX_ID:
-            return -1
-        out = (out << _SHIFT) | t
-    return out
 
 
 def _pack_rows(keys: np.ndarray) -> np.ndarray:
@@ -86,6 +75,15 @@ class NGramTable:
         self._max_m = max(self.tables, default=1)
         # tail -> (its first continuations, ranked; whether they are all of them): see lookup
         self._answers: dict[tuple[int, ...], tuple[list[tuple[int, ...]], bool]] = {}
+        # m -> (a flat memoryview of its continuation table, values per key row, values per continuation), or
+        # None: a key row's continuations are read without numpy (its per-call dispatch costs several
+        # microseconds per lookup, far more with cold caches, as in an engine between two forwards); native
+        # integer tables only, others take numpy's path
+        self._flat: dict[int, tuple[memoryview, int, int] | None] = {
+            m: (memoryview(c.reshape(-1)), c.shape[1] * c.shape[2], c.shape[2])
+            if isinstance(c, np.ndarray) and c.ndim == 3 and c.dtype.kind in "iu" and c.dtype.isnative
+            and c.flags.c_contiguous and c.shape[2] else None
+            for m, (_, c, _) in self.tables.items()}
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -173,7 +171,10 @@ class NGramTable:
         enough): its entry serves every later ``k`` up to its length, and is completed when a caller asks
         for more."""
         n = len(context)
-        tail = token_tuple("context", context[max(0, n - self._max_m):])  # a float id is refused, not truncated
+        try:  # token_tuple's conversion, inline (the hot path); a float id is refused, not truncated
+            tail = tuple(map(operator.index, context[max(0, n - self._max_m):]))
+        except TypeError:
+            tail = token_tuple("context", context[max(0, n - self._max_m):])  # raises, naming the context
         answers = self._answers
         hit = answers.get(tail)  # (the first continuations, whether that is all of them)
         if hit is not None and (hit[1] or 1 <= k <= len(hit[0])):
@@ -195,7 +196,16 @@ class NGramTable:
         for m, index in self._index.items():
             if n < m:
                 continue
-            row = index.get(_pack(context[n - m:]))
+            # the last m tokens packed (as _pack_rows packs the stored keys), or -1 for an id outside
+            # [0, 2**21): such ids are refused at build time, so no stored key matches (packing it would
+            # collide with another key)
+            key = 0
+            for t in context[n - m:]:
+                if t < 0 or t >= _MAX_ID:
+                    key = -1
+                    break
+                key = (key << _SHIFT) | t
+            row = index.get(key)
             if row is None:
                 continue
             cands = memo.get((m, row))
@@ -219,8 +229,14 @@ class NGramTable:
     def _row_candidates(self, m: int, row: int) -> list[tuple[int, ...]]:
         """The continuations of key row ``row`` of length ``m``: distinct, in rank order, -1 padding dropped
         (a foreign file may repeat rows or pad inside one)."""
-        cands = [tuple(c) if min(c) >= 0 else tuple([t for t in c if t >= 0])
-                 for c in self.tables[m][1][row].tolist() if c[0] >= 0]
+        flat = self._flat.get(m)
+        if flat is None:
+            rows = self.tables[m][1][row].tolist()
+        else:
+            mv, width, length = flat
+            values = mv[row * width:(row + 1) * width].tolist()
+            rows = [values[i:i + length] for i in range(0, width, length)]
+        cands = [tuple(c) if min(c) >= 0 else tuple([t for t in c if t >= 0]) for c in rows if c[0] >= 0]
         return list(dict.fromkeys(cands))
 
     @property

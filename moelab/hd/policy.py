@@ -633,21 +633,26 @@ def _plan_chain(cand: Sequence[int], src: str, cls: Sequence[int], model: Accept
     per_token = n > 1 and len(src) == n
     first = src[:1]
     table = cost.table
-    a = model.alphas(src[0] if per_token else first, cls[0])[0]
+    # alphas as in _plan: an AcceptanceModel's own memo rows, else a per-call memo in front of alphas()
+    consistent = type(model) is AcceptanceModel
+    rows: dict[str, dict[int, tuple[float, float]]] = model._rows if consistent else {}
+    pair = model._pair if consistent else model.alphas
+    a = _alphas(rows, pair, src[0] if per_token else first, cls[0])[0]
     if a > 1.0:
         return None
     if a < cost.draft_threshold(budget):  # no node is likelier than the first: nothing pays
         return [], []
     best_k, best_ratio = 0, 1.0 / table[1]
     p, gain = 1.0, 1.0
-    alphas: dict[tuple[str, int], float] = {(src[0] if per_token else first, cls[0]): a}
     for k in range(1, min(budget, n) + 1):
-        key = (src[k - 1] if per_token else first, cls[k - 1])
-        a = alphas.get(key)
-        if a is None:
-            a = alphas[key] = model.alphas(*key)[0]
-            if a > 1.0:
-                return None
+        letter, c = src[k - 1] if per_token else first, cls[k - 1]
+        row = rows.get(letter)
+        ab = row.get(c) if row is not None else None
+        if ab is None:
+            ab = _alphas(rows, pair, letter, c)
+        a = ab[0]
+        if a > 1.0:
+            return None
         p *= a
         gain += p
         r = gain / table[k + 1]

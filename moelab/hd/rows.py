@@ -57,25 +57,27 @@ class RowStats:
                 "draft_us_p50": float(np.median(us)), "draft_us_p90": float(np.percentile(us, 90))}
 
 
-@dataclass
+@dataclass(slots=True)
 class _Row:
     drafter: Drafter
-    known: np.ndarray
+    # the tokens seen so far, as the engine's array bytes, their dtype and count: the per-step check that a row
+    # still holds the same request is one memcmp (numpy's elementwise comparison, or a copy of the row kept
+    # as an array, costs several microseconds of call overhead on every step, far more with cold caches)
+    raw: bytes
+    dtype: np.dtype
+    n: int
     last: Draft
-    # ``known``'s bytes: the per-step check that a row still holds the same request compares these with one
-    # memcmp (numpy's elementwise comparison costs several microseconds of call overhead on every step)
-    raw: bytes = b""
 
 
 def _same_prefix(tokens: np.ndarray, st: _Row) -> bool:
     """Whether ``tokens`` starts with exactly the tokens ``st`` has seen (token for token)."""
-    n = st.known.size
+    n = st.n
     if n > tokens.size:
         return False
     head = tokens[:n]
-    if head.dtype == st.known.dtype:
+    if head.dtype == st.dtype:
         return head.tobytes() == st.raw
-    return bool(np.array_equal(head, st.known))
+    return bool(np.array_equal(head, np.frombuffer(st.raw, dtype=st.dtype)))
 
 
 class RowDrafters:
@@ -109,29 +111,30 @@ class RowDrafters:
     def propose(self, row: int, tokens: np.ndarray, max_len: int) -> list[int]:
         """One chain (``<= max_len`` tokens, possibly empty) after ``tokens`` for batch row ``row``."""
         t0 = time.perf_counter() if self.timing else 0.0
-        tokens = np.asarray(tokens)
+        if type(tokens) is not np.ndarray:
+            tokens = np.asarray(tokens)
         st = self.rows.get(row)
-        n_known = st.known.size if st is not None else 0
-        if st is not None and _same_prefix(tokens, st):
-            new = tokens[n_known:].tolist()
-            if st.last.candidates and new:
-                cand = st.last.candidates[0]
-                a = 0
-                while a < len(cand) and a < len(new) - 1 and new[a] == cand[a]:
-                    a += 1
-                st.drafter.observe(st.last, list(cand[:a]))
-                self.stats.accepted_tokens += a
+        raw = tokens.tobytes()
+        if st is not None and (raw.startswith(st.raw) if tokens.dtype is st.dtype and tokens.ndim == 1
+                               else _same_prefix(tokens, st)):
+            # (one row's bytes, one memcmp: the same dtype makes a byte prefix a token prefix)
+            new = tokens[st.n:].tolist() if tokens.size > st.n else []
             if new:
+                if st.last.candidates:
+                    cand = st.last.candidates[0]
+                    a = 0
+                    while a < len(cand) and a < len(new) - 1 and new[a] == cand[a]:
+                        a += 1
+                    st.drafter.observe(st.last, list(cand[:a]))
+                    self.stats.accepted_tokens += a
                 st.drafter.accept(new)
-                st.known = tokens.copy()
-                st.raw = st.known.tobytes()
+                st.raw, st.dtype, st.n = raw, tokens.dtype, tokens.size
         else:
             if st is not None:
                 self.stats.resets += 1
             d = self.factory()
             d.start(tokens.tolist())
-            known = tokens.copy()
-            st = _Row(d, known, Draft([], []), known.tobytes())
+            st = _Row(d, raw, tokens.dtype, tokens.size, Draft([], []))
             self.rows[row] = st
             if len(self.rows) > self.max_rows:
                 self.rows.pop(next(iter(self.rows)))

@@ -238,8 +238,9 @@ class SuffixStore:
             lows.append(val << shift)
             highs.append(((val + 1) << shift) - 1)
         k0 = self._keys[0]
-        a = np.searchsorted(k0, np.array(lows, dtype=np.uint64), side="left").tolist()
-        b = np.searchsorted(k0, np.array(highs, dtype=np.uint64), side="right").tolist()
+        # (the array methods: np.searchsorted adds three Python frames of dispatch per call)
+        a = k0.searchsorted(np.array(lows, dtype=np.uint64), side="left").tolist()
+        b = k0.searchsorted(np.array(highs, dtype=np.uint64), side="right").tolist()
         out: list[tuple[int, int, int]] = []
         k1 = self._keys[1] if _WORDS > 1 else None
         for m in range(1, ok + 1):
@@ -253,8 +254,8 @@ class SuffixStore:
                     val = (val << bits) | (t + 1)
                 shift = bits * (pw - w)
                 part = k1[lo:hi]
-                lo, hi = (lo + int(np.searchsorted(part, np.uint64(val << shift), side="left")),
-                          lo + int(np.searchsorted(part, np.uint64(((val + 1) << shift) - 1), side="right")))
+                lo, hi = (lo + int(part.searchsorted(np.uint64(val << shift), side="left")),
+                          lo + int(part.searchsorted(np.uint64(((val + 1) << shift) - 1), side="right")))
                 if lo >= hi:
                     break
             out.append((m, lo, hi))
