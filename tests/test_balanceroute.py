@@ -210,6 +210,11 @@ def test_simulator_invariants_and_metrics():
     assert s["tpot_ms_p95"] >= s["tpot_ms_p50"] >= 10.0
     for key in ("ttft_ms_p99", "queue_s_p99", "decision_ms_p99", "decision_us_per_request_p50"):
         assert np.isfinite(s[key]), key
+    # every computed metric is a plain Python number (throughput_tok_s came back as np.float64)
+    odd = {k: type(v).__name__ for k, v in s.items() if not isinstance(v, (str, bool, int, float))
+           or isinstance(v, np.generic)}
+    assert odd == {}, odd
+    assert type(s["throughput_tok_s"]) is float
 
 
 def test_simulation_is_seeded():

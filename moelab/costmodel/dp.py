@@ -71,7 +71,21 @@ class DPCost:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_model(cls, model: DecodeStepModel, n_workers: int, slots: int) -> DPCost:
-        """Fold a floor :class:`~moelab.costmodel.step.DecodeStepModel` (its ``ep_step_ms`` over ``G`` ranks)."""
+        """Fold a floor :class:`~moelab.costmodel.step.DecodeStepModel` (its ``ep_step_ms`` over ``G`` ranks).
+
+        Parameters
+        ----------
+        model : DecodeStepModel
+            The step model to fold (e.g. ``DecodeStepModel.h200(shape)`` or ``.from_calibration(folder, shape)``).
+        n_workers : int
+            DP-attention + EP ranks ``G`` (1..:data:`MAX_WORKERS`).
+        slots : int
+            Request slots per rank ``B`` (1..:data:`MAX_SLOTS`).
+
+        Returns
+        -------
+        DPCost
+        """
         if not isinstance(model, DecodeStepModel):
             raise ValueError(f"model must be a DecodeStepModel; got {type(model).__name__}")
         G = check_int("n_workers", n_workers, low=1, high=MAX_WORKERS)
@@ -86,8 +100,32 @@ class DPCost:
 
     @classmethod
     def h200(cls, n_workers: int, slots: int, shape: str = "qwen3-30b-a3b", *, attn_scale: float = 1.0) -> DPCost:
-        """The H200-fitted step model at registry ``shape`` (:data:`moelab.costmodel.MODEL_SHAPES`);
-        ``attn_scale`` multiplies the KV bytes attention reads (1 = the shape's own layout)."""
+        """The H200-fitted step model at registry ``shape`` (:data:`moelab.costmodel.MODEL_SHAPES`), folded
+        for ``n_workers`` ranks of ``slots`` slots.
+
+        Parameters
+        ----------
+        n_workers : int
+            DP-attention + EP ranks ``G`` (1..:data:`MAX_WORKERS`): the simulator's ``n_workers``.
+        slots : int
+            Request slots (running requests) per rank ``B`` (1..:data:`MAX_SLOTS`): the simulator's ``slots``.
+        shape : str
+            A registry model shape (default ``"qwen3-30b-a3b"``).
+        attn_scale : float
+            Multiplies the KV bytes attention reads per token (> 0, at most 1e4; 1 = the shape's own layout,
+            more for a longer-context or heavier-attention variant).
+
+        Returns
+        -------
+        DPCost
+            Its ``step_ms(active, loads)`` is the barrier step time in ms; ``model`` the unfolded model.
+
+        Examples
+        --------
+        >>> cost = DPCost.h200(4, 16)                      # 4 DP ranks of 16 slots, Qwen3-30B-A3B on H200
+        >>> (cost.n_workers, cost.slots)
+        (4, 16)
+        """
         if shape not in MODEL_SHAPES:
             raise ValueError(f"shape must be one of {sorted(MODEL_SHAPES)}; got {shape!r}")
         model = DecodeStepModel.h200(shape)
@@ -99,14 +137,46 @@ class DPCost:
     def from_calibration(cls, calibration: str | os.PathLike, n_workers: int, slots: int,
                          shape: str = "qwen3-30b-a3b") -> DPCost:
         """The step model fitted on a bundled GPU's tables or any ``moelab calibrate`` folder
-        (:meth:`DecodeStepModel.from_calibration`) at registry ``shape``, folded for ``G`` ranks."""
+        (:meth:`DecodeStepModel.from_calibration`) at registry ``shape``, folded for ``G`` ranks.
+
+        Parameters
+        ----------
+        calibration : str or path
+            A bundled GPU's name or a ``moelab calibrate --out`` folder.
+        n_workers : int
+            DP-attention + EP ranks ``G`` (1..:data:`MAX_WORKERS`).
+        slots : int
+            Request slots per rank (1..:data:`MAX_SLOTS`).
+        shape : str
+            A registry model shape (default ``"qwen3-30b-a3b"``).
+
+        Returns
+        -------
+        DPCost
+        """
         if shape not in MODEL_SHAPES:
             raise ValueError(f"shape must be one of {sorted(MODEL_SHAPES)}; got {shape!r}")
         return cls.from_model(DecodeStepModel.from_calibration(calibration, shape), n_workers, slots)
 
     @classmethod
     def synthetic(cls, n_workers: int, slots: int, fixed_ms: float, ms_per_token: float) -> DPCost:
-        """A stated toy cost, ``step_ms = fixed_ms + ms_per_token * max_g L_g`` (synthetic, for tests)."""
+        """A stated toy cost, ``step_ms = fixed_ms + ms_per_token * max_g L_g`` (synthetic, for tests).
+
+        Parameters
+        ----------
+        n_workers : int
+            Ranks ``G`` (1..:data:`MAX_WORKERS`).
+        slots : int
+            Request slots per rank (1..:data:`MAX_SLOTS`).
+        fixed_ms : float
+            Time of every step whatever the load, ms (>= 0).
+        ms_per_token : float
+            Time per KV token of the most loaded rank, ms (>= 0).
+
+        Returns
+        -------
+        DPCost
+        """
         G = check_int("n_workers", n_workers, low=1, high=MAX_WORKERS)
         B = check_int("slots", slots, low=1, high=MAX_SLOTS)
         fixed_ms = check_real("fixed_ms", fixed_ms, low=0)

@@ -128,7 +128,8 @@ class SimResult:
             record them the barrier imbalance ``G*max - sum`` (``avg_imbalance``, ``avg_max_minus_min``,
             ``idle_fraction`` weighted by step time), running requests (``mean_active``, ``mean_rank_load``)
             and ``throughput_tok_s`` as tokens per second of the window's steps (else the run-level one);
-            router decision times over all steps; per-worker request-count CV; then ``info``.
+            router decision times over all steps; per-worker request-count CV; then ``info``. Every
+            computed figure is a plain Python ``float`` / ``int`` (never a numpy scalar); ``info`` is as given.
         """
         window = self.window if window is None else window
         if not isinstance(window, MeasurementWindow):
@@ -184,7 +185,12 @@ class SimResult:
         clash = sorted(set(out) & set(self.info))
         if clash:
             raise ValueError(f"info must not reuse metric names; {clash} would override computed figures")
-        return {**out, **self.info}
+        return {**{k: _plain(v) for k, v in out.items()}, **self.info}
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python number it holds (every computed metric is a plain float, int or bool)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _name(name: str, value: Any) -> Any:
