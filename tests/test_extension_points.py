@@ -156,7 +156,8 @@ class _Answer(Router):
 
 @pytest.mark.parametrize("answer, exc, match", [
     (None, ZeroDivisionError("boom"), r"'test_bad_answer' \(_Answer\) raised ZeroDivisionError: boom"),
-    ([0], None, r"returned \[0\] of shape \(1,\); expected one rank id per request, shape \(2,\)"),
+    ([0], None, r"returned \[0\] \(list\) of shape \(1,\); expected one rank id per request, shape \(2,\)"),
+    (np.int64(1), None, r"returned 1 \(int64\) of shape \(\); expected one rank id per request"),
     ([0, 7], None, r"invalid rank ids \[7\]"),
     (np.array([0.0, 1.5]), None, r"float64 values \[0.0, 1.5\]; rank ids must be integers"),
     ([0, 0], None, r"over-filled a rank: it placed 2 requests on rank 0, which has 1 free slot"),
@@ -219,16 +220,22 @@ def test_serve_router_imports_a_router_module_before_choosing(tmp_path, monkeypa
         build_proxy(unknown)
 
 
-def test_a_choose_router_answering_out_of_range_is_named_not_an_index_error():
+@pytest.mark.parametrize("answer, shown", [
+    (99, "99 (int)"), (7, "7 (int)"), (np.int64(7), "7 (int64)"), (-1, "-1 (int)"), (1.0, "1.0 (float)"),
+    ([1], "[1] (list)"), (np.array([1]), "[1] (ndarray)"), (None, "None"), ("0", "'0' (str)"), (True, "True (bool)"),
+])
+def test_a_choose_router_answering_out_of_range_is_named_not_an_index_error(answer, shown):
+    """The error shows what choose() returned as it returned it: a plain 7 is "7 (int)", not "[7]"."""
     class Far(Router):
         name = "test_far"
 
         def choose(self, batch, i, view, open_):
-            return 99
+            return answer
 
     view = ClusterView(np.zeros(2), np.zeros(2), np.array([4, 4]))
-    with pytest.raises(RouterError, match=r"choose\(\) returned \[?99\]? for request 0; expected a worker id in \[0, 2\)"):
+    with pytest.raises(RouterError) as err:
         call_router(Far(), RequestBatch([7]), view)
+    assert f"choose() returned {shown} for request 0; expected one integer worker id in [0, 2)" in str(err.value)
 
 
 class _ReadsSignatures(Router):

@@ -391,7 +391,7 @@ def check_routed(router: Router, where: Any, n_requests: int, n_workers: int, *,
     label = _router_label(router)
     arr = np.asarray(where) if not isinstance(where, np.ndarray) else where
     if arr.shape != (n_requests,):
-        raise RouterError(f"{label} returned {_show(where)} of shape {arr.shape}; expected one {unit} id per request, "
+        raise RouterError(f"{label} returned {_describe(where)} of shape {arr.shape}; expected one {unit} id per request, "
                           f"shape ({n_requests},)")
     if arr.dtype.kind not in "iu":
         raise RouterError(f"{label} returned {arr.dtype} values {_show(arr)}; {unit} ids must be integers "
@@ -421,6 +421,15 @@ def _show(x: Any, most: int = 8) -> str:
         return repr(x)[:80]
     text = ", ".join(repr(v.item() if hasattr(v, "item") else v) for v in flat[:most])
     return f"[{text}{', ...' if flat.size > most else ''}]"
+
+
+def _describe(x: Any) -> str:
+    """What a router returned, as it returned it: a scalar as itself with its type (``7 (int)``, ``7.0
+    (float64)``, ``None``), a sequence or array as its values (:func:`_show`) with its type."""
+    if x is None or isinstance(x, (bool, int, float, str, bytes, np.generic)):
+        value = x.item() if isinstance(x, np.generic) else x
+        return repr(x)[:80] if x is None else f"{value!r:.80} ({type(x).__name__})"
+    return f"{_show(x)} ({type(x).__name__})"
 
 
 def _undeclared_hint(router: Router, batch: RequestBatch, view: ClusterView, exc: Exception) -> str:
@@ -663,8 +672,8 @@ class Router:
                 break
             w = self.choose(batch, i, work, open_)
             if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or not 0 <= w < work.n_workers:
-                raise RouterError(f"{_router_label(self)} choose() returned {_show(w)} for request {i}; expected a "
-                                  f"worker id in [0, {work.n_workers})")
+                raise RouterError(f"{_router_label(self)} choose() returned {_describe(w)} for request {i}; "
+                                  f"expected one integer worker id in [0, {work.n_workers})")
             out[i] = w
             work.admit(int(w), int(batch.prompt_len[i]))
         return out
