@@ -144,7 +144,14 @@ class Drafter:
 
     def accept(self, new_tokens: Sequence[int]) -> None:
         """Append the tokens the target produced this step."""
-        self.context.extend(_token_list("new_tokens", new_tokens))
+        if type(new_tokens) is list:  # _token_list's check, inline: the per-step path (one frame less)
+            for t in new_tokens:
+                if type(t) is not int or not 0 <= t < _INT64_END:
+                    break
+            else:
+                self.context.extend(new_tokens)
+                return
+        self.context.extend(check_token_ids("new_tokens", new_tokens))
 
     def draft(self) -> Draft:  # pragma: no cover - overridden
         """This step's proposal: candidate continuations of :attr:`context`.
@@ -324,20 +331,6 @@ class HierarchyDrafter(Drafter):
                         return Draft(cands, sources, classes)
         return Draft(cands, sources, classes)
 
-    def _first(self, ctx: list[int]) -> tuple[tuple[int, ...], str, int] | None:
-        """The walk's first non-empty answer for ``ctx`` asked for one candidate: (its first candidate, the
-        store letter, the store's match length), or None when no store answers."""
-        for letter, store, matched, fixed in self._walk:
-            if matched is not None:
-                cands, m = matched(ctx, 1)
-                if cands and cands[0]:
-                    return cands[0], letter, m
-            else:
-                cands = store.lookup(ctx, 1)
-                if cands and cands[0]:
-                    return cands[0], letter, fixed if fixed is not None else match_length(store, ctx)
-        return None
-
     def draft_chain(self, max_len: int) -> Draft:
         """One chain of up to ``max_len`` tokens (what vLLM verifies): the hierarchy's first candidate,
         extended by querying the hierarchy again after it; sources hold one store letter per token, classes
@@ -347,10 +340,11 @@ class HierarchyDrafter(Drafter):
             max_len = int(max_len)
         # the walk reads only the context's last `_reach` tokens: copy those, not the whole request
         ctx = list(self.context) if self._reach is None else self.context[-self._reach:]
+        walk = self._walk
         # the first round counts queries and hits per store; later rounds (extending the chain) do not
         got = None
         counters = self.counters
-        for letter, store, matched, fixed in self._walk:
+        for letter, store, matched, fixed in walk:
             c = counters[letter]
             c.queries += 1
             if matched is not None:
@@ -374,11 +368,21 @@ class HierarchyDrafter(Drafter):
         classes = list(class_row(m, len(seg)))
         while True:
             ctx.extend(seg)
-            got = self._first(ctx)
+            got = None
+            for name, store, matched, fixed in walk:  # (inline, not a helper: a frame costs with cold caches)
+                if matched is not None:
+                    cands, m = matched(ctx, 1)
+                else:
+                    cands = store.lookup(ctx, 1)
+                    m = fixed
+                if cands and cands[0]:
+                    got, letter = cands[0], name
+                    if m is None:
+                        m = match_length(store, ctx)
+                    break
             if got is None:
                 break
-            seg, letter, m = got
-            seg = seg[:max_len - len(chain)]
+            seg = got[:max_len - len(chain)]
             chain.extend(seg)
             letters += letter * len(seg)
             classes.extend(class_row(m, len(seg)))
@@ -528,9 +532,11 @@ class CostAwareDrafter(Drafter):
         arm = self._arm = self.choice.choose(self._rng.random()) if self.choice is not None else 0
         self.arms[arm] += 1
         kept = None  # the kept candidates' classes, where the plan gave them
+        # the hierarchy's own draft (one store letter per tree candidate, one class per token), priced on a curve
+        own = type(inner) is HierarchyDrafter and isinstance(self.cost, VerifyCost)
         if arm == 1:  # the hierarchy's full chain (the paper's policy), the engine's choice for this step
             cands, srcs = list(d.candidates), list(d.sources)
-        elif type(inner) is HierarchyDrafter and d.candidates and isinstance(self.cost, VerifyCost):
+        elif own and d.candidates:
             # the hierarchy's own draft, well-formed by construction (one class per token): plan()'s checks
             # are skipped, and its tree pass also gives the kept candidates' classes
             cands, srcs, kept = _plan(d.candidates, d.sources, d.classes, self.acceptance, self.cost, b, True)
@@ -549,7 +555,10 @@ class CostAwareDrafter(Drafter):
             # q of the step this draft starts: the bonus token plus every drafted node (a chain: its length)
             self._q = 1 + (len(cands[0]) if self.chain and cands else len({c[:i + 1] for c in cands for i in range(len(c))}))
             self._t_end = time.perf_counter()
-        return last if self.chain else Draft(cands, [x[:1] for x in srcs], last.classes)
+        if self.chain:
+            return last
+        # a tree's sources are one letter per candidate (the hierarchy's are already)
+        return Draft(cands, list(srcs) if own else [x[:1] for x in srcs], last.classes)
 
     def observe(self, draft: Draft, accepted: Sequence[int]) -> None:
         last = self._last

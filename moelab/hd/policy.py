@@ -308,6 +308,8 @@ CHOICE_EXPLORE = 0.1
 #: an engine's policy rates forget a step after this many later steps of the same policy
 CHOICE_HALF_LIFE = 2048.0
 
+_NAN = float("nan")  # a rate before any step
+
 
 class PolicyChoice:
     """Which step policy an engine's cost-aware drafter runs: the plan or the hierarchy's full chain, chosen
@@ -362,7 +364,11 @@ class PolicyChoice:
         if min(n0, n1) < self.warmup:
             arm = 0 if n0 <= n1 else 1  # alternate until both have their warm-up
         else:
-            arm = self.best()
+            if type(self) is PolicyChoice:  # best() inline (the per-step path: one frame, not three)
+                (t0, t1), (s0, s1) = self.tokens, self.seconds
+                arm = 1 if (t1 / s1 if s1 > 0.0 else _NAN) > (t0 / s0 if s0 > 0.0 else _NAN) else 0
+            else:
+                arm = self.best()
             if u < self.explore:
                 arm = 1 - arm
         self.chosen[arm] += 1
@@ -453,8 +459,8 @@ def _plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], classes: 
     entry: it built the candidates itself, so the checks of :func:`plan` would only cost time."""
     if len(candidates) == 1:  # one chain (vLLM's proposals): no tree to build
         got = _plan_chain(candidates[0], sources[0], classes[0], model, cost, budget)
-        if got is not None:
-            return got[0], got[1], [classes[0][:len(c)] for c in got[0]] if with_classes else None
+        if got is not None:  # (kept classes: the kept prefix's, when it keeps one)
+            return got[0], got[1], ([classes[0][:len(got[0][0])]] if got[0] else []) if with_classes else None
     threshold = cost.draft_threshold(budget)
     # An AcceptanceModel's alphas are <= 1 by construction (accepted <= tried, priors <= 1), so no node is
     # likelier than the root child it descends from: the first candidate's first-child alpha or a later
@@ -671,7 +677,7 @@ def observe(model: AcceptanceModel, candidates: Sequence[Sequence[int]], sources
     """Update ``model`` from one verification: ``accepted`` = the accepted draft tokens (longest accepted
     path). Every node whose parent was on the accepted path was tested: accepted iff it is the next token.
     ``classes``: the tokens' confidence classes as given to :func:`plan` (class 0 for all when None)."""
-    acc = [int(t) for t in accepted]
+    acc = list(map(int, accepted))
     if len(candidates) == 1:  # one chain: node d was tested iff the d nodes before it were accepted
         cand, src = candidates[0], sources[0]
         n = len(cand)
