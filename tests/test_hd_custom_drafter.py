@@ -155,3 +155,12 @@ def test_the_engine_verifies_every_candidate_a_drafter_returns():
     res = hd.replay_greedy(_Knows(ref, decoys=40), [1, 2, 3], ref)
     first = res.steps[0]
     assert first.n_candidates == 41 and first.tree_size == 1 + 3 + 40 * 2
+
+
+@pytest.mark.parametrize("order, says", [
+    ("WSL", r"order 'WSL' uses S but model_store is None: pass moelab.hd.load_default_model_store\(tokenizer\)"),
+    ("WL", r"order 'WL' uses L but statistics_store is None: pass moelab.hd.load_default_statistics_store\(tokenizer\)"),
+])
+def test_a_hierarchy_without_its_stores_says_how_to_load_them(order, says):
+    with pytest.raises(ValueError, match=says):
+        hd.HierarchyDrafter(order=order)

@@ -263,9 +263,13 @@ class HierarchyDrafter(Drafter):
         self.max_candidates = check_int("max_candidates", max_candidates, low=1, high=64)
         self.length = check_int("length", length, low=1, high=32)
         if "S" in order and model_store is None:
-            raise ValueError("order uses S but model_store is None")
+            raise ValueError(f"order {order!r} uses S but model_store is None: pass "
+                             "moelab.hd.load_default_model_store(tokenizer) (the shipped S of the default target) or "
+                             "your own store, or drop S from order (order='W' needs no store)")
         if "L" in order and statistics_store is None:
-            raise ValueError("order uses L but statistics_store is None")
+            raise ValueError(f"order {order!r} uses L but statistics_store is None: pass "
+                             "moelab.hd.load_default_statistics_store(tokenizer) (the ShareGPT suffix index; needs the "
+                             "sharegpt extra) or your own store, or drop L from order")
         self.letters = order
         self.name = f"HD({order})" if len(order) > 1 else f"{order}-only"
         super().__init__()
