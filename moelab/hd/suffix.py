@@ -18,6 +18,7 @@ keys are recomputed on load.
 from __future__ import annotations
 
 import json
+import operator
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -167,7 +168,10 @@ class SuffixStore:
             What :meth:`match_length` returns.
         """
         n = len(context)
-        key = token_tuple("context", context[max(0, n - self.depth):])  # a float id is refused, not truncated
+        try:  # token_tuple's conversion, inline (a drafter's per-step path); a float id is refused, not truncated
+            key = tuple(map(operator.index, context[max(0, n - self.depth):]))
+        except TypeError:
+            key = token_tuple("context", context[max(0, n - self.depth):])  # raises, naming the context
         out, ranges = self._answer(key, k)
         return out, ranges[0][0] if ranges else 0
 
