@@ -562,3 +562,47 @@ def test_decode_drift_within_a_request():
     assert overlap(1.5) < overlap(0.0) - 0.05
     with pytest.raises(ValueError, match="drift_walk"):
         SyntheticConfig(drift_walk=-0.1).validate()
+
+
+def test_steady_state_window_restricts_latency_to_requests_arriving_inside_it(small_workload):
+    """``MeasurementWindow(requests="window")`` takes TPOT/TTFT/queueing over the requests arriving in the
+    window's span only; the default window (and ``window=None`` in run_one/rate_sweep) stays every request."""
+    from moelab.eldr.experiments import prepare, rate_sweep, run_one
+    from moelab.sim import MeasurementWindow
+    from moelab.sim.metrics import summarize_requests
+
+    setup = prepare(small_workload.trace, small_cost(), 4, n_pairs=2000)
+    reqs = poisson_requests(setup.pool, sim_rate=600.0, n_requests=400, output_len=32, seed=0)
+    res = simulate(reqs, make_router("jsq"), setup.cost, n_workers=4, trace=setup.pool)
+    plain = res.metrics()
+    assert res.metrics(window=MeasurementWindow()) == plain and "latency_requests" not in plain
+    # steps-only window: the latencies still cover every request (today's behaviour)
+    steps_only = res.metrics(window=MeasurementWindow(warmup_lifetimes=8))
+    assert steps_only["tpot_ms_p50"] == plain["tpot_ms_p50"] and steps_only["warmup_steps"] > 0
+    w = MeasurementWindow(warmup_lifetimes=8, requests="window")
+    steady = res.metrics(window=w)
+    first, last = w.span(res.steps, float(res.requests["output_len"].mean()))
+    assert (steady["latency_from_s"], steady["latency_to_s"]) == (first, last)
+    ws, _ = w.select(res.steps, float(res.requests["output_len"].mean()))
+    assert first == ws["t_s"].min() and last == ws["t_s"].max() and first > 0
+    r = res.requests
+    inside = r[(r["arrival_s"] >= first) & (r["arrival_s"] <= last)]
+    assert 0 < steady["latency_requests"] == len(inside) < len(r)
+    ref = summarize_requests(inside["arrival_s"].to_numpy(), inside["first_token_s"].to_numpy(),
+                             inside["finish_s"].to_numpy(), inside["output_len"].to_numpy())
+    assert steady["tpot_ms_p50"] == ref.tpot_ms_p50 and steady["ttft_ms_p99"] == ref.ttft_ms_p99
+    assert steady["queue_s_mean"] == float((inside["admit_s"] - inside["arrival_s"]).mean())
+    # run totals and the step figures are the steps-only window's
+    for k in ("n_requests", "makespan_s", "throughput_run_tok_s", "mean_batch", "window_steps"):
+        assert steady[k] == steps_only[k], k
+    # the whole-run window with requests="window" keeps (almost) every request: the span is the busy steps
+    assert res.metrics(window=MeasurementWindow(requests="window"))["latency_requests"] >= len(r) - 1
+    with pytest.raises(ValueError, match="requests must be one of"):
+        MeasurementWindow(requests="steady")
+    # run_one / rate_sweep: window=None is today's row, a window passes through
+    kw = dict(rate=2400.0, n_requests=300, output_len=32)
+    assert run_one(setup, "jsq", **kw, window=None) == run_one(setup, "jsq", **kw)
+    df = rate_sweep(setup, rates=(2400.0,), routers=("jsq",), n_requests=300, output_len=32, window=w)
+    assert (df["latency_requests"] < 300).all()
+    with pytest.raises(ValueError, match="window must be"):
+        run_one(setup, "jsq", **kw, window=2.0)

@@ -50,6 +50,10 @@ def test_every_guide_block_runs(tmp_path):
     # rate_for_load offers half the slots; a run's mean batch is lower, the fill-up left out brings it closer
     whole, steady = map(float, re.search(r"mean batch (\d+) over the whole run, (\d+) after the fill-up", out).groups())
     assert whole < steady < 128
+    # the steady-state window also restricts the TPOT percentiles, to the requests arriving inside it
+    n_all, n_steady = map(int, re.search(r"over all (\d+) requests, [\d.]+ ms over the (\d+) arriving in the window",
+                                         out).groups())
+    assert n_all == 3000 and 0 < n_steady < n_all
     # BalanceRoute past capacity: BR-0 balances the ranks better than JSQ
     br = {m[0]: float(m[1]) for m in re.findall(r"^load 1.2 (jsq|br0) .*mean imbalance +(\d+) tokens", out, re.M)}
     assert br["br0"] < br["jsq"]

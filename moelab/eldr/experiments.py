@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 import moelab.eldr.routing  # noqa: F401  registers ELDR's routers for build_router
-from moelab._validate import check_choice, check_int, check_real, rng_from
+from moelab._validate import check_choice, check_instance, check_int, check_real, rng_from
 from moelab.costmodel import MODEL_SHAPES, DecodeStepModel
 from moelab.datasets import load_eldr_results
 from moelab.eldr.partition import spherical_kmeans
@@ -46,7 +46,7 @@ from moelab.routing import (
     router_class,
     router_names,
 )
-from moelab.sim import gain_vs_best, gains_table
+from moelab.sim import MeasurementWindow, gain_vs_best, gains_table
 from moelab.traces import ExpertTrace, RequestTrace
 
 BASELINES = router_names("eldr_paper")  # the paper's four load balancers (tagged in the ROUTERS registry)
@@ -292,6 +292,7 @@ def run_one(
     slots: int = 256,
     refit_window_s: float | None = None,
     seed: int = 0,
+    window: MeasurementWindow | None = None,
 ) -> dict:
     """Simulate one configuration; returns the metrics plus the configuration.
 
@@ -320,6 +321,12 @@ def run_one(
         Refit ELDR's centroids online over this window.
     seed : int
         Seed of arrivals and routers.
+    window : MeasurementWindow, optional
+        The measurement window the metrics are taken over (:meth:`moelab.sim.SimResult.metrics`). Default
+        None: the whole run, every request (as before). For steady-state figures pass e.g.
+        ``MeasurementWindow(warmup_lifetimes=2 * K, requests="window")``: the step figures skip the
+        fill-up and the TPOT/TTFT percentiles cover only the requests arriving inside the window (run many
+        request lifetimes, thousands of requests, so enough of them remain).
 
     Returns
     -------
@@ -327,6 +334,8 @@ def run_one(
         ``router``, ``rate``, ``sim_rate``, the configuration and :meth:`moelab.sim.SimResult.metrics`.
     """
     rate = check_real("rate", rate, low=0, low_open=True)
+    if window is not None:
+        check_instance("window", window, MeasurementWindow, "a moelab.sim.MeasurementWindow or None")
     sim_rate = rate * paper_rate_scale(setup.n_workers)
     r = build_router(setup, router, tau=tau, kind=kind, balanced=balanced, refit_window_s=refit_window_s, seed=seed)
     sig = setup.signatures(kind) if "signature" in r.requires else None
@@ -335,7 +344,7 @@ def run_one(
                    bits=setup.bits)
     return {"router": router, "rate": float(rate), "sim_rate": float(sim_rate), "tau": tau, "kind": kind, "balanced": balanced,
             "refit_window_s": refit_window_s, "n_workers": setup.n_workers,
-            "n_refits": getattr(getattr(r, "refit", None), "n_refits", 0), **res.metrics()}
+            "n_refits": getattr(getattr(r, "refit", None), "n_refits", 0), **res.metrics(window=window)}
 
 
 def rate_sweep(setup: ELDRSetup, rates: Sequence[float] = PAPER_RATES, routers: Sequence[str] = SWEEP_ROUTERS,
@@ -352,7 +361,8 @@ def rate_sweep(setup: ELDRSetup, rates: Sequence[float] = PAPER_RATES, routers: 
     routers : sequence of str
         Registered router names (default :data:`SWEEP_ROUTERS`).
     **kw
-        Passed to :func:`run_one` (``n_requests``, ``output_len``, ``tau``, ``slots``, ``seed``, ...).
+        Passed to :func:`run_one` (``n_requests``, ``output_len``, ``tau``, ``slots``, ``seed``, ``window``
+        for steady-state figures, ...).
 
     Returns
     -------

@@ -14,29 +14,87 @@ from moelab._validate import check_choice, check_instance, check_real
 from moelab.sim.metrics import LatencySummary, percentiles, summarize_requests
 
 REQUEST_COLUMNS = ("arrival_s", "prompt_len", "output_len", "worker", "admit_s", "first_token_s", "finish_s")
+REQUEST_SCOPES = ("all", "window")  # MeasurementWindow.requests: every request, or those arriving in the window
 
 
 @dataclass(frozen=True)
 class MeasurementWindow:
     """Which simulated steps the run-level *step* figures (imbalance, idle fraction, step time, windowed
-    throughput) average over; request latencies always cover every request.
+    throughput) average over, and which requests the latency figures cover.
 
     A cluster filling up from empty takes about one request lifetime (the mean output length, in steps),
     so ``warmup_lifetimes`` of them are skipped (at most half the busy steps), then ``warmup_frac`` of the
     rest. Where the steps record admissions (``n_admitted``) the window ends at the last admission: the
-    drain tail has no routing decisions left and only lowers occupancy. The default (no warm-up) is the
-    whole run.
+    drain tail has no routing decisions left and only lowers occupancy. The default (no warm-up, every
+    request) is the whole run.
+
+    Parameters
+    ----------
+    warmup_lifetimes : float
+        Request lifetimes (mean ``output_len`` steps each; in the decode-cluster simulator, where each
+        ``steps`` row is one worker's step, about ``K * output_len`` rows) skipped at the start, in
+        ``[0, 10]``.
+    warmup_frac : float
+        Share of the remaining busy steps skipped after that, in ``[0, 1)``.
+    requests : {"all", "window"}
+        Which requests the latency figures (``tpot_ms_*``, ``ttft_ms_*``, ``e2e_s_p50``, ``queue_s_*``)
+        cover. ``"all"`` (the default, and what every simulator's stated window uses): every request,
+        whatever the steps. ``"window"``: the steady-state ones, exactly those whose ``arrival_s`` lies
+        between the earliest and the latest ``t_s`` of the window's steps (both ends included; ``t_s`` is
+        a step's start in the decode-cluster simulator and its end in the DP one). Requests arriving
+        during the skipped fill-up, or after the window's end (past the last admission where the steps
+        record admissions), are left out; ``metrics()`` reports the span (``latency_from_s``,
+        ``latency_to_s``) and how many requests it holds (``latency_requests``). Run totals
+        (``n_requests``, ``makespan_s``, ``throughput_run_tok_s``, the per-worker request-count CV) always
+        cover every request.
     """
 
     warmup_lifetimes: float = 0.0
     warmup_frac: float = 0.0
+    requests: str = "all"
 
     def __post_init__(self) -> None:
         check_real("warmup_lifetimes", self.warmup_lifetimes, low=0, high=10)
         check_real("warmup_frac", self.warmup_frac, low=0, high=1, high_open=True)
+        check_choice("requests", self.requests, REQUEST_SCOPES)
+
+    def span(self, steps: pd.DataFrame, mean_output_len: float) -> tuple[float, float]:
+        """``(first, last)``: the earliest and latest ``t_s`` of the window's steps (NaN, NaN when the
+        window holds no step): ``requests="window"`` keeps the requests arriving in it, both ends included.
+
+        Parameters
+        ----------
+        steps : DataFrame
+            A run's steps (:attr:`SimResult.steps`, with ``t_s``).
+        mean_output_len : float
+            The run's mean output length (one request lifetime, in steps).
+
+        Returns
+        -------
+        tuple of float
+            The span's ends, seconds from the first arrival.
+        """
+        ws, _ = self.select(steps, mean_output_len)
+        if not len(ws) or "t_s" not in ws.columns:
+            return float("nan"), float("nan")
+        t = ws["t_s"].to_numpy(np.float64)
+        return float(t.min()), float(t.max())
 
     def select(self, steps: pd.DataFrame, mean_output_len: float) -> tuple[pd.DataFrame, int]:
-        """The window's steps of ``steps`` and how many busy steps the warm-up skipped."""
+        """The window's steps of ``steps`` and how many busy steps the warm-up skipped.
+
+        Parameters
+        ----------
+        steps : DataFrame
+            A run's steps (:attr:`SimResult.steps`).
+        mean_output_len : float
+            The run's mean output length (one request lifetime, in steps).
+
+        Returns
+        -------
+        tuple
+            ``(window steps, skipped busy steps)``.
+        """
         end = len(steps)
         if "n_admitted" in steps.columns:
             last_adm = np.flatnonzero(steps["n_admitted"].to_numpy() > 0)
@@ -117,13 +175,19 @@ class SimResult:
         Parameters
         ----------
         window : MeasurementWindow, optional
-            The steps the step figures average over (default: the simulator's stated ``self.window``).
+            The steps the step figures average over and the requests the latency figures cover (default:
+            the simulator's stated ``self.window``, which covers every request). For steady-state
+            latencies pass one with ``requests="window"``: then TPOT, TTFT, end-to-end and queueing
+            figures cover only the requests arriving inside the window's span
+            (:class:`MeasurementWindow`), ``latency_requests`` says how many they are and
+            ``latency_from_s`` / ``latency_to_s`` give the span.
 
         Returns
         -------
         dict
-            Latency summary over all requests (``throughput_run_tok_s`` = tokens / makespan), queueing
-            delay, ``warmup_steps`` / ``window_steps``; over the window's steps: mean distinct experts per
+            Latency summary over the window's requests (every request unless ``window.requests ==
+            "window"``; ``n_requests``, ``makespan_s`` and ``throughput_run_tok_s`` = tokens / makespan
+            always over every request), queueing delay, ``warmup_steps`` / ``window_steps``; over the window's steps: mean distinct experts per
             layer per step (per step and token-weighted), mean batch, ``step_ms_mean``, and where the steps
             record them the barrier imbalance ``G*max - sum`` (``avg_imbalance``, ``avg_max_minus_min``,
             ``idle_fraction`` weighted by step time), running requests (``mean_active``, ``mean_rank_load``)
@@ -139,12 +203,21 @@ class SimResult:
         lat = self.summary
         out: dict[str, Any] = {"router": self.router, "n_workers": self.n_workers, "slots": self.slots,
                                **lat.as_dict(), "throughput_run_tok_s": lat.throughput_tok_s}
+        if window.requests == "window":  # steady-state latencies: the requests arriving inside the window
+            first, last = window.span(st, float(req["output_len"].mean()))
+            arr = req["arrival_s"].to_numpy(np.float64)
+            req = req[(arr >= first) & (arr <= last)]  # NaN span (no window step): no request
+            sub = summarize_requests(req["arrival_s"].to_numpy(), req["first_token_s"].to_numpy(),
+                                     req["finish_s"].to_numpy(), req["output_len"].to_numpy()).as_dict()
+            out.update({k: v for k, v in sub.items() if k.startswith(("tpot_", "ttft_", "e2e_"))})
+            out["latency_requests"] = int(len(req))
+            out["latency_from_s"], out["latency_to_s"] = first, last
         queue = (req["admit_s"] - req["arrival_s"]).to_numpy()
         fin = queue[np.isfinite(queue)]
         q = percentiles(fin, (50, 95, 99))
         out.update({"queue_s_mean": float(fin.mean()) if fin.size else float("nan"),
                     "queue_s_p50": q["p50"], "queue_s_p95": q["p95"], "queue_s_p99": q["p99"]})
-        ws, skipped = window.select(st, float(req["output_len"].mean()))
+        ws, skipped = window.select(st, float(self.requests["output_len"].mean()))
         nw = len(ws)
         out["n_steps"] = int(len(st))
         out["warmup_steps"], out["window_steps"] = int(skipped), int(nw)
@@ -260,4 +333,4 @@ def gains_table(df: pd.DataFrame, method: str, baselines: Collection[str], *, by
     return pd.DataFrame(rows)
 
 
-__all__ = ["REQUEST_COLUMNS", "MeasurementWindow", "SimResult", "gain_vs_best", "gains_table"]
+__all__ = ["REQUEST_COLUMNS", "REQUEST_SCOPES", "MeasurementWindow", "SimResult", "gain_vs_best", "gains_table"]
