@@ -22,6 +22,7 @@ from moelab.hd.policy import (
     AcceptanceModel,
     PolicyChoice,
     _plan,
+    _plan_chain,
     check_acceptance,
     check_budget,
     class_row,
@@ -542,8 +543,15 @@ class CostAwareDrafter(Drafter):
             cands, srcs = list(d.candidates), list(d.sources)
         elif own and d.candidates:
             # the hierarchy's own draft, well-formed by construction (one class per token): plan()'s checks
-            # are skipped, and its tree pass also gives the kept candidates' classes
-            cands, srcs, kept = _plan(d.candidates, d.sources, d.classes, self.acceptance, self.cost, b, True)
+            # are skipped, and its tree pass also gives the kept candidates' classes (a chain's: its prefix)
+            # (a chain straight to _plan_chain where asking again is free: an AcceptanceModel's alphas are a memo)
+            got = _plan_chain(d.candidates[0], d.sources[0], d.classes[0], self.acceptance, self.cost, b) \
+                if self.chain and type(self.acceptance) is AcceptanceModel else None
+            if got is not None:
+                cands, srcs = got
+                kept = [d.classes[0][:len(cands[0])]] if cands else []
+            else:
+                cands, srcs, kept = _plan(d.candidates, d.sources, d.classes, self.acceptance, self.cost, b, True)
         else:
             cands, srcs = plan(d.candidates, d.sources, self.acceptance, self.cost, b, d.classes)
         if (arm == 0 and not cands and d.candidates and self.explore > 0.0 and self._rng.random() < self.explore
