@@ -349,7 +349,9 @@ def test_cli_help_lists_the_trace_suite_and_how_to_pick_its_rate(capsys):
         main(["sweep", "--help"])
     out = capsys.readouterr().out
     block = out[out.index("  eldr-trace"):]
-    assert "parameters: rate (or load), K, tau, router, n_requests, output_len, n_pairs, like, seed" in block
+    names = re.findall(r"(?:^|\s)(\w+)=", block[:block.index("like: the registry")].replace("load=...", ""))
+    assert names == ["rate", "K", "tau", "router", "n_requests", "output_len", "n_pairs", "like", "seed"]
+    assert "(or load=...)" in block
     assert "no slots" in block  # the synthetic suite's slots-free parameters are not the trace suite's
     assert "rate_for_load" in out and "--grid load=" in out
     assert "moelab sweep eldr --trace tiny-moe-heldout --grid load=" in out
@@ -443,3 +445,61 @@ def test_eldr_rate_has_one_meaning_req_s_at_16_workers():
     for bad in (0.0, 5.0):
         with pytest.raises(ValueError, match=r"load must be"):
             ex.rate_for_load(setup, bad)
+
+
+def test_cli_help_shows_suite_defaults_and_explains_like(capsys):
+    with pytest.raises(SystemExit):
+        main(["sweep", "--help"])
+    out = capsys.readouterr().out
+    assert "rate=20,40,60,80,100" in out and "K=16" in out and "n_requests=2000" in out and "output_len=512" in out
+    assert "tau=0.1" in out and "output_len=128" in out and "like=qwen3-30b-a3b" in out
+    assert "like: the registry MoE model whose expert, attention and head sizes price" in out
+    assert "--router-module MODULE" in out
+
+
+def test_cli_refused_grid_leaves_no_new_output_folder(tmp_path, capsys):
+    out = tmp_path / "new"
+    for bad in (["tau=-1"], ["router=no_such_router"]):
+        assert main(["sweep", "eldr", "--grid", *bad, "--out", str(out), "--no-progress"]) == 2
+        assert "error: " in capsys.readouterr().err and not out.exists()
+    assert main(["sweep", "eldr", "--workers", "0", "--out", str(out)]) == 2
+    assert "--workers" in capsys.readouterr().err and not out.exists()
+
+
+def test_cli_router_module_registers_a_router_the_grid_names(tmp_path, monkeypatch, capsys):
+    """``moelab sweep eldr --router-module mymod --grid router=myname``, as serve-router's flag; local workers
+    import it too (through the environment); Ray is refused with it."""
+    import os
+
+    from moelab.bench.suites import ROUTER_MODULES_ENV
+    from moelab.routing import ROUTERS
+
+    (tmp_path / "my_sweep_routers_for_test.py").write_text(
+        "from moelab.routing import ROUTERS, register_router\n"
+        "from moelab.routing.baselines import JoinShortestQueue\n"
+        "class Mine(JoinShortestQueue):\n"
+        "    name = 'test_sweep_module_router'\n"
+        "if Mine.name not in ROUTERS:\n"
+        "    register_router(Mine)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # spawned local workers find it as a user's PYTHONPATH=. would
+    base = ["sweep", "eldr", "--trace", "tiny-moe-heldout", "--router-module", "my_sweep_routers_for_test", "--grid",
+            "load=0.5", "K=4", "router=test_sweep_module_router", "n_requests=60", "output_len=8", "n_pairs=300",
+            "--no-progress"]
+    try:
+        assert main([*base, "--backend", "local", "--workers", "1", "--out", str(tmp_path / "o")]) == 0, \
+            capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert "test_sweep_module_router" in out or "1 computed" in out
+        assert ROUTER_MODULES_ENV not in os.environ  # restored
+        assert main([*base, "--backend", "ray", "--out", str(tmp_path / "r")]) == 2
+        assert "--backend serial or local" in capsys.readouterr().err and not (tmp_path / "r").exists()
+    finally:
+        ROUTERS.pop("test_sweep_module_router", None)
+    bad = ["sweep", "eldr", "--router-module", "no_such_module_xyz", "--out", str(tmp_path / "b")]
+    assert main(bad) == 2
+    assert "--router-module 'no_such_module_xyz' cannot be imported" in capsys.readouterr().err
+    assert main(["sweep", "balanceroute", "--router-module", "my_sweep_routers_for_test", "--out",
+                 str(tmp_path / "c")]) == 2
+    assert "for the eldr suites" in capsys.readouterr().err
+    ROUTERS.pop("test_sweep_module_router", None)

@@ -35,6 +35,7 @@ Suites
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
@@ -53,7 +54,10 @@ from moelab.hd.policy import BUDGETS
 from moelab.hd.specbench import spec_bench_split
 from moelab.hd.stores import default_model_store_path, load_default_model_store, load_default_statistics_store
 from moelab.models.lm import load_lm, set_cpu_threads
-from moelab.routing import available_routers  # what eldr.experiments.build_router accepts
+from moelab.routing import (
+    available_routers,  # what eldr.experiments.build_router accepts
+    import_router_modules,
+)
 from moelab.sim.cluster import MAX_DECODE_TOKENS
 from moelab.sweep.core import Scalar
 from moelab.sweep.suite import Suite, run_suite
@@ -76,6 +80,24 @@ def _eldr_setup_k(n_trace: int, model: str, seed: int, n_pairs: int, K: int) -> 
     return base if K == base.n_workers else eldr_experiments.with_workers(base, K)
 
 
+#: the environment variable ``moelab sweep --router-module`` sets to the modules' names (comma-separated), so
+#: that the local backend's worker processes, which inherit it, import them before a point names a router
+ROUTER_MODULES_ENV = "MOELAB_ROUTER_MODULES"
+
+
+def import_sweep_router_modules() -> list[str]:
+    """Import the router modules ``moelab sweep --router-module`` named (:data:`ROUTER_MODULES_ENV`), in this
+    process: the eldr suites' points call it first, so a worker process knows the user's routers too.
+
+    Returns
+    -------
+    list of str
+        The modules imported (none when the variable is unset).
+    """
+    names = [m for m in os.environ.get(ROUTER_MODULES_ENV, "").split(",") if m]
+    return import_router_modules(names, flag=f"--router-module (${ROUTER_MODULES_ENV})")
+
+
 def eldr_point(rate: float = 60.0, K: int = 16, tau: float = 0.1, router: str = "eldr", n_requests: int = 2000,
                output_len: int = 512, n_trace: int = 2048, n_pairs: int = 10000, model: str = "qwen3-30b-a3b",
                seed: int = 0) -> dict[str, Any]:
@@ -84,6 +106,7 @@ def eldr_point(rate: float = 60.0, K: int = 16, tau: float = 0.1, router: str = 
     ``rate`` is in ELDR's one unit, req/s at 16 decode workers: ``K`` workers are offered ``rate * K / 16``
     (the per-worker load of the paper's 16-worker cluster held fixed across K; the row's ``sim_rate``).
     ``tau`` only affects the ``eldr`` router."""
+    import_sweep_router_modules()  # a router a --router-module registers, in this worker too
     setup = _eldr_setup_k(int(n_trace), model, int(seed), int(n_pairs), int(K))
     return eldr_experiments.run_one(setup, router, rate=rate, n_requests=n_requests, output_len=output_len, tau=tau,
                                     seed=seed)
@@ -267,4 +290,5 @@ def run_named_suite(name: str, overrides: Mapping[str, Sequence[Scalar]] | None 
                      progress=progress, compute=compute)
 
 
-__all__ = ["SWEEP_SUITES", "balanceroute_point", "eldr_point", "get_suite", "hd_question", "run_named_suite"]
+__all__ = ["ROUTER_MODULES_ENV", "SWEEP_SUITES", "balanceroute_point", "eldr_point", "get_suite", "hd_question",
+           "import_sweep_router_modules", "run_named_suite"]

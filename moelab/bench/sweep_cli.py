@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import inspect
 import io
+import os
 import sys
 import warnings
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -26,11 +28,17 @@ from typing import Any
 from moelab._io import atomic_write_bytes
 from moelab._outputs import check_output_dir, claim_output_dir, record_outputs
 from moelab._validate import check_choice, check_int, check_real
-from moelab.bench.suites import _FLOOR, SWEEP_SUITES, get_suite
+from moelab.bench.suites import (
+    _FLOOR,
+    ROUTER_MODULES_ENV,
+    SWEEP_SUITES,
+    get_suite,
+    import_sweep_router_modules,
+)
 from moelab.costmodel import MODEL_SHAPES
 from moelab.datasets import bundled_path
 from moelab.eldr import experiments as eldr_experiments
-from moelab.routing import available_routers
+from moelab.routing import available_routers, import_router_modules
 from moelab.sweep.core import BACKENDS, parse_grid_args
 from moelab.sweep.suite import Suite, coerce, run_suite
 from moelab.traces import bundled_trace_path, load_trace, traces_dir
@@ -66,7 +74,11 @@ def eldr_trace_point(trace: str, rate: float = 60.0, K: int = 16, tau: float = 0
     n_pairs : int
         Request pairs of the signature's layer-mask search.
     like : str
-        The registry model whose expert, attention and head sizes price the trace's routing.
+        A registry MoE model (:data:`moelab.costmodel.MODEL_SHAPES`) whose expert, attention and head sizes
+        price the trace's routing (:func:`moelab.eldr.experiments.projection_cost`): the trace says which
+        experts each step reads and how many layers, experts and top-k there are; ``like`` says how much an
+        expert and a token's attention cost on the H200 tables (a small captured model is priced as if it
+        were that model's size).
     seed : int
         Seed of the split, K-means, arrivals and routers.
 
@@ -75,6 +87,7 @@ def eldr_trace_point(trace: str, rate: float = 60.0, K: int = 16, tau: float = 0
     dict
         :func:`moelab.eldr.experiments.run_one`'s row (the sweep adds the point's parameters, ``trace`` too).
     """
+    import_sweep_router_modules()  # a router a --router-module registers, in this worker too
     path = Path(trace)
     setup = _trace_setup(str(path), path.stat().st_mtime_ns, int(K), int(n_pairs), like, int(seed))
     return eldr_experiments.run_one(setup, router, rate=rate, n_requests=n_requests, output_len=output_len, tau=tau,
@@ -91,7 +104,7 @@ def _trace_check(points: list[dict]) -> None:
         check_int("n_requests", p["n_requests"], low=1, high=1_000_000)
         check_int("output_len", p["output_len"], low=1, high=100_000)
         check_int("n_pairs", p["n_pairs"], low=100, high=1_000_000)
-        check_choice("like", p["like"], sorted(k for k, v in MODEL_SHAPES.items() if v.is_moe))
+        check_choice("like", p["like"], _moe_models())
         check_int("seed", p["seed"], low=0)
 
 
@@ -142,6 +155,12 @@ def resolve_trace(trace: str | Path) -> Path:
                      f"({', '.join(names) if names else 'none bundled here'}); {text!r} is neither")
 
 
+#: the trace suite's default rates (ELDR's unit; the paper's, usually far below a trace's scale: give load=...)
+TRACE_DEFAULT_RATES = (20.0, 40.0, 60.0, 80.0, 100.0)
+#: the trace suite's default routers: the paper's four load balancers and ELDR
+TRACE_DEFAULT_ROUTERS = (*eldr_experiments.BASELINES, "eldr")
+
+
 def eldr_trace_suite(trace: str | Path) -> Suite:
     """The ``eldr`` suite on a real expert trace: rate x K x tau x router, one :func:`eldr_trace_point` each.
 
@@ -169,8 +188,8 @@ def eldr_trace_suite(trace: str | Path) -> Suite:
 
     return Suite(
         "eldr-trace", eldr_trace_point,
-        {"trace": [str(path)], "rate": [20.0, 40.0, 60.0, 80.0, 100.0], "K": [min(16, n_half)], "tau": [0.1],
-         "router": [*eldr_experiments.BASELINES, "eldr"], "n_requests": [2000], "output_len": [128],
+        {"trace": [str(path)], "rate": list(TRACE_DEFAULT_RATES), "K": [min(16, n_half)], "tau": [0.1],
+         "router": list(TRACE_DEFAULT_ROUTERS), "n_requests": [2000], "output_len": [128],
          "n_pairs": [10000], "like": ["qwen3-30b-a3b"], "seed": [0]},
         f"ELDR decode cluster on the real trace {path.name} ({tr.geometry.model_name}, {tr.n_requests} requests): "
         "rate x K x tau x router", ("moelab.eldr", "moelab.bench.sweep_cli", *_FLOOR), data,
@@ -238,14 +257,50 @@ def _fmt(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 1000 and abs(x) < 1e15 else f"{x:.4g}"
 
 
+def _defaults(values: Any) -> str:
+    """A parameter's default values as ``--grid`` writes them (a long list shortened)."""
+    vals = list(values() if callable(values) else values)
+    text = ",".join(f"{v:g}" if isinstance(v, float) else repr(v) if v == "" else str(v) for v in vals[:6])
+    return text + (f",... ({len(vals)} values)" if len(vals) > 6 else "")
+
+
+def _wrap_params(pairs: list[str]) -> str:
+    """``pairs`` two spaces apart, in lines of at most about 96 characters indented under a suite's name."""
+    lines, line = [], ""
+    for item in pairs:
+        if line and len(line) + len(item) + 2 > 96:
+            lines.append(line)
+            line = ""
+        line = f"{line}  {item}" if line else item
+    lines.append(line)
+    return "\n".join(f"  {'':<14}{x}" for x in lines)
+
+
 def _suite_help() -> str:
-    lines = [f"  {s.name:<14}{s.description}\n  {'':<14}parameters: {', '.join(s.params)}" for s in SWEEP_SUITES.values()]
-    trace_params = ["rate (or load)" if p == "rate" else p
-                    for p in inspect.signature(eldr_trace_point).parameters if p != "trace"]
+    lines = []
+    for s in SWEEP_SUITES.values():
+        try:
+            pairs = [f"{k}={_defaults(v)}" for k, v in s.params.items()]
+        except (OSError, ValueError, ImportError):  # a default read from data that is not here (hd's question ids)
+            pairs = [f"{k}={_defaults(v) if not callable(v) else '(from data)'}" for k, v in s.params.items()]
+        lines.append(f"  {s.name:<14}{s.description}\n  {'':<14}parameters (defaults):\n{_wrap_params(pairs)}")
+    sig = inspect.signature(eldr_trace_point).parameters
+    special = {"rate": f"rate={_defaults(TRACE_DEFAULT_RATES)} (or load=...)",
+               "K": "K=16 (at most half the trace's requests)",
+               "router": f"router={_defaults(TRACE_DEFAULT_ROUTERS)}"}
+    trace_pairs = [special.get(p, f"{p}={_defaults([v.default])}") for p, v in sig.items() if p != "trace"]
+    pad = " " * 16
     lines.append(f"  {'eldr-trace':<14}ELDR decode cluster on a REAL expert trace, moelab sweep eldr --trace FILE|NAME "
-                 f"(rows to OUT/eldr-trace.parquet)\n  {'':<14}parameters: {', '.join(trace_params)} (the trace "
-                 "is --trace's; no slots: 256 per worker)")
+                 f"(rows to OUT/eldr-trace.parquet)\n{pad}parameters (defaults; the trace is --trace's; no slots: "
+                 f"256 per worker):\n{_wrap_params(trace_pairs)}\n"
+                 f"{pad}like: the registry MoE model whose expert, attention and head sizes price the trace's\n"
+                 f"{pad}routing (the trace gives the layers, experts, top-k and which experts each step reads; like,\n"
+                 f"{pad}how much each costs on the H200 tables), one of:\n{_wrap_params(_moe_models())}")
     return "\n".join(lines)
+
+
+def _moe_models() -> list[str]:
+    return sorted(k for k, v in MODEL_SHAPES.items() if v.is_moe)
 
 
 EPILOG = """rates (eldr, eldr-trace): req/s offered to the paper's 16 decode workers (K workers get rate * K / 16). The
@@ -284,6 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", metavar="FILE|NAME",
                    help="eldr only: sweep this real ExpertTrace file (.npz), or a bundled trace by name (e.g. "
                         "tiny-moe-heldout), instead of the synthetic workload (suite eldr-trace)")
+    p.add_argument("--router-module", action="append", default=[], metavar="MODULE",
+                   help="eldr suites: import this module first (repeatable), as moelab serve-router --router-module "
+                        "does: a module of yours that registers a router (moelab.routing.register_router) so "
+                        "--grid router=NAME can name it; it must be importable (installed, or its folder on "
+                        "PYTHONPATH, e.g. PYTHONPATH=. moelab sweep ...). The serial and local backends import it "
+                        "in every worker; --backend ray is refused with it. Its source joins the cache key")
     p.add_argument("--cached-only", action="store_true",
                    help="compute nothing: show the points already cached (e.g. a long run's progress while it runs)")
     return p
@@ -301,6 +362,21 @@ def _summary(res, suite, grid) -> str:  # noqa: ANN001 - internal
     return text
 
 
+def _with_router_modules(suite: Suite, modules: list[str], backend: str) -> Suite:
+    """``suite`` after importing the ``--router-module`` modules here and, through :data:`ROUTER_MODULES_ENV`,
+    in every worker the serial and local backends start; their source joins the cache key."""
+    if suite.name not in ("eldr", "eldr-trace"):
+        raise ValueError(f"--router-module is for the eldr suites (their router parameter); suite {suite.name!r} "
+                         "takes no router")
+    if backend == "ray":
+        raise ValueError("--router-module runs with --backend serial or local: Ray's workers (on other machines "
+                         "too) would not import it; install the module on every node and register the router "
+                         "there, or drop --backend ray")
+    modules = import_router_modules(modules)
+    os.environ[ROUTER_MODULES_ENV] = ",".join(modules)  # spawned local workers inherit it
+    return replace(suite, code=(*suite.code, *modules))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
@@ -308,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {message}", file=sys.stderr)
 
     old_show = warnings.showwarning
+    old_env = os.environ.get(ROUTER_MODULES_ENV)
     warnings.showwarning = show
     try:
         suite = get_suite(args.suite)
@@ -325,7 +402,12 @@ def main(argv: list[str] | None = None) -> int:
             overrides["rate"] = rates
             print("load -> rate (req/s at 16 workers): "
                   + ", ".join(f"{x:g} -> {_fmt(r)}" for x, r in zip(loads, rates)))
+        if args.router_module:
+            suite = _with_router_modules(suite, args.router_module, args.backend)
         grid = coerce(suite, suite.grid(overrides))
+        suite.points(overrides)  # the whole grid checked before the output folder is claimed
+        if args.workers is not None:
+            check_int("--workers", args.workers, low=1, high=1024)
         if not args.cached_only:  # the output folder checked and claimed before any point runs
             claim_output_dir(check_output_dir(args.out, writer=WRITER, name="--out",
                                               overwrites=[f"{suite.name}.parquet"]), WRITER)
@@ -365,6 +447,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         warnings.showwarning = old_show
+        if args.router_module:  # the workers have run: leave this process's environment as it was
+            if old_env is None:
+                os.environ.pop(ROUTER_MODULES_ENV, None)
+            else:
+                os.environ[ROUTER_MODULES_ENV] = old_env
 
 
 if __name__ == "__main__":

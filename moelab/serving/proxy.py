@@ -74,7 +74,6 @@ import argparse
 import asyncio
 import contextlib
 import errno
-import importlib
 import itertools
 import json
 import logging
@@ -96,7 +95,15 @@ from aiohttp.web_protocol import RequestPayloadError
 from moelab._validate import check_choice, check_int, check_loopback_host, check_real
 from moelab.eldr.signature import SignatureBuilder
 from moelab.routers import check_supplies, make_router, router_class, router_names
-from moelab.routing import ClusterView, RequestBatch, Router, RouterCalibration, RouterError, call_router
+from moelab.routing import (
+    ClusterView,
+    RequestBatch,
+    Router,
+    RouterCalibration,
+    RouterError,
+    call_router,
+    import_router_modules,
+)
 from moelab.serving.client import (
     BACKEND_ERRORS,
     MAX_RESPONSE_BYTES,
@@ -1081,11 +1088,7 @@ def build_proxy(args: argparse.Namespace) -> RouterProxy:
     for name in TIMEOUT_FLAGS:
         if getattr(args, name) is not None:  # None: the default that follows another flag
             check_real("--" + name.replace("_", "-"), getattr(args, name), low=0, low_open=True, high=MAX_TIMEOUT_S)
-    for module in args.router_module:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ValueError(f"--router-module {module!r} cannot be imported: {exc}") from None
+    import_router_modules(args.router_module)
     check_choice("--router", args.router, router_choices())
     source, calibration = None, RouterCalibration(n_workers=len(args.backend), seed=args.seed)
     if "signature" in router_class(args.router).requires:  # signatures: calibration ones, then one per request

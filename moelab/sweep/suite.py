@@ -48,6 +48,26 @@ class Suite:
                              f"{sorted(self.params)}")
         return {k: list(overrides[k]) if k in overrides else self.default(k) for k in self.params}
 
+    def points(self, overrides: Mapping[str, Sequence[Scalar]] | None = None) -> list[dict[str, Scalar]]:
+        """Every point of the grid (defaults with ``overrides``), typed (:func:`coerce`), checked by
+        ``check`` and in ``arrange``'s order: what :func:`run_suite` runs. A bad grid raises here, before
+        anything is written.
+
+        Parameters
+        ----------
+        overrides : mapping of str to sequence, optional
+            Values for some parameters (the others keep their defaults).
+
+        Returns
+        -------
+        list of dict
+            One dict of parameter values per point.
+        """
+        points = expand_grid(coerce(self, self.grid(overrides)), allowed=self.params)
+        if self.check is not None:
+            self.check(points)
+        return self.arrange(points) if self.arrange is not None else points
+
     def code_version(self) -> str:
         """Hash of the code the suite's results depend on (part of every cache key)."""
         more = tuple(self.code_fn()) if self.code_fn is not None else ()
@@ -83,12 +103,7 @@ def run_suite(suite: Suite, overrides: Mapping[str, Sequence[Scalar]] | None = N
               address: str | None = None, progress: bool = True, compute: bool = True) -> SweepResult:
     """Run ``suite``'s grid (defaults with ``overrides``); the cache is ``out/cache/<suite name>``.
     ``compute=False`` runs nothing and returns the cached points (see :func:`~moelab.sweep.core.run_sweep`)."""
-    grid = coerce(suite, suite.grid(overrides))
-    points = expand_grid(grid, allowed=suite.params)
-    if suite.check is not None:
-        suite.check(points)
-    if suite.arrange is not None:
-        points = suite.arrange(points)
+    points = suite.points(overrides)
     return run_sweep(suite.fn, points, cache_dir=Path(out) / "cache" / suite.name, backend=backend, workers=workers,
                      address=address, code=suite.code_version(), data=suite.data_hash(), allowed=suite.params,
                      progress=progress, desc=f"sweep {suite.name}", compute=compute)
