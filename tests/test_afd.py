@@ -260,3 +260,11 @@ def test_batched_sweep_equals_separate_runs():
         assert res.makespan == alone.makespan  # the schedule is identical, not just close
         for key, value in res.as_dict().items():  # sums in another order: equal to rounding
             assert value == (getattr(alone, key) if isinstance(value, str) else pytest.approx(getattr(alone, key), rel=1e-12)), key
+
+
+def test_ratio_terms_repr_shows_binding_and_r_star():
+    from moelab.afd import ratio_terms
+
+    t = ratio_terms(256, 100, 500)
+    text = repr(t)
+    assert f"binding={t.binding!r}" in text and f"r_star={t.r_star!r}" in text and "t_A=" in text

@@ -78,7 +78,32 @@ def geometry(shape: str) -> StageGeometry:
 
 @dataclass
 class Coverage:
-    """Counts of stage evaluations outside the measured tables (each one extrapolated, never clamped)."""
+    """Counts of stage evaluations outside the measured tables, and how each was priced there.
+
+    Attention (KV bytes above the ``attn_step`` table) and the FFN (a batch above the ``moe_step`` table's
+    largest, ``B <= 256`` tokens in the bundled H200 tables) are *extrapolated*: the table's last segment
+    is extended linearly, since both grow about linearly with their load there. Below a table they take its
+    first value (the kernel floor; decode is weight-bound). The link's bandwidth at an EP size ``r + 1``
+    outside the DeepEP table (8..256) *holds the table's end value*: bandwidth per EP size is a saturating
+    curve, which a linear extension in log2(EP) would push past the hardware's (or below zero). A link
+    volume more than 2x away from DeepEP's per-call volume scales the time with the bytes at the
+    table's bandwidth (the fixed latency at that volume is unknown).
+
+    Attributes
+    ----------
+    attention_evals, attention_extrapolated : int
+        Attention stage evaluations, and those above the ``attn_step`` table.
+    ffn_evals, ffn_extrapolated : int
+        FFN stage evaluations, and those at a batch above the ``moe_step`` table.
+    link_evals : int
+        Link evaluations (each counts dispatch and combine once).
+    link_ep_extrapolated : int
+        Link evaluations at an EP size outside the DeepEP table (end value held, as above).
+    link_volume_extrapolated : int
+        Link transfers (dispatch and combine each) more than 2x away from DeepEP's per-call volume.
+    notes : list of str
+        One line per kind of excursion, saying what was done.
+    """
 
     attention_evals: int = 0
     attention_extrapolated: int = 0
@@ -90,12 +115,14 @@ class Coverage:
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
+        """The counts and the distinct ``notes`` (sorted) as one dict."""
         return {k: getattr(self, k) for k in ("attention_evals", "attention_extrapolated", "ffn_evals",
                                               "ffn_extrapolated", "link_evals", "link_ep_extrapolated",
                                               "link_volume_extrapolated")} | {"notes": sorted(set(self.notes))}
 
     @property
     def any_extrapolated(self) -> bool:
+        """Whether any stage evaluation fell outside its table (extrapolated or end value held)."""
         return bool(self.attention_extrapolated or self.ffn_extrapolated or self.link_ep_extrapolated
                     or self.link_volume_extrapolated)
 

@@ -282,15 +282,21 @@ class MeasuredSweep:
         The realised mean prompt and decode lengths (tokens) of that distribution: what the theory
         columns and :attr:`r_star` are given.
     steps : int
-        Decode steps each microbatch runs (``K = requests * mean_steps / B``); each step is one forward
+        Decode steps each microbatch runs, NOTATION's ``n_steps = requests * mean_steps / B`` (the paper's
+        ``K``); each step is one forward
         of the whole bundle for that microbatch, so the run makes ``steps * microbatches`` forwards.
     microbatches : int
         Microbatches in flight per attention instance.
     coverage : dict
         How many stage evaluations fell outside the measured tables (``attention_evals``,
         ``attention_extrapolated``, ``ffn_evals``, ``ffn_extrapolated``, ``link_evals``,
-        ``link_ep_extrapolated``, ``link_volume_extrapolated``; extrapolated, never clamped) and
-        ``notes``.
+        ``link_ep_extrapolated``, ``link_volume_extrapolated``) and ``notes``
+        (:class:`~moelab.afd.calibration.Coverage`): attention and FFN evaluations beyond their tables are
+        extrapolated (the last segment extended linearly; the FFN table stops at ``B <= 256`` tokens, which
+        ``r * B`` passes quickly on long prompts or large r), while a link at an EP size ``r + 1`` outside
+        the DeepEP table (8..256) holds the table's end bandwidth (a saturating curve that a linear
+        extension would overshoot). Nonzero ``*_extrapolated`` counts mean the row's times rest partly on
+        that.
     fit : CoefficientFit or None
         The least-squares fit of the six coefficients to the stage tables on :data:`FIT_R_VALUES`, with
         its errors; None when the stages are the theory's own (:class:`LinearStages`) or ``coeffs`` was
@@ -411,7 +417,7 @@ def simulate_measured(r_values, B: int = 256, lengths: LengthDistribution | str 
         Stage times; default the H200 tables with the DeepEP link for Qwen3-30B-A3B.
     requests : float
         Requests per slot group (the theory's horizon N, in [B, :data:`MAX_REQUESTS`]); the run lasts
-        ``K = N * mean_steps / B`` steps.
+        ``n_steps = N * mean_steps / B`` steps (NOTATION's symbol; the paper's ``K``).
     microbatches : int
         Microbatches in flight per instance (1..:data:`MAX_MICROBATCHES`).
     speed_cv : float

@@ -74,8 +74,10 @@ def mean_token_load(B: int, mu_P: float, mu_D: float, N: float | None = None) ->
 
 @dataclass(frozen=True)
 class RatioTerms:
-    """The three candidates of ``r* = max(r_A, r_C, r_peak)`` and the stage times behind them
-    (what :func:`ratio_terms` returns; :attr:`binding` names the candidate that sets r*).
+    """The three candidates of ``r* = max(r_A, r_C, r_peak)`` and the attention and communication stage
+    times behind them (what :func:`ratio_terms` returns; :attr:`binding` names the candidate that sets r*,
+    :attr:`r_star` its value; the repr shows both). The FFN time ``t_F(rB) = a_F r B + b_F`` depends on r,
+    so it is no single number here: compute it from ``coeffs`` at the r of interest.
 
     Times are in the coefficients' unit (``coeffs.unit``: ms for a fit to measured tables, cycles for
     the paper's fit); the ratios are dimensionless (attention instances per FFN instance) and may be
@@ -118,6 +120,10 @@ class RatioTerms:
     def binding(self) -> str:
         """Which candidate sets r*: ``"attention"``, ``"communication"`` or ``"ffn_peak"``."""
         return ("attention", "communication", "ffn_peak")[int(np.argmax([self.r_A, self.r_C, self.r_peak]))]
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in ("r_A", "r_C", "r_peak", "t_A", "t_C", "token_load"))
+        return f"RatioTerms(binding={self.binding!r}, r_star={self.r_star!r}, {fields})"
 
 
 def ratio_terms(B: int, mu_P: float, mu_D: float, N: float | None = None,
