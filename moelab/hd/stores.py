@@ -187,7 +187,28 @@ def load_store(path: str | Path, tokenizer: Any, kind: str | None = None) -> NGr
 
 
 def load_default_model_store(tokenizer: Any) -> NGramTable:
-    """The shipped S store; a clear error if ``tokenizer`` is not the one it was built for."""
+    """The shipped S store (``data/hd/``, the model's own n-gram table, built for SmolLM2-135M-Instruct).
+
+    It is read as shipped: there is no ``rebuild`` or ``max_tokens`` here (building S runs the model;
+    ``moelab build-hd-stores --stores S [--model NAME]`` does it).
+
+    Parameters
+    ----------
+    tokenizer : tokenizer
+        The target's tokenizer; it must be the one the store was built for (checked by its identity).
+
+    Returns
+    -------
+    NGramTable
+        The S store.
+
+    Raises
+    ------
+    FileNotFoundError
+        When the shipped file is missing (the message says how to rebuild it).
+    StoreFileError
+        When the file does not belong to ``tokenizer`` (or is damaged), saying how to build one for it.
+    """
     path = default_model_store_path()
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; rebuild it with `moelab build-hd-stores --stores S`")
@@ -200,7 +221,26 @@ def load_default_model_store(tokenizer: Any) -> NGramTable:
 
 
 def load_default_statistics_store(tokenizer: Any, *, rebuild: bool = False, max_tokens: int | None = None) -> SuffixStore:
-    """L for ``tokenizer``: REST's suffix index over ShareGPT (cached; built once, about a minute on 2 cores)."""
+    """L for ``tokenizer``: REST's suffix index over ShareGPT (cached; built once, about a minute on 2 cores).
+
+    Parameters
+    ----------
+    tokenizer : tokenizer
+        The target's tokenizer: ShareGPT's conversations are tokenized with it, and the cached file is
+        keyed by its identity (a store of another tokenizer is never read).
+    rebuild : bool
+        Build the index again even if its cached file exists (and overwrite that file); default False reads
+        the cache when it is there and builds it only the first time.
+    max_tokens : int, optional
+        How many ShareGPT tokens to index, from the start of the corpus (default ``None``, as is 0:
+        :data:`moelab.hd.suffix.L_MAX_TOKENS`, 8 million). Fewer build faster and smaller but find fewer
+        continuations; each value is its own cached file.
+
+    Returns
+    -------
+    SuffixStore
+        The L store.
+    """
     return load_sharegpt_suffix_store(tokenizer, max_tokens=max_tokens or L_MAX_TOKENS, rebuild=rebuild)
 
 
