@@ -194,6 +194,18 @@ class SimResult:
             and ``throughput_tok_s`` as tokens per second of the window's steps (else the run-level one);
             router decision times over all steps; per-worker request-count CV; then ``info``. Every
             computed figure is a plain Python ``float`` / ``int`` (never a numpy scalar); ``info`` is as given.
+
+            Units: ``tpot_ms_*``, ``ttft_ms_*`` (TTFT at decode: admission wait plus the first decode step)
+            and ``step_ms_mean`` in milliseconds; ``e2e_s_p50``, ``queue_s_*``, ``makespan_s`` in seconds;
+            ``throughput_tok_s`` and ``throughput_run_tok_s`` in decode tokens per second (the whole
+            cluster); ``avg_imbalance`` in KV tokens, per step ``G * max - sum`` of the ranks' KV loads
+            (the token-steps the barrier leaves idle), averaged over the window's steps, and
+            ``avg_max_minus_min`` in KV tokens too; ``idle_fraction`` a share in ``[0, 1]``, per step
+            ``1 - sum / (G * max)`` of those loads, averaged weighted by step time; ``mean_active`` in
+            running requests (the cluster), ``mean_rank_load`` in KV tokens per rank, ``mean_batch`` in
+            requests per step; ``distinct_per_layer_*`` in experts; ``decision_ms_*`` in milliseconds per
+            step and ``decision_us_per_request_p50`` in microseconds; ``warmup_steps``, ``window_steps``,
+            ``n_steps`` count ``steps`` rows; ``worker_load_cv`` is dimensionless.
         """
         window = self.window if window is None else window
         if not isinstance(window, MeasurementWindow):

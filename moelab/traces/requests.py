@@ -294,9 +294,29 @@ def load_azure_trace(kind: str = "conv", year: int = 2023, *, nrows: int | None 
                      chunksize: int = 1_000_000) -> RequestTrace:
     """Azure LLM inference trace (``kind`` 'code' or 'conv'; ``year`` 2023 or 2024).
 
-    The 2023 traces (~1 h) come through :func:`moelab.datasets.public_path` (local copy via
-    ``$MOELAB_PUBLIC_DATA`` or download). The 2024 week-long traces are large: they are read in
-    chunks, and ``nrows`` keeps only the first rows.
+    The file is found by :func:`moelab.datasets.public_path`, in this order: the copy under
+    ``$MOELAB_PUBLIC_DATA`` when that variable is set and holds it; the copy bundled with the lab in
+    ``data/public/azure-llm-2023/`` (the 2023 traces, ~1 h each, CC-BY-4.0, so they load offline with no
+    download); the cache (``$MOELAB_CACHE/public``, by default ``~/.cache/moelab/public``);
+    else a download into that cache. The 2024 week-long traces are not bundled (too large): they come from
+    the environment copy, the cache or a download on first use, are read in chunks, and ``nrows`` keeps
+    only the first rows.
+
+    Parameters
+    ----------
+    kind : {"conv", "code"}
+        The conversation or the coding trace.
+    year : {2023, 2024}
+        The trace's release.
+    nrows : int, optional
+        Keep only the first ``nrows`` requests (>= 1); the 2024 files then stop reading early.
+    chunksize : int
+        Rows read at a time from a 2024 file.
+
+    Returns
+    -------
+    RequestTrace
+        Arrivals (seconds from the first), prompt and output lengths.
     """
     check_choice("kind", kind, ("code", "conv"))
     check_choice("year", year, (2023, 2024))
