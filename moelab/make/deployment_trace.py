@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
-import re
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -24,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from moelab._io import atomic_write_text
 from moelab.capture import capture
 from moelab.datasets import repo_root
+from moelab.make import write_readme_section
 from moelab.notebooks import notebooks_dir
 from moelab.presets import PRESETS
 from moelab.presets import resolve as resolve_preset
@@ -39,7 +38,8 @@ TRACE_NAME = "tiny-moe-06-vllm"
 ENGINE = {"max_model_len": 512, "max_num_batched_tokens": 128}
 #: the model's name in the trace (the notebook's capture records its folder, a path of the machine it ran on)
 MODEL_NAME = "moelab-tiny-moe"
-_BEGIN, _END = "<!-- deployment-trace: begin -->", "<!-- deployment-trace: end -->"
+#: the name of this script's section in data/traces/README.md (moelab.make.write_readme_section)
+README_SECTION = "deployment-trace"
 
 
 def notebook_settings(preset: str) -> dict[str, Any]:
@@ -112,12 +112,11 @@ def record(preset: str = "classroom") -> tuple[Any, dict[str, Any]]:
 
 
 def readme_section(trace: Any, path: Path) -> str:
-    """The README's section for the recorded capture (between its markers)."""
+    """The README's section for the recorded capture (written between its markers by :func:`write_readme`)."""
     prov, g = trace.provenance, trace.geometry
     p, agree = prov["parameters"], prov["hf_agreement"]
     same = all(v for k, v in agree.items() if k.endswith("_equal"))
-    return f"""{_BEGIN}
-## {TRACE_NAME}: notebook 06's requests recorded with a live vLLM engine
+    return f"""## {TRACE_NAME}: notebook 06's requests recorded with a live vLLM engine
 
 `{path.name}` + `{path.with_suffix('.json').name}` ({path.stat().st_size // 1024} KB): what notebook 06 captures
 from its live engine at the `{prov['preset']}` preset, recorded once so that `moelab book build` can show 06 where no
@@ -139,17 +138,12 @@ live engine is installed (it passes this file as the notebook's `TRACE`, and the
 - provenance (JSON sidecar): software versions, engine settings, notebook parameters, the check above
 
 Re-record (needs vLLM; a few minutes on CPU): `python -m moelab.make.deployment_trace`.
-{_END}
 """
 
 
 def write_readme(trace: Any, path: Path, readme: Path) -> None:
-    """Replace (or append) the recorded capture's section of ``readme``."""
-    text = readme.read_text() if readme.is_file() else "# Bundled expert traces\n"
-    section = readme_section(trace, path)
-    pattern = re.compile(re.escape(_BEGIN) + r".*?" + re.escape(_END) + r"\n?", re.DOTALL)
-    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
-    atomic_write_text(readme, text)
+    """Replace (or append) the recorded capture's section of ``readme``; the other sections stay."""
+    write_readme_section(readme, README_SECTION, readme_section(trace, path))
 
 
 def main(argv: list[str] | None = None) -> int:

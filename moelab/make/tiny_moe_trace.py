@@ -12,9 +12,10 @@ import argparse
 import time
 from pathlib import Path
 
-from moelab._io import atomic_write_json, atomic_write_text, read_json
+from moelab._io import atomic_write_json, read_json
 from moelab.capture import capture
 from moelab.datasets import repo_root
+from moelab.make import write_readme_section
 from moelab.models.corpus import BUILTIN_DOMAINS
 from moelab.models.tiny_moe import TINY_MOE_PATH, heldout_prompts, load_tiny_moe, write_model_card
 from moelab.traces.analysis import locality_stats
@@ -54,9 +55,8 @@ def main(argv: list[str] | None = None) -> int:
             "max_new_tokens": args.max_new_tokens}
     if out == repo_root() / "data" / "traces":  # the card describes the bundled trace only
         write_model_card(TINY_MOE_PATH, stats, info)
-    atomic_write_text(out / "README.md", f"""# Bundled expert traces
-
-`{path.name}` + `{path.with_suffix('.json').name}`: a `moelab.traces.ExpertTrace` (load with
+    # only this script's section: the README also describes files other scripts make (notebook 06's capture)
+    write_readme_section(out / "README.md", "tiny-moe-trace", f"""`{path.name}` + `{path.with_suffix('.json').name}`: a `moelab.traces.ExpertTrace` (load with
 `ExpertTrace.load(moelab.datasets.bundled_path("traces", "{path.name}"))`).
 
 - model: moelab-tiny-moe (`data/models/tiny-moe`, {trace.geometry.num_layers} MoE layers x
