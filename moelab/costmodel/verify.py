@@ -144,7 +144,9 @@ class OnlineVerifyCost(VerifyCost):
         self.seed = seed
         self.window, self.min_obs = window, min_obs
         self._seed_table = np.asarray(seed.table, dtype=float)
-        self._log_seed = np.log(np.maximum(self._seed_table, 1e-12))
+        # a plain list: observe() runs on every engine step, where indexing a numpy array gives numpy floats
+        # that make the window's sort and arithmetic several times slower than Python floats
+        self._log_seed = [math.log(max(float(x), 1e-12)) for x in self._seed_table]
         self._obs: dict[int, list[float]] = {}  # q -> its last `window` log ratios, oldest first
         self._r: dict[int, float] = {}  # q -> the median of its window (once it has min_obs)
         self.observations = 0
