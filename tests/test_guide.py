@@ -57,6 +57,11 @@ def test_every_guide_block_runs(tmp_path):
     # BalanceRoute past capacity: BR-0 balances the ranks better than JSQ
     br = {m[0]: float(m[1]) for m in re.findall(r"^load 1.2 (jsq|br0) .*mean imbalance +(\d+) tokens", out, re.M)}
     assert br["br0"] < br["jsq"]
+    # cross-paper: the rate is the cluster's own req/s; the guide prints it in ELDR's unit too (x 16 / K)
+    rate, K, eldr_rate = re.search(r"^rate ([\d.]+) req/s to (\d+) instances \(ELDR's unit: ([\d.]+) req/s at 16",
+                                   out, re.M).groups()
+    assert float(eldr_rate) == pytest.approx(float(rate) * 16 / int(K), abs=0.2)
+    assert re.search(r"^ *jsq x jsq +[\d.]+ +0\.0 ", out, re.M)
 
 
 def test_a_models_block_naming_the_sharegpt_extra_also_needs_it(monkeypatch):

@@ -138,7 +138,11 @@ def _instance_router(cs: CrossSetup, name: str, tau: float, seed: int) -> Router
 def run_pair(cs: CrossSetup, instance: str, rank: str, *, rate: float, n_requests: int = 1000, tau: float = 0.1,
              seed: int = 0) -> dict:
     """One (instance router, rank router) pair on Poisson arrivals at ``rate`` req/s (same arrivals for
-    every pair with the same seed); returns the run's metrics with the configuration."""
+    every pair with the same seed); returns the run's metrics with the configuration.
+
+    ``rate`` is the simulated cluster's own req/s, offered as is to its ``n_instances`` instances (e.g.
+    :func:`rate_for_load`); unlike ELDR's ``rate`` (req/s at 16 decode workers, scaled by ``K / 16``) it
+    is not rescaled: a paper-unit ELDR rate ``r`` is ``r * paper_rate_scale(n_instances)`` here."""
     rate = check_real("rate", rate, low=0, low_open=True)
     n_requests = check_int("n_requests", n_requests, low=1, high=200_000)
     sig = cs.eldr.signatures()
@@ -204,7 +208,8 @@ def pair_gains_table(df: pd.DataFrame, metrics: tuple[str, ...] = ("tpot_ms_p50"
 
 
 def rate_for_load(cs: CrossSetup, load: float = 0.7) -> float:
-    """Arrival rate (req/s) that offers ``load`` times the slot capacity: Little's law with every rank
+    """Arrival rate (req/s to this cluster's ``n_instances`` instances, the unit :func:`run_pair` takes; not
+    ELDR's req/s at 16 workers) that offers ``load`` times the slot capacity: Little's law with every rank
     running ``slots`` requests, the step priced by the step model with the distinct experts of random
     full-instance batches of the replay pool (measured on the trace, not assumed uniform)."""
     load = check_real("load", load, low=0, low_open=True, high=4)
