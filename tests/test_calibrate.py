@@ -24,7 +24,7 @@ def smoke_dir(tmp_path_factory):
 
 def test_smoke_tables_have_the_h200_format(smoke_dir):
     h200 = repo_root() / "data" / "calibration" / "h200"
-    for name in ("moe_step", "attn_step", "dense_verify"):
+    for name in ("moe_step", "attn_step", "dense_verify", "decode_layer"):
         ours, ref = pd.read_csv(smoke_dir / f"{name}.csv"), pd.read_csv(h200 / f"{name}.csv", nrows=2)
         assert list(ours.columns) == list(ref.columns), name
         assert len(ours) > 0 and (ours.select_dtypes("number").to_numpy() > 0).all()
@@ -72,3 +72,36 @@ def test_attention_table_without_a_bandwidth_bound_point_is_refused_with_a_reaso
     flat = pd.DataFrame({"kv_bytes": [1e4, 1e5, 1e6, 1e7], "ms_attn_core": [4.0, 3.9, 4.1, 4.2]})
     with pytest.raises(ValueError, match="no bandwidth-bound attention point"):
         AttentionModel.from_table(flat)
+
+
+def test_a_smoke_folder_drives_the_step_model_and_dp_cost(smoke_dir):
+    """The folder calibrate writes is complete: the simulators' step model and DPCost fit on it."""
+    from moelab.costmodel import DecodeStepModel
+    from moelab.costmodel.dp import DPCost
+
+    layer = pd.read_csv(smoke_dir / "decode_layer.csv")
+    assert set(layer["shape"]) == {smoke_plan().layer_shape} and (layer["ms_per_layer"] > 0).all()
+    model = DecodeStepModel.from_calibration(smoke_dir, "tiny-moe")
+    assert np.isfinite(model.layer.predict_ms("tiny-moe", 8, 256, 8)) and model.head_ms() > 0
+    cost = DPCost.from_calibration(smoke_dir, 2, 4, "tiny-moe")
+    assert cost.n_workers == 2 and cost.attn_layers == MODEL_SHAPES["tiny-moe"].num_layers
+
+
+@pytest.mark.parametrize("table, edit, match", [
+    ("attn_step", lambda d: d.drop(columns="kv_bytes"), r"attn_step.csv.*kv_bytes.*required column missing"),
+    ("moe_step", lambda d: d.assign(ms_per_layer=d["ms_per_layer"].where(d.index != 2, -1.0)),
+     r"moe_step.csv.*ms_per_layer.*finite milliseconds > 0; row 3 has -1.0"),
+    ("decode_layer", lambda d: d.assign(B=d["B"].astype(float).where(d.index != 0, 2.5)),
+     r"decode_layer.csv.*B.*integers >= 1; row 1 has 2.5"),
+])
+def test_calibration_tables_are_checked_on_load_naming_file_column_and_row(tmp_path, table, edit, match):
+    import shutil
+
+    from moelab.costmodel import DecodeStepModel
+    from moelab.costmodel.tables import calibration_folder
+
+    for name in ("moe_step", "attn_step", "decode_layer"):
+        shutil.copy(calibration_folder("h200") / f"{name}.csv", tmp_path / f"{name}.csv")
+    edit(pd.read_csv(tmp_path / f"{table}.csv")).to_csv(tmp_path / f"{table}.csv", index=False)
+    with pytest.raises(ValueError, match=match):
+        DecodeStepModel.from_calibration(tmp_path)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,8 +28,8 @@ from scipy.optimize import nnls
 from moelab._validate import check_array, check_int, check_real, rng_from
 from moelab.costmodel.fit import FitReport
 from moelab.costmodel.models import AttentionModel, MoEStepModel
-from moelab.costmodel.shapes import ModelShape, model_shape
-from moelab.costmodel.tables import read_calibration_table
+from moelab.costmodel.shapes import ModelShape, MoEShape, model_shape
+from moelab.costmodel.tables import calibration_moe_shapes, read_calibration_table
 
 
 def _layer_shape(shape: ModelShape | str) -> ModelShape:
@@ -76,11 +77,13 @@ class DecodeLayerModel:
         test_frac: float = 0.5,
         seed: int = 0,
         method: str = "bmm_active",
+        moe_shapes: Mapping[str, MoEShape] | None = None,
     ) -> DecodeLayerModel:
         """Fit the components on their tables and the remaining overhead on a seeded training split
-        of ``layer_table`` (columns ``shape, B, ctx, D, ms_per_layer``); ``test_frac`` is held out."""
+        of ``layer_table`` (columns ``shape, B, ctx, D, ms_per_layer``); ``test_frac`` is held out.
+        ``moe_shapes`` names ``moe_table``'s expert shapes that are not in the registry."""
         test_frac = check_real("test_frac", test_frac, low=0, high=1, low_open=True, high_open=True)
-        moe = MoEStepModel.from_table(moe_table, method)
+        moe = MoEStepModel.from_table(moe_table, method, shapes=moe_shapes)
         attn = AttentionModel.from_table(attn_table)
         ms_per_gb = float(attn.fit.as_dict()["ms_per_GB"])
         n = len(layer_table)
@@ -102,9 +105,11 @@ class DecodeLayerModel:
     @classmethod
     def from_calibration(cls, calibration: str | os.PathLike, *, test_frac: float = 0.5, seed: int = 0) -> DecodeLayerModel:
         """Fitted on ``moe_step``, ``attn_step`` and ``decode_layer`` tables of a bundled GPU or a
-        ``moelab calibrate`` folder (one without ``decode_layer.csv`` is refused, naming it)."""
+        ``moelab calibrate --out DIR`` folder (a folder lacking a table is refused, naming the file and
+        the command that writes it; the tables' columns: :func:`moelab.costmodel.tables.read_calibration_table`)."""
         tables = [read_calibration_table(calibration, t) for t in ("moe_step", "attn_step", "decode_layer")]
-        return cls.from_tables(*tables, test_frac=test_frac, seed=seed)
+        return cls.from_tables(*tables, test_frac=test_frac, seed=seed,
+                               moe_shapes=calibration_moe_shapes(calibration))
 
     @classmethod
     def h200(cls, *, test_frac: float = 0.5, seed: int = 0) -> DecodeLayerModel:

@@ -12,7 +12,7 @@ import pandas as pd
 from moelab._validate import check_array, check_int
 from moelab.costmodel.fit import FitReport, LinearFit, fit_linear
 from moelab.costmodel.shapes import ModelShape, MoEShape, moe_shape
-from moelab.costmodel.tables import read_calibration_table
+from moelab.costmodel.tables import calibration_moe_shapes, read_calibration_table
 
 
 def _moe_features(shape: MoEShape, B: np.ndarray, D: np.ndarray, ep: int = 1) -> np.ndarray:
@@ -65,7 +65,8 @@ class MoEStepModel:
     @classmethod
     def from_calibration(cls, calibration: str | os.PathLike, method: str = "bmm_active") -> MoEStepModel:
         """Fitted on ``moe_step.csv`` of a bundled GPU or a ``moelab calibrate`` folder."""
-        return cls.from_table(read_calibration_table(calibration, "moe_step"), method)
+        return cls.from_table(read_calibration_table(calibration, "moe_step"), method,
+                              shapes=calibration_moe_shapes(calibration))
 
     def predict_ms(self, shape: MoEShape | ModelShape | str, B: np.ndarray | int, D: np.ndarray | int, *,
                    ep: int = 1) -> np.ndarray:

@@ -9,6 +9,10 @@ Writes the same tables as ``data/calibration/h200/`` (same columns), so every co
   ``grouped_mm`` (``torch._grouped_mm`` over all experts, ``D`` groups non-empty).
 * ``attn_step.csv`` — decode attention core (``scaled_dot_product_attention``, GQA) vs ``B`` x ``ctx``.
 * ``dense_verify.csv`` — one Llama-style dense layer forward over ``q`` new tokens on a cached context.
+* ``decode_layer.csv`` — one whole MoE decode layer (norms, QKV/O projections, GQA attention over ``ctx``
+  cached tokens, router + top-k, expert FFNs over ``D`` distinct experts, residuals) at a registry
+  shape, vs ``B`` x ``ctx`` x ``D``: what :meth:`moelab.costmodel.DecodeStepModel.from_calibration` fits
+  its per-layer overhead on, so the folder drives every simulator.
 * ``env.json`` — device, software, measured copy bandwidth; ``fit.json`` — the fitted models and
   their errors on the measured points.
 
@@ -37,11 +41,18 @@ import pandas as pd
 from moelab._io import atomic_write_json, atomic_write_text
 from moelab._outputs import check_output_dir, claim_output_dir, record_outputs
 from moelab._validate import check_choice, check_int
-from moelab.costmodel import MODEL_SHAPES, AttentionModel, DenseVerifyModel, MoEShape, MoEStepModel
+from moelab.costmodel import (
+    MODEL_SHAPES,
+    AttentionModel,
+    DenseVerifyModel,
+    ModelShape,
+    MoEShape,
+    MoEStepModel,
+)
 
 #: the writer's name in the output folder's marker (:mod:`moelab._outputs`), and the files it writes there
 WRITER = "calibrate"
-OUTPUT_FILES = ("moe_step.csv", "attn_step.csv", "dense_verify.csv", "env.json", "fit.json")
+OUTPUT_FILES = ("moe_step.csv", "attn_step.csv", "dense_verify.csv", "decode_layer.csv", "env.json", "fit.json")
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,10 @@ class Plan:
     dense_shapes: dict[str, DenseShape]
     verify_q: tuple[int, ...]
     verify_ctx: int
+    layer_shape: str
+    layer_batches: tuple[int, ...]
+    layer_contexts: tuple[int, ...]
+    layer_distinct: tuple[int, ...]
     dtype: str
     reps: int
     warmup: int
@@ -109,14 +124,16 @@ def full_plan(reps: int = 50) -> Plan:
     return Plan({n: MODEL_SHAPES[n].moe for n in MOE_TABLE_MODELS}, (1, 8, 32, 64, 128, 256),
                 (2, 4, 6, 8, 16, 32, 60, 64, 96, 128), {n: _attn_shape(n) for n in ATTN_TABLE_MODELS},
                 (1, 8, 32, 128, 256), (512, 2048, 8192), {n: _dense_shape(n) for n in DENSE_TABLE_MODELS}, (1, 2, 4, 8, 16, 24, 28, 32, 48, 64, 128),
-                1024, "bfloat16", reps, 10, 4)
+                1024, "qwen3-30b-a3b", (16, 32, 64, 128, 256), (512, 1024, 2048, 4096), (16, 32, 64, 96, 128),
+                "bfloat16", reps, 10, 4)
 
 
 def smoke_plan() -> Plan:
     """Tiny shapes for the CPU code path (CI): seconds, float32."""
     return Plan({"smoke-moe-a": MoEShape(256, 128, 16, 2, 4), "smoke-moe-b": MoEShape(128, 256, 8, 2, 4)},
                 (1, 4, 16), (2, 4, 8, 16), {"smoke-attn": AttnShape(4, 2, 32)}, (1, 8), (64, 256, 8192, 32768),
-                {"smoke-dense": DenseShape(256, 512, 4, 2, 2)}, (1, 2, 4, 8), 128, "float32", 5, 2, 2)
+                {"smoke-dense": DenseShape(256, 512, 4, 2, 2)}, (1, 2, 4, 8), 128,
+                "tiny-moe", (4, 16), (64, 512), (4, 16, 32), "float32", 5, 2, 2)
 
 
 # ---------------------------------------------------------------------- timing
@@ -299,6 +316,43 @@ def dense_verify_ms(shape: DenseShape, q: int, ctx: int, timer: Timer, device: s
     return timer.median_ms(fn) / copies
 
 
+def decode_layer_ms(shape: ModelShape, B: int, ctx: int, D: int, timer: Timer, device: str, dtype: str,
+                    copies: int) -> float:
+    """Median ms of one whole MoE decode layer at ``shape``: RMSNorm, QKV projection, GQA attention of
+    ``B`` one-token queries over ``ctx`` cached tokens each, O projection, RMSNorm, router + top-k, the
+    expert FFNs over ``D`` distinct experts (``B*k`` slots spread evenly, as in :func:`moe_step_ms`),
+    residual adds; ``copies`` layer copies rotated."""
+    import torch  # lazy: torch loads only when measuring
+    import torch.nn.functional as F  # lazy: torch loads only when measuring
+
+    dt = _dtype(dtype)
+    H, nh, nkv, hd = shape.hidden, shape.q_heads, shape.kv_heads, shape.head_dim
+    E, k, Fd = shape.num_experts, shape.top_k, shape.expert_ffn
+    n = _slots(B, k, D)
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def w(*s: int) -> Any:
+        return (torch.randn(*s, generator=g) * 0.02).to(device, dt)
+
+    layers = [dict(qkv=w(H, (nh + 2 * nkv) * hd), o=w(nh * hd, H), router=w(H, E), w13=w(D, H, 2 * Fd),
+                   w2=w(D, Fd, H), k=w(B, nkv, ctx, hd), v=w(B, nkv, ctx, hd)) for _ in range(copies)]
+    x = torch.randn(B, H, generator=g).to(device, dt)
+    xe = torch.randn(D, n, H, generator=g).to(device, dt)  # the routed tokens, grouped by expert
+
+    def fn() -> None:
+        for p in layers:
+            h = F.rms_norm(x, (H,))
+            qkv = (h @ p["qkv"]).view(B, nh + 2 * nkv, 1, hd)
+            a = F.scaled_dot_product_attention(qkv[:, :nh], p["k"], p["v"], enable_gqa=True)
+            h = x + a.reshape(B, nh * hd) @ p["o"]
+            u = F.rms_norm(h, (H,))
+            torch.topk(u @ p["router"], k, dim=-1)
+            e = torch.bmm(xe, p["w13"])
+            _ = h + torch.bmm(F.silu(e[..., :Fd]) * e[..., Fd:], p["w2"]).sum(dim=(0, 1))
+
+    return timer.median_ms(fn) / copies
+
+
 # ---------------------------------------------------------------------- driver
 def _distinct_grid(shape: MoEShape, B: int, grid: tuple[int, ...]) -> list[int]:
     """D values possible for batch B: at least top-k, at most min(E, B*k)."""
@@ -346,8 +400,18 @@ def measure(plan: Plan, device: str, progress: Callable[[str], None] | None = No
             dense_rows.append(dict(shape=name, layers_in_model=shape.layers, q=q, ctx=plan.verify_ctx,
                                    ms_per_layer=round(ms, 5), ms_model_est=round(ms * shape.layers, 4)))
         say(f"dense verify {name}: done")
+    layer_rows = []
+    lshape = MODEL_SHAPES[plan.layer_shape]
+    for B in plan.layer_batches:
+        for ctx in plan.layer_contexts:
+            for D in _distinct_grid(lshape.moe, B, plan.layer_distinct):
+                ms = decode_layer_ms(lshape, B, ctx, D, timer, device, plan.dtype, plan.layer_copies)
+                layer_rows.append(dict(shape=plan.layer_shape, B=B, ctx=ctx, D=D, ms_per_layer=round(ms, 5)))
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    say(f"decode layer {plan.layer_shape}: {len(layer_rows)} points")
     return {"moe_step": pd.DataFrame(moe_rows), "attn_step": pd.DataFrame(attn_rows),
-            "dense_verify": pd.DataFrame(dense_rows), "_copy_GBps": bw}
+            "dense_verify": pd.DataFrame(dense_rows), "decode_layer": pd.DataFrame(layer_rows), "_copy_GBps": bw}
 
 
 def fit_models(tables: dict[str, pd.DataFrame], shapes: dict[str, MoEShape]) -> dict[str, Any]:
@@ -397,13 +461,15 @@ def environment(device: str, copy_gbps: float, plan: Plan, smoke: bool) -> dict[
 
 def calibrate(out: str | Path, *, smoke: bool = False, device: str | None = None, reps: int | None = None,
               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Measure, write ``moe_step.csv``, ``attn_step.csv``, ``dense_verify.csv``, ``env.json`` and
-    ``fit.json`` into ``out``; returns the fit report.
+    """Measure, write ``moe_step.csv``, ``attn_step.csv``, ``dense_verify.csv``, ``decode_layer.csv``,
+    ``env.json`` and ``fit.json`` into ``out``; returns the fit report. The folder is complete:
+    ``DecodeStepModel.from_calibration(out)`` and ``DPCost.from_calibration(out, ...)`` fit on it.
 
     Parameters
     ----------
     out : path
-        Output folder (e.g. ``data/calibration/<gpu>``).
+        Output folder ``DIR`` (new, empty, or one calibrate wrote); afterwards
+        ``DecodeStepModel.from_calibration(DIR, model)`` prices steps with this machine's costs.
     smoke : bool
         Tiny shapes (CPU code path for CI); otherwise the H200 tables' shapes and grid.
     device : str, optional
@@ -443,7 +509,8 @@ def calibrate(out: str | Path, *, smoke: bool = False, device: str | None = None
     report = fit_models(tables, plan.moe_shapes)
     report["shapes"] = {"moe": {k: asdict(v) for k, v in plan.moe_shapes.items()},
                         "attention": {k: asdict(v) for k, v in plan.attn_shapes.items()},
-                        "dense": {k: asdict(v) for k, v in plan.dense_shapes.items()}}
+                        "dense": {k: asdict(v) for k, v in plan.dense_shapes.items()},
+                        "decode_layer": plan.layer_shape}
     atomic_write_json(out / "fit.json", report)
     record_outputs(out, WRITER, [p for p in OUTPUT_FILES if (out / p).is_file()])
     return report
@@ -457,7 +524,8 @@ def asdict_shallow(plan: Plan) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``moelab calibrate``."""
     p = argparse.ArgumentParser(prog="moelab calibrate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="output folder, e.g. data/calibration/<gpu>")
+    p.add_argument("--out", required=True, help="output folder DIR (new, empty or one calibrate wrote); then "
+                   "DecodeStepModel.from_calibration(DIR, model) uses its costs")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: tests the code path in seconds")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
     p.add_argument("--reps", type=int, default=None, help="repetitions per point (median)")
@@ -472,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"MoE step model ({method}): median |err| {r['median_abs_err_pct']:.1f}% over {r['points']} points")
     attn = report["attn_step"]
     print("attention model: " + (f"median |err| {attn['median_abs_err_pct']:.1f}%" if "error" not in attn else attn["error"]))
-    print(f"wrote {args.out}/{{moe_step,attn_step,dense_verify}}.csv, env.json, fit.json")
+    print(f"wrote {args.out}/{{moe_step,attn_step,dense_verify,decode_layer}}.csv, env.json, fit.json; use it as "
+          f"DecodeStepModel.from_calibration({args.out!r}, model)")
     print(json.dumps({s: v for s, v in report["dense_verify"].items()}, indent=None)[:400])
     return 0
 
