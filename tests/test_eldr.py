@@ -532,6 +532,27 @@ def test_projection_cost_keeps_trace_geometry(small_workload):
     assert "projection" in c.shape.source
 
 
+def test_projection_cost_prices_on_a_users_own_calibration_folder(small_workload, tmp_path):
+    import shutil
+
+    from moelab.costmodel.tables import calibration_folder
+    from moelab.eldr.experiments import projection_cost
+
+    for name in ("moe_step", "attn_step", "decode_layer"):
+        shutil.copy(calibration_folder("h200") / f"{name}.csv", tmp_path / f"{name}.csv")
+    h200 = projection_cost(small_workload.trace)
+    same = projection_cost(small_workload.trace, calibration=tmp_path)  # the H200 tables under another name
+    assert float(same.step_ms(8, 8 * 512, 40)) == pytest.approx(float(h200.step_ms(8, 8 * 512, 40)))
+    import pandas as pd
+
+    attn = pd.read_csv(tmp_path / "attn_step.csv")
+    attn.assign(ms_attn_core=attn["ms_attn_core"] * 3).to_csv(tmp_path / "attn_step.csv", index=False)
+    slower = projection_cost(small_workload.trace, calibration=str(tmp_path))  # a GPU with 3x slower attention
+    assert float(slower.step_ms(8, 8 * 4096, 40)) > float(h200.step_ms(8, 8 * 4096, 40))
+    with pytest.raises(ValueError, match="calibration must be a bundled GPU"):
+        projection_cost(small_workload.trace, calibration="no-such-gpu")
+
+
 @pytest.mark.slow
 def test_regime_map_grid_and_prefix_ablation(small_workload):
     from moelab.eldr import experiments as ex

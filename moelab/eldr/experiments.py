@@ -16,6 +16,7 @@ factor; the one place a simulated rate is given directly is :func:`moelab.eldr.p
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -444,13 +445,33 @@ def sweep_gains(df: pd.DataFrame, baselines: Sequence[str] = BASELINES) -> pd.Da
                          "p99_gain_pct": p99["gain_pct"]})
 
 
-def projection_cost(trace: ExpertTrace, like: str = "qwen3-30b-a3b") -> DecodeStepModel:
-    """A PROJECTION step model: the trace's routing geometry (layers, experts, top-k) with the expert,
-    attention and head sizes of ``like`` (default Qwen3-30B-A3B), priced on the measured H200 tables."""
+def projection_cost(trace: ExpertTrace, like: str = "qwen3-30b-a3b", *,
+                    calibration: str | os.PathLike = "h200") -> DecodeStepModel:
+    """A PROJECTION step model: the trace's routing geometry with ``like``'s sizes, priced on a GPU's tables.
+
+    Parameters
+    ----------
+    trace : ExpertTrace
+        Gives the routing geometry (MoE layers, experts, top-k).
+    like : str
+        A :data:`moelab.costmodel.MODEL_SHAPES` name whose expert, attention and head sizes are used
+        (default Qwen3-30B-A3B).
+    calibration : str or path
+        Whose step costs: a bundled GPU's name (default ``"h200"``, the measured H200 tables) or a folder
+        ``moelab calibrate --out DIR`` wrote on your own GPU.
+
+    Returns
+    -------
+    DecodeStepModel
+    """
+    if like not in MODEL_SHAPES:
+        raise ValueError(f"like must be one of {sorted(MODEL_SHAPES)}; got {like!r}")
     g = trace.geometry
     shape = MODEL_SHAPES[like].with_(num_layers=g.num_layers, num_experts=g.num_experts, top_k=g.top_k,
                                      first_dense_layers=0, source=f"projection: {g.model_name} routing, {like} sizes")
-    return DecodeStepModel.h200(shape)
+    if isinstance(calibration, str) and calibration == "h200":
+        return DecodeStepModel.h200(shape)  # the shared, cached H200 fit
+    return DecodeStepModel.from_calibration(calibration, shape)
 
 
 def adjusted_rand_index(a: np.ndarray, b: np.ndarray) -> float:
