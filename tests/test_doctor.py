@@ -59,6 +59,9 @@ def test_need_names_features_and_exits_two_when_one_is_not_ready(capsys, monkeyp
     code, rep = _run(capsys, "--need", "calibrate")
     if not rep["features"]["calibrate"]["ready"]:  # no CUDA GPU here
         assert code == 2 and "GPU" in rep["features"]["calibrate"]["why"]
+        fixes = " ".join(map(str, rep["features"]["calibrate"].values()))
+        # a wheel user has no repository: the fix names a folder of their own and how to use it
+        assert "--out DIR" in fixes and "from_calibration(DIR" in fixes and "data/calibration" not in fixes
     assert cli_main(["doctor", "--need", "capture,warp-drive"]) == 2
     assert "unknown feature(s) ['warp-drive']" in capsys.readouterr().err
     # no vLLM at all: a consistent machine (exit 0), but not ready for capture, with the install command
