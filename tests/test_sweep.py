@@ -503,3 +503,35 @@ def test_cli_router_module_registers_a_router_the_grid_names(tmp_path, monkeypat
                  str(tmp_path / "c")]) == 2
     assert "for the eldr suites" in capsys.readouterr().err
     ROUTERS.pop("test_sweep_module_router", None)
+
+
+def test_cache_key_covers_the_function_module_file_not_the_code_it_calls(tmp_path):
+    """What ``help(run_sweep)`` and the guide say the key covers (issue 38): by default the whole file of
+    the function's module (a comment edit recomputes every point), not the modules it calls; a
+    ``code=code_version(...)`` naming them covers those too."""
+    import subprocess
+
+    (tmp_path / "helper.py").write_text("def value(x):\n    return x + 1\n")
+    script = tmp_path / "run.py"
+    body = ("import os\nimport helper\nfrom moelab.sweep import code_version, run_sweep\n\n"
+            "def f(x):\n    return {'y': helper.value(x)}\n\n"
+            "code = code_version('__main__', 'helper') if os.environ.get('COVER') else None\n"
+            f"res = run_sweep(f, {{'x': [1, 2]}}, backend='serial', cache_dir={str(tmp_path / 'c')!r}, code=code,"
+            " progress=False)\n"
+            "print(res.computed, res.frame['y'].tolist())\n")
+
+    def run(cover: bool = False) -> str:
+        env = {**os.environ, "COVER": "1" if cover else ""}
+        out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=120, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.strip().splitlines()[-1]
+
+    script.write_text(body)
+    assert run() == "2 [2, 3]"
+    assert run() == "0 [2, 3]"
+    script.write_text("# an unrelated comment\n" + body)
+    assert run() == "2 [2, 3]"  # any edit of the script's file is a new code version
+    (tmp_path / "helper.py").write_text("def value(x):\n    return x + 10\n")
+    assert run() == "0 [2, 3]"  # the helper module is not in the default key: stale rows
+    assert run(cover=True) == "2 [11, 12]"  # code_version naming it covers it

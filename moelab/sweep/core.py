@@ -424,11 +424,15 @@ def run_sweep(
 ) -> SweepResult:
     """Run ``fn(**point)`` over ``grid`` with a result cache; only missing points are computed.
 
+    The rows of every point, in grid order, are in the result's ``frame``; each point is also stored
+    under ``cache_dir`` as soon as it is computed (see ``code`` for what a cache entry's key covers).
+
     Parameters
     ----------
     fn : callable
-        A module-level function (workers import it by name) returning a dict (one row), a list of
-        dicts or a DataFrame. It must be deterministic in its parameters for the cache to make sense.
+        A module-level (top-level) function, called as ``fn(**point)`` (workers import it by name),
+        returning a dict (one row), a list of dicts or a DataFrame (several rows); the point's parameters
+        are prepended to every row. It must be deterministic in its parameters for the cache to make sense.
         It may live in the running script or notebook: the ``local`` backend then forks its workers
         (:func:`moelab.sweep.backends.start_method`), so a plain script needs no
         ``if __name__ == "__main__":`` guard. Lambdas and functions defined inside another function are
@@ -436,7 +440,8 @@ def run_sweep(
     grid : mapping of str to list, or list of dicts
         Parameter name -> values (see :func:`expand_grid`), or explicit points.
     cache_dir : path, optional
-        Where entries live (default ``$MOELAB_CACHE/sweep``).
+        Where entries live, one parquet file per point (default ``$MOELAB_CACHE/sweep``, with
+        ``$MOELAB_CACHE`` defaulting to ``~/.cache/moelab``).
     backend : {"serial", "local", "ray"}
         ``serial`` in this process, ``local`` a process pool (default), ``ray`` Ray tasks.
     workers : int, optional
@@ -446,7 +451,16 @@ def run_sweep(
         Ray cluster to join (``host:port``, ``ray://host:port`` or ``auto``); default ``$RAY_ADDRESS``,
         else a Ray instance on this machine (reused when ``ray.init`` was already called).
     code, data : str
-        Code version and data hash in the key (default: a hash of ``fn``'s module source; no data).
+        Code version and data hash in the key. A point's key is the SHA-256 of ``fn``'s
+        ``module:qualname``, the point's parameters, ``code`` and ``data``. Default ``code``: a hash of
+        moelab's version and the whole source file of ``fn``'s module (every ``.py`` below it for a
+        package), so any edit of that file, even of a comment or of an unrelated function, recomputes
+        every point; where the module has no file (a notebook, exec'd code), a hash of ``fn``'s own
+        compiled code instead. Not covered by default: other modules ``fn`` calls, moelab's own code
+        (only its version string) and other libraries. Pass ``code=code_version(fn.__module__,
+        "moelab.eldr", ...)`` (:func:`code_version`) to cover them; a ``code`` you pass replaces the
+        default, so name ``fn.__module__`` in it too (``"__main__"`` for a script). ``data`` (default
+        ``""``): e.g. :func:`data_hash` of the input files.
     allowed : iterable of str, optional
         Parameter names ``fn`` takes (unknown grid names are refused).
     progress : bool
