@@ -32,6 +32,18 @@ class NotADrafter:
     pass
 
 
+class HalfADrafter:
+    """Drafts, but has no start/accept/observe."""
+
+    def draft(self):
+        return hd.Draft([], [])
+
+
+def not_a_drafter():
+    """A factory whose product is no drafter: only a request's first call can tell."""
+    return NotADrafter()
+
+
 def test_a_user_drafter_runs_in_the_row_drafters_a_vllm_engine_uses():
     cfg = adapter_config("custom", drafter="tests.test_hd_custom_drafter:RepeatLast")
     rows = make_row_drafters(cfg, tokenizer_path="unused", budget=3)
@@ -52,10 +64,46 @@ def test_a_bad_drafter_name_is_refused_before_an_engine(spec, says):
 
 
 def test_an_object_that_is_no_drafter_is_refused_by_name():
-    rows = make_row_drafters({"method": "custom", "drafter": "tests.test_hd_custom_drafter:NotADrafter"},
+    rows = make_row_drafters({"method": "custom", "drafter": "tests.test_hd_custom_drafter:not_a_drafter"},
                              tokenizer_path="unused", budget=3)
     with pytest.raises(ValueError, match="drafter must be a drafter"):
         rows.propose(0, np.array([1, 2]), 3)
+
+
+@pytest.mark.parametrize("name, missing", [("NotADrafter", "start, accept, draft, observe"),
+                                           ("HalfADrafter", "start, accept, observe")])
+def test_a_class_that_is_no_drafter_is_refused_at_config_time(name, missing):
+    """The module docstring's promise: a bad drafter is refused before an engine starts (issue 38)."""
+    with pytest.raises(ValueError, match=f"drafter 'tests.test_hd_custom_drafter:{name}' is a class without "
+                                         f"{missing}: not a drafter"):
+        adapter_config("custom", drafter=f"tests.test_hd_custom_drafter:{name}")
+    with pytest.raises(ValueError, match="is a class without"):  # and by the engine side, for a hand-made config
+        make_row_drafters({"method": "custom", "drafter": f"tests.test_hd_custom_drafter:{name}"},
+                          tokenizer_path="unused", budget=3)
+
+
+@pytest.mark.parametrize("method, options, bad", [
+    ("hd", {"drafter": "tests.test_hd_custom_drafter:RepeatLast"}, "drafter"),
+    ("custom", {"drafter": "tests.test_hd_custom_drafter:RepeatLast", "order": "WSL"}, "order"),
+    ("hd-fixed", {"cost": {"qs": [1], "ms": [1.0]}}, "cost"),
+    ("rest", {"order": "WSL"}, "order"),
+    ("probe", {"s_path": "x.npz"}, "s_path"),
+    ("hd", {"oder": "WSL"}, "oder"),
+])
+def test_an_option_that_does_not_apply_to_the_method_is_refused_by_name(method, options, bad):
+    with pytest.raises(ValueError, match=re.escape(f"option(s) ['{bad}'] do not apply to method '{method}'; it takes")):
+        adapter_config(method, **options)
+
+
+def test_the_options_that_apply_are_accepted_and_help_names_the_server_variable():
+    from moelab.hd import vllm_adapter
+
+    assert adapter_config("hd-fixed", order="WS", timing=True, l_max_tokens=1000) == {
+        "method": "hd-fixed", "order": "WS", "timing": True, "l_max_tokens": 1000}
+    assert adapter_config("probe", probe_len=1, probe_token=0)["probe_len"] == 1
+    for fn in (vllm_adapter.adapter_config, vllm_adapter.publish_adapter_config):
+        assert "vllm serve" in fn.__doc__ and "MOELAB_HD_VLLM" in fn.__doc__
+    assert vllm_adapter.CONFIG_ENV == "MOELAB_HD_VLLM"
 
 
 class _Undeclared(hd.Drafter):

@@ -62,12 +62,20 @@ class _Probe(Drafter):
         return Draft([(self.token,) * self.length], ["P" * self.length if self.length > 1 else "P"])
 
 
+#: The methods a drafter of the user's must have (the protocol of :class:`~moelab.hd.drafters.Drafter`).
+DRAFTER_METHODS = ("start", "accept", "draft", "observe")
+
+
 def drafter_factory(spec: Any) -> Callable[[], Drafter]:
     """The callable named by ``spec`` (``"package.module:name"``, a :class:`~moelab.hd.drafters.Drafter`
     subclass or any function returning a drafter): how a vLLM engine, which passes nothing but its own config to
     the proposer, is told to run a drafter of yours (``adapter_config("custom", drafter="mymod:MyDrafter")``).
     The module is imported in the engine's process, so it must be importable there (installed, or on
-    ``PYTHONPATH``)."""
+    ``PYTHONPATH``).
+
+    A class is checked here for the drafter protocol (callable ``start``, ``accept``, ``draft`` and
+    ``observe``: a :class:`~moelab.hd.drafters.Drafter` subclass has them); what a function returns is
+    checked when a request first calls it."""
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
         raise ValueError(f"drafter must name a callable as 'package.module:name'; got {spec!r}")
     module, name = spec.split(":")
@@ -77,13 +85,18 @@ def drafter_factory(spec: Any) -> Callable[[], Drafter]:
         raise ValueError(f"drafter {spec!r} cannot be imported: {exc}") from None
     if not callable(obj):
         raise ValueError(f"drafter {spec!r} is not callable (a Drafter subclass or a function returning one)")
+    if isinstance(obj, type):
+        missing = [m for m in DRAFTER_METHODS if not callable(getattr(obj, m, None))]
+        if missing:
+            raise ValueError(f"drafter {spec!r} is a class without {', '.join(missing)}: not a drafter (subclass "
+                             f"moelab.hd.Drafter, or define {', '.join(DRAFTER_METHODS)})")
     return obj
 
 
 def _user_drafter(factory: Callable[[], Any]) -> Drafter:
     d = factory()
     return check_instance("drafter", d, None, "a drafter (start, accept, draft, observe)",
-                          methods=("start", "accept", "draft", "observe"))
+                          methods=DRAFTER_METHODS)
 
 
 def _first_chain(drafter: Any, max_len: int) -> Draft:

@@ -23,6 +23,16 @@ What to draft with is read from the environment variable :data:`CONFIG_ENV` (JSO
 ``probe_len``  chain length for ``probe``
 ``timing``     time every proposal into ``rows.stats`` (default off: it is on the hot path)
 
+Which options apply to which method is :data:`METHOD_OPTIONS` (also ``length``, tokens per store lookup;
+``tokenizer_name``; and for ``hd`` ``acceptance_prior``, ``seed``, ``online``); :func:`adapter_config`
+refuses an option that does not apply to the method (e.g. ``drafter`` with ``"hd"``, ``order`` with
+``"custom"``), so a typo or a misplaced option is not silently ignored.
+
+``vllm serve`` (another process): :func:`publish_adapter_config` sets the variable in *this* process only.
+Set it yourself in the server's environment, to the JSON of :func:`adapter_config`'s result, e.g.
+``MOELAB_HD_VLLM='{"method": "hd-fixed", "order": "WSL"}' vllm serve MODEL --speculative-config '...'``
+(``json.dumps(adapter_config(...))`` prints it; :func:`speculative_config` gives ``--speculative-config``).
+
 The per-row logic (W per request, S, L and the acceptance shared) is engine-neutral, in
 :mod:`moelab.hd.rows`. The last proposer built in this process is :data:`ACTIVE` (its ``rows.stats``
 hold drafting counts and latency).
@@ -48,6 +58,15 @@ PROPOSER_PATH = "moelab.hd.vllm_adapter.HDProposer"
 # SUPPORTED_VLLM: the range whose releases hold the contract's "hd-vllm" items (moelab.models.vllm_contract: the
 # custom_class option, create_custom_proposer(vllm_config), the runner's propose(...) call)
 METHODS = ("hd", "hd-fixed", "rest", "probe", "custom")
+_STORES = ("s_path", "l_max_tokens", "length", "tokenizer_name")
+#: The options each method takes (``timing`` with all of them); :func:`adapter_config` refuses the others.
+METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
+    "hd": ("order", *_STORES, "cost", "acceptance_prior", "seed", "online", "timing"),
+    "hd-fixed": ("order", *_STORES, "timing"),
+    "rest": ("l_max_tokens", "length", "tokenizer_name", "timing"),  # its order is always "L"
+    "probe": ("probe_len", "probe_token", "timing"),
+    "custom": ("drafter", "timing"),
+}
 ACTIVE: HDProposer | None = None
 
 
@@ -74,9 +93,36 @@ def speculative_config(budget: int = 8) -> dict[str, Any]:
 
 
 def adapter_config(method: str = "hd", **options: Any) -> dict[str, Any]:
-    """The proposer's config (``method`` and its options, see the module docstring), validated."""
+    """The proposer's config (``method`` and its options), validated before any engine starts.
+
+    Parameters
+    ----------
+    method : {"hd", "hd-fixed", "rest", "probe", "custom"}
+        What the proposer drafts with (see the module docstring, ``help(moelab.hd.vllm_adapter)``).
+    **options
+        The method's options, :data:`METHOD_OPTIONS` ``[method]``: ``drafter`` (``"custom"`` only,
+        ``"package.module:name"``, imported now; a class must have ``start``, ``accept``, ``draft`` and
+        ``observe``), ``order`` (``"hd"``, ``"hd-fixed"``), ``cost``, ``probe_len``, ...
+
+    Returns
+    -------
+    dict
+        JSON-serialisable config. In this process, :func:`publish_adapter_config` hands it to the engine;
+        for ``vllm serve`` (another process) set the environment variable ``MOELAB_HD_VLLM``
+        (:data:`CONFIG_ENV`) yourself to ``json.dumps`` of it in the server's environment.
+
+    Raises
+    ------
+    ValueError
+        An unknown method, an option that does not apply to ``method`` (named, with the ones that do), a
+        drafter name that cannot be imported or is no drafter class, a bad ``order``.
+    """
     if method not in METHODS:
         raise ValueError(f"method must be one of {list(METHODS)}; got {method!r}")
+    unknown = sorted(set(options) - set(METHOD_OPTIONS[method]))
+    if unknown:
+        raise ValueError(f"option(s) {unknown} do not apply to method {method!r}; it takes "
+                         f"{list(METHOD_OPTIONS[method])}")
     if method == "custom":  # "drafter": "package.module:name", imported now so a bad name fails before the engine
         drafter_factory(options.get("drafter"))
     if "order" in options:
@@ -86,7 +132,17 @@ def adapter_config(method: str = "hd", **options: Any) -> dict[str, Any]:
 
 def publish_adapter_config(config: dict[str, Any]) -> None:
     """Hand ``config`` to the proposer vLLM builds in this process (through :data:`CONFIG_ENV`: vLLM passes
-    nothing but its own config to a ``custom_class``). Call it before building the engine."""
+    nothing but its own config to a ``custom_class``). Call it before building the engine.
+
+    It sets ``os.environ["MOELAB_HD_VLLM"]`` of this process only: for ``vllm serve`` (or any engine in
+    another process) set ``MOELAB_HD_VLLM`` yourself in that process's environment to ``json.dumps(config)``,
+    e.g. ``MOELAB_HD_VLLM='{"method": "hd-fixed", "order": "WSL"}' vllm serve ...``.
+
+    Parameters
+    ----------
+    config : dict
+        :func:`adapter_config`'s result.
+    """
     os.environ[CONFIG_ENV] = json.dumps(config)
 
 
@@ -144,5 +200,5 @@ def target_vocab_size(vllm_config: Any) -> int | None:
     return None if v is None else int(v)
 
 
-__all__ = ["ACTIVE", "CONFIG_ENV", "METHODS", "PROPOSER_PATH", "SUPPORTED_VLLM", "HDProposer", "adapter_config",
+__all__ = ["ACTIVE", "CONFIG_ENV", "METHODS", "METHOD_OPTIONS", "PROPOSER_PATH", "SUPPORTED_VLLM", "HDProposer", "adapter_config",
            "check_vllm_version", "publish_adapter_config", "speculative_config", "target_vocab_size"]
