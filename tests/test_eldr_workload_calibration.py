@@ -73,7 +73,10 @@ def test_domain_overlap_on_traces(small_trace):
     tr = small_trace
     ov = cal.domain_overlap(tr)
     assert 0 < ov < 1
-    one = replace(tr, prefill_counts=np.broadcast_to(tr.prefill_counts[:1], tr.prefill_counts.shape).copy())
+    n, p0 = tr.n_requests, int(tr.prompt_lens[0])  # every request request 0's prompt length and counts
+    one = replace(tr, prompt_tokens=np.resize(tr.prompt_tokens, n * p0), prompt_offsets=np.arange(n + 1) * p0,
+                  prefill_counts=np.broadcast_to(tr.prefill_counts[:1], tr.prefill_counts.shape).copy(),
+                  prefill_ids=None, prefill_probs=None)
     assert cal.domain_overlap(one) == pytest.approx(1.0)
     # mixing a second domain into every request pulls the domains' aggregates together
     lo = cal.domain_overlap(generate(96, replace(SMALL, mix_max=0.0), seed=2).trace)

@@ -155,7 +155,7 @@ def test_request_trace_columns_and_bad_input():
 def _trace(n: int = 12, L: int = 2, E: int = 8, k: int = 2, T: int = 6, seed: int = 0) -> ExpertTrace:
     rng = np.random.default_rng(seed)
     dec = [np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in range(T)]) for _ in range(n)]
-    counts = rng.integers(0, 4, size=(n, L, E))
+    counts = np.array([[rng.multinomial((5 + i) * k, np.full(E, 1 / E)) for _ in range(L)] for i in range(n)])
     return ExpertTrace.from_requests(request_ids=[str(i) for i in range(n)], domains=["a", "b"] * (n // 2),
                                      prompt_tokens=[np.arange(5 + i) for i in range(n)], prefill_counts=counts,
                                      decode_ids=dec, geometry=Geometry(L, E, k, "tiny"))

@@ -142,3 +142,22 @@ def test_recorded_with_reads_a_provenance_in_words():
         == "the Hugging Face backend (transformers 5.19.0) on 2026-11-30"
     for hostile in (None, [], {"backend": 5, "versions": "x", "created": "yesterday"}):  # a file's sidecar: untrusted
         assert recorded_with(hostile) == "an unknown backend on an unknown date"
+
+
+def test_a_trace_you_can_build_you_can_load_inconsistent_counts_are_refused_at_construction(tmp_path):
+    """Issue 38: from_requests ran fewer checks than load_trace; both now run the same ones."""
+    import moelab.traces as traces_pkg
+    from moelab.traces import TraceFieldError, load_trace
+
+    L, E, k = 2, 8, 2
+    good = dict(request_ids=["r0"], domains=["chat"], prompt_tokens=[np.arange(5)],
+                prefill_counts=np.tile(np.array([2, 2, 2, 2, 2, 0, 0, 0]), (1, L, 1)),  # 5 tokens x top_k=2 = 10
+                decode_ids=[np.tile([[0, 1]], (3, L, 1))], geometry=Geometry(L, E, k, "toy"))
+    trace = ExpertTrace.from_requests(**good)
+    assert load_trace(trace.save(tmp_path / "ok")).n_requests == 1
+    with pytest.raises(TraceFieldError, match=r"prefill_counts of request 0 layer 0 count 35 .* makes 10") as err:
+        ExpertTrace.from_requests(**{**good, "prefill_counts": np.full((1, L, E), 35 // E) + np.eye(1, E, 0, int) * 3})
+    assert err.value.field == "prefill_counts" and isinstance(err.value, ValueError)
+    with pytest.raises(TraceFieldError, match="decode_ids .*repeats an expert"):
+        ExpertTrace.from_requests(**{**good, "decode_ids": [np.tile([[3, 3]], (3, L, 1))]})
+    assert "TraceFieldError" in traces_pkg.__all__ and "[N, L, E]" in ExpertTrace.from_requests.__doc__

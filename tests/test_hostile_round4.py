@@ -28,7 +28,8 @@ def _trace(n: int = 6, L: int = 2, E: int = 8, k: int = 2, T: int = 4, seed: int
     dec = [np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in range(T)]) for _ in range(n)]
     return ExpertTrace.from_requests(request_ids=[str(i) for i in range(n)], domains=["a", "b"] * (n // 2),
                                      prompt_tokens=[np.arange(5 + i) for i in range(n)],
-                                     prefill_counts=rng.integers(0, 4, size=(n, L, E)), decode_ids=dec,
+                                     prefill_counts=np.array([[rng.multinomial((5 + i) * k, np.full(E, 1 / E)) for _ in range(L)] for i in range(n)]),
+                                     decode_ids=dec,
                                      geometry=Geometry(L, E, k, "toy"))
 
 

@@ -50,7 +50,8 @@ def _toy_trace() -> ExpertTrace:
     pre = [rng.integers(0, E, size=(3, L, k)) for _ in range(n)]
     counts = np.stack([np.stack([np.bincount(p[:, layer].ravel(), minlength=E) for layer in range(L)]) for p in pre])
     return ExpertTrace.from_requests(request_ids=["a", "b", "c"], domains=["x", "y", "x"], prompt_tokens=prompts,
-                                     prefill_counts=counts, decode_ids=[rng.integers(0, E, size=(2, L, k)) for _ in range(n)],
+                                     prefill_counts=counts,
+                                     decode_ids=[rng.random((2, L, E)).argsort(-1)[..., :k] for _ in range(n)],  # k distinct
                                      geometry=Geometry(L, E, k, "fuzz"), prefill_ids=pre)
 
 

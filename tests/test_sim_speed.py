@@ -22,7 +22,8 @@ def _trace(n: int = 12, L: int = 3, E: int = 130, k: int = 4, seed: int = 0) -> 
            for T in rng.integers(1, 9, n)]
     return ExpertTrace.from_requests(request_ids=[str(i) for i in range(n)], domains=["a", "b"] * (n // 2),
                                      prompt_tokens=[np.arange(5 + i) for i in range(n)],
-                                     prefill_counts=rng.integers(0, 4, size=(n, L, E)), decode_ids=dec,
+                                     prefill_counts=np.array([[rng.multinomial((5 + i) * k, np.full(E, 1 / E)) for _ in range(L)] for i in range(n)]),
+                                     decode_ids=dec,
                                      geometry=Geometry(L, E, k, "tiny"))
 
 

@@ -42,17 +42,37 @@ _ARRAY_KINDS = {"prompt_tokens": "iu", "prompt_offsets": "iu", "prefill_counts":
                 "decode_offsets": "iu", "prefill_ids": "iu", "prefill_probs": "f", "decode_tokens": "iu"}
 
 
-class _TraceFieldError(ValueError):
-    """A bad field of a trace; :meth:`ExpertTrace.load` turns it into a FileFormatError naming the file."""
+class TraceFieldError(ValueError):
+    """A bad field of an :class:`ExpertTrace` being built (a ``ValueError``): wrong shape, range, or an
+    inconsistency such as prefill counts that do not sum to ``prompt length x top_k``.
+
+    Raised by the constructor and :meth:`ExpertTrace.from_requests`; loading a file turns it into a
+    :class:`moelab._io.FileFormatError` naming the file.
+
+    Parameters
+    ----------
+    field : str
+        The argument or array at fault (e.g. ``"prefill_counts"``).
+    problem : str
+        What is wrong, in words.
+
+    Attributes
+    ----------
+    field, problem : str
+        As given.
+    """
 
     def __init__(self, field: str, problem: str) -> None:
         self.field, self.problem = field, problem
         super().__init__(f"{field} {problem}")
 
 
+_TraceFieldError = TraceFieldError  # the former private name
+
+
 def _require(ok: Any, field: str, problem: str) -> None:
     if not ok:
-        raise _TraceFieldError(field, problem)
+        raise TraceFieldError(field, problem)
 
 
 def _check_str_list(name: str, value: Any) -> list[str]:
@@ -211,7 +231,7 @@ class ExpertTrace:
         _require(len(self.domains) == n, "domains", f"must have one entry per request ({n}); got {len(self.domains)}")
         if len(set(self.request_ids)) != n:
             dup = next(r for i, r in enumerate(self.request_ids) if r in self.request_ids[:i])
-            raise _TraceFieldError("request_ids", f"must be unique; {dup!r} appears more than once")
+            raise TraceFieldError("request_ids", f"must be unique; {dup!r} appears more than once")
         L, E, k = g.num_layers, g.num_experts, g.top_k
         _check_ints("prompt_tokens", self.prompt_tokens)
         _require(self.prompt_tokens.ndim == 1, "prompt_tokens", f"must be 1-d (sum P,); got shape {self.prompt_tokens.shape}")
@@ -244,6 +264,7 @@ class ExpertTrace:
             _check_ints("decode_tokens", self.decode_tokens)
             _require(self.decode_tokens.shape == (len(self.decode_ids),), "decode_tokens",
                      f"must have shape (sum T,)=({len(self.decode_ids)},); got {self.decode_tokens.shape}")
+        _check_consistency(self)
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -261,9 +282,46 @@ class ExpertTrace:
         prefill_probs: np.ndarray | None = None,
         decode_tokens: list[np.ndarray] | None = None,
     ) -> ExpertTrace:
-        """Build a trace from per-request (ragged) arrays."""
+        """Build a trace from per-request (ragged) arrays.
+
+        ``N`` requests; request ``i`` has ``P_i`` prompt tokens and ``T_i`` decode tokens; geometry gives
+        ``L`` MoE layers, ``E`` experts and ``top_k`` = ``k``.
+
+        Parameters
+        ----------
+        request_ids, domains : list of str
+            ``N`` unique request ids, and each request's domain (task) label.
+        prompt_tokens : list of array
+            ``N`` arrays ``[P_i]`` of token ids (>= 0).
+        prefill_counts : array
+            ``[N, L, E]`` integers >= 0: how many of request ``i``'s prompt tokens picked expert ``e`` in
+            layer ``l``; each ``[i, l, :]`` must sum to ``P_i * k`` (checked).
+        decode_ids : list of array
+            ``N`` arrays ``[T_i, L, k]`` of expert ids in ``[0, E)``, distinct within each ``k`` set.
+        geometry : Geometry
+            ``Geometry(L, E, k, model_name)``.
+        provenance : dict, optional
+            Free-form notes on where the trace comes from.
+        prefill_ids : list of array, optional
+            ``N`` arrays ``[P_i, L, k]``: each prompt token's experts (consistent with ``prefill_counts``).
+        prefill_probs : array, optional
+            ``[N, L, E]`` router probabilities (finite, >= 0).
+        decode_tokens : list of array, optional
+            ``N`` arrays ``[T_i]`` of generated token ids.
+
+        Returns
+        -------
+        ExpertTrace
+            One that :meth:`save` writes and :func:`moelab.traces.load_trace` reads back: the same
+            checks run here and on every load.
+
+        Raises
+        ------
+        TraceFieldError
+            A ``ValueError`` naming the argument (``field``) and the problem.
+        """
         if not isinstance(geometry, Geometry):
-            raise ValueError(f"geometry must be a Geometry; got {type(geometry).__name__}")
+            raise TraceFieldError("geometry", f"must be a Geometry; got {type(geometry).__name__}")
         L, E, k = geometry.num_layers, geometry.num_experts, geometry.top_k
         id_dtype = np.int16 if E <= np.iinfo(np.int16).max else np.int32
         for name, seq in (("request_ids", request_ids), ("domains", domains)):
@@ -486,7 +544,7 @@ class ExpertTrace:
                 arrays["decode_ids"], arrays["decode_offsets"], geometry, provenance,
                 arrays.get("prefill_ids"), arrays.get("prefill_probs"), arrays.get("decode_tokens"),
             )
-        except _TraceFieldError as exc:
+        except TraceFieldError as exc:
             target = meta_path if exc.field in ("request_ids", "domains", "provenance", "geometry") else path
             raise FileFormatError(target, exc.field, exc.problem) from None
         check_loaded_trace(trace, path)
@@ -505,19 +563,30 @@ def check_loaded_trace(trace: ExpertTrace, path: str | Path) -> None:
     moelab._io.FileFormatError
         Naming ``path`` and the array whose invariant fails.
     """
+    try:
+        _check_consistency(trace)
+    except TraceFieldError as exc:
+        raise FileFormatError(path, exc.field, exc.problem) from None
+
+
+def _check_consistency(trace: ExpertTrace) -> None:
+    """The one place of the cross-array invariants (construction and every load): prefill counts sum to
+    ``prompt length x top_k`` per request and layer; no decode step repeats an expert."""
     k = trace.geometry.top_k
     lengths = np.diff(trace.prompt_offsets).astype(np.int64)
     sums = trace.prefill_counts.sum(axis=2, dtype=np.int64)  # [N, L]
     bad = sums != (lengths * k)[:, None]
     if bad.any():
         n, layer = (int(i) for i in np.argwhere(bad)[0])
-        raise FileFormatError(path, "prefill_counts", f"request {n} layer {layer} counts {int(sums[n, layer])} expert "
-                                                      f"picks; a prompt of {int(lengths[n])} tokens with top_k={k} "
-                                                      f"makes {int(lengths[n]) * k} (edited top_k or counts?)")
+        raise TraceFieldError("prefill_counts", f"of request {n} layer {layer} count {int(sums[n, layer])} expert "
+                                                f"picks; a prompt of {int(lengths[n])} tokens with top_k={k} makes "
+                                                f"{int(lengths[n]) * k} (each prompt token picks top_k experts per layer)")
     if k > 1 and len(trace.decode_ids):
         ordered = np.sort(trace.decode_ids, axis=-1)
-        if np.any(ordered[..., 1:] == ordered[..., :-1]):
-            raise FileFormatError(path, "decode_ids", f"some decode step repeats an expert within its top_k={k} set")
+        rep = np.any(ordered[..., 1:] == ordered[..., :-1], axis=(1, 2))
+        if rep.any():
+            raise TraceFieldError("decode_ids", f"decode step {int(np.argmax(rep))} (of all requests, in order) "
+                                                f"repeats an expert within its top_k={k} set")
 
 
 def concat_traces(traces: list[ExpertTrace], provenance: dict[str, Any] | None = None) -> ExpertTrace:
