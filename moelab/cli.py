@@ -145,8 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "figures go to OUT/figures")
     nb.set_defaults(func=_cmd_notebooks)
 
-    lab = sub.add_parser("lab", help="open JupyterLab on notebooks/")
-    lab.add_argument("--no-browser", action="store_true")
+    lab = sub.add_parser("lab", help="open JupyterLab on the lab's notebooks (a copied folder, or notebooks/)",
+                         description="Open JupyterLab on the notebooks: on the current folder when `moelab notebooks "
+                                     "copy DIR` wrote it (run `moelab lab` inside DIR), else on the lab's notebooks/ "
+                                     "folder: the clone's in a checkout; with an installed wheel, the one inside the "
+                                     "installed package (edits there are lost on reinstall: run `moelab notebooks "
+                                     "copy DIR`, then `cd DIR && moelab lab`).")
+    lab.add_argument("--no-browser", action="store_true", help="start the server without opening a browser")
     lab.set_defaults(func=_cmd_lab)
 
     bench = sub.add_parser("bench", help="run benchmarks and print their figures")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,12 +61,51 @@ def notebooks_dir() -> Path:
     return _copied_here() or repo_root() / "notebooks"
 
 
+#: a markdown link or image: ``[text](target)``
+_MD_LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
+
+
+def relink_markdown(text: str, source: Path, copied: dict[Path, str]) -> str:
+    """``text`` (the markdown file at ``source``) with its relative links fixed for a flat copy.
+
+    A link to a file that is copied too (``copied``: resolved source path -> name in the copy) points at
+    the copy beside it (``notebooks/01_eldr.ipynb`` -> ``01_eldr.ipynb``, ``../COURSE.md`` -> ``COURSE.md``,
+    anchors kept); a link to a file that is not copied (e.g. ``README.md``) becomes plain text naming
+    it in moelab's source tree. URLs (``scheme:``) and in-page anchors (``#...``) are left as they are.
+
+    Parameters
+    ----------
+    text : str
+        The markdown.
+    source : pathlib.Path
+        Where the markdown lives in the lab's tree (its links are relative to its folder).
+    copied : dict of pathlib.Path to str
+        Every copied file: resolved source path -> file name in the (flat) copy.
+
+    Returns
+    -------
+    str
+    """
+    def fix(m: re.Match[str]) -> str:
+        bang, label, target = m.groups()
+        if target.startswith("#") or re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target):
+            return m.group(0)
+        path, sep, frag = target.partition("#")
+        name = copied.get((source.parent / path).resolve())
+        if name is not None:
+            return f"{bang}[{label}]({name}{sep}{frag})"
+        return f"{label} (`{path}` in moelab's source tree)"
+
+    return _MD_LINK.sub(fix, text)
+
+
 def copy_notebooks(dest: str | os.PathLike) -> list[Path]:
     """Write the lab's notebooks, ``NOTATION.md`` and ``COURSE.md`` into ``dest`` (``moelab notebooks copy``).
 
     ``dest`` must be new, empty, or a folder this command wrote whose files are unchanged since (the
     output policy, :mod:`moelab._outputs`: a notebook you edited there is never overwritten). Links to
-    ``../COURSE.md`` in the notebooks are pointed at the copy beside them. Then ``moelab notebooks run NAME``
+    ``../COURSE.md`` in the notebooks are pointed at the copy beside them, and the relative links of
+    ``COURSE.md`` and ``NOTATION.md`` are rewritten for the flat copy (:func:`relink_markdown`). Then ``moelab notebooks run NAME``
     and ``moelab lab`` run inside ``dest`` use the copies.
 
     Parameters
@@ -92,8 +132,10 @@ def copy_notebooks(dest: str | os.PathLike) -> list[Path]:
         text = path.read_text(encoding="utf-8").replace("](../COURSE.md", "](COURSE.md")
         (out / path.name).write_text(text, encoding="utf-8")
         written.append(out / path.name)
-    for path in extras:
-        (out / path.name).write_bytes(path.read_bytes())
+    copied = {p.resolve(): p.name for p in notebooks + extras}
+    for path in extras:  # their links are written for the checkout's layout (COURSE.md -> notebooks/...)
+        text = relink_markdown(path.read_text(encoding="utf-8"), path, copied)
+        (out / path.name).write_text(text, encoding="utf-8")
         written.append(out / path.name)
     record_outputs(out, COPY_WRITER, written)
     return written
