@@ -334,7 +334,7 @@ def test_bad_traces_raise_and_filters_count(tmp_path):
         RequestTrace.from_frame(pd.DataFrame({"arrival_s": [0.0], "prompt_len": [3]}))
     bad = tmp_path / "neg.csv"
     pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_len": [5, -2], "output_len": [3, 4]}).to_csv(bad, index=False)
-    with pytest.raises(ValueError, match="prompt_len: must hold an integer >= 0 in every row; row 2"):
+    with pytest.raises(ValueError, match=r"prompt_len: row 2 has -[12]; must be an integer in \[0, MAX_SEQUENCE_TOKENS"):
         RequestTrace.from_csv(bad)
     tr = RequestTrace(np.arange(4.0), np.full(4, 10), np.array([5, 2000, 30, 1500]), None, "synthetic")
     kept = tr.filter_lengths(max_output=1000)

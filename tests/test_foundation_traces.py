@@ -108,7 +108,7 @@ def test_request_trace_filters_are_counted():
 def test_request_trace_csv_negative_lengths(tmp_path):
     p = tmp_path / "t.csv"
     pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_len": [3, -1], "output_len": [4, 5]}).to_csv(p, index=False)
-    with pytest.raises(ValueError, match="prompt_len: must hold an integer >= 0 in every row; row 2"):
+    with pytest.raises(ValueError, match=r"prompt_len: row 2 has -[12]; must be an integer in \[0, MAX_SEQUENCE_TOKENS"):
         RequestTrace.from_csv(p)
 
 
@@ -161,3 +161,31 @@ def test_a_trace_you_can_build_you_can_load_inconsistent_counts_are_refused_at_c
     with pytest.raises(TraceFieldError, match="decode_ids .*repeats an expert"):
         ExpertTrace.from_requests(**{**good, "decode_ids": [np.tile([[3, 3]], (3, L, 1))]})
     assert "TraceFieldError" in traces_pkg.__all__ and "[N, L, E]" in ExpertTrace.from_requests.__doc__
+
+
+@pytest.mark.parametrize("rows, column, row, value", [
+    ({"arrival_s": [0.0, 1.0, 2000.0, 3.0], "prompt_len": [5, 6, 7, 8], "output_len": [3, 3, 3, 3]}, "arrival_s", 4, 3),
+    ({"arrival_s": [0.0, 1.0, 2.0], "prompt_len": [5, 6, 7], "output_len": [3, 3, -20]}, "output_len", 3, -20),
+    ({"arrival_s": [0.0, 1.0, 2.0], "prompt_len": [5, 12.5, 7], "output_len": [3, 3, 3]}, "prompt_len", 2, 12.5),
+])
+def test_frame_and_csv_refuse_a_bad_row_with_the_same_named_error(tmp_path, rows, column, row, value):
+    """Issue 38: one row validator; out-of-order arrivals are refused, never silently sorted."""
+    from moelab._io import FileFormatError
+    from moelab.traces import RequestRowError
+
+    with pytest.raises(RequestRowError, match=rf"^{column}: row {row} has {value!r}") as frame_err:
+        RequestTrace.from_frame(pd.DataFrame(rows))
+    assert frame_err.value.column == column
+    path = tmp_path / "t.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    with pytest.raises(FileFormatError) as csv_err:
+        RequestTrace.from_csv(path)
+    assert str(csv_err.value).endswith(f"{column}: {frame_err.value.problem}")
+
+
+def test_frame_and_csv_drop_zero_lengths_alike_and_start_at_zero(tmp_path):
+    df = pd.DataFrame({"arrival_s": [10.0, 10.5, 11.0], "prompt_len": [5, 6, 7], "output_len": [3, 0, 4]})
+    path = tmp_path / "t.csv"
+    df.to_csv(path, index=False)
+    for tr in (RequestTrace.from_frame(df), RequestTrace.from_csv(path)):
+        assert tr.dropped == {"zero_length": 1} and tr.arrival_s.tolist() == [0.0, 1.0]

@@ -12,8 +12,8 @@ from moelab.traces.expert import (
     recorded_with,
 )
 from moelab.traces.files import bundled_trace_path, load_trace, real_trace_path, traces_dir
-from moelab.traces.requests import RequestTrace, load_azure_trace, replay_requests
+from moelab.traces.requests import RequestRowError, RequestTrace, load_azure_trace, replay_requests
 
-__all__ = ["ExpertTrace", "Geometry", "RequestTrace", "TraceFieldError", "bundled_trace_path", "concat_traces", "default_provenance",
+__all__ = ["ExpertTrace", "Geometry", "RequestRowError", "RequestTrace", "TraceFieldError", "bundled_trace_path", "concat_traces", "default_provenance",
            "expert_counts", "load_azure_trace", "load_compact_trace", "load_trace", "real_trace_path", "recorded_with",
            "replay_requests", "save_compact_trace", "traces_dir"]

@@ -10,6 +10,7 @@ import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -78,11 +79,15 @@ class RequestTrace:
         if n and (not np.all(np.isfinite(arrival)) or arrival.min() < 0):
             raise ValueError("arrival_s must be finite and >= 0 (NaN/inf refused)")
         if n and np.any(np.diff(arrival) < 0):
-            raise ValueError("arrival_s must be sorted in non-decreasing order")
+            i = int(np.argmax(np.diff(arrival) < 0)) + 1
+            raise ValueError(f"arrival_s must be sorted in non-decreasing order; element {i} ({arrival[i]!r} s) comes "
+                             f"before element {i - 1} ({arrival[i - 1]!r} s)")
         for name, arr in (("prompt_len", prompt), ("output_len", output)):
             if n and (arr.dtype.kind not in "iuf" or not np.all(np.isfinite(arr))
                       or not np.all(np.equal(np.mod(arr, 1), 0)) or arr.min() < 1):
-                raise ValueError(f"{name} must hold integers >= 1; got minimum {arr.min()!r}")
+                ok = (np.isfinite(arr) & (np.mod(arr, 1) == 0) & (arr >= 1)) if arr.dtype.kind in "iuf" else None
+                i = 0 if ok is None else int(np.argmin(ok))
+                raise ValueError(f"{name} must hold integers >= 1; element {i} has {arr[i].item()!r}")
             if n and arr.max() > MAX_SEQUENCE_TOKENS:  # before the int64 cast: 2^63 and beyond would wrap
                 raise ValueError(f"{name} must hold integers <= MAX_SEQUENCE_TOKENS={MAX_SEQUENCE_TOKENS} (longer than "
                                  f"any context window; KV-load sums stay inside int64); got maximum {arr.max()!r}")
@@ -225,22 +230,42 @@ class RequestTrace:
 
     @classmethod
     def from_frame(cls, df: pd.DataFrame, source: str = "frame") -> RequestTrace:
-        """Build from a DataFrame with ``arrival_s, prompt_len, output_len`` (and optional ``prompt_key``)."""
+        """Build from a DataFrame with ``arrival_s, prompt_len, output_len`` (and optional ``prompt_key``).
+
+        Every row is checked by the same validator as :meth:`from_csv` and the bundled readers
+        (:class:`RequestRowError` naming the column, the 1-based row, its value and the allowed range):
+        ``arrival_s`` finite seconds in non-decreasing order (an out-of-order row is refused, never
+        silently sorted); ``prompt_len`` and ``output_len`` integers in ``[0, MAX_SEQUENCE_TOKENS]``. A row
+        with a zero length (a request that generated nothing never reaches a decode worker) is dropped and
+        counted in ``dropped["zero_length"]``. Arrivals are shifted so the first kept one is at 0 s.
+
+        Parameters
+        ----------
+        df : pandas.DataFrame
+            One row per request.
+        source : str
+            A note on where the trace comes from.
+
+        Returns
+        -------
+        RequestTrace
+        """
         check_instance("df", df, pd.DataFrame, "a pandas DataFrame")
         missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
         if missing:
             raise ValueError(f"trace is missing column(s) {missing}; required: {list(REQUIRED_COLUMNS)}")
-        if df[list(REQUIRED_COLUMNS)].isna().any().any():
-            raise ValueError("trace has empty cells in arrival_s/prompt_len/output_len")
-        df = df.sort_values("arrival_s", kind="stable")
-        arrival = df["arrival_s"].to_numpy(np.float64)
-        return cls(arrival - (arrival[0] if len(arrival) else 0.0), df["prompt_len"].to_numpy(), df["output_len"].to_numpy(),
-                   df["prompt_key"].to_numpy() if "prompt_key" in df.columns else None, source)
+        arrival, prompt, output = _check_rows(df)
+        zero = (prompt == 0) | (output == 0)
+        arrival, prompt, output = arrival[~zero], prompt[~zero], output[~zero]
+        key = df["prompt_key"].to_numpy()[~zero] if "prompt_key" in df.columns else None
+        return cls(arrival - (arrival[0] if len(arrival) else 0.0), prompt, output, key, source,
+                   {"zero_length": int(zero.sum())})
 
     @classmethod
     def from_csv(cls, path: str | Path) -> RequestTrace:
         """Read a CSV with ``arrival_s, prompt_len, output_len`` or the Azure columns
-        ``TIMESTAMP, ContextTokens, GeneratedTokens``.
+        ``TIMESTAMP, ContextTokens, GeneratedTokens``; rows are checked and zero lengths dropped exactly as
+        in :meth:`from_frame`, and arrivals shifted to start at 0 s.
 
         Untrusted files are read through :func:`moelab._io.read_csv_checked` (size, columns, every cell);
         anything that is not such a trace raises :class:`moelab._io.FileFormatError` naming the file and
@@ -253,11 +278,15 @@ class RequestTrace:
             header = set()  # read_csv_checked says what is wrong with the path
         schema = ({"TIMESTAMP": "str", "ContextTokens": "int", "GeneratedTokens": "int"}
                   if set(_AZURE_COLUMNS) <= header else {"arrival_s": "float", "prompt_len": "int", "output_len": "int"})
+        # the lengths (and arrival_s) are read as text and checked by the one row validator every reader uses
+        schema = {c: ("str" if k in ("int", "float") else k) for c, k in schema.items()}
         df = read_csv_checked(path, schema, min_rows=0)
         try:
             return _frame_to_trace(df, str(path))
         except FileFormatError:
             raise
+        except RequestRowError as exc:
+            raise FileFormatError(path, exc.column, exc.problem) from None
         except (ValueError, TypeError, OverflowError) as exc:  # e.g. timestamps that do not parse, unsorted arrivals
             raise FileFormatError(path, None, f"is not a valid request trace ({exc})") from None
 
@@ -276,18 +305,70 @@ def _frame_to_trace(df: pd.DataFrame, source: str) -> RequestTrace:
     if missing:
         raise ValueError(f"trace {source} is missing column(s) {missing}; required: {list(REQUIRED_COLUMNS)} "
                          f"or {list(_AZURE_COLUMNS)}")
-    lengths = df[["prompt_len", "output_len"]]
-    if (lengths < 0).any().any():
-        raise ValueError(f"trace {source} has negative prompt_len/output_len values")
-    # Azure's conversation trace has a few zero-length outputs: a request that generated nothing
-    # never reaches a decode worker, so it is dropped and counted.
-    zero = (lengths == 0).any(axis=1)
-    trace = RequestTrace.from_frame(df[~zero], source=source)
+    # Azure's conversation trace has a few zero-length outputs: from_frame drops and counts them
+    trace = RequestTrace.from_frame(df, source=source)
     if "prompt_key" not in df.columns:
         trace = RequestTrace(trace.arrival_s, trace.prompt_len, trace.output_len, _prompt_key(trace.prompt_len),
                              trace.source, trace.dropped)
-    return RequestTrace(trace.arrival_s, trace.prompt_len, trace.output_len, trace.prompt_key, trace.source,
-                        {"zero_length": int(zero.sum())})
+    return trace
+
+
+class RequestRowError(ValueError):
+    """A bad row of a request trace (a ``ValueError``), from :meth:`RequestTrace.from_frame`,
+    :meth:`RequestTrace.from_csv` (there wrapped in a ``FileFormatError`` naming the file) and the
+    bundled readers alike.
+
+    Parameters
+    ----------
+    column : str
+        The column at fault.
+    problem : str
+        The 1-based row, its value and the allowed range, in words.
+
+    Attributes
+    ----------
+    column, problem : str
+        As given.
+    """
+
+    def __init__(self, column: str, problem: str) -> None:
+        self.column, self.problem = column, problem
+        super().__init__(f"{column}: {problem}")
+
+
+def _shown(raw: Any) -> Any:
+    """A cell as the message shows it: a whole number as an int, other numbers as floats, text as text."""
+    v = pd.to_numeric(pd.Series([raw]), errors="coerce").iloc[0]
+    if pd.isna(v):
+        return raw
+    return int(v) if float(v).is_integer() and abs(v) < 2**63 else float(v)
+
+
+def _check_rows(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The one row validator of request traces: ``arrival_s`` finite and non-decreasing, lengths integers
+    in ``[0, MAX_SEQUENCE_TOKENS]``; returns the three columns as arrays."""
+    cols = {}
+    for col in REQUIRED_COLUMNS:
+        raw = df[col]
+        vals = pd.to_numeric(raw, errors="coerce").to_numpy(np.float64)
+        if col == "arrival_s":
+            bad, allowed = ~np.isfinite(vals), "a finite number of seconds"
+        else:
+            with np.errstate(invalid="ignore"):
+                bad = ~np.isfinite(vals) | (vals < 0) | (vals > MAX_SEQUENCE_TOKENS) | (np.mod(vals, 1) != 0)
+            allowed = (f"an integer in [0, MAX_SEQUENCE_TOKENS={MAX_SEQUENCE_TOKENS}] (0 drops the row, counted in "
+                       f"dropped['zero_length'])")
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise RequestRowError(col, f"row {i + 1} has {_shown(raw.iloc[i])!r}; must be {allowed}")
+        cols[col] = vals
+    arrival = cols["arrival_s"]
+    if len(arrival) > 1 and np.any(np.diff(arrival) < 0):
+        i = int(np.argmax(np.diff(arrival) < 0)) + 1
+        raise RequestRowError("arrival_s", f"row {i + 1} has {_shown(arrival[i])!r}, earlier than row {i} "
+                                           f"({_shown(arrival[i - 1])!r}); arrivals must be in non-decreasing order "
+                                           f"(sort the rows by arrival first)")
+    return arrival, cols["prompt_len"].astype(np.int64), cols["output_len"].astype(np.int64)
 
 
 def load_azure_trace(kind: str = "conv", year: int = 2023, *, nrows: int | None = None,
