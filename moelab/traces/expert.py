@@ -67,7 +67,6 @@ class TraceFieldError(ValueError):
         super().__init__(f"{field} {problem}")
 
 
-_TraceFieldError = TraceFieldError  # the former private name
 
 
 def _require(ok: Any, field: str, problem: str) -> None:
