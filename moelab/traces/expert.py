@@ -67,8 +67,6 @@ class TraceFieldError(ValueError):
         super().__init__(f"{field} {problem}")
 
 
-
-
 def _require(ok: Any, field: str, problem: str) -> None:
     if not ok:
         raise TraceFieldError(field, problem)
