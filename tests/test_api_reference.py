@@ -60,8 +60,10 @@ def test_a_reference_page_renders_with_napoleon(tmp_path):
 def test_lessons_link_public_symbols_to_their_reference_entry():
     md = "see `moelab.afd.simulate_measured`, `moelab.eldr.routing.ELDRRouter`, `moelab.hd`, `moelab._io`, `x`"
     out = reference.link_symbols(md)
-    assert "[`moelab.afd.simulate_measured`](api/moelab.afd.html#moelab.afd.simulate_measured)" in out
-    assert "[`moelab.eldr.routing.ELDRRouter`](api/moelab.eldr.html#moelab.eldr.ELDRRouter)" in out
-    assert "[`moelab.hd`](api/moelab.hd.html)" in out
+    # Sphinx roles: resolved to the entry's page and anchor (a plain link to api/....html#... is not)
+    assert "{py:obj}`moelab.afd.simulate_measured <moelab.afd.simulate_measured>`" in out
+    assert "{py:obj}`moelab.eldr.routing.ELDRRouter <moelab.eldr.ELDRRouter>`" in out
+    assert "{py:mod}`moelab.hd`" in out
+    assert reference.symbol_url("moelab.eldr.routing.ELDRRouter") == "api/moelab.eldr.html#moelab.eldr.ELDRRouter"
     assert "`moelab._io`, `x`" in out  # private modules and other code spans stay as they are
     assert reference.link_symbols(out) == out

@@ -132,7 +132,7 @@ def unlink_missing(markdown: str, included: Collection[str], *, to_pages: bool =
     return _NOTEBOOK_LINK.sub(fix, markdown)
 
 
-_LINK_TARGET = re.compile(r"\]\(([^)\s#]+)(#[^)\s]*)?\)")
+_LINK_TARGET = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s#]+)(#[^)\s]*)?\)")
 
 
 def book_links(markdown: str, source: str) -> str:
@@ -140,24 +140,70 @@ def book_links(markdown: str, source: str) -> str:
     with its relative links to lab notebooks and to the extra pages pointed at their book pages: in the book
     every page sits in one folder, so ``notebooks/01_eldr.ipynb`` (from ``COURSE.md``) becomes
     ``01_eldr.ipynb`` and ``NOTATION.md`` (from a notebook) or ``../COURSE.md`` become ``notation.md`` and
-    ``course.md``. Other links are left as they are."""
+    ``course.md``. A link to another Markdown file of the repository (``README.md``), which has no page in the
+    book, becomes its text. Other links are left as they are."""
     base = posixpath.dirname(source)
     pages = {rel: f"{page}.md" for rel, page in EXTRA_PAGES}
 
     def fix(m: re.Match) -> str:
-        target = m.group(1)
-        if ":" in target or target.startswith("/"):
+        target = m.group(3)
+        if m.group(1) or ":" in target or target.startswith("/"):
             return m.group(0)
         rel = posixpath.normpath(posixpath.join(base, target))
         if rel in pages:
             page = pages[rel]
         elif re.fullmatch(r"notebooks/\d\d_[A-Za-z0-9_]+\.ipynb", rel):
             page = rel.split("/", 1)[1]
+        elif rel.endswith(".md"):
+            return m.group(2)
         else:
             return m.group(0)
-        return f"]({page}{m.group(2) or ''})"
+        return f"[{m.group(2)}]({page}{m.group(4) or ''})"
 
     return _LINK_TARGET.sub(fix, markdown)
+
+
+_FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def demote_extra_titles(markdown: str, seen_title: bool) -> tuple[str, bool]:
+    """``markdown`` with every level-1 heading after the page's first (``# 3. Does the paper's claim hold here?``)
+    made a level-2 one, so the page has one title (the book's index lists titles only); code fences are left as
+    they are. Returns the text and whether the page's title has now been seen."""
+    lines, fenced = [], False
+    for line in markdown.split("\n"):
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and line.startswith("# "):
+            if seen_title:
+                line = "#" + line
+            seen_title = True
+        lines.append(line)
+    return "\n".join(lines), seen_title
+
+
+_NAV = re.compile(r"(Previous|Next): \[[^\]]*\]\(\d\d_[A-Za-z0-9_]+\.ipynb\)( · )?")
+_NAV_LINE = re.compile(r"^(Previous|Next): ", re.MULTILINE)
+
+
+def _nav_link(page: str) -> str:
+    return f"[{page[:2]} — {page[3:].replace('_', ' ')}]({page}.ipynb)"
+
+
+def book_nav(markdown: str, name: str, order: Sequence[str]) -> str:
+    """``markdown`` with a notebook's own ``Previous: [..](..) · Next: [..](..)`` line pointing at the pages
+    before and after ``name`` in the book's order ``order`` (the index's), so that the prose and the book's
+    previous/next buttons agree; a line without such links is left as it is."""
+    first = _NAV_LINE.search(markdown)
+    if name not in order or first is None or not _NAV.match(markdown, first.start()):
+        return markdown
+    i = list(order).index(name)
+    links = ([f"Previous: {_nav_link(order[i - 1])}"] if i > 0 else []) + (
+        [f"Next: {_nav_link(order[i + 1])}"] if i + 1 < len(order) else [])
+    end = markdown.find("\n", first.start())
+    end = len(markdown) if end < 0 else end
+    line = _NAV.sub("", markdown[first.start():end])
+    return markdown[:first.start()] + "".join(f"{link} · " for link in links) + line + markdown[end:]
 
 
 def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
@@ -168,13 +214,16 @@ def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
     ``api_links``: a backticked public name (`` `moelab.afd.simulate_measured` ``) links to its API reference
     entry (:func:`moelab.book.reference.link_symbols`)."""
     nb = copy.deepcopy(nb)
-    figure = 0
+    figure, titled = 0, False
     nb["cells"] = _with_blanks(nb["cells"])
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
             source = book_links("".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"],
                                 f"notebooks/{name}.ipynb")
-            cell["source"] = source if included is None else unlink_missing(source, included)
+            source, titled = demote_extra_titles(source, titled)
+            if included is not None:
+                source = book_nav(unlink_missing(source, included), name, [n for n in included if n[:2].isdigit()])
+            cell["source"] = source
             if api_links:
                 from moelab.book.reference import link_symbols  # lazy: imports every public package
 
@@ -191,22 +240,38 @@ def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
             if not data:
                 continue
             if "text/markdown" in data and included is not None:  # computed prose links notebooks too
-                md = data["text/markdown"]
-                data["text/markdown"] = unlink_missing("".join(md) if isinstance(md, list) else md, included,
-                                                       to_pages=True)
+                md = data["text/markdown"]  # rendered as MyST (CONF): links to notebooks resolve like a cell's
+                data["text/markdown"] = unlink_missing("".join(md) if isinstance(md, list) else md, included)
             if PLOTLY_MIME in data:
                 figure += 1
                 data["text/html"] = _plotly_html(data.pop(PLOTLY_MIME), f"{name}-figure-{figure}")
             if WIDGET_MIME in data:
                 data.pop(WIDGET_MIME)
-                data.pop("text/plain", None)
-                data["text/markdown"] = ("*An interactive panel: its sliders need a live kernel (see the note at "
-                                         "the top of this page).*")
+                plain = data.pop("text/plain", None)
+                if is_progress_bar(plain):  # a tqdm bar drawn as a widget: nothing to show in the book
+                    out["drop"] = True
+                else:  # a panel (a static copy it displayed as HTML, when there is one, is shown instead)
+                    data["text/markdown"] = PANEL_NOTE
+        if "outputs" in cell:  # library logs and warnings (stderr) and progress bars stay out of the book
+            cell["outputs"] = [o for o in cell["outputs"] if not o.pop("drop", False)
+                               and not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
     nb["cells"].insert(0, {"cell_type": "markdown", "metadata": {}, "source": live_note(name, binder_repo)})
     note = capture_note(nb)
     if note:
         nb["cells"].insert(1, {"cell_type": "markdown", "metadata": {}, "source": note})
     return nb
+
+
+#: what the book shows in place of an ipywidgets panel (an output whose widget is not a progress bar)
+PANEL_NOTE = "*An interactive panel: its sliders need a live kernel (see the note at the top of this page).*"
+_PROGRESS = re.compile(r"\d+%\|.*\|\s*\d+(?:\.\d+)?[kMG]?/\d*(?:\.\d+)?[kMG]?|\bit/s\]|s/it\]")
+
+
+def is_progress_bar(plain: str | list[str] | None) -> bool:
+    """Whether a widget output's ``text/plain`` is a tqdm progress bar (``Loading weights:  0%|   | 0/272 [...]``)
+    rather than a panel (``VBox(children=(IntSlider(...``)."""
+    text = "".join(plain) if isinstance(plain, list) else (plain or "")
+    return bool(_PROGRESS.search(text)) and not re.match(r"\s*[A-Z]\w*\(children=", text)
 
 
 #: what nbgrader's generate_assignment writes in place of a solution (the student's blank)
@@ -304,6 +369,7 @@ html_js_files = ["vendor/plotly.min.js"]
 mathjax_path = "vendor/mathjax/tex-chtml-full.js"
 nb_execution_mode = "off"
 nb_ipywidgets_js = {}
+nb_render_markdown_format = "myst"  # a Markdown output's $...$ math and links render like a markdown cell's
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "html_image"]
 myst_heading_anchors = 3  # links such as notation.md#glossary reach the heading
 suppress_warnings = ["mystnb.unknown_mime_type", "myst.header"]
@@ -312,12 +378,23 @@ html_theme_options = {"show_toc_level": 2, "use_download_button": True}
 '''
 
 
+def chapter_title(title: str) -> str:
+    """A notebook title as the index lists it: ``NN — subject`` whatever separators the notebook used
+    (``01 · ELDR — expert-locality-aware decode routing`` becomes ``01 — ELDR: expert-locality-aware decode
+    routing``); other titles are returned as they are."""
+    m = re.match(r"(\d\d)\s*([·—–:-])\s*(.+)$", title)
+    if not m:
+        return title
+    rest = m.group(3).replace(" — ", ": ", 1) if m.group(2) != "—" else m.group(3)
+    return f"{m.group(1)} — {rest}"
+
+
 def _index(pages: Sequence[str], titles: dict[str, str]) -> str:
     lines = ["# moelab: a lab for Mixture-of-Experts LLM serving", "",
              "Five serving papers reproduced end to end, one executed notebook each. "
              "Start with the overview; the notation page defines every symbol the lessons use.", "",
              "```{toctree}", ":maxdepth: 1", ":titlesonly:", ""]  # chapters only, never a page's sections
-    lines += [f"{titles.get(p, p)} <{p}>" for p in pages]
+    lines += [f"{chapter_title(titles.get(p, p))} <{p}>" for p in pages]
     return "\n".join(lines + ["```", ""])
 
 

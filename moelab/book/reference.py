@@ -242,12 +242,39 @@ def symbol_url(symbol: str) -> str | None:
             return None
     except (ImportError, AttributeError):
         return None
-    return f"{FOLDER}/{package}.html#{package}.{name}"
+    home = canonical_name(package, name)
+    return f"{FOLDER}/{home.rsplit('.', 1)[0]}.html#{home}"
+
+
+def canonical_name(package: str, name: str) -> str:
+    """The dotted name under which the reference documents ``package.name``: the first public module (in the
+    reference's order) that exports the same object; a name re-exported later (``moelab.routers.RouterCalibration``)
+    has its entry there (``moelab.routing.RouterCalibration``).
+
+    Parameters
+    ----------
+    package : str
+        A public module.
+    name : str
+        A name of its ``__all__``.
+
+    Returns
+    -------
+    str
+    """
+    obj = getattr(_import(package), name)
+    if inspect.isclass(obj) or inspect.isroutine(obj):
+        for module, names in _public_names_cached().items():
+            for other in names:
+                if getattr(_import(module), other, _MISSING) is obj:
+                    return f"{module}.{other}"
+    return f"{package}.{name}"
 
 
 def link_symbols(markdown: str) -> str:
     """``markdown`` with every backticked public name (e.g. ``moelab.afd.simulate_measured`` in backticks) linked to its
-    reference entry (:func:`symbol_url`); other code spans are left as they are.
+    reference entry (:func:`symbol_url`) by a Sphinx role (``{py:obj}`` or ``{py:mod}``), which Sphinx resolves to
+    the entry's page and anchor; other code spans are left as they are.
 
     Parameters
     ----------
@@ -259,10 +286,15 @@ def link_symbols(markdown: str) -> str:
     """
     def fix(m: re.Match) -> str:
         start = m.start()
-        if start > 0 and markdown[start - 1] == "[":  # already a link's text
+        if start > 0 and markdown[start - 1] in "[}":  # already a link's text or a role's target
             return m.group(0)
         url = symbol_url(m.group(1))
-        return m.group(0) if url is None else f"[{m.group(0)}]({url})"
+        if url is None:
+            return m.group(0)
+        if "#" not in url:  # a package: its page
+            return f"{{py:mod}}`{m.group(1)}`"
+        target = url.split("#", 1)[1]  # Sphinx resolves the role to the entry's page and anchor
+        return f"{{py:obj}}`{m.group(1)} <{target}>`"
 
     return _SYMBOL.sub(fix, markdown)
 
@@ -295,5 +327,5 @@ def write_reference(src: str | Path) -> list[str]:
     return [f"{FOLDER}/index"]
 
 
-__all__ = ["FOLDER", "SPHINX_CONF", "docstring", "link_symbols", "page", "public_modules", "public_names",
+__all__ = ["FOLDER", "SPHINX_CONF", "canonical_name", "docstring", "link_symbols", "page", "public_modules", "public_names",
            "symbol_url", "undocumented", "write_reference"]

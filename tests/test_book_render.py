@@ -1,0 +1,164 @@
+"""What a reader of the book sees in rendered pages: math in computed Markdown outputs, links that resolve to a
+page and an anchor, one page order, no library logs, the panel note only where a panel was. Built with Sphinx
+from small synthetic executed notebooks (no notebook is executed)."""
+
+from __future__ import annotations
+
+import html.parser
+import importlib.util
+import json
+import posixpath
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moelab.book import (CONF, PANEL_NOTE, _index, book_links, book_nav, chapter_title, is_progress_bar,
+                         prepare_notebook)
+from moelab.book import reference
+
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+def _md(text: str) -> dict:
+    return {"cell_type": "markdown", "metadata": {}, "source": text}
+
+
+def _code(outputs: list[dict]) -> dict:
+    return {"cell_type": "code", "metadata": {}, "source": "x = 1", "execution_count": 1, "outputs": outputs}
+
+
+def _display(data: dict) -> dict:
+    return {"output_type": "display_data", "metadata": {}, "data": data}
+
+
+def _notebook(title: str, cells: list[dict]) -> dict:
+    return {"metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+            "nbformat": 4, "nbformat_minor": 5, "cells": [_md(f"# {title}\n\nintro"), *cells]}
+
+
+def _cells() -> list[dict]:
+    progress = {WIDGET: {"model_id": "a", "version_major": 2, "version_minor": 0},
+                "text/plain": ["Loading weights:   0%|          | 0/272 [00:00<?, ?it/s]"]}
+    panel = {WIDGET: {"model_id": "b", "version_major": 2, "version_minor": 0},
+             "text/plain": ["VBox(children=(HBox(children=(IntSlider(value=7, description='candidates'…"]}
+    return [
+        _md("Uses `moelab.afd.simulate_measured` and `moelab.afd`; see [the notation](NOTATION.md#glossary) "
+            "and the [README](../README.md).\n\n# 3. Does the paper's claim hold here?\n\ntext"),
+        _code([_display({"text/markdown": r"With $\alpha$ = 0.8: $\bar n_{\mathrm{tok}}$ = 3.1 and"
+                                          "\n\n$$t = \\frac{a}{b}$$\n\nsee [01](01_eldr.ipynb)",
+                         "text/plain": "<Markdown>"})]),
+        _code([{"output_type": "stream", "name": "stderr", "text": "INFO 12-06 engine.py:1] starting\n"},
+               {"output_type": "stream", "name": "stdout", "text": "printed by the notebook\n"},
+               _display(progress)]),
+        _code([_display(panel)]),
+        _md("---\nPrevious: [00 — map](00_overview.ipynb) · Next: [07 — cross](07_cross_paper.ipynb) ·\n"
+            "[overview](00_overview.ipynb)"),
+    ]
+
+
+def test_outputs_drop_logs_and_progress_bars_and_note_only_panels():
+    page = prepare_notebook(_notebook("01 · ELDR — routing", _cells()), "01_eldr", None,
+                            included=["00_overview", "01_eldr", "02_hierarchy_drafting"])
+    outputs = [o for c in page["cells"] for o in c.get("outputs", [])]
+    assert not any(o.get("name") == "stderr" for o in outputs)
+    assert any(o.get("text") == "printed by the notebook\n" for o in outputs)
+    notes = [o for o in outputs if o.get("data", {}).get("text/markdown") == PANEL_NOTE]
+    assert len(notes) == 1  # the panel; the progress bar is gone, not noted
+    assert is_progress_bar(["Loading weights:   0%|          | 0/272 [00:00<?, ?it/s]"])
+    assert not is_progress_bar("VBox(children=(IntSlider(value=7,")
+    text = "\n".join(c["source"] for c in page["cells"] if c["cell_type"] == "markdown")
+    assert "\n## 3. Does the paper's claim hold here?" in text  # one title per page
+    assert "Previous: [00 — overview](00_overview.ipynb) · Next: [02 — hierarchy drafting]" in text
+
+
+def test_page_order_titles_and_readme():
+    md = "Previous: [04](04_dsd_rtt.ipynb) · Next: [07 — cross](07_cross_paper.ipynb) ·\n[map](00_overview.ipynb)"
+    order = ["04_dsd_rtt", "05_balanceroute", "06_from_your_deployment", "07_cross_paper"]
+    out = book_nav(md, "05_balanceroute", order)
+    assert out.startswith("Previous: [04 — dsd rtt](04_dsd_rtt.ipynb) · Next: [06 — from your deployment]")
+    assert "07_cross_paper" not in out
+    out = book_nav("Previous: [07](07_cross_paper.ipynb) · Back to [the map](00_overview.ipynb)",
+                   "06_from_your_deployment", order)
+    assert out.startswith("Previous: [05 — balanceroute](05_balanceroute.ipynb) · Next: [07 — cross paper]")
+    assert chapter_title("01 · ELDR — expert-locality-aware decode routing") == \
+        "01 — ELDR: expert-locality-aware decode routing"
+    assert chapter_title("00 — The map of the lab") == "00 — The map of the lab"
+    assert "01 — ELDR: x <01_eldr>" in _index(["01_eldr"], {"01_eldr": "01 · ELDR — x"})
+    assert book_links("the [README](README.md) and [notebook 01](notebooks/01_eldr.ipynb)", "COURSE.md") == \
+        "the README and [notebook 01](01_eldr.ipynb)"
+
+
+class _Links(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+        self.ids: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if attrs.get("id"):
+            self.ids.add(attrs["id"])
+        if tag == "a" and attrs.get("href"):
+            self.hrefs.append(attrs["href"])
+
+
+def _parse(path: Path) -> _Links:
+    parser = _Links()
+    parser.feed(path.read_text(encoding="utf-8"))
+    return parser
+
+
+def broken_links(site: Path) -> list[str]:
+    """Every internal ``href`` of the site's pages that does not reach an existing file and anchor."""
+    parsed: dict[Path, _Links] = {}
+    bad = []
+    for page in sorted(site.rglob("*.html")):
+        if "_static" in page.parts:
+            continue
+        links = parsed.setdefault(page, _parse(page))
+        for href in links.hrefs:
+            if ":" in href.split("#")[0].split("/")[0] or href.startswith("//"):
+                continue  # external (https:, mailto:)
+            path, _, anchor = href.partition("#")
+            target = page if not path else (page.parent / posixpath.normpath(path)).resolve()
+            if not path and not anchor:
+                continue
+            if not target.is_file():
+                bad.append(f"{page.relative_to(site)}: {href} (no file)")
+            elif anchor and target.suffix == ".html":
+                ids = parsed.setdefault(target, _parse(target)).ids
+                if anchor not in ids:
+                    bad.append(f"{page.relative_to(site)}: {href} (no anchor)")
+    return bad
+
+
+@pytest.mark.slow
+def test_rendered_pages_have_math_in_outputs_and_no_broken_link(tmp_path):
+    if importlib.util.find_spec("sphinx") is None:
+        pytest.skip("needs the docs extra (sphinx)")
+    src = tmp_path / "src"
+    (src / "api").mkdir(parents=True)
+    (src / "_static").mkdir()
+    names = ["00_overview", "01_eldr"]
+    for name in names:
+        page = prepare_notebook(_notebook(f"{name[:2]} — page {name}", _cells()), name, None, included=names,
+                                api_links=True)
+        (src / f"{name}.ipynb").write_text(json.dumps(page))
+    (src / "notation.md").write_text("# Notation\n\n## Glossary\n\nterms\n")
+    (src / "api" / "moelab.afd.rst").write_text(reference.page("moelab.afd"))
+    (src / "index.md").write_text(_index([*names, "notation", "api/moelab.afd"], {}))
+    (src / "conf.py").write_text(CONF + reference.SPHINX_CONF)
+    done = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", str(src), str(tmp_path / "html")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    site = tmp_path / "html"
+    assert broken_links(site) == []
+    body = (site / "01_eldr.html").read_text()
+    assert "$\\alpha$" not in body and "\\(\\alpha\\)" in body  # the output's inline math is marked as math
+    assert "\\[t = \\frac{a}{b}\\]" in body or 'class="math' in body
+    assert "api/moelab.afd.html#moelab.afd.simulate_measured" in body
+    assert "INFO 12-06" not in body and "printed by the notebook" in body
+    assert body.count("An interactive panel") == 1 and "Loading weights" not in body
+    assert "README" in body and "README.md" not in body
