@@ -14,9 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from moelab.book import (CONF, PANEL_NOTE, _index, book_links, book_nav, chapter_title, is_progress_bar,
-                         prepare_notebook)
-from moelab.book import reference
+from moelab.book import (
+    CONF,
+    PANEL_NOTE,
+    _index,
+    book_links,
+    book_nav,
+    chapter_title,
+    is_progress_bar,
+    prepare_notebook,
+    reference,
+)
 
 WIDGET = "application/vnd.jupyter.widget-view+json"
 
