@@ -170,3 +170,12 @@ def test_rendered_pages_have_math_in_outputs_and_no_broken_link(tmp_path):
     assert "INFO 12-06" not in body and "printed by the notebook" in body
     assert body.count("An interactive panel") == 1 and "Loading weights" not in body
     assert "README" in body and "README.md" not in body
+
+
+def test_png_export_does_not_log_choreographer_tracebacks():
+    import logging
+
+    from moelab.viz.common import _quiet_export_logs
+
+    _quiet_export_logs()  # what save_figure does before kaleido runs
+    assert not logging.getLogger("choreographer.channels.pipe").isEnabledFor(logging.ERROR)

@@ -98,8 +98,8 @@ def require_vllm(features: tuple[str, ...] = ("engine",)) -> Any:
     ``features`` the installed vLLM lacks: checked on its files before it is imported).
 
     Sets the environment for an in-process engine first (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so
-    moelab's hooks run in this process; ``VLLM_CPU_OMP_THREADS_BIND=nobind``), unless the caller
-    set it."""
+    moelab's hooks run in this process; ``VLLM_CPU_OMP_THREADS_BIND=nobind``; ``VLLM_LOGGING_LEVEL=WARNING``),
+    unless the caller set it."""
     ok, why = vllm_status()
     if not ok:
         raise VLLMUnavailableError(why)
@@ -110,6 +110,7 @@ def require_vllm(features: tuple[str, ...] = ("engine",)) -> Any:
     # process (a notebook kernel, a test run) with other work, so leave thread placement to the OS
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # a lab engine reports nothing to anyone
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its ~40 INFO lines per engine start would bury a notebook
     import vllm  # lazy: a slow import, and it must come after the environment above is set
 
     return vllm

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -162,6 +163,12 @@ def _chromium() -> str | None:
     return None
 
 
+def _quiet_export_logs() -> None:
+    """Silence choreographer (kaleido's Chromium driver): it logs a traceback to stderr for a DevTools message it
+    could not decode and then ignores (``JSONError decoding message. Ignoring``), while the PNG is still written."""
+    logging.getLogger("choreographer").setLevel(logging.CRITICAL)
+
+
 def save_figure(fig: Any, name: str, out_dir: str | os.PathLike | None = None, *, png: bool | None = None) -> dict[str, Path]:
     """Write ``fig`` as an HTML file (always) and a PNG (when kaleido finds a Chromium; ``png=True``
     or ``$MOELAB_PNG=1`` makes a failed export an error, ``$MOELAB_PNG=0`` skips it). Returns the paths.
@@ -181,6 +188,7 @@ def save_figure(fig: Any, name: str, out_dir: str | os.PathLike | None = None, *
             import plotly.io as pio
 
             written["png"] = out / f"{name}.png"
+            _quiet_export_logs()
             data = pio.to_image(fig, format="png", width=1000, height=560, scale=1)
             atomic_write_bytes(written["png"], data)
         except Exception as exc:  # kaleido or Chromium missing/broken
@@ -267,6 +275,7 @@ def static_fallback_html(obj: Any) -> str | None:
         # lazy: plotly's export (kaleido, Chromium) loads only when a PNG stand-in is drawn
         import plotly.io as pio
 
+        _quiet_export_logs()
         try:
             imgs = [base64.b64encode(pio.to_image(f, format="png", width=900, height=480)).decode() for f in figs]
         except Exception:  # kaleido or Chromium missing/broken: fall back to the note
