@@ -44,7 +44,9 @@ class MoEStepModel:
         :data:`moelab.costmodel.MODEL_SHAPES`."""
         rows = table[table["method"] == method]
         if rows.empty:
-            raise ValueError(f"method must be one of {sorted(table['method'].unique())}; got {method!r}")
+            raise ValueError(f"method {method!r} has no rows in the moe_step table: its 'method' column holds "
+                             f"{sorted(map(str, table['method'].unique()))} (moelab calibrate writes 'bmm_active', the "
+                             "method the step models read by default)")
         X, y = [], []
         for m, g in rows.groupby("model", sort=False):
             try:
