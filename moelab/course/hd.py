@@ -86,7 +86,8 @@ def worked_step(*, order: str = "WSL", candidates: int = 4) -> dict[str, Any]:
         target accepts); ``accepted``: the accepted draft words; ``sources``: their store letters;
         ``bonus``: the target's own next word; ``tokens``: tokens the step produced (accepted + 1);
         ``chain``: the single chain the walk drafts when only one candidate is verified (vLLM's case),
-        with its store letter and accepted count.
+        with its store letter and accepted count; ``walk``: candidates each store supplied (``None``: not
+        asked); ``diagram``: :func:`moelab.viz.diagrams.hd_walk_diagram`'s arguments for this step.
     """
     toy = toy_stores()
     drafter = toy_drafter(toy, order=order, candidates=candidates)
@@ -101,7 +102,20 @@ def worked_step(*, order: str = "WSL", candidates: int = 4) -> dict[str, Any]:
     chain_drafter.start(toy.prompt)
     chain = chain_drafter.draft_chain(TOY_LENGTH)
     chain_ids = chain.candidates[0] if chain.candidates else ()
+    # the walk as it ran: candidates per store; a store is asked only while fewer than `candidates` are held
+    letters = [str(src)[:1] for src in draft.sources]
+    last = max((order.index(k) for k in letters), default=len(order) - 1)
+    asked = order if len(letters) < candidates else order[:last + 1]
+    walk = {k: (letters.count(k) if k in asked else None) for k in "WSL"}
+    accepted_words = toy.words(step.accepted)
+    bonus = toy.words([step.bonus])[0] if step.bonus >= 0 else ""
+    first = [str(s)[:1] for s in step.sources] or letters[:1] or [order[0]]
+    # the diagram draws this step: the accepted path (or, when nothing is accepted, the first candidate) and the bonus
+    path = accepted_words or (rows[0]["candidate"].split() if rows else [])
+    diagram = {"draft": path[:8], "accepted": min(len(accepted_words), len(path[:8])), "target_token": bonus,
+               "stores_hit": first[0], "store_candidates": walk}
     return {"candidates": pd.DataFrame(rows), "accepted": toy.words(step.accepted), "sources": list(step.sources),
+            "walk": walk, "diagram": diagram,
             "bonus": toy.words([step.bonus])[0] if step.bonus >= 0 else "", "tokens": len(step.accepted) + 1,
             "chain": {"draft": toy.words(chain_ids), "store": chain.sources[0][:1] if chain.sources else "",
                       "accepted": tokens_per_step(chain_ids, toy.target) - 1,

@@ -9,7 +9,7 @@ the picture change. Schematic canvases hide both axes; to-scale ones title the a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -97,7 +97,8 @@ def eldr_tier_diagram(n_prefill: int = 2, n_decode: int = 3, routed_to: int = 1)
 
 
 def hd_walk_diagram(draft: Sequence[str] = ("the", "cat", "sat", "on"), accepted: int = 2,
-                    target_token: str = "lay", stores_hit: str = "S") -> go.Figure:
+                    target_token: str = "lay", stores_hit: str = "S",
+                    store_candidates: Mapping[str, int | None] | None = None) -> go.Figure:
     """Hierarchy Drafting: the draft walks the stores W (this request's own text) -> S (the target
     model's own earlier outputs) -> L (a large static corpus) and takes the first that continues the last tokens; the target then
     verifies the whole draft in one forward and keeps its greedy tokens up to the first mismatch, plus
@@ -113,6 +114,9 @@ def hd_walk_diagram(draft: Sequence[str] = ("the", "cat", "sat", "on"), accepted
         The target's own token at the first mismatch (or after the last accepted token).
     stores_hit : str
         The store that supplied the draft, one of ``"W"``, ``"S"``, ``"L"``.
+    store_candidates : mapping, optional
+        The walk as it ran: candidates each store supplied (``None`` or absent: not asked). Without it the
+        walk is drawn as a single chain (stores before ``stores_hit`` missed, later ones not asked).
     """
     draft = [str(t) for t in draft]
     if not 1 <= len(draft) <= 8:
@@ -124,15 +128,20 @@ def hd_walk_diagram(draft: Sequence[str] = ("the", "cat", "sat", "on"), accepted
                   height=6, fig_height=420)
     names = {"W": "W: this request's text", "S": "S: the model's own outputs", "L": "L: static corpus"}
     order = ("W", "S", "L")
+    if store_candidates is None:  # a single chain: the walk stops at the first store that answers
+        store_candidates = {k: (1 if k == stores_hit else 0) for k in order[:order.index(stores_hit) + 1]}
+    counts = {k: (None if store_candidates.get(k) is None else int(store_candidates[k])) for k in order}
     for i, key in enumerate(order):
         x0 = 0.3 + 3.2 * i
-        hit = key == stores_hit
-        before_hit = order.index(key) < order.index(stores_hit)
-        _box(fig, x0, 4.3, x0 + 2.6, 5.5, names[key] + ("<br><b>hit</b>" if hit else "<br>miss" if before_hit else
-                                                          "<br>(not asked)"),
-             fill="#fde0dd" if hit else BOX_FILL, line=color_for(key.lower()), font_size=11)
+        n = counts[key]
+        label = ("<br>(not asked)" if n is None else "<br>miss" if n == 0 else
+                 f"<br><b>{n} candidate{'s' if n != 1 else ''}</b>")
+        _box(fig, x0, 4.3, x0 + 2.6, 5.5, names[key] + label,
+             fill="#fde0dd" if key == stores_hit else BOX_FILL, line=color_for(key.lower()), font_size=11)
         if i < 2:
-            _arrow(fig, x0 + 2.6, 4.9, x0 + 3.2, 4.9, "miss", color=BOX_LINE if before_hit else IDLE)
+            asked_next = counts[order[i + 1]] is not None
+            _arrow(fig, x0 + 2.6, 4.9, x0 + 3.2, 4.9, ("miss" if n == 0 else "need more") if asked_next else "",
+                   color=BOX_LINE if asked_next else IDLE)
     hit_x = 0.3 + 3.2 * order.index(stores_hit) + 1.3
     _arrow(fig, hit_x, 4.3, 3.0, 3.3, "draft")
     fig.add_annotation(x=0.2, y=2.8, text="draft:", showarrow=False, xanchor="left")
