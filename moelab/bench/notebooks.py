@@ -53,7 +53,7 @@ from moelab.course.agreement import (
     executed_report,
 )
 from moelab.course.check import EXERCISES
-from moelab.course.grading import answered, nbgrader_executable, round_trip
+from moelab.course.grading import answered, nbgrader_env, nbgrader_executable, round_trip
 from moelab.course.lessons import (
     _source,
     code_cells,
@@ -338,7 +338,7 @@ def autograde_figure(course: Path) -> Figure:
     try:
         source = json.loads(release_course(course, names=["00"], params={"INTERACTIVE": False})[0].read_text())
         subprocess.run([exe, "generate_assignment", lab, "--force"], cwd=course, check=True, capture_output=True,
-                       timeout=600)
+                       timeout=600, env=nbgrader_env(exe))
         release = json.loads((course / "release" / lab / f"{lab}.ipynb").read_text())
         done = round_trip(course, lab, {"right": answered(release, source), "wrong": answered(release, source, set())},
                           nbgrader=exe)

@@ -38,6 +38,15 @@ def nbgrader_executable() -> str | None:
     return shutil.which("nbgrader", path=str(Path(sys.executable).parent)) or shutil.which("nbgrader")
 
 
+def nbgrader_env(nbgrader: str) -> dict[str, str]:
+    """The environment to run the ``nbgrader`` executable ``nbgrader`` in: this one, with the executable's own
+    folder first on ``PATH`` (nbgrader runs ``alembic`` from ``PATH`` to open its gradebook, so a virtual
+    environment's nbgrader called by its path, the environment not activated, would fail without it) and
+    ``PYTHONWARNINGS`` as set here."""
+    path = os.pathsep.join(p for p in (str(Path(nbgrader).parent), os.environ.get("PATH", "")) if p)
+    return {**os.environ, "PATH": path, "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "")}
+
+
 def _source(cell: dict) -> str:
     return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
 
@@ -103,8 +112,7 @@ class RoundTrip:
 
 
 def _run(args: list[str], cwd: Path, timeout_s: float) -> str:
-    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
-                          env={**os.environ, "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "")})
+    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout_s, env=nbgrader_env(args[0]))
     out = done.stdout + done.stderr
     if done.returncode != 0:
         raise GradingError(f"{' '.join(args[1:])} failed (exit {done.returncode}):\n{out[-3000:]}")
@@ -157,5 +165,5 @@ def round_trip(course: str | os.PathLike, lab: str, submissions: dict[str, dict]
                      autograde_seconds=seconds, warnings=warnings)
 
 
-__all__ = ["GradingError", "RoundTrip", "answered", "exercise_keys", "nbgrader_executable", "round_trip",
+__all__ = ["GradingError", "RoundTrip", "answered", "exercise_keys", "nbgrader_env", "nbgrader_executable", "round_trip",
            "solution_text", "wrong_text"]
