@@ -78,18 +78,20 @@ def test_outputs_drop_logs_and_progress_bars_and_note_only_panels():
     assert not is_progress_bar("VBox(children=(IntSlider(value=7,")
     text = "\n".join(c["source"] for c in page["cells"] if c["cell_type"] == "markdown")
     assert "\n## 3. Does the paper's claim hold here?" in text  # one title per page
-    assert "Previous: [00 — overview](00_overview.ipynb) · Next: [02 — hierarchy drafting]" in text
+    assert "Previous: [00 — The map of the lab](00_overview.ipynb) · Next: [02 — Hierarchy Drafting]" in text
+    assert "· ·" not in text
 
 
 def test_page_order_titles_and_readme():
     md = "Previous: [04](04_dsd_rtt.ipynb) · Next: [07 — cross](07_cross_paper.ipynb) ·\n[map](00_overview.ipynb)"
     order = ["04_dsd_rtt", "05_balanceroute", "06_from_your_deployment", "07_cross_paper"]
     out = book_nav(md, "05_balanceroute", order)
-    assert out.startswith("Previous: [04 — dsd rtt](04_dsd_rtt.ipynb) · Next: [06 — from your deployment]")
+    assert out.startswith("Previous: [04 — Speculation at a distance](04_dsd_rtt.ipynb) · "
+                          "Next: [06 — From your deployment](06_from_your_deployment.ipynb) · \n[map]")
     assert "07_cross_paper" not in out
     out = book_nav("Previous: [07](07_cross_paper.ipynb) · Back to [the map](00_overview.ipynb)",
                    "06_from_your_deployment", order)
-    assert out.startswith("Previous: [05 — balanceroute](05_balanceroute.ipynb) · Next: [07 — cross paper]")
+    assert out.startswith("Previous: [05 — BalanceRoute](05_balanceroute.ipynb) · Next: [07 — Cross-paper]")
     assert chapter_title("01 · ELDR — expert-locality-aware decode routing") == \
         "01 — ELDR: expert-locality-aware decode routing"
     assert chapter_title("00 — The map of the lab") == "00 — The map of the lab"

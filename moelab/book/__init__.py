@@ -182,12 +182,20 @@ def demote_extra_titles(markdown: str, seen_title: bool) -> tuple[str, bool]:
     return "\n".join(lines), seen_title
 
 
-_NAV = re.compile(r"(Previous|Next): \[[^\]]*\]\(\d\d_[A-Za-z0-9_]+\.ipynb\)( · )?")
+_NAV = re.compile(r"(Previous|Next): \[[^\]]*\]\(\d\d_[A-Za-z0-9_]+\.ipynb\)(\s*·)? ?")
 _NAV_LINE = re.compile(r"^(Previous|Next): ", re.MULTILINE)
 
 
 def _nav_link(page: str) -> str:
-    return f"[{page[:2]} — {page[3:].replace('_', ' ')}]({page}.ipynb)"
+    """``[NN — short title](page.ipynb)``: the notebook's title up to its first colon or parenthesis."""
+    try:
+        nb = read_json(notebooks_dir() / f"{page}.ipynb")
+        label = re.split(r"[:(]", chapter_title(_title(nb, page)), maxsplit=1)[0].strip()
+    except (OSError, ValueError, KeyError, TypeError):
+        label = ""
+    if not re.match(r"\d\d — \S", label):
+        label = f"{page[:2]} — {page[3:].replace('_', ' ')}"
+    return f"[{label}]({page}.ipynb)"
 
 
 def book_nav(markdown: str, name: str, order: Sequence[str]) -> str:
