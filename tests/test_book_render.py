@@ -181,3 +181,13 @@ def test_png_export_does_not_log_choreographer_tracebacks():
 
     _quiet_export_logs()  # what save_figure does before kaleido runs
     assert not logging.getLogger("choreographer.channels.pipe").isEnabledFor(logging.ERROR)
+
+
+def test_slides_drop_progress_bars_and_note_only_panels():
+    from moelab.slides import slide_notebook
+
+    progress = _display({WIDGET: {"model_id": "a"}, "text/plain": "Loading weights:  50%|#   | 136/272 [00:01<00:01]"})
+    panel = _display({WIDGET: {"model_id": "b"}, "text/plain": "VBox(children=(IntSlider(value=7),))"})
+    nb = slide_notebook("02_hierarchy_drafting", {0: [progress, panel]}, app_command="moelab app")
+    shown = [o for c in nb["cells"] for o in c.get("outputs", [])]
+    assert len(shown) == 1 and "An interactive panel" in shown[0]["data"]["text/markdown"]

@@ -34,6 +34,7 @@ from typing import Any
 from moelab import lecture
 from moelab._io import atomic_write_text
 from moelab._outputs import check_output_dir, record_outputs
+from moelab.book import is_progress_bar
 from moelab.notebooks import resolve
 
 HERE = Path(__file__).parent
@@ -176,8 +177,11 @@ def slide_notebook(name: str, outputs: dict[int, list[dict[str, Any]]], *, app_c
                 data["text/html"] = _plotly_html(data.pop(PLOTLY_MIME), f"{name}-slide-figure-{figure}")
             if lecture.WIDGET_MIME in data:
                 data.pop(lecture.WIDGET_MIME)
-                data.pop("text/plain", None)
-                data["text/markdown"] = f"*An interactive panel: run it live with `{app_command}`.*"
+                if is_progress_bar(data.pop("text/plain", None)):  # a tqdm bar, not a panel: nothing to show
+                    out["drop"] = True
+                else:
+                    data["text/markdown"] = f"*An interactive panel: run it live with `{app_command}`.*"
+        cell["outputs"] = [o for o in cell["outputs"] if not o.pop("drop", False)]
         place(cell, _weight(cell["outputs"]), 0)
     for i, cell in enumerate(cells):
         cell["id"] = f"slide-cell-{i}"
