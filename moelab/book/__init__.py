@@ -11,7 +11,12 @@ of contents and the toggles) that works from any static file server with no netw
 * MathJax is the npm package ``mathjax@3.2.2`` (Apache-2.0), vendored in ``moelab/book/static/vendor``;
 * solution cells (nbgrader ``solution: true`` or ``jupyter.source_hidden``) are collapsed behind a toggle;
 * ipywidgets panels need a running kernel: in the book each is replaced by a note that says how to open
-  the notebook live (every page also starts with that command and, given a repository, a Binder link);
+  the notebook live (every page also starts with that command and, given a repository, a Binder link); a
+  widget that is a tqdm progress bar is dropped, as is every stderr stream (library logs and warnings);
+* computed Markdown outputs (``display(Markdown(...))``) are rendered as MyST, so their ``$...$`` math is typeset
+  like a markdown cell's; a backticked public name links to its API entry through a Sphinx role;
+* the index lists one title per chapter (a notebook's later level-1 headings become level 2) in one style, and a
+  notebook's ``Previous: ... · Next: ...`` line follows the index's order;
 * notebook 06 captures from a live vLLM engine: where none is installed, the book runs it on the capture recorded
   with vLLM once (``data/traces/tiny-moe-06-vllm.npz``, :func:`notebook_params`) and labels the page with the
   engine and date of that recording (:func:`capture_note`).
