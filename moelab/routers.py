@@ -17,6 +17,9 @@ the paper's package is imported, and paper folders never import each other.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Sequence
+
 # each import registers its module's routers in the floor's registry (the import is the point)
 import moelab.balanceroute.routers  # noqa: F401  BR-0, BR-H
 import moelab.eldr.routing  # noqa: F401  ELDR's locality band, the domain oracle
@@ -33,5 +36,42 @@ from moelab.routing.base import (
     router_names,
 )
 
-__all__ = ["ROUTERS", "RouterCalibration", "available_routers", "check_supplies", "make_router", "requirements",
-           "router_class", "router_names"]
+
+def import_router_modules(modules: Sequence[str], *, flag: str = "--router-module") -> list[str]:
+    """Import each of ``modules`` so the routers they register (:func:`register_router`) can be named:
+    what ``--router-module MODULE`` does for ``moelab serve-router`` and ``moelab sweep``.
+
+    Parameters
+    ----------
+    modules : sequence of str
+        Importable module names (installed, or their folder on ``PYTHONPATH``, e.g. ``PYTHONPATH=.``). A
+        module already imported is not run again.
+    flag : str
+        The option named in the error (default ``"--router-module"``).
+
+    Returns
+    -------
+    list of str
+        The module names, in the order imported.
+
+    Raises
+    ------
+    ValueError
+        Naming ``flag`` and the module, for a module that cannot be imported.
+    """
+    if isinstance(modules, (str, bytes)) or not isinstance(modules, Sequence):
+        raise ValueError(f"{flag} takes a list of module names; got {modules!r:.60}")
+    out = []
+    for module in modules:
+        if not isinstance(module, str) or not module:
+            raise ValueError(f"{flag} must name a module; got {module!r:.60}")
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"{flag} {module!r} cannot be imported: {exc}") from None
+        out.append(module)
+    return out
+
+
+__all__ = ["ROUTERS", "RouterCalibration", "available_routers", "check_supplies", "import_router_modules", "make_router",
+           "requirements", "router_class", "router_names"]

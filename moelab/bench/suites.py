@@ -54,10 +54,8 @@ from moelab.hd.policy import BUDGETS
 from moelab.hd.specbench import spec_bench_split
 from moelab.hd.stores import default_model_store_path, load_default_model_store, load_default_statistics_store
 from moelab.models.lm import load_lm, set_cpu_threads
-from moelab.routing import (
-    available_routers,  # what eldr.experiments.build_router accepts
-    import_router_modules,
-)
+from moelab.routers import import_router_modules
+from moelab.routing import available_routers  # what eldr.experiments.build_router accepts
 from moelab.sim.cluster import MAX_DECODE_TOKENS
 from moelab.sweep.core import Scalar
 from moelab.sweep.suite import Suite, run_suite

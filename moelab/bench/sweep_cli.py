@@ -38,7 +38,8 @@ from moelab.bench.suites import (
 from moelab.costmodel import MODEL_SHAPES
 from moelab.datasets import bundled_path
 from moelab.eldr import experiments as eldr_experiments
-from moelab.routing import available_routers, import_router_modules
+from moelab.routers import import_router_modules
+from moelab.routing import available_routers
 from moelab.sweep.core import BACKENDS, parse_grid_args
 from moelab.sweep.suite import Suite, coerce, run_suite
 from moelab.traces import bundled_trace_path, load_trace, traces_dir

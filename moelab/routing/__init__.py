@@ -27,7 +27,6 @@ from moelab.routing.base import (
     call_router,
     check_routed,
     check_supplies,
-    import_router_modules,
     make_router,
     register_router,
     requirements,
@@ -46,6 +45,6 @@ from moelab.routing.baselines import (
 __all__ = [
     "CALIBRATION_FIELDS", "FIELDS", "ROUTERS", "UNASSIGNED", "ActiveRequests", "ClusterView", "RequestBatch", "Router",
     "RouterCalibration", "RouterError", "available_routers", "call_router", "check_routed",
-    "check_supplies", "import_router_modules", "make_router", "register_router", "requirements", "router_class", "router_names",
+    "check_supplies", "make_router", "register_router", "requirements", "router_class", "router_names",
     "JoinShortestQueue", "LeastKVTokens", "PowerOfTwoChoices", "RandomRouter", "RoundRobin", "VLLMDataParallel",
 ]

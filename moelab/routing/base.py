@@ -29,9 +29,8 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -788,42 +787,6 @@ def register_router(cls: type[Router]) -> type[Router]:
         raise ValueError(f"router name {cls.name!r} is taken by {ROUTERS[cls.name].__qualname__}")
     ROUTERS[cls.name] = cls
     return cls
-
-
-def import_router_modules(modules: Sequence[str], *, flag: str = "--router-module") -> list[str]:
-    """Import each of ``modules`` so the routers they register (:func:`register_router`) can be named:
-    what ``--router-module MODULE`` does for ``moelab serve-router`` and ``moelab sweep``.
-
-    Parameters
-    ----------
-    modules : sequence of str
-        Importable module names (installed, or their folder on ``PYTHONPATH``, e.g. ``PYTHONPATH=.``). A
-        module already imported is not run again.
-    flag : str
-        The option named in the error (default ``"--router-module"``).
-
-    Returns
-    -------
-    list of str
-        The module names, in the order imported.
-
-    Raises
-    ------
-    ValueError
-        Naming ``flag`` and the module, for a module that cannot be imported.
-    """
-    if isinstance(modules, (str, bytes)) or not isinstance(modules, Sequence):
-        raise ValueError(f"{flag} takes a list of module names; got {modules!r:.60}")
-    out = []
-    for module in modules:
-        if not isinstance(module, str) or not module:
-            raise ValueError(f"{flag} must name a module; got {module!r:.60}")
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ValueError(f"{flag} {module!r} cannot be imported: {exc}") from None
-        out.append(module)
-    return out
 
 
 def router_class(name: str) -> type[Router]:

@@ -94,7 +94,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from moelab._validate import check_choice, check_int, check_loopback_host, check_real
 from moelab.eldr.signature import SignatureBuilder
-from moelab.routers import check_supplies, make_router, router_class, router_names
+from moelab.routers import check_supplies, import_router_modules, make_router, router_class, router_names
 from moelab.routing import (
     ClusterView,
     RequestBatch,
@@ -102,7 +102,6 @@ from moelab.routing import (
     RouterCalibration,
     RouterError,
     call_router,
-    import_router_modules,
 )
 from moelab.serving.client import (
     BACKEND_ERRORS,
