@@ -27,6 +27,23 @@ def _contexts(rng: np.random.Generator, vocab: int, n: int = 600) -> list[list[i
     return [rng.integers(0, vocab, size=int(rng.integers(0, 10))).tolist() for _ in range(n)]
 
 
+def _reference_w_lookup(w: ContextStore, ctx: list[int], k: int) -> list[tuple[int, ...]]:
+    """W's lookup as specified, written out plainly: every key length, longest first, that has continuations;
+    its continuations most recent first; no repeats; the first key's answer whole up to max(k, 1), then up to k."""
+    out: list[tuple[int, ...]] = []
+    first = True
+    for m in sorted(w.key_lengths, reverse=True):
+        if len(ctx) < m:
+            continue
+        for c in w._table.get(tuple(ctx[len(ctx) - m:]), []):
+            if len(out) >= (max(k, 1) if first else k):
+                break
+            if c not in out:
+                out.append(c)
+        first = first and not out
+    return out
+
+
 def test_context_store_lookup_matched_is_lookup_and_match_length():
     rng = np.random.default_rng(0)
     w = ContextStore((1, 2, 3), length=3, per_key=3)
@@ -34,6 +51,7 @@ def test_context_store_lookup_matched_is_lookup_and_match_length():
     for ctx in _contexts(rng, 7):
         for k in (0, 1, 3, 7):
             got = w.lookup(ctx, k)
+            assert got == _reference_w_lookup(w, ctx, k), (ctx, k)  # lookup is lookup_matched's first half
             assert w.lookup_matched(ctx, k) == (got, w.match_length(ctx) if got else 0)
 
 

@@ -146,26 +146,7 @@ class ContextStore:
 
     def lookup(self, context: Sequence[int], k: int = 7) -> list[tuple[int, ...]]:
         """Up to ``k`` continuations of ``context``'s last tokens (longest key first, most recent first)."""
-        out: list[tuple[int, ...]] | None = None
-        n = len(context)
-        table = self._table
-        for m in self.key_lengths:
-            if n < m:
-                continue
-            bucket = table.get(tuple(context[n - m:]))
-            if not bucket:
-                continue
-            if out is None:  # the longest key's continuations are distinct already (k < 1 gives one)
-                out = bucket[:max(k, 1)]
-                if len(out) >= k:
-                    return out
-                continue
-            for c in bucket:
-                if c not in out:
-                    out.append(c)
-                    if len(out) >= k:
-                        return out
-        return [] if out is None else out
+        return self.lookup_matched(context, k)[0]  # one walk over the keys (the drafter calls lookup_matched)
 
 
 def default_store_path(kind: str) -> Path:
