@@ -56,7 +56,8 @@ JS_MARK_PANELS = """() => {
 @dataclass(frozen=True)
 class LectureTiming:
     """One measured lecture: seconds to the first figure, each slider move's redraw time, the live panels,
-    how long the app took to be ready (its pre-heated kernels quiet) before the visit, and its log."""
+    how long the app took to be ready (its pre-heated kernels quiet) before the visit, and its log (whole, or
+    its head and tail when longer than 6,000 characters)."""
 
     notebook: str
     first_figure_s: float
@@ -185,7 +186,10 @@ def measure_lecture(name: str = "03_afd_ratio", runs: str | os.PathLike = "runs"
         finally:
             stop_process(proc)
         first, slider_s, panels = timing
-        return LectureTiming(name, first, tuple(slider_s), panels, ready_s, tail())
+        text = log.read_text(errors="replace")
+        # the head says what the app ran live and what it replayed; a kernel's noisy shutdown can fill the tail
+        excerpt = text if len(text) <= 6000 else f"{text[:3000]}\n[...]\n{text[-3000:]}"
+        return LectureTiming(name, first, tuple(slider_s), panels, ready_s, excerpt)
 
 
 def _visit(browser: Any, url: str, name: str, moves: int, timeout_s: float,
@@ -285,6 +289,11 @@ def _settled(panel: Any, quiet_s: float = 0.5, timeout_s: float = 30.0) -> Any:
     return last
 
 
+#: how long a key press may take to show the slider's new value before the other direction is tried (the
+#: slider is then taken to be at its end); generous, since a busy 2-core machine delays the page's redraws
+READOUT_WAIT_S = 20.0
+
+
 def _slider_times(page: Any, name: str, panels: int, moves: int, timeout_s: float, tail: Any) -> list[float]:
     """Move the panels' sliders ``moves`` times in all (round robin over panels, each panel's first slider
     that moves) and time each redraw."""
@@ -304,8 +313,10 @@ def _slider_times(page: Any, name: str, panels: int, moves: int, timeout_s: floa
             for forward in ((m // panels) % 2 == 0, (m // panels) % 2 == 1):  # at its end: the other way
                 t0 = time.monotonic()
                 _press(slider, forward)
+                # a loaded machine may show the new value seconds later: pressing the other way before it does
+                # would take the slider back where it was, and no figure would ever change
                 if wait_until(lambda slider=slider, readout=readout:
-                         slider.locator(".widget-readout").first.inner_text() != readout, 2.0, 0.02):
+                         slider.locator(".widget-readout").first.inner_text() != readout, READOUT_WAIT_S, 0.02):
                     moved = True
                     break
             if moved:
