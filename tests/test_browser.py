@@ -45,7 +45,7 @@ NOT_IN_BROWSER = {
 }
 APP_NOTEBOOK = os.environ.get("MOELAB_BROWSER_APP_NOTEBOOK", "03_afd_ratio")  # lecture-mode check (a light one)
 RUN_TIMEOUT_S = 420
-REDRAW_TIMEOUT_S = 300  # a panel may rerun a simulation; generous for a 2-core CI whose other worker runs vLLM servers (the response time itself is a bench figure, app_slider_response_seconds_p50)
+REDRAW_TIMEOUT_S = 150  # a panel may rerun a simulation; generous for a loaded 2-core CI
 
 
 def browser_params(name: str) -> dict[str, Any]:
