@@ -45,8 +45,11 @@ def test_a_reference_page_renders_with_napoleon(tmp_path):
     (src / "api").mkdir(parents=True)
     (src / "_static").mkdir()
     (src / "conf.py").write_text(CONF + reference.SPHINX_CONF)
-    (src / "api" / "moelab.routing.rst").write_text(reference.page("moelab.routing"))
-    (src / "index.md").write_text("# t\n\n```{toctree}\napi/moelab.routing\n```\n")
+    pages = ("moelab.routing", "moelab.dsd", "moelab.eldr")  # dict constants; |z| and a wrapped literal once broke
+    seen: set[int] = set()
+    for name in pages:
+        (src / "api" / f"{name}.rst").write_text(reference.page(name, seen))
+    (src / "index.md").write_text("# t\n\n```{toctree}\n" + "".join(f"api/{n}\n" for n in pages) + "```\n")
     done = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", str(src), str(tmp_path / "html")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -55,6 +58,12 @@ def test_a_reference_page_renders_with_napoleon(tmp_path):
     for text in ("route_batch", "choose", "prepare_state", "free_slots", "waiting_tokens", "RouterError"):
         assert text in html, text
     assert "Parameters" in html and "Returns" in html
+    # no reStructuredText error rendered into a page (a type's docstring such as dict's "dict(**kwargs)" read as
+    # markup, a stray |...| substitution, a literal broken across lines): each shows as a "problematic" span
+    for name in pages:
+        page = (tmp_path / "html" / "api" / f"{name}.html").read_text()
+        assert 'class="problematic"' not in page and "dict(" not in page, name
+    assert "Constants" in html  # the constants' own table, with their #: lines
 
 
 def test_lessons_link_public_symbols_to_their_reference_entry():

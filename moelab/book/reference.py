@@ -190,8 +190,18 @@ def page(module: str, seen: set[int] | None = None) -> str:
     names = list(mod.__all__)
     title = f"``{module}``"
     lines = [title, "=" * len(title), "", f".. automodule:: {module}", "   :no-members:", ""]
-    if names:
-        lines += [".. autosummary::", "   :nosignatures:", ""] + [f"   {module}.{n}" for n in names] + [""]
+    # autosummary would summarise a constant by its type's docstring (a dict's "dict(**kwargs) -> ..."): constants
+    # get a table of their own ``#:`` lines instead
+    code = [n for n in names if _is_code(getattr(mod, n))]
+    if code:
+        lines += [".. autosummary::", "   :nosignatures:", ""] + [f"   {module}.{n}" for n in code] + [""]
+    constants = [n for n in names if n not in code]
+    if constants:
+        lines += [".. list-table:: Constants", "   :widths: 1 3", ""]
+        for n in constants:
+            first = (_data_doc(module, n, getattr(mod, n)) or "").strip().split("\n\n", 1)[0].replace("\n", " ")
+            lines += [f"   * - :py:data:`{n} <{module}.{n}>`", f"     - {first}"]
+        lines.append("")
     for n in names:
         obj = getattr(mod, n)
         again = ["   :no-index:"] if id(obj) in seen and (inspect.isclass(obj) or inspect.isroutine(obj)) else []
@@ -206,6 +216,10 @@ def page(module: str, seen: set[int] | None = None) -> str:
             doc = _data_doc(module, n, obj) or ""
             lines += [f".. py:data:: {module}.{n}", "", *(f"   {ln}" for ln in doc.splitlines()), ""]
     return "\n".join(lines)
+
+
+def _is_code(obj: object) -> bool:
+    return inspect.isclass(obj) or inspect.isroutine(obj) or inspect.ismodule(obj)
 
 
 _SYMBOL = re.compile(r"`(moelab(?:\.[A-Za-z_]\w*)+)`")

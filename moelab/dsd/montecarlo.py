@@ -36,7 +36,7 @@ class MCResult:
 
     @property
     def z(self) -> float:
-        """(measured - closed form) / standard error; |z| < 3 means agreement at 99.7%."""
+        """(measured - closed form) / standard error; ``abs(z) < 3`` means agreement at 99.7%."""
         return (self.latency_per_token - self.closed_form) / self.std_err if self.std_err > 0 else 0.0
 
     def ci(self, level_z: float = 1.96) -> tuple[float, float]:

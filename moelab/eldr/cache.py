@@ -61,10 +61,13 @@ class SignatureCache:
 
     Parameters
     ----------
-    block_size : tokens per KV block (>= 1)
-    num_layers, num_experts : geometry of the histograms
-    capacity_blocks : KV blocks available, in ``[1, MAX_CACHE_BLOCKS]``; ``capacity_blocks x num_layers x
-        num_experts`` histogram cells are allocated up front, at most :data:`MAX_CACHE_CELLS`
+    block_size : int
+        Tokens per KV block (>= 1).
+    num_layers, num_experts : int
+        Geometry of the histograms.
+    capacity_blocks : int
+        KV blocks available, in ``[1, MAX_CACHE_BLOCKS]``. The histogram cells, ``capacity_blocks`` times
+        ``num_layers`` times ``num_experts`` of them, are allocated up front: at most :data:`MAX_CACHE_CELLS`.
     """
 
     def __init__(self, block_size: int, num_layers: int, num_experts: int, capacity_blocks: int) -> None:
