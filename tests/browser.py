@@ -249,6 +249,14 @@ def drag_slider(page: Any, panel: Any, index: int = 0) -> str:
     return label
 
 
+def panel_text(panel: Any) -> str:
+    """The panel's text outside its figures (labels, readouts, status lines), shortened for messages."""
+    text = panel.evaluate("""(root) => { const c = root.cloneNode(true);
+        c.querySelectorAll('.js-plotly-plot').forEach(e => e.remove()); return c.innerText; }""")
+    text = " ".join(text.split())
+    return text if len(text) <= 600 else text[:300] + " ... " + text[-300:]
+
+
 def readout(slider: Any) -> str:
     return slider.locator(".widget-readout").first.inner_text()
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.xdist_groups"]  # refuses a run whose test groups pytest-xdist could not apply
+
 REPO = Path(__file__).resolve().parents[1]
 
 

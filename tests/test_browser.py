@@ -121,6 +121,7 @@ def check_panels(page: Any, where: str, slider_index: int = 0, skip: tuple[int, 
         assert b.wait_for(lambda panel=panel: panel.locator(".js-plotly-plot").count() >= 1, 60), \
             f"{where}: panel {i} rendered no plotly figure"
         before = panel.evaluate(b.JS_PLOT_FINGERPRINTS)
+        text_before = b.panel_text(panel)
         # the chosen slider, else the next one that can move (a slider may offer a single value)
         for k in [*range(min(slider_index, sliders - 1), sliders), *range(0, min(slider_index, sliders - 1))]:
             v0 = b.slider_value(panel, k)
@@ -138,9 +139,13 @@ def check_panels(page: Any, where: str, slider_index: int = 0, skip: tuple[int, 
             select.select_option(index=(select.evaluate("s => s.selectedIndex") + 1) % len(options))
             label, v1 = "dropdown " + options[0], select.input_value()
             print(f"{where}: panel {i}: no slider can move at these sizes; changed a dropdown instead")
-        assert b.wait_for(lambda panel=panel, before=before: panel.evaluate(b.JS_PLOT_FINGERPRINTS) != before,
-                          REDRAW_TIMEOUT_S), \
-            f"{where}: slider {label!r} of panel {i} moved {v0} -> {v1} but no figure's data changed"
+        if not b.wait_for(lambda panel=panel, before=before: panel.evaluate(b.JS_PLOT_FINGERPRINTS) != before,
+                          REDRAW_TIMEOUT_S):
+            # which side stalled: a panel's text outside its figures (a status line, a readout) written by the
+            # kernel after the move tells a lost or unanswered change from a figure that was not redrawn
+            raise AssertionError(f"{where}: slider {label!r} of panel {i} moved {v0} -> {v1} but no figure's data "
+                                 f"changed in {REDRAW_TIMEOUT_S} s; panel text before: {text_before!r}; after: "
+                                 f"{b.panel_text(panel)!r}")
         errors = b.error_texts(page)
         assert not errors, f"{where}: after moving {label!r}: " + "\n".join(errors)
     return n
