@@ -141,6 +141,18 @@ def copy_notebooks(dest: str | os.PathLike) -> list[Path]:
     return written
 
 
+#: the order the course reads its notebooks in: 00's map, each notebook's ``Previous`` / ``Next`` line and the
+#: book's chapters follow it (07 combines 01 and 05; 06, your own deployment, comes after any of them)
+READING_ORDER = ("00_overview", "01_eldr", "02_hierarchy_drafting", "03_afd_ratio", "04_dsd_rtt",
+                 "05_balanceroute", "07_cross_paper", "06_from_your_deployment")
+
+
+def in_reading_order(names: list[str] | tuple[str, ...]) -> list[str]:
+    """``names`` in :data:`READING_ORDER`; names it does not list (a user's own notebooks) follow, by name."""
+    rank = {name: i for i, name in enumerate(READING_ORDER)}
+    return sorted(names, key=lambda n: (rank.get(n, len(rank)), n))
+
+
 def available_notebooks() -> list[str]:
     """Notebook names (file stems) in ``notebooks/``."""
     return sorted(p.stem for p in notebooks_dir().glob("*.ipynb"))

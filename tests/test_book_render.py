@@ -87,7 +87,7 @@ def test_page_order_titles_and_readme():
     order = ["04_dsd_rtt", "05_balanceroute", "06_from_your_deployment", "07_cross_paper"]
     out = book_nav(md, "05_balanceroute", order)
     assert out.startswith("Previous: [04 — Speculation at a distance](04_dsd_rtt.ipynb) · "
-                          "Next: [06 — From your deployment](06_from_your_deployment.ipynb) · \n[map]")
+                          "Next: [06 — From your deployment](06_from_your_deployment.ipynb) ·\n[map]")
     assert "07_cross_paper" not in out
     out = book_nav("Previous: [07](07_cross_paper.ipynb) · Back to [the map](00_overview.ipynb)",
                    "06_from_your_deployment", order)
@@ -191,3 +191,20 @@ def test_slides_drop_progress_bars_and_note_only_panels():
     nb = slide_notebook("02_hierarchy_drafting", {0: [progress, panel]}, app_command="moelab app")
     shown = [o for c in nb["cells"] for o in c.get("outputs", [])]
     assert len(shown) == 1 and "An interactive panel" in shown[0]["data"]["text/markdown"]
+
+
+def test_each_notebook_links_its_neighbours_in_the_reading_order():
+    """A notebook's Previous/Next line, 00's reading-order table and the book's chapters follow one order
+    (:data:`moelab.notebooks.READING_ORDER`), so a reader in JupyterLab and one in the book walk the same path."""
+    from moelab.book import _nav_link
+    from moelab.notebooks import READING_ORDER, available_notebooks, in_reading_order, notebooks_dir
+
+    assert sorted(READING_ORDER) == available_notebooks()
+    assert in_reading_order(["mine", "06_from_your_deployment", "00_overview"]) == \
+        ["00_overview", "06_from_your_deployment", "mine"]
+    for i, name in enumerate(READING_ORDER):
+        text = "".join(json.loads((notebooks_dir() / f"{name}.ipynb").read_text())["cells"][-1]["source"])
+        want = ([f"Previous: {_nav_link(READING_ORDER[i - 1])}"] if i else []) + (
+            [f"Next: {_nav_link(READING_ORDER[i + 1])}"] if i + 1 < len(READING_ORDER) else [])
+        assert " · ".join(want) in text, f"{name}'s last cell should link {want}"
+        assert book_nav(text, name, READING_ORDER) == text  # the book leaves it as it is

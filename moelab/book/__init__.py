@@ -48,7 +48,7 @@ from typing import Any
 from moelab._io import read_json
 from moelab._outputs import check_output_dir, replace_dir
 from moelab.datasets import repo_root
-from moelab.notebooks import check_parameters, notebooks_dir, resolve, run_notebook
+from moelab.notebooks import check_parameters, in_reading_order, notebooks_dir, resolve, run_notebook
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -216,7 +216,8 @@ def book_nav(markdown: str, name: str, order: Sequence[str]) -> str:
     end = markdown.find("\n", first.start())
     end = len(markdown) if end < 0 else end
     line = _NAV.sub("", markdown[first.start():end])
-    return markdown[:first.start()] + "".join(f"{link} · " for link in links) + line + markdown[end:]
+    nav = " ".join(f"{link} ·" for link in links)
+    return markdown[:first.start()] + " ".join(part for part in (nav, line) if part) + markdown[end:]
 
 
 def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
@@ -235,7 +236,8 @@ def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
                                 f"notebooks/{name}.ipynb")
             source, titled = demote_extra_titles(source, titled)
             if included is not None:
-                source = book_nav(unlink_missing(source, included), name, [n for n in included if n[:2].isdigit()])
+                source = book_nav(unlink_missing(source, included), name,
+                                  in_reading_order([n for n in included if n[:2].isdigit()]))
             cell["source"] = source
             if api_links:
                 from moelab.book.reference import link_symbols  # lazy: imports every public package
@@ -472,7 +474,7 @@ def build_book(out: str | os.PathLike = "book", *, names: Sequence[str] | None =
             nb = prepare_notebook(read_json(path), name, binder_repo, included=chosen, api_links=not names)
             titles[name] = _title(nb, name)
             (src / f"{name}.ipynb").write_text(json.dumps(nb))
-        pages = list(chosen)
+        pages = in_reading_order(chosen)  # the chapters (and their Previous/Next lines) in the course's order
         for rel, page in EXTRA_PAGES:
             if (repo_root() / rel).is_file():
                 text = book_links((repo_root() / rel).read_text(), rel)
