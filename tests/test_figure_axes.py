@@ -43,8 +43,20 @@ def test_tables_pies_and_polar_traces_have_no_axes():
                                     go.Indicator(value=3)])) == []
 
 
-def test_hidden_axes_need_no_title():
+def test_a_colour_bar_needs_a_title():
     fig = go.Figure(go.Heatmap(z=[[1, 2], [3, 4]]))
+    fig.update_layout(xaxis_title="RTT (ms)", yaxis_title="alpha")
+    assert untitled_axes(fig) == ["colorbar0"]
+    fig.update_traces(colorbar={"title": {"text": "gain (%)"}})
+    assert untitled_axes(fig) == []
+    fig.update_traces(showscale=False, colorbar={"title": {"text": ""}})  # no bar shown: nothing to name
+    assert untitled_axes(fig) == []
+    fig.add_scatter(x=[1], y=[1], marker={"color": [1], "showscale": True})
+    assert untitled_axes(fig) == ["colorbar1"]
+
+
+def test_hidden_axes_need_no_title():
+    fig = go.Figure(go.Heatmap(z=[[1, 2], [3, 4]], showscale=False))
     fig.update_layout(xaxis={"showticklabels": False}, yaxis={"visible": False})
     assert untitled_axes(fig) == []
 

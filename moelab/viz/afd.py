@@ -124,7 +124,7 @@ def gap_map_figure(df: pd.DataFrame) -> go.Figure:
         g = df[df["lengths"] == d].assign(x=lambda t: [f"P{p:g}/D{q:g}" for p, q in zip(t["mu_P"], t["mu_D"])])
         wide = g.pivot_table(index="B", columns="x", values="gap_pct", aggfunc="first", sort=False)
         fig.add_trace(go.Heatmap(z=wide.to_numpy(), x=list(wide.columns), y=[str(b) for b in wide.index], zmin=-lim,
-                                 zmax=lim, colorscale="RdBu", showscale=i == len(dists),
+                                 zmax=lim, colorscale="RdBu", showscale=i == len(dists), colorbar={"title": {"text": "gap (%)"}},
                                  text=np.round(wide.to_numpy(), 1), texttemplate="%{text}",
                                  hovertemplate="B=%{y}, %{x}: %{z:.1f}%<extra></extra>"), row=1, col=i)
     fig.update_yaxes(title_text="B (slots)", row=1, col=1)

@@ -130,9 +130,10 @@ def regime_heatmap(grid: pd.DataFrame, G: int, slots: int, metric: str = "brh_th
     share = sub.pivot_table(index="shape", columns="context_scale", values="attention_share").reindex_like(z)
     text = [[f"{v:+.1f}%<br>attn {a:.0%}" for v, a in zip(zr, ar)] for zr, ar in zip(z.to_numpy(), share.to_numpy())]
     lim = float(np.nanmax(np.abs(z.to_numpy()))) or 1.0
+    quantity = "throughput gain" if "throughput" in metric else "imbalance reduction"
     fig = go.Figure(go.Heatmap(z=z.to_numpy(), x=[f"x{c:g}" for c in z.columns], y=list(z.index), text=text,
                                texttemplate="%{text}", colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim,
-                               colorbar={"title": "%"}))
+                               colorbar={"title": {"text": f"{quantity} (%)"}}))
     fig.update_layout(title=f"{_REGIME_METRICS[metric]} vs the best baseline (G={G}, {slots} slots)",
                       xaxis_title="context scale (prompts x k)", yaxis_title="model shape", template="plotly_white")
     return fig

@@ -102,6 +102,10 @@ def untitled_axes(fig: Any) -> list[str]:
     row (y axes), as in a ``make_subplots`` grid with shared axes. Layout annotations (subplot titles)
     are not axis titles: the lab does not use them as such.
 
+    A colour bar is an axis too: a trace that shows one (a heatmap or contour unless ``showscale=False``, a
+    marker with ``showscale=True``) without a colour-bar title is reported as ``"colorbar<i>"``, ``i`` the
+    trace's index.
+
     Parameters
     ----------
     fig : plotly.graph_objects.Figure or FigureWidget
@@ -110,8 +114,8 @@ def untitled_axes(fig: Any) -> list[str]:
     Returns
     -------
     list of str
-        Layout names of the untitled axes (``"xaxis"``, ``"yaxis2"``, ...), sorted; empty when every
-        plotted axis has a title.
+        Layout names of the untitled axes (``"xaxis"``, ``"yaxis2"``, ...), sorted, then the untitled colour
+        bars; empty when every plotted axis has a title.
     """
     layout = fig.layout.to_plotly_json()
     axes = {k: v for k, v in layout.items() if re.fullmatch(r"[xy]axis\d*", k)}
@@ -134,9 +138,29 @@ def untitled_axes(fig: Any) -> list[str]:
                         or list(axes[other].get("domain", [0, 1])) == list(axis.get("domain", [0, 1])))
                    for other in axes)
 
-    return [name for name in sorted(used)
-            if not titled(name) and axes.get(name, {}).get("visible") is not False
-            and axes.get(name, {}).get("showticklabels") is not False and not shares_title(name)]
+    untitled = [name for name in sorted(used)
+                if not titled(name) and axes.get(name, {}).get("visible") is not False
+                and axes.get(name, {}).get("showticklabels") is not False and not shares_title(name)]
+    return untitled + [f"colorbar{i}" for i, trace in enumerate(fig.data) if _untitled_colorbar(trace)]
+
+
+_SCALE_TRACES = ("heatmap", "contour", "histogram2d", "histogram2dcontour", "surface", "densitymapbox")
+
+
+def _untitled_colorbar(trace: Any) -> bool:
+    """``trace`` shows a colour bar whose title is empty."""
+    if trace.visible is False:
+        return False
+    t = trace.to_plotly_json()
+    if t.get("type") in _SCALE_TRACES and t.get("showscale", True) and t.get("coloraxis") is None:
+        bar = t.get("colorbar") or {}
+    elif (t.get("marker") or {}).get("showscale"):
+        bar = t["marker"].get("colorbar") or {}
+    else:
+        return False
+    title = bar.get("title")
+    text = title.get("text") if isinstance(title, dict) else title
+    return not str(text or "").strip()
 
 
 FIGURES_ENV = "MOELAB_FIGURES"

@@ -113,7 +113,7 @@ def fig_regime_map(df: pd.DataFrame, *, n_workers: int, tau: float, metric: str 
         raise ValueError(f"no regime-map rows at n_workers={n_workers}, tau={tau}")
     z = d.pivot_table(index="rho", columns="rate", values=metric)
     fig = go.Figure(go.Heatmap(z=z.to_numpy(), x=z.columns.astype(float), y=z.index.astype(float), zmid=0,
-                               colorscale="RdBu", colorbar={"title": "%"},
+                               colorscale="RdBu", colorbar={"title": {"text": metric.removesuffix("_pct").replace("_", " ") + " (%)"}},
                                text=np.round(z.to_numpy(), 1), texttemplate="%{text}",
                                hovertemplate="rate %{x} req/s<br>rho %{y:.2f}<br>%{z:.1f}%<extra></extra>"))
     if paper_rho is not None:
