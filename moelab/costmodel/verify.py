@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,7 +148,7 @@ class OnlineVerifyCost(VerifyCost):
         # a plain list: observe() runs on every engine step, where indexing a numpy array gives numpy floats
         # that make the window's sort and arithmetic several times slower than Python floats
         self._log_seed = [math.log(max(float(x), 1e-12)) for x in self._seed_table]
-        self._obs: dict[int, list[float]] = {}  # q -> its last `window` log ratios, oldest first
+        self._obs: dict[int, deque[float]] = {}  # q -> its last `window` log ratios, oldest first
         self._r: dict[int, float] = {}  # q -> the median of its window (once it has min_obs)
         self.observations = 0
         self.rebuilds = 0
@@ -161,10 +162,8 @@ class OnlineVerifyCost(VerifyCost):
         self.observations += 1
         w = self._obs.get(q)
         if w is None:
-            w = self._obs[q] = []
+            w = self._obs[q] = deque(maxlen=self.window)  # the oldest observation drops out by itself
         w.append(math.log(ms) - self._log_seed[q])
-        if len(w) > self.window:
-            del w[0]
         if len(w) < self.min_obs:
             return
         s = sorted(w)
