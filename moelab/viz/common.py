@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import ipywidgets as w
+import numpy as np
+import pandas as pd
 
 from moelab._io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from moelab.datasets import repo_root
@@ -161,6 +163,44 @@ def _untitled_colorbar(trace: Any) -> bool:
     title = bar.get("title")
     text = title.get("text") if isinstance(title, dict) else title
     return not str(text or "").strip()
+
+
+def readable(df: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
+    """A copy of ``df`` rounded for reading: every float to ``digits`` significant digits, never dropping a digit
+    left of the decimal point (37571.27 becomes 37571, 14.9321 becomes 14.93, 0.0212 stays 0.0212), each value on
+    its own scale, so a row of milliseconds beside a row of seconds keeps its digits; a float column whose values
+    are then all whole numbers becomes an integer column (4096.0 shows as 4096).
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        The table as computed (it is not changed).
+    digits : int
+        Significant digits kept of each value (>= 1).
+
+    Returns
+    -------
+    pandas.DataFrame
+    """
+    if type(digits) is not int or digits < 1:
+        raise ValueError(f"digits must be an integer >= 1; got {digits!r}")
+    out = df.copy()
+    for col in out.columns:
+        if not pd.api.types.is_float_dtype(out[col]):
+            continue
+        values = out[col].to_numpy(dtype=float)
+        ok = np.isfinite(values) & (values != 0)
+        magnitude = np.zeros_like(values)
+        magnitude[ok] = np.floor(np.log10(np.abs(values[ok])))
+        decimals = np.clip(digits - 1 - magnitude, 0, 15)
+        scale = 10.0 ** decimals
+        rounded = np.where(np.isfinite(values), np.round(values * scale) / scale, values)
+        whole = np.isfinite(rounded) & (rounded == np.round(rounded))
+        if not np.isinf(values).any() and whole[~np.isnan(values)].all() and (~np.isnan(values)).any():
+            out[col] = pd.array(np.where(np.isnan(values), np.nan, rounded), dtype="Float64").astype("Int64")
+        else:
+            out[col] = rounded
+    return out
 
 
 FIGURES_ENV = "MOELAB_FIGURES"
