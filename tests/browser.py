@@ -187,7 +187,10 @@ JS_MARK_PANELS = """() => {
 # Every plotly figure on the page: its layout and each trace's axes, for the lab's axis-title checker below.
 JS_FIGURES = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => ({
     layout: JSON.parse(JSON.stringify(el.layout || {})),
-    data: (el.data || []).map(t => ({type: t.type || 'scatter', xaxis: t.xaxis, yaxis: t.yaxis, visible: t.visible})),
+    data: (el.data || []).map(t => ({type: t.type || 'scatter', xaxis: t.xaxis, yaxis: t.yaxis, visible: t.visible,
+        showscale: t.showscale, coloraxis: t.coloraxis, colorbar: JSON.parse(JSON.stringify(t.colorbar || {})),
+        marker: {showscale: (t.marker || {}).showscale,
+                 colorbar: JSON.parse(JSON.stringify((t.marker || {}).colorbar || {}))}})),
 }))"""
 
 

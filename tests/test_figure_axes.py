@@ -102,14 +102,19 @@ def test_browser_check_judges_what_the_page_drew():
     shared.update_yaxes(title_text="ms per token")
     bare = go.Figure(go.Scatter(x=[1], y=[1]), layout={"title": {"text": "bare"}, "yaxis_title": "P(accept)"})
 
-    def spec(fig):
+    def spec(fig):  # what JS_FIGURES returns: a trace's fields plotly.js holds (unset ones absent)
+        keep = ("type", "xaxis", "yaxis", "visible", "showscale", "coloraxis", "colorbar")
         return {"layout": fig.layout.to_plotly_json(),
-                "data": [{"type": t.type, "xaxis": getattr(t, "xaxis", None), "yaxis": getattr(t, "yaxis", None),
-                          "visible": None} for t in fig.data]}
+                "data": [{k: v for k, v in t.to_plotly_json().items() if k in keep} for t in fig.data]}
 
     table = {"layout": {}, "data": [{"type": "table", "xaxis": None, "yaxis": None, "visible": None}]}
-    page = SimpleNamespace(evaluate=lambda js: [spec(shared), table, spec(bare)])
-    assert untitled_figure_axes(page) == ["bare: no title on xaxis"]
+    heat = go.Figure([go.Heatmap(z=[[1, 2]], colorbar={"title": {"text": "gain (%)"}}),
+                      go.Heatmap(z=[[1, 2]], showscale=False, xaxis="x", yaxis="y")],
+                     layout={"title": {"text": "heat"}, "xaxis_title": "rate", "yaxis_title": "rho"})
+    bare_heat = go.Figure(go.Heatmap(z=[[1, 2]]), layout={"title": {"text": "map"}, "xaxis_title": "a",
+                                                          "yaxis_title": "b"})
+    page = SimpleNamespace(evaluate=lambda js: [spec(shared), table, spec(bare), spec(heat), spec(bare_heat)])
+    assert untitled_figure_axes(page) == ["bare: no title on xaxis", "map: no title on colorbar0"]
 
 
 # --- synthetic inputs ------------------------------------------------------------------------------
@@ -379,3 +384,4 @@ def test_a_builder_that_loses_its_titles_is_caught():
     fig = cross.causes_figure(_pairs())
     fig.update_yaxes(title_text=None, row=1, col=2)
     assert untitled_axes(fig) == ["yaxis2"]
+

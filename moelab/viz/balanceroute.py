@@ -20,6 +20,12 @@ def _color(router: str) -> str:
     return color_for(router)
 
 
+def _dash(router: str) -> str:
+    """A line style per router family, so that vLLM's versions (a family of oranges beside BR-0's red) and
+    SGLang's policies are told apart by more than a shade."""
+    return "dot" if router.startswith("vllm") else "dash" if router.startswith("sglang") else "solid"
+
+
 def imbalance_over_time(results: dict[str, Any], G: int, *, smooth: int = 25, max_points: int = 1500) -> go.Figure:
     """Per-step imbalance ``G*max - sum`` (moving average over ``smooth`` steps) per router."""
     fig = go.Figure()
@@ -31,7 +37,8 @@ def imbalance_over_time(results: dict[str, Any], G: int, *, smooth: int = 25, ma
         t = st["t_s"].to_numpy()[-imb.size:] if imb.size else st["t_s"].to_numpy()
         stride = max(1, imb.size // max_points)
         fig.add_trace(go.Scatter(x=t[::stride], y=imb[::stride], mode="lines", name=name,
-                                 line={"color": _color(name), "width": 2 if name.startswith("br") else 1}))
+                                 line={"color": _color(name), "width": 2 if name.startswith("br") else 1,
+                                       "dash": _dash(name)}))
     fig.update_layout(title=f"Imbalance over time (G={G}; moving average of {smooth} steps)",
                       xaxis_title="simulated time (s)", yaxis_title="G*max - sum of worker KV loads (tokens)",
                       template="plotly_white")

@@ -70,15 +70,17 @@ def fig_verify_cost(curves: dict[str, Any]) -> go.Figure:
     ``curves``: ``{engine label: VerifyCost or DataFrame with q, ms_median}``."""
     fig = go.Figure()
     ticks: set[int] = set()
-    colors = distinct_colors(list(curves))
-    for label, c in curves.items():
+    colors = distinct_colors(list(curves), min_delta_e=40.0)  # two curves of one engine: clearly apart
+    dashes = ("solid", "dash", "dot", "dashdot")  # and told apart without colour too
+    for i, (label, c) in enumerate(curves.items()):
         if isinstance(c, pd.DataFrame):
             q, ms = c["q"].to_numpy(), c["ms_median"].to_numpy()
         else:
             d = c.as_dict()
             q, ms = np.asarray(d["qs"]), np.asarray(d["ms"])
         ticks.update(int(x) for x in q)
-        fig.add_scatter(x=q, y=ms / ms[0], mode="lines+markers", name=label, marker_color=colors[label])
+        fig.add_scatter(x=q, y=ms / ms[0], mode="lines+markers", name=label, marker_color=colors[label],
+                        line={"color": colors[label], "dash": dashes[i % len(dashes)]})
     # a log axis labels only the measured q values (plotly's own log ticks add stray 2s and 5s between decades)
     fig.update_xaxes(type="log", tickmode="array", tickvals=sorted(ticks), ticktext=[str(t) for t in sorted(ticks)])
     fig.update_layout(template="plotly_white", xaxis_title="tokens verified in one forward (q)",

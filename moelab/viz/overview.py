@@ -47,10 +47,13 @@ def lab_map() -> pd.DataFrame:
 def lab_map_figure() -> go.Figure:
     """The lab map as a plotly table."""
     df = lab_map()
-    fig = go.Figure(go.Table(columnwidth=[160, 420, 120, 130],
+    # a claim wraps to up to three lines in its column and a notebook name must not be cut: rows are sized to
+    # hold that, and the figure to hold every row (the static export has no scroll bar)
+    fig = go.Figure(go.Table(columnwidth=[150, 400, 185, 135],
                              header={"values": list(df.columns), "fill_color": "#dbe6f3", "align": "left"},
-                             cells={"values": [df[c] for c in df.columns], "align": "left", "height": 40}))
-    fig.update_layout(title="moelab: five papers, one notebook each, one cross-paper experiment", height=580)
+                             cells={"values": [df[c] for c in df.columns], "align": "left", "height": 70}))
+    fig.update_layout(title="moelab: five papers, one notebook each, one cross-paper experiment",
+                      height=140 + 80 * len(df), margin={"l": 20, "r": 20, "t": 60, "b": 20})
     return fig
 
 
@@ -67,13 +70,17 @@ def moe_experts_figure(table: pd.DataFrame, model: MoEStepModel, B: int = 256, *
     :class:`MoEStepModel` (lines), one colour per model shape."""
     pts = moe_points(table, B, model.method)
     fig = go.FigureWidget() if widget else go.Figure()
-    for name, g in pts.groupby("model", sort=True):
+    # shapes with similar expert sizes have nearly the same line: a dash and a marker symbol per model keep a
+    # line drawn over another one visible
+    dashes, symbols = ("solid", "dash", "dot", "dashdot", "longdash"), ("circle", "square", "diamond", "x", "triangle-up")
+    for i, (name, g) in enumerate(pts.groupby("model", sort=True)):
         shape = MODEL_SHAPES[name].moe
         D = np.arange(1, shape.num_experts + 1)
         fig.add_scatter(x=D, y=1e3 * model.predict_ms(shape, B, D), mode="lines", name=f"{name} (fit)",
-                        line={"color": color_for(name)}, legendgroup=name)
+                        line={"color": color_for(name), "dash": dashes[i % len(dashes)]}, legendgroup=name)
         fig.add_scatter(x=g["D"], y=1e3 * g["ms_per_layer"], mode="markers", name=f"{name} (measured)",
-                        marker={"color": color_for(name), "size": 9}, legendgroup=name)
+                        marker={"color": color_for(name), "size": 9, "symbol": symbols[i % len(symbols)]},
+                        legendgroup=name)
     fig.update_layout(title=f"One MoE layer at decode on an H200, batch B={B}: time grows with DISTINCT experts",
                       xaxis_title="distinct experts the batch activates (D)", yaxis_title="microseconds per layer",
                       template="plotly_white")
