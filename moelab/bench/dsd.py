@@ -22,7 +22,7 @@ from moelab.costmodel import DenseVerifyModel
 from moelab.dsd import MODES, breakeven_table, cpu_costs, simulate_rounds
 from moelab.dsd.acceptance import AcceptanceTrace, chains_proposer, drafter_proposer, record_acceptance
 from moelab.dsd.measured import h200_verify_batch_ms
-from moelab.dsd.rtt import RTTDistribution
+from moelab.dsd.rtt import WAN_SCENARIOS, RTTDistribution
 from moelab.hd.drafters import HierarchyDrafter, PLDDrafter
 from moelab.hd.specbench import chat_prompt_ids
 from moelab.hd.stores import load_default_model_store, load_default_statistics_store
@@ -123,19 +123,18 @@ def run(quick: bool = False) -> list[Figure]:
         Figure("dsd", "dsd_measured_alpha_hd", a_hd, "", "",
                f"HD(WSL) edge drafter (7 candidates x 4 tokens), same target and prompts; PLD: {pld.alpha():.3f}"),
         Figure("dsd", "dsd_tokens_per_round_err_pct", 100 * (e_ee / tpr_ee - 1), "%", "",
-               f"E(alpha_measured, {GAMMA}) = {e_ee:.3f} vs measured {tpr_ee:.3f} tokens/round (early exit); "
+               f"n_tok(alpha_measured, {GAMMA}) = {e_ee:.3f} vs measured {tpr_ee:.3f} tokens/round (early exit); "
                f"HD: {e_hd:.3f} vs {tpr_hd:.3f} ({100 * (e_hd / tpr_hd - 1):+.1f}%); the MLE alpha is fitted to these "
                "same rounds, so this checks the law's shape, not an independent prediction"),
         Figure("dsd", "dsd_tokens_per_round_err_pct_first_token_alpha",
                100 * (float(dsd.expected_tokens(ee.first_token_rate(), GAMMA)) / tpr_ee - 1), "%", "",
-               f"E(alpha, {GAMMA}) with alpha = the measured first-token acceptance {ee.first_token_rate():.3f} (how "
+               f"n_tok(alpha, {GAMMA}) with alpha = the measured first-token acceptance {ee.first_token_rate():.3f} (how "
                f"alpha is usually quoted) vs measured tokens/round; PLD: "
                f"{100 * (float(dsd.expected_tokens(pld.first_token_rate(), pld.gamma_max)) / pld.tokens_per_round() - 1):+.1f}%"),
     ]
 
     # break-even RTT on this CPU (the recording machine): SmolLM2 target, measured forward costs
     cpu = cpu_costs(extra)
-    loop = RTTDistribution.empirical(extra["loopback_rtt_ms"], "loopback (measured)")
     n_mc = 5_000 if quick else 20_000
     be = dsd.breakeven_rtt_sync(ee.rounds(GAMMA), t_ar=cpu["t_ar"], t_a=cpu["t_a"], verify_ms=cpu["verify"])
     be_cf = float(dsd.rtt_breakeven(a_ee, GAMMA, cpu["t_ar"], cpu["t_a"]))
@@ -148,7 +147,7 @@ def run(quick: bool = False) -> list[Figure]:
                f"sync DSD vs cloud AR, early-exit draft, measured on the recording CPU (t_ar={cpu['t_ar']:.1f}, "
                f"t_a={cpu['t_a']:.1f} ms/token, verify(q) measured); negative = DSD never beats AR"),
         Figure("dsd", "dsd_breakeven_rtt_ms_closed_form", be_cf, "ms", "",
-               "(E(alpha_measured)-1)*t_ar - gamma*t_a at the same measured t_ar, t_a (t_v = t_ar)"),
+               "(n_tok(alpha_measured)-1)*t_ar - gamma*t_a at the same measured t_ar, t_a (t_v = t_ar)"),
         Figure("dsd", "dsd_breakeven_rtt_ms_measured_hd", be_hd, "ms", "",
                f"same with the HD edge drafter (draft {hd_draft_ms:.2f} ms per round, tree verify >{cpu['q_max']} "
                "tokens costed at the largest measured q)"),
@@ -164,7 +163,7 @@ def run(quick: bool = False) -> list[Figure]:
                                      rtt=rtt.mean))
     figs.append(Figure("dsd", "dsd_pipelined_vs_closed_form_pct", 100 * (pipe.latency_per_token / cf - 1), "%", "",
                        f"measured pipelined DSD (invalidated drafts redrafted: {pipe.invalidated_share:.0%} of rounds, "
-                       f"{pipe.wasted_draft_share:.0%} of drafted tokens wasted) vs (max(gamma t_a, RTT)+t_v)/E"))
+                       f"{pipe.wasted_draft_share:.0%} of drafted tokens wasted) vs (max(gamma t_a, RTT)+t_v)/n_tok"))
 
     # capacity: H200 7B target with a 160M draft, batched verify from dense_verify.csv + attn_step
     dv = DenseVerifyModel.h200()
@@ -172,14 +171,16 @@ def run(quick: bool = False) -> list[Figure]:
     draft_1 = h200_verify_batch_ms("llama-160m")
     t_d, t_v = float(dv.predict_ms("llama-160m", 1)), float(dv.predict_ms("llama2-7b", GAMMA + 1))
     max_batch = 128 // (GAMMA + 1)  # the verify table covers q <= 128 tokens per forward
+    wan = WAN_SCENARIOS["cross-continent"].scaled(50.0)
     cap = dsd.capacity_batched(ee.rounds(GAMMA), verify_batch_ms=verify_b, draft_batch_ms=lambda b: draft_1(b, b),
-                               t_a=t_d, rtt=loop.scaled(50.0), max_batch=max_batch, target_fraction=0.5,
-                               max_clients=4096, rounds_per_client=30 if quick else 60, seed=0)
+                               t_a=t_d, rtt=wan, max_batch=max_batch, target_fraction=0.5, max_clients=4096,
+                               rounds_per_client=30 if quick else 60, seed=0)
     theory = float(dsd.capacity_gain(GAMMA, t_d, t_v))
     figs += [
         Figure("dsd", "dsd_capacity_ratio_batched", cap.ratio, "x", "",
                f"H200 7B target (dense_verify), 160M draft t_d={t_d:.2f} ms, batches <= {max_batch} clients, "
-               f"early-exit acceptance, RTT 50 ms (loopback shape): DSD {cap.dsd_clients:.1f} vs co-located "
+               f"early-exit acceptance, RTT 50 ms mean (cross-continent shape; the loopback sample's tail is CPU "
+               f"stalls, not a network's): DSD {cap.dsd_clients:.1f} vs co-located "
                f"{cap.colocated_clients:.1f} clients"),
         Figure("dsd", "dsd_capacity_ratio_theory", theory, "x", "",
                f"1 + gamma*t_d/t_v with t_v = verify({GAMMA + 1} tokens) = {t_v:.2f} ms"),
