@@ -30,7 +30,7 @@ def test_every_term_is_defined_in_the_glossary():
 
 def test_one_idf_definition_and_it_is_the_one_the_notebooks_compute():
     text = notation_text()
-    assert r"\log\frac{N+1}{n_e+1}" in text
+    assert r"\log\frac{N+1}{\mathrm{df}_e+1}" in text
     assert not re.search(r"\\log\s*\(?\s*N\s*/\s*n", text), "NOTATION still defines the unsmoothed IDF"
     assert len(re.findall(r"\*\*IDF\*\*", text)) == 1
 

@@ -43,7 +43,7 @@ def br0_margins(loads: Sequence[float]) -> np.ndarray:
 
 
 def br0_score(prompt_tokens: float, margin: float, n_ranks: int) -> float:
-    """BR-0's score ``F_g(Q) = Ds - G (Ds - m_g)_+`` of a set with ``Ds = prompt_tokens`` for a rank with
+    """BR-0's score ``F_g(Q) = P_Q - G (P_Q - m_g)_+`` of a set with ``P_Q = prompt_tokens`` for a rank with
     margin ``margin``, computed by the routers' own :func:`moelab.balanceroute.score.f_score`
     (horizon 0, ``a = 1``, ``b = G = n_ranks``)."""
     if n_ranks < 1:
@@ -68,7 +68,7 @@ def br0_best_request(loads: Sequence[float], prompts: Sequence[float], rank: int
 
 
 def brh_score(prompt_tokens: float, margins: Sequence[float], delta: float, eta: float, beta: float) -> float:
-    """BR-H's horizon score ``sum_h delta^h [eta Ds - beta (Ds - m_{g,h})_+]`` for one rank, with
+    """BR-H's horizon score ``sum_h delta^h [eta P_Q - beta (P_Q - m_{g,h})_+]`` for one rank, with
     ``margins = (m_{g,0}, ..., m_{g,H})``, discount ``delta`` (the paper's gamma / ``g``), reward weight
     ``eta`` (the paper's ``a``) and penalty weight ``beta`` (the paper's ``b``); computed by the routers'
     :func:`~moelab.balanceroute.score.f_score`."""
@@ -89,18 +89,30 @@ def _check_per_rank(name: str, answer: object, expected: np.ndarray, hint: str) 
 
 
 # 05.margins (easy) -----------------------------------------------------------------------------------
-def check_margins(answer: object, *, loads: Sequence[float], **_: object) -> Feedback:
-    """``answer`` should be the margin ``m_g`` of every toy rank, in rank order."""
-    return _check_per_rank("margins", answer, br0_margins(loads),
-                           hint="the envelope M is the LARGEST load (the barrier waits for the slowest rank); "
-                                "m_g = M - L_g, so the most loaded rank has margin 0.")
+def loads_after(loads: Sequence[float], new_prompt: float, rank: int) -> np.ndarray:
+    """The toy loads once a request of ``new_prompt`` tokens has joined rank ``rank`` (its KV grows by that much)."""
+    out = np.asarray(loads, dtype=np.float64).copy()
+    if not 0 <= int(rank) < out.size:
+        raise ValueError(f"rank must be in [0, {out.size - 1}]; got {rank}")
+    out[int(rank)] += float(new_prompt)
+    return out
+
+
+def check_margins(answer: object, *, loads: Sequence[float], new_prompt: float, rank: int, **_: object) -> Feedback:
+    """``answer`` should be the margin ``m_g`` of every toy rank after the new request joined rank ``rank``."""
+    return _check_per_rank("margins", answer, br0_margins(loads_after(loads, new_prompt, rank)),
+                           hint=f"first add {float(new_prompt):g} tokens to rank {int(rank)}'s load; the envelope M is "
+                                "then the LARGEST of the new loads (it may be that rank's), and m_g = M - L_g, so the "
+                                "most loaded rank has margin 0.")
 
 
 exercise(NOTEBOOK, "margins", "easy",
-         "Compute the margin m_g of each rank of the toy example (TOY_LOADS), in rank order.",
+         "Compute the margin m_g of each toy rank, in rank order, after a request of TOY_NEW_PROMPT tokens has "
+         "joined rank TOY_RANK.",
          check_margins,
-         solution=lambda *, loads, **_: br0_margins(loads),
-         wrong=lambda *, loads, **_: np.asarray(loads, dtype=float) - min(loads),  # distance to the least loaded
+         solution=lambda *, loads, new_prompt, rank, **_: br0_margins(loads_after(loads, new_prompt, rank)),
+         # the margins before the request joined (read off the worked example's table)
+         wrong=lambda *, loads, **_: br0_margins(loads),
          context=DEFAULTS)
 
 
@@ -109,8 +121,8 @@ def check_br0_scores(answer: object, *, loads: Sequence[float], new_prompt: floa
     """``answer`` should be BR-0's score of the one-request set ``{new_prompt}`` for every toy rank."""
     n = len(loads)
     return _check_per_rank("F", answer, br0_scores(loads, new_prompt),
-                           hint=f"F_g = Ds - G (Ds - m_g)_+ with Ds = {float(new_prompt):g} and G = {n} (the number of "
-                            "ranks): the penalty applies only to the part of Ds above the margin, and it is G "
+                           hint=f"F_g = P_Q - G (P_Q - m_g)_+ with P_Q = {float(new_prompt):g} and G = {n} (the number of "
+                            "ranks): the penalty applies only to the part of P_Q above the margin, and it is G "
                             "times that part, not once.")
 
 
@@ -118,7 +130,7 @@ exercise(NOTEBOOK, "br0_scores", "medium",
          "Score the one-request set {TOY_NEW_PROMPT} for every rank of the toy example with BR-0's F_g(Q).",
          check_br0_scores,
          solution=lambda *, loads, new_prompt, **_: br0_scores(loads, new_prompt),
-         # penalty slope 1 instead of G: F = min(Ds, m_g), which never goes negative
+         # penalty slope 1 instead of G: F = min(P_Q, m_g), which never goes negative
          wrong=lambda *, loads, new_prompt, **_: np.minimum(float(new_prompt), br0_margins(loads)),
          context=DEFAULTS)
 
@@ -130,7 +142,7 @@ def check_br0_pick(answer: object, *, loads: Sequence[float], prompts: Sequence[
     margins = br0_margins(loads)
     expected = br0_best_request(loads, prompts, rank)
     hint = (f"rank {int(rank)} has margin {margins[int(rank)]:g}; score every waiting request with "
-            f"F = Ds - G (Ds - m)_+ and take the largest (the biggest request is not always best).")
+            f"F = P_Q - G (P_Q - m)_+ and take the largest (the biggest request is not always best).")
     is_int = isinstance(answer, (int, np.integer)) and not isinstance(answer, (bool, np.bool_))
     if not is_int:
         return Feedback(False, f"expected an integer index into TOY_PROMPTS (0..{len(prompts) - 1}), got "
@@ -153,7 +165,7 @@ exercise(NOTEBOOK, "br0_pick", "medium",
 
 
 # 05.brh_score (hard: implement the horizon form) ------------------------------------------------------
-# (Ds, margins over h = 0..H, delta, eta, beta) cases the student's function is run on: inside every margin,
+# (P_Q, margins over h = 0..H, delta, eta, beta) cases the student's function is run on: inside every margin,
 # past the envelope now but not later (a request finishes), BR-0 as the special case H = 0, a long horizon
 BRH_CASES: tuple[tuple[float, tuple[float, ...], float, float, float], ...] = (
     (100.0, (300.0, 300.0, 320.0), 0.86, 1.0, 43.0),
@@ -183,4 +195,4 @@ exercise(NOTEBOOK, "brh_score", "hard",
          check_brh_score, solution=lambda **_: brh_score, wrong=lambda **_: _wrong_brh_score, context=DEFAULTS)
 
 __all__ = ["BRH_CASES", "DEFAULTS", "br0_best_request", "br0_margins", "br0_score", "br0_scores", "brh_score",
-           "check_br0_pick", "check_br0_scores", "check_brh_score", "check_margins"]
+           "check_br0_pick", "check_br0_scores", "check_brh_score", "check_margins", "loads_after"]

@@ -2,7 +2,7 @@
 
 Every expected answer is computed by the library from the context the notebook passes: the pair grid's
 p50 TPOT per pair (``TPOT``, from this run), the model's expert geometry, the cluster shape and the
-worked example's rank loads. The default context (used by the tests) is the notebook's shape with a
+exercise's rank loads (``EX_LOADS``). The default context (used by the tests) is the notebook's shape with a
 seeded random pair grid, so no result is typed here.
 """
 
@@ -37,7 +37,7 @@ def tpot_grid(tpot: dict[str, float]) -> pd.DataFrame:
 
 #: the notebook's default shape (its parameters cell) with a seeded stand-in grid; the tests use it
 DEFAULTS = {"TPOT": random_tpot(0), "E": 128, "TOP_K": 8, "G": 4, "SLOTS": 16,
-            "LOADS": [3000.0, 1000.0, 2200.0, 1800.0]}
+            "LOADS": [2500.0, 1500.0, 2600.0, 1400.0]}
 
 
 def _valid_tpot(tpot: object) -> dict[str, float]:
@@ -63,7 +63,7 @@ def check_distinct_experts(answer: object, *, E: int, TOP_K: int, G: int, SLOTS:
 
 
 def check_imbalance(answer: object, *, LOADS: list, **_: object) -> Feedback:
-    """The barrier's idle work I = G max_g L_g - sum_g L_g for the worked example's rank loads."""
+    """The barrier's idle work I = G max_g L_g - sum_g L_g for the exercise's rank loads (``EX_LOADS``)."""
     expected = float(imbalance(np.asarray(LOADS, dtype=float)))
     return check_number("I", answer, expected, rtol=0.001,
                         hint="every rank waits for the most loaded one: I sums each rank's margin M - L_g "
@@ -114,7 +114,7 @@ exercise(NOTEBOOK, "distinct_experts", "medium",
          solution=lambda **ctx: float(expected_distinct_experts(ctx["G"] * ctx["SLOTS"], ctx["E"], ctx["TOP_K"])),
          wrong=lambda **ctx: float(ctx["TOP_K"] * ctx["G"] * ctx["SLOTS"]), context=DEFAULTS)
 exercise(NOTEBOOK, "imbalance", "medium",
-         "Compute the barrier's idle work I for the worked example's rank loads.",
+         "Compute the barrier's idle work I for the rank loads EX_LOADS.",
          check_imbalance, solution=lambda **ctx: float(imbalance(np.asarray(ctx["LOADS"], dtype=float))),
          wrong=lambda **ctx: float(max(ctx["LOADS"]) - min(ctx["LOADS"])), context=DEFAULTS)
 exercise(NOTEBOOK, "interaction", "hard",

@@ -96,7 +96,7 @@ def worked_step(*, order: str = "WSL", candidates: int = 4) -> dict[str, Any]:
     rows = []
     for cand, src in zip(draft.candidates, draft.sources):
         rows.append({"candidate": " ".join(toy.words(cand)), "store": src,
-                     "accepted tokens": tokens_per_step(cand, toy.target) - 1})
+                     "accepted draft tokens (m)": tokens_per_step(cand, toy.target) - 1})
     step = replay_greedy(toy_drafter(toy, order=order, candidates=candidates), toy.prompt, toy.target).steps[0]
     chain_drafter = toy_drafter(toy, order=order, candidates=1)
     chain_drafter.start(toy.prompt)
