@@ -253,7 +253,8 @@ def save_figure(fig: Any, name: str, out_dir: str | os.PathLike | None = None, *
 
             written["png"] = out / f"{name}.png"
             _quiet_export_logs()
-            data = pio.to_image(fig, format="png", width=1000, height=560, scale=1)
+            # a figure that sets its own height (a table sized to its rows) is exported at that height
+            data = pio.to_image(fig, format="png", width=1000, height=int(fig.layout.height or 560), scale=1)
             atomic_write_bytes(written["png"], data)
         except Exception as exc:  # kaleido or Chromium missing/broken
             written.pop("png", None)
