@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import secrets
 import shutil
@@ -289,9 +290,25 @@ def _settled(panel: Any, quiet_s: float = 0.5, timeout_s: float = 30.0) -> Any:
     return last
 
 
-#: how long a key press may take to show the slider's new value before the other direction is tried (the
-#: slider is then taken to be at its end); generous, since a busy 2-core machine delays the page's redraws
+#: how long a key press may take to show the slider's new value; generous, since a busy 2-core machine delays
+#: the page's redraws (the wait ends as soon as the value shows)
 READOUT_WAIT_S = 20.0
+
+
+def _step_direction(slider: Any, prefer_forward: bool) -> bool | None:
+    """The way ``slider`` can step from where its handle sits (noUiSlider's ``aria-value*``): ``prefer_forward``
+    unless the handle is at that end; None when it can move neither way (a single-value slider)."""
+    handle = slider.locator(".noUi-handle").first
+    try:
+        now, low, high = (float(handle.get_attribute(a) or "nan")
+                          for a in ("aria-valuenow", "aria-valuemin", "aria-valuemax"))
+    except ValueError:
+        now = low = high = float("nan")
+    if not all(math.isfinite(x) for x in (now, low, high)):
+        return prefer_forward  # no position to read: try the preferred way
+    if now < high and (prefer_forward or now <= low):
+        return True
+    return False if now > low else None
 
 
 def _slider_times(page: Any, name: str, panels: int, moves: int, timeout_s: float, tail: Any) -> list[float]:
@@ -310,16 +327,16 @@ def _slider_times(page: Any, name: str, panels: int, moves: int, timeout_s: floa
         for k in range(sliders):
             slider = panel.locator(".widget-slider").nth(k)
             readout = slider.locator(".widget-readout").first.inner_text()
-            for forward in ((m // panels) % 2 == 0, (m // panels) % 2 == 1):  # at its end: the other way
-                t0 = time.monotonic()
-                _press(slider, forward)
-                # a loaded machine may show the new value seconds later: pressing the other way before it does
-                # would take the slider back where it was, and no figure would ever change
-                if wait_until(lambda slider=slider, readout=readout:
-                         slider.locator(".widget-readout").first.inner_text() != readout, READOUT_WAIT_S, 0.02):
-                    moved = True
-                    break
-            if moved:
+            # the direction comes from the handle's position, not from a press that did nothing: on a loaded
+            # machine the new value may show seconds later, and pressing back before it does undoes the move
+            forward = _step_direction(slider, prefer_forward=(m // panels) % 2 == 0)
+            if forward is None:
+                continue
+            t0 = time.monotonic()
+            _press(slider, forward)
+            if wait_until(lambda slider=slider, readout=readout:
+                          slider.locator(".widget-readout").first.inner_text() != readout, READOUT_WAIT_S, 0.02):
+                moved = True
                 break
         assert moved, f"{name}: no slider of panel {m % panels} moves"
         assert wait_until(lambda panel=panel, before=before: panel.evaluate(JS_FINGERPRINTS) != before, timeout_s), \
