@@ -118,6 +118,11 @@ def _own_doc(obj: object) -> str | None:
     return doc
 
 
+def _is_code(obj: object) -> bool:
+    """A class, function or module (documented by its docstring), not a constant (documented by ``#:``)."""
+    return inspect.isclass(obj) or inspect.isroutine(obj) or inspect.ismodule(obj)
+
+
 def _data_doc(module: str, name: str, obj: object) -> str | None:
     """The ``#:`` documentation of a constant, looked up in every moelab module that holds the same object."""
     for modname in [module, *sorted(m for m in sys.modules if m.startswith("moelab."))]:
@@ -148,7 +153,7 @@ def docstring(module: str, name: str) -> str | None:
     str or None
     """
     obj = getattr(_import(module), name)
-    if inspect.isclass(obj) or inspect.isroutine(obj) or inspect.ismodule(obj):
+    if _is_code(obj):
         return _own_doc(obj)
     return _data_doc(module, name, obj)
 
@@ -216,10 +221,6 @@ def page(module: str, seen: set[int] | None = None) -> str:
             doc = _data_doc(module, n, obj) or ""
             lines += [f".. py:data:: {module}.{n}", "", *(f"   {ln}" for ln in doc.splitlines()), ""]
     return "\n".join(lines)
-
-
-def _is_code(obj: object) -> bool:
-    return inspect.isclass(obj) or inspect.isroutine(obj) or inspect.ismodule(obj)
 
 
 _SYMBOL = re.compile(r"`(moelab(?:\.[A-Za-z_]\w*)+)`")

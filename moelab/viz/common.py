@@ -195,11 +195,9 @@ def readable(df: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
         decimals = np.clip(digits - 1 - magnitude, 0, 15)
         scale = 10.0 ** decimals
         rounded = np.where(np.isfinite(values), np.round(values * scale) / scale, values)
-        whole = np.isfinite(rounded) & (rounded == np.round(rounded))
-        if not np.isinf(values).any() and whole[~np.isnan(values)].all() and (~np.isnan(values)).any():
-            out[col] = pd.array(np.where(np.isnan(values), np.nan, rounded), dtype="Float64").astype("Int64")
-        else:
-            out[col] = rounded
+        present = rounded[~np.isnan(rounded)]
+        whole = present.size > 0 and np.isfinite(present).all() and (present == np.round(present)).all()
+        out[col] = pd.array(rounded, dtype="Float64").astype("Int64") if whole else rounded  # NaN -> <NA>
     return out
 
 
