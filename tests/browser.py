@@ -167,10 +167,6 @@ def new_context(browser: Any) -> Any:
 # --------------------------------------------------------------------------------------------------
 # Page inspection (JavaScript run in the page)
 
-# Per plotly figure: a fingerprint of its data (trace names and x/y/z values), to prove a redraw.
-JS_PLOT_FINGERPRINTS = """(root) => Array.from(root.querySelectorAll('.js-plotly-plot')).map(el =>
-    JSON.stringify((el.data || []).map(t => [t.name, t.x, t.y, t.z, t.text])))"""
-
 # Every output area holding a widget view that contains a slider: the interactive panels.
 JS_MARK_PANELS = """() => {
     const outs = Array.from(document.querySelectorAll('.jp-Notebook:not(.lm-mod-hidden) .jp-OutputArea-output, body.voila .jp-OutputArea-output, #rendered_cells .jp-OutputArea-output'));
@@ -250,14 +246,6 @@ def drag_slider(page: Any, panel: Any, index: int = 0) -> str:
         for _ in range(3):
             handle.press("ArrowRight" if dx > 0 else "ArrowLeft")
     return label
-
-
-def panel_text(panel: Any) -> str:
-    """The panel's text outside its figures (labels, readouts, status lines), shortened for messages."""
-    text = panel.evaluate("""(root) => { const c = root.cloneNode(true);
-        c.querySelectorAll('.js-plotly-plot').forEach(e => e.remove()); return c.innerText; }""")
-    text = " ".join(text.split())
-    return text if len(text) <= 600 else text[:300] + " ... " + text[-300:]
 
 
 def readout(slider: Any) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import nbformat
 import pytest
 
+from moelab.bench.app import JS_FINGERPRINTS, panel_text
 from moelab.notebooks import available_notebooks, notebook_parameters, notebooks_dir
 from tests import browser as b
 
@@ -120,8 +121,8 @@ def check_panels(page: Any, where: str, slider_index: int = 0, skip: tuple[int, 
         assert sliders >= 1, f"{where}: panel {i} has controls but no slider"
         assert b.wait_for(lambda panel=panel: panel.locator(".js-plotly-plot").count() >= 1, 60), \
             f"{where}: panel {i} rendered no plotly figure"
-        before = panel.evaluate(b.JS_PLOT_FINGERPRINTS)
-        text_before = b.panel_text(panel)
+        before = panel.evaluate(JS_FINGERPRINTS)
+        text_before = panel_text(panel)
         # the chosen slider, else the next one that can move (a slider may offer a single value)
         for k in [*range(min(slider_index, sliders - 1), sliders), *range(0, min(slider_index, sliders - 1))]:
             v0 = b.slider_value(panel, k)
@@ -139,13 +140,13 @@ def check_panels(page: Any, where: str, slider_index: int = 0, skip: tuple[int, 
             select.select_option(index=(select.evaluate("s => s.selectedIndex") + 1) % len(options))
             label, v1 = "dropdown " + options[0], select.input_value()
             print(f"{where}: panel {i}: no slider can move at these sizes; changed a dropdown instead")
-        if not b.wait_for(lambda panel=panel, before=before: panel.evaluate(b.JS_PLOT_FINGERPRINTS) != before,
+        if not b.wait_for(lambda panel=panel, before=before: panel.evaluate(JS_FINGERPRINTS) != before,
                           REDRAW_TIMEOUT_S):
             # which side stalled: a panel's text outside its figures (a status line, a readout) written by the
             # kernel after the move tells a lost or unanswered change from a figure that was not redrawn
             raise AssertionError(f"{where}: slider {label!r} of panel {i} moved {v0} -> {v1} but no figure's data "
                                  f"changed in {REDRAW_TIMEOUT_S} s; panel text before: {text_before!r}; after: "
-                                 f"{b.panel_text(panel)!r}")
+                                 f"{panel_text(panel)!r}")
         errors = b.error_texts(page)
         assert not errors, f"{where}: after moving {label!r}: " + "\n".join(errors)
     return n
@@ -158,6 +159,7 @@ def test_notebook_in_jupyterlab(name, lab, tmp_path):
     page = context.new_page()
     console: list[str] = []  # browser-side errors, printed when the test fails
     page.on("console", lambda m: console.append(f"{m.type}: {m.text[:300]}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: console.append(f"page error: {str(e)[:300]}"))  # e.g. a widget model given up on
     t0 = time.monotonic()
     try:
         page.goto(f"{server.base}/lab/workspaces/t{secrets.token_hex(6)}/tree/{name}.ipynb?reset&token={server.token}")

@@ -167,8 +167,13 @@ def measure_lecture(name: str = "03_afd_ratio", runs: str | os.PathLike = "runs"
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     env=_isolated_env(tmp))
 
+        console: list[str] = []  # the page's console errors and uncaught errors, for a failure's message
+
         def tail() -> str:
-            return log.read_text(errors="replace")[-3000:]
+            n, cpu = _kernel_cpu_s(proc.pid) if Path("/proc/self/stat").exists() else (0, float("nan"))
+            said = "\n".join(console[-20:]) or "(nothing)"
+            return (f"kernels under the app: {n}, their CPU so far {cpu:.1f} s\nthe page's console errors and "
+                    f"uncaught errors: {said}\nthe app's log:\n" + log.read_text(errors="replace")[-3000:])
 
         try:
             assert wait_until(lambda: _port_open(port) or proc.poll() is not None, 120, 0.2) and proc.poll() is None, \
@@ -176,12 +181,12 @@ def measure_lecture(name: str = "03_afd_ratio", runs: str | os.PathLike = "runs"
             ready_s = wait_ready(proc, pool, timeout_s)
             url = f"http://127.0.0.1:{port}/?token={token}"
             if browser is not None:
-                timing = _visit(browser, url, name, moves, timeout_s, screenshot, check, tail)
+                timing = _visit(browser, url, name, moves, timeout_s, screenshot, check, tail, console)
             else:
                 with sync_playwright() as p:
                     own = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
                     try:
-                        timing = _visit(own, url, name, moves, timeout_s, screenshot, check, tail)
+                        timing = _visit(own, url, name, moves, timeout_s, screenshot, check, tail, console)
                     finally:
                         own.close()
         finally:
@@ -195,11 +200,15 @@ def measure_lecture(name: str = "03_afd_ratio", runs: str | os.PathLike = "runs"
 
 def _visit(browser: Any, url: str, name: str, moves: int, timeout_s: float,
            screenshot: str | os.PathLike | None, check: Callable[[Any], None] | None,
-           tail: Callable[[], str]) -> tuple[float, list[float], int]:
-    """One visitor: (seconds to the first figure, each timed slider move, live panels)."""
+           tail: Callable[[], str], console: list[str]) -> tuple[float, list[float], int]:
+    """One visitor: (seconds to the first figure, each timed slider move, live panels); the page's console
+    errors and uncaught errors are appended to ``console``."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     try:
         page = context.new_page()
+        page.on("console", lambda m: console.append(f"console error: {m.text[:300]}") if m.type == "error" else None)
+        # uncaught errors and rejected promises (a widget front end giving up on a model reports one)
+        page.on("pageerror", lambda e: console.append(f"page error: {str(e)[:300]}"))
         t0 = time.monotonic()
         page.goto(url, wait_until="commit", timeout=timeout_s * 1000)
         assert wait_until(lambda: page.locator(".js-plotly-plot").count() > 0, timeout_s), \
@@ -290,6 +299,14 @@ def _settled(panel: Any, quiet_s: float = 0.5, timeout_s: float = 30.0) -> Any:
     return last
 
 
+def panel_text(panel: Any) -> str:
+    """The panel's text outside its figures (labels, readouts, status lines), shortened for messages."""
+    text = panel.evaluate("""(root) => { const c = root.cloneNode(true);
+        c.querySelectorAll('.js-plotly-plot').forEach(e => e.remove()); return c.innerText; }""")
+    text = " ".join(text.split())
+    return text if len(text) <= 600 else text[:300] + " ... " + text[-300:]
+
+
 #: how long a key press may take to show the slider's new value; generous, since a busy 2-core machine delays
 #: the page's redraws (the wait ends as soon as the value shows)
 READOUT_WAIT_S = 20.0
@@ -322,6 +339,7 @@ def _slider_times(page: Any, name: str, panels: int, moves: int, timeout_s: floa
         assert wait_until(lambda panel=panel: bool(panel.evaluate(JS_FINGERPRINTS)), timeout_s, 0.2), \
             f"{name}: panel {m % panels} shows no plotly figure"
         before = _settled(panel)
+        text_before = panel_text(panel)
         sliders = panel.locator(".widget-slider").count()
         moved = False
         for k in range(sliders):
@@ -339,8 +357,15 @@ def _slider_times(page: Any, name: str, panels: int, moves: int, timeout_s: floa
                 moved = True
                 break
         assert moved, f"{name}: no slider of panel {m % panels} moves"
-        assert wait_until(lambda panel=panel, before=before: panel.evaluate(JS_FINGERPRINTS) != before, timeout_s), \
-            f"{name}: a slider of panel {m % panels} moved but no figure redrew within {timeout_s:.0f} s\n{tail()}"
+        if not wait_until(lambda panel=panel, before=before: panel.evaluate(JS_FINGERPRINTS) != before, timeout_s):
+            # which side stalled: the panel's text outside its figures (a status line the kernel rewrites on
+            # each move, the readouts) tells a change the kernel never answered from a figure not redrawn
+            label = slider.locator(".widget-label").first.inner_text()
+            raise AssertionError(
+                f"{name}: move {m + 1} of {moves}: slider {label!r} of panel {m % panels} moved {readout} -> "
+                f"{slider.locator('.widget-readout').first.inner_text()} but no figure redrew within "
+                f"{timeout_s:.0f} s (earlier moves' redraws: {', '.join(f'{t:.2f}' for t in times) or 'none'} s)\n"
+                f"panel text before the move: {text_before!r}\nnow: {panel_text(panel)!r}\n{tail()}")
         times.append(time.monotonic() - t0)
     return times
 
