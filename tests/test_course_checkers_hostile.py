@@ -162,7 +162,7 @@ def test_a_hanging_answer_conversion_is_stopped_by_the_whole_check_limit(monkeyp
                 pass
 
     monkeypatch.setattr(check_module, "CHECK_LIMIT_S", 0.3)
-    ex = EXERCISES["03.r_star"]
+    ex = EXERCISES["03.r_peak"]
     start = time.monotonic()
     feedback = ex.check(SlowNumber(2.0), **ex.context)
     assert not feedback.ok and "did not finish within 0.3 s" in feedback.message, feedback.message

@@ -1,4 +1,4 @@
-"""Exercises of notebook 03 (AFD sizing): read r*, name the binding term, implement the load and r*.
+"""Exercises of notebook 03 (AFD sizing): r_peak at twice the slots, the binding term, the load and r*.
 
 Every expected answer is computed by :mod:`moelab.afd` from the context the notebook passes (its
 parameters), so a student who changes a parameter is still checked against the right number.
@@ -9,7 +9,15 @@ from __future__ import annotations
 import numpy as np
 
 from moelab.afd import AFDCoefficients, mean_token_load, optimal_ratio, ratio_terms
-from moelab.course.check import Feedback, check_callable, check_choice, check_number, exercise
+from moelab.course.check import (
+    Feedback,
+    _as_real,
+    _with_hint,
+    check_callable,
+    check_choice,
+    check_number,
+    exercise,
+)
 
 NOTEBOOK = "03"
 #: the notebook's default workload (its parameters cell); the tests call every exercise with it
@@ -29,11 +37,23 @@ def _r_star_cases(B: int, MU_P: float, MU_D: float, N: float) -> list[tuple[tupl
     return [(a, optimal_ratio(*a)) for a in args]
 
 
-def check_r_star(answer: object, *, B: int, MU_P: float, MU_D: float, N: float) -> Feedback:
-    """r* at the notebook's workload (paper coefficients), read off the headline figure or panel."""
-    return check_number("r*", answer, optimal_ratio(B, MU_P, MU_D, N), rtol=0.02,
-                        hint="read the dashed line's label in the headline figure, or the panel's bold r* "
-                             "at the notebook's B, MU_P, MU_D and N.")
+def _r_peak_doubled(B: int) -> float:
+    """r_peak with twice the slots, 2B (the paper's coefficients)."""
+    return ratio_terms(2 * B, 100.0, 100.0, None).r_peak  # r_peak depends on B alone
+
+
+def check_r_peak(answer: object, *, B: int, MU_P: float, MU_D: float, N: float) -> Feedback:
+    """r_peak = sqrt(b_F / (a_F B')) with twice the notebook's slots, B' = 2B (paper coefficients)."""
+    got, right, before = _as_real(answer), _r_peak_doubled(B), ratio_terms(B, MU_P, MU_D, N).r_peak
+    for value, why in ((before, f"that is r_peak at B = {B}, this notebook's slots: double B first"),
+                       (before / 2, "r_peak does not halve when B doubles: B sits under a square root")):
+        if got is not None and abs(got - value) <= 0.005 * value and abs(got - right) > 0.005 * right:
+            return Feedback(False, _with_hint(f"your r_peak = {got:.4g} is not the one with 2B slots: {why}.",
+                                              "r_peak = sqrt(b_F / (a_F B')), with a_F and b_F from the "
+                                              "coefficients table of section 2 and B' = 2B."))
+    return check_number("r_peak", answer, right, rtol=0.005,
+                        hint="r_peak = sqrt(b_F / (a_F B')), with a_F and b_F from the coefficients table of section 2 "
+                             f"and B' = 2B = {2 * B}.")
 
 
 def check_binding(answer: object, *, B: int, MU_P: float, MU_D: float, N: float) -> Feedback:
@@ -81,11 +101,12 @@ def _wrong_r_star(B: int, mu_P: float, mu_D: float, N: float) -> float:
     return (c.a_A * _solution_token_load(B, mu_P, mu_D, N) + c.b_A - c.b_F) / (c.a_F * B)
 
 
-exercise(NOTEBOOK, "r_star", "easy",
-         "Read r* at the notebook's workload off the headline figure (two decimals).",
-         check_r_star, solution=lambda **ctx: optimal_ratio(ctx["B"], ctx["MU_P"], ctx["MU_D"], ctx["N"]),
-         # the integer the simulation picks is not r*: a typical misreading, off by a whole instance
-         wrong=lambda **ctx: optimal_ratio(ctx["B"], ctx["MU_P"], ctx["MU_D"], ctx["N"]) + 1.0,
+exercise(NOTEBOOK, "r_peak", "easy",
+         "With twice this notebook's slots per attention instance (2B), what is r_peak? Compute it from the "
+         "coefficients table.",
+         check_r_peak, solution=lambda **ctx: _r_peak_doubled(ctx["B"]),
+         # the typical slip: r_peak halved, as if it were inversely proportional to B
+         wrong=lambda **ctx: ratio_terms(ctx["B"], ctx["MU_P"], ctx["MU_D"], ctx["N"]).r_peak / 2,
          context=DEFAULTS)
 exercise(NOTEBOOK, "binding", "medium",
          "Divide the mean decode length by five. Which candidate sets r* now: 'attention', 'communication' "
@@ -103,5 +124,5 @@ exercise(NOTEBOOK, "r_star_function", "hard",
          check_r_star_function, solution=lambda **ctx: _solution_r_star, wrong=lambda **ctx: _wrong_r_star,
          context=DEFAULTS)
 
-__all__ = ["BINDING_OPTIONS", "DEFAULTS", "check_binding", "check_r_star", "check_r_star_function",
+__all__ = ["BINDING_OPTIONS", "DEFAULTS", "check_binding", "check_r_peak", "check_r_star_function",
            "check_token_load"]

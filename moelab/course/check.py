@@ -16,7 +16,7 @@ pass it. :func:`require` displays the feedback and turns a failed one into an ``
 nbgrader's locked check cells, which grade by "did the cell raise"; it returns ``None``, so a check cell's
 value is nothing nbgrader could read as a partial-credit score.
 
-Exercises are registered in :data:`EXERCISES` (key ``"<notebook>.<id>"``, e.g. ``"03.r_star"``) by the
+Exercises are registered in :data:`EXERCISES` (key ``"<notebook>.<id>"``, e.g. ``"03.r_peak"``) by the
 per-notebook modules of :mod:`moelab.course`; each entry carries a correct and a typical wrong answer
 so the test suite can prove every checker accepts the one and rejects the other.
 

@@ -1,7 +1,7 @@
 """Exercises of notebook 07 (cross-paper: ELDR picks the instance, BalanceRoute picks the rank).
 
 Every expected answer is computed by the library from the context the notebook passes: the pair grid's
-p50 TPOT per pair (``TPOT``, from this run), the model's expert geometry, the cluster shape and the
+p50 TPOT and distinct experts per layer per step per pair (``TPOT``, ``DISTINCT``, from this run), the model's expert geometry, the cluster shape and the
 exercise's rank loads (``EX_LOADS``). The default context (used by the tests) is the notebook's shape with a
 seeded random pair grid, so no result is typed here.
 """
@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from moelab.costmodel import expected_distinct_experts
-from moelab.course.check import Feedback, check_callable, check_number, exercise
+from moelab.course.check import Feedback, _as_real, _with_hint, check_callable, check_number, exercise
 from moelab.cross import INSTANCE_ROUTERS, RANK_ROUTERS, gains
 from moelab.sim.metrics import imbalance
 
@@ -35,23 +35,47 @@ def tpot_grid(tpot: dict[str, float]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def random_distinct(seed: int) -> dict[str, float]:
+    """Seeded random distinct experts per layer per step, per pair: the stand-in beside :func:`random_tpot`."""
+    rng = np.random.default_rng([17, seed])
+    return {pair: float(v) for pair, v in zip(PAIRS, rng.uniform(20.0, 60.0, size=len(PAIRS)))}
+
+
 #: the notebook's default shape (its parameters cell) with a seeded stand-in grid; the tests use it
-DEFAULTS = {"TPOT": random_tpot(0), "E": 128, "TOP_K": 8, "G": 4, "SLOTS": 16,
+DEFAULTS = {"TPOT": random_tpot(0), "DISTINCT": random_distinct(0), "E": 128, "TOP_K": 8, "G": 4, "SLOTS": 16,
             "LOADS": [2500.0, 1500.0, 2600.0, 1400.0]}
 
 
+def _valid_pairs(name: str, values: object) -> dict[str, float]:
+    if not isinstance(values, dict) or not set(PAIRS) <= set(values):
+        raise ValueError(f"{name} must be a dict with the pairs {PAIRS}; got {values!r}")
+    return {p: float(values[p]) for p in PAIRS}
+
+
 def _valid_tpot(tpot: object) -> dict[str, float]:
-    if not isinstance(tpot, dict) or not set(PAIRS) <= set(tpot):
-        raise ValueError(f"TPOT must be a dict with the pairs {PAIRS}; got {tpot!r}")
-    return {p: float(tpot[p]) for p in PAIRS}
+    return _valid_pairs("TPOT", tpot)
 
 
-def check_eldr_only(answer: object, *, TPOT: dict, **_: object) -> Feedback:
-    """ELDR's gain alone (ELDR x JSQ over JSQ x JSQ, p50 TPOT, %), read off the headline table."""
-    expected = gains(tpot_grid(_valid_tpot(TPOT)))["eldr_only_gain_pct"]
-    return check_number("eldr_only_gain_pct", answer, expected, atol=0.1,
-                        hint="find the row `eldr x jsq` in the headline table, column `tpot_ms_p50_gain_pct`: "
-                             "it is already measured against `jsq x jsq`.")
+def _expert_cut(distinct: dict) -> float:
+    return 100.0 * (1.0 - distinct["eldr x jsq"] / distinct["jsq x jsq"])
+
+
+def check_expert_cut(answer: object, *, DISTINCT: dict, TPOT: dict, **_: object) -> Feedback:
+    """How much (%) ELDR x JSQ cuts the distinct experts per layer per step against JSQ x JSQ."""
+    distinct = _valid_pairs("DISTINCT", DISTINCT)
+    got, right = _as_real(answer), _expert_cut(distinct)
+    ratio = 100.0 * distinct["eldr x jsq"] / distinct["jsq x jsq"]
+    tpot_gain = gains(tpot_grid(_valid_pairs("TPOT", TPOT)))["eldr_only_gain_pct"]
+    for value, why in ((ratio, "that is ELDR's distinct experts as a share of JSQ's; the cut is what is saved"),
+                       (tpot_gain, "that is ELDR's p50 TPOT gain, the result; the question asks for the lever it "
+                                   "pulls, the distinct experts")):
+        if got is not None and abs(got - value) <= 0.1 and abs(got - right) > 0.1:
+            return Feedback(False, _with_hint(f"your cut = {got:.4g}%: {why}.",
+                                              "100 (1 - D[eldr x jsq] / D[jsq x jsq]), with D the table's "
+                                              "`distinct_per_layer_step`."))
+    return check_number("expert_cut_pct", answer, right, atol=0.1,
+                        hint="rows `eldr x jsq` and `jsq x jsq` of the headline table, column `distinct_per_layer_step`: "
+                             "100 (1 - D[eldr x jsq] / D[jsq x jsq]).")
 
 
 def check_distinct_experts(answer: object, *, E: int, TOP_K: int, G: int, SLOTS: int, **_: object) -> Feedback:
@@ -102,11 +126,12 @@ def _wrong_interaction(tpot: dict) -> float:
     return _gain(tpot, "eldr x br0") - (_gain(tpot, "eldr x jsq") + _gain(tpot, "jsq x br0"))
 
 
-exercise(NOTEBOOK, "eldr_only", "easy",
-         "Read ELDR's gain alone (p50 TPOT, %) off the headline table.",
-         check_eldr_only, solution=lambda **ctx: gains(tpot_grid(ctx["TPOT"]))["eldr_only_gain_pct"],
-         # a typical misreading: the best pair's gain instead of ELDR x JSQ's
-         wrong=lambda **ctx: gains(tpot_grid(ctx["TPOT"]))["eldr_only_gain_pct"] + 5.0, context=DEFAULTS)
+exercise(NOTEBOOK, "expert_cut", "easy",
+         "By how much (%) does ELDR x JSQ cut the distinct experts per layer per step against JSQ x JSQ? Compute it "
+         "from the headline table.",
+         check_expert_cut, solution=lambda **ctx: _expert_cut(ctx["DISTINCT"]),
+         # the typical slip: the ratio, not the cut
+         wrong=lambda **ctx: 100.0 * ctx["DISTINCT"]["eldr x jsq"] / ctx["DISTINCT"]["jsq x jsq"], context=DEFAULTS)
 exercise(NOTEBOOK, "distinct_experts", "medium",
          "How many distinct experts does one MoE layer load per step when an instance's G * SLOTS tokens are "
          "routed at random?",
@@ -122,5 +147,5 @@ exercise(NOTEBOOK, "interaction", "hard",
          check_interaction, solution=lambda **ctx: _solution_interaction, wrong=lambda **ctx: _wrong_interaction,
          context=DEFAULTS)
 
-__all__ = ["DEFAULTS", "PAIRS", "check_distinct_experts", "check_eldr_only", "check_imbalance", "check_interaction",
-           "random_tpot", "tpot_grid"]
+__all__ = ["DEFAULTS", "PAIRS", "check_distinct_experts", "check_expert_cut", "check_imbalance", "check_interaction",
+           "random_distinct", "random_tpot", "tpot_grid"]

@@ -15,7 +15,16 @@ import pandas as pd
 
 from moelab._validate import check_array as check_input_array
 from moelab._validate import check_int, check_real
-from moelab.course.check import Feedback, _describe, check_array, check_callable, check_number, exercise
+from moelab.course.check import (
+    Feedback,
+    _as_real,
+    _describe,
+    _with_hint,
+    check_array,
+    check_callable,
+    check_number,
+    exercise,
+)
 from moelab.eldr import PAPER_DECODE_WORKERS, paper_rate_scale
 from moelab.eldr.routing import ELDRRouter
 from moelab.routing.base import ClusterView, RequestBatch
@@ -153,22 +162,34 @@ def check_band(answer: object, *, SIMILARITIES: Sequence[float], TAU: float, **_
 
 
 # 01.tau_jsq (medium, predict a regime) --------------------------------------------------------------
-#: the range of a cosine similarity: the band rule compares signatures and centroids by their cosine
+#: the range of a cosine similarity between any two vectors: section 2's bound (tau >= 2 makes ELDR plain JSQ)
 COSINE_RANGE = (-1.0, 1.0)
+#: the range of a cosine between this lab's signatures and centroids: every coordinate of a signature is a count
+#: (or summed gate probability) times a weight >= 0, and a centroid is a normalised mean of signatures, so none
+#: is negative and their cosine is never below 0; it is 0 for two requests with no expert in common
+SIGNATURE_COSINE_RANGE = (0.0, 1.0)
 
 
 def _tau_jsq() -> float:
-    """The widest possible gap between two cosines: at this band width every worker is always in the band."""
-    return COSINE_RANGE[1] - COSINE_RANGE[0]
+    """The widest gap between two of this lab's cosines: at this band width every worker is always in the band."""
+    return SIGNATURE_COSINE_RANGE[1] - SIGNATURE_COSINE_RANGE[0]
 
 
 def check_tau_jsq(answer: object, **_: object) -> Feedback:
-    """The smallest band width at which every worker is in the band for ANY signature (ELDR = JSQ)."""
+    """The smallest band width at which every worker is in the band for ANY signature of this lab (ELDR = JSQ)."""
+    got = _as_real(answer)
+    general = COSINE_RANGE[1] - COSINE_RANGE[0]
+    if got is not None and abs(got - general) <= 1e-9:
+        return Feedback(False, _with_hint(
+            f"tau = {general:g} is section 2's bound for any two cosines. It makes ELDR plain JSQ here too, but it is "
+            "not the smallest such width.", "can a signature or a centroid of this lab have a negative coordinate? "
+                                            "Then how far apart can two of its cosines be?"))
     feedback = check_number("tau_jsq", answer, _tau_jsq(), rtol=0.0, atol=1e-9,
                             hint="the band is every worker when max_j s_j - tau <= min_j s_j for every possible "
-                                 "signature; how far apart can two cosines be?")
+                                 "signature; what is the smallest and the largest cosine this lab's signatures can "
+                                 "have with its centroids?")
     if feedback.ok:  # ask the router too: at this width the best and the worst possible worker share the band
-        extreme = [COSINE_RANGE[1], COSINE_RANGE[0]]
+        extreme = [SIGNATURE_COSINE_RANGE[1], SIGNATURE_COSINE_RANGE[0]]
         if not band_members(extreme, _tau_jsq()).all():
             return Feedback(False, "the router disagrees: at this tau its band is not every worker.")
     return feedback
@@ -227,11 +248,14 @@ exercise(NOTEBOOK, "band", "medium",
          # the typical slip: only the best worker (tau read as 0)
          wrong=lambda **ctx: band_members(ctx["SIMILARITIES"], 0.0).tolist(), context=DEFAULTS)
 exercise(NOTEBOOK, "tau_jsq", "medium",
-         "From which band width tau on does ELDR route exactly like JSQ, whatever the signatures?",
-         check_tau_jsq, solution=lambda **ctx: _tau_jsq(), wrong=lambda **ctx: _tau_jsq() / 2, context=DEFAULTS)
+         "This lab's signatures and centroids have no negative coordinate. From which band width tau on does "
+         "ELDR route exactly like JSQ, whatever the signatures?",
+         check_tau_jsq, solution=lambda **ctx: _tau_jsq(),
+         # the typical slip: section 2's bound for any two cosines, not the smallest width for this lab's
+         wrong=lambda **ctx: COSINE_RANGE[1] - COSINE_RANGE[0], context=DEFAULTS)
 exercise(NOTEBOOK, "route", "hard",
          "Implement route(s, loads, tau): the band rule with its guard, returning the chosen worker.",
          check_route, solution=lambda **ctx: _solution_route, wrong=lambda **ctx: _wrong_route, context=DEFAULTS)
 
-__all__ = ["COSINE_RANGE", "DEFAULTS", "band_members", "check_band", "check_route", "check_sim_rate", "check_tau_jsq", "route_one",
-           "toy_routing"]
+__all__ = ["COSINE_RANGE", "DEFAULTS", "SIGNATURE_COSINE_RANGE", "band_members", "check_band", "check_route",
+           "check_sim_rate", "check_tau_jsq", "route_one", "toy_routing"]
