@@ -254,3 +254,19 @@ def test_public_functions_document_every_parameter_with_its_unit():
     for t in ("t_a", "t_d", "t_v", "t_ar", "rtt"):  # the times the guide's example passes, each with its unit
         assert re.search(rf"^{t} : .*\n\s+.*\bms\b", inspect.getdoc(dsd.best_mode), re.M), t
     assert "end of the pipelined protocol's window" in inspect.getdoc(dsd.pipelined_window)
+
+
+def test_round_table_by_hand():
+    # alpha 0.5, gamma 2: E = (1 - 0.5^3) / (1 - 0.5) = 1.75 tokens per round
+    t = dsd.round_table(alpha=0.5, gamma=2, rtt=50.0, t_ar=30.0, t_d=3.0, t_v=30.0, t_a=10.0)
+    assert list(t.index) == list(dsd.MODES)
+    assert t.loc["ar"].tolist() == [30.0, 1.0, 30.0]
+    assert t.loc["colocated", "time per round (ms)"] == 2 * 3.0 + 30.0
+    assert t.loc["dsd_sync", "time per round (ms)"] == 2 * 10.0 + 50.0 + 30.0
+    assert t.loc["dsd_pipelined", "time per round (ms)"] == max(2 * 10.0, 50.0) + 30.0
+    assert (t.loc[["colocated", "dsd_sync", "dsd_pipelined"], "tokens per round"] == 1.75).all()
+    assert t.loc["dsd_sync", "ms per output token"] == pytest.approx(100.0 / 1.75)
+    with pytest.raises(ValueError, match="rtt"):
+        dsd.round_table(alpha=0.5, gamma=2, rtt=-1.0, t_ar=30.0, t_d=3.0, t_v=30.0, t_a=10.0)
+    with pytest.raises(ValueError, match="gamma"):
+        dsd.round_table(alpha=0.5, gamma=0, rtt=5.0, t_ar=30.0, t_d=3.0, t_v=30.0, t_a=10.0)

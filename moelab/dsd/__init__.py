@@ -39,13 +39,14 @@ from moelab.dsd.theory import (
     optimal_gamma,
     pipelined_breakeven,
     pipelined_window,
+    round_table,
     rtt_breakeven,
 )
 
 __all__ = [
     "MODES", "MCResult", "best_mode", "breakeven_table", "capacity_gain", "capacity_ratio", "expected_tokens",
     "latency_per_token", "leviathan_speedup", "max_clients", "optimal_gamma", "pipelined_breakeven", "pipelined_window",
-    "rtt_breakeven",
+    "round_table", "rtt_breakeven",
     "serve", "simulate_rounds",
     "AcceptanceTrace", "RTTDistribution", "WAN_SCENARIOS", "breakeven_rtt_sync", "capacity_batched",
     "chains_proposer", "cpu_costs", "drafter_proposer", "h200_verify_batch_ms", "iid_rounds", "load_shipped", "load_traces",

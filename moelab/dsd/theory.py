@@ -207,6 +207,46 @@ def breakeven_table(alphas: ArrayLike = (0.5, 0.7, 0.85, 0.9), t_ars: ArrayLike 
     return table
 
 
+def round_table(*, alpha: float, gamma: int, rtt: float, t_ar: float, t_d: float, t_v: float,
+                t_a: float) -> pd.DataFrame:
+    """Every mode of :data:`MODES` at one operating point: the time of one round, the tokens it emits and the
+    latency per output token (their ratio, :func:`latency_per_token`).
+
+    A round is one target forward for ``ar`` (one token) and one draft-then-verify round otherwise
+    (``E`` = :func:`expected_tokens` tokens): ``colocated`` ``gamma*t_d + t_v``, ``dsd_sync``
+    ``gamma*t_a + rtt + t_v``, ``dsd_pipelined`` ``max(gamma*t_a, rtt) + t_v`` (no jitter).
+
+    Parameters
+    ----------
+    alpha : float
+        Per-token acceptance probability in [0, 1).
+    gamma : int
+        Draft length, tokens per round (>= 1).
+    rtt : float
+        Edge-cloud round-trip time, ms (>= 0).
+    t_ar, t_d, t_v, t_a : float
+        Cloud autoregressive step per token, cloud draft time per token, one verification pass and edge
+        draft time per token, ms (>= 0).
+
+    Returns
+    -------
+    DataFrame
+        Index ``mode`` (:data:`MODES`); columns ``time per round (ms)``, ``tokens per round`` and
+        ``ms per output token``.
+    """
+    gamma = _gamma(gamma)
+    alpha, rtt = float(_alpha(alpha)), float(_arr("rtt", rtt))
+    t_ar, t_d, t_v, t_a = (float(_arr(name, v)) for name, v in (("t_ar", t_ar), ("t_d", t_d), ("t_v", t_v), ("t_a", t_a)))
+    n_tok = float(expected_tokens(alpha, gamma))
+    round_ms = {"ar": t_ar, "colocated": gamma * t_d + t_v, "dsd_sync": gamma * t_a + rtt + t_v,
+                "dsd_pipelined": max(gamma * t_a, rtt) + t_v}
+    tokens = {m: 1.0 if m == "ar" else n_tok for m in MODES}
+    per_token = {m: float(latency_per_token(m, alpha=alpha, gamma=gamma, t_ar=t_ar, t_d=t_d, t_v=t_v, t_a=t_a, rtt=rtt))
+                 for m in MODES}
+    return pd.DataFrame({"time per round (ms)": round_ms, "tokens per round": tokens,
+                         "ms per output token": per_token}).rename_axis("mode")
+
+
 def pipelined_window(gamma: int, t_a: ArrayLike) -> float | np.ndarray:
     """The end of the pipelined protocol's window: the largest RTT that pipelined DSD hides, ``gamma*t_a``.
 
@@ -417,5 +457,5 @@ def best_mode(*, alpha: ArrayLike, rtt: ArrayLike, gamma: int, t_ar: ArrayLike, 
 
 __all__ = [
     "MODES", "best_mode", "breakeven_table", "capacity_gain", "expected_tokens", "latency_per_token",
-    "leviathan_speedup", "optimal_gamma", "pipelined_breakeven", "pipelined_window", "rtt_breakeven",
+    "leviathan_speedup", "optimal_gamma", "pipelined_breakeven", "pipelined_window", "round_table", "rtt_breakeven",
 ]
