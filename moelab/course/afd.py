@@ -37,14 +37,15 @@ def _r_star_cases(B: int, MU_P: float, MU_D: float, N: float) -> list[tuple[tupl
     return [(a, optimal_ratio(*a)) for a in args]
 
 
-def _r_peak_doubled(B: int) -> float:
-    """r_peak with twice the slots, 2B (the paper's coefficients)."""
-    return ratio_terms(2 * B, 100.0, 100.0, None).r_peak  # r_peak depends on B alone
+def _r_peak_doubled(B: int, MU_P: float, MU_D: float) -> float:
+    """r_peak with twice the slots, 2B (the paper's coefficients). It depends on B alone, so the horizon is
+    left infinite (a finite N must hold at least 2B requests)."""
+    return ratio_terms(2 * B, MU_P, MU_D, None).r_peak
 
 
 def check_r_peak(answer: object, *, B: int, MU_P: float, MU_D: float, N: float) -> Feedback:
     """r_peak = sqrt(b_F / (a_F B')) with twice the notebook's slots, B' = 2B (paper coefficients)."""
-    got, right, before = _as_real(answer), _r_peak_doubled(B), ratio_terms(B, MU_P, MU_D, N).r_peak
+    got, right, before = _as_real(answer), _r_peak_doubled(B, MU_P, MU_D), ratio_terms(B, MU_P, MU_D, N).r_peak
     for value, why in ((before, f"that is r_peak at B = {B}, this notebook's slots: double B first"),
                        (before / 2, "r_peak does not halve when B doubles: B sits under a square root")):
         if got is not None and abs(got - value) <= 0.005 * value and abs(got - right) > 0.005 * right:
@@ -104,7 +105,7 @@ def _wrong_r_star(B: int, mu_P: float, mu_D: float, N: float) -> float:
 exercise(NOTEBOOK, "r_peak", "easy",
          "With twice this notebook's slots per attention instance (2B), what is r_peak? Compute it from the "
          "coefficients table.",
-         check_r_peak, solution=lambda **ctx: _r_peak_doubled(ctx["B"]),
+         check_r_peak, solution=lambda **ctx: _r_peak_doubled(ctx["B"], ctx["MU_P"], ctx["MU_D"]),
          # the typical slip: r_peak halved, as if it were inversely proportional to B
          wrong=lambda **ctx: ratio_terms(ctx["B"], ctx["MU_P"], ctx["MU_D"], ctx["N"]).r_peak / 2,
          context=DEFAULTS)

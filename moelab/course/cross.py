@@ -1,8 +1,8 @@
 """Exercises of notebook 07 (cross-paper: ELDR picks the instance, BalanceRoute picks the rank).
 
 Every expected answer is computed by the library from the context the notebook passes: the pair grid's
-p50 TPOT and distinct experts per layer per step per pair (``TPOT``, ``DISTINCT``, from this run), the model's expert geometry, the cluster shape and the
-exercise's rank loads (``EX_LOADS``). The default context (used by the tests) is the notebook's shape with a
+p50 TPOT and distinct experts per layer per step per pair (``TPOT``, ``DISTINCT``, from this run), the model's
+expert geometry, the cluster shape and the exercise's rank loads (``EX_LOADS``). The default context (used by the tests) is the notebook's shape with a
 seeded random pair grid, so no result is typed here.
 """
 
@@ -52,10 +52,6 @@ def _valid_pairs(name: str, values: object) -> dict[str, float]:
     return {p: float(values[p]) for p in PAIRS}
 
 
-def _valid_tpot(tpot: object) -> dict[str, float]:
-    return _valid_pairs("TPOT", tpot)
-
-
 def _expert_cut(distinct: dict) -> float:
     return 100.0 * (1.0 - distinct["eldr x jsq"] / distinct["jsq x jsq"])
 
@@ -95,7 +91,7 @@ def check_imbalance(answer: object, *, LOADS: list, **_: object) -> Feedback:
 
 
 def _interaction_cases(TPOT: dict) -> list[tuple[tuple, float]]:
-    grids = [_valid_tpot(TPOT)] + [random_tpot(s) for s in (1, 2, 3, 4)]
+    grids = [_valid_pairs("TPOT", TPOT)] + [random_tpot(s) for s in (1, 2, 3, 4)]
     out = []
     for grid in grids:
         g = gains(tpot_grid(grid))
