@@ -60,6 +60,15 @@ def test_checker_turns_bad_input_into_feedback(key, bad):
     assert any(word in feedback.message for word in ("expected", "must be", "raised", "return"))
 
 
+def test_check_number_names_a_known_slip():
+    slips = [(6.0, "that is twice it"), (3.0, "a slip equal to the answer never hides the answer")]
+    wrong = check_number("x", 6.05, 3.0, hint="halve it", slips=slips)
+    assert not wrong and "that is twice it" in wrong.message and "Hint: halve it" in wrong.message
+    assert check_number("x", 3.0, 3.0, slips=slips)  # the right answer wins over a slip at the same value
+    other = check_number("x", 9.0, 3.0, slips=slips)
+    assert not other and "too high" in other.message and "twice" not in other.message
+
+
 def test_check_number_messages():
     assert check_number("x", 3.01, 3.0)
     assert check_number("x", np.float32(3.0), 3.0) and check_number("x", np.array([3.0]), 3.0)

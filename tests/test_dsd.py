@@ -266,6 +266,9 @@ def test_round_table_by_hand():
     assert t.loc["dsd_pipelined", "time per round (ms)"] == max(2 * 10.0, 50.0) + 30.0
     assert (t.loc[["colocated", "dsd_sync", "dsd_pipelined"], "tokens per round"] == 1.75).all()
     assert t.loc["dsd_sync", "ms per output token"] == pytest.approx(100.0 / 1.75)
+    for mode in dsd.MODES:  # the per-mode closed form, written separately, agrees
+        assert t.loc[mode, "ms per output token"] == pytest.approx(dsd.latency_per_token(
+            mode, alpha=0.5, gamma=2, t_ar=30.0, t_d=3.0, t_v=30.0, t_a=10.0, rtt=50.0))
     with pytest.raises(ValueError, match="rtt"):
         dsd.round_table(alpha=0.5, gamma=2, rtt=-1.0, t_ar=30.0, t_d=3.0, t_v=30.0, t_a=10.0)
     with pytest.raises(ValueError, match="gamma"):

@@ -11,8 +11,6 @@ import numpy as np
 from moelab.afd import AFDCoefficients, mean_token_load, optimal_ratio, ratio_terms
 from moelab.course.check import (
     Feedback,
-    _as_real,
-    _with_hint,
     check_callable,
     check_choice,
     check_number,
@@ -45,16 +43,13 @@ def _r_peak_doubled(B: int, MU_P: float, MU_D: float) -> float:
 
 def check_r_peak(answer: object, *, B: int, MU_P: float, MU_D: float, N: float) -> Feedback:
     """r_peak = sqrt(b_F / (a_F B')) with twice the notebook's slots, B' = 2B (paper coefficients)."""
-    got, right, before = _as_real(answer), _r_peak_doubled(B, MU_P, MU_D), ratio_terms(B, MU_P, MU_D, N).r_peak
-    for value, why in ((before, f"that is r_peak at B = {B}, this notebook's slots: double B first"),
-                       (before / 2, "r_peak does not halve when B doubles: B sits under a square root")):
-        if got is not None and abs(got - value) <= 0.005 * value and abs(got - right) > 0.005 * right:
-            return Feedback(False, _with_hint(f"your r_peak = {got:.4g} is not the one with 2B slots: {why}.",
-                                              "r_peak = sqrt(b_F / (a_F B')), with a_F and b_F from the "
-                                              "coefficients table of section 2 and B' = 2B."))
-    return check_number("r_peak", answer, right, rtol=0.005,
-                        hint="r_peak = sqrt(b_F / (a_F B')), with a_F and b_F from the coefficients table of section 2 "
-                             f"and B' = 2B = {2 * B}.")
+    before = ratio_terms(B, MU_P, MU_D, N).r_peak
+    return check_number(
+        "r_peak", answer, _r_peak_doubled(B, MU_P, MU_D), rtol=0.005,
+        hint=f"r_peak = sqrt(b_F / (a_F B')), with a_F and b_F from the coefficients table of section 2 and "
+             f"B' = 2B = {2 * B}.",
+        slips=[(before, f"that is r_peak at B = {B}, this notebook's slots: double B first"),
+               (before / 2, "r_peak does not halve when B doubles: B sits under a square root")])
 
 
 def check_binding(answer: object, *, B: int, MU_P: float, MU_D: float, N: float) -> Feedback:

@@ -253,7 +253,7 @@ def _within(rtol: float, atol: float) -> str:
 
 
 def check_number(name: str, answer: object, expected: float, *, rtol: float = 0.02, atol: float = 0.0,
-                 hint: str = "") -> Feedback:
+                 hint: str = "", slips: Sequence[tuple[float, str]] = ()) -> Feedback:
     """Check one real number against ``expected`` within ``atol + rtol * |expected|``.
 
     Parameters
@@ -268,11 +268,15 @@ def check_number(name: str, answer: object, expected: float, *, rtol: float = 0.
         Relative and absolute tolerance (both >= 0).
     hint : str
         Where to look when the answer is wrong.
+    slips : sequence of (float, str)
+        Known wrong answers and what each one is (e.g. ``(r_peak_at_B, "r_peak at B: double B first")``): an
+        answer within the tolerance of a slip, and not of ``expected``, is told what it computed.
 
     Returns
     -------
     Feedback
-        Right: the quantity and the tolerance. Wrong: the student's value, too high or too low, the hint.
+        Right: the quantity and the tolerance. Wrong: the slip it matches, else the student's value, too high
+        or too low; then the hint.
     """
     if rtol < 0 or atol < 0:
         raise ValueError(f"rtol and atol must be >= 0, got rtol={rtol}, atol={atol}")
@@ -282,6 +286,9 @@ def check_number(name: str, answer: object, expected: float, *, rtol: float = 0.
             f"expected a number for `{name}` (a finite int or float), got {_describe(answer)}.", hint))
     if _close(got, float(expected), rtol, atol):
         return Feedback(True, f"`{name}` is right ({_within(rtol, atol)}).")
+    for value, what in slips:
+        if _close(got, float(value), rtol, atol):
+            return Feedback(False, _with_hint(f"your `{name}` = {got:.4g} is not it: {what}.", hint))
     direction = "too high" if got > expected else "too low"
     return Feedback(False, _with_hint(
         f"your `{name}` = {got:.4g} is {direction}: expected the value of `{name}` {_within(rtol, atol)}.", hint))

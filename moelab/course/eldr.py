@@ -17,9 +17,7 @@ from moelab._validate import check_array as check_input_array
 from moelab._validate import check_int, check_real
 from moelab.course.check import (
     Feedback,
-    _as_real,
     _describe,
-    _with_hint,
     check_array,
     check_callable,
     check_number,
@@ -177,17 +175,14 @@ def _tau_jsq() -> float:
 
 def check_tau_jsq(answer: object, **_: object) -> Feedback:
     """The smallest band width at which every worker is in the band for ANY signature of this lab (ELDR = JSQ)."""
-    got = _as_real(answer)
     general = COSINE_RANGE[1] - COSINE_RANGE[0]
-    if got is not None and abs(got - general) <= 1e-9:
-        return Feedback(False, _with_hint(
-            f"tau = {general:g} is section 2's bound for any two cosines. It makes ELDR plain JSQ here too, but it is "
-            "not the smallest such width.", "can a signature or a centroid of this lab have a negative coordinate? "
-                                            "Then how far apart can two of its cosines be?"))
-    feedback = check_number("tau_jsq", answer, _tau_jsq(), rtol=0.0, atol=1e-9,
-                            hint="the band is every worker when max_j s_j - tau <= min_j s_j for every possible "
-                                 "signature; what is the smallest and the largest cosine this lab's signatures can "
-                                 "have with its centroids?")
+    feedback = check_number(
+        "tau_jsq", answer, _tau_jsq(), rtol=0.0, atol=1e-9,
+        hint="the band is every worker when max_j s_j - tau <= min_j s_j for every possible signature; can a "
+             "signature or a centroid of this lab have a negative coordinate? Then how far apart can two of its "
+             "cosines be?",
+        slips=[(general, f"tau = {general:g} is section 2's bound for any two cosines; it makes ELDR plain JSQ here "
+                         "too, but it is not the smallest such width")])
     if feedback.ok:  # ask the router too: at this width the best and the worst possible worker share the band
         extreme = [SIGNATURE_COSINE_RANGE[1], SIGNATURE_COSINE_RANGE[0]]
         if not band_members(extreme, _tau_jsq()).all():

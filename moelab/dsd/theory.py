@@ -210,7 +210,7 @@ def breakeven_table(alphas: ArrayLike = (0.5, 0.7, 0.85, 0.9), t_ars: ArrayLike 
 def round_table(*, alpha: float, gamma: int, rtt: float, t_ar: float, t_d: float, t_v: float,
                 t_a: float) -> pd.DataFrame:
     """Every mode of :data:`MODES` at one operating point: the time of one round, the tokens it emits and the
-    latency per output token (their ratio, :func:`latency_per_token`).
+    latency per output token (their ratio: what :func:`latency_per_token` gives without jitter).
 
     A round is one target forward for ``ar`` (one token) and one draft-then-verify round otherwise
     (``E`` = :func:`expected_tokens` tokens): ``colocated`` ``gamma*t_d + t_v``, ``dsd_sync``
@@ -241,10 +241,8 @@ def round_table(*, alpha: float, gamma: int, rtt: float, t_ar: float, t_d: float
     round_ms = {"ar": t_ar, "colocated": gamma * t_d + t_v, "dsd_sync": gamma * t_a + rtt + t_v,
                 "dsd_pipelined": max(gamma * t_a, rtt) + t_v}
     tokens = {m: 1.0 if m == "ar" else n_tok for m in MODES}
-    per_token = {m: float(latency_per_token(m, alpha=alpha, gamma=gamma, t_ar=t_ar, t_d=t_d, t_v=t_v, t_a=t_a, rtt=rtt))
-                 for m in MODES}
     return pd.DataFrame({"time per round (ms)": round_ms, "tokens per round": tokens,
-                         "ms per output token": per_token}).rename_axis("mode")
+                         "ms per output token": {m: round_ms[m] / tokens[m] for m in MODES}}).rename_axis("mode")
 
 
 def pipelined_window(gamma: int, t_a: ArrayLike) -> float | np.ndarray:
