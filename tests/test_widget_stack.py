@@ -12,6 +12,7 @@ without the timeout exists, and this test fails if the front end that JupyterLab
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -39,9 +40,10 @@ def test_anywidget_front_end_waits_for_a_slow_module():
 
 
 def test_anywidget_front_end_holds_messages_until_the_module_is_ready():
-    """The other half of the contract: messages that arrive while the module loads are held, not lost (the bug
-    0.9.15 fixed: a panel updated right after it was displayed would show its first figure)."""
+    """The other half of the contract: a model's incoming messages wait for its module (the early-message loss
+    0.9.15 fixed: a panel updated right after it was displayed would keep its first figure)."""
     static = _served_front_end()
     text = "".join(p.read_text(encoding="utf-8", errors="replace") for p in static.glob("*.js"))
-    assert "_handle_comm_msg" in text and ".ready" in text, \
-        f"the anywidget front end in {static} does not wait for its module before handling messages"
+    # the override of _handle_comm_msg that awaits the model's runtime before handling the message
+    assert re.search(r"_handle_comm_msg\([^)]*\)\s*\{[^}]{0,200}?await[^}]{0,80}?\.ready", text), \
+        f"the anywidget front end in {static} does not wait for its module before handling a message"
