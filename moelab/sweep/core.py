@@ -294,7 +294,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def encode_entry(key: str, params: Mapping[str, Scalar], rows: list[dict[str, Any]]) -> bytes:
     """Parquet bytes of one point's rows, with its key and parameters in the schema metadata."""
-    table = pa.Table.from_pandas(pd.DataFrame(rows), preserve_index=False)
+    table = pa.Table.from_pandas(pd.DataFrame(rows), preserve_index=False, nthreads=1)  # one thread: see decode_entry
     meta = dict(table.schema.metadata or {})
     meta[_KEY_META] = key.encode()
     meta[_PARAMS_META] = json.dumps(dict(params), sort_keys=True).encode()
@@ -330,7 +330,9 @@ def decode_entry(data: bytes, key: str, source: str = "<bytes>", params: Mapping
         if have != want:
             raise ValueError(f"{source} stores the point {have[:120] or '(none)'}, not the requested {want[:120]}")
     try:
-        frame = pq.read_table(io.BytesIO(data)).to_pandas()
+        # one thread: a point is a few rows, and Arrow's thread pool made the interpreter abort at exit
+        # ("terminate called without an active exception") in about one script in five on a busy machine
+        frame = pq.read_table(io.BytesIO(data), use_threads=False).to_pandas(use_threads=False)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise ValueError(f"{source} is not a readable parquet file ({exc})") from None
     for name, value in (params or {}).items():
