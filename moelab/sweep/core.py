@@ -330,9 +330,12 @@ def decode_entry(data: bytes, key: str, source: str = "<bytes>", params: Mapping
         if have != want:
             raise ValueError(f"{source} stores the point {have[:120] or '(none)'}, not the requested {want[:120]}")
     try:
-        # one thread: a point is a few rows, and Arrow's thread pool made the interpreter abort at exit
-        # ("terminate called without an active exception") in about one script in five on a busy machine
-        frame = pq.read_table(io.BytesIO(data), use_threads=False).to_pandas(use_threads=False)
+        # all on this thread: a point is a few rows, and work left on Arrow's thread pools aborted the
+        # interpreter at exit ("terminate called without an active exception"): read_table goes through the
+        # dataset scanner, whose I/O thread dropped the Python-owned buffer during shutdown and died taking
+        # the GIL. ParquetFile.read is the plain synchronous reader
+        with pq.ParquetFile(pa.BufferReader(data), pre_buffer=False) as pf:
+            frame = pf.read(use_threads=False).to_pandas(use_threads=False)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise ValueError(f"{source} is not a readable parquet file ({exc})") from None
     for name, value in (params or {}).items():
