@@ -269,3 +269,19 @@ def test_ratio_terms_repr_shows_binding_and_r_star():
     t = ratio_terms(256, 100, 500)
     text = repr(t)
     assert f"binding={t.binding!r}" in text and f"r_star={t.r_star!r}" in text and "t_A=" in text
+
+
+@pytest.mark.parametrize("coeffs", [None, "h200"])
+@pytest.mark.parametrize("B", [64, 128, 256, 512])
+def test_attention_takeover_load_separates_the_regimes(B, coeffs):
+    c = afd.coefficients_from_tables("h200", B=B) if coeffs == "h200" else None
+    edge = afd.attention_takeover_load(B, c)
+    for mu_P, mu_D in [(0, 10), (100, 100), (100, 500), (1000, 500), (4000, 1000), (20_000, 2000)]:
+        t = afd.ratio_terms(B, mu_P, mu_D, None, c)
+        assert (t.token_load > edge) == (t.binding == "attention"), (mu_P, mu_D, t)
+    # just above the edge r_A equals the larger other candidate: the edge is where the regime changes
+    scale = (c or afd.AFDCoefficients.paper())
+    at_edge = (scale.a_A * edge + scale.b_A - scale.b_F) / (scale.a_F * B)
+    t0 = afd.ratio_terms(B, 0, 0, None, c)
+    assert at_edge == pytest.approx(max(t0.r_C, t0.r_peak))
+

@@ -55,6 +55,41 @@ def test_ffn_table_points_and_batch_extrapolation_flag(stages):
     assert np.all(np.diff(t) > 0)
 
 
+def test_ffn_extrapolated_flags_what_the_counter_counts(stages):
+    n = np.array([8.0, 128.0, 256.0, 257.0, 4096.0])
+    flags = stages.ffn_extrapolated(n)
+    assert flags.tolist() == [False, False, False, True, True]
+    assert stages.ffn_table_max_batch == 256
+    stages.reset_coverage()
+    stages.ffn_ms(n)
+    assert stages.reset_coverage().ffn_extrapolated == int(flags.sum())
+    # asking counts nothing, and the theory's linear stages have no table to leave
+    stages.ffn_extrapolated(n)
+    assert stages.reset_coverage().ffn_evals == 0
+    assert not LinearStages().ffn_extrapolated(n).any()
+
+
+def test_fit_errors_count_points_beyond_the_tables(stages):
+    fit = fit_coefficients(stages, B=256)
+    err = fit.errors.set_index("stage")
+    # r*B for r = 1..32 at B = 256: only r = 1 (256 tokens) is a measured batch
+    assert err.loc["ffn", "points"] == 32 and err.loc["ffn", "points_beyond_table"] == 31
+    assert err.loc["attention", "points_beyond_table"] == 0
+    assert 0 < err.loc["link", "points_beyond_table"] <= err.loc["link", "points"]
+
+
+def test_link_extrapolated_matches_the_counters(stages):
+    # DeepEP's per-call volumes (dispatch FP8, combine BF16) both lie within 2x of 2048 tokens of this hidden size
+    tokens, r = np.array([2048.0, 2048.0, 128.0]), np.array([1, 15, 15])
+    flags = stages.link_extrapolated(tokens, r)
+    assert flags.tolist() == [True, False, True]  # EP 2 below the table; 128 tokens far below its volume
+    stages.reset_coverage()
+    stages.link_ms(tokens, r)
+    cov = stages.reset_coverage()
+    assert cov.link_ep_extrapolated == 1 and cov.link_volume_extrapolated >= 1
+    assert not StageTables.h200(link=False).link_extrapolated(tokens, r).any()
+
+
 def test_link_from_deepep_table(stages):
     t_af, t_fa = stages.link_ms(np.full(5, 256.0), np.array([1, 7, 15, 63, 255]))
     # more ranks share the network: the per-rank bandwidth in the table falls, the transfer slows
@@ -151,6 +186,15 @@ def test_gap_map_rows(stages):
     df = gap_map((64,), (100,), (50,), ("geometric", "azure-code"), requests=100, stages=stages)
     assert len(df) == 2 and set(df["lengths"]) == {"geometric", "azure-code"}
     assert np.allclose(df["gap_rel"] * 100, df["gap_pct"])
+    # the regime is the load against the takeover load; 64 slots keep r*B measured up to r = 4
+    assert ((df["token_load"] > df["takeover_load"]) == (df["binding"] == "attention")).all()
+    assert (df["ffn_measured_share"] > 0).all() and (df["ffn_measured_share"] < 1).all()
+
+
+def test_sweep_flags_each_r_whose_ffn_batch_is_projected(stages, conv):
+    res = simulate_measured([1, 2, 4], 128, conv, stages=stages, requests=200)
+    assert res.frame["ffn_extrapolated"].tolist() == [False, False, True]  # 128, 256 measured; 512 is not
+    assert res.coverage["ffn_extrapolated"] == 1
 
 
 @pytest.mark.parametrize(("kwargs", "name"), [

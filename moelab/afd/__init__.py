@@ -29,6 +29,7 @@ from moelab.afd.measured import (
 )
 from moelab.afd.sim import AFDSimResult, idle_crossing, simulate, simulated_optimum, sweep
 from moelab.afd.theory import (
+    attention_takeover_load,
     expected_decode_load,
     idle_ratios,
     mean_token_load,
@@ -41,7 +42,7 @@ from moelab.afd.theory import (
 
 __all__ = [
     "AFDSimResult", "idle_crossing", "simulate", "simulated_optimum", "sweep",
-    "AFDCoefficients", "expected_decode_load", "idle_ratios", "mean_token_load", "optimal_ratio",
+    "AFDCoefficients", "attention_takeover_load", "expected_decode_load", "idle_ratios", "mean_token_load", "optimal_ratio",
     "ratio_table", "ratio_terms", "stage_times", "throughput_per_instance",
     "CHECK_WORKLOADS", "FIT_R_VALUES", "CoefficientFit", "LengthDistribution", "LinearStages", "MeasuredSweep", "StageTables",
     "coefficients_from_tables", "fit_coefficients", "gap_map", "measured_optimum", "simulate_measured",

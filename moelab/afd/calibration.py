@@ -224,10 +224,15 @@ class StageTables:
     def distinct_experts(self, n_tokens: np.ndarray | float) -> np.ndarray:
         return expected_distinct_experts(n_tokens, self.geometry.num_experts, self.geometry.top_k)
 
-    def _moe_layer_ms(self, n: float, D: float) -> tuple[float, bool]:
+    def _moe_batches_covering(self, D: float) -> list[float]:
+        """The measured batch rows whose expert range covers ``D`` (at least two, else a ValueError)."""
         Bs = [b for b in self._moe_B if self._moe_row[int(b)][:, 0].min() <= D <= self._moe_row[int(b)][:, 0].max()]
         if len(Bs) < 2:
             raise ValueError(f"moe_step has fewer than two batch rows covering D={D:.1f} for {self.shape}")
+        return Bs
+
+    def _moe_layer_ms(self, n: float, D: float) -> tuple[float, bool]:
+        Bs = self._moe_batches_covering(D)
         ys = np.array([np.interp(D, self._moe_row[int(b)][:, 0], self._moe_row[int(b)][:, 1]) for b in Bs])
         Bs = np.asarray(Bs)
         if n > Bs[-1]:
@@ -236,6 +241,36 @@ class StageTables:
         if n < Bs[0]:  # below the smallest batch row that covers D: the time of that row (decode is weight-bound)
             return float(ys[0]), False
         return float(np.interp(n, Bs, ys)), False
+
+    @property
+    def ffn_table_max_batch(self) -> float:
+        """The largest aggregated batch (tokens) the ``moe_step`` table measures; an FFN evaluation above it
+        extends the table's last segment (a projection, counted in :attr:`coverage`)."""
+        return float(self._moe_B[-1])
+
+    def ffn_extrapolated(self, n_tokens: np.ndarray | float, D: np.ndarray | float | None = None) -> np.ndarray:
+        """Whether :meth:`ffn_ms` extends the table past its measured batches at each ``n_tokens`` (bool array
+        shaped like ``n_tokens``; ``D`` as in :meth:`ffn_ms`). Counts nothing.
+
+        Parameters
+        ----------
+        n_tokens : float or array
+            Aggregated batch (tokens, >= 1).
+        D : float or array, optional
+            Distinct experts activated (default: the expected number under uniform top-k routing).
+
+        Returns
+        -------
+        ndarray of bool
+            True where the batch lies above the largest measured batch row covering ``D``.
+        """
+        n = check_array("n_tokens", n_tokens, low=1)
+        D = self.distinct_experts(n) if D is None else check_array("D", D, low=1, high=self.geometry.num_experts)
+        n, D = np.broadcast_arrays(n, D)
+        out = np.zeros(n.shape, dtype=bool)
+        for idx in np.ndindex(n.shape):
+            out[idx] = float(n[idx]) > self._moe_batches_covering(float(D[idx]))[-1]
+        return out
 
     def ffn_ms(self, n_tokens: np.ndarray | float, D: np.ndarray | float | None = None) -> np.ndarray:
         """FFN time for ``n_tokens`` aggregated tokens and ``D`` distinct experts (default: the expected
@@ -256,6 +291,33 @@ class StageTables:
         return out * self.geometry.layers
 
     # ---- link --------------------------------------------------------------------------------------
+    def link_extrapolated(self, tokens: np.ndarray | float, r: np.ndarray | int) -> np.ndarray:
+        """Whether :meth:`link_ms` leaves the DeepEP table at each (``tokens``, ``r``): an EP size ``r + 1``
+        outside the table (end value held) or a transfer more than 2x away from its per-call volume (either
+        direction). Bool array of the broadcast shape; False everywhere without a link table. Counts nothing.
+
+        Parameters
+        ----------
+        tokens : float or array
+            Tokens one instance sends (>= 0).
+        r : int or array
+            Attention instances per FFN instance (>= 1).
+
+        Returns
+        -------
+        ndarray of bool
+        """
+        tokens, r = _broadcast_tokens_r(tokens, r)
+        if self.link is None:
+            return np.zeros(tokens.shape, dtype=bool)
+        ep = r + 1.0
+        nbytes = tokens * self.geometry.hidden * 2.0
+        lo, hi = self.link["dispatch"][0, 0], self.link["dispatch"][-1, 0]
+        out = (ep < lo) | (ep > hi)
+        for ref in _DEEPEP_REF_BYTES.values():
+            out |= (nbytes > 2 * ref) | (nbytes < ref / 2)
+        return out
+
     def link_ms(self, tokens: np.ndarray | float, r: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
         """``(A->F, F->A)`` transfer times of one instance's ``tokens`` hidden states in an rA-1F bundle
         (EP size r + 1), ms per model step; zeros when the stage tables carry no link."""
@@ -303,6 +365,15 @@ class LinearStages:
     def ffn_ms(self, n_tokens, D=None):
         return self.coeffs.a_F * check_array("n_tokens", n_tokens, low=1) + self.coeffs.b_F
 
+    #: linear stage times have no table to leave
+    ffn_table_max_batch = float("inf")
+
+    def ffn_extrapolated(self, n_tokens, D=None):
+        return np.zeros(check_array("n_tokens", n_tokens, low=1).shape, dtype=bool)
+
+    def link_extrapolated(self, tokens, r):
+        return np.zeros(_broadcast_tokens_r(tokens, r)[0].shape, dtype=bool)
+
     def link_ms(self, tokens, r):
         tokens, r = _broadcast_tokens_r(tokens, r)
         t = self.coeffs.a_C * tokens + self.coeffs.b_C
@@ -311,10 +382,22 @@ class LinearStages:
 
 @dataclass(frozen=True)
 class CoefficientFit:
-    """The six coefficients fitted by least squares to stage tables, and each stage's fit error."""
+    """The six coefficients fitted by least squares to stage tables, and each stage's fit error.
+
+    Attributes
+    ----------
+    coeffs : AFDCoefficients
+        ``a_A, b_A, a_F, b_F, a_C, b_C`` in the tables' unit (ms per model step).
+    errors : pandas.DataFrame
+        One row per ``stage`` (``attention``, ``ffn``, ``link``): ``points`` fitted,
+        ``points_beyond_table`` (those the stage tables price outside their measurements: the table's last
+        segment extended, or the link table's end value held; a fit error there measures the line against
+        that extension, not against a measurement), ``median_abs_err_pct`` and ``max_abs_err_pct`` (the
+        relative error of the fitted line, %).
+    """
 
     coeffs: AFDCoefficients
-    errors: pd.DataFrame  # one row per stage: points, median and max |relative error| in %
+    errors: pd.DataFrame
 
     def error_pct(self, stage: str, stat: str = "median") -> float:
         return float(self.errors.set_index("stage").loc[stage, f"{stat}_abs_err_pct"])
@@ -374,12 +457,14 @@ def fit_coefficients(stages: StageTables, *, B: int, r_values=FIT_R_VALUES,
         kv = check_array("kv_tokens", kv_tokens, ndim=1, low=0)
         x_a = np.concatenate([x_a, kv])
         y_a = np.concatenate([y_a, stages.attention_ms(kv)])
+    beyond_a = x_a * g.kv_bytes_per_token > stages.attn_kv[-1]
     a_A, b_A, e_a = _lsq(x_a, y_a)
     # the operating range: the aggregated batches r*B the bundle sizes produce, plus the table's own batch
     # rows inside that range (smaller batches never reach the FFN instance of such a bundle)
     n = np.unique(np.concatenate([r_arr * B, stages._moe_B[(stages._moe_B >= r_arr.min() * B)
                                                           & (stages._moe_B <= r_arr.max() * B)]]))
     y_f = stages.ffn_ms(n)
+    beyond_f = stages.ffn_extrapolated(n)
     a_F, b_F, e_f = _lsq(n, y_f)
     if a_F <= 0:
         raise ValueError("the FFN time fitted to the table does not grow with the batch; widen r_values")
@@ -387,14 +472,15 @@ def fit_coefficients(stages: StageTables, *, B: int, r_values=FIT_R_VALUES,
     bb, rr = np.meshgrid(Bs, r_arr)
     t_af, t_fa = stages.link_ms(bb.ravel(), rr.ravel())
     y_c = np.maximum(t_af, t_fa)
+    beyond_c = stages.link_extrapolated(bb.ravel(), rr.ravel())
     if np.all(y_c == 0):
         a_C, b_C, e_c = 0.0, 0.0, np.zeros(1)
     else:
         a_C, b_C, e_c = _lsq(bb.ravel().astype(np.float64), y_c)
     errors = pd.DataFrame([
-        {"stage": s, "points": int(e.size), "median_abs_err_pct": float(100 * np.median(np.abs(e))),
-         "max_abs_err_pct": float(100 * np.max(np.abs(e)))}
-        for s, e in (("attention", e_a), ("ffn", e_f), ("link", e_c))])
+        {"stage": s, "points": int(e.size), "points_beyond_table": int(np.sum(beyond)),
+         "median_abs_err_pct": float(100 * np.median(np.abs(e))), "max_abs_err_pct": float(100 * np.max(np.abs(e)))}
+        for s, e, beyond in (("attention", e_a, beyond_a), ("ffn", e_f, beyond_f), ("link", e_c, beyond_c))])
     note = (f"least squares to {stages.source}; fit error (median/max %): "
             + ", ".join(f"{r.stage} {r.median_abs_err_pct:.1f}/{r.max_abs_err_pct:.1f}" for r in errors.itertuples()))
     return CoefficientFit(AFDCoefficients(a_A, b_A, a_F, b_F, a_C, b_C, unit="ms", source=note), errors)

@@ -57,6 +57,7 @@ from moelab.afd.sim import (
 )
 from moelab.afd.theory import (
     DEFAULT_REQUESTS,
+    attention_takeover_load,
     idle_ratios,
     optimal_ratio,
     ratio_terms,
@@ -269,6 +270,8 @@ class MeasuredSweep:
         - ``sim_straggler_time``: mean over microbatch steps of the *slowest* of the r instances'
           attention times, what the barrier waits for (:attr:`unit`);
         - ``ffn_time``: the FFN stage time at ``r*B`` tokens (:attr:`unit`);
+        - ``ffn_extrapolated``: whether ``r*B`` lies above the measured FFN table, so ``ffn_time`` (and every
+          throughput of the row) extends the table's last segment: a projection, not a measurement;
         - ``link_af_time``, ``link_fa_time``: the attention->FFN and FFN->attention transfers of one
           microbatch (:attr:`unit`; 0 without a link table);
         - ``makespan``: simulated time until the last microbatch step returns (:attr:`unit`);
@@ -475,6 +478,7 @@ def simulate_measured(r_values, B: int = 256, lengths: LengthDistribution | str 
     t_att = np.asarray(stages.attention_ms(loads), dtype=np.float64).reshape(m, r_max, K) * speed[None, :, None]
     attn = np.ascontiguousarray(t_att.transpose(2, 0, 1).reshape(K * m, r_max))
     t_F = np.asarray(stages.ffn_ms(r_arr * B), dtype=np.float64)
+    ffn_beyond = np.asarray(stages.ffn_extrapolated(r_arr * B), dtype=bool)
     t_af, t_fa = stages.link_ms(np.full(r_arr.shape, float(B)), r_arr)
     makespans = _pipeline(attn, r_arr, np.asarray(t_af, np.float64), t_F, m, np.asarray(t_fa, np.float64))
     coverage = stages.reset_coverage()
@@ -508,7 +512,7 @@ def simulate_measured(r_values, B: int = 256, lengths: LengthDistribution | str 
             "sim_ffn_idle": 1.0 - jobs * float(t_F[q]) / makespan,
             "theory_attention_idle": float(idle["attention"][q]), "theory_ffn_idle": float(idle["ffn"][q]),
             "sim_attention_time": mean_attn, "sim_straggler_time": float(straggler[r - 1]),
-            "ffn_time": float(t_F[q]), "link_af_time": float(t_af[q]), "link_fa_time": float(t_fa[q]),
+            "ffn_time": float(t_F[q]), "ffn_extrapolated": bool(ffn_beyond[q]), "link_af_time": float(t_af[q]), "link_fa_time": float(t_fa[q]),
             "makespan": makespan, "tokens": jobs * r * B,
         })
     frame = pd.DataFrame(rows)
@@ -583,7 +587,19 @@ def gap_map(B_values=(128, 256, 512), mu_P_values=(100, 1000), mu_D_values=(100,
     """``(simulated optimum - r*) / r*`` over B, mu_P, mu_D and the length distribution (one row each).
 
     The trace distributions keep their shape and are rescaled to each (mu_P, mu_D); the theory is given
-    the realised means. At most 200 cells (bounded work)."""
+    the realised means. At most 200 cells (bounded work).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per cell: ``B``, ``mu_P``, ``mu_D``, ``lengths``; the fitted closed form's ``r_star``, its best
+        swept integer ``r_star_int`` and ``binding`` term; the simulated optimum ``r_sim``, ``gap_rel`` and
+        ``gap_pct`` (signed, relative to r*), ``optimum_at_edge``; ``load_ratio`` (what a slot holds in the
+        long run over ``mu_P + mu_D``); ``token_load`` (the closed form's horizon-average KV tokens per
+        attention instance, Tbar) beside ``takeover_load`` (the Tbar above which attention sets r*,
+        :func:`moelab.afd.attention_takeover_load`), which decide the regime; ``extrapolated`` (any attention
+        or FFN evaluation outside the tables) and ``ffn_measured_share`` (the share of swept r whose FFN batch
+        ``r*B`` the table measures; the rest is a projection of its last segment)."""
     cells = len(B_values) * len(mu_P_values) * len(mu_D_values) * len(distributions)
     if cells > 200:
         raise ValueError(f"B_values x mu_P_values x mu_D_values x distributions must be at most 200 cells; got {cells}")
@@ -605,8 +621,11 @@ def gap_map(B_values=(128, 256, 512), mu_P_values=(100, 1000), mu_D_values=(100,
                                  "gap_rel": (res.r_sim - res.r_star) / res.r_star, "gap_pct": res.gap_pct,
                                  "optimum_at_edge": res.optimum_at_edge,
                                  "load_ratio": res.steady_load_per_slot / (res.mu_P + res.mu_D),
+                                 "token_load": terms.token_load,
+                                 "takeover_load": attention_takeover_load(int(B), res.coeffs),
                                  "extrapolated": bool(res.coverage["attention_extrapolated"]
-                                                      or res.coverage["ffn_extrapolated"])})
+                                                      or res.coverage["ffn_extrapolated"]),
+                                 "ffn_measured_share": float(1.0 - res.frame["ffn_extrapolated"].mean())})
     return pd.DataFrame(rows)
 
 

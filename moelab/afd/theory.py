@@ -195,6 +195,43 @@ def optimal_ratio(B: int, mu_P: float, mu_D: float, N: float | None = None,
     return ratio_terms(B, mu_P, mu_D, N, coeffs).r_star
 
 
+def attention_takeover_load(B: int, coeffs: AFDCoefficients | None = None) -> float:
+    """The horizon-average KV load per attention instance above which attention balance sets r*.
+
+    ``r_A = (a_A Tbar + b_A - b_F) / (a_F B)`` grows with the load ``Tbar`` while ``r_C`` and ``r_peak`` do
+    not depend on it, so attention binds exactly when ``Tbar`` exceeds
+    ``(b_F - b_A + a_F B max(r_C, r_peak)) / a_A``: the load whose attention step outlasts the FFN's fixed
+    cost by what the FFN-side optimum already asks of it. Compare it with :func:`mean_token_load` (or
+    ``ratio_terms(...).token_load``) to read the regime of a workload without computing r*.
+
+    Parameters
+    ----------
+    B : int
+        Request slots per attention instance (>= 1).
+    coeffs : AFDCoefficients, optional
+        Stage-latency coefficients; the paper's Ascend fit by default.
+
+    Returns
+    -------
+    float
+        KV tokens per attention instance (``inf`` when ``a_A`` is 0: attention never binds); at most 0 when
+        attention binds at any load.
+
+    Examples
+    --------
+    >>> t = ratio_terms(256, 100, 500)
+    >>> (t.token_load > attention_takeover_load(256)) == (t.binding == "attention")
+    True
+    """
+    c = _coeffs(coeffs)
+    B = check_int("B", B, low=1)
+    scale = c.a_F * B
+    other = max((c.a_C * B + c.b_C - c.b_F) / scale, float(np.sqrt(c.b_F / scale)))
+    if c.a_A == 0:
+        return float("inf")
+    return float((c.b_F - c.b_A + scale * other) / c.a_A)
+
+
 def _ratios(r: np.ndarray | float) -> np.ndarray:
     try:  # named: a string or a ragged list says "r must be ...", not numpy's words
         arr = check_finite_array("r", r)
@@ -319,6 +356,7 @@ def ratio_table(B_values=(64, 128, 256, 512), mu_P_values=(100, 500, 2000), mu_D
 
 
 __all__ = [
-    "DEFAULT_REQUESTS", "MAX_MEAN_TOKENS", "MAX_TABLE_ROWS", "ratio_table", "AFDCoefficients", "RatioTerms", "expected_decode_load", "horizon_steps", "idle_ratios",
+    "DEFAULT_REQUESTS", "MAX_MEAN_TOKENS", "MAX_TABLE_ROWS", "ratio_table", "AFDCoefficients", "RatioTerms",
+    "attention_takeover_load", "expected_decode_load", "horizon_steps", "idle_ratios",
     "mean_token_load", "optimal_ratio", "ratio_terms", "stage_times", "termination_prob", "throughput_per_instance",
 ]
