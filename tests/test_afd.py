@@ -285,3 +285,16 @@ def test_attention_takeover_load_separates_the_regimes(B, coeffs):
     t0 = afd.ratio_terms(B, 0, 0, None, c)
     assert at_edge == pytest.approx(max(t0.r_C, t0.r_peak))
 
+
+
+def test_ratio_summary_is_ratio_terms_with_its_regime_edge():
+    h200 = afd.coefficients_from_tables("h200", B=256)
+    for c in (None, h200):
+        row = afd.ratio_summary(256, 1155, 210, 2000, c)
+        t = afd.ratio_terms(256, 1155, 210, 2000, c)
+        assert row["r_star"] == t.r_star and row["binding"] == t.binding and row["token_load"] == t.token_load
+        assert row["takeover_load"] == afd.attention_takeover_load(256, c)
+        assert (row["token_load"] > row["takeover_load"]) == (row["binding"] == "attention")
+    # the same workload: the paper's fit is attention-bound, the H200 fit sits at the FFN peak
+    assert afd.ratio_summary(256, 1155, 210, 2000)["binding"] == "attention"
+    assert afd.ratio_summary(256, 1155, 210, 2000, h200)["binding"] == "ffn_peak"

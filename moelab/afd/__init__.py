@@ -34,6 +34,7 @@ from moelab.afd.theory import (
     idle_ratios,
     mean_token_load,
     optimal_ratio,
+    ratio_summary,
     ratio_table,
     ratio_terms,
     stage_times,
@@ -43,7 +44,7 @@ from moelab.afd.theory import (
 __all__ = [
     "AFDSimResult", "idle_crossing", "simulate", "simulated_optimum", "sweep",
     "AFDCoefficients", "attention_takeover_load", "expected_decode_load", "idle_ratios", "mean_token_load", "optimal_ratio",
-    "ratio_table", "ratio_terms", "stage_times", "throughput_per_instance",
+    "ratio_summary", "ratio_table", "ratio_terms", "stage_times", "throughput_per_instance",
     "CHECK_WORKLOADS", "FIT_R_VALUES", "CoefficientFit", "LengthDistribution", "LinearStages", "MeasuredSweep", "StageTables",
     "coefficients_from_tables", "fit_coefficients", "gap_map", "measured_optimum", "simulate_measured",
 ]

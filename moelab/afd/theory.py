@@ -232,6 +232,31 @@ def attention_takeover_load(B: int, coeffs: AFDCoefficients | None = None) -> fl
     return float((c.b_F - c.b_A + scale * other) / c.a_A)
 
 
+def ratio_summary(B: int, mu_P: float, mu_D: float, N: float | None = None,
+                  coeffs: AFDCoefficients | None = None) -> dict:
+    """One workload's r* with everything that decides it, as one table row: to set two r* side by side and
+    see why they differ (another workload, another horizon, or other coefficients and so another binding term).
+
+    Parameters
+    ----------
+    B, mu_P, mu_D, N, coeffs
+        The workload and coefficients, as in :func:`optimal_ratio`.
+
+    Returns
+    -------
+    dict
+        ``B``, ``mu_P``, ``mu_D``, ``N`` (None: infinite horizon), ``unit`` (the coefficients' time unit),
+        ``token_load`` (Tbar) and ``takeover_load`` (:func:`attention_takeover_load`: attention sets r* when
+        Tbar exceeds it), ``t_A`` (attention step at Tbar) and ``b_F`` (the FFN's fixed cost) in ``unit``,
+        the candidates ``r_A``, ``r_C``, ``r_peak``, ``r_star`` and the ``binding`` term.
+    """
+    c = _coeffs(coeffs)
+    t = ratio_terms(B, mu_P, mu_D, N, c)
+    return {"B": int(B), "mu_P": float(mu_P), "mu_D": float(mu_D), "N": None if N is None else float(N), "unit": c.unit,
+            "token_load": t.token_load, "takeover_load": attention_takeover_load(B, c), "t_A": t.t_A, "b_F": c.b_F,
+            "r_A": t.r_A, "r_C": t.r_C, "r_peak": t.r_peak, "r_star": t.r_star, "binding": t.binding}
+
+
 def _ratios(r: np.ndarray | float) -> np.ndarray:
     try:  # named: a string or a ragged list says "r must be ...", not numpy's words
         arr = check_finite_array("r", r)
@@ -357,6 +382,6 @@ def ratio_table(B_values=(64, 128, 256, 512), mu_P_values=(100, 500, 2000), mu_D
 
 __all__ = [
     "DEFAULT_REQUESTS", "MAX_MEAN_TOKENS", "MAX_TABLE_ROWS", "ratio_table", "AFDCoefficients", "RatioTerms",
-    "attention_takeover_load", "expected_decode_load", "horizon_steps", "idle_ratios",
+    "attention_takeover_load", "expected_decode_load", "ratio_summary", "horizon_steps", "idle_ratios",
     "mean_token_load", "optimal_ratio", "ratio_terms", "stage_times", "termination_prob", "throughput_per_instance",
 ]
