@@ -24,9 +24,14 @@ def test_map_structure_links_and_nbgrader_metadata():
                  "06_from_your_deployment", "07_cross_paper"):
         assert f"]({name}.ipynb)" in text, f"no link to {name}"
     assert "](NOTATION.md" in text and "D = E" in text
-    order = ["decode_step_figure()", "MY_GUESS = None", "expected_distinct_experts(PREDICT_BATCH"]
+    # predict, then reveal; and the labelled map (which paper moves which term) only after exercise 2, which asks
+    # for one of its labels, has been checked (issue 40: the book gives nothing away)
+    order = ["MY_GUESS = None", "expected_distinct_experts(PREDICT_BATCH", 'EXERCISES["00.paper_for_term"]',
+             "decode_step_figure()"]
     first = [next(i for i, c in enumerate(code) if key in "".join(c["source"])) for key in order]
     assert first == sorted(first)
+    before = "\n".join("".join(c["source"]) for c in cells[:cells.index(code[first[2]])])
+    assert "DECODE_TERMS" in before and "lab_map()" not in before, "exercise 2 must not follow the labelled map"
     solutions = [c for c in code if "### BEGIN SOLUTION" in "".join(c["source"])]
     checks = [c for c in code if "require(EXERCISES[" in "".join(c["source"])]
     assert len(solutions) >= 2 and len(checks) == len(solutions)

@@ -30,10 +30,18 @@ def check_distinct_experts(answer: object, *, E: int, TOP_K: int, BATCH: int) ->
 
 
 def check_paper_for_term(answer: object, **_: object) -> Feedback:
-    """Which paper's method lowers the number of distinct experts a decode step reads."""
-    return check_choice("paper", answer, "ELDR", tuple(PAPER_TERMS),
-                        hint="look at the decode-step figure: which coloured term is 'MoE weight reads', "
-                             "and whose label sits on it?")
+    """Which paper's method lowers the number of distinct experts a decode step reads.
+
+    A wrong paper is told which term its method moves instead (the right paper is never named)."""
+    named = {paper.lower(): paper for paper in PAPER_TERMS}
+    chosen = named.get(str.lower(str.strip(answer))) if isinstance(answer, str) else None
+    rule = ("D counts each expert once, however many of the batch's tokens use it, so D falls when the tokens of "
+            "one batch use the same experts: which method chooses a batch's requests by the experts they use?")
+    if chosen is not None and chosen != "ELDR":
+        hint = f"{chosen}'s method moves {PAPER_TERMS[chosen]}, not D. {rule}"
+    else:
+        hint = f"read the table of what each method does. {rule}"
+    return check_choice("paper", answer, "ELDR", tuple(PAPER_TERMS), hint=hint)
 
 
 def check_distinct_function(answer: object, *, E: int, TOP_K: int, BATCH: int) -> Feedback:
