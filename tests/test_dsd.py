@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy.stats import norm
 
 import moelab.dsd as dsd
 from moelab.dsd.montecarlo import accepted_lengths
@@ -273,3 +274,30 @@ def test_round_table_by_hand():
         dsd.round_table(alpha=0.5, gamma=2, rtt=-1.0, t_ar=30.0, t_d=3.0, t_v=30.0, t_a=10.0)
     with pytest.raises(ValueError, match="gamma"):
         dsd.round_table(alpha=0.5, gamma=0, rtt=5.0, t_ar=30.0, t_d=3.0, t_v=30.0, t_a=10.0)
+
+
+def test_family_agreement_counts_the_points():
+    # one point: the ordinary two-sided test
+    one = dsd.family_agreement([1.0])
+    assert one.points == 1 and one.z_threshold == pytest.approx(1.959964, abs=1e-5)
+    assert one.p_max == pytest.approx(2 * norm.sf(1.0))
+    # the same largest |z| is likelier among more points (Sidak), so the threshold grows with them
+    few, many = dsd.family_agreement([2.87] + [0.1] * 6), dsd.family_agreement([2.87] + [0.1] * 20)
+    assert few.p_max == pytest.approx(1 - (1 - 2 * norm.sf(2.87)) ** 7)
+    assert few.p_max < 0.05 < many.p_max and not few.agrees and many.agrees
+    assert few.z_threshold < 2.87 < many.z_threshold
+    # the threshold is where p_max equals the level
+    assert dsd.family_agreement([many.z_threshold] + [0.0] * 20).p_max == pytest.approx(0.05)
+    # NaN marks a point without randomness (a zero standard error): it is not counted
+    assert dsd.family_agreement([np.nan, -2.0, 0.5]).points == 2
+    # a simulator that agrees: the family test passes at about 1 - level over many seeds
+    rng = np.random.default_rng(0)
+    passes = np.mean([dsd.family_agreement(rng.normal(size=21)).agrees for _ in range(2000)])
+    assert 0.93 <= passes <= 0.97
+
+
+@pytest.mark.parametrize(("z", "level", "name"), [([], 0.05, "z"), ([np.nan], 0.05, "z"), (["a"], 0.05, "z"),
+                                                   ([np.inf], 0.05, "z"), ([1.0], 0.7, "level")])
+def test_family_agreement_bad_input_names_parameter(z, level, name):
+    with pytest.raises(ValueError, match=name):
+        dsd.family_agreement(z, level=level)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import moelab.dsd as dsd
+from moelab.costmodel.verify import VerifyCost, cached_verify_cost
 from moelab.dsd.acceptance import AcceptanceTrace, SequenceRecord, record_acceptance
 from moelab.dsd.measured import MAX_CLIENTS, MAX_ROUNDS, iid_rounds, serve_batched, simulate
 from moelab.dsd.rtt import RTTDistribution
@@ -198,3 +199,54 @@ def test_unbatched_server_reduces_to_the_capacity_closed_form():
 def test_bad_input_names_parameter(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+def test_monotone_fit_pools_only_where_timings_fall():
+    rising = [1.0, 2.0, 2.0, 5.0]
+    assert dsd.monotone_fit(rising).tolist() == rising  # nothing to pool
+    assert dsd.monotone_fit([1.0, 3.0, 2.0, 4.0]).tolist() == [1.0, 2.5, 2.5, 4.0]
+    assert dsd.monotone_fit([1.0, 3.0, 2.0, 4.0, 0.5]).tolist() == pytest.approx([1.0, 2.375, 2.375, 2.375, 2.375])
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        ms = rng.normal(10, 3, size=8)
+        fit = dsd.monotone_fit(ms)
+        assert np.all(np.diff(fit) >= -1e-12) and fit.mean() == pytest.approx(ms.mean())
+        # least squares among non-decreasing curves: no random non-decreasing curve is closer
+        for _ in range(20):
+            other = np.sort(rng.normal(10, 3, size=8))
+            assert np.sum((fit - ms) ** 2) <= np.sum((other - ms) ** 2) + 1e-9
+    with pytest.raises(ValueError, match="ms"):
+        dsd.monotone_fit([1.0, np.nan])
+
+
+def test_cpu_costs_fit_the_recorded_verify_curve():
+    _, rec = dsd.load_shipped()
+    cpu = dsd.cpu_costs(rec)
+    qs, recorded, fitted = np.array(cpu["qs"]), np.array(cpu["recorded_ms"]), np.array(cpu["fitted_ms"])
+    assert np.all(np.diff(fitted) >= 0)  # verifying more tokens never costs less
+    assert cpu["verify"](qs).tolist() == pytest.approx(fitted.tolist())
+    assert cpu["verify_recorded"](qs).tolist() == pytest.approx(recorded.tolist())
+    kept = ~np.isin(qs, cpu["pooled_qs"])
+    assert np.allclose(fitted[kept], recorded[kept]) and not np.allclose(fitted[~kept], recorded[~kept])
+    assert cpu["t_ar"] == recorded[0] and cpu["torch_threads"] == rec["torch_threads"] and cpu["note"] == rec["note"]
+
+
+def test_batched_capacity_counts_whole_clients():
+    rounds = iid_rounds(0.8, 5, 4000, np.random.default_rng(3))
+    cap = dsd.capacity_batched(rounds, verify_batch_ms=lambda b, q: 50.0 * b, draft_batch_ms=lambda b: 10.0 * b,
+                               t_a=10.0, rtt=RTTDistribution.uniform(60, 0.3), max_batch=1, target_fraction=0.1,
+                               rounds_per_client=40, seed=0)
+    for whole, crossing, mode in ((cap.colocated_clients, cap.colocated_crossing, "colocated"),
+                                  (cap.dsd_clients, cap.dsd_crossing, "dsd")):
+        assert isinstance(whole, int) and whole <= crossing <= whole + 1
+        assert cap.rates[mode][whole] >= cap.target_rate > cap.rates[mode][whole + 1]  # the most meeting the target
+    assert cap.ratio == pytest.approx(cap.dsd_crossing / cap.colocated_crossing)
+
+
+def test_cached_cpu_verify_cost_reads_and_never_measures(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOELAB_CACHE", str(tmp_path))
+    assert dsd.cached_cpu_verify_cost("smollm2-135m-instruct") is None  # nothing measured here: nothing loaded
+    cached_verify_cost(dsd.measured.HF_VERIFY_ENGINE, "smollm2-135m-instruct", lambda: VerifyCost([1, 2], [50.0, 80.0]))
+    assert dsd.cached_cpu_verify_cost("smollm2-135m-instruct")(1) == 50.0
+    with pytest.raises(ValueError, match="model"):
+        dsd.cached_cpu_verify_cost("")

@@ -18,14 +18,16 @@ from moelab.dsd.acceptance import (
 )
 from moelab.dsd.measured import (
     breakeven_rtt_sync,
+    cached_cpu_verify_cost,
     capacity_batched,
     cpu_costs,
     h200_verify_batch_ms,
     iid_rounds,
+    monotone_fit,
     serve_batched,
 )
 from moelab.dsd.measured import simulate as simulate_measured
-from moelab.dsd.montecarlo import MCResult, simulate_rounds
+from moelab.dsd.montecarlo import FamilyAgreement, MCResult, family_agreement, simulate_rounds
 from moelab.dsd.rtt import WAN_SCENARIOS, RTTDistribution, measure_loopback_rtt
 from moelab.dsd.server import capacity_ratio, max_clients, serve
 from moelab.dsd.theory import (
@@ -47,8 +49,8 @@ __all__ = [
     "MODES", "MCResult", "best_mode", "breakeven_table", "capacity_gain", "capacity_ratio", "expected_tokens",
     "latency_per_token", "leviathan_speedup", "max_clients", "optimal_gamma", "pipelined_breakeven", "pipelined_window",
     "round_table", "rtt_breakeven",
-    "serve", "simulate_rounds",
-    "AcceptanceTrace", "RTTDistribution", "WAN_SCENARIOS", "breakeven_rtt_sync", "capacity_batched",
+    "serve", "simulate_rounds", "FamilyAgreement", "family_agreement",
+    "AcceptanceTrace", "RTTDistribution", "WAN_SCENARIOS", "breakeven_rtt_sync", "cached_cpu_verify_cost", "capacity_batched",
     "chains_proposer", "cpu_costs", "drafter_proposer", "h200_verify_batch_ms", "iid_rounds", "load_shipped", "load_traces",
-    "measure_loopback_rtt", "record_acceptance", "save_traces", "serve_batched", "simulate_measured",
+    "measure_loopback_rtt", "monotone_fit", "record_acceptance", "save_traces", "serve_batched", "simulate_measured",
 ]

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from moelab._validate import (
     MAX_SEQUENCE_TOKENS,
@@ -40,6 +41,7 @@ from moelab._validate import (
     rng_from,
 )
 from moelab.costmodel import AttentionModel, DenseVerifyModel
+from moelab.costmodel.verify import VerifyCost, cached_verify_cost
 from moelab.dsd.rtt import RTTDistribution
 from moelab.dsd.server import capacity_search
 from moelab.dsd.theory import MODES
@@ -414,13 +416,21 @@ def serve_batched(mode: str, clients: int, rounds: dict[str, np.ndarray], *, ver
 
 @dataclass(frozen=True)
 class BatchedCapacity:
-    """Clients each mode sustains at one per-client rate target with batched verification (:func:`capacity_batched`)."""
+    """Clients each mode sustains at one per-client rate target with batched verification (:func:`capacity_batched`).
 
-    colocated_clients: float
-    dsd_clients: float
-    ratio: float
+    A mode's capacity is a whole number of clients: the most clients whose per-client rate still meets the
+    target (one more and every client falls below it). The ratio is taken between the two *crossings*, where
+    each mode's measured rate falls to the target (linearly interpolated between the whole counts around it),
+    so it does not jump by a whole client's share; it is therefore not exactly ``dsd_clients / colocated_clients``.
+    """
+
+    colocated_clients: int
+    dsd_clients: int
+    ratio: float  # dsd_crossing / colocated_crossing
     target_rate: float
     rates: dict[str, dict[int, float]]
+    colocated_crossing: float  # clients at which the co-located rate crosses the target (between whole counts)
+    dsd_crossing: float
 
 
 def capacity_batched(rounds: dict[str, np.ndarray], *, verify_batch_ms: Callable[[int, int], float],
@@ -442,8 +452,8 @@ def capacity_batched(rounds: dict[str, np.ndarray], *, verify_batch_ms: Callable
     Returns
     -------
     BatchedCapacity
-        Interpolated clients of each mode, their ratio, the target (tokens per ms per client) and every
-        rate measured.
+        Whole clients of each mode (the most meeting the target), where each rate crosses the target, the
+        ratio of the crossings, the target (tokens per ms per client) and every rate measured.
     """
     frac = check_real("target_fraction", target_fraction, low=0, high=1, low_open=True)
     max_clients = check_int("max_clients", max_clients, low=2, high=MAX_CLIENTS)
@@ -460,9 +470,12 @@ def capacity_batched(rounds: dict[str, np.ndarray], *, verify_batch_ms: Callable
         return f
 
     target = frac * min(rate("colocated")(1), rate("dsd")(1))
-    col = capacity_search(rate("colocated"), target, max_clients, target_name="the rate target_fraction asks for", max_name="max_clients")[1]
-    dsd = capacity_search(rate("dsd"), target, max_clients, target_name="the rate target_fraction asks for", max_name="max_clients")[1]
-    return BatchedCapacity(col, dsd, dsd / col, target, {k: dict(sorted(v.items())) for k, v in cache.items()})
+    col, col_x = capacity_search(rate("colocated"), target, max_clients, target_name="the rate target_fraction asks for",
+                                 max_name="max_clients")
+    dsd, dsd_x = capacity_search(rate("dsd"), target, max_clients, target_name="the rate target_fraction asks for",
+                                 max_name="max_clients")
+    return BatchedCapacity(int(col), int(dsd), dsd_x / col_x, target, {k: dict(sorted(v.items())) for k, v in cache.items()},
+                           col_x, dsd_x)
 
 
 #: KV heads and head dim of the dense shapes the measured verify table holds
@@ -511,20 +524,91 @@ def h200_verify_batch_ms(shape: str = "llama2-7b", ctx: int = 1024) -> Callable[
     return cost
 
 
+#: the engine name under which notebook 02 caches its transformers verify-cost curve (``moelab.hd.experiments.hf_cost``)
+HF_VERIFY_ENGINE = "hf-transformers"
+
+
+class _NotCached(LookupError):
+    """Raised instead of measuring: :func:`cached_cpu_verify_cost` only reads."""
+
+
+def _refuse_to_measure() -> VerifyCost:
+    raise _NotCached
+
+
+def cached_cpu_verify_cost(model: str) -> VerifyCost | None:
+    """This machine's verify-cost curve of ``model`` as notebook 02 measured and cached it, or ``None`` where it was
+    never measured here. Nothing is measured (no model is loaded): a recording's CPU timings can be set beside
+    what the same model costs on the machine at hand.
+
+    Parameters
+    ----------
+    model : str
+        The model's registered name (e.g. ``"smollm2-135m-instruct"``, a recording's ``target``).
+
+    Returns
+    -------
+    VerifyCost or None
+        ms per forward of ``q`` tokens on this machine (one torch thread, 256 cached tokens, minimum of repeats;
+        its ``source`` says when it was measured).
+    """
+    if not isinstance(model, str) or not model:
+        raise ValueError(f"model must be a model's registered name (a non-empty str); got {model!r:.60}")
+    try:
+        return cached_verify_cost(HF_VERIFY_ENGINE, model, _refuse_to_measure)
+    except _NotCached:
+        return None
+
+
+def monotone_fit(ms: ArrayLike) -> np.ndarray:
+    """The non-decreasing sequence closest to ``ms`` in least squares (isotonic regression, pool adjacent
+    violators): where a later point is below an earlier one, the run of points involved is replaced by its mean.
+
+    A forward over more tokens never costs less, so a timed curve that falls (noise: each timing of a shared
+    machine catches a different share of its cores) is pooled where it falls and kept where it rises.
+
+    Parameters
+    ----------
+    ms : array of float
+        Timings in order of increasing ``q`` (finite).
+
+    Returns
+    -------
+    numpy.ndarray
+        The fitted values, one per timing, non-decreasing.
+    """
+    values = check_finite_array("ms", ms, ndim=1)
+    blocks: list[list[float]] = []  # [sum, count] of each pooled run
+    for v in values.tolist():
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return np.concatenate([np.full(int(c), t / c) for t, c in blocks]) if blocks else values
+
+
 def cpu_costs(extra: dict) -> dict[str, Any]:
     """Measured CPU costs from a recording's ``timings_ms`` (:attr:`AcceptanceTrace.meta` of a recording).
+
+    The recorded verify timings are medians of a few forwards on a shared machine and can fall as ``q``
+    grows, which no forward does; ``verify`` is therefore their :func:`monotone_fit` (non-decreasing, equal to
+    the medians wherever they already rise), and ``verify_recorded`` the medians as recorded.
 
     Parameters
     ----------
     extra : dict
-        Holds ``timings_ms`` with ``target_q`` (verify ms per q tokens) and ``draft_q`` (draft ms per q).
+        Holds ``timings_ms`` with ``target_q`` (verify ms per q tokens) and ``draft_q`` (draft ms per q), and
+        optionally the recording's ``note`` and ``torch_threads`` (how the timings were taken).
 
     Returns
     -------
     dict
-        ``t_ar`` (one-token verify ms), ``t_a`` (early-exit ms per draft token), ``verify`` (a
-        :data:`VerifyLatencyFn`, piecewise-linear in the measured q; q beyond the measured range is
-        refused) and ``q_max``.
+        ``t_ar`` (one-token verify ms, from the fit), ``t_a`` (early-exit ms per draft token), ``verify`` (a
+        :data:`VerifyLatencyFn` through the fit, piecewise-linear in the measured q; q beyond the measured range
+        is refused), ``verify_recorded`` (the same through the recorded medians), ``qs``, ``recorded_ms`` and
+        ``fitted_ms`` (the points), ``pooled_qs`` (the q whose median the fit changed), ``q_max``, ``note`` and
+        ``torch_threads`` (``None`` where the recording does not say).
     """
     # a recording's metadata is data from a file: a missing or malformed key is named (a bare KeyError before)
     tim = extra.get("timings_ms") if isinstance(extra, Mapping) else None
@@ -542,17 +626,25 @@ def cpu_costs(extra: dict) -> dict[str, Any]:
         raise ValueError(f"extra['timings_ms'] must map integer q (1 included) to finite ms >= 0: {exc}") from None
     if qs[0] != 1 or np.any(np.diff(qs) == 0):
         raise ValueError(f"extra['timings_ms']['target_q'] must start at q=1 with distinct q; got {qs.tolist()}")
+    fitted = monotone_fit(ms)
 
-    def verify(q: np.ndarray) -> np.ndarray:
-        q = np.asarray(q, dtype=np.float64)
-        if q.size and (q.min() < qs[0] or q.max() > qs[-1]):
-            raise ValueError(f"q must be in [{qs[0]}, {qs[-1]}] (the measured CPU verify curve); got {q.min()}..{q.max()}")
-        return np.interp(q, qs, ms)
+    def through(points: np.ndarray) -> VerifyLatencyFn:
+        def verify(q: np.ndarray) -> np.ndarray:
+            q = np.asarray(q, dtype=np.float64)
+            if q.size and (q.min() < qs[0] or q.max() > qs[-1]):
+                raise ValueError(f"q must be in [{qs[0]}, {qs[-1]}] (the measured CPU verify curve); got {q.min()}..{q.max()}")
+            return np.interp(q, qs, points)
+        return verify
 
-    return {"t_ar": float(verify(1)), "t_a": t_a, "verify": verify, "q_max": int(qs[-1])}
+    verify = through(fitted)
+    threads = extra.get("torch_threads")
+    return {"t_ar": float(verify(1)), "t_a": t_a, "verify": verify, "verify_recorded": through(ms),
+            "qs": qs.tolist(), "recorded_ms": ms.tolist(), "fitted_ms": fitted.tolist(),
+            "pooled_qs": qs[~np.isclose(fitted, ms, rtol=1e-12, atol=0)].tolist(), "q_max": int(qs[-1]),
+            "note": extra.get("note") if isinstance(extra.get("note"), str) else None,
+            "torch_threads": int(threads) if isinstance(threads, (int, np.integer)) else None}
 
 
-
-__all__ = ["MAX_CLIENTS", "MAX_ROUNDS", "PIPELINES", "BatchedCapacity", "BatchedResult", "MeasuredMC",
+__all__ = ["HF_VERIFY_ENGINE", "MAX_CLIENTS", "MAX_ROUNDS", "PIPELINES", "BatchedCapacity", "BatchedResult", "MeasuredMC",
            "VerifyLatencyFn", "breakeven_rtt_sync", "capacity_batched", "cpu_costs", "h200_verify_batch_ms",
-           "iid_rounds", "resample_rounds", "serve_batched", "simulate"]
+           "cached_cpu_verify_cost", "iid_rounds", "monotone_fit", "resample_rounds", "serve_batched", "simulate"]

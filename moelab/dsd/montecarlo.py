@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import norm
 
-from moelab._validate import check_choice, check_int, check_real, rng_from
+from moelab._validate import check_choice, check_finite_array, check_int, check_real, rng_from
 from moelab.dsd.theory import MODES, latency_per_token
 
 MAX_ROUNDS = 5_000_000  # rounds of one run (bounded work; larger values are refused)
@@ -135,4 +136,58 @@ def simulate_rounds(mode: str, *, alpha: float = 0.0, gamma: int = 1, t_ar: floa
     return MCResult(mode, rounds, float(ratio), se, float(tokens.mean()), tok_se, closed)
 
 
-__all__ = ["MCResult", "accepted_lengths", "jittered_rtt", "simulate_rounds"]
+@dataclass(frozen=True)
+class FamilyAgreement:
+    """Do many Monte-Carlo points agree with their closed forms *together* (:func:`family_agreement`)?"""
+
+    points: int  # independent points tested (those with a standard error > 0)
+    max_abs_z: float  # the largest |z| among them
+    p_max: float  # chance that k agreeing, independent points show a max |z| at least this large
+    z_threshold: float  # the max |z| that k agreeing points exceed with probability ``level`` (Sidak)
+    level: float  # the test's false-alarm rate
+
+    @property
+    def agrees(self) -> bool:
+        """The largest ``|z|`` stays within :attr:`z_threshold` (equivalently ``p_max >= level``)."""
+        return self.max_abs_z <= self.z_threshold
+
+
+def family_agreement(z: object, *, level: float = 0.05) -> FamilyAgreement:
+    """Test many independent Monte-Carlo points against their closed forms at once.
+
+    One point's ``|z| < 1.96`` is a 95% test; the largest of ``k`` points' ``|z|`` exceeds 1.96 far more
+    often than 5% of the time even when every closed form is right. This test asks how likely the largest
+    ``|z|`` is for ``k`` agreeing, *independent* points (each simulated with its own seed: points that share
+    random draws are not independent and must not be counted as such).
+
+    Parameters
+    ----------
+    z : array of float
+        ``(simulated - closed form) / standard error`` of each point; points with no randomness (``z`` of a
+        run with a zero standard error) are passed as NaN and left out.
+    level : float
+        False-alarm rate of the test, in (0, 0.5).
+
+    Returns
+    -------
+    FamilyAgreement
+        The points tested, the largest ``|z|`` with its family p-value (Sidak: ``1 - (1 - p_one)^k``, ``p_one``
+        the two-sided normal tail of that ``|z|``), the threshold it is compared with, and ``agrees``.
+    """
+    level = check_real("level", level, low=0, high=0.5, low_open=True, high_open=True)
+    try:
+        arr = np.asarray(z, dtype=np.float64).ravel()
+    except (TypeError, ValueError):
+        raise ValueError(f"z must be an array of real numbers (NaN for a point without randomness); got {z!r:.60}") from None
+    arr = check_finite_array("z", arr[~np.isnan(arr)])
+    k = int(arr.size)
+    if k == 0:
+        raise ValueError("z must hold at least one point with a standard error > 0 (NaN marks the others)")
+    m = float(np.abs(arr).max())
+    p_one = float(2 * norm.sf(m))
+    p_max = float(-np.expm1(k * np.log1p(-p_one))) if p_one < 1 else 1.0
+    threshold = float(norm.isf(-np.expm1(np.log1p(-level) / k) / 2))
+    return FamilyAgreement(k, m, p_max, threshold, level)
+
+
+__all__ = ["FamilyAgreement", "MCResult", "accepted_lengths", "family_agreement", "jittered_rtt", "simulate_rounds"]

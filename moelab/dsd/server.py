@@ -150,7 +150,8 @@ def serve(mode: str, clients: int, *, alpha: float, gamma: int, t_d: float, t_v:
 
 @dataclass(frozen=True)
 class Capacity:
-    """Largest client count meeting a per-client rate target, integer and interpolated."""
+    """Largest client count meeting a per-client rate target: whole (the capacity: one more client and every
+    client falls below the target) and where the rate crosses the target (between two whole counts)."""
 
     mode: str
     target_rate: float
@@ -222,7 +223,7 @@ class CapacityComparison:
 
     colocated: Capacity
     dsd: Capacity
-    measured_ratio: float  # interpolated DSD clients / co-located clients
+    measured_ratio: float  # DSD crossing / co-located crossing (``clients_interp``), not a ratio of whole counts
     predicted_ratio: float  # 1 + gamma*t_d/t_v
 
 
