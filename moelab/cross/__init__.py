@@ -5,10 +5,14 @@ from moelab.cross.experiment import (
     BASELINE_PAIR,
     INSTANCE_ROUTERS,
     RANK_ROUTERS,
+    SPREAD_SEEDS,
     CrossSetup,
+    expert_term_ms,
     gains,
+    gains_by_seed,
     pair_gains_table,
     pair_grid,
+    pair_grids,
     prepare,
     rate_for_load,
     run_pair,
@@ -16,5 +20,6 @@ from moelab.cross.experiment import (
     variant,
 )
 
-__all__ = ["BASELINE_PAIR", "INSTANCE_ROUTERS", "RANK_ROUTERS", "CrossSetup", "gains", "pair_gains_table", "pair_grid",
-           "prepare", "rate_for_load", "run_pair", "share_sweep", "variant"]
+__all__ = ["BASELINE_PAIR", "INSTANCE_ROUTERS", "RANK_ROUTERS", "SPREAD_SEEDS", "CrossSetup", "expert_term_ms", "gains",
+           "gains_by_seed", "pair_gains_table", "pair_grid", "pair_grids", "prepare", "rate_for_load", "run_pair",
+           "share_sweep", "variant"]

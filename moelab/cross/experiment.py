@@ -166,6 +166,44 @@ def pair_grid(cs: CrossSetup, *, rate: float, instance_routers: tuple[str, ...] 
     return pd.DataFrame([run_pair(cs, i, r, rate=rate, **kw) for i in instance_routers for r in rank_routers])
 
 
+#: arrival draws the spread check runs: the headline's seed and the next ones
+SPREAD_SEEDS = 3
+
+
+def pair_grids(cs: CrossSetup, *, rate: float, seeds: tuple[int, ...], **kw: object) -> pd.DataFrame:
+    """:func:`pair_grid` once per seed (each seed draws its own arrivals, lengths and routers' coins), with a
+    ``seed`` column: how much of a pair's gain belongs to one draw of the arrivals."""
+    if not seeds:
+        raise ValueError("seeds must name at least one seed")
+    frames = [pair_grid(cs, rate=rate, seed=int(s), **kw).assign(seed=int(s)) for s in seeds]
+    return pd.concat(frames, ignore_index=True)
+
+
+def gains_by_seed(grids: pd.DataFrame, metric: str = "tpot_ms_p50") -> pd.DataFrame:
+    """:func:`gains` of each seed's grid in :func:`pair_grids`'s frame, one row per seed, with the
+    ``interaction_pts`` (``both - additive``, percentage points)."""
+    if "seed" not in grids.columns:
+        raise ValueError("grids needs a seed column (pair_grids' frame)")
+    rows = []
+    for seed, grid in grids.groupby("seed", sort=True):
+        g = gains(grid, metric)
+        rows.append({"seed": int(seed), **g, "interaction_pts": g["both_gain_pct"] - g["additive_gain_pct"]})
+    return pd.DataFrame(rows)
+
+
+def expert_term_ms(cs: CrossSetup, distinct_per_layer: float, batch: float) -> float:
+    """The step model's price (ms) of the expert term ``t_e * sum_l D_l`` when an instance's ``batch`` tokens per
+    step (split evenly over its ranks) use ``distinct_per_layer`` distinct experts in each MoE layer: the part of
+    the step ELDR can move. The difference of two such prices is what a cut of distinct experts saves."""
+    distinct_per_layer = check_real("distinct_per_layer", distinct_per_layer, low=0)
+    batch = check_real("batch", batch, low=0)
+    ranks = np.full(cs.ranks, batch / cs.ranks)
+    kv = np.zeros(cs.ranks)
+    layers = cs.cost.num_layers
+    with_experts = float(cs.cost.ep_step_ms(ranks, distinct_per_layer * layers, kv))
+    return with_experts - float(cs.cost.ep_step_ms(ranks, 0.0, kv))
+
+
 def gains(df: pd.DataFrame, metric: str = "tpot_ms_p50") -> dict[str, object]:
     """Gains (%) over JSQ x JSQ: each paper alone, both, the best pair, and whether they add up.
 
@@ -225,5 +263,6 @@ def rate_for_load(cs: CrossSetup, load: float = 0.7) -> float:
     return load * cs.n_instances * n / (cs.mean_output * step_s)
 
 
-__all__ = ["BASELINE_PAIR", "INSTANCE_ROUTERS", "RANK_ROUTERS", "CrossSetup", "gains", "pair_gains_table", "pair_grid",
-           "prepare", "rate_for_load", "run_pair", "share_sweep", "variant"]
+__all__ = ["BASELINE_PAIR", "INSTANCE_ROUTERS", "RANK_ROUTERS", "SPREAD_SEEDS", "CrossSetup", "expert_term_ms", "gains",
+           "gains_by_seed", "pair_gains_table", "pair_grid", "pair_grids", "prepare", "rate_for_load", "run_pair",
+           "share_sweep", "variant"]
