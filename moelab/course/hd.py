@@ -20,7 +20,7 @@ import pandas as pd
 from moelab._validate import check_int
 from moelab.costmodel.verify import VerifyCost
 from moelab.course.check import Feedback, _describe, check_callable, check_number, exercise
-from moelab.hd.decode import replay_greedy
+from moelab.hd.decode import GenerationResult, replay_greedy
 from moelab.hd.drafters import Draft, Drafter, HierarchyDrafter, check_order
 from moelab.hd.ngram import NGramTable
 from moelab.hd.suffix import SuffixStore
@@ -34,6 +34,9 @@ TOY_MODEL_OUTPUTS = ("the cat sat on a mat .", "the cat ran away from it .")
 TOY_CORPUS = ("a cat sat on a chair .", "the dog sat on the mat .")
 #: what the toy target decodes greedily after the prompt (its argmax token at every position)
 TOY_TARGET = "sat on a rug . the end"
+#: the exercise's target: the same prompt, stores and candidates, another greedy continuation (so the worked
+#: example's answer is not the exercise's)
+TOY_EXERCISE_TARGET = "sat on a chair . the end"
 TOY_LENGTH = 4  # tokens per candidate, as in the paper
 
 
@@ -52,18 +55,22 @@ class ToyStores:
         return [self.vocab[int(i)] for i in ids]
 
 
-def toy_stores() -> ToyStores:
-    """Build the toy stores: S from :data:`TOY_MODEL_OUTPUTS`, L from :data:`TOY_CORPUS` (W is per request)."""
-    texts = [TOY_PROMPT, *TOY_MODEL_OUTPUTS, *TOY_CORPUS, TOY_TARGET]
+def toy_stores(target: str = TOY_TARGET) -> ToyStores:
+    """Build the toy stores: S from :data:`TOY_MODEL_OUTPUTS`, L from :data:`TOY_CORPUS` (W is per request);
+    ``target`` is the toy target's greedy continuation (its words must be in the toy vocabulary)."""
+    texts = [TOY_PROMPT, *TOY_MODEL_OUTPUTS, *TOY_CORPUS, TOY_TARGET, TOY_EXERCISE_TARGET]
     vocab = sorted({w for t in texts for w in t.split()})
     index = {w: i for i, w in enumerate(vocab)}
 
     def ids(text: str) -> list[int]:
+        unknown = [w for w in text.split() if w not in index]
+        if unknown:
+            raise ValueError(f"target words must be in the toy vocabulary {vocab}; got unknown {unknown}")
         return [index[w] for w in text.split()]
 
     S = NGramTable.build([ids(t) for t in TOY_MODEL_OUTPUTS], key_lengths=(1, 2), length=TOY_LENGTH)
     L = SuffixStore.build([ids(t) for t in TOY_CORPUS], vocab_size=len(vocab), length=TOY_LENGTH)
-    return ToyStores(vocab, S, L, ids(TOY_PROMPT), ids(TOY_TARGET))
+    return ToyStores(vocab, S, L, ids(TOY_PROMPT), ids(target))
 
 
 def _check_candidates(candidates: int) -> int:
@@ -76,8 +83,11 @@ def toy_drafter(stores: ToyStores, *, order: str = "WSL", candidates: int = 4) -
                             length=TOY_LENGTH)
 
 
-def worked_step(*, order: str = "WSL", candidates: int = 4) -> dict[str, Any]:
+def worked_step(*, order: str = "WSL", candidates: int = 4, target: str = TOY_TARGET) -> dict[str, Any]:
     """One verification step of the fixed hierarchy on the toy input, computed by :mod:`moelab.hd`.
+
+    ``target`` is the toy target's greedy continuation (default :data:`TOY_TARGET`, the worked example's;
+    the exercise uses :data:`TOY_EXERCISE_TARGET`).
 
     Returns
     -------
@@ -89,7 +99,7 @@ def worked_step(*, order: str = "WSL", candidates: int = 4) -> dict[str, Any]:
         with its store letter and accepted count; ``walk``: candidates each store supplied (``None``: not
         asked); ``diagram``: :func:`moelab.viz.diagrams.hd_walk_diagram`'s arguments for this step.
     """
-    toy = toy_stores()
+    toy = toy_stores(target)
     drafter = toy_drafter(toy, order=order, candidates=candidates)
     drafter.start(toy.prompt)
     draft = drafter.draft()
@@ -120,7 +130,7 @@ def worked_step(*, order: str = "WSL", candidates: int = 4) -> dict[str, Any]:
             "chain": {"draft": toy.words(chain_ids), "store": chain.sources[0][:1] if chain.sources else "",
                       "accepted": tokens_per_step(chain_ids, toy.target) - 1,
                       "target_token": toy.words([toy.target[tokens_per_step(chain_ids, toy.target) - 1]])[0]},
-            "prompt": TOY_PROMPT, "target": TOY_TARGET}
+            "prompt": TOY_PROMPT, "target": target}
 
 
 class _OneDraft(Drafter):
@@ -162,20 +172,35 @@ def tokens_per_step(draft: Sequence[int], target: Sequence[int]) -> int:
 
 
 # 02.step_tokens (easy) -------------------------------------------------------------------------------
-def check_step_tokens(answer: object, *, order: str = "WSL", candidates: int = 4, **_: object) -> Feedback:
-    """``answer`` should be the tokens the worked example's step produces (accepted draft + the bonus)."""
-    step = worked_step(order=order, candidates=candidates)
-    return check_number("tokens", answer, step["tokens"], rtol=0.0, atol=0.0,
-                        hint=f"{len(step['accepted'])} draft tokens are accepted (the best candidate's prefix); "
-                             "the same forward also gives the target's own next token, which counts too.")
+def check_step_tokens(answer: object, *, order: str = "WSL", candidates: int = 4,
+                      target: str = TOY_EXERCISE_TARGET, **_: object) -> Feedback:
+    """``answer`` should be the tokens the worked example's step (its stores, walk and candidates) produces when
+    the target's greedy continuation is ``target`` (accepted draft + the bonus)."""
+    step = worked_step(order=order, candidates=candidates, target=target)
+    worked = worked_step(order=order, candidates=candidates)
+    first = step["candidates"]["accepted draft tokens (m)"].iloc[0] if len(step["candidates"]) else 0
+    slips = [(float(len(step["accepted"])), "the accepted draft tokens alone: the same forward also gives the "
+                                            "target's own next token, which counts too"),
+             (float(first + 1), "the first candidate alone: all the candidates are verified in one forward and "
+                                "the step keeps the longest agreeing prefix over all of them")]
+    if target != TOY_TARGET:
+        slips.append((float(worked["tokens"]), "the worked example's step: its target continues differently"))
+    return check_number("tokens", answer, step["tokens"], rtol=0.0, atol=0.0, slips=slips,
+                        hint="check every candidate against the target token by token and stop at its first "
+                             "mismatch; the step keeps the longest agreeing prefix over all candidates and adds the "
+                             "target's own next token.")
 
 
+_STEP_DEFAULTS = {"order": "WSL", "candidates": 4, "target": TOY_EXERCISE_TARGET}
 exercise(NOTEBOOK, "step_tokens", "easy",
-         "How many tokens does the worked example's verification step produce? Assign the number to `answer`.",
+         "The worked example's candidates, verified against another target continuation: how many tokens does the "
+         "step produce? Assign the number to `answer`.",
          check_step_tokens,
-         solution=lambda *, order="WSL", candidates=4, **_: worked_step(order=order, candidates=candidates)["tokens"],
-         wrong=lambda *, order="WSL", candidates=4, **_: len(worked_step(order=order, candidates=candidates)["accepted"]),
-         context={"order": "WSL", "candidates": 4})
+         solution=lambda *, order="WSL", candidates=4, target=TOY_EXERCISE_TARGET, **_:
+             worked_step(order=order, candidates=candidates, target=target)["tokens"],
+         wrong=lambda *, order="WSL", candidates=4, target=TOY_EXERCISE_TARGET, **_:
+             len(worked_step(order=order, candidates=candidates, target=target)["accepted"]),
+         context=_STEP_DEFAULTS)
 
 
 # 02.accept_chain (medium) ----------------------------------------------------------------------------
@@ -279,6 +304,117 @@ exercise(NOTEBOOK, "walk_sources", "hard",
          context=_WALK_DEFAULTS)
 
 
+def _step_tokens(result: GenerationResult) -> list[int]:
+    """Tokens each step of ``result`` emitted: its accepted drafts plus the bonus, the last step cut to the
+    tokens the request actually kept (EOS or ``max_new_tokens`` can end it early)."""
+    per = [len(st.accepted) + 1 for st in result.steps]
+    if per:
+        per[-1] -= max(0, sum(per) - len(result.tokens))
+    return per
+
+
+def speed_breakdown(spec: GenerationResult, plain: GenerationResult,
+                    cost: VerifyCost | None = None) -> dict[str, float]:
+    """Why one speculatively decoded request is as fast (or as slow) as it is against plain decoding of the same
+    request: tokens per forward against what one forward costs.
+
+    Both runs emit the same tokens (greedy, lossless), and plain decoding runs one forward per token, so the
+    speed-up is exactly ``a / cost_ratio``: tokens per forward over the time of a speculative forward in plain
+    forwards.
+
+    Parameters
+    ----------
+    spec : GenerationResult
+        The speculative run (:func:`moelab.hd.generate` with a drafter).
+    plain : GenerationResult
+        Plain decoding of the same request (:func:`moelab.hd.generate` without a drafter), timed alike.
+    cost : VerifyCost, optional
+        The verify-cost curve the drafter planned with; adds ``planned_break_even``, the mean of
+        ``cost(q) / cost(1)`` over the drafting forwards: the tokens a drafting forward had to yield to pay on
+        that curve.
+
+    Returns
+    -------
+    dict
+        ``a`` (tokens per forward), ``forwards``, ``tokens``; ``q_mean`` (tokens each forward processed: the last
+        token plus the drafted ones, the token tree's size); ``drafting_forwards`` (forwards that verified a
+        draft), ``drafted`` and ``accepted`` (draft tokens verified and kept over the run), ``acceptance``
+        (their ratio), ``a_drafting`` (tokens per drafting forward); ``plain_forward_ms``, ``forward_ms`` (a
+        speculative forward with its drafting), ``verify_ms_drafting`` (the verification of a drafting forward),
+        ``verify_ratio_drafting`` (that over a plain forward), ``draft_ms`` (drafting per forward),
+        ``draft_share`` (of a speculative forward), ``cost_ratio`` (a speculative forward in plain forwards) and
+        ``speedup`` (plain decode time over speculative decode time).
+    """
+    if not spec.steps or not plain.steps:
+        raise ValueError("both runs need at least one decode step")
+    if spec.decode_s <= 0 or plain.decode_s <= 0:
+        raise ValueError("both runs must be timed (generate, not replay_greedy)")
+    tokens = _step_tokens(spec)
+    drafting = [i for i, st in enumerate(spec.steps) if st.tree_size > 1]
+    drafted = sum(spec.steps[i].tree_size - 1 for i in drafting)
+    accepted = sum(len(st.accepted) for st in spec.steps)
+    plain_ms = plain.decode_s / plain.forwards * 1e3
+    forward_ms = spec.decode_s / spec.forwards * 1e3
+    verify_drafting = float(np.mean([spec.steps[i].verify_ms for i in drafting])) if drafting else float("nan")
+    draft_ms = float(np.mean([st.draft_us for st in spec.steps])) / 1e3
+    extra = {} if cost is None else {"planned_break_even": float(np.mean(
+        [float(cost(spec.steps[i].tree_size)) / float(cost(1)) for i in drafting])) if drafting else float("nan")}
+    return extra | {"tokens": len(spec.tokens), "forwards": spec.forwards, "a": spec.mean_accepted,
+            "q_mean": float(np.mean([st.tree_size for st in spec.steps])),
+            "drafting_forwards": len(drafting), "drafted": drafted, "accepted": accepted,
+            "acceptance": accepted / drafted if drafted else float("nan"),
+            "a_drafting": float(np.mean([tokens[i] for i in drafting])) if drafting else float("nan"),
+            "plain_forward_ms": plain_ms, "forward_ms": forward_ms, "verify_ms_drafting": verify_drafting,
+            "verify_ratio_drafting": verify_drafting / plain_ms, "draft_ms": draft_ms,
+            "draft_share": draft_ms / forward_ms, "cost_ratio": forward_ms / plain_ms,
+            "speedup": plain.decode_s / spec.decode_s}
+
+
+def first_tokens(result: GenerationResult, n: int) -> dict[str, float]:
+    """The forwards ``result`` took for its first ``n`` tokens (capped at the tokens it has) and its tokens per
+    forward over them: ``{"tokens", "forwards", "a"}``."""
+    n = min(check_int("n", n, low=1), len(result.tokens))
+    done, forwards = 0, 0
+    for k in _step_tokens(result):
+        if done >= n:
+            break
+        done, forwards = done + k, forwards + 1
+    return {"tokens": n, "forwards": forwards, "a": n / max(1, forwards)}
+
+
+def slice_breakdown(questions: pd.DataFrame, steps: pd.DataFrame, method: str) -> dict[str, float]:
+    """Tokens per forward, tokens processed per forward and (where ``method`` ran for real) the cost of its
+    forwards against plain decoding's over a Spec-Bench slice (:class:`moelab.hd.experiments.SpecBenchRun`'s
+    ``questions`` and ``steps``).
+
+    Returns
+    -------
+    dict
+        ``a`` and ``q_mean`` (over the slice's steps of ``method``: the real run's where it ran for real, else the
+        exact replay's), ``acceptance`` (accepted over drafted tokens); for a measured method also
+        ``forward_ms``, ``plain_forward_ms`` (AR's on the same questions), ``cost_ratio`` (their ratio) and
+        ``speedup_total`` (AR's total decode time over the method's: ``a / cost_ratio``).
+    """
+    rows = questions[questions["method"] == method]
+    if rows.empty:
+        raise ValueError(f"method {method!r} is not in the slice; methods: {sorted(questions['method'].unique())}")
+    own = steps[steps["method"] == method]
+    measured = bool(rows["measured"].all())
+    mode = "run" if measured and (own["mode"] == "run").any() else "replay"
+    own = own[own["mode"] == mode]
+    drafted = float((own["tree_size"] - 1).sum())
+    out: dict[str, float] = {"a": float(rows["new_tokens"].sum() / max(1, rows["forwards"].sum())),
+                             "q_mean": float(own["tree_size"].mean()),
+                             "acceptance": float(own["accepted"].sum() / drafted) if drafted else float("nan")}
+    if measured:
+        ar = questions[(questions["method"] == "AR") & questions["question_id"].isin(rows["question_id"])]
+        forward_ms = float(rows["decode_s"].sum() / rows["forwards"].sum() * 1e3)
+        plain_ms = float(ar["decode_s"].sum() / ar["forwards"].sum() * 1e3)
+        out.update({"forward_ms": forward_ms, "plain_forward_ms": plain_ms, "cost_ratio": forward_ms / plain_ms,
+                    "speedup_total": float(ar["decode_s"].sum() / rows["decode_s"].sum())})
+    return out
+
+
 def speedup_context(cost: VerifyCost, a: float, q: int) -> dict[str, Any]:
     """The ``speedup_bound`` exercise's context from the notebook's curve ``cost``, tokens per forward ``a``
     and verified tokens ``q``."""
@@ -286,6 +422,6 @@ def speedup_context(cost: VerifyCost, a: float, q: int) -> dict[str, Any]:
             "a": float(a), "q": int(q)}
 
 
-__all__ = ["TOY_CORPUS", "TOY_LENGTH", "TOY_MODEL_OUTPUTS", "TOY_PROMPT", "TOY_TARGET", "ToyStores",
-           "chain_cases", "speedup_bound", "speedup_context", "tokens_per_step", "toy_drafter", "toy_stores",
-           "walk_sources", "worked_step"]
+__all__ = ["TOY_CORPUS", "TOY_EXERCISE_TARGET", "TOY_LENGTH", "TOY_MODEL_OUTPUTS", "TOY_PROMPT", "TOY_TARGET",
+           "ToyStores", "chain_cases", "first_tokens", "slice_breakdown", "speed_breakdown", "speedup_bound",
+           "speedup_context", "tokens_per_step", "toy_drafter", "toy_stores", "walk_sources", "worked_step"]
