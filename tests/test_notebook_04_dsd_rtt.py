@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import moelab.dsd as dsd
 from moelab.course.agreement import assert_reads_cleanly
+from moelab.datasets import repo_root
 from moelab.presets import preset_values
 from tests.helpers import execute_notebook
 from tests.test_dsd import SPEC_TABLE
@@ -13,6 +16,22 @@ from tests.test_dsd import SPEC_TABLE
 # the "ci" preset (sizes in moelab/presets.py), also the browser test's (tests/test_browser.py reads CI_PARAMS and
 # turns the panels on)
 CI_PARAMS = {"PRESET": "ci", "INTERACTIVE": False}
+
+
+def test_no_answer_shown_before_its_exercise():
+    # issue 40 (the book gives nothing away): the capacity exercise is checked before the simulation whose table
+    # prints the closed form's factor at the notebook's point, and the live panel, whose text prints the
+    # break-even RTT and the capacity factor at the point it starts from, starts at the worked example's point
+    cells = json.loads((repo_root() / "notebooks" / "04_dsd_rtt.ipynb").read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+
+    def first(key):
+        return next(i for i, s in enumerate(code) if key in s)
+
+    assert first('EXERCISES["04.capacity"]') < first("predicted_ratio")
+    assert first('EXERCISES["04.breakeven_rtt"]') < first("latency_vs_rtt_figure(")
+    panel = code[first("dsd_panel(")]
+    assert "dsd_panel(TOY_RTT, TOY_ALPHA, TOY_GAMMA" in panel and "dsd_panel(RTT" not in panel
 
 
 @pytest.mark.notebook
@@ -37,6 +56,16 @@ def test_dsd_notebook(tmp_path):
         assert rows[0]["measured"] < rows[-1]["measured"]  # monotone in RTT
     assert set(res["breakeven"]) == {"early_exit_measured", "early_exit_closed_form", "hd_measured", "hd_closed_form"}
     assert len(res["pipelining"]) == 4 and len(res["capacity_batched"]) == 2
+    # clients are whole; the ratio is taken between the crossings, which lie within a client above them
+    for row in res["capacity"] + res["capacity_batched"]:
+        for mode in ("colocated", "dsd"):
+            assert isinstance(row[f"{mode}_clients"], int)
+            assert row[f"{mode}_clients"] <= row[f"{mode}_crossing"] <= row[f"{mode}_clients"] + 1
+    # the Monte-Carlo check counts only independent points with randomness (cloud AR has none)
+    assert res["mc_points"] == 21 and res["mc_family"]["agrees"] == (res["mc_max_abs_z"] <= res["mc_family"]["z_threshold"])
+    # the simulations use a verify curve that never falls as q grows
+    fitted = res["costs"]["cpu_fitted_ms"]
+    assert all(a <= b for a, b in zip(fitted, fitted[1:]))
     assert len(res["verdict"]) == 5 and all(isinstance(v["holds"], bool) for v in res["verdict"])
     # the lesson: worked example at the parameters, the prediction revealed, the headline map saved and shown
     assert res["latency_at_point"]["ar"] == 50.0 and res["expected_tokens"] == float(dsd.expected_tokens(0.8, 5))
