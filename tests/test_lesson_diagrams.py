@@ -52,6 +52,15 @@ def test_dsd_timeline_matches_the_closed_forms(gamma, t_a, rtt, t_v):
     assert np.isclose(max(e for *_, e in seg["dsd_sync"]), rounds * (gamma * t_a + rtt + t_v))
 
 
+def test_hd_walk_draws_one_arrow_per_store_that_supplied_a_token():
+    def draft_arrows(fig):  # arrows that end on the draft row (y 3.25), by the x of their tail
+        return sorted(a.ax for a in fig.layout.annotations if a.showarrow and a.y == 3.25)
+
+    mixed = d.hd_walk_diagram(("sat", "on", "a"), 3, "rug", "W", {"W": 1, "S": 2, "L": 1}, ["W", "W", "S"])
+    assert draft_arrows(mixed) == [1.6, 4.8]  # from W and from S, not from L
+    assert draft_arrows(d.hd_walk_diagram(("sat", "on"), 1, "rug", "S")) == [4.8]
+
+
 def test_dp_barrier_places_the_request_inside_a_margin():
     fig = d.dp_barrier_diagram((6.0, 9.0, 4.0, 7.0), new_request=2.0)
     load, margin, new = fig.data
@@ -64,6 +73,8 @@ def test_dp_barrier_places_the_request_inside_a_margin():
     (lambda: d.eldr_tier_diagram(n_decode=3, routed_to=3), "routed_to"),
     (lambda: d.hd_walk_diagram(accepted=9), "accepted"),
     (lambda: d.hd_walk_diagram(stores_hit="X"), "stores_hit"),
+    (lambda: d.hd_walk_diagram(token_sources=["W", "X", "S", "L"]), "token_sources"),
+    (lambda: d.hd_walk_diagram(token_sources=["W"]), "token_sources"),
     (lambda: d.dsd_timeline_diagram(rtt=-1.0), "rtt"),
     (lambda: d.dsd_timeline_diagram(gamma=0), "gamma"),
     (lambda: d.dp_barrier_diagram([1.0, float("nan")]), "loads"),

@@ -122,8 +122,9 @@ def worked_step(*, order: str = "WSL", candidates: int = 4, target: str = TOY_TA
     first = [str(s)[:1] for s in step.sources] or letters[:1] or [order[0]]
     # the diagram draws this step: the accepted path (or, when nothing is accepted, the first candidate) and the bonus
     path = accepted_words or (rows[0]["candidate"].split() if rows else [])
+    path_sources = [str(s)[:1] for s in step.sources] if accepted_words else [first[0]] * len(path)
     diagram = {"draft": path[:8], "accepted": min(len(accepted_words), len(path[:8])), "target_token": bonus,
-               "stores_hit": first[0], "store_candidates": walk}
+               "stores_hit": first[0], "store_candidates": walk, "token_sources": path_sources[:8]}
     return {"candidates": pd.DataFrame(rows), "accepted": toy.words(step.accepted), "sources": list(step.sources),
             "walk": walk, "diagram": diagram,
             "bonus": toy.words([step.bonus])[0] if step.bonus >= 0 else "", "tokens": len(step.accepted) + 1,

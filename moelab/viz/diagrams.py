@@ -98,7 +98,8 @@ def eldr_tier_diagram(n_prefill: int = 2, n_decode: int = 3, routed_to: int = 1)
 
 def hd_walk_diagram(draft: Sequence[str] = ("the", "cat", "sat", "on"), accepted: int = 2,
                     target_token: str = "lay", stores_hit: str = "S",
-                    store_candidates: Mapping[str, int | None] | None = None) -> go.Figure:
+                    store_candidates: Mapping[str, int | None] | None = None,
+                    token_sources: Sequence[str] | None = None) -> go.Figure:
     """Hierarchy Drafting: the draft walks the stores W (this request's own text) -> S (the target
     model's own earlier outputs) -> L (a large static corpus) and takes the first that continues the last tokens; the target then
     verifies the whole draft in one forward and keeps its greedy tokens up to the first mismatch, plus
@@ -117,6 +118,10 @@ def hd_walk_diagram(draft: Sequence[str] = ("the", "cat", "sat", "on"), accepted
     store_candidates : mapping, optional
         The walk as it ran: candidates each store supplied (``None`` or absent: not asked). Without it the
         walk is drawn as a single chain (stores before ``stores_hit`` missed, later ones not asked).
+    token_sources : sequence of str, optional
+        The store of each drafted token (``"W"``, ``"S"`` or ``"L"``, one per token of ``draft``): a path
+        through the draft tree can take its tokens from several stores, and each store that supplied one
+        gets its own arrow to the first token it supplied. Without it every token is ``stores_hit``'s.
     """
     draft = [str(t) for t in draft]
     if not 1 <= len(draft) <= 8:
@@ -124,6 +129,10 @@ def hd_walk_diagram(draft: Sequence[str] = ("the", "cat", "sat", "on"), accepted
     accepted = check_int("accepted", accepted, low=0, high=len(draft))
     if stores_hit not in ("W", "S", "L"):
         raise ValueError(f"stores_hit must be one of 'W', 'S', 'L'; got {stores_hit!r}")
+    token_sources = [stores_hit] * len(draft) if token_sources is None else [str(k) for k in token_sources]
+    if len(token_sources) != len(draft) or any(k not in ("W", "S", "L") for k in token_sources):
+        raise ValueError(f"token_sources must give one of 'W', 'S', 'L' for each of the {len(draft)} draft tokens; "
+                         f"got {token_sources!r}")
     fig = _canvas("Hierarchy Drafting: walk W -> S -> L for a draft, then one verification step", width=12,
                   height=6, fig_height=420)
     names = {"W": "W: this request's text", "S": "S: the model's own outputs", "L": "L: static corpus"}
@@ -137,13 +146,17 @@ def hd_walk_diagram(draft: Sequence[str] = ("the", "cat", "sat", "on"), accepted
         label = ("<br>(not asked)" if n is None else "<br>miss" if n == 0 else
                  f"<br><b>{n} candidate{'s' if n != 1 else ''}</b>")
         _box(fig, x0, 4.3, x0 + 2.6, 5.5, names[key] + label,
-             fill="#fde0dd" if key == stores_hit else BOX_FILL, line=color_for(key.lower()), font_size=11)
+             fill="#fde0dd" if key in token_sources else BOX_FILL, line=color_for(key.lower()), font_size=11)
         if i < 2:
             asked_next = counts[order[i + 1]] is not None
-            _arrow(fig, x0 + 2.6, 4.9, x0 + 3.2, 4.9, ("miss" if n == 0 else "need more") if asked_next else "",
-                   color=BOX_LINE if asked_next else IDLE)
-    hit_x = 0.3 + 3.2 * order.index(stores_hit) + 1.3
-    _arrow(fig, hit_x, 4.3, 3.0, 3.3, "draft")
+            _arrow(fig, x0 + 2.6, 4.9, x0 + 3.2, 4.9, color=BOX_LINE if asked_next else IDLE)
+            if asked_next:  # the label sits above the gap: the gap between two boxes is narrower than the words
+                fig.add_annotation(x=x0 + 2.9, y=5.75, text="miss" if n == 0 else "need more", showarrow=False,
+                                   font={"size": 11, "color": BOX_LINE})
+    for key in dict.fromkeys(token_sources):  # one arrow per supplying store, to the first token it supplied
+        first = token_sources.index(key)
+        _arrow(fig, 0.3 + 3.2 * order.index(key) + 1.3, 4.3, 1.6 + 1.25 * first + 0.55, 3.25,
+               "draft" if first == 0 else "", color=color_for(key.lower()))
     fig.add_annotation(x=0.2, y=2.8, text="draft:", showarrow=False, xanchor="left")
     fig.add_annotation(x=0.2, y=1.3, text="target:", showarrow=False, xanchor="left")
     for i, tok in enumerate(draft):
