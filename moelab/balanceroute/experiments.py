@@ -192,6 +192,121 @@ def at_load(trace: RequestTrace, cost: DPCost, load: float, *, n_requests: int |
     return trace.scale_rate(factor), factor
 
 
+#: held-out windows the window-spread check runs: the headline's window (the first ``n_requests``) and the next ones
+SPREAD_WINDOWS = 3
+
+
+def trace_windows(trace: RequestTrace, n_requests: int, n_windows: int = SPREAD_WINDOWS) -> list[RequestTrace]:
+    """Consecutive, disjoint windows of ``n_requests`` requests each, in time order: window 0 is
+    ``trace.head(n_requests)`` (the headline's requests), the others start where the one before ended and are
+    shifted to start at time zero. As many as the trace holds (at least one, at most ``n_windows``).
+
+    Parameters
+    ----------
+    trace : RequestTrace
+        The held-out part.
+    n_requests : int
+        Requests per window (>= 2).
+    n_windows : int
+        Windows wanted (>= 1).
+
+    Returns
+    -------
+    list of RequestTrace
+    """
+    n_requests = check_int("n_requests", n_requests, low=2)
+    n_windows = check_int("n_windows", n_windows, low=1)
+    fits = max(1, min(n_windows, len(trace) // n_requests))
+    out = [trace.head(n_requests)]
+    for w in range(1, fits):
+        out.append(_rezero(trace, np.arange(w * n_requests, (w + 1) * n_requests), f"window {w}"))
+    return out
+
+
+def window_spread(trace: RequestTrace, cost: DPCost, load: float, n_requests: int | None, names: tuple[str, ...], *,
+                  n_windows: int = SPREAD_WINDOWS, train: RequestTrace | None = None, seed: int = 0,
+                  skip_first: bool = True, **sim_kwargs: Any) -> pd.DataFrame:
+    """The same routers on each of :func:`trace_windows`'s disjoint request windows, each at ``load`` x
+    capacity: how much a verdict owes to one stretch of the trace. One row per (window, router), with a
+    ``window`` column; ``skip_first`` leaves window 0 out (the caller already ran it: the headline), and
+    ``n_requests=None`` (the whole trace in one run) has no other window, so the frame is then empty."""
+    if n_requests is None:
+        return pd.DataFrame(columns=["window", "router"])
+    frames, cache = [], {}
+    for w, window in enumerate(trace_windows(trace, n_requests, n_windows)):
+        if skip_first and w == 0:
+            continue
+        tr, _ = at_load(window, cost, load)
+        df, _ = run_lineup(tr, lineup(names, train=train, seed=seed, predictors=cache), cost, seed=seed,
+                           setting=f"window {w}", **sim_kwargs)
+        df["window"] = w
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["window", "router"])
+
+
+def imbalance_profile(result: SimResult, smooth: int = 25) -> dict[str, float]:
+    """Where a run's average imbalance comes from, over its measurement window's steps: the mean (what the
+    tables report), the median step (the typical one) and the peak of the ``smooth``-step moving average with
+    its simulated time ``peak_t_s`` (the figure's x axis); a mean far above the median is an episode, not the
+    typical step.
+
+    Parameters
+    ----------
+    result : SimResult
+        One :func:`moelab.sim.dp.simulate_dp` run.
+    smooth : int
+        Steps of the moving average (the imbalance-over-time figure's), >= 1.
+
+    Returns
+    -------
+    dict
+        ``mean``, ``median``, ``peak`` (KV tokens) and ``peak_t_s`` (s).
+    """
+    check_instance("result", result, SimResult, "a SimResult (simulate_dp's)")
+    smooth = check_int("smooth", smooth, low=1)
+    steps, _ = result.window.select(result.steps, float(result.requests["output_len"].mean()))
+    imb = steps["imbalance"].to_numpy(np.float64)
+    if imb.size == 0:
+        return {"mean": float("nan"), "median": float("nan"), "peak": float("nan"), "peak_t_s": float("nan")}
+    k = min(smooth, imb.size)
+    moving = np.convolve(imb, np.ones(k) / k, mode="valid")
+    at = int(np.argmax(moving))
+    return {"mean": float(imb.mean()), "median": float(np.median(imb)), "peak": float(moving[at]),
+            "peak_t_s": float(steps["t_s"].to_numpy()[at + k - 1])}
+
+
+def queue_tail(result: SimResult, quantile: float = 0.99) -> dict[str, float]:
+    """Who waits longest in a run: the queueing delay at ``quantile`` and the mean prompt tokens of the requests
+    queued at least that long, next to every request's mean prompt (a router that scores prompts, like BR-0's
+    ``F_g``, may leave one kind of request waiting).
+
+    Parameters
+    ----------
+    result : SimResult
+        One :func:`moelab.sim.dp.simulate_dp` run.
+    quantile : float
+        In ``(0, 1)``.
+
+    Returns
+    -------
+    dict
+        ``queue_s`` (s), ``tail_prompt_mean`` and ``all_prompt_mean`` (tokens), ``tail_requests`` (count).
+    """
+    check_instance("result", result, SimResult, "a SimResult (simulate_dp's)")
+    quantile = check_real("quantile", quantile, low=0, high=1, low_open=True, high_open=True)
+    req = result.requests
+    wait = (req["admit_s"] - req["arrival_s"]).to_numpy(np.float64)
+    ok = np.isfinite(wait)
+    if not ok.any():
+        return {"queue_s": float("nan"), "tail_prompt_mean": float("nan"), "all_prompt_mean": float("nan"),
+                "tail_requests": 0}
+    prompt = req["prompt_len"].to_numpy(np.float64)[ok]
+    cut = float(np.quantile(wait[ok], quantile))
+    tail = wait[ok] >= cut
+    return {"queue_s": cut, "tail_prompt_mean": float(prompt[tail].mean()), "all_prompt_mean": float(prompt.mean()),
+            "tail_requests": int(tail.sum())}
+
+
 def backlog_trace(trace: RequestTrace, n_requests: int = 80_000, seed: int = 0) -> RequestTrace:
     """Backlog setting (BF-IO's): ``n_requests`` resampled with replacement, all present at t=0."""
     return trace.resample(n_requests, seed=seed, all_at_zero=True)
@@ -388,7 +503,6 @@ def paper_table(df_g8: pd.DataFrame, *, brh: str = "brh_oracle") -> pd.DataFrame
         elif "tokens" in m:
             notes.append("absolute tokens scale with prompt/output lengths and slots (trace differs)")
         else:
-            notes.append("Python/numpy here vs the authors' implementation; a different setting from the paper's "
-                         "(the backlog setting's own median is measured separately)")
+            notes.append("Python/numpy vs the authors' code; not the paper's setting (section 8 times that one)")
     out["note"] = notes
     return out
