@@ -107,6 +107,14 @@ def measured_figure(res, *, title: str | None = None) -> go.Figure:
     for (x, label, dash), side in zip(lines, ("top left", "top right")):
         fig.add_vline(x=x, line_dash=dash, line_color="black", annotation_text=label, annotation_position=side,
                       row=1, col=1)
+    if "ffn_extrapolated" in f and f["ffn_extrapolated"].any():  # r whose FFN batch r*B the table does not measure
+        beyond = f.loc[f["ffn_extrapolated"], "r"]
+        for row in (1, 2):
+            fig.add_vrect(x0=float(beyond.min()) - 0.5, x1=float(beyond.max()) + 0.5, fillcolor="#888", opacity=0.1,
+                          line_width=0, row=row, col=1)
+        fig.add_annotation(x=float(beyond.max()), y=0, xref="x", yref="y domain", xanchor="right", yanchor="bottom",
+                           text="shaded: FFN batch r·B above the measured table (projection)", showarrow=False,
+                           font={"size": 11, "color": "#555"}, row=1, col=1)
     fig.update_yaxes(title_text=f"tokens per {unit_singular(res.unit)} per instance", row=1, col=1)
     fig.update_yaxes(title_text="residual %", row=2, col=1)
     fig.update_xaxes(title_text="r = attention instances per FFN instance", row=2, col=1)
@@ -116,21 +124,28 @@ def measured_figure(res, *, title: str | None = None) -> go.Figure:
 
 
 def gap_map_figure(df: pd.DataFrame) -> go.Figure:
-    """(simulated optimum - r*) / r* for every (B, mu_P, mu_D) cell, one panel per length distribution."""
+    """(simulated optimum - r*) / r* for every (B, mu_P, mu_D) cell, one panel per length distribution; each
+    cell also names the term that sets r* there (``binding``: attn = attention balance, peak = the FFN peak,
+    link = link balance)."""
     dists = list(dict.fromkeys(df["lengths"]))
     fig = make_subplots(rows=1, cols=len(dists), subplot_titles=dists, shared_yaxes=True)
     lim = float(max(10.0, df["gap_pct"].abs().max()))
+    short = {"attention": "attn", "ffn_peak": "peak", "communication": "link"}
+    cells = df.assign(x=[f"P{p:g}/D{q:g}" for p, q in zip(df["mu_P"], df["mu_D"])],
+                      label=[f"{g:.1f} {short.get(b, b)}" for g, b in zip(df["gap_pct"], df.get("binding", [""] * len(df)))])
     for i, d in enumerate(dists, start=1):
-        g = df[df["lengths"] == d].assign(x=lambda t: [f"P{p:g}/D{q:g}" for p, q in zip(t["mu_P"], t["mu_D"])])
+        g = cells[cells["lengths"] == d]
         wide = g.pivot_table(index="B", columns="x", values="gap_pct", aggfunc="first", sort=False)
+        text = g.pivot_table(index="B", columns="x", values="label", aggfunc="first", sort=False).reindex_like(wide)
         fig.add_trace(go.Heatmap(z=wide.to_numpy(), x=list(wide.columns), y=[str(b) for b in wide.index], zmin=-lim,
                                  zmax=lim, colorscale="RdBu", showscale=i == len(dists), colorbar={"title": {"text": "gap (%)"}},
-                                 text=np.round(wide.to_numpy(), 1), texttemplate="%{text}",
-                                 hovertemplate="B=%{y}, %{x}: %{z:.1f}%<extra></extra>"), row=1, col=i)
+                                 text=text.to_numpy(), texttemplate="%{text}",
+                                 hovertemplate="B=%{y}, %{x}: %{z:.1f}% (%{text})<extra></extra>"), row=1, col=i)
     fig.update_yaxes(title_text="B (slots)", row=1, col=1)
     fig.update_xaxes(title_text="workload: P mu_P / D mu_D (mean prompt / decode tokens)")
-    fig.update_layout(title="(simulated optimum - r*) / r*, % (|.| <= 10 is the paper's promise)",
-                      template="plotly_white", height=360)
+    fig.update_layout(title="(simulated optimum - r*) / r*, % (|.| <= 10 is the paper's promise)<br><sup>cell: the gap "
+                      "and the term that sets r* (attn: attention balance r_A; peak: the FFN peak r_peak)</sup>",
+                      template="plotly_white", height=380)
     return fig
 
 
