@@ -180,15 +180,17 @@ SIZES: dict[str, dict[str, Sized]] = {
         "DEMO_TOKENS": Sized(8, 24, 48, _int(1, 4096)),
         "CURVE_QS": Sized([1, 3, 9], [1, 2, 3, 5, 9, 17, 29], [1, 2, 3, 5, 9, 17, 29], _ints(1, 4096)),
     },
-    # full: the paper-scale horizons and the whole gap map (3 x 3 x 2 settings x 3 length distributions)
+    # full: the paper-scale horizons and the whole gap map (3 x 3 x 2 settings x 3 length distributions); classroom's
+    # map spans the shortest and longest mean prompt of the notebook's r* table (the paper's grid) and the paper's
+    # check-value decode means, so both regimes (FFN peak, attention balance) appear
     "03_afd_ratio": {
         "N": Sized(2000, 10_000, 10_000, _int(1)),
         "R_VALUES": Sized([1, 2, 4, 8, 16], [1, 2, 4, 8, 16, 24, 32], [1, 2, 4, 8, 16, 24, 32], _ints(1, 1024)),
         "TRACE_R_VALUES": Sized([1, 4, 16], [1, 2, 4, 8, 16, 32, 64], [1, 2, 4, 8, 16, 24, 32, 48, 64], _ints(1, 1024)),
         "INDEP_REQUESTS": Sized(300, 2000, 10_000, _int(1)),
         "MAP_B": Sized([128], [128, 512], [128, 256, 512], _ints(1, 65_536)),
-        "MAP_MU_P": Sized([100], [100, 1000], [100, 1000, 4000], _reals(0, 1_000_000, low_open=True)),
-        "MAP_MU_D": Sized([100], [100], [100, 500], _reals(0, 1_000_000, low_open=True)),
+        "MAP_MU_P": Sized([100], [100, 2000], [100, 1000, 4000], _reals(0, 1_000_000, low_open=True)),
+        "MAP_MU_D": Sized([100], [100, 500], [100, 500], _reals(0, 1_000_000, low_open=True)),
         "MAP_DISTRIBUTIONS": Sized(["geometric", "azure-code"], ["geometric", "azure-code"],
                                    ["geometric", "azure-conv", "azure-code"],
                                    _choices(("geometric", "azure-conv", "azure-code"))),
