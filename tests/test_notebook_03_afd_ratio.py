@@ -79,6 +79,11 @@ def test_afd_notebook(tmp_path):
     assert len(res["verdict"]) == 5 and all(isinstance(v["holds"], bool) for v in res["verdict"])
     assert 0 <= res["gap_map_integer_agreement"] <= 1
     assert res["trace"]["name"] == "azure-2023-conv" and res["trace"]["requests"] > 10_000
+    # what is projection is said per r, and the two r* of sections 3.4 and 3.5 are reconciled row by row
+    assert ind["ffn_projected_r"] == [r for r in ind["r_values"] if r * 256 > ind["ffn_table_max_batch"]]
+    rows = res["reconcile"]["rows"]
+    assert rows[0]["r_star"] == pytest.approx(res["trace"]["r_star"]) and rows[-1]["r_star"] == pytest.approx(ind["r_star"])
+    assert sum(res["gap_map_regimes"]["cells"].values()) == len(res["gap_map"])
     assert {"afd_bundle.html", "afd_throughput.html", "afd_idle.html", "afd_ratio_table.html",
             "afd_trace_throughput.html", "afd_indep_throughput.html", "afd_gap_map.html"} <= set(out["_figures"])
     # every figure saved is also shown: each saved title appears in a plotly output of the executed notebook
@@ -87,3 +92,12 @@ def test_afd_notebook(tmp_path):
              for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in o.get("data", {})]
     saved = [f for f in out["_figures"] if f.endswith(".html")]
     assert len(shown) >= len(saved), (shown, saved)
+
+
+def test_classroom_gap_map_reaches_both_regimes():
+    """The map students see is not one regime everywhere: its axes reach the FFN peak and attention balance (the
+    closed form with the coefficients the map fits, at the declared means)."""
+    room = preset_values("03_afd_ratio", "classroom")
+    regimes = {afd.ratio_terms(b, p, d, room["MAP_REQUESTS"], afd.coefficients_from_tables("h200", B=b)).binding
+               for b in room["MAP_B"] for p in room["MAP_MU_P"] for d in room["MAP_MU_D"]}
+    assert {"ffn_peak", "attention"} <= regimes
