@@ -567,3 +567,24 @@ def test_regime_figures():
         brviz.regime_heatmap(grid, 8, 72, "nope")
     fig = brviz.gain_vs_share(grid, 14.5, highlight={"shape": "qwen3-30b-a3b", "context_scale": 1.0, "slots": 72, "G": 8})
     assert [t.name for t in fig.data] == ["BR-0", "BR-H (paper constants)", "H200 Qwen3 point"]
+
+
+def test_trace_windows_are_disjoint_and_the_first_is_the_headlines():
+    tr = synthetic_trace(100)
+    wins = ex.trace_windows(tr, 30, 5)
+    assert len(wins) == 3  # 100 requests hold three windows of 30
+    assert np.array_equal(wins[0].prompt_len, tr.head(30).prompt_len)
+    assert np.array_equal(wins[2].prompt_len, tr.prompt_len[60:90]) and wins[2].arrival_s[0] == 0.0
+    assert len(ex.trace_windows(tr, 80, 3)) == 1
+    assert ex.window_spread(tr, cost(2, 8), 1.2, None, ("jsq",)).empty  # one run of everything: no other window
+
+
+def test_window_spread_profile_and_queue_tail():
+    tr, c = synthetic_trace(240), cost(2, 8)
+    spread = ex.window_spread(tr, c, 1.2, 80, ("jsq", "br0"))
+    assert sorted(set(spread["window"])) == [1, 2] and set(spread["router"]) == {"jsq", "br0"}
+    _, runs = ex.run_lineup(ex.at_load(tr, c, 1.2, n_requests=80)[0], ex.lineup(("br0",)), c)
+    prof = ex.imbalance_profile(runs["br0"])
+    assert prof["peak"] >= prof["median"] >= 0 and prof["mean"] == pytest.approx(runs["br0"].metrics()["avg_imbalance"])
+    tail = ex.queue_tail(runs["br0"])
+    assert tail["tail_requests"] >= 1 and tail["queue_s"] == pytest.approx(runs["br0"].metrics()["queue_s_p99"])

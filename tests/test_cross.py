@@ -75,3 +75,19 @@ def test_panel_and_figures_draw_a_pair_gains_table():
     assert calls[-1]["K"] == 3
     assert len(cviz.pairs_figure(table).data) == 2 * len(cross.RANK_ROUTERS)
     assert len(cviz.causes_figure(table).data) == 2 * len(cross.RANK_ROUTERS)
+
+
+def test_seed_spread_and_the_price_of_eldrs_lever(setup):
+    rate = cross.rate_for_load(setup, 1.0)
+    grids = cross.pair_grids(setup, rate=rate, seeds=(0, 1), n_requests=80)
+    assert sorted(set(grids["seed"])) == [0, 1] and len(grids) == 2 * 6
+    by_seed = cross.gains_by_seed(grids)
+    one = cross.gains(grids[grids["seed"] == 1])
+    row = by_seed.set_index("seed").loc[1]
+    assert row["both_gain_pct"] == pytest.approx(one["both_gain_pct"])
+    assert row["interaction_pts"] == pytest.approx(one["both_gain_pct"] - one["additive_gain_pct"])
+    # the expert term grows with the distinct experts and is zero without any
+    assert cross.expert_term_ms(setup, 0.0, 16) == pytest.approx(0.0, abs=1e-12)
+    assert 0 < cross.expert_term_ms(setup, 10.0, 16) < cross.expert_term_ms(setup, 20.0, 16)
+    with pytest.raises(ValueError, match="seed"):
+        cross.gains_by_seed(grids.drop(columns="seed"))
