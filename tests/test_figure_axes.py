@@ -358,6 +358,9 @@ def test_deployment_figures():
             deployment.fig_domain_experts(trace, 1), deployment.fig_distinct_experts(distinct, 4)]
     for fig in figs:
         assert untitled_axes(fig) == [], fig.layout.title.text
+    # each domain's block is named once, at its centre (requests sorted by domain: chat 0-1, code 2-3, math 4-5)
+    assert list(figs[0].layout.xaxis.ticktext) == ["chat", "code", "math"]
+    assert list(figs[0].layout.yaxis.tickvals) == [0.5, 2.5, 4.5]
     _check_panel(deployment.tau_panel(lambda tau: 20.0, distinct, 4, 0.1), 1)
 
 
