@@ -65,6 +65,7 @@ from moelab._io import FileFormatError, read_json
 from moelab._validate import check_choice, check_int, rng_from
 from moelab.costmodel.fit import fit_linear
 from moelab.datasets import load_routing_counts
+from moelab.eldr.locality import REAL_TRACES
 from moelab.eldr.signature import SignatureBuilder
 from moelab.eldr.workload import (
     OLMOE_DOMAINS,
@@ -450,22 +451,27 @@ def calibrate_workload(
 
 # ---------------------------------------------------------------- the table notebook 01 shows
 
-def real_trace_stats() -> dict[str, float | None]:
-    """The real ShareGPT-MoE statistics the table shows beside the generated ones, read now from
-    ``data/traces/sharegpt-moe-*.stats.json`` (rho, recall: ShareGPT trace; same-task reduction:
-    Spec-Bench trace) and measured on the bundled ShareGPT trace (decode drift, overlap of its task
-    labels is not comparable and is left out). None where a file is absent."""
-    sg, sb = load_real_stats(REAL_TRACE), load_real_stats(REAL_TASK_TRACE)
-    tr = _bundled_trace(REAL_TRACE)
+def real_trace_stats(name: str = REAL_TRACE) -> dict[str, float | None]:
+    """One bundled real trace's statistics, as the table shows them beside the generated ones: rho and recall
+    read now from ``data/traces/<name>.stats.json``, the decode drift measured on ``data/traces/<name>.npz``,
+    and the same-label reduction only where a label is a task (:data:`REAL_TASK_TRACE`: the ShareGPT trace's
+    labels are writing systems, not domains). The overlap of real labels is not comparable and is left out.
+    None where a file is absent."""
+    st, tr = load_real_stats(name), _bundled_trace(name)
     return {
-        "rho_count_idf": None if sg is None else sg.get("rho_count_idf"),
-        "rho_raw": None if sg is None else sg.get("rho_raw"),
-        "recall_raw": None if sg is None else sg.get("recall_raw"),
-        "recall_count_idf": None if sg is None else sg.get("recall_count_idf"),
-        "reduction_pct": None if sb is None else sb.get("distinct_reduction_pct_label"),
+        "rho_count_idf": None if st is None else st.get("rho_count_idf"),
+        "rho_raw": None if st is None else st.get("rho_raw"),
+        "recall_raw": None if st is None else st.get("recall_raw"),
+        "recall_count_idf": None if st is None else st.get("recall_count_idf"),
+        "reduction_pct": None if st is None or name != REAL_TASK_TRACE else st.get("distinct_reduction_pct_label"),
         "decode_drift": None if tr is None else decode_drift(tr)["decode_drift"],
         "domain_overlap": None,
     }
+
+
+def real_column(name: str) -> str:
+    """The column of :func:`calibration_table` that holds the bundled real trace ``name``."""
+    return f"real {REAL_TRACES[name]['name']}"
 
 
 _ROWS = (
@@ -489,8 +495,10 @@ def calibration_table(
     real: bool = True,
     trace: ExpertTrace | None = None,
 ) -> pd.DataFrame:
-    """One row per statistic: ``statistic | target | source | generated | real ShareGPT-MoE trace |
-    within target``; ``generated`` is measured on ``n_requests`` requests of ``config`` (default: the
+    """One row per statistic: ``statistic | target | source | generated | real ShareGPT chats | real Spec-Bench
+    questions | within target`` (the two bundled real traces of the project's ShareGPT-trained MoE, named by
+    :func:`real_column`; :func:`moelab.eldr.locality.locality_contrast` says why their locality differs);
+    ``generated`` is measured on ``n_requests`` requests of ``config`` (default: the
     calibrated defaults) generated with ``seed`` (default 1: the held-out seed of the calibration).
     Statistics without a target (recall) show the target as NaN; Mixtral's real overlap is added as a
     reference row (8 experts, top-2: not a target). ``trace``: measure this (already generated) trace
@@ -503,19 +511,19 @@ def calibration_table(
     gen = generated_stats(trace, batch=batch, n_pairs=n_pairs, seed=seed)
     n = trace.n_requests
     tgt = calibration_targets()
-    rs = real_trace_stats() if real else {}
+    reals = {real_column(n): real_trace_stats(n) if real else {} for n in (REAL_TRACE, REAL_TASK_TRACE)}
     rows = []
     for key, label in _ROWS:
         t = tgt.get(key)
         rows.append({"statistic": label, "key": key, "target": np.nan if t is None else t.value,
                      "target range": "" if t is None else f"{t.low:.3g}-{t.high:.3g}",
                      "source": "reported only (depends on decode length and geometry)" if t is None else t.source,
-                     "generated": gen[key], "real ShareGPT-MoE trace": rs.get(key),
+                     "generated": gen[key], **{col: rs.get(key) for col, rs in reals.items()},
                      "within target": None if t is None else bool(t.holds(gen[key]))})
     mix = real_domain_overlap("mixtral")
     rows.append({"statistic": "cross-domain overlap, Mixtral-8x7B real counts (reference)", "key": "domain_overlap_mixtral",
                  "target": np.nan, "target range": "", "source": mix["source"], "generated": np.nan,
-                 "real ShareGPT-MoE trace": None, "within target": None})
+                 **{col: None for col in reals}, "within target": None})
     out = pd.DataFrame(rows)
     out.loc[out["key"] == "domain_overlap_mixtral", "target"] = mix["overlap"]
     out.attrs.update(n_requests=n, seed=seed, config={k: getattr(cfg, k) for k in KNOBS})
@@ -524,4 +532,4 @@ def calibration_table(
 
 __all__ = ["DEFAULT_GRIDS", "IDENTIFIES", "KNOBS", "CalibrationResult", "Target", "calibrate_workload",
            "calibration_table", "calibration_targets", "decode_drift", "domain_overlap", "generated_stats",
-           "heldout_signature_stats", "load_real_stats", "real_domain_overlap", "real_trace_stats"]
+           "heldout_signature_stats", "load_real_stats", "real_column", "real_domain_overlap", "real_trace_stats"]

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from sklearn.cluster import KMeans
 
 from moelab._validate import check_int, rng_from
@@ -20,6 +21,16 @@ from moelab.eldr.signature import SignatureBuilder
 from moelab.eldr.workload import distinct_reduction, workload_stats
 from moelab.traces.analysis import signature_ari
 from moelab.traces.expert import ExpertTrace
+from moelab.traces.files import bundled_trace_path, load_trace
+
+#: the two bundled real traces, what their requests are and what their labels mean (both from the project's
+#: ShareGPT-trained MoE, ``data/models/sharegpt-moe``: 8 MoE layers x 64 experts, top-8; data/traces/README.md)
+REAL_TRACES: dict[str, dict[str, str]] = {
+    "sharegpt-moe-sharegpt": {"name": "ShareGPT chats", "requests": "first user turns of held-out ShareGPT chats",
+                              "labels": "writing system (ShareGPT has no topic or task field)"},
+    "sharegpt-moe-specbench": {"name": "Spec-Bench questions", "requests": "Spec-Bench benchmark questions",
+                               "labels": "task category"},
+}
 
 
 def _with_labels(trace: ExpertTrace, labels: np.ndarray) -> ExpertTrace:
@@ -80,4 +91,64 @@ def locality_report(
     }
 
 
-__all__ = ["locality_report"]
+def heldout_rho(trace: ExpertTrace, *, n_pairs: int = 30000, seed: int = 0) -> float:
+    """The held-out count_idf rho of :func:`locality_report` (same seeded halves, same pairs) alone."""
+    n = trace.n_requests
+    check_int("the trace's requests", n, low=4)
+    perm = rng_from(seed).permutation(n)
+    cal, held = trace.subset(np.sort(perm[: n // 2])), trace.subset(np.sort(perm[n // 2:]))
+    return float(SignatureBuilder("count_idf", n_pairs=n_pairs, seed=seed).fit(cal).report(held, n_pairs=n_pairs)["rho"])
+
+
+def locality_contrast(names: tuple[str, ...] = tuple(REAL_TRACES), *, min_label: int = 40, n_pairs: int = 30000,
+                      seed: int = 0) -> pd.DataFrame:
+    """Why two real traces show different locality: each one's held-out count_idf rho (as
+    :func:`locality_report` measures it, the number in its ``.stats.json``), inside one label, and on long prompts.
+
+    Parameters
+    ----------
+    names : tuple of str
+        Bundled trace stems (``data/traces/<name>.npz``); absent ones are left out.
+    min_label : int
+        Labels with at least this many requests get their own rho (fewer make too few pairs).
+    n_pairs : int
+        Request pairs of each rho (30,000 as the stats files).
+    seed : int
+        Seed of the halves and the pairs.
+
+    Returns
+    -------
+    DataFrame
+        One row per trace: ``trace``, ``requests`` (what they are), ``n_requests``, ``labels`` (what a label is),
+        ``n_labels``, ``largest_label_share`` (fraction of the requests in the largest label),
+        ``median_prompt_tokens``, ``rho`` (all requests), ``rho_within_label_lo`` / ``_hi`` (the range over the
+        labels of at least ``min_label`` requests), ``long_prompt_tokens`` (the largest median prompt length of
+        the traces compared) and ``rho_long_prompts`` (rho of this trace's prompts at least that long). A
+        ``display`` name per trace is in :data:`REAL_TRACES`.
+    """
+    min_label = check_int("min_label", min_label, low=8)
+    traces = {n: load_trace(bundled_trace_path(n)) for n in names if bundled_trace_path(n).is_file()}
+    if not traces:
+        return pd.DataFrame()
+    long_len = max(float(np.median(t.prompt_lens)) for t in traces.values())
+    rows = []
+    for name, tr in traces.items():
+        codes, labels = tr.domain_codes()
+        sizes = np.bincount(codes, minlength=len(labels))
+        within = [heldout_rho(tr.subset(np.flatnonzero(codes == i)), n_pairs=n_pairs, seed=seed)
+                  for i in np.flatnonzero(sizes >= min_label)]
+        long = np.flatnonzero(tr.prompt_lens >= long_len)
+        info = REAL_TRACES.get(name, {"name": name, "requests": "requests", "labels": "label"})
+        rows.append({"trace": name, "display": info["name"], "requests": info["requests"], "n_requests": tr.n_requests,
+                     "labels": info["labels"], "n_labels": len(labels), "largest_label_share": float(sizes.max() / sizes.sum()),
+                     "median_prompt_tokens": float(np.median(tr.prompt_lens)),
+                     "rho": heldout_rho(tr, n_pairs=n_pairs, seed=seed),
+                     "rho_within_label_lo": min(within) if within else float("nan"),
+                     "rho_within_label_hi": max(within) if within else float("nan"),
+                     "long_prompt_tokens": long_len,
+                     "rho_long_prompts": heldout_rho(tr.subset(long), n_pairs=n_pairs, seed=seed)
+                     if long.size >= 2 * min_label else float("nan")})
+    return pd.DataFrame(rows)
+
+
+__all__ = ["REAL_TRACES", "heldout_rho", "locality_contrast", "locality_report"]
