@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 import moelab.eldr.routing  # noqa: F401  registers ELDR's routers for build_router
 from moelab._validate import check_choice, check_instance, check_int, check_real, rng_from
@@ -47,7 +48,7 @@ from moelab.routing import (
     router_class,
     router_names,
 )
-from moelab.sim import MeasurementWindow, gain_vs_best, gains_table
+from moelab.sim import MeasurementWindow, SimResult, gain_vs_best, gains_table
 from moelab.traces import ExpertTrace, RequestTrace
 
 BASELINES = router_names("eldr_paper")  # the paper's four load balancers (tagged in the ROUTERS registry)
@@ -294,6 +295,7 @@ def run_one(
     refit_window_s: float | None = None,
     seed: int = 0,
     window: MeasurementWindow | None = None,
+    tail: bool = False,
 ) -> dict:
     """Simulate one configuration; returns the metrics plus the configuration.
 
@@ -328,6 +330,9 @@ def run_one(
         ``MeasurementWindow(warmup_lifetimes=2 * K, requests="window")``: the step figures skip the
         fill-up and the TPOT/TTFT percentiles cover only the requests arriving inside the window (run many
         request lifetimes, thousands of requests, so enough of them remain).
+    tail : bool
+        Also report where the TPOT tail comes from (:func:`tail_batches`: ``peak_batch``, ``tail_batch``,
+        ``rest_batch``, ``tail_worker_share``), over the whole run.
 
     Returns
     -------
@@ -345,7 +350,56 @@ def run_one(
                    bits=setup.bits)
     return {"router": router, "rate": float(rate), "sim_rate": float(sim_rate), "tau": tau, "kind": kind, "balanced": balanced,
             "refit_window_s": refit_window_s, "n_workers": setup.n_workers,
-            "n_refits": getattr(getattr(r, "refit", None), "n_refits", 0), **res.metrics(window=window)}
+            "n_refits": getattr(getattr(r, "refit", None), "n_refits", 0), **res.metrics(window=window),
+            **(tail_batches(res) if tail else {})}
+
+
+#: the share of the slowest requests (by TPOT) :func:`tail_batches` calls the tail: the p99's 1%
+TAIL_PCT = 1.0
+
+
+def tail_batches(res: SimResult, tail_pct: float = TAIL_PCT) -> dict[str, float]:
+    """Where a run's TPOT tail comes from: the batches its slowest requests decoded in.
+
+    A request's *lifetime batch* is the mean batch of its worker's steps between its first and last token
+    (a step's time grows with its batch, so a request that decodes inside a crowded batch has a high TPOT).
+
+    Parameters
+    ----------
+    res : SimResult
+        A decode-cluster run (:func:`moelab.eldr.sim.simulate`).
+    tail_pct : float
+        The slowest share of the requests (by TPOT, in %) that form the tail, in (0, 50].
+
+    Returns
+    -------
+    dict
+        ``peak_batch`` (the largest batch any worker ran), ``tail_batch`` and ``rest_batch`` (the mean
+        lifetime batch of the tail's requests and of the others), ``tail_worker_share`` (the fraction of the
+        tail's requests on the one worker that holds most of them) and ``tail_requests``.
+    """
+    tail_pct = check_real("tail_pct", tail_pct, low=0, high=50, low_open=True)
+    q, st = res.requests, res.steps
+    multi = (q["output_len"] > 1).to_numpy()
+    q = q[multi]
+    first, finish = q["first_token_s"].to_numpy(np.float64), q["finish_s"].to_numpy(np.float64)
+    tpot = (finish - first) / (q["output_len"].to_numpy(np.float64) - 1)
+    worker = q["worker"].to_numpy()
+    life = np.full(len(q), np.nan)
+    for w in np.unique(worker):
+        s = st[st["worker"] == w].sort_values("t_s")
+        t, b = s["t_s"].to_numpy(np.float64), np.concatenate([[0.0], np.cumsum(s["batch"].to_numpy(np.float64))])
+        mine = np.flatnonzero(worker == w)
+        lo, hi = np.searchsorted(t, first[mine], "left"), np.searchsorted(t, finish[mine], "right")
+        hi = np.maximum(hi, np.minimum(lo + 1, t.size))  # at least the step that produced its first token
+        lo = np.minimum(lo, hi - 1)
+        life[mine] = (b[hi] - b[lo]) / (hi - lo)
+    cut = np.percentile(tpot, 100 - tail_pct)
+    slow = tpot >= cut
+    counts = np.bincount(worker[slow].astype(np.int64))
+    return {"peak_batch": float(st["batch"].max()), "tail_batch": float(np.nanmean(life[slow])),
+            "rest_batch": float(np.nanmean(life[~slow])) if (~slow).any() else float("nan"),
+            "tail_worker_share": float(counts.max() / slow.sum()), "tail_requests": int(slow.sum())}
 
 
 def rate_sweep(setup: ELDRSetup, rates: Sequence[float] = PAPER_RATES, routers: Sequence[str] = SWEEP_ROUTERS,
@@ -375,6 +429,176 @@ def rate_sweep(setup: ELDRSetup, rates: Sequence[float] = PAPER_RATES, routers: 
         if name not in available_routers():
             raise ValueError(f"router must be one of {available_routers()}; got {name!r}")
     return pd.DataFrame([run_one(setup, name, rate=rate, **kw) for rate in rates for name in routers])
+
+
+#: how many arrival seeds :func:`seed_spread` runs by default (the notebook's seed and the next ones)
+SPREAD_SEEDS = 5
+#: the confidence level of :func:`gain_interval`'s interval
+SPREAD_LEVEL = 0.95
+
+
+def gain_interval(reference_ms: Sequence[float], method_ms: Sequence[float], *,
+                  level: float = SPREAD_LEVEL) -> dict[str, Any]:
+    """The relative gain of a method over a reference, paired by seed, with a Student-t interval.
+
+    Parameters
+    ----------
+    reference_ms, method_ms : sequence of float
+        One value per seed (same seeds, same order, same requests per seed: equal budgets), lower is better.
+    level : float
+        Confidence level of the interval, in (0, 1).
+
+    Returns
+    -------
+    dict
+        ``gains_pct`` (per seed, ``100 * (1 - method / reference)``), ``gain_pct`` (their mean), ``gain_lo_pct``
+        and ``gain_hi_pct`` (the interval), ``n_seeds`` and ``verdict``: ``"ahead"`` when the whole interval is
+        above zero, ``"behind"`` when it is below, else ``"not distinguishable"``.
+    """
+    level = check_real("level", level, low=0, high=1, low_open=True, high_open=True)
+    ref = np.asarray(reference_ms, dtype=np.float64)
+    met = np.asarray(method_ms, dtype=np.float64)
+    if ref.shape != met.shape or ref.ndim != 1 or ref.size < 2:
+        raise ValueError(f"reference_ms and method_ms need one value per seed, at least 2 seeds; got {ref.shape} and "
+                         f"{met.shape}")
+    g = 100 * (1 - met / ref)
+    half = float(stats.t.ppf(0.5 + level / 2, g.size - 1) * g.std(ddof=1) / np.sqrt(g.size))
+    mean = float(g.mean())
+    lo, hi = mean - half, mean + half
+    verdict = "ahead" if lo > 0 else "behind" if hi < 0 else "not distinguishable"
+    return {"gains_pct": g.tolist(), "gain_pct": mean, "gain_lo_pct": lo, "gain_hi_pct": hi, "n_seeds": int(g.size),
+            "verdict": verdict}
+
+
+def seed_spread(setup: ELDRSetup, rates: Sequence[float] = PAPER_RATES, *, seeds: Sequence[int] | None = None,
+                baselines: Sequence[str] = BASELINES, **kw: Any) -> pd.DataFrame:
+    """ELDR's p50 TPOT gain over the best baseline at each rate, over several arrival seeds at equal budgets.
+
+    Every seed replays new Poisson arrivals (and new router tie-breaks) on the same workload and centroids;
+    every router gets the same arrivals and the same number of requests at a seed. The best baseline of a
+    rate is the one with the lowest mean p50 over the seeds (chosen once, so the per-seed gains are paired).
+
+    Parameters
+    ----------
+    setup : ELDRSetup
+        The shared workload, signatures, centroids and cost model (:func:`prepare`).
+    rates : sequence of float
+        Arrival rates in ELDR's unit (req/s at 16 decode workers).
+    seeds : sequence of int, optional
+        Arrival seeds, at least 2 (default: ``SPREAD_SEEDS`` seeds from the setup's seed on).
+    baselines : sequence of str
+        The load balancers ELDR is compared with (default the paper's four).
+    **kw
+        Passed to :func:`run_one` (``n_requests``, ``output_len``, ``tau``, ...; not ``seed`` or ``rate``).
+
+    Returns
+    -------
+    DataFrame
+        One row per rate: ``rate``, ``best_baseline``, ``baseline_tpot_ms_p50`` and ``eldr_tpot_ms_p50`` (means
+        over the seeds), ``eldr_p50_spread_pct`` (half-width of the interval of ELDR's own p50, relative to its
+        mean: the seed-to-seed noise of one run), and :func:`gain_interval`'s figures.
+    """
+    seeds = [setup.seed + i for i in range(SPREAD_SEEDS)] if seeds is None else [int(x) for x in seeds]
+    if len(seeds) < 2 or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be at least 2 distinct seeds; got {seeds}")
+    for key in ("seed", "rate"):
+        if key in kw:
+            raise ValueError(f"seed_spread sets {key!r} itself; do not pass it")
+    rows = []
+    for rate in rates:
+        p50 = {name: np.array([run_one(setup, name, rate=rate, seed=s, **kw)["tpot_ms_p50"] for s in seeds])
+               for name in (*baselines, "eldr")}
+        best = min(baselines, key=lambda b: float(p50[b].mean()))
+        e = p50["eldr"]
+        half = float(stats.t.ppf(0.5 + SPREAD_LEVEL / 2, e.size - 1) * e.std(ddof=1) / np.sqrt(e.size))
+        rows.append({"rate": float(rate), "best_baseline": best, "baseline_tpot_ms_p50": float(p50[best].mean()),
+                     "eldr_tpot_ms_p50": float(e.mean()), "eldr_p50_spread_pct": 100 * half / float(e.mean()),
+                     **gain_interval(p50[best], e)})
+    return pd.DataFrame(rows)
+
+
+def ablation_effect(df: pd.DataFrame, knob: str) -> dict[str, Any]:
+    """What one ablation table shows: the fastest and the slowest setting of ``knob`` by p50 TPOT, how far
+    apart they are, and what moved with it (distinct experts per layer and step, the request-count CV).
+
+    Parameters
+    ----------
+    df : DataFrame
+        One :func:`run_one` row per setting (an ablation: :func:`tau_sweep`, :func:`kmeans_ablation`, ...);
+        rows without a p50 (skipped settings) are left out.
+    knob : str
+        The column that names the setting.
+
+    Returns
+    -------
+    dict
+        ``knob``, ``settings`` (as strings, table order), ``fastest`` / ``slowest`` (the settings),
+        ``fastest_p50`` / ``slowest_p50`` (ms), ``spread_pct`` (slowest over fastest, %), and the same two
+        settings' ``*_distinct``, ``*_cv`` and ``*_p99``.
+    """
+    if knob not in df.columns:
+        raise ValueError(f"knob must be a column of the table; got {knob!r}")
+    d = df[df["tpot_ms_p50"].notna()] if "tpot_ms_p50" in df else df.iloc[0:0]
+    if len(d) < 2:
+        raise ValueError("an ablation needs at least two settings with a p50 TPOT")
+    fast, slow = d.loc[d["tpot_ms_p50"].idxmin()], d.loc[d["tpot_ms_p50"].idxmax()]
+    return {"knob": knob, "settings": [str(v) for v in d[knob]], "fastest": str(fast[knob]), "slowest": str(slow[knob]),
+            "fastest_p50": float(fast["tpot_ms_p50"]), "slowest_p50": float(slow["tpot_ms_p50"]),
+            "spread_pct": 100 * (float(slow["tpot_ms_p50"]) / float(fast["tpot_ms_p50"]) - 1),
+            "fastest_distinct": float(fast["distinct_per_layer_step"]), "slowest_distinct": float(slow["distinct_per_layer_step"]),
+            "fastest_cv": float(fast["worker_load_cv"]), "slowest_cv": float(slow["worker_load_cv"]),
+            "fastest_p99": float(fast["tpot_ms_p99"]), "slowest_p99": float(slow["tpot_ms_p99"])}
+
+
+def ablation_spread(ablation: Any, setup: ELDRSetup, knob: str, *, seeds: Sequence[int] | None = None,
+                    **kw: Any) -> dict[str, Any]:
+    """:func:`ablation_effect` over several arrival seeds: is the fastest setting distinguishably faster?
+
+    Parameters
+    ----------
+    ablation : callable
+        An ablation of this module (:func:`tau_sweep`, :func:`kmeans_ablation`, :func:`signature_ablation`,
+        :func:`refit_ablation`), called as ``ablation(setup, seed=s, **kw)`` once per seed.
+    setup : ELDRSetup
+        The shared workload (:func:`prepare`).
+    knob : str
+        The column that names the setting.
+    seeds : sequence of int, optional
+        At least 2 distinct arrival seeds (default: ``SPREAD_SEEDS`` from the setup's seed on).
+    **kw
+        Passed to ``ablation`` (``rate``, ``n_requests``, ``tau``, ...; not ``seed``).
+
+    Returns
+    -------
+    dict
+        :func:`ablation_effect` of the first seed's table (``table``: that table) with ``fastest`` /
+        ``slowest`` and their p50s taken from the means over the seeds, plus ``spread_pct``,
+        ``spread_lo_pct``, ``spread_hi_pct`` (the slowest's p50 above the fastest's, %, paired by seed, with
+        :func:`gain_interval`'s interval), ``n_seeds`` and ``distinguishable``.
+    """
+    seeds = [setup.seed + i for i in range(SPREAD_SEEDS)] if seeds is None else [int(x) for x in seeds]
+    if len(seeds) < 2 or len(set(seeds)) != len(seeds) or "seed" in kw:
+        raise ValueError(f"seeds must be at least 2 distinct seeds, passed as seeds (not seed); got {seeds}")
+    tables = [ablation(setup, seed=s, **kw) for s in seeds]
+    p50 = pd.DataFrame({s: t.set_index(t[knob].astype(str))["tpot_ms_p50"] for s, t in zip(seeds, tables)}).dropna()
+    if len(p50) < 2:
+        raise ValueError("an ablation needs at least two settings with a p50 TPOT")
+    mean = p50.mean(axis=1)
+    fast, slow = str(mean.idxmin()), str(mean.idxmax())
+    interval = gain_interval(p50.loc[slow].to_numpy(), p50.loc[fast].to_numpy())  # the fastest's gain over the slowest
+    first = tables[0].assign(**{knob: tables[0][knob].astype(str)})
+    eff = ablation_effect(first, knob)
+    row = first.set_index(knob)
+    pct = [100 * (1 / (1 - g / 100) - 1) for g in (interval["gain_pct"], interval["gain_lo_pct"], interval["gain_hi_pct"])]
+    eff.update({"fastest": fast, "slowest": slow, "fastest_p50": float(mean[fast]), "slowest_p50": float(mean[slow]),
+                "fastest_distinct": float(row.loc[fast, "distinct_per_layer_step"]),
+                "slowest_distinct": float(row.loc[slow, "distinct_per_layer_step"]),
+                "fastest_cv": float(row.loc[fast, "worker_load_cv"]), "slowest_cv": float(row.loc[slow, "worker_load_cv"]),
+                "fastest_p99": float(row.loc[fast, "tpot_ms_p99"]), "slowest_p99": float(row.loc[slow, "tpot_ms_p99"]),
+                "spread_pct": 100 * (float(mean[slow]) / float(mean[fast]) - 1), "spread_lo_pct": pct[1],
+                "spread_hi_pct": pct[2], "n_seeds": len(seeds), "distinguishable": interval["verdict"] == "ahead",
+                "table": tables[0]})
+    return eff
 
 
 def gains(df: pd.DataFrame, baselines: Sequence[str] = BASELINES) -> pd.DataFrame:
@@ -492,6 +716,13 @@ def adjusted_rand_index(a: np.ndarray, b: np.ndarray) -> float:
     return 1.0 if den == 0 else (idx - exp) / den
 
 
+def real_setup(trace: ExpertTrace, *, n_workers: int = 16, n_pairs: int = 10000, like: str = "qwen3-30b-a3b",
+               seed: int = 0) -> ELDRSetup:
+    """The setup :func:`real_trace_report` runs a real trace on: :func:`prepare` with the PROJECTION cost
+    (:func:`projection_cost`), the same split for the same arguments (e.g. for :func:`seed_spread`)."""
+    return prepare(trace, projection_cost(trace, like), n_workers, n_pairs=n_pairs, seed=seed)
+
+
 def real_trace_report(trace: ExpertTrace, *, n_workers: int = 16, rates: Sequence[float] = PAPER_RATES,
                       n_requests: int = 2000, output_len: int = 512, n_pairs: int = 10000, like: str = "qwen3-30b-a3b",
                       seed: int = 0, routers: Sequence[str] = SWEEP_ROUTERS) -> tuple[dict, pd.DataFrame]:
@@ -511,8 +742,8 @@ def real_trace_report(trace: ExpertTrace, *, n_workers: int = 16, rates: Sequenc
     sweep : DataFrame
         :func:`rate_sweep` rows (``rate`` in paper units, ``sim_rate`` simulated).
     """
-    cost = projection_cost(trace, like)
-    setup = prepare(trace, cost, n_workers, n_pairs=n_pairs, seed=seed)
+    setup = real_setup(trace, n_workers=n_workers, n_pairs=n_pairs, like=like, seed=seed)
+    cost = setup.cost
     rep = setup.builder("count_idf").report(setup.pool, n_pairs=n_pairs)
     codes, names = trace.domain_codes()
     smallest = int(np.bincount(codes).min())
@@ -615,7 +846,8 @@ def prefix_cache_ablation(
     cache invariant — measured here, ``counts_equal_full``) and ``suffix only`` (the blocks the request
     computed itself), plus the best of the paper's baselines on the same arrivals. One row per mode and
     capacity: ``signature_err`` (mean cosine distance of the ``kind`` signatures to the full-prefill
-    ones), ``hit_rate`` (prompt tokens served from cache), ``evictions`` and the run's metrics."""
+    ones), ``hit_rate`` (prompt tokens served from cache), ``evictions``, the run's metrics and where its TPOT
+    tail comes from (:func:`tail_batches`)."""
     rate = check_real("rate", rate, low=0, low_open=True)
     output_len = check_int("output_len", output_len, low=1)
     check_choice("kind", kind, KINDS)
@@ -640,7 +872,7 @@ def prefix_cache_ablation(
         r = build_router(setup, router, tau=tau, kind=kind, seed=seed)
         res = simulate(reqs, r, setup.cost, n_workers=setup.n_workers, trace=pool,
                        signatures=sig if "signature" in r.requires else None, slots=slots, bits=setup.bits)
-        return {"router": router, **base, **res.metrics()}
+        return {"router": router, **base, **res.metrics(), **tail_batches(res)}
 
     full = builder.transform(pool.prefill_counts)
 
@@ -696,7 +928,8 @@ def regime_map(scales: Sequence[float] = (0.25, 0.5, 1.0, 1.5), *, rates: Sequen
 
 
 __all__ = ["BASELINES", "DEFAULT_SWEEP_K", "PAPER_DECODE_WORKERS", "PAPER_RATES", "paper_rate_scale", "adjusted_rand_index", "default_sweep", "paper_peak_rate",
-           "projection_cost", "real_trace_report", "regime_map", "sweep_gains", "SWEEP_ROUTERS", "ELDRSetup", "build_router", "compare_with_paper", "gains",
+           "projection_cost", "real_setup", "real_trace_report", "SPREAD_LEVEL", "SPREAD_SEEDS", "TAIL_PCT",
+           "ablation_effect", "ablation_spread", "gain_interval", "seed_spread", "tail_batches", "regime_map", "sweep_gains", "SWEEP_ROUTERS", "ELDRSetup", "build_router", "compare_with_paper", "gains",
            "kmeans_ablation", "LOAD_RANGE", "paper_gains", "rate_for_batch", "rate_for_load", "refit_ablation", "PREFIX_MODES", "prefix_cache_ablation",
            "prefix_setup", "prepare", "rate_sweep", "run_one",
            "signature_ablation", "synthetic_setup", "tau_sweep", "with_workers"]
