@@ -129,10 +129,19 @@ def _sim_rate(N_WORKERS: int, ABLATION_RATE: float) -> float:
 
 def check_sim_rate(answer: object, *, N_WORKERS: int, ABLATION_RATE: float, **_: object) -> Feedback:
     """The arrival rate the simulator runs for the paper's ``ABLATION_RATE`` on ``N_WORKERS`` workers."""
-    return check_number("sim_rate", answer, _sim_rate(N_WORKERS, ABLATION_RATE), rtol=0.01,
+    want = _sim_rate(N_WORKERS, ABLATION_RATE)
+    rate, k, paper_k = float(ABLATION_RATE), int(N_WORKERS), PAPER_DECODE_WORKERS
+    # the usual slips, each named (a slip equal to the right answer, e.g. at K = 16, is not one)
+    slips = [(value, what) for value, what in (
+        (rate, f"that is the paper's rate itself: it is offered to the paper's {paper_k} decode workers, not to K"),
+        (rate * paper_k / k, "the scale is inverted: fewer workers than the paper's must get less traffic, not more"),
+        (rate / k, "that is one worker's share of the paper's rate spread over K workers, not the cluster's rate"),
+        (rate / paper_k, "that is the load of ONE worker (req/s per worker), not the whole cluster's rate"))
+        if not np.isclose(value, want, rtol=0.01)]
+    return check_number("sim_rate", answer, want, rtol=0.01,
                         hint=f"the paper's rates are req/s at {PAPER_DECODE_WORKERS} decode workers; with "
                              f"K = {N_WORKERS} each worker keeps its load when the rate is scaled by "
-                             f"K/{PAPER_DECODE_WORKERS} (the explore panel's title shows it).")
+                             f"K/{PAPER_DECODE_WORKERS} (the explore panel's title shows it).", slips=slips)
 
 
 def _zeros_and_ones(answer: object, size: int) -> bool:
