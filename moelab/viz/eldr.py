@@ -46,7 +46,7 @@ def fig_greedy_curve(curve: list[float]) -> go.Figure:
 
 def fig_rate_sweep(df: pd.DataFrame) -> go.Figure:
     """p50 TPOT and distinct experts per layer per step vs arrival rate, one line per router."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("p50 TPOT (ms)", "distinct experts / layer / step"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("p50 TPOT", "distinct experts read per MoE layer and step"))
     order = sorted(df["router"].unique(), key=lambda r: r == "domain_oracle")  # oracle drawn last
     # one marker shape per router, drawn larger first: routers whose results coincide (small runs often make
     # the load balancers identical) stay visible as nested markers instead of hiding one another
@@ -62,9 +62,9 @@ def fig_rate_sweep(df: pd.DataFrame) -> go.Figure:
                         legendgroup=router, marker=marker)
         fig.add_scatter(x=g["rate"], y=g["distinct_per_layer_step"], mode="lines+markers", name=router, line=style,
                         row=1, col=2, legendgroup=router, showlegend=False, marker=marker)
-    fig.update_xaxes(title_text="arrival rate (req/s)")
-    fig.update_yaxes(title_text="p50 TPOT (ms)", row=1, col=1)
-    fig.update_yaxes(title_text="distinct experts / layer / step", row=1, col=2)
+    fig.update_xaxes(title_text=f"arrival rate (req/s at {PAPER_DECODE_WORKERS} decode workers)")
+    fig.update_yaxes(title_text="p50 TPOT (ms per output token)", row=1, col=1)
+    fig.update_yaxes(title_text="distinct experts (count per layer per step)", row=1, col=2)
     fig.update_layout(title="Decode cluster: every router across arrival rates", template="plotly_white")
     return fig
 
@@ -79,7 +79,8 @@ def fig_paper_comparison(cmp: pd.DataFrame) -> go.Figure:
     low = float(cmp["paper_gain_pct"].min())  # from the paper's table (data/public/eldr-results), not typed in
     fig.add_hline(y=low, line_dash="dot", annotation_text=f"paper's lowest gain at these rates {low:.1f}%")
     fig.update_layout(barmode="group", title="ELDR p50 TPOT gain over the best of RR/Random/JSQ/P2C",
-                      xaxis_title="arrival rate", yaxis_title="reduction vs the best baseline (%)",
+                      xaxis_title=f"arrival rate (req/s at {PAPER_DECODE_WORKERS} decode workers)",
+                      yaxis_title="reduction vs the best baseline (%)",
                       template="plotly_white")
     return fig
 
