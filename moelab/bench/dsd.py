@@ -180,8 +180,8 @@ def run(quick: bool = False) -> list[Figure]:
         Figure("dsd", "dsd_capacity_ratio_batched", cap.ratio, "x", "",
                f"H200 7B target (dense_verify), 160M draft t_d={t_d:.2f} ms, batches <= {max_batch} clients, "
                f"early-exit acceptance, RTT 50 ms mean (cross-continent shape; the loopback sample's tail is CPU "
-               f"stalls, not a network's): DSD {cap.dsd_clients:.1f} vs co-located "
-               f"{cap.colocated_clients:.1f} clients"),
+               f"stalls, not a network's): DSD {cap.dsd_clients} vs co-located "
+               f"{cap.colocated_clients} clients"),
         Figure("dsd", "dsd_capacity_ratio_theory", theory, "x", "",
                f"1 + gamma*t_d/t_v with t_v = verify({GAMMA + 1} tokens) = {t_v:.2f} ms"),
     ]

@@ -91,7 +91,9 @@ def capacity_figure(ratios: Sequence[float] = (0.05, 0.1, 0.2, 0.4), gamma_max: 
     gammas = np.arange(1, gamma_max + 1)
     fig = go.Figure()
     for i, c in enumerate(ratios):
-        color = f"hsl({int(210 - 50 * i)}, 70%, {35 + 10 * i}%)"
+        # one hue, darker for smaller t_d/t_v: every line stays readable on white (the old hue sweep ended in a
+        # pale yellow) and none takes a method's colour
+        color = f"hsl(220, 65%, {22 + 38 * i / max(len(ratios) - 1, 1):.0f}%)"
         fig.add_scatter(x=gammas, y=[capacity_gain(int(g), c, 1.0) for g in gammas], mode="lines",
                         name=f"theory, t_d/t_v = {c:g}", line={"color": color})
     if measured is not None:
