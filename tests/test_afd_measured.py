@@ -3,6 +3,8 @@ closed form when fed the closed form's own assumptions (the one place agreement 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -69,6 +71,27 @@ def test_ffn_extrapolated_flags_what_the_counter_counts(stages):
     assert not LinearStages().ffn_extrapolated(n).any()
 
 
+def test_ffn_extrapolated_is_the_rule_ffn_ms_counts_on_every_batch_and_expert_count(stages):
+    """Review item: ffn_extrapolated and ffn_ms share one rule (the largest batch row covering D), element by
+    element over a grid of (n, D), and it is vectorised (a per-element loop over the covering rows took seconds)."""
+    n = np.array([1.0, 8.0, 40.0, 128.0, 256.0, 300.0, 5000.0])[:, None]
+    D = np.array([8.0, 30.0, 64.0, 100.0, 128.0])[None, :]
+    flags = stages.ffn_extrapolated(n, D)
+    assert flags.shape == (7, 5)
+    for i in range(7):
+        for j in range(5):
+            stages.reset_coverage()
+            stages.ffn_ms(n[i, 0], D[0, j])
+            assert stages.reset_coverage().ffn_extrapolated == int(flags[i, j]), (n[i, 0], D[0, j])
+    assert flags[-2:].all() and not flags[:5].any()
+    with pytest.raises(ValueError, match="fewer than two batch rows covering D=4.0"):
+        stages.ffn_extrapolated(np.array([64.0, 64.0]), np.array([64.0, 4.0]))
+    big = np.linspace(1.0, 8192.0, 200_000)
+    start = time.perf_counter()
+    assert stages.ffn_extrapolated(big).sum() == int((big > 256).sum())
+    assert time.perf_counter() - start < 2.0
+
+
 def test_fit_errors_count_points_beyond_the_tables(stages):
     fit = fit_coefficients(stages, B=256)
     err = fit.errors.set_index("stage")
@@ -87,6 +110,14 @@ def test_link_extrapolated_matches_the_counters(stages):
     stages.link_ms(tokens, r)
     cov = stages.reset_coverage()
     assert cov.link_ep_extrapolated == 1 and cov.link_volume_extrapolated >= 1
+    # one rule: every (tokens, r) that link_ms counts outside the table is flagged, and no other
+    grid_t, grid_r = np.meshgrid([64.0, 512.0, 2048.0, 8192.0, 40000.0], [1, 6, 7, 100, 255, 300])
+    for t, rr in zip(grid_t.ravel(), grid_r.ravel()):
+        stages.reset_coverage()
+        stages.link_ms(t, rr)
+        cov = stages.reset_coverage()
+        counted = cov.link_ep_extrapolated + cov.link_volume_extrapolated
+        assert bool(stages.link_extrapolated(t, rr)) == (counted > 0), (t, rr)
     assert not StageTables.h200(link=False).link_extrapolated(tokens, r).any()
 
 
@@ -194,6 +225,13 @@ def test_gap_map_rows(stages):
 def test_sweep_flags_each_r_whose_ffn_batch_is_projected(stages, conv):
     res = simulate_measured([1, 2, 4], 128, conv, stages=stages, requests=200)
     assert res.frame["ffn_extrapolated"].tolist() == [False, False, True]  # 128, 256 measured; 512 is not
+    # the sweep carries its own tables' largest measured batch (notebook 03 read a fresh h200()'s before)
+    assert res.ffn_table_max_batch == stages.ffn_table_max_batch == 256
+    moe = stages.moe_rows[stages.moe_rows["B"] <= 128]
+    small = StageTables(stages.attn_rows, moe, None, stages.shape, stages.method)
+    cut = simulate_measured([1, 2, 4], 64, conv, stages=small, requests=200)
+    assert cut.ffn_table_max_batch == 128 and cut.frame["ffn_extrapolated"].tolist() == [False, False, True]
+    assert simulate_measured([1, 2], 64, conv, stages=LinearStages(), requests=200).ffn_table_max_batch == float("inf")
     assert res.coverage["ffn_extrapolated"] == 1
 
 

@@ -166,6 +166,9 @@ class StageTables:
         self.moe_rows = m.reset_index(drop=True)
         self._moe_B = np.array(sorted(m["B"].unique()), dtype=np.float64)
         self._moe_row = {int(b): g.sort_values("D")[["D", "ms_per_layer"]].to_numpy(np.float64) for b, g in m.groupby("B")}
+        # each batch row's expert range, aligned with _moe_B: which rows cover a D (_moe_covering)
+        self._moe_D_lo = np.array([self._moe_row[int(b)][:, 0].min() for b in self._moe_B])
+        self._moe_D_hi = np.array([self._moe_row[int(b)][:, 0].max() for b in self._moe_B])
         self.link = None
         if link is not None:
             self.link = {op: g.sort_values("ep_size")[["ep_size", "rdma_bandwidth_GBps"]].to_numpy(np.float64)
@@ -224,18 +227,27 @@ class StageTables:
     def distinct_experts(self, n_tokens: np.ndarray | float) -> np.ndarray:
         return expected_distinct_experts(n_tokens, self.geometry.num_experts, self.geometry.top_k)
 
-    def _moe_batches_covering(self, D: float) -> list[float]:
-        """The measured batch rows whose expert range covers ``D`` (at least two, else a ValueError)."""
-        Bs = [b for b in self._moe_B if self._moe_row[int(b)][:, 0].min() <= D <= self._moe_row[int(b)][:, 0].max()]
-        if len(Bs) < 2:
-            raise ValueError(f"moe_step has fewer than two batch rows covering D={D:.1f} for {self.shape}")
-        return Bs
+    def _moe_covering(self, D: np.ndarray) -> np.ndarray:
+        """Which measured batch rows' expert ranges cover each ``D`` (any shape): a bool array of shape
+        ``D.shape + (rows,)`` aligned with ``_moe_B``; a ``D`` covered by fewer than two rows is a ValueError."""
+        D = np.asarray(D, dtype=np.float64)
+        cover = (self._moe_D_lo <= D[..., None]) & (D[..., None] <= self._moe_D_hi)
+        short = cover.sum(axis=-1) < 2
+        if short.any():
+            raise ValueError(f"moe_step has fewer than two batch rows covering D={float(D[short].flat[0]):.1f} "
+                             f"for {self.shape}")
+        return cover
+
+    def _moe_beyond(self, n: np.ndarray, cover: np.ndarray) -> np.ndarray:
+        """The table's one extrapolation rule: a batch ``n`` above the largest batch row covering its ``D``
+        (``cover`` from :meth:`_moe_covering`, broadcast with ``n``) extends that row's last segment."""
+        return np.asarray(n, dtype=np.float64) > np.max(np.where(cover, self._moe_B, -np.inf), axis=-1)
 
     def _moe_layer_ms(self, n: float, D: float) -> tuple[float, bool]:
-        Bs = self._moe_batches_covering(D)
+        cover = self._moe_covering(np.float64(D))
+        Bs = self._moe_B[cover]
         ys = np.array([np.interp(D, self._moe_row[int(b)][:, 0], self._moe_row[int(b)][:, 1]) for b in Bs])
-        Bs = np.asarray(Bs)
-        if n > Bs[-1]:
+        if self._moe_beyond(n, cover):
             slope = (ys[-1] - ys[-2]) / (Bs[-1] - Bs[-2])
             return float(ys[-1] + slope * (n - Bs[-1])), True
         if n < Bs[0]:  # below the smallest batch row that covers D: the time of that row (decode is weight-bound)
@@ -267,10 +279,7 @@ class StageTables:
         n = check_array("n_tokens", n_tokens, low=1)
         D = self.distinct_experts(n) if D is None else check_array("D", D, low=1, high=self.geometry.num_experts)
         n, D = np.broadcast_arrays(n, D)
-        out = np.zeros(n.shape, dtype=bool)
-        for idx in np.ndindex(n.shape):
-            out[idx] = float(n[idx]) > self._moe_batches_covering(float(D[idx]))[-1]
-        return out
+        return self._moe_beyond(n, self._moe_covering(D))
 
     def ffn_ms(self, n_tokens: np.ndarray | float, D: np.ndarray | float | None = None) -> np.ndarray:
         """FFN time for ``n_tokens`` aggregated tokens and ``D`` distinct experts (default: the expected
@@ -310,13 +319,18 @@ class StageTables:
         tokens, r = _broadcast_tokens_r(tokens, r)
         if self.link is None:
             return np.zeros(tokens.shape, dtype=bool)
+        ep_off, volume_off = self._link_outside(tokens, r)
+        return ep_off | np.logical_or.reduce(list(volume_off.values()))
+
+    def _link_outside(self, tokens: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Where the DeepEP table does not measure a transfer (``tokens``, ``r`` broadcast, a link table
+        present): the EP size ``r + 1`` outside it (the end value is held), and per op a volume more than 2x
+        from that op's per-call volume. The one rule :meth:`link_ms` counts and :meth:`link_extrapolated` flags."""
         ep = r + 1.0
         nbytes = tokens * self.geometry.hidden * 2.0
         lo, hi = self.link["dispatch"][0, 0], self.link["dispatch"][-1, 0]
-        out = (ep < lo) | (ep > hi)
-        for ref in _DEEPEP_REF_BYTES.values():
-            out |= (nbytes > 2 * ref) | (nbytes < ref / 2)
-        return out
+        volume_off = {op: (nbytes > 2 * ref) | (nbytes < ref / 2) for op, ref in _DEEPEP_REF_BYTES.items()}
+        return (ep < lo) | (ep > hi), volume_off
 
     def link_ms(self, tokens: np.ndarray | float, r: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
         """``(A->F, F->A)`` transfer times of one instance's ``tokens`` hidden states in an rA-1F bundle
@@ -326,15 +340,14 @@ class StageTables:
             return np.zeros(tokens.shape), np.zeros(tokens.shape)
         ep = r + 1.0
         nbytes = tokens * self.geometry.hidden * 2.0
+        off, volume_off = self._link_outside(tokens, r)
         out = []
         for op in ("dispatch", "combine"):
             t = self.link[op]
             bw = np.interp(np.log2(ep), np.log2(t[:, 0]), t[:, 1])  # GB/s; outside 8..256 the end values hold
             out.append(nbytes / (bw * 1e9) * 1e3 * self.geometry.layers)
-            ref = _DEEPEP_REF_BYTES[op]
-            self.coverage.link_volume_extrapolated += int(np.sum((nbytes > 2 * ref) | (nbytes < ref / 2)))
+            self.coverage.link_volume_extrapolated += int(np.sum(volume_off[op]))
         lo, hi = self.link["dispatch"][0, 0], self.link["dispatch"][-1, 0]
-        off = (ep < lo) | (ep > hi)
         self.coverage.link_evals += int(tokens.size)
         self.coverage.link_ep_extrapolated += int(off.sum())
         if off.any():

@@ -315,6 +315,9 @@ class MeasuredSweep:
         Requests per slot group, the theory's horizon N.
     notes : list of str
         Where the lengths and stage times came from.
+    ffn_table_max_batch : float
+        The largest aggregated batch (tokens) the stage tables of this sweep measure on the FFN side
+        (``inf`` for :class:`LinearStages`): a row whose ``r*B`` lies above it is ``ffn_extrapolated``.
     """
 
     frame: pd.DataFrame
@@ -331,6 +334,7 @@ class MeasuredSweep:
     steady_load_per_slot: float
     requests: float = DEFAULT_REQUESTS
     notes: list[str] = field(default_factory=list)
+    ffn_table_max_batch: float = float("inf")
 
     @property
     def r_star(self) -> float:
@@ -518,7 +522,8 @@ def simulate_measured(r_values, B: int = 256, lengths: LengthDistribution | str 
     frame = pd.DataFrame(rows)
     frame["sim_vs_theory_pct"] = 100 * (frame["sim_throughput"] / frame["theory_throughput"] - 1)
     return MeasuredSweep(frame, B, lengths.name, mu_P, mu_D, K, m, coverage.as_dict(), fit, coeffs, stages.unit,
-                         lengths.steady_load_per_slot, N, [lengths.source, stages.source])
+                         lengths.steady_load_per_slot, N, [lengths.source, stages.source],
+                         float(stages.ffn_table_max_batch))
 
 
 def default_r_values(B: int, lengths: LengthDistribution, stages: StageTables | LinearStages | None = None,
