@@ -138,6 +138,22 @@ def test_monte_carlo_reproducible():
     assert a == b
 
 
+def test_monte_carlo_reports_the_round_trips_it_drew():
+    """Review item: notebook 04 said a deviation 'comes from the round trips drawn' without measuring them; the
+    run now reports their mean and its standard error."""
+    res = dsd.simulate_rounds("dsd_sync", alpha=0.7, gamma=4, t_a=10, t_v=40, rtt=50, rtt_jitter=0.2, rounds=4000,
+                              seed=3)
+    # a sync round is draft + RTT + verify, so the mean RTT drawn is the round's mean time less the fixed parts
+    assert res.rtt == 50.0
+    assert res.rtt_per_round == pytest.approx(res.latency_per_token * res.tokens_per_round - 4 * 10 - 40)
+    assert res.rtt_per_round_se == pytest.approx(50 * 0.2 / np.sqrt(3) / np.sqrt(4000), rel=0.05)  # uniform law
+    assert res.rtt_z == pytest.approx((res.rtt_per_round - 50) / res.rtt_per_round_se)
+    assert abs(res.rtt_z) < 4
+    fixed = dsd.simulate_rounds("dsd_sync", alpha=0.7, gamma=4, t_a=10, t_v=40, rtt=50, rounds=100, seed=3)
+    colocated = dsd.simulate_rounds("colocated", alpha=0.7, gamma=4, t_d=5, t_v=40, rounds=100, seed=3)
+    assert fixed.rtt_per_round == 50.0 and np.isnan(fixed.rtt_z) and np.isnan(colocated.rtt_z)
+
+
 @pytest.mark.parametrize(("gamma", "t_d", "t_v"), [(5, 10, 50), (4, 5, 40)])
 def test_multi_client_capacity_ratio(gamma, t_d, t_v):
     # reduction: this server is built on the proposition's own assumptions (one client per server job,

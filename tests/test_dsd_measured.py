@@ -217,6 +217,24 @@ def test_monotone_fit_pools_only_where_timings_fall():
             assert np.sum((fit - ms) ** 2) <= np.sum((other - ms) ** 2) + 1e-9
     with pytest.raises(ValueError, match="ms"):
         dsd.monotone_fit([1.0, np.nan])
+    assert dsd.monotone_fit([3.0]).tolist() == [3.0] and dsd.monotone_fit([]).size == 0
+
+
+def test_pooled_blocks_give_one_value_per_pooled_run():
+    """Review item: notebook 04 said 'replaces q = ... by their mean, X ms' with one X even when the fit pooled
+    two separate runs; each run has its own mean."""
+    qs = [1, 2, 3, 4, 5, 6, 7]
+    rec = [10.0, 14.0, 12.0, 15.0, 20.0, 17.0, 30.0]
+    fit = dsd.monotone_fit(rec)
+    assert fit.tolist() == pytest.approx([10.0, 13.0, 13.0, 15.0, 18.5, 18.5, 30.0])
+    assert dsd.pooled_blocks(qs, rec, fit) == [{"qs": [2, 3], "ms": pytest.approx(13.0)},
+                                               {"qs": [5, 6], "ms": pytest.approx(18.5)}]
+    # equal rising medians are not a pooled run
+    assert dsd.pooled_blocks([1, 2, 3], [1.0, 2.0, 2.0], dsd.monotone_fit([1.0, 2.0, 2.0])) == []
+    with pytest.raises(ValueError, match="one value per q"):
+        dsd.pooled_blocks([1, 2], [1.0], [1.0])
+    cpu = dsd.cpu_costs({"timings_ms": {"target_q": dict(zip(map(str, qs), rec)), "draft_q": {"1": 1.0}}})
+    assert [b["qs"] for b in cpu["pooled_blocks"]] == [[2, 3], [5, 6]] and cpu["pooled_qs"] == [2, 3, 5, 6]
 
 
 def test_cpu_costs_fit_the_recorded_verify_curve():

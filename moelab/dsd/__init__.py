@@ -24,6 +24,7 @@ from moelab.dsd.measured import (
     h200_verify_batch_ms,
     iid_rounds,
     monotone_fit,
+    pooled_blocks,
     serve_batched,
 )
 from moelab.dsd.measured import simulate as simulate_measured
@@ -52,5 +53,5 @@ __all__ = [
     "serve", "simulate_rounds", "FamilyAgreement", "family_agreement",
     "AcceptanceTrace", "RTTDistribution", "WAN_SCENARIOS", "breakeven_rtt_sync", "cached_cpu_verify_cost", "capacity_batched",
     "chains_proposer", "cpu_costs", "drafter_proposer", "h200_verify_batch_ms", "iid_rounds", "load_shipped", "load_traces",
-    "measure_loopback_rtt", "monotone_fit", "record_acceptance", "save_traces", "serve_batched", "simulate_measured",
+    "measure_loopback_rtt", "monotone_fit", "pooled_blocks", "record_acceptance", "save_traces", "serve_batched", "simulate_measured",
 ]

@@ -561,8 +561,9 @@ def cached_cpu_verify_cost(model: str) -> VerifyCost | None:
 
 
 def monotone_fit(ms: ArrayLike) -> np.ndarray:
-    """The non-decreasing sequence closest to ``ms`` in least squares (isotonic regression, pool adjacent
-    violators): where a later point is below an earlier one, the run of points involved is replaced by its mean.
+    """The non-decreasing sequence closest to ``ms`` in least squares (isotonic regression,
+    :class:`sklearn.isotonic.IsotonicRegression`): where a later point is below an earlier one, the run of points
+    involved is replaced by its mean.
 
     A forward over more tokens never costs less, so a timed curve that falls (noise: each timing of a shared
     machine catches a different share of its cores) is pooled where it falls and kept where it rises.
@@ -577,15 +578,43 @@ def monotone_fit(ms: ArrayLike) -> np.ndarray:
     numpy.ndarray
         The fitted values, one per timing, non-decreasing.
     """
+    from sklearn.isotonic import IsotonicRegression  # lazy: scikit-learn loads only where a curve is fitted
+
     values = check_finite_array("ms", ms, ndim=1)
-    blocks: list[list[float]] = []  # [sum, count] of each pooled run
-    for v in values.tolist():
-        blocks.append([v, 1.0])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += count
-    return np.concatenate([np.full(int(c), t / c) for t, c in blocks]) if blocks else values
+    if values.size < 2:
+        return values.astype(np.float64)
+    return IsotonicRegression(increasing=True).fit_transform(np.arange(values.size, dtype=np.float64), values)
+
+
+def pooled_blocks(qs: ArrayLike, recorded: ArrayLike, fitted: ArrayLike) -> list[dict[str, Any]]:
+    """The runs of ``q`` whose recorded timings :func:`monotone_fit` replaced by one mean, one entry per run.
+
+    Parameters
+    ----------
+    qs : array of int
+        The timed ``q``, increasing.
+    recorded, fitted : array of float
+        The recorded timings and their monotone fit, one per ``q``.
+
+    Returns
+    -------
+    list of dict
+        Per pooled run, in order of ``q``: ``qs`` (the run's q) and ``ms`` (the one value the fit gives them,
+        their mean). A run is a maximal stretch of equal fitted values holding at least one changed timing.
+    """
+    q = [int(x) for x in np.asarray(qs)]
+    rec, fit = np.asarray(recorded, dtype=np.float64), np.asarray(fitted, dtype=np.float64)
+    if not (len(q) == rec.size == fit.size):
+        raise ValueError(f"qs, recorded and fitted must have one value per q; got {len(q)}, {rec.size}, {fit.size}")
+    blocks: list[dict[str, Any]] = []
+    start = 0
+    for i in range(1, len(q) + 1):
+        if i == len(q) or not np.isclose(fit[i], fit[start], rtol=1e-12, atol=0):
+            run = slice(start, i)
+            if not np.allclose(fit[run], rec[run], rtol=1e-12, atol=0):
+                blocks.append({"qs": q[run], "ms": float(fit[start])})
+            start = i
+    return blocks
 
 
 def cpu_costs(extra: dict) -> dict[str, Any]:
@@ -607,7 +636,8 @@ def cpu_costs(extra: dict) -> dict[str, Any]:
         ``t_ar`` (one-token verify ms, from the fit), ``t_a`` (early-exit ms per draft token), ``verify`` (a
         :data:`VerifyLatencyFn` through the fit, piecewise-linear in the measured q; q beyond the measured range
         is refused), ``verify_recorded`` (the same through the recorded medians), ``qs``, ``recorded_ms`` and
-        ``fitted_ms`` (the points), ``pooled_qs`` (the q whose median the fit changed), ``q_max``, ``note`` and
+        ``fitted_ms`` (the points), ``pooled_qs`` (the q whose median the fit changed), ``pooled_blocks`` (those q
+        in runs that share one fitted value, :func:`pooled_blocks`), ``q_max``, ``note`` and
         ``torch_threads`` (``None`` where the recording does not say).
     """
     # a recording's metadata is data from a file: a missing or malformed key is named (a bare KeyError before)
@@ -640,11 +670,12 @@ def cpu_costs(extra: dict) -> dict[str, Any]:
     threads = extra.get("torch_threads")
     return {"t_ar": float(verify(1)), "t_a": t_a, "verify": verify, "verify_recorded": through(ms),
             "qs": qs.tolist(), "recorded_ms": ms.tolist(), "fitted_ms": fitted.tolist(),
-            "pooled_qs": qs[~np.isclose(fitted, ms, rtol=1e-12, atol=0)].tolist(), "q_max": int(qs[-1]),
+            "pooled_qs": qs[~np.isclose(fitted, ms, rtol=1e-12, atol=0)].tolist(),
+            "pooled_blocks": pooled_blocks(qs, ms, fitted), "q_max": int(qs[-1]),
             "note": extra.get("note") if isinstance(extra.get("note"), str) else None,
             "torch_threads": int(threads) if isinstance(threads, (int, np.integer)) else None}
 
 
 __all__ = ["HF_VERIFY_ENGINE", "MAX_CLIENTS", "MAX_ROUNDS", "PIPELINES", "BatchedCapacity", "BatchedResult", "MeasuredMC",
            "VerifyLatencyFn", "breakeven_rtt_sync", "capacity_batched", "cpu_costs", "h200_verify_batch_ms",
-           "cached_cpu_verify_cost", "iid_rounds", "monotone_fit", "resample_rounds", "serve_batched", "simulate"]
+           "cached_cpu_verify_cost", "iid_rounds", "monotone_fit", "pooled_blocks", "resample_rounds", "serve_batched", "simulate"]

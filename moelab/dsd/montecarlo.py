@@ -34,6 +34,17 @@ class MCResult:
     tokens_per_round: float
     tokens_per_round_se: float
     closed_form: float  # :func:`latency_per_token` at the same parameters
+    rtt: float = float("nan")  # the mean RTT asked for (DSD modes; NaN otherwise)
+    rtt_per_round: float = float("nan")  # the mean of the round trips drawn
+    rtt_per_round_se: float = float("nan")  # its standard error (0 without jitter)
+
+    @property
+    def rtt_z(self) -> float:
+        """How far the round trips drawn lie from the asked mean RTT, in standard errors (positive: longer);
+        NaN where none were drawn at random (AR, co-located, no jitter)."""
+        if not self.rtt_per_round_se > 0:
+            return float("nan")
+        return (self.rtt_per_round - self.rtt) / self.rtt_per_round_se
 
     @property
     def z(self) -> float:
@@ -105,8 +116,9 @@ def simulate_rounds(mode: str, *, alpha: float = 0.0, gamma: int = 1, t_ar: floa
     Returns
     -------
     MCResult
-        Measured ms per token with its standard error, tokens per round, and the closed form
-        (:func:`moelab.dsd.latency_per_token`) at the same parameters.
+        Measured ms per token with its standard error, tokens per round, the round trips drawn (DSD modes;
+        :attr:`MCResult.rtt_z`) and the closed form (:func:`moelab.dsd.latency_per_token`) at the same
+        parameters.
     """
     check_choice("mode", mode, MODES)
     rounds = check_int("rounds", rounds, low=2, high=MAX_ROUNDS)
@@ -116,6 +128,7 @@ def simulate_rounds(mode: str, *, alpha: float = 0.0, gamma: int = 1, t_ar: floa
     closed = float(latency_per_token(mode, alpha=alpha, gamma=gamma, t_ar=t_ar, t_d=t_d, t_v=t_v, t_a=t_a,
                                      rtt=rtt, rtt_jitter=jitter))
     rng = rng_from(seed)
+    rtts = None
     if mode == "ar":
         tokens = np.ones(rounds)
         times = np.full(rounds, float(t_ar))
@@ -133,7 +146,9 @@ def simulate_rounds(mode: str, *, alpha: float = 0.0, gamma: int = 1, t_ar: floa
     resid = times - ratio * tokens
     se = float(np.sqrt(resid.var(ddof=1) / rounds) / tokens.mean())
     tok_se = float(tokens.std(ddof=1) / np.sqrt(rounds))
-    return MCResult(mode, rounds, float(ratio), se, float(tokens.mean()), tok_se, closed)
+    drawn = {} if rtts is None else {"rtt": float(rtt), "rtt_per_round": float(rtts.mean()),
+                                      "rtt_per_round_se": float(rtts.std(ddof=1) / np.sqrt(rounds))}
+    return MCResult(mode, rounds, float(ratio), se, float(tokens.mean()), tok_se, closed, **drawn)
 
 
 @dataclass(frozen=True)
