@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -23,6 +24,7 @@ from moelab.costmodel.dp import DPCost
 from moelab.routers import make_router
 from moelab.routing import ClusterView, RequestBatch
 from moelab.routing.dp_balancers import DP_BALANCERS
+from moelab.sim import MeasurementWindow
 from moelab.sim.dp import simulate_dp
 from moelab.traces import RequestTrace
 
@@ -571,12 +573,26 @@ def test_regime_figures():
 
 def test_trace_windows_are_disjoint_and_the_first_is_the_headlines():
     tr = synthetic_trace(100)
-    wins = ex.trace_windows(tr, 30, 5)
-    assert len(wins) == 3  # 100 requests hold three windows of 30
+    assert ex.max_windows(tr, 30) == 3 and ex.max_windows(tr, 101) == 0  # 100 requests hold three windows of 30
+    wins = ex.trace_windows(tr, 30, 3)
+    assert len(wins) == 3
     assert np.array_equal(wins[0].prompt_len, tr.head(30).prompt_len)
     assert np.array_equal(wins[2].prompt_len, tr.prompt_len[60:90]) and wins[2].arrival_s[0] == 0.0
-    assert len(ex.trace_windows(tr, 80, 3)) == 1
+    assert len(ex.trace_windows(tr, 80, 1)) == 1
+    # asking for more windows than the trace holds is refused, naming the parameter and the most that fit
+    with pytest.raises(ValueError, match=r"n_windows must be at most 3: .*n_requests=30; got n_windows=5"):
+        ex.trace_windows(tr, 30, 5)
+    with pytest.raises(ValueError, match="n_windows must be at most 1"):
+        ex.trace_windows(tr, 80, 3)
+    with pytest.raises(ValueError, match="n_windows must be at most 1"):
+        ex.window_spread(tr, cost(2, 8), 1.2, 80, ("jsq",))  # window_spread asks for SPREAD_WINDOWS by default
     assert ex.window_spread(tr, cost(2, 8), 1.2, None, ("jsq",)).empty  # one run of everything: no other window
+    # the load is checked even where no window is run
+    for bad in (0.0, -1.0, 99.0, float("nan")):
+        with pytest.raises(ValueError, match="load"):
+            ex.window_spread(tr, cost(2, 8), bad, None, ("jsq",))
+        with pytest.raises(ValueError, match="load"):
+            ex.window_spread(tr, cost(2, 8), bad, 30, ("jsq",), n_windows=1)
 
 
 def test_window_spread_profile_and_queue_tail():
@@ -588,3 +604,44 @@ def test_window_spread_profile_and_queue_tail():
     assert prof["peak"] >= prof["median"] >= 0 and prof["mean"] == pytest.approx(runs["br0"].metrics()["avg_imbalance"])
     tail = ex.queue_tail(runs["br0"])
     assert tail["tail_requests"] >= 1 and tail["queue_s"] == pytest.approx(runs["br0"].metrics()["queue_s_p99"])
+    assert tail["requests"] == len(runs["br0"].requests)
+
+
+def test_queue_tail_takes_the_requests_metrics_takes():
+    """queue_tail's p99 is metrics()'s queue_s_p99 under both request scopes of the measurement window."""
+    tr, c = synthetic_trace(400, rate=400.0), cost(2, 8)
+    _, runs = ex.run_lineup(ex.at_load(tr, c, 1.5)[0], ex.lineup(("br0",)), c)
+    res = runs["br0"]
+    steady = MeasurementWindow(warmup_lifetimes=2.0, requests="window")
+    for window in (None, MeasurementWindow(warmup_lifetimes=2.0), steady):
+        m, tail = res.metrics(window), ex.queue_tail(res, 0.99, window)
+        assert tail["queue_s"] == pytest.approx(m["queue_s_p99"])
+        assert ex.queue_tail(res, 0.5, window)["queue_s"] == pytest.approx(m["queue_s_p50"])
+    m = res.metrics(steady)
+    tail = ex.queue_tail(res, 0.99, steady)
+    assert tail["requests"] == m["latency_requests"] < len(res.requests)  # the window leaves the fill-up out
+    every = ex.queue_tail(res, 0.99)
+    assert every["queue_s"] != pytest.approx(tail["queue_s"])  # the scopes differ here, so the check has teeth
+    # a result whose own window is the steady one: the default follows it
+    assert ex.queue_tail(replace(res, window=steady))["queue_s"] == pytest.approx(m["queue_s_p99"])
+    with pytest.raises(ValueError, match="window"):
+        ex.queue_tail(res, 0.99, "window")
+
+
+def test_imbalance_episode_accounts_for_every_step():
+    tr, c = synthetic_trace(240), cost(2, 8)
+    _, runs = ex.run_lineup(ex.at_load(tr, c, 1.2, n_requests=80)[0], ex.lineup(("jsq",)), c)
+    res = runs["jsq"]
+    prof = ex.imbalance_profile(res, smooth=5)
+    none = ex.imbalance_episode(res, prof["peak"] * 2 + 1, smooth=5)
+    assert none["steps"] == 0 and none["imbalance_share"] == 0.0 and none["mean_without"] == pytest.approx(prof["mean"])
+    ep = ex.imbalance_episode(res, prof["peak"] * 0.999, smooth=5)  # just under the peak: the peak's 5 steps
+    assert ep["steps"] >= 5 and 0 < ep["imbalance_share"] <= 1
+    n = res.metrics()["window_steps"]
+    assert ep["step_share"] == pytest.approx(ep["steps"] / n)
+    # the episode's idle work and the rest's add up to the run's
+    total = prof["mean"] * n
+    assert ep["imbalance_share"] * total + ep["mean_without"] * (n - ep["steps"]) == pytest.approx(total)
+    assert ep["mean_without"] <= prof["mean"] + 1e-9  # the peak's steps are above the mean
+    with pytest.raises(ValueError, match="threshold"):
+        ex.imbalance_episode(res, -1.0)

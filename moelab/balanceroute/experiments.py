@@ -29,7 +29,7 @@ from moelab.costmodel.dp import DPCost
 from moelab.datasets import bundled_path
 from moelab.routing import Router, make_router, router_names
 from moelab.routing import dp_balancers as _dp  # registers vLLM's and SGLang's DP balancers
-from moelab.sim import SimResult, gain_vs_best
+from moelab.sim import MeasurementWindow, SimResult, gain_vs_best
 from moelab.sim.dp import simulate_dp
 from moelab.traces import RequestTrace, load_azure_trace
 
@@ -196,10 +196,32 @@ def at_load(trace: RequestTrace, cost: DPCost, load: float, *, n_requests: int |
 SPREAD_WINDOWS = 3
 
 
+def max_windows(trace: RequestTrace, n_requests: int) -> int:
+    """How many disjoint windows of ``n_requests`` requests :func:`trace_windows` can cut from ``trace``
+    (0 when even one does not fit).
+
+    Parameters
+    ----------
+    trace : RequestTrace
+        The held-out part.
+    n_requests : int
+        Requests per window (>= 2).
+
+    Returns
+    -------
+    int
+        ``len(trace) // n_requests``.
+    """
+    check_instance("trace", trace, RequestTrace, "a RequestTrace")
+    n_requests = check_int("n_requests", n_requests, low=2)
+    return len(trace) // n_requests
+
+
 def trace_windows(trace: RequestTrace, n_requests: int, n_windows: int = SPREAD_WINDOWS) -> list[RequestTrace]:
     """Consecutive, disjoint windows of ``n_requests`` requests each, in time order: window 0 is
     ``trace.head(n_requests)`` (the headline's requests), the others start where the one before ended and are
-    shifted to start at time zero. As many as the trace holds (at least one, at most ``n_windows``).
+    shifted to start at time zero. Exactly ``n_windows`` of them: a trace too short for that many is refused
+    (``ValueError`` naming ``n_windows`` and :func:`max_windows`), never cut to fewer.
 
     Parameters
     ----------
@@ -208,17 +230,21 @@ def trace_windows(trace: RequestTrace, n_requests: int, n_windows: int = SPREAD_
     n_requests : int
         Requests per window (>= 2).
     n_windows : int
-        Windows wanted (>= 1).
+        Windows wanted, 1 to ``max_windows(trace, n_requests)``.
 
     Returns
     -------
     list of RequestTrace
+        ``n_windows`` windows of ``n_requests`` requests each.
     """
     n_requests = check_int("n_requests", n_requests, low=2)
     n_windows = check_int("n_windows", n_windows, low=1)
-    fits = max(1, min(n_windows, len(trace) // n_requests))
+    fits = max_windows(trace, n_requests)
+    if n_windows > fits:
+        raise ValueError(f"n_windows must be at most {fits}: the trace's {len(trace)} requests hold {fits} disjoint "
+                         f"window(s) of n_requests={n_requests}; got n_windows={n_windows}")
     out = [trace.head(n_requests)]
-    for w in range(1, fits):
+    for w in range(1, n_windows):
         out.append(_rezero(trace, np.arange(w * n_requests, (w + 1) * n_requests), f"window {w}"))
     return out
 
@@ -229,7 +255,38 @@ def window_spread(trace: RequestTrace, cost: DPCost, load: float, n_requests: in
     """The same routers on each of :func:`trace_windows`'s disjoint request windows, each at ``load`` x
     capacity: how much a verdict owes to one stretch of the trace. One row per (window, router), with a
     ``window`` column; ``skip_first`` leaves window 0 out (the caller already ran it: the headline), and
-    ``n_requests=None`` (the whole trace in one run) has no other window, so the frame is then empty."""
+    ``n_requests=None`` (the whole trace in one run) has no other window, so the frame is then empty.
+
+    Parameters
+    ----------
+    trace : RequestTrace
+        The held-out part.
+    cost : DPCost
+        The DP group's step model.
+    load : float
+        Offered load of every window, a multiple of its capacity in :data:`LOAD_RANGE`.
+    n_requests : int or None
+        Requests per window (>= 2); ``None``: the whole trace is one run, no other window.
+    names : tuple of str
+        The routers (:func:`lineup`'s names).
+    n_windows : int
+        Windows, the headline's included: 1 to :func:`max_windows` (more is refused, see :func:`trace_windows`).
+    train : RequestTrace, optional
+        The training part the predictors fit on.
+    seed : int
+        The routers' and the simulator's seed.
+    skip_first : bool
+        Leave window 0 out.
+    **sim_kwargs
+        Passed to :func:`moelab.sim.dp.simulate_dp`.
+
+    Returns
+    -------
+    DataFrame
+        :func:`run_lineup`'s rows with a ``window`` column.
+    """
+    check_instance("cost", cost, DPCost, "a DPCost (e.g. DPCost.h200(G, slots))")
+    load = check_real("load", load, low=LOAD_RANGE[0], high=LOAD_RANGE[1])
     if n_requests is None:
         return pd.DataFrame(columns=["window", "router"])
     frames, cache = [], {}
@@ -275,10 +332,53 @@ def imbalance_profile(result: SimResult, smooth: int = 25) -> dict[str, float]:
             "peak_t_s": float(steps["t_s"].to_numpy()[at + k - 1])}
 
 
-def queue_tail(result: SimResult, quantile: float = 0.99) -> dict[str, float]:
+def imbalance_episode(result: SimResult, threshold: float, smooth: int = 25) -> dict[str, float]:
+    """How much of a run's idle work an episode holds: the *episode* is every window step covered by a
+    ``smooth``-step moving average (:func:`imbalance_profile`'s) above ``threshold``. Its share of the run's
+    summed imbalance and the mean of the other steps say whether the episode, and not the typical step, is what
+    lifts the run's mean (the mean without it falls below a rival's mean).
+
+    Parameters
+    ----------
+    result : SimResult
+        One :func:`moelab.sim.dp.simulate_dp` run.
+    threshold : float
+        KV tokens, >= 0 (e.g. a rival router's peak moving average).
+    smooth : int
+        Steps of the moving average, >= 1.
+
+    Returns
+    -------
+    dict
+        ``steps`` (count) and ``step_share`` (of the window's steps) in the episode, ``imbalance_share`` (its
+        share of the summed imbalance, 0..1) and ``mean_without`` (KV tokens: the mean over the other steps; NaN
+        when every step is in the episode or the window is empty).
+    """
+    check_instance("result", result, SimResult, "a SimResult (simulate_dp's)")
+    threshold = check_real("threshold", threshold, low=0)
+    smooth = check_int("smooth", smooth, low=1)
+    steps, _ = result.window.select(result.steps, float(result.requests["output_len"].mean()))
+    imb = steps["imbalance"].to_numpy(np.float64)
+    if imb.size == 0:
+        return {"steps": 0, "step_share": float("nan"), "imbalance_share": float("nan"), "mean_without": float("nan")}
+    k = min(smooth, imb.size)
+    above = np.flatnonzero(np.convolve(imb, np.ones(k) / k, mode="valid") > threshold)
+    covered = np.zeros(imb.size, dtype=bool)
+    for start in above:  # moving average ``start`` covers steps start .. start + k - 1
+        covered[start:start + k] = True
+    total = float(imb.sum())
+    rest = imb[~covered]
+    return {"steps": int(covered.sum()), "step_share": float(covered.mean()),
+            "imbalance_share": float(imb[covered].sum() / total) if total > 0 else 0.0,
+            "mean_without": float(rest.mean()) if rest.size else float("nan")}
+
+
+def queue_tail(result: SimResult, quantile: float = 0.99, window: MeasurementWindow | None = None
+               ) -> dict[str, float]:
     """Who waits longest in a run: the queueing delay at ``quantile`` and the mean prompt tokens of the requests
-    queued at least that long, next to every request's mean prompt (a router that scores prompts, like BR-0's
-    ``F_g``, may leave one kind of request waiting).
+    queued at least that long, next to the mean prompt of the same requests (a router that scores prompts, like
+    BR-0's ``F_g``, may leave one kind of request waiting). The requests are those ``result.metrics(window)``
+    takes its ``queue_s_*`` over, so at ``quantile=0.99`` ``queue_s`` is its ``queue_s_p99``.
 
     Parameters
     ----------
@@ -286,25 +386,35 @@ def queue_tail(result: SimResult, quantile: float = 0.99) -> dict[str, float]:
         One :func:`moelab.sim.dp.simulate_dp` run.
     quantile : float
         In ``(0, 1)``.
+    window : MeasurementWindow, optional
+        Which requests count (default ``result.window``): with ``requests="window"`` only those arriving inside
+        the window's span, as in :meth:`moelab.sim.SimResult.metrics`.
 
     Returns
     -------
     dict
-        ``queue_s`` (s), ``tail_prompt_mean`` and ``all_prompt_mean`` (tokens), ``tail_requests`` (count).
+        ``queue_s`` (s), ``tail_prompt_mean`` and ``all_prompt_mean`` (tokens), ``tail_requests`` and
+        ``requests`` (counts: the tail and every request counted).
     """
     check_instance("result", result, SimResult, "a SimResult (simulate_dp's)")
     quantile = check_real("quantile", quantile, low=0, high=1, low_open=True, high_open=True)
+    window = result.window if window is None else check_instance("window", window, MeasurementWindow,
+                                                                  "a MeasurementWindow")
     req = result.requests
+    if window.requests == "window":  # the same requests as metrics(window): those arriving inside the span
+        first, last = window.span(result.steps, float(req["output_len"].mean()))
+        arr = req["arrival_s"].to_numpy(np.float64)
+        req = req[(arr >= first) & (arr <= last)]
     wait = (req["admit_s"] - req["arrival_s"]).to_numpy(np.float64)
     ok = np.isfinite(wait)
     if not ok.any():
         return {"queue_s": float("nan"), "tail_prompt_mean": float("nan"), "all_prompt_mean": float("nan"),
-                "tail_requests": 0}
+                "tail_requests": 0, "requests": 0}
     prompt = req["prompt_len"].to_numpy(np.float64)[ok]
-    cut = float(np.quantile(wait[ok], quantile))
+    cut = float(np.percentile(wait[ok], 100 * quantile))
     tail = wait[ok] >= cut
     return {"queue_s": cut, "tail_prompt_mean": float(prompt[tail].mean()), "all_prompt_mean": float(prompt.mean()),
-            "tail_requests": int(tail.sum())}
+            "tail_requests": int(tail.sum()), "requests": int(ok.sum())}
 
 
 def backlog_trace(trace: RequestTrace, n_requests: int = 80_000, seed: int = 0) -> RequestTrace:
