@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from moelab import cross
@@ -54,8 +55,6 @@ def test_balanceroute_routes_instances_in_the_eldr_cluster(setup, name):
 
 
 def test_panel_and_figures_draw_a_pair_gains_table():
-    import pandas as pd
-
     from moelab.viz import cross as cviz
 
     rows = [{"pair": f"{i} x {r}", "instance_router": i, "rank_router": r, "tpot_ms_p50_gain_pct": g,
@@ -91,3 +90,52 @@ def test_seed_spread_and_the_price_of_eldrs_lever(setup):
     assert 0 < cross.expert_term_ms(setup, 10.0, 16) < cross.expert_term_ms(setup, 20.0, 16)
     with pytest.raises(ValueError, match="seed"):
         cross.gains_by_seed(grids.drop(columns="seed"))
+    # a draw counted twice is refused, in the runs and in the frame
+    with pytest.raises(ValueError, match=r"seeds must be distinct.*\[1\]"):
+        cross.pair_grids(setup, rate=rate, seeds=(1, 0, 1), n_requests=80)
+    with pytest.raises(ValueError, match="seed"):
+        cross.pair_grids(setup, rate=rate, seeds=(0,), seed=3, n_requests=80)
+    with pytest.raises(ValueError, match="more than once for seed 0"):
+        cross.gains_by_seed(pd.concat([grids, grids[grids["seed"] == 0]], ignore_index=True))
+    # ELDR's lever, priced per draw: the expert term of JSQ x JSQ's distinct experts minus ELDR's, at JSQ's batch
+    one_grid = grids[grids["seed"] == 1]
+    lever = cross.eldr_lever(setup, one_grid)
+    rows = one_grid.set_index("pair")
+    batch = float(rows.loc["jsq x jsq", "mean_batch"])
+    saved = (cross.expert_term_ms(setup, float(rows.loc["jsq x jsq", "distinct_per_layer_step"]), batch)
+             - cross.expert_term_ms(setup, float(rows.loc["eldr x jsq", "distinct_per_layer_step"]), batch))
+    assert lever["saved_ms"] == pytest.approx(saved)
+    assert lever["lever_pct"] == pytest.approx(100 * saved / float(rows.loc["jsq x jsq", "step_ms_mean"]))
+    with pytest.raises(ValueError, match="one draw"):
+        cross.eldr_lever(setup, grids)  # two draws at once
+    with pytest.raises(ValueError, match="eldr x jsq"):
+        cross.eldr_lever(setup, one_grid[one_grid["pair"] != "eldr x jsq"])
+
+
+def test_the_cross_spread_constant_has_its_own_name():
+    """One name, one meaning: ELDR's seed count is ELDR's; the cross-paper experiment's is CROSS_SPREAD_SEEDS."""
+    assert isinstance(cross.CROSS_SPREAD_SEEDS, int) and cross.CROSS_SPREAD_SEEDS >= 2
+    assert not hasattr(cross, "SPREAD_SEEDS") and "SPREAD_SEEDS" not in cross.__all__
+
+
+@pytest.mark.parametrize(("values", "pattern"), [
+    ([2.0, 3.5], "above"),
+    ([-2.0, -1.5], "below"),          # every draw sub-additive beyond the tolerance
+    ([0.0, 0.4, 1.0], "additive"),     # every draw within [0, tolerance]
+    ([-0.9, 0.3], "additive"),
+    ([-3.0, 2.0], "mixed_sign"),
+    ([-0.5, 2.0], "mixed_sign"),
+    ([0.2, 2.0], "at_or_above"),
+    ([-2.0, -0.2, 0.0], "at_or_below"),
+])
+def test_interaction_pattern_names_every_case(values, pattern):
+    assert cross.interaction_pattern(values, 1.0) == pattern
+    assert pattern in cross.INTERACTION_PATTERNS
+
+
+def test_interaction_pattern_refuses_no_or_bad_draws():
+    for bad in ([], [float("nan")], [1.0, float("inf")]):
+        with pytest.raises(ValueError, match="interaction_pts"):
+            cross.interaction_pattern(bad, 1.0)
+    with pytest.raises(ValueError, match="tolerance"):
+        cross.interaction_pattern([1.0], -0.1)

@@ -3,13 +3,16 @@ folders never import each other; this package may import them)."""
 
 from moelab.cross.experiment import (
     BASELINE_PAIR,
+    CROSS_SPREAD_SEEDS,
     INSTANCE_ROUTERS,
+    INTERACTION_PATTERNS,
     RANK_ROUTERS,
-    SPREAD_SEEDS,
     CrossSetup,
+    eldr_lever,
     expert_term_ms,
     gains,
     gains_by_seed,
+    interaction_pattern,
     pair_gains_table,
     pair_grid,
     pair_grids,
@@ -20,6 +23,7 @@ from moelab.cross.experiment import (
     variant,
 )
 
-__all__ = ["BASELINE_PAIR", "INSTANCE_ROUTERS", "RANK_ROUTERS", "SPREAD_SEEDS", "CrossSetup", "expert_term_ms", "gains",
+__all__ = ["BASELINE_PAIR", "CROSS_SPREAD_SEEDS", "INSTANCE_ROUTERS", "INTERACTION_PATTERNS", "RANK_ROUTERS", "CrossSetup",
+           "eldr_lever", "expert_term_ms", "gains", "interaction_pattern",
            "gains_by_seed", "pair_gains_table", "pair_grid", "pair_grids", "prepare", "rate_for_load", "run_pair",
            "share_sweep", "variant"]

@@ -166,24 +166,67 @@ def pair_grid(cs: CrossSetup, *, rate: float, instance_routers: tuple[str, ...] 
     return pd.DataFrame([run_pair(cs, i, r, rate=rate, **kw) for i in instance_routers for r in rank_routers])
 
 
-#: arrival draws the spread check runs: the headline's seed and the next ones
-SPREAD_SEEDS = 3
+#: arrival draws the cross-paper spread check runs: the headline's seed and the next ones (ELDR's own notebook
+#: repeats over its own count; this one is the cross-paper experiment's)
+CROSS_SPREAD_SEEDS = 3
 
 
 def pair_grids(cs: CrossSetup, *, rate: float, seeds: tuple[int, ...], **kw: object) -> pd.DataFrame:
     """:func:`pair_grid` once per seed (each seed draws its own arrivals, lengths and routers' coins), with a
-    ``seed`` column: how much of a pair's gain belongs to one draw of the arrivals."""
+    ``seed`` column: how much of a pair's gain belongs to one draw of the arrivals.
+
+    Parameters
+    ----------
+    cs : CrossSetup
+        The experiment's setup (:func:`prepare`).
+    rate : float
+        Arrival rate (req/s to the whole cluster, > 0; e.g. :func:`rate_for_load`).
+    seeds : tuple of int
+        The draws, at least one, each once (a repeated seed would count one draw twice).
+    **kw
+        Passed to :func:`run_pair` (``n_requests``, ``tau``); not ``seed``.
+
+    Returns
+    -------
+    DataFrame
+        :func:`pair_grid`'s rows for every seed, in the order of ``seeds``, with a ``seed`` column.
+    """
+    seeds = tuple(seeds)
     if not seeds:
         raise ValueError("seeds must name at least one seed")
-    frames = [pair_grid(cs, rate=rate, seed=int(s), **kw).assign(seed=int(s)) for s in seeds]
+    seeds = tuple(check_int("seeds", s) for s in seeds)
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ValueError(f"seeds must be distinct (a repeated seed counts one draw twice); {repeated} repeat in {seeds}")
+    if "seed" in kw:
+        raise ValueError("pair_grids takes its seeds from `seeds`, not `seed`")
+    frames = [pair_grid(cs, rate=rate, seed=s, **kw).assign(seed=s) for s in seeds]
     return pd.concat(frames, ignore_index=True)
 
 
 def gains_by_seed(grids: pd.DataFrame, metric: str = "tpot_ms_p50") -> pd.DataFrame:
     """:func:`gains` of each seed's grid in :func:`pair_grids`'s frame, one row per seed, with the
-    ``interaction_pts`` (``both - additive``, percentage points)."""
+    ``interaction_pts`` (``both - additive``, percentage points).
+
+    Parameters
+    ----------
+    grids : DataFrame
+        :func:`pair_grids`'s frame: a ``seed`` column and each pair at most once per seed.
+    metric : str
+        The latency column the gains are of (lower is better).
+
+    Returns
+    -------
+    DataFrame
+        One row per seed (ascending): ``seed``, :func:`gains`'s keys and ``interaction_pts``.
+    """
     if "seed" not in grids.columns:
         raise ValueError("grids needs a seed column (pair_grids' frame)")
+    twice = grids[grids.duplicated(["seed", "pair"], keep=False)]
+    if len(twice):
+        first = twice.iloc[0]
+        raise ValueError(f"grids holds pair {first['pair']!r} more than once for seed {int(first['seed'])} "
+                         "(a seed repeated in pair_grids, or two frames concatenated): each seed's grid is one draw")
     rows = []
     for seed, grid in grids.groupby("seed", sort=True):
         g = gains(grid, metric)
@@ -192,9 +235,24 @@ def gains_by_seed(grids: pd.DataFrame, metric: str = "tpot_ms_p50") -> pd.DataFr
 
 
 def expert_term_ms(cs: CrossSetup, distinct_per_layer: float, batch: float) -> float:
-    """The step model's price (ms) of the expert term ``t_e * sum_l D_l`` when an instance's ``batch`` tokens per
-    step (split evenly over its ranks) use ``distinct_per_layer`` distinct experts in each MoE layer: the part of
-    the step ELDR can move. The difference of two such prices is what a cut of distinct experts saves."""
+    """The step model's price of the expert term ``t_e * sum_l D_l``: the part of the step ELDR can move.
+
+    The difference of two such prices is what a cut of distinct experts saves per step.
+
+    Parameters
+    ----------
+    cs : CrossSetup
+        The experiment's setup (its step model and ranks per instance).
+    distinct_per_layer : float
+        Distinct experts each MoE layer loads per step, >= 0.
+    batch : float
+        Tokens per instance step, >= 0, split evenly over its ranks.
+
+    Returns
+    -------
+    float
+        Milliseconds: the step with those experts minus the same step with none.
+    """
     distinct_per_layer = check_real("distinct_per_layer", distinct_per_layer, low=0)
     batch = check_real("batch", batch, low=0)
     ranks = np.full(cs.ranks, batch / cs.ranks)
@@ -202,6 +260,76 @@ def expert_term_ms(cs: CrossSetup, distinct_per_layer: float, batch: float) -> f
     layers = cs.cost.num_layers
     with_experts = float(cs.cost.ep_step_ms(ranks, distinct_per_layer * layers, kv))
     return with_experts - float(cs.cost.ep_step_ms(ranks, 0.0, kv))
+
+
+def eldr_lever(cs: CrossSetup, grid: pd.DataFrame) -> dict[str, float]:
+    """The step model's price of ELDR's lever in one grid: what ``eldr x jsq``'s cut of distinct experts
+    (against ``jsq x jsq``) saves per step at JSQ x JSQ's mean batch, in ms and as a share of JSQ x JSQ's
+    mean step. A price of the expert term, not a bound on a latency percentile.
+
+    Parameters
+    ----------
+    cs : CrossSetup
+        The setup the grid ran on.
+    grid : DataFrame
+        One draw's :func:`pair_grid` (both pairs once, with ``distinct_per_layer_step``, ``mean_batch`` and
+        ``step_ms_mean``).
+
+    Returns
+    -------
+    dict
+        ``saved_ms`` and ``step_ms`` (ms), ``lever_pct`` (% of the mean step).
+    """
+    rows = grid.set_index("pair")
+    missing = [p for p in ("jsq x jsq", "eldr x jsq") if p not in rows.index]
+    if missing:
+        raise ValueError(f"grid needs the pairs 'jsq x jsq' and 'eldr x jsq'; {missing} missing")
+    if not rows.index.is_unique:
+        raise ValueError("grid holds a pair more than once: pass one draw (one seed of pair_grids)")
+    base, eldr = rows.loc["jsq x jsq"], rows.loc["eldr x jsq"]
+    batch = float(base["mean_batch"])
+    saved = (expert_term_ms(cs, float(base["distinct_per_layer_step"]), batch)
+             - expert_term_ms(cs, float(eldr["distinct_per_layer_step"]), batch))
+    step = float(base["step_ms_mean"])
+    return {"saved_ms": float(saved), "step_ms": step, "lever_pct": float(100 * saved / step)}
+
+
+#: how :func:`interaction_pattern` reads the draws' ``both - additive`` points
+INTERACTION_PATTERNS = ("above", "below", "additive", "mixed_sign", "at_or_above", "at_or_below")
+
+
+def interaction_pattern(interaction_pts: object, tolerance: float) -> str:
+    """What a set of draws says about ``both - additive`` (percentage points), one of
+    :data:`INTERACTION_PATTERNS`: ``"above"`` / ``"below"`` every draw more than ``tolerance`` above / below
+    additive; ``"additive"`` every draw within ``tolerance``; ``"mixed_sign"`` some draws above zero and some
+    below; ``"at_or_above"`` / ``"at_or_below"`` every draw on one side of zero (or at it), some within
+    ``tolerance`` and some beyond.
+
+    Parameters
+    ----------
+    interaction_pts : array-like
+        One value per draw, finite, at least one.
+    tolerance : float
+        Points, >= 0.
+
+    Returns
+    -------
+    str
+        The pattern.
+    """
+    x = np.asarray(interaction_pts, dtype=np.float64).ravel()
+    if x.size == 0 or not np.isfinite(x).all():
+        raise ValueError(f"interaction_pts must hold at least one finite value; got {x.tolist()!r:.80}")
+    tolerance = check_real("tolerance", tolerance, low=0)
+    if x.min() > tolerance:
+        return "above"
+    if x.max() < -tolerance:
+        return "below"
+    if np.abs(x).max() <= tolerance:
+        return "additive"
+    if x.min() < 0 < x.max():
+        return "mixed_sign"
+    return "at_or_above" if x.min() >= 0 else "at_or_below"
 
 
 def gains(df: pd.DataFrame, metric: str = "tpot_ms_p50") -> dict[str, object]:
@@ -263,6 +391,7 @@ def rate_for_load(cs: CrossSetup, load: float = 0.7) -> float:
     return load * cs.n_instances * n / (cs.mean_output * step_s)
 
 
-__all__ = ["BASELINE_PAIR", "INSTANCE_ROUTERS", "RANK_ROUTERS", "SPREAD_SEEDS", "CrossSetup", "expert_term_ms", "gains",
+__all__ = ["BASELINE_PAIR", "CROSS_SPREAD_SEEDS", "INSTANCE_ROUTERS", "INTERACTION_PATTERNS", "RANK_ROUTERS", "CrossSetup",
+           "eldr_lever", "expert_term_ms", "gains", "interaction_pattern",
            "gains_by_seed", "pair_gains_table", "pair_grid", "pair_grids", "prepare", "rate_for_load", "run_pair",
            "share_sweep", "variant"]
