@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "moelab"
 PAPERS = ("afd", "dsd", "eldr", "hd", "balanceroute")
-FLOOR = ("traces", "costmodel", "routing", "sim", "datasets", "_io", "_validate")
+FLOOR = ("traces", "costmodel", "routing", "sim", "datasets", "_io", "_stats", "_validate")
 ABOVE_PAPERS = ("bench", "make", "sweep")
 
 

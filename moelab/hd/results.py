@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from moelab._stats import interval_verdict
 from moelab.datasets import SPEC_BENCH_CATEGORIES, repo_root
 
 FULL_TABLE = "specbench_vllm_full.csv"  # in data/hd/: the committed full-benchmark table (when it has been run)
@@ -101,13 +102,7 @@ def paired_ratio(df: pd.DataFrame, a: str, b: str, *, level: float = 0.95, resam
 def verdict(ci_low: float, ci_high: float) -> str:
     """What an interval of a ratio ``a / b`` allows one to say: ``"ahead"`` (``a`` faster: the whole interval is
     above 1), ``"behind"`` (below 1) or ``"not distinguishable"`` (it holds 1, or is undefined)."""
-    if not (np.isfinite(ci_low) and np.isfinite(ci_high)):
-        return "not distinguishable"
-    if ci_low > 1.0:
-        return "ahead"
-    if ci_high < 1.0:
-        return "behind"
-    return "not distinguishable"
+    return interval_verdict(ci_low, ci_high, null=1.0)
 
 
 #: the paired comparisons of HD's benchmark and full table: (first method, second method)
