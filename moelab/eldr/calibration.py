@@ -470,7 +470,18 @@ def real_trace_stats(name: str = REAL_TRACE) -> dict[str, float | None]:
 
 
 def real_column(name: str) -> str:
-    """The column of :func:`calibration_table` that holds the bundled real trace ``name``."""
+    """The column of :func:`calibration_table` that holds the bundled real trace ``name``.
+
+    Parameters
+    ----------
+    name : str
+        A bundled real trace's stem, one of :data:`moelab.eldr.locality.REAL_TRACES`.
+
+    Returns
+    -------
+    str
+    """
+    check_choice("name", name, sorted(REAL_TRACES))
     return f"real {REAL_TRACES[name]['name']}"
 
 

@@ -26,6 +26,7 @@ import pandas as pd
 from scipy import stats
 
 import moelab.eldr.routing  # noqa: F401  registers ELDR's routers for build_router
+from moelab._stats import interval_verdict, log_ratio_interval
 from moelab._validate import check_choice, check_instance, check_int, check_real, rng_from
 from moelab.costmodel import MODEL_SHAPES, DecodeStepModel
 from moelab.datasets import load_eldr_results
@@ -356,13 +357,16 @@ def run_one(
 
 #: the share of the slowest requests (by TPOT) :func:`tail_batches` calls the tail: the p99's 1%
 TAIL_PCT = 1.0
+_STEP_TOL_S = 1e-9  # seconds: a step ending this close to a token's time produced it
 
 
 def tail_batches(res: SimResult, tail_pct: float = TAIL_PCT) -> dict[str, float]:
     """Where a run's TPOT tail comes from: the batches its slowest requests decoded in.
 
-    A request's *lifetime batch* is the mean batch of its worker's steps between its first and last token
-    (a step's time grows with its batch, so a request that decodes inside a crowded batch has a high TPOT).
+    A request's *lifetime batch* is the mean batch of the steps that produced its tokens: its worker's steps
+    from the one that ended at its first token (``first_token_s``) to the one that ended at its last
+    (``finish_s``). A step's ``t_s`` is its start, so a step ends at ``t_s + step_ms``. (A step's time grows
+    with its batch, so a request that decodes inside a crowded batch has a high TPOT.)
 
     Parameters
     ----------
@@ -388,12 +392,17 @@ def tail_batches(res: SimResult, tail_pct: float = TAIL_PCT) -> dict[str, float]
     life = np.full(len(q), np.nan)
     for w in np.unique(worker):
         s = st[st["worker"] == w].sort_values("t_s")
-        t, b = s["t_s"].to_numpy(np.float64), np.concatenate([[0.0], np.cumsum(s["batch"].to_numpy(np.float64))])
+        # a step's t_s is its start (moelab.sim.cluster logs it when the step starts); its tokens exist at its end,
+        # the same float the simulator computed (t + ms * 1e-3), so a request's steps are those whose END lies in
+        # [first_token_s, finish_s] (a small tolerance keeps hand-built results exact too)
+        end = s["t_s"].to_numpy(np.float64) + s["step_ms"].to_numpy(np.float64) * 1e-3
+        b = np.concatenate([[0.0], np.cumsum(s["batch"].to_numpy(np.float64))])
         mine = np.flatnonzero(worker == w)
-        lo, hi = np.searchsorted(t, first[mine], "left"), np.searchsorted(t, finish[mine], "right")
-        hi = np.maximum(hi, np.minimum(lo + 1, t.size))  # at least the step that produced its first token
-        lo = np.minimum(lo, hi - 1)
-        life[mine] = (b[hi] - b[lo]) / (hi - lo)
+        lo = np.searchsorted(end, first[mine] - _STEP_TOL_S, "left")
+        hi = np.searchsorted(end, finish[mine] + _STEP_TOL_S, "right")
+        n = hi - lo
+        with np.errstate(invalid="ignore", divide="ignore"):
+            life[mine] = np.where(n > 0, (b[hi] - b[lo]) / np.maximum(n, 1), np.nan)
     cut = np.percentile(tpot, 100 - tail_pct)
     slow = tpot >= cut
     counts = np.bincount(worker[slow].astype(np.int64))
@@ -431,61 +440,76 @@ def rate_sweep(setup: ELDRSetup, rates: Sequence[float] = PAPER_RATES, routers: 
     return pd.DataFrame([run_one(setup, name, rate=rate, **kw) for rate in rates for name in routers])
 
 
-#: how many arrival seeds :func:`seed_spread` runs by default (the notebook's seed and the next ones)
-SPREAD_SEEDS = 5
-#: the confidence level of :func:`gain_interval`'s interval
+#: how many seeds :func:`seed_spread` and :func:`ablation_spread` run by default (the setup's seed and the next
+#: ones); each seed redraws a run's randomness (see :func:`seed_spread`)
+ELDR_SPREAD_SEEDS = 5
+#: the confidence level of :func:`gain_interval`'s interval (of the whole family in :func:`ablation_spread`)
 SPREAD_LEVEL = 0.95
 
 
 def gain_interval(reference_ms: Sequence[float], method_ms: Sequence[float], *,
-                  level: float = SPREAD_LEVEL) -> dict[str, Any]:
+                  level: float = SPREAD_LEVEL, n_comparisons: int = 1) -> dict[str, Any]:
     """The relative gain of a method over a reference, paired by seed, with a Student-t interval.
+
+    One estimator gives the point and the interval: the mean over seeds of ``log(method / reference)``. The gain
+    is ``100 * (1 - exp(mean))``, which equals ``100 * (1 - method_geomean / reference_geomean)`` (the geometric
+    means over the seeds, so the two reproduce it by hand), and its interval is the t-interval of the mean log,
+    mapped the same way (the gain always lies inside it).
 
     Parameters
     ----------
     reference_ms, method_ms : sequence of float
-        One value per seed (same seeds, same order, same requests per seed: equal budgets), lower is better.
+        One value per seed (same seeds, same order, same requests per seed: equal budgets), lower is better,
+        finite and > 0.
     level : float
-        Confidence level of the interval, in (0, 1).
+        Confidence level of the interval, in (0, 1) (of the whole family when ``n_comparisons`` > 1).
+    n_comparisons : int
+        How many intervals are read together (Bonferroni: each is at level ``1 - (1 - level) / n_comparisons``).
 
     Returns
     -------
     dict
-        ``gains_pct`` (per seed, ``100 * (1 - method / reference)``), ``gain_pct`` (their mean), ``gain_lo_pct``
-        and ``gain_hi_pct`` (the interval), ``n_seeds`` and ``verdict``: ``"ahead"`` when the whole interval is
-        above zero, ``"behind"`` when it is below, else ``"not distinguishable"``.
+        ``gains_pct`` (per seed, ``100 * (1 - method / reference)``), ``reference_geomean_ms`` and
+        ``method_geomean_ms``, ``gain_pct``, ``gain_lo_pct`` and ``gain_hi_pct`` (the interval), ``n_seeds`` and
+        ``verdict`` (:func:`moelab._stats.interval_verdict` of the interval against 0): ``"ahead"`` when the whole
+        interval is above zero, ``"behind"`` when it is below, else ``"not distinguishable"``.
     """
-    level = check_real("level", level, low=0, high=1, low_open=True, high_open=True)
+    r = log_ratio_interval(reference_ms, method_ms, level=level, n_comparisons=n_comparisons,
+                           reference_name="reference_ms", method_name="method_ms")
     ref = np.asarray(reference_ms, dtype=np.float64)
     met = np.asarray(method_ms, dtype=np.float64)
-    if ref.shape != met.shape or ref.ndim != 1 or ref.size < 2:
-        raise ValueError(f"reference_ms and method_ms need one value per seed, at least 2 seeds; got {ref.shape} and "
-                         f"{met.shape}")
-    g = 100 * (1 - met / ref)
-    half = float(stats.t.ppf(0.5 + level / 2, g.size - 1) * g.std(ddof=1) / np.sqrt(g.size))
-    mean = float(g.mean())
-    lo, hi = mean - half, mean + half
-    verdict = "ahead" if lo > 0 else "behind" if hi < 0 else "not distinguishable"
-    return {"gains_pct": g.tolist(), "gain_pct": mean, "gain_lo_pct": lo, "gain_hi_pct": hi, "n_seeds": int(g.size),
-            "verdict": verdict}
+    lo, hi = 100 * (1 - r["ratio_hi"]), 100 * (1 - r["ratio_lo"])
+    return {"gains_pct": (100 * (1 - met / ref)).tolist(), "reference_geomean_ms": r["reference_geomean"],
+            "method_geomean_ms": r["method_geomean"], "gain_pct": 100 * (1 - r["ratio"]), "gain_lo_pct": lo,
+            "gain_hi_pct": hi, "n_seeds": r["n"], "verdict": interval_verdict(lo, hi, null=0.0)}
+
+
+def _spread_seeds(setup: ELDRSetup, seeds: Sequence[int] | None) -> list[int]:
+    out = [setup.seed + i for i in range(ELDR_SPREAD_SEEDS)] if seeds is None else [int(x) for x in seeds]
+    if len(out) < 2 or len(set(out)) != len(out):
+        raise ValueError(f"seeds must be at least 2 distinct seeds; got {out}")
+    return out
 
 
 def seed_spread(setup: ELDRSetup, rates: Sequence[float] = PAPER_RATES, *, seeds: Sequence[int] | None = None,
                 baselines: Sequence[str] = BASELINES, **kw: Any) -> pd.DataFrame:
-    """ELDR's p50 TPOT gain over the best baseline at each rate, over several arrival seeds at equal budgets.
+    """ELDR's p50 TPOT gain over the best baseline at each rate, over several seeds at equal budgets.
 
-    Every seed replays new Poisson arrivals (and new router tie-breaks) on the same workload and centroids;
-    every router gets the same arrivals and the same number of requests at a seed. The best baseline of a
-    rate is the one with the lowest mean p50 over the seeds (chosen once, so the per-seed gains are paired).
+    A seed redraws everything random in a run, from one stream (:func:`moelab._validate.rng_from`): the Poisson
+    arrival gaps, which requests of the replay pool arrive (drawn with replacement) and where in their decode
+    they start, and the routers' random choices (tie-breaks, random and P2C picks). The workload, signatures and
+    centroids stay the setup's. At a seed every router gets the same requests at the same times. The best
+    baseline is chosen **per seed**: the lowest p50 of ``baselines`` at that seed (the reference a deployment
+    would have had to beat on that draw), so nothing is chosen on the seeds' mean and then tested on them.
 
     Parameters
     ----------
     setup : ELDRSetup
         The shared workload, signatures, centroids and cost model (:func:`prepare`).
     rates : sequence of float
-        Arrival rates in ELDR's unit (req/s at 16 decode workers).
+        Arrival rates in ELDR's unit (req/s at 16 decode workers), at least one.
     seeds : sequence of int, optional
-        Arrival seeds, at least 2 (default: ``SPREAD_SEEDS`` seeds from the setup's seed on).
+        Seeds, at least 2 distinct (default: :data:`ELDR_SPREAD_SEEDS` seeds from the setup's seed on).
     baselines : sequence of str
         The load balancers ELDR is compared with (default the paper's four).
     **kw
@@ -494,26 +518,44 @@ def seed_spread(setup: ELDRSetup, rates: Sequence[float] = PAPER_RATES, *, seeds
     Returns
     -------
     DataFrame
-        One row per rate: ``rate``, ``best_baseline``, ``baseline_tpot_ms_p50`` and ``eldr_tpot_ms_p50`` (means
-        over the seeds), ``eldr_p50_spread_pct`` (half-width of the interval of ELDR's own p50, relative to its
-        mean: the seed-to-seed noise of one run), and :func:`gain_interval`'s figures.
+        One row per rate: ``rate``, ``best_baseline`` (the per-seed best, with how many seeds each was best at when
+        they differ), ``best_baselines`` (per seed), ``baseline_tpot_ms_p50`` and ``eldr_tpot_ms_p50`` (geometric
+        means over the seeds of the per-seed best baseline's p50 and of ELDR's: ``gain_pct`` is exactly
+        ``100 * (1 - eldr / baseline)`` of these two), ``eldr_p50_spread_pct`` (half-width of the interval of
+        ELDR's own p50, relative to its mean: the seed-to-seed noise of one run), :func:`gain_interval`'s
+        figures, and the same for the p99 TPOT from the same runs, prefixed ``p99_`` (``p99_gain_pct``,
+        ``p99_gain_lo_pct``, ``p99_gain_hi_pct``, ``p99_verdict``, ``p99_reference_geomean_ms``,
+        ``p99_method_geomean_ms``; its best baseline is the lowest p99 at each seed).
     """
-    seeds = [setup.seed + i for i in range(SPREAD_SEEDS)] if seeds is None else [int(x) for x in seeds]
-    if len(seeds) < 2 or len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds must be at least 2 distinct seeds; got {seeds}")
+    seeds = _spread_seeds(setup, seeds)
+    rates = list(rates)
+    if not rates:
+        raise ValueError("rates must name at least one arrival rate")
+    if not baselines:
+        raise ValueError("baselines must name at least one router")
     for key in ("seed", "rate"):
         if key in kw:
             raise ValueError(f"seed_spread sets {key!r} itself; do not pass it")
     rows = []
     for rate in rates:
-        p50 = {name: np.array([run_one(setup, name, rate=rate, seed=s, **kw)["tpot_ms_p50"] for s in seeds])
-               for name in (*baselines, "eldr")}
-        best = min(baselines, key=lambda b: float(p50[b].mean()))
+        runs = {name: [run_one(setup, name, rate=rate, seed=s, **kw) for s in seeds] for name in (*baselines, "eldr")}
+        p50 = {name: np.array([m["tpot_ms_p50"] for m in ms]) for name, ms in runs.items()}
+        p99 = np.vstack([[m["tpot_ms_p99"] for m in runs[b]] for b in baselines])
+        g99 = gain_interval(p99.min(axis=0), [m["tpot_ms_p99"] for m in runs["eldr"]])
+        base = np.vstack([p50[b] for b in baselines])
+        best_idx = base.argmin(axis=0)
+        best_names = [baselines[i] for i in best_idx]
+        counts = pd.Series(best_names).value_counts()
+        best = str(counts.index[0]) if len(counts) == 1 else ", ".join(
+            f"{name} {n}/{len(seeds)}" for name, n in counts.items())
         e = p50["eldr"]
         half = float(stats.t.ppf(0.5 + SPREAD_LEVEL / 2, e.size - 1) * e.std(ddof=1) / np.sqrt(e.size))
-        rows.append({"rate": float(rate), "best_baseline": best, "baseline_tpot_ms_p50": float(p50[best].mean()),
-                     "eldr_tpot_ms_p50": float(e.mean()), "eldr_p50_spread_pct": 100 * half / float(e.mean()),
-                     **gain_interval(p50[best], e)})
+        g = gain_interval(base.min(axis=0), e)
+        rows.append({"rate": float(rate), "best_baseline": best, "best_baselines": best_names,
+                     "baseline_tpot_ms_p50": g["reference_geomean_ms"], "eldr_tpot_ms_p50": g["method_geomean_ms"],
+                     "eldr_p50_spread_pct": 100 * half / float(e.mean()), **g,
+                     **{f"p99_{k}": g99[k] for k in ("reference_geomean_ms", "method_geomean_ms", "gain_pct",
+                                                     "gain_lo_pct", "gain_hi_pct", "verdict")}})
     return pd.DataFrame(rows)
 
 
@@ -550,9 +592,19 @@ def ablation_effect(df: pd.DataFrame, knob: str) -> dict[str, Any]:
             "fastest_p99": float(fast["tpot_ms_p99"]), "slowest_p99": float(slow["tpot_ms_p99"])}
 
 
-def ablation_spread(ablation: Any, setup: ELDRSetup, knob: str, *, seeds: Sequence[int] | None = None,
+#: what :func:`ablation_spread` says of a setting against the reference, from the interval of its p50 change
+_CHANGE_WORDS = {"ahead": "slower", "behind": "faster", "not distinguishable": "not distinguishable"}
+
+
+def ablation_spread(ablation: Any, setup: ELDRSetup, knob: str, *, reference: Any, seeds: Sequence[int] | None = None,
                     **kw: Any) -> dict[str, Any]:
-    """:func:`ablation_effect` over several arrival seeds: is the fastest setting distinguishably faster?
+    """An ablation over several seeds: each setting against one **pre-named** reference setting.
+
+    The reference is named before the runs (the notebook's own setting: its tau, balanced K-means, count_idf,
+    offline centroids), so nothing is chosen from the results and then tested on them. Each other setting's p50
+    TPOT is compared with the reference's, paired by seed (:func:`gain_interval`'s estimator: geometric means,
+    a t-interval of the mean log ratio), and the intervals are Bonferroni-corrected over the comparisons: all of
+    them hold together with probability :data:`SPREAD_LEVEL`.
 
     Parameters
     ----------
@@ -563,42 +615,58 @@ def ablation_spread(ablation: Any, setup: ELDRSetup, knob: str, *, seeds: Sequen
         The shared workload (:func:`prepare`).
     knob : str
         The column that names the setting.
+    reference : object
+        The setting the others are compared with: a value of the ``knob`` column (e.g. ``0.1``, ``True``).
     seeds : sequence of int, optional
-        At least 2 distinct arrival seeds (default: ``SPREAD_SEEDS`` from the setup's seed on).
+        At least 2 distinct seeds (default: :data:`ELDR_SPREAD_SEEDS` from the setup's seed on).
     **kw
         Passed to ``ablation`` (``rate``, ``n_requests``, ``tau``, ...; not ``seed``).
 
     Returns
     -------
     dict
-        :func:`ablation_effect` of the first seed's table (``table``: that table) with ``fastest`` /
-        ``slowest`` and their p50s taken from the means over the seeds, plus ``spread_pct``,
-        ``spread_lo_pct``, ``spread_hi_pct`` (the slowest's p50 above the fastest's, %, paired by seed, with
-        :func:`gain_interval`'s interval), ``n_seeds`` and ``distinguishable``.
+        ``knob``, ``settings`` (as strings, table order), ``reference`` (as a string), ``reference_p50`` (geometric
+        mean over the seeds, ms), ``reference_distinct`` / ``reference_cv`` / ``reference_p99`` (the first seed's
+        table), ``n_seeds``, ``n_comparisons``, ``level`` (of the family), ``comparisons`` (one dict per other
+        setting: ``setting``, ``p50`` (geometric mean, ms), ``change_pct`` (its p50 above the reference's, %:
+        ``100 * (p50 / reference_p50 - 1)``), ``change_lo_pct`` / ``change_hi_pct`` (the corrected interval),
+        ``verdict`` (``"slower"``, ``"faster"`` or ``"not distinguishable"``), and the first seed's ``distinct``,
+        ``cv`` and ``p99``) and ``table`` (the first seed's table).
     """
-    seeds = [setup.seed + i for i in range(SPREAD_SEEDS)] if seeds is None else [int(x) for x in seeds]
-    if len(seeds) < 2 or len(set(seeds)) != len(seeds) or "seed" in kw:
-        raise ValueError(f"seeds must be at least 2 distinct seeds, passed as seeds (not seed); got {seeds}")
+    if "seed" in kw:
+        raise ValueError("ablation_spread runs one table per seed: pass seeds, not seed")
+    seeds = _spread_seeds(setup, seeds)
     tables = [ablation(setup, seed=s, **kw) for s in seeds]
+    first = tables[0]
+    if knob not in first.columns:
+        raise ValueError(f"knob must be a column of the ablation's table {list(first.columns)}; got {knob!r}")
+    matches = [str(v) for v in first[knob] if v == reference]
+    if not matches:
+        raise ValueError(f"reference must be one of the {knob} settings {[str(v) for v in first[knob]]}; got {reference!r}")
+    ref = matches[0]
     p50 = pd.DataFrame({s: t.set_index(t[knob].astype(str))["tpot_ms_p50"] for s, t in zip(seeds, tables)}).dropna()
-    if len(p50) < 2:
+    if ref not in p50.index:
+        raise ValueError(f"the reference setting {knob} = {ref} has no p50 TPOT (skipped)")
+    others = [str(v) for v in p50.index if str(v) != ref]
+    if not others:
         raise ValueError("an ablation needs at least two settings with a p50 TPOT")
-    mean = p50.mean(axis=1)
-    fast, slow = str(mean.idxmin()), str(mean.idxmax())
-    interval = gain_interval(p50.loc[slow].to_numpy(), p50.loc[fast].to_numpy())  # the fastest's gain over the slowest
-    first = tables[0].assign(**{knob: tables[0][knob].astype(str)})
-    eff = ablation_effect(first, knob)
-    row = first.set_index(knob)
-    pct = [100 * (1 / (1 - g / 100) - 1) for g in (interval["gain_pct"], interval["gain_lo_pct"], interval["gain_hi_pct"])]
-    eff.update({"fastest": fast, "slowest": slow, "fastest_p50": float(mean[fast]), "slowest_p50": float(mean[slow]),
-                "fastest_distinct": float(row.loc[fast, "distinct_per_layer_step"]),
-                "slowest_distinct": float(row.loc[slow, "distinct_per_layer_step"]),
-                "fastest_cv": float(row.loc[fast, "worker_load_cv"]), "slowest_cv": float(row.loc[slow, "worker_load_cv"]),
-                "fastest_p99": float(row.loc[fast, "tpot_ms_p99"]), "slowest_p99": float(row.loc[slow, "tpot_ms_p99"]),
-                "spread_pct": 100 * (float(mean[slow]) / float(mean[fast]) - 1), "spread_lo_pct": pct[1],
-                "spread_hi_pct": pct[2], "n_seeds": len(seeds), "distinguishable": interval["verdict"] == "ahead",
-                "table": tables[0]})
-    return eff
+    row = first.assign(**{knob: first[knob].astype(str)}).set_index(knob)
+    comparisons = []
+    for name in others:
+        r = log_ratio_interval(p50.loc[ref].to_numpy(), p50.loc[name].to_numpy(), level=SPREAD_LEVEL,
+                               n_comparisons=len(others), reference_name=f"{knob} = {ref}", method_name=f"{knob} = {name}")
+        lo, hi = 100 * (r["ratio_lo"] - 1), 100 * (r["ratio_hi"] - 1)
+        comparisons.append({"setting": name, "p50": r["method_geomean"], "change_pct": 100 * (r["ratio"] - 1),
+                            "change_lo_pct": lo, "change_hi_pct": hi,
+                            "verdict": _CHANGE_WORDS[interval_verdict(lo, hi, null=0.0)],
+                            "distinct": float(row.loc[name, "distinct_per_layer_step"]),
+                            "cv": float(row.loc[name, "worker_load_cv"]), "p99": float(row.loc[name, "tpot_ms_p99"])})
+    ref_geo = float(np.exp(np.log(p50.loc[ref].to_numpy(np.float64)).mean()))
+    return {"knob": knob, "settings": [str(v) for v in first[knob]], "reference": ref, "reference_p50": ref_geo,
+            "reference_distinct": float(row.loc[ref, "distinct_per_layer_step"]),
+            "reference_cv": float(row.loc[ref, "worker_load_cv"]), "reference_p99": float(row.loc[ref, "tpot_ms_p99"]),
+            "n_seeds": len(seeds), "n_comparisons": len(others), "level": SPREAD_LEVEL, "comparisons": comparisons,
+            "table": first}
 
 
 def gains(df: pd.DataFrame, baselines: Sequence[str] = BASELINES) -> pd.DataFrame:
@@ -725,7 +793,8 @@ def real_setup(trace: ExpertTrace, *, n_workers: int = 16, n_pairs: int = 10000,
 
 def real_trace_report(trace: ExpertTrace, *, n_workers: int = 16, rates: Sequence[float] = PAPER_RATES,
                       n_requests: int = 2000, output_len: int = 512, n_pairs: int = 10000, like: str = "qwen3-30b-a3b",
-                      seed: int = 0, routers: Sequence[str] = SWEEP_ROUTERS) -> tuple[dict, pd.DataFrame]:
+                      seed: int = 0, routers: Sequence[str] = SWEEP_ROUTERS,
+                      setup: ELDRSetup | None = None) -> tuple[dict, pd.DataFrame]:
     """ELDR end to end on any real :class:`ExpertTrace`: held-out count_idf rho and decode-expert
     recall, same-task distinct-expert reduction (B = min(32, smallest task)), K-means (one cluster per
     task) vs task labels ARI, and the decode-cluster rate sweep of every router with the PROJECTION
@@ -735,6 +804,10 @@ def real_trace_report(trace: ExpertTrace, *, n_workers: int = 16, rates: Sequenc
     ``rate * n_workers / 16`` (:func:`paper_rate_scale`), the same per-worker load as the synthetic sweeps
     at the same rate.
 
+    ``setup``, when given, is the :func:`real_setup` of ``trace`` with these ``n_workers``, ``n_pairs``,
+    ``like`` and ``seed`` (built once and shared, e.g. with :func:`seed_spread`; checked); by default it is built
+    here.
+
     Returns
     -------
     stats : dict
@@ -742,7 +815,16 @@ def real_trace_report(trace: ExpertTrace, *, n_workers: int = 16, rates: Sequenc
     sweep : DataFrame
         :func:`rate_sweep` rows (``rate`` in paper units, ``sim_rate`` simulated).
     """
-    setup = real_setup(trace, n_workers=n_workers, n_pairs=n_pairs, like=like, seed=seed)
+    if setup is None:
+        setup = real_setup(trace, n_workers=n_workers, n_pairs=n_pairs, like=like, seed=seed)
+    else:
+        check_instance("setup", setup, ELDRSetup, "an ELDRSetup (real_setup of the trace) or None")
+        got = {"n_workers": setup.n_workers, "n_pairs": setup.n_pairs, "seed": setup.seed,
+               "requests": setup.calib.n_requests + setup.pool.n_requests}
+        want = {"n_workers": n_workers, "n_pairs": n_pairs, "seed": seed, "requests": trace.n_requests}
+        if got != want or like not in setup.cost.shape.source:
+            raise ValueError(f"setup must be real_setup(trace, n_workers={n_workers}, n_pairs={n_pairs}, like={like!r}, "
+                             f"seed={seed}); got one with {got} and cost {setup.cost.shape.source!r}")
     cost = setup.cost
     rep = setup.builder("count_idf").report(setup.pool, n_pairs=n_pairs)
     codes, names = trace.domain_codes()
@@ -928,7 +1010,7 @@ def regime_map(scales: Sequence[float] = (0.25, 0.5, 1.0, 1.5), *, rates: Sequen
 
 
 __all__ = ["BASELINES", "DEFAULT_SWEEP_K", "PAPER_DECODE_WORKERS", "PAPER_RATES", "paper_rate_scale", "adjusted_rand_index", "default_sweep", "paper_peak_rate",
-           "projection_cost", "real_setup", "real_trace_report", "SPREAD_LEVEL", "SPREAD_SEEDS", "TAIL_PCT",
+           "projection_cost", "real_setup", "real_trace_report", "SPREAD_LEVEL", "ELDR_SPREAD_SEEDS", "TAIL_PCT",
            "ablation_effect", "ablation_spread", "gain_interval", "seed_spread", "tail_batches", "regime_map", "sweep_gains", "SWEEP_ROUTERS", "ELDRSetup", "build_router", "compare_with_paper", "gains",
            "kmeans_ablation", "LOAD_RANGE", "paper_gains", "rate_for_batch", "rate_for_load", "refit_ablation", "PREFIX_MODES", "prefix_cache_ablation",
            "prefix_setup", "prepare", "rate_sweep", "run_one",

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from sklearn.cluster import KMeans
 
-from moelab._validate import check_int, rng_from
+from moelab._validate import check_instance, check_int, rng_from
 from moelab.eldr.signature import SignatureBuilder
 from moelab.eldr.workload import distinct_reduction, workload_stats
 from moelab.traces.analysis import signature_ari
@@ -92,9 +92,25 @@ def locality_report(
 
 
 def heldout_rho(trace: ExpertTrace, *, n_pairs: int = 30000, seed: int = 0) -> float:
-    """The held-out count_idf rho of :func:`locality_report` (same seeded halves, same pairs) alone."""
+    """The held-out count_idf rho of :func:`locality_report` (same seeded halves, same pairs) alone.
+
+    Parameters
+    ----------
+    trace : ExpertTrace
+        At least 4 requests (two per half).
+    n_pairs : int
+        Request pairs of the rho.
+    seed : int
+        Seed of the halves and the pairs.
+
+    Returns
+    -------
+    float
+    """
+    check_instance("trace", trace, ExpertTrace, "an ExpertTrace")
     n = trace.n_requests
-    check_int("the trace's requests", n, low=4)
+    if n < 4:
+        raise ValueError(f"trace must hold at least 4 requests (two per half); got {n}")
     perm = rng_from(seed).permutation(n)
     cal, held = trace.subset(np.sort(perm[: n // 2])), trace.subset(np.sort(perm[n // 2:]))
     return float(SignatureBuilder("count_idf", n_pairs=n_pairs, seed=seed).fit(cal).report(held, n_pairs=n_pairs)["rho"])
@@ -122,7 +138,8 @@ def locality_contrast(names: tuple[str, ...] = tuple(REAL_TRACES), *, min_label:
         One row per trace: ``trace``, ``requests`` (what they are), ``n_requests``, ``labels`` (what a label is),
         ``n_labels``, ``largest_label_share`` (fraction of the requests in the largest label),
         ``median_prompt_tokens``, ``rho`` (all requests), ``rho_within_label_lo`` / ``_hi`` (the range over the
-        labels of at least ``min_label`` requests), ``long_prompt_tokens`` (the largest median prompt length of
+        labels of at least ``min_label`` requests; each from one label's held-out half alone, so a rough value:
+        ``labels_within`` labels, the smallest of ``smallest_label_within`` requests), ``long_prompt_tokens`` (the largest median prompt length of
         the traces compared) and ``rho_long_prompts`` (rho of this trace's prompts at least that long). A
         ``display`` name per trace is in :data:`REAL_TRACES`.
     """
@@ -145,6 +162,8 @@ def locality_contrast(names: tuple[str, ...] = tuple(REAL_TRACES), *, min_label:
                      "rho": heldout_rho(tr, n_pairs=n_pairs, seed=seed),
                      "rho_within_label_lo": min(within) if within else float("nan"),
                      "rho_within_label_hi": max(within) if within else float("nan"),
+                     "labels_within": len(within),
+                     "smallest_label_within": int(sizes[sizes >= min_label].min()) if within else 0,
                      "long_prompt_tokens": long_len,
                      "rho_long_prompts": heldout_rho(tr.subset(long), n_pairs=n_pairs, seed=seed)
                      if long.size >= 2 * min_label else float("nan")})
