@@ -134,7 +134,9 @@ def check_sim_rate(answer: object, *, N_WORKERS: int, ABLATION_RATE: float, **_:
     # the usual slips, each named (a slip equal to the right answer, e.g. at K = 16, is not one)
     slips = [(value, what) for value, what in (
         (rate, f"that is the paper's rate itself: it is offered to the paper's {paper_k} decode workers, not to K"),
-        (rate * paper_k / k, "the scale is inverted: fewer workers than the paper's must get less traffic, not more"),
+        (rate * paper_k / k, f"the scale is inverted: the rate is multiplied by K/{paper_k}, not {paper_k}/K (" +
+         (f"K = {k} is fewer workers than the paper's {paper_k}, so they get less traffic, not more)" if k < paper_k
+          else f"K = {k} is more workers than the paper's {paper_k}, so they get more traffic, not less)")),
         (rate / k, "that is one worker's share of the paper's rate spread over K workers, not the cluster's rate"),
         (rate / paper_k, "that is the load of ONE worker (req/s per worker), not the whole cluster's rate"))
         if not np.isclose(value, want, rtol=0.01)]
