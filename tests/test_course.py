@@ -19,6 +19,7 @@ from moelab.course import (
     exercise,
     require,
 )
+from moelab.course.overview import PAPER_TERMS
 
 BAD_ANSWERS = ["abc", None, float("nan"), float("inf"), [1.0, 2.0, 3.0], [[1.0], [2.0, 3.0]], {"a": 1}, True,
                np.zeros((2, 2)), lambda *a: "not a number", lambda *a: 1 / 0]
@@ -58,6 +59,27 @@ def test_checker_turns_bad_input_into_feedback(key, bad):
     feedback = ex.check(bad, **ex.context)
     assert isinstance(feedback, Feedback) and not feedback.ok
     assert any(word in feedback.message for word in ("expected", "must be", "raised", "return"))
+
+
+@pytest.mark.parametrize("paper", ["AFD", "BalanceRoute", "DSD", "HD"])
+def test_paper_for_term_tells_a_wrong_paper_which_term_it_moves(paper):
+    """00.paper_for_term: a wrong paper (any case, stray spaces) is told the term its own method moves, and the
+    right paper is never named in the hint."""
+    ex = EXERCISES["00.paper_for_term"]
+    for spelled in (paper, f"  {paper.lower()} "):
+        feedback = ex.check(spelled, **ex.context)
+        assert not feedback.ok
+        assert f"{paper}'s method moves {PAPER_TERMS[paper]}, not D." in feedback.message, feedback.message
+        assert "ELDR" not in feedback.message.split("Hint:", 1)[1]
+
+
+def test_paper_for_term_without_a_named_paper_points_at_the_table():
+    ex = EXERCISES["00.paper_for_term"]
+    for answer in ("Mixtral", "", "eldr?"):
+        feedback = ex.check(answer, **ex.context)
+        assert not feedback.ok and "read the table of what each method does" in feedback.message, feedback.message
+        assert "method moves" not in feedback.message and "ELDR" not in feedback.message.split("Hint:", 1)[1]
+    assert ex.check(" eLdR ", **ex.context).ok
 
 
 def test_check_number_names_a_known_slip():
