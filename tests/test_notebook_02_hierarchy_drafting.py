@@ -39,7 +39,22 @@ def test_speed_breakdown_is_tokens_per_forward_over_forward_cost():
     assert why["speedup"] == pytest.approx(0.5) == pytest.approx(why["a"] / why["cost_ratio"])
     assert why["draft_ms"] == pytest.approx(0.2) and why["planned_break_even"] == pytest.approx(2.5)
     with pytest.raises(ValueError, match="timed"):
-        course_hd.speed_breakdown(spec, _run([(1, 0, 1.0, 0.0)], decode_s=0.0, tokens=1))
+        course_hd.speed_breakdown(spec, _run([(1, 0, 1.0, 0.0)] * 6, decode_s=0.0, tokens=6))
+
+
+def test_speed_breakdown_refuses_runs_where_a_over_cost_ratio_is_not_the_speedup():
+    """Review item: 'exactly a / cost_ratio' holds only for the same tokens and one plain forward per token."""
+    spec = _run([(9, 3, 150.0, 300.0), (1, 0, 40.0, 100.0), (9, 0, 150.0, 200.0)], decode_s=0.6, tokens=6)
+    shorter = _run([(1, 0, 50.0, 0.0)] * 5, decode_s=0.25, tokens=5)
+    with pytest.raises(ValueError, match="same tokens.*6 against 5 tokens"):
+        course_hd.speed_breakdown(spec, shorter)
+    other = _run([(1, 0, 50.0, 0.0)] * 6, decode_s=0.3, tokens=6)
+    other.tokens[2] = 8
+    with pytest.raises(ValueError, match="differ from token 2"):
+        course_hd.speed_breakdown(spec, other)
+    drafted_plain = _run([(9, 2, 50.0, 0.0)] * 2, decode_s=0.3, tokens=6)  # 6 tokens in 2 forwards: not plain
+    with pytest.raises(ValueError, match="one forward per token.*2 forwards for 6 tokens"):
+        course_hd.speed_breakdown(spec, drafted_plain)
 
 
 def test_first_tokens_counts_forwards_up_to_n_tokens():
@@ -63,6 +78,9 @@ def test_slice_breakdown_prices_forwards_against_plain_decoding_on_the_same_ques
     assert got["speedup_total"] == pytest.approx(got["a"] / got["cost_ratio"])
     with pytest.raises(ValueError, match="not in the slice"):
         course_hd.slice_breakdown(questions, steps, "PLD@8")
+    # AR missing a question the method ran: refused by name, not averaged over fewer questions
+    with pytest.raises(ValueError, match="AR .*missing question 2 of 'HD-cost@8'"):
+        course_hd.slice_breakdown(questions.drop(index=1), steps, "HD-cost@8")
 
 
 def test_step_tokens_exercise_is_not_the_worked_examples_answer():

@@ -321,7 +321,8 @@ def speed_breakdown(spec: GenerationResult, plain: GenerationResult,
 
     Both runs emit the same tokens (greedy, lossless), and plain decoding runs one forward per token, so the
     speed-up is exactly ``a / cost_ratio``: tokens per forward over the time of a speculative forward in plain
-    forwards.
+    forwards. Both conditions are checked: runs that emit different tokens, or a plain run with other than one
+    forward per token, are refused (the identity would not hold).
 
     Parameters
     ----------
@@ -345,9 +346,24 @@ def speed_breakdown(spec: GenerationResult, plain: GenerationResult,
         ``verify_ratio_drafting`` (that over a plain forward), ``draft_ms`` (drafting per forward),
         ``draft_share`` (of a speculative forward), ``cost_ratio`` (a speculative forward in plain forwards) and
         ``speedup`` (plain decode time over speculative decode time).
+
+    Raises
+    ------
+    ValueError
+        If either run has no step or was not timed, if the two runs emitted different tokens, or if ``plain``
+        did not run one forward per token.
     """
     if not spec.steps or not plain.steps:
         raise ValueError("both runs need at least one decode step")
+    if list(plain.tokens) != list(spec.tokens):
+        first = next((i for i, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b),
+                     min(len(plain.tokens), len(spec.tokens)))
+        raise ValueError(f"spec and plain must emit the same tokens (the same request, greedy); they differ from "
+                         f"token {first} on ({len(spec.tokens)} against {len(plain.tokens)} tokens), so the speed-up "
+                         "is not a / cost_ratio")
+    if plain.forwards != len(plain.tokens):
+        raise ValueError(f"plain must run one forward per token (decoding without a drafter); it ran {plain.forwards} "
+                         f"forwards for {len(plain.tokens)} tokens, so the speed-up is not a / cost_ratio")
     if spec.decode_s <= 0 or plain.decode_s <= 0:
         raise ValueError("both runs must be timed (generate, not replay_greedy)")
     tokens = _step_tokens(spec)
@@ -372,8 +388,21 @@ def speed_breakdown(spec: GenerationResult, plain: GenerationResult,
 
 
 def first_tokens(result: GenerationResult, n: int) -> dict[str, float]:
-    """The forwards ``result`` took for its first ``n`` tokens (capped at the tokens it has) and its tokens per
-    forward over them: ``{"tokens", "forwards", "a"}``."""
+    """The forwards ``result`` took for its first ``n`` tokens and its tokens per forward over them.
+
+    Parameters
+    ----------
+    result : GenerationResult
+        A decoded request (:func:`moelab.hd.generate`, with or without a drafter).
+    n : int
+        Tokens to count (>= 1); capped at the tokens ``result`` has.
+
+    Returns
+    -------
+    dict
+        ``tokens`` (``n`` after the cap), ``forwards`` (the forwards until those tokens were emitted; the last
+        one may emit more than needed) and ``a`` (``tokens / forwards``).
+    """
     n = min(check_int("n", n, low=1), len(result.tokens))
     done, forwards = 0, 0
     for k in _step_tokens(result):
@@ -385,8 +414,18 @@ def first_tokens(result: GenerationResult, n: int) -> dict[str, float]:
 
 def slice_breakdown(questions: pd.DataFrame, steps: pd.DataFrame, method: str) -> dict[str, float]:
     """Tokens per forward, tokens processed per forward and (where ``method`` ran for real) the cost of its
-    forwards against plain decoding's over a Spec-Bench slice (:class:`moelab.hd.experiments.SpecBenchRun`'s
-    ``questions`` and ``steps``).
+    forwards against plain decoding's over a Spec-Bench slice.
+
+    Parameters
+    ----------
+    questions : pandas.DataFrame
+        One row per (``method``, ``question_id``) with ``new_tokens``, ``forwards``, ``measured`` and
+        ``decode_s`` (:class:`moelab.hd.experiments.SpecBenchRun`'s ``questions``).
+    steps : pandas.DataFrame
+        One row per decode step with ``method``, ``mode`` (``"run"`` or ``"replay"``), ``tree_size`` and
+        ``accepted`` (the run's ``steps``).
+    method : str
+        The method to break down, as named in ``questions`` (e.g. ``"HD-cost@8"``).
 
     Returns
     -------
@@ -395,6 +434,12 @@ def slice_breakdown(questions: pd.DataFrame, steps: pd.DataFrame, method: str) -
         exact replay's), ``acceptance`` (accepted over drafted tokens); for a measured method also
         ``forward_ms``, ``plain_forward_ms`` (AR's on the same questions), ``cost_ratio`` (their ratio) and
         ``speedup_total`` (AR's total decode time over the method's: ``a / cost_ratio``).
+
+    Raises
+    ------
+    ValueError
+        If ``method`` is not in the slice, or if it ran for real on a question that AR did not (its cost would be
+        priced against plain decoding on fewer questions); the missing questions are named.
     """
     rows = questions[questions["method"] == method]
     if rows.empty:
@@ -409,6 +454,11 @@ def slice_breakdown(questions: pd.DataFrame, steps: pd.DataFrame, method: str) -
                              "acceptance": float(own["accepted"].sum() / drafted) if drafted else float("nan")}
     if measured:
         ar = questions[(questions["method"] == "AR") & questions["question_id"].isin(rows["question_id"])]
+        missing = sorted(set(rows["question_id"]) - set(ar["question_id"]))
+        if missing:
+            raise ValueError(f"AR (plain decoding) is missing question{'s' if len(missing) > 1 else ''} "
+                             f"{', '.join(map(str, missing))} of {method!r}: its forwards cannot be priced against "
+                             "plain decoding on the same questions")
         forward_ms = float(rows["decode_s"].sum() / rows["forwards"].sum() * 1e3)
         plain_ms = float(ar["decode_s"].sum() / ar["forwards"].sum() * 1e3)
         out.update({"forward_ms": forward_ms, "plain_forward_ms": plain_ms, "cost_ratio": forward_ms / plain_ms,
