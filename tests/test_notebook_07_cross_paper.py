@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
+from moelab import cross
 from moelab.course.agreement import assert_reads_cleanly
 from moelab.presets import preset_values
 from tests.helpers import execute_notebook
@@ -34,3 +36,19 @@ def test_notebook_07_cross_paper(tmp_path):
     base = [r for r in res["pairs"] if r["pair"] == "jsq x jsq"][0]
     assert base["tpot_ms_p50_gain_pct"] == 0.0
     assert len(res["worked_example"]) == 4 and len(res["verdict"]) == 5
+    # the spread's draws, the lever priced on each, and the interaction sentence picked from all of them
+    draws = res["seed_spread"]
+    assert len(draws) == len(res["eldr_lever"]["by_seed"]) == cross.CROSS_SPREAD_SEEDS
+    inter = [d["interaction_pts"] for d in draws]
+    assert res["interaction_pattern"] == cross.interaction_pattern(inter, 1.0)
+    text = "\n".join("".join(o["data"]["text/markdown"])
+                     for c in json.loads((tmp_path / "07_cross_paper.ipynb").read_text())["cells"]
+                     for o in c.get("outputs", []) if "text/markdown" in o.get("data", {}))
+    eldr_only = [d["eldr_only_gain_pct"] for d in draws]
+    assert ("the draws disagree on its sign" in text) == (min(eldr_only) < 0 < max(eldr_only))
+    assert "the most ELDR alone can gain" not in text  # the lever is a price of the step's expert term, not a bound
+    sentence = {"above": "Every draw is more than", "below": "Every draw is more than", "additive": "Every draw is within",
+                "mixed_sign": "The draws disagree on the sign of the interaction", "at_or_above": "No draw is below additive",
+                "at_or_below": "No draw is above additive"}[res["interaction_pattern"]]
+    assert sentence in text
+
