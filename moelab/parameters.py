@@ -351,6 +351,7 @@ FIXED: dict[str, dict[str, Parameter]] = {
                            file_or_empty(".npz", _read_trace, what="expert trace")),
         "INTERACTIVE": _INTERACTIVE,
         "SEED": _SEED,
+        "ARRIVAL_ORDERS": Parameter("seeded arrival orders the routing what-if is repeated over", integer(1, 64)),
     },
     "07_cross_paper": {
         "LOAD": Parameter("offered load (multiple of the slot capacity)", real(0, 100, low_open=True)),

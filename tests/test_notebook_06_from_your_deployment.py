@@ -68,9 +68,11 @@ def test_notebook_06_on_the_recorded_capture(tmp_path):
 
     trace = recorded_capture()
     assert trace is not None, "data/traces/tiny-moe-06-vllm.npz is missing (python -m moelab.make.deployment_trace)"
-    res = execute_notebook("06_from_your_deployment", {**SMALL, "TRACE": str(trace)}, tmp_path)
+    res = execute_notebook("06_from_your_deployment", {**SMALL, "TRACE": str(trace), "ARRIVAL_ORDERS": 3}, tmp_path)
     assert_reads_cleanly(tmp_path / "06_from_your_deployment.ipynb", res)
     r = res["06_from_your_deployment"]
+    # the arrival orders are a parameter (moelab/parameters.py), not a number typed into a cell
+    assert r["arrival_orders"] == 3 and len(r["eldr_reduction_by_order"]) == 3
     assert r["backend"] == "vllm" and not r["live_engine"] and r["trace_file"] == trace.name
     assert r["recorded_with"].startswith("vLLM 0.3") and r["engine_s"] < 5
     _check_analysis(r)
