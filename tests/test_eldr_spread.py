@@ -229,3 +229,20 @@ def test_real_column_names_the_allowed_traces():
     assert cal.real_column("sharegpt-moe-specbench") == "real Spec-Bench questions"
     with pytest.raises(ValueError, match="name must be one of .*sharegpt-moe-sharegpt"):
         cal.real_column("nope")
+
+
+def test_real_trace_report_uses_the_setup_it_is_given(monkeypatch):
+    trace = generate(96, SMALL, seed=5).trace
+    kw = dict(n_workers=2, rates=(2400.0,), n_requests=40, output_len=8, n_pairs=300, routers=("jsq", "eldr"))
+    rsetup = ex.real_setup(trace, n_workers=2, n_pairs=300)
+    want_stats, want = ex.real_trace_report(trace, **kw)
+
+    def no_rebuild(*a, **k):
+        raise AssertionError("real_trace_report rebuilt the setup it was given")
+
+    monkeypatch.setattr(ex, "real_setup", no_rebuild)
+    got_stats, got = ex.real_trace_report(trace, setup=rsetup, **kw)
+    assert got["tpot_ms_p50"].tolist() == pytest.approx(want["tpot_ms_p50"].tolist())
+    assert got_stats["rho"] == pytest.approx(want_stats["rho"])
+    with pytest.raises(ValueError, match="setup must be real_setup"):
+        ex.real_trace_report(trace, setup=rsetup, **{**kw, "n_workers": 4})
