@@ -57,9 +57,10 @@ def _arrow(fig: go.Figure, x0: float, y0: float, x1: float, y1: float, text: str
 
 
 def eldr_tier_diagram(n_prefill: int = 2, n_decode: int = 3, routed_to: int = 1) -> go.Figure:
-    """ELDR's prefill/decode tier: a prefill worker computes the request's expert signature ``s`` (which
-    experts its prompt used), the router compares it with each decode worker's centroid ``c_j`` and sends
-    the request into the locality band (cosine within ``tau`` of the best), least loaded first.
+    """ELDR's prefill/decode tier: a prefill worker computes the request's expert signature ``v`` (which
+    experts its prompt used; notebooks/NOTATION.md), the router compares it with each decode worker's centroid
+    ``c_j`` (similarity ``s_j = cos(v, c_j)``) and sends the request into the locality band (similarity within
+    ``tau`` of the best), least loaded first.
 
     Parameters
     ----------
@@ -82,8 +83,8 @@ def eldr_tier_diagram(n_prefill: int = 2, n_decode: int = 3, routed_to: int = 1)
         _box(fig, 2.6, y - 0.4, 4.6, y + 0.4, f"prefill {i}")
         _arrow(fig, 1.7, height / 2, 2.6, y)
         # the topmost arrow carries the label (drawn above it): no other arrow runs through it
-        _arrow(fig, 4.6, y, 6.0, height / 2, "signature s" if i == n_prefill - 1 else "")
-    _box(fig, 6.0, height / 2 - 0.7, 8.0, height / 2 + 0.7, "router<br>band: cos(s, c_j)<br>≥ best − tau",
+        _arrow(fig, 4.6, y, 6.0, height / 2, "signature v" if i == n_prefill - 1 else "")
+    _box(fig, 6.0, height / 2 - 0.7, 8.0, height / 2 + 0.7, "router<br>band: cos(v, c<sub>j</sub>)<br>≥ best − tau",
          fill="#fde0dd", line=color_for("eldr"), font_size=11)
     for j in range(n_decode):
         y = height / 2 + ((n_decode - 1) / 2 - j) * 1.2
