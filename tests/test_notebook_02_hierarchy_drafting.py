@@ -125,3 +125,53 @@ def test_notebook_02_runs_and_records_results(tmp_path, public_data):
         assert "hd_vllm_full_speedup.html" in res["_figures"]
     else:
         assert "full_benchmark" not in r
+
+
+def _compare_table():
+    cats = ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "overall"]
+    return pd.DataFrame({"category": cats,
+                         "HD (cost-aware) (vLLM CPU, ours)": [1.9, 2.6, 1.6, 1.5, 1.8, 1.7, 1.9],
+                         "PLD A100-80GB (published)": [1.6, 1.1, 2.7, 1.2, 1.6, 1.9, 1.7],
+                         "REST A100-80GB (published)": [1.7, 2.0, 1.4, 1.3, 1.6, 1.5, 1.5]})
+
+
+def test_category_shape_names_lead_trail_and_both_sides_of_the_comparison():
+    from moelab.hd.experiments import category_shape
+
+    shape = category_shape(_compare_table())
+    ours = shape["columns"]["HD (cost-aware) (vLLM CPU, ours)"]
+    assert (ours["lead"], ours["trail"]) == ("translation", "qa") and "overall" not in ours["order"]
+    assert shape["columns"]["PLD A100-80GB (published)"]["lead"] == "summarization"
+    pld = shape["pairs"]["HD (cost-aware) (vLLM CPU, ours) | PLD A100-80GB (published)"]
+    assert not pld["same_lead"] and pld["rho"] < 0  # translation leads ours and trails PLD
+    assert "translation" in pld["disagree"] and set(pld["agree"]) | set(pld["disagree"]) == set(ours["order"])
+    rest = shape["pairs"]["HD (cost-aware) (vLLM CPU, ours) | REST A100-80GB (published)"]
+    assert rest["same_lead"] and rest["same_trail"] and rest["rho"] > 0.9 and rest["disagree"] == []
+    with pytest.raises(ValueError, match="published"):
+        category_shape(_compare_table().drop(columns=["PLD A100-80GB (published)", "REST A100-80GB (published)"]))
+
+
+def test_category_wins_counts_every_category_and_names_the_worst():
+    from moelab.hd.experiments import category_wins
+
+    summary = pd.DataFrame({"method": ["A"] * 3 + ["B"] * 3, "category": ["qa", "rag", "overall"] * 2,
+                            "mean_accepted": [2.0, 1.5, 1.8, 1.0, 1.6, 1.3]})
+    got = category_wins(summary, "A", "B")
+    assert got["ahead"] == ["qa"] and got["behind"] == ["rag"] and got["categories"] == 2 and not got["every"]
+    assert got["worst"] == "rag" and got["margin"]["rag"] == pytest.approx(-0.1)
+    assert category_wins(summary.assign(mean_accepted=[2.0, 1.7, 1.8, 1.0, 1.6, 1.3]), "A", "B")["every"]
+    with pytest.raises(ValueError, match="'C'"):
+        category_wins(summary, "A", "C")
+
+
+def test_published_figure_uses_each_methods_palette_colour():
+    """A student found the published-comparison bars in plotly's default colours: each bar takes its method's."""
+    from moelab.viz.common import color_for
+    from moelab.viz.hd import compare_column_method, fig_published
+
+    fig = fig_published(_compare_table())
+    got = {tr.name: tr.marker.color for tr in fig.data}
+    assert got["HD (cost-aware) (vLLM CPU, ours)"] == color_for("HD-cost")
+    assert got["PLD A100-80GB (published)"] == color_for("PLD") and got["REST A100-80GB (published)"] == color_for("REST")
+    assert compare_column_method("PLD@8 (HF CPU, slice, budget 8, ours)") == "PLD"
+    assert compare_column_method("HD (cost-aware)@8 (HF CPU, slice, budget 8, ours)") == "HD (cost-aware)"

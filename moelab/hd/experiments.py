@@ -241,6 +241,87 @@ def compare_published(summary: pd.DataFrame, published: pd.DataFrame, *, device:
     return pd.DataFrame(rows)
 
 
+def category_shape(compare: pd.DataFrame) -> dict[str, Any]:
+    """How the per-category shape of each of our columns of :func:`compare_published`'s table compares with each
+    published column: which categories lead and trail, and how alike the two orderings are.
+
+    Parameters
+    ----------
+    compare : pandas.DataFrame
+        :func:`compare_published`'s table (a ``category`` column, one row per Spec-Bench category plus
+        ``overall``; columns ending in ``"(published)"`` are the published side, the others ours).
+
+    Returns
+    -------
+    dict
+        ``columns``: per column, ``lead`` and ``trail`` (its fastest and slowest category) and ``order`` (the
+        categories from fastest to slowest); ``pairs``: per (ours, published) pair, ``rho`` (Spearman's rank
+        correlation over the categories both have), ``same_lead`` and ``same_trail``, and ``agree`` /
+        ``disagree`` (the categories that sit in the same half of both orderings, and those that do not).
+
+    Raises
+    ------
+    ValueError
+        If ``compare`` has no ``category`` column, or no column on one of the two sides.
+    """
+    if "category" not in compare:
+        raise ValueError(f"compare needs a 'category' column; it has {list(compare.columns)}")
+    per_cat = compare[compare["category"] != "overall"].set_index("category")
+    published = [c for c in per_cat.columns if str(c).endswith("(published)")]
+    ours = [c for c in per_cat.columns if c not in published]
+    if not published or not ours:
+        raise ValueError(f"compare needs both our columns and published ones; got ours {ours}, published {published}")
+    columns: dict[str, dict[str, Any]] = {}
+    for col in per_cat.columns:
+        v = per_cat[col].dropna().sort_values(ascending=False)
+        columns[str(col)] = {"lead": str(v.index[0]) if len(v) else "", "trail": str(v.index[-1]) if len(v) else "",
+                             "order": [str(c) for c in v.index]}
+    pairs: dict[str, dict[str, Any]] = {}
+    for a in ours:
+        for b in published:
+            both = per_cat[[a, b]].dropna()
+            ra, rb = both[a].rank(), both[b].rank()
+            rho = float(np.corrcoef(ra, rb)[0, 1]) if len(both) >= 3 and ra.std() > 0 and rb.std() > 0 else float("nan")
+            half = len(both) / 2  # a category "leads" when it sits in the faster half of that column's ordering
+            top_a, top_b = ({c for c, r in both[col].rank(ascending=False).items() if r <= half} for col in (a, b))
+            agree = [c for c in both.index if (c in top_a) == (c in top_b)]
+            pairs[f"{a} | {b}"] = {"ours": str(a), "published": str(b), "rho": rho,
+                                   "same_lead": columns[str(a)]["lead"] == columns[str(b)]["lead"],
+                                   "same_trail": columns[str(a)]["trail"] == columns[str(b)]["trail"],
+                                   "agree": [str(c) for c in agree],
+                                   "disagree": [str(c) for c in both.index if c not in agree]}
+    return {"columns": columns, "pairs": pairs}
+
+
+def category_wins(summary: pd.DataFrame, method: str, rival: str, col: str = "mean_accepted") -> dict[str, Any]:
+    """In which Spec-Bench categories ``method`` is ahead of ``rival`` on ``col`` of a :func:`summarize` table.
+
+    Returns
+    -------
+    dict
+        ``ahead``, ``tied`` and ``behind`` (category lists), ``categories`` (how many both have), ``margin``
+        (per category ``method`` minus ``rival``), ``worst`` (the category of the smallest margin) and ``every``
+        (``method`` ahead in every category).
+
+    Raises
+    ------
+    ValueError
+        If either method has no per-category row with a value of ``col``.
+    """
+    per = summary[summary["category"] != "overall"].pivot(index="category", columns="method", values=col)
+    missing = [m for m in (method, rival) if m not in per or per[m].isna().all()]
+    if missing:
+        raise ValueError(f"{missing} have no per-category {col!r} in the summary; methods: {sorted(per.columns)}")
+    both = per[[method, rival]].dropna()
+    margin = (both[method] - both[rival]).reindex([c for c in SPEC_BENCH_CATEGORIES if c in both.index])
+    out = {"ahead": [str(c) for c, d in margin.items() if d > 0], "tied": [str(c) for c, d in margin.items() if d == 0],
+           "behind": [str(c) for c, d in margin.items() if d < 0], "categories": int(len(margin)),
+           "margin": {str(c): float(d) for c, d in margin.items()},
+           "worst": str(margin.idxmin()) if len(margin) else ""}
+    out["every"] = bool(len(margin)) and len(out["ahead"]) == len(margin)
+    return out
+
+
 def hf_cost(model: Any) -> VerifyCost:
     """The HF verify-cost curve of ``model`` on this machine: the minima over repeats of
     :func:`moelab.models.lm.verify_cost_curve`, fitted with ``q = 1`` apart
@@ -278,5 +359,5 @@ def run_hf(model: Any, tok: Any, questions: pd.DataFrame, S: Store, L: Store, to
                          temperature=temperature, seed=seed), cost
 
 
-__all__ = ["BUDGET", "HF_METHODS", "SpecBenchRun", "compare_published", "hf_cost", "run_hf", "run_specbench",
+__all__ = ["BUDGET", "HF_METHODS", "SpecBenchRun", "category_shape", "category_wins", "compare_published", "hf_cost", "run_hf", "run_specbench",
            "summarize"]

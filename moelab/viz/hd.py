@@ -18,6 +18,9 @@ from moelab.viz.common import color_for, distinct_colors, slider
 STORE_COLORS = {k: color_for(k) for k in ("W", "S", "L", "P", "bonus")}  # the lab's palette
 STORE_NAMES = {"W": "W context store", "S": "S model store", "L": "L statistics store", "P": "PLD",
                "bonus": "target's own token"}
+#: the axis of a figure of ``a``: "accepted" alone means accepted *draft* tokens (m) in this lab; the paper's mean
+#: accepted tokens (MAT) counts the bonus token too, a = m + 1 per step (notebooks/NOTATION.md)
+MAT_AXIS = "tokens per forward, a (MAT: m + 1, bonus included)"
 METHOD_COLORS = {m: color_for(m) for m in ("AR", "PLD", "W-only", "S-only", "L-only", "HD(WSL)", "HD(LSW)", "HD(SWL)")}
 
 
@@ -60,7 +63,7 @@ def fig_steps(result: Any, title: str = "", engine: str = "HF engine") -> go.Fig
     fig.update_layout(barmode="stack", template="plotly_white", xaxis_title="target forward (step)",
                       yaxis_title="tokens produced",
                       title=title or f"{len(result.tokens)} tokens in {n} forwards "
-                                     f"(mean accepted {result.mean_accepted:.2f}; {engine})")
+                                     f"(a = {result.mean_accepted:.2f} tokens per forward; {engine})")
     return fig
 
 
@@ -90,7 +93,8 @@ def fig_verify_cost(curves: dict[str, Any]) -> go.Figure:
 
 
 def fig_mat_by_budget(summary: pd.DataFrame, engine: str = "HF engine") -> go.Figure:
-    """Mean accepted tokens per forward (overall) against the verification budget, one line per method.
+    """Tokens per target forward ``a`` (the paper's MAT, bonus token included; column ``mean_accepted``), overall,
+    against the verification budget, one line per method.
 
     ``summary`` rows need ``method`` labelled ``<name>@<budget>`` and ``category == "overall"``."""
     g = summary[(summary["category"] == "overall") & summary["method"].str.contains("@")].copy()
@@ -102,8 +106,7 @@ def fig_mat_by_budget(summary: pd.DataFrame, engine: str = "HF engine") -> go.Fi
         fig.add_scatter(x=h["b"], y=h["mean_accepted"], mode="lines+markers", name=name, marker_color=color_for(name))
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="AR = 1.00")
     fig.update_layout(template="plotly_white", xaxis_title="budget: draft tokens verified per forward",
-                      yaxis_title="mean accepted tokens / forward",
-                      title=f"Equal budgets: mean accepted tokens ({engine})")
+                      yaxis_title=MAT_AXIS, title=f"Equal budgets: tokens per forward, a (MAT) ({engine})")
     return fig
 
 
@@ -124,7 +127,8 @@ def fig_speedup_by_category(summary: pd.DataFrame, engine: str = "vLLM engine", 
 
 def fig_mat_by_category(summary: pd.DataFrame, methods: Sequence[str] | None = None,
                         engine: str = "HF engine") -> go.Figure:
-    """Mean accepted tokens per target forward, per Spec-Bench category, one bar group per method."""
+    """Tokens per target forward ``a`` (the paper's MAT, bonus token included), per Spec-Bench category, one bar
+    group per method."""
     cats = [*SPEC_BENCH_CATEGORIES, "overall"]
     methods = list(methods or [m for m in summary["method"].unique() if m != "AR"])
     fig = go.Figure()
@@ -133,17 +137,33 @@ def fig_mat_by_category(summary: pd.DataFrame, methods: Sequence[str] | None = N
         fig.add_bar(x=cats, y=g["mean_accepted"], name=m, marker_color=color_for(m))
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="AR = 1.00")
     fig.update_layout(barmode="group", template="plotly_white", xaxis_title="Spec-Bench category",
-                      yaxis_title="mean accepted tokens / forward", title=f"Spec-Bench slice: mean accepted tokens by category ({engine})")
+                      yaxis_title=MAT_AXIS, title=f"Spec-Bench slice: tokens per forward, a (MAT), by category ({engine})")
     return fig
 
 
+def compare_column_method(column: str) -> str:
+    """The method a column of :func:`moelab.hd.experiments.compare_published` draws: ``"PLD"`` for
+    ``"PLD A100-80GB (published)"`` (method, device) and for ``"PLD@8 (HF CPU, slice, budget 8, ours)"`` (method,
+    optional ``@budget``, engine), ``"HD (cost-aware)"`` for ``"HD (cost-aware)@8 (HF CPU, ..., ours)"``."""
+    col = str(column).strip()
+    if col.endswith("(published)"):
+        head = col[: -len("(published)")].strip()
+        return head.rsplit(" ", 1)[0] if " " in head else head  # drop the device
+    return col.rsplit(" (", 1)[0].split("@", 1)[0].strip() if " (" in col else col.split("@", 1)[0]
+
+
 def fig_published(compare: pd.DataFrame) -> go.Figure:
-    """Speedup over AR per category: ours (each column names its engine) next to published rows."""
+    """Speedup over AR per category: ours (each column names its engine) next to published rows.
+
+    Each bar takes its method's colour from the lab's palette (:func:`moelab.viz.common.color_for`); a published
+    bar is hatched and paler, and one method drawn both ways (ours and published) shares a legend group."""
     fig = go.Figure()
     for col in compare.columns[1:]:
         dash = "published" in col
-        fig.add_bar(x=compare["category"], y=compare[col], name=col,
-                    marker_pattern_shape="/" if dash else "", opacity=0.6 if dash else 1.0)
+        method = compare_column_method(col)
+        fig.add_bar(x=compare["category"], y=compare[col], name=col, marker_color=color_for(method),
+                    legendgroup=method.lower(), marker_pattern_shape="/" if dash else "",
+                    opacity=0.6 if dash else 1.0)
     fig.add_hline(y=1.0, line_dash="dot")
     fig.update_layout(barmode="group", template="plotly_white", xaxis_title="Spec-Bench category",
                       yaxis_title="speedup over AR (x)", title="Speedup over autoregressive decoding: ours vs the Spec-Bench leaderboard")
@@ -197,6 +217,6 @@ def drafting_panel(run: Callable[[int, int, str, float], Any], tokenizer: Any, *
     return w.VBox([w.HBox([s_cand, s_len]), w.HBox([dd, s_temp]), fw, text])
 
 
-__all__ = ["METHOD_COLORS", "STORE_COLORS", "acceptance_html", "drafting_panel", "fig_mat_by_budget",
+__all__ = ["MAT_AXIS", "METHOD_COLORS", "STORE_COLORS", "acceptance_html", "compare_column_method", "drafting_panel", "fig_mat_by_budget",
            "fig_mat_by_category", "fig_published", "fig_speedup_by_category", "fig_steps", "fig_store_shares",
            "fig_verify_cost"]
