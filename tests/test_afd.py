@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import moelab.afd as afd
-from moelab.afd.sim import _slot_loads, idle_crossing, simulate, simulated_optimum, sweep
+from moelab.afd.sim import _slot_loads, idle_crossing, simulate, simulated_optimum, straggler_crossing, sweep
 from moelab.afd.theory import expected_decode_load, mean_token_load, ratio_terms
 
 # (B, mu_P, mu_D) -> r* at N = 10,000, from the spec (the paper's check values)
@@ -142,6 +142,23 @@ def test_paper_mode_throughput_never_beats_the_realised_bottleneck():
     bound = f["r"] * 256 / ((f["r"] + 1) * np.maximum(f["sim_attention_time"], f["ffn_time"]))
     assert np.all(f["sim_throughput"] <= bound * (1 + 1e-9))
     assert idle_crossing(f) is not None
+
+
+def test_straggler_crossing_is_where_the_ffn_catches_the_slowest_instance():
+    # the barrier waits for the slowest instance, so the FFN reaches it later than the mean (r_A = r*): the
+    # simulated turn lies above r*, and the simulated optimum is an integer next to it
+    check = simulated_optimum(128, 100, 500, requests=2000, seed=0)
+    f = check.fine
+    cross = straggler_crossing(f)
+    assert cross is not None and cross > check.r_star
+    assert abs(check.r_sim - cross) < 1
+    below, above = f[f["r"] < cross], f[f["r"] > cross]
+    assert (below["ffn_time"] < below["sim_straggler_time"]).all() and (above["ffn_time"] > above["sim_straggler_time"]).all()
+    # the FFN-bound side (past the crossing) is where stragglers cost nothing: the simulation meets the theory there
+    assert (above["sim_vs_theory_pct"].abs() < 1).all() and (below["sim_vs_theory_pct"].iloc[1:] < -1).all()
+    assert straggler_crossing(f[f["r"] <= 2]) is None  # no crossing inside the rows given
+    with pytest.raises(ValueError, match="sim_straggler_time"):
+        straggler_crossing(f[["r", "ffn_time"]])
 
 
 def test_common_random_numbers_across_r():

@@ -220,6 +220,20 @@ def test_gap_map_rows(stages):
     # the regime is the load against the takeover load; 64 slots keep r*B measured up to r = 4
     assert ((df["token_load"] > df["takeover_load"]) == (df["binding"] == "attention")).all()
     assert (df["ffn_measured_share"] > 0).all() and (df["ffn_measured_share"] < 1).all()
+    # a light load (this FFN-peak setting): the FFN step outlasts even the slowest instance at every r, no crossing
+    assert (df["horizon_load_ratio"] > 0).all() and df["straggler_crossing"].isna().all()
+
+
+def test_horizon_load_follows_the_lengths_shape(stages):
+    # geometric lengths hold the closed form's Tbar; heavy-tailed azure-code lengths at the same means hold less over a
+    # short horizon (most requests end early and reset their slots) and more over a long one (toward load_ratio > 1)
+    geo = simulate_measured([1, 2, 4], 64, LengthDistribution.geometric(2000, 500), stages=stages, requests=128)
+    assert geo.frame["sim_token_load"].iloc[-1] == pytest.approx(afd.mean_token_load(64, geo.mu_P, geo.mu_D, 128), rel=0.02)
+    code = LengthDistribution.from_trace("azure-code", 2000, 500)
+    assert code.steady_load_per_slot > 1.2 * (code.mean_prompt + code.mean_decode)
+    short, long = (simulate_measured([1, 2], 64, code, stages=stages, requests=n) for n in (128, 1280))
+    assert short.frame["sim_token_load"].iloc[-1] < 0.99 * afd.mean_token_load(64, short.mu_P, short.mu_D, 128)
+    assert long.frame["sim_token_load"].iloc[-1] > 1.05 * afd.mean_token_load(64, long.mu_P, long.mu_D, 1280)
 
 
 def test_sweep_flags_each_r_whose_ffn_batch_is_projected(stages, conv):

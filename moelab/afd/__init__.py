@@ -27,7 +27,7 @@ from moelab.afd.measured import (
     measured_optimum,
     simulate_measured,
 )
-from moelab.afd.sim import AFDSimResult, idle_crossing, simulate, simulated_optimum, sweep
+from moelab.afd.sim import AFDSimResult, idle_crossing, simulate, simulated_optimum, straggler_crossing, sweep
 from moelab.afd.theory import (
     attention_takeover_load,
     expected_decode_load,
@@ -42,7 +42,7 @@ from moelab.afd.theory import (
 )
 
 __all__ = [
-    "AFDSimResult", "idle_crossing", "simulate", "simulated_optimum", "sweep",
+    "AFDSimResult", "idle_crossing", "simulate", "simulated_optimum", "straggler_crossing", "sweep",
     "AFDCoefficients", "attention_takeover_load", "expected_decode_load", "idle_ratios", "mean_token_load", "optimal_ratio",
     "ratio_summary", "ratio_table", "ratio_terms", "stage_times", "throughput_per_instance",
     "CHECK_WORKLOADS", "FIT_R_VALUES", "CoefficientFit", "LengthDistribution", "LinearStages", "MeasuredSweep", "StageTables",

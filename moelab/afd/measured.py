@@ -54,6 +54,7 @@ from moelab.afd.sim import (
     MAX_STEPS,
     _entropy,
     _pipeline,
+    straggler_crossing,
 )
 from moelab.afd.theory import (
     DEFAULT_REQUESTS,
@@ -269,6 +270,10 @@ class MeasuredSweep:
           (:attr:`unit`);
         - ``sim_straggler_time``: mean over microbatch steps of the *slowest* of the r instances'
           attention times, what the barrier waits for (:attr:`unit`);
+        - ``sim_token_load``: the KV tokens one of the r instances really holds per microbatch, averaged over
+          the run (the simulated counterpart of the closed form's ``Tbar``; it differs from ``Tbar`` when the
+          lengths are not geometric, because the lengths' shape decides how fast the load builds up over the
+          horizon);
         - ``ffn_time``: the FFN stage time at ``r*B`` tokens (:attr:`unit`);
         - ``ffn_extrapolated``: whether ``r*B`` lies above the measured FFN table, so ``ffn_time`` (and every
           throughput of the row) extends the table's last segment: a projection, not a measurement;
@@ -503,6 +508,8 @@ def simulate_measured(r_values, B: int = 256, lengths: LengthDistribution | str 
     jobs = K * m
     busy = np.cumsum(attn.sum(axis=0))
     straggler = np.maximum.accumulate(attn, axis=1).mean(axis=0)
+    # mean KV load of the first r instances (common random numbers: instance i's loads do not depend on r)
+    instance_load = np.cumsum(loads.reshape(m, r_max, K).mean(axis=(0, 2)))
     rows = []
     for q, r in enumerate(r_arr.tolist()):
         makespan = float(makespans[q])
@@ -516,6 +523,7 @@ def simulate_measured(r_values, B: int = 256, lengths: LengthDistribution | str 
             "sim_ffn_idle": 1.0 - jobs * float(t_F[q]) / makespan,
             "theory_attention_idle": float(idle["attention"][q]), "theory_ffn_idle": float(idle["ffn"][q]),
             "sim_attention_time": mean_attn, "sim_straggler_time": float(straggler[r - 1]),
+            "sim_token_load": float(instance_load[r - 1]) / r,
             "ffn_time": float(t_F[q]), "ffn_extrapolated": bool(ffn_beyond[q]), "link_af_time": float(t_af[q]), "link_fa_time": float(t_fa[q]),
             "makespan": makespan, "tokens": jobs * r * B,
         })
@@ -604,7 +612,11 @@ def gap_map(B_values=(128, 256, 512), mu_P_values=(100, 1000), mu_D_values=(100,
         attention instance, Tbar) beside ``takeover_load`` (the Tbar above which attention sets r*,
         :func:`moelab.afd.attention_takeover_load`), which decide the regime; ``extrapolated`` (any attention
         or FFN evaluation outside the tables) and ``ffn_measured_share`` (the share of swept r whose FFN batch
-        ``r*B`` the table measures; the rest is a projection of its last segment)."""
+        ``r*B`` the table measures; the rest is a projection of its last segment); ``horizon_load_ratio`` (the
+        KV load the simulated instances really held over the run, averaged over every instance of the sweep, over
+        ``token_load``: unlike ``load_ratio``, a long-run value, it says what the lengths did within this horizon);
+        ``straggler_crossing`` (the r at which the FFN step reaches the slowest instance's attention step,
+        :func:`moelab.afd.straggler_crossing`: the simulated turn from attention- to FFN-bound, beside r*)."""
     cells = len(B_values) * len(mu_P_values) * len(mu_D_values) * len(distributions)
     if cells > 200:
         raise ValueError(f"B_values x mu_P_values x mu_D_values x distributions must be at most 200 cells; got {cells}")
@@ -627,6 +639,9 @@ def gap_map(B_values=(128, 256, 512), mu_P_values=(100, 1000), mu_D_values=(100,
                                  "optimum_at_edge": res.optimum_at_edge,
                                  "load_ratio": res.steady_load_per_slot / (res.mu_P + res.mu_D),
                                  "token_load": terms.token_load,
+                                 "horizon_load_ratio": float(res.frame.loc[res.frame["r"].idxmax(), "sim_token_load"])
+                                 / terms.token_load,
+                                 "straggler_crossing": straggler_crossing(res.frame),
                                  "takeover_load": attention_takeover_load(int(B), res.coeffs),
                                  "extrapolated": bool(res.coverage["attention_extrapolated"]
                                                       or res.coverage["ffn_extrapolated"]),

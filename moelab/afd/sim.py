@@ -333,6 +333,42 @@ def idle_crossing(df: pd.DataFrame, prefix: str = "sim") -> float | None:
     return float(r[-1]) if diff[-1] == 0 else None
 
 
+def straggler_crossing(df: pd.DataFrame) -> float | None:
+    """The r at which the FFN step catches up with the *slowest* attention instance (linear interpolation
+    between rows): where the simulated bundle really turns from attention-bound to FFN-bound.
+
+    The closed form balances the FFN against the *mean* attention step at the theory's load ``Tbar``
+    (``r_A``); the simulator's microbatch waits for its slowest instance, so its turn lies where
+    ``ffn_time`` reaches ``sim_straggler_time`` instead. Below this r stragglers cost throughput, above it the
+    FFN is the bottleneck and hides them; the simulated optimum is an integer next to it (when it is above
+    the FFN peak).
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        A sweep with the columns ``r``, ``ffn_time`` and ``sim_straggler_time`` (:func:`sweep`,
+        ``simulated_optimum(...).fine`` or :attr:`moelab.afd.MeasuredSweep.frame`), sorted by ``r``.
+
+    Returns
+    -------
+    float or None
+        The crossing r; None when the FFN step stays below (or above) the slowest instance over the whole sweep.
+    """
+    needed = ["r", "ffn_time", "sim_straggler_time"]
+    missing = [c for c in needed if not isinstance(df, pd.DataFrame) or c not in df.columns]
+    if missing:
+        raise ValueError(f"df must be a DataFrame with the columns {needed} (a sweep's frame); missing {missing}")
+    f = df.sort_values("r")
+    r = f["r"].to_numpy(np.float64)
+    diff = (f["ffn_time"] - f["sim_straggler_time"]).to_numpy(np.float64)
+    for i in range(len(r) - 1):
+        if diff[i] == 0:
+            return float(r[i])
+        if diff[i] < 0 < diff[i + 1]:
+            return float(r[i] + (r[i + 1] - r[i]) * -diff[i] / (diff[i + 1] - diff[i]))
+    return float(r[-1]) if len(r) and diff[-1] == 0 else None
+
+
 @dataclass(frozen=True)
 class OptimumCheck:
     """Simulated optimum vs the closed-form r*."""
@@ -390,4 +426,5 @@ def simulated_optimum(B: int = 256, mu_P: float = 100, mu_D: float = 500, *, req
                         coarse, both)
 
 
-__all__ = ["R_SWEEP", "AFDSimResult", "OptimumCheck", "idle_crossing", "simulate", "simulated_optimum", "sweep"]
+__all__ = ["R_SWEEP", "AFDSimResult", "OptimumCheck", "idle_crossing", "simulate", "simulated_optimum", "straggler_crossing",
+           "sweep"]
