@@ -72,3 +72,29 @@ def test_overview_notebook(tmp_path):
              for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in o.get("data", {})]
     saved = [f for f in out["_figures"] if f.endswith(".html")]
     assert len(shown) >= len(saved), (shown, saved)
+    # the ratio is read for what it compares (a student read 6.5x as a step-time gap between realistic batches):
+    # the floor D = k is forced, D_max is what random routing of B tokens touches, the slope is what carries over
+    reading = res["moe_layer_reading"]
+    assert reading["D_min"] == shape.top_k and reading["D_random"] == pytest.approx(reading["D_max"], abs=0.5)
+    assert reading["D_half"] == 64 and 0 < reading["half_saving_pct"] < 100 * (1 - 1 / reading["measured_ratio"])
+    text = "\n".join("".join(o["data"]["text/markdown"])
+                     for c in json.loads((tmp_path / "00_overview.ipynb").read_text())["cells"]
+                     for o in c.get("outputs", []) if "text/markdown" in o.get("data", {}))
+    assert "not the decode step" in text and "several-fold in step time" not in text
+
+
+def test_moe_layer_reading_reads_the_measured_points():
+    import pandas as pd  # lazy: only this test builds a points frame
+
+    from moelab.viz.overview import moe_layer_reading  # lazy: the module imports plotly and ipywidgets
+
+    pts = pd.DataFrame({"model": "qwen3-30b-a3b", "D": [8, 16, 64, 128], "ms_per_layer": [0.05, 0.07, 0.17, 0.31]})
+    r = moe_layer_reading(pts, "qwen3-30b-a3b", 256)
+    assert (r["D_min"], r["D_max"], r["D_half"]) == (8, 128, 64)
+    assert r["us_at_D_half"] == pytest.approx(170.0) and r["half_saving_pct"] == pytest.approx(100 * (1 - 17 / 31))
+    assert r["measured_ratio"] == pytest.approx(6.2) and r["us_per_expert"] > 0
+    assert r["D_random"] == pytest.approx(float(expected_distinct_experts(256, 128, 8)))
+    with pytest.raises(ValueError, match="two measured"):
+        moe_layer_reading(pts.head(1), "qwen3-30b-a3b", 256)
+    with pytest.raises(ValueError, match="model must be one of"):
+        moe_layer_reading(pts, "no-such-model", 256)

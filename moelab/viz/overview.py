@@ -203,4 +203,49 @@ def distinct_experts_figure(num_experts: int, top_k: int, batch: int, *, guess: 
     return fig
 
 
-__all__ = ["DECODE_TERMS", "LAB_MAP", "decode_step_figure", "distinct_experts_figure", "lab_map", "lab_map_figure", "moe_experts_figure", "moe_panel", "moe_points"]
+def moe_layer_reading(points: pd.DataFrame, model: str, B: int) -> dict[str, float]:
+    """What the measured points of one MoE layer at batch ``B`` say, read precisely: the two ends of the measured
+    range, the D that random routing of ``B`` tokens would touch, the measured point nearest half the largest D,
+    and the measured slope (microseconds per distinct expert).
+
+    The ends are benchmark settings, not two realistic batches: the calibration spreads the batch's ``B * k``
+    expert slots evenly over exactly ``D`` experts, so the smallest ``D`` (= ``k``) is every token on the same
+    ``k`` experts. The times are one MoE layer's expert FFNs (no router, shared experts, attention or other layer).
+
+    Parameters
+    ----------
+    points : DataFrame
+        :func:`moe_points`' rows (``model``, ``D``, ``ms_per_layer``) at batch ``B``.
+    model : str
+        A registered model shape (:data:`moelab.costmodel.MODEL_SHAPES`) with at least two measured points.
+    B : int
+        The batch the points were measured at (tokens), >= 1.
+
+    Returns
+    -------
+    dict
+        ``D_min``, ``D_max``, ``us_at_D_min``, ``us_at_D_max``, ``measured_ratio`` (max over min); ``D_random``
+        (expected distinct experts of ``B`` randomly routed tokens); ``D_half``, ``us_at_D_half`` and
+        ``half_saving_pct`` (the measured point nearest ``D_max / 2`` and what it saves against ``D_max``, %);
+        ``us_per_expert`` (least-squares slope of the measured points).
+    """
+    if model not in MODEL_SHAPES:
+        raise ValueError(f"model must be one of {sorted(MODEL_SHAPES)}; got {model!r}")
+    if int(B) != B or B < 1:
+        raise ValueError(f"B must be an integer >= 1 (tokens in the batch); got {B!r}")
+    g = points[points["model"] == model].sort_values("D")
+    if len(g) < 2:
+        raise ValueError(f"points need at least two measured D for {model!r}; got {len(g)}")
+    D = g["D"].to_numpy(dtype=float)
+    us = 1e3 * g["ms_per_layer"].to_numpy(dtype=float)
+    half = int(np.argmin(np.abs(D - D[-1] / 2)))
+    shape = MODEL_SHAPES[model].moe
+    return {"D_min": int(D[0]), "D_max": int(D[-1]), "us_at_D_min": float(us[0]), "us_at_D_max": float(us[-1]),
+            "measured_ratio": float(us[-1] / us[0]),
+            "D_random": float(expected_distinct_experts(int(B), shape.num_experts, shape.top_k)),
+            "D_half": int(D[half]), "us_at_D_half": float(us[half]),
+            "half_saving_pct": float(100 * (1 - us[half] / us[-1])),
+            "us_per_expert": float(np.polyfit(D, us, 1)[0])}
+
+
+__all__ = ["DECODE_TERMS", "LAB_MAP", "decode_step_figure", "distinct_experts_figure", "lab_map", "lab_map_figure", "moe_experts_figure", "moe_layer_reading", "moe_panel", "moe_points"]
