@@ -11,7 +11,9 @@ from moelab.viz import afd as afdviz
 from moelab.viz import diagrams as d
 from moelab.viz import overview as ov
 from moelab.viz.hygiene import (
+    MIN_COLOR_DELTA_E,
     delta_e,
+    delta_e2000,
     figure_problems,
     hidden_series,
     label_overlaps,
@@ -92,6 +94,32 @@ def test_near_identical_method_colours_are_found_groups_and_subplots_are_not():
                          go.Scatter(x=[1], y=[1], name="q (measured)", marker_color="#1f77b4", legendgroup="q")])
     assert method_colors(grouped.to_plotly_json()) == []
     assert delta_e("#000000", "#ffffff") > 99 and delta_e("#1f77b4", "#1f77b4") == 0 and delta_e("red", "#fff") is None
+    # issue 40: two reds CIE76 lets through (20.8 apart) are near-identical to a reader; CIEDE2000 finds them (11.7)
+    reds = go.Figure([go.Scatter(x=[1], y=[1], name="br0", line_color="#d62728"),
+                      go.Scatter(x=[1], y=[2], name="vllm_dp@0.32", line_color="#d94801")])
+    assert delta_e("#d62728", "#d94801") > MIN_COLOR_DELTA_E
+    found = method_colors(reds.to_plotly_json())
+    assert len(found) == 1 and "CIEDE2000" in found[0] and "br0" in found[0]
+    # a red and an orange the lab draws side by side stay apart in both
+    assert method_colors(go.Figure([go.Scatter(x=[1], y=[1], name="eldr", line_color="#d62728"),
+                                    go.Scatter(x=[1], y=[2], name="vllm", line_color="#ff7f0e")]).to_plotly_json()) == []
+
+
+def test_ciede2000_matches_the_published_reference():
+    from moelab.viz.hygiene import _ciede2000
+
+    # Sharma, Wu and Dalal (2005), Table 1: pairs 1, 7, 17, 25 and 34 (CIELAB) and their CIEDE2000
+    for lab1, lab2, want in (((50, 2.6772, -79.7751), (50, 0, -82.7485), 2.0425),
+                             ((50, 0, 0), (50, -1, 2), 2.3669),
+                             ((50, 2.5, 0), (73, 25, -18), 27.1492),
+                             ((60.2574, -34.0099, 36.2677), (60.4626, -34.1751, 39.4387), 1.2644),
+                             ((2.0776, 0.0795, -1.1350), (0.9033, -0.0636, -0.5514), 0.9082)):
+        assert abs(_ciede2000(lab1, lab2) - want) < 1e-4, (lab1, lab2)
+    assert abs(delta_e2000("#000000", "#ffffff") - 100.0) < 1e-3
+    assert delta_e2000("#1f77b4", "#1f77b4") == 0 and delta_e2000("red", "#fff") is None
+    for a, b in (("#d62728", "#d94801"), ("#1f77b4", "#393b79"), ("#7f7f7f", "#9467bd")):
+        assert abs(delta_e2000(a, b) - delta_e2000(b, a)) < 1e-9
+    assert abs(delta_e2000("#d62728", "#d94801") - 11.67) < 0.01
 
 
 def test_log_axes_need_their_tick_values():

@@ -10,6 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
+from moelab.presets import preset_values
 from moelab.viz import balanceroute as brviz
 from moelab.viz import deployment as dviz
 from moelab.viz import dsd as dsdviz
@@ -29,7 +30,8 @@ HEX = re.compile(r"^#[0-9a-f]{6}$")
 # Names that appear together in one figure must not share a colour.
 FIGURE_GROUPS = {
     "eldr routers": ("round_robin", "random", "jsq", "p2c", "least_kv", "vllm_dp", "domain_oracle", "eldr"),
-    "balanceroute routers": ("round_robin", "jsq", "least_kv", "vllm_dp", "vllm_dp@0.32", "vllm_dp@latest",
+    # (05 never runs the unversioned vllm_dp, ex.ALL_BASELINES leaves it out: vllm_dp@0.32 takes its family's colour)
+    "balanceroute routers": ("round_robin", "jsq", "least_kv", "vllm_dp@0.32", "vllm_dp@latest",
                              "vllm_dp@legacy", "sglang_round_robin", "sglang_minimum_tokens", "sglang_total_tokens",
                              "br0", "brh_oracle", "brh_survival", "brh_exact_match", "brh_learned", "brh_tuned_oracle"),
     "hd methods": ("AR", "PLD", "W", "S", "L", "HD(WSL)", "HD(LSW)", "HD(SWL)"),
@@ -40,6 +42,15 @@ FIGURE_GROUPS = {
     "dsd modes": ("ar", "colocated", "dsd_sync", "dsd_pipelined"),
     "dsd drafters": ("early_exit", "pld", "hd"),
     "afd": ("theory", "simulation", "attention", "ffn"),
+}
+
+# Names that share one figure of notebook 05 (the 16 routers above share its tables, never one figure): the routers of
+# its imbalance-over-time figure, and of its sweep figures at every preset (SWEEP_ROUTERS).
+SAME_FIGURE_05 = {
+    "balanceroute imbalance over time": ("round_robin", "jsq", "least_kv", "vllm_dp@0.32", "sglang_total_tokens", "br0",
+                                         "brh_oracle", "brh_survival"),
+    **{f"balanceroute sweeps ({preset})": tuple(preset_values("05_balanceroute", preset)["SWEEP_ROUTERS"])
+       for preset in ("ci", "classroom", "full")},
 }
 
 
@@ -68,6 +79,19 @@ def test_names_sharing_a_figure_have_distinct_colours(group):
     close = [(a, b, round(delta_e(color_for(a), color_for(b)), 1)) for i, a in enumerate(names) for b in names[i + 1:]
              if delta_e(color_for(a), color_for(b)) < MIN_COLOR_DELTA_E]
     assert not close, f"{group}: colours closer than {MIN_COLOR_DELTA_E} (CIE76): {close}"
+
+
+@pytest.mark.parametrize("group", sorted(set(FIGURE_GROUPS) - {"balanceroute routers"} | set(SAME_FIGURE_05)))
+def test_names_drawn_on_one_figure_pass_the_figure_hygiene_colour_check(group):
+    # the check the notebooks' figures get (moelab.viz.hygiene.method_colors): CIE76 and CIEDE2000. Issue 40: CIE76
+    # alone let br0 (#d62728) and vllm_dp@0.32 (#d94801) through, 20.8 apart in CIE76 and 11.7 in CIEDE2000
+    from moelab.viz.hygiene import colors_too_close
+
+    names = {**FIGURE_GROUPS, **SAME_FIGURE_05}[group]
+    close = [(a, b, colors_too_close(color_for(a), color_for(b))) for i, a in enumerate(names) for b in names[i + 1:]
+             if colors_too_close(color_for(a), color_for(b))]
+    assert not close, f"{group}: {close}"
+    assert colors_too_close("#d62728", "#d94801") is not None  # the pair the student saw, caught
 
 
 def test_distinct_colors_moves_a_clashing_name_to_a_far_fallback():

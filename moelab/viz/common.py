@@ -19,7 +19,7 @@ import pandas as pd
 
 from moelab._io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from moelab.datasets import repo_root
-from moelab.viz.hygiene import delta_e
+from moelab.viz.hygiene import colors_too_close
 
 #: One colour per router / method / model name, used by every figure of the lab (look names up with
 #: :func:`color_for`, which is case-insensitive and gives unknown names a stable colour of their own).
@@ -27,16 +27,17 @@ from moelab.viz.hygiene import delta_e
 #: round-robin grey, the paper's reference numbers grey; names that share a figure never share a colour.
 PALETTE: dict[str, str] = {
     # request routers (ELDR, BalanceRoute, the cross-paper notebook, the live proxy)
-    "round_robin": "#7f7f7f", "random": "#bcbd22", "jsq": "#1f77b4", "p2c": "#17becf", "least_kv": "#2ca02c",
-    # (vLLM's versions: oranges from light to dark, each at least 20 CIE76 units from every name it shares 05 with)
-    "vllm_dp": "#ff7f0e", "vllm_dp@0.32": "#d94801", "vllm_dp@latest": "#fdae6b", "vllm_dp@legacy": "#8c2d04",
-    "sglang_round_robin": "#98df8a", "sglang_minimum_tokens": "#c6dbef", "sglang_total_tokens": "#393b79",
-    "eldr": "#d62728", "domain_oracle": "#8c564b",
+    "round_robin": "#7f7f7f", "random": "#bcbd22", "jsq": "#1f77b4", "p2c": "#e377c2", "least_kv": "#2ca02c",
+    # (vLLM's versions: the installed one in the family's orange, latest light orange, legacy gold; every name at
+    # least 20 CIE76 and 20 CIEDE2000 units from every name it shares one of 05's figures with: tests/test_palette.py)
+    "vllm_dp": "#ff7f0e", "vllm_dp@0.32": "#ff7f0e", "vllm_dp@latest": "#fdae6b", "vllm_dp@legacy": "#e7ba52",
+    "sglang_round_robin": "#98df8a", "sglang_minimum_tokens": "#c6dbef", "sglang_total_tokens": "#000000",
+    "eldr": "#d62728", "domain_oracle": "#000000",
     "br0": "#d62728", "brh": "#9467bd", "brh_oracle": "#9467bd", "brh_tuned": "#e7cb94", "brh_tuned_oracle": "#e7cb94",
-    "brh_survival": "#8c564b", "brh_exact_match": "#e377c2", "brh_learned": "#000000",
+    "brh_survival": "#bcbd22", "brh_exact_match": "#e377c2", "brh_learned": "#17becf",
     # speculative decoding (Hierarchy Drafting, DSD): methods, draft stores, modes
     "ar": "#7f7f7f", "early_exit": "#1f77b4", "pld": "#9467bd", "ngram": "#17becf", "suffix": "#bcbd22", "rest": "#ff7f0e",
-    "hd": "#d62728", "hd-cost": "#d62728", "hd(wsl)": "#d62728", "hd(lsw)": "#8c564b", "hd(swl)": "#e377c2", "hd-fixed": "#ff9896",
+    "hd": "#d62728", "hd-cost": "#d62728", "hd(wsl)": "#d62728", "hd(lsw)": "#000000", "hd(swl)": "#17becf", "hd-fixed": "#ff9896",
     "w": "#2ca02c", "s": "#1f77b4", "l": "#ff7f0e", "p": "#9467bd", "bonus": "#d9d9d9",
     "w-only": "#2ca02c", "s-only": "#1f77b4", "l-only": "#ff7f0e",
     "colocated": "#1f77b4", "dsd_sync": "#ff7f0e", "dsd_pipelined": "#2ca02c",
@@ -82,14 +83,17 @@ def color_for(name: str) -> str:
 
 def distinct_colors(names: list[str], min_delta_e: float = 20.0) -> dict[str, str]:
     """A colour per name for one figure: :func:`color_for`'s, except that a name whose colour is closer than
-    ``min_delta_e`` (CIE76) to one already given in this figure takes the next :data:`FALLBACK_COLORS` entry far
-    enough from all of them (names are served in order, so the first keeps its own colour)."""
+    ``min_delta_e`` (CIE76), or than the figure-hygiene check's CIEDE2000 bound, to one already given in this figure
+    takes the next :data:`FALLBACK_COLORS` entry far enough from all of them (names are served in order, so the
+    first keeps its own colour)."""
+    def clashes(color: str) -> bool:
+        return any(colors_too_close(color, other, min_delta_e=min_delta_e) is not None for other in given.values())
+
     given: dict[str, str] = {}
     for name in names:
         color = color_for(name)
-        if any((delta_e(color, other) or 0.0) < min_delta_e for other in given.values()):
-            color = next((c for c in FALLBACK_COLORS
-                          if all((delta_e(c, other) or 0.0) >= min_delta_e for other in given.values())), color)
+        if clashes(color):
+            color = next((c for c in FALLBACK_COLORS if not clashes(c)), color)
         given[name] = color
     return given
 

@@ -223,7 +223,7 @@ def dsd_timeline_diagram(*, gamma: int = 5, t_a: float = 10.0, rtt: float = 60.0
         Speculation rounds drawn per mode, 1..10.
     """
     segments = dsd_timeline(gamma=gamma, t_a=t_a, rtt=rtt, t_v=t_v, rounds=rounds)
-    colors = {"draft": "#1f77b4", "uplink": "#ff7f0e", "verify": "#d62728", "downlink": "#ffbb78"}
+    colors = {"draft": "#1f77b4", "uplink": "#ff7f0e", "verify": "#d62728", "downlink": "#9467bd"}
     labels = {"dsd_sync": "sync", "dsd_pipelined": "pipelined"}
     lanes = ("edge", "network", "cloud")
     y_of = {}

@@ -9,7 +9,9 @@
   offset; data coordinates are mapped through the axis range (set, or the traces' extent).
 * :func:`method_colors`: two differently named traces (methods) on one figure whose colours are closer than
   :data:`MIN_COLOR_DELTA_E` (CIE76 colour difference in CIELAB; about 2.3 is the smallest difference a
-  viewer notices side by side, and lines in a legend need far more).
+  viewer notices side by side, and lines in a legend need far more) or than :data:`MIN_COLOR_DELTA_E2000`
+  (CIEDE2000, :func:`delta_e2000`). CIE76 overrates differences between saturated colours of one hue: a red
+  and a red-orange 20.8 apart in CIE76 are 11.7 apart in CIEDE2000, and a reader sees two near-identical reds.
 * :func:`log_axis_ticks`: a log axis left to plotly's own ticks, which label 2s and 5s between decades (stray
   labels such as "2 5 10 2 5"); a log axis must set its tick values (or a ``dtick``).
 * :func:`hidden_series`: a series every drawn point of which lies (within :data:`HIDDEN_TOL_PX` pixels) under a
@@ -35,6 +37,8 @@ from typing import Any
 EXPORT_SIZE = (1000, 560)
 #: the smallest CIE76 colour difference allowed between two methods on one figure
 MIN_COLOR_DELTA_E = 20.0
+#: the smallest CIEDE2000 colour difference allowed between two methods on one figure (checked beside CIE76's)
+MIN_COLOR_DELTA_E2000 = 20.0
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 # plotly's default margins (px) and annotation arrow offset
 _MARGIN = {"l": 80, "r": 80, "t": 100, "b": 80}
@@ -341,6 +345,61 @@ def delta_e(a: str, b: str) -> float | None:
     return math.dist(_lab(ra), _lab(rb))
 
 
+def delta_e2000(a: str, b: str) -> float | None:
+    """CIEDE2000 colour difference between two CSS colours (hex or rgb()), None when one cannot be read.
+
+    Unlike CIE76 (:func:`delta_e`) it weighs lightness, chroma and hue differences as a viewer sees them
+    (Sharma, Wu and Dalal 2005): saturated colours of one hue come out close, as they look.
+    """
+    ra, rb = _rgb(a), _rgb(b)
+    if ra is None or rb is None:
+        return None
+    return _ciede2000(_lab(ra), _lab(rb))
+
+
+def _ciede2000(lab1: tuple[float, float, float], lab2: tuple[float, float, float]) -> float:
+    """CIEDE2000 between two CIELAB colours (Sharma, Wu and Dalal 2005, their equations 1 to 22)."""
+    (l1, a1, b1), (l2, a2, b2) = lab1, lab2
+    c_mean = (math.hypot(a1, b1) + math.hypot(a2, b2)) / 2
+    g = 0.5 * (1 - math.sqrt(c_mean ** 7 / (c_mean ** 7 + 25.0 ** 7)))
+    a1p, a2p = (1 + g) * a1, (1 + g) * a2
+    c1p, c2p = math.hypot(a1p, b1), math.hypot(a2p, b2)
+    h1p = math.degrees(math.atan2(b1, a1p)) % 360 if c1p else 0.0
+    h2p = math.degrees(math.atan2(b2, a2p)) % 360 if c2p else 0.0
+    dhp = 0.0 if c1p * c2p == 0 else (h2p - h1p + 180) % 360 - 180
+    d_l, d_c = l2 - l1, c2p - c1p
+    d_h = 2 * math.sqrt(c1p * c2p) * math.sin(math.radians(dhp / 2))
+    l_mean, cp_mean = (l1 + l2) / 2, (c1p + c2p) / 2
+    if c1p * c2p == 0:
+        h_mean = h1p + h2p
+    elif abs(h1p - h2p) <= 180:
+        h_mean = (h1p + h2p) / 2
+    else:
+        h_mean = (h1p + h2p + (360 if h1p + h2p < 360 else -360)) / 2
+    t = (1 - 0.17 * math.cos(math.radians(h_mean - 30)) + 0.24 * math.cos(math.radians(2 * h_mean))
+         + 0.32 * math.cos(math.radians(3 * h_mean + 6)) - 0.20 * math.cos(math.radians(4 * h_mean - 63)))
+    d_theta = 30 * math.exp(-(((h_mean - 275) / 25) ** 2))
+    r_c = 2 * math.sqrt(cp_mean ** 7 / (cp_mean ** 7 + 25.0 ** 7))
+    s_l = 1 + 0.015 * (l_mean - 50) ** 2 / math.sqrt(20 + (l_mean - 50) ** 2)
+    s_c, s_h = 1 + 0.045 * cp_mean, 1 + 0.015 * cp_mean * t
+    r_t = -math.sin(math.radians(2 * d_theta)) * r_c
+    return math.sqrt((d_l / s_l) ** 2 + (d_c / s_c) ** 2 + (d_h / s_h) ** 2 + r_t * (d_c / s_c) * (d_h / s_h))
+
+
+def colors_too_close(a: str, b: str, *, min_delta_e: float = MIN_COLOR_DELTA_E,
+                     min_delta_e2000: float = MIN_COLOR_DELTA_E2000) -> str | None:
+    """Why two methods' colours ``a`` and ``b`` cannot share a figure (closer than ``min_delta_e`` in CIE76 or
+    than ``min_delta_e2000`` in CIEDE2000), or None when they can (or a colour cannot be read)."""
+    d76, d00 = delta_e(a, b), delta_e2000(a, b)
+    if d76 is None or d00 is None:
+        return None
+    if d76 < min_delta_e:
+        return f"{d76:.1f} apart (CIE76), under {min_delta_e:g}"
+    if d00 < min_delta_e2000:
+        return f"{d00:.1f} apart (CIEDE2000), under {min_delta_e2000:g}"
+    return None
+
+
 def _trace_color(trace: dict) -> str | None:
     for key in ("marker", "line"):
         color = (trace.get(key) or {}).get("color")
@@ -357,8 +416,10 @@ def _method(trace: dict) -> str:
     return str(group) if group else str(trace.get("name"))
 
 
-def method_colors(fig: dict, *, min_delta_e: float = MIN_COLOR_DELTA_E) -> list[str]:
-    """Two methods in the legend of one subplot whose colours differ by less than ``min_delta_e``."""
+def method_colors(fig: dict, *, min_delta_e: float = MIN_COLOR_DELTA_E,
+                  min_delta_e2000: float = MIN_COLOR_DELTA_E2000) -> list[str]:
+    """Two methods in the legend of one subplot whose colours differ by less than ``min_delta_e`` (CIE76) or
+    ``min_delta_e2000`` (CIEDE2000): :func:`colors_too_close`."""
     per_axes: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
     if (fig.get("layout", {}) or {}).get("showlegend") is False:
         return []  # no legend: traces are told apart by their axis labels or annotations, not by colour
@@ -373,10 +434,10 @@ def method_colors(fig: dict, *, min_delta_e: float = MIN_COLOR_DELTA_E) -> list[
         items = sorted(named.values())
         for a in range(len(items)):
             for b in range(a + 1, len(items)):
-                d = delta_e(items[a][1], items[b][1])
-                if d is not None and d < min_delta_e:
-                    problems.append(f"{items[a][0]!r} ({items[a][1]}) and {items[b][0]!r} ({items[b][1]}) are "
-                                    f"{d:.1f} apart (CIE76), under {min_delta_e:g}")
+                why = colors_too_close(items[a][1], items[b][1], min_delta_e=min_delta_e,
+                                       min_delta_e2000=min_delta_e2000)
+                if why is not None:
+                    problems.append(f"{items[a][0]!r} ({items[a][1]}) and {items[b][0]!r} ({items[b][1]}) are {why}")
     return problems
 
 
@@ -621,6 +682,7 @@ def notebook_figure_problems(executed: dict) -> dict[str, list[str]]:
     return found
 
 
-__all__ = ["EXPORT_SIZE", "HIDDEN_TOL_PX", "MIN_COLOR_DELTA_E", "annotation_boxes", "arrow_segments", "delta_e",
+__all__ = ["EXPORT_SIZE", "HIDDEN_TOL_PX", "MIN_COLOR_DELTA_E", "MIN_COLOR_DELTA_E2000", "annotation_boxes",
+           "arrow_segments", "colors_too_close", "delta_e", "delta_e2000",
            "STRUCTURAL_ENTITIES", "figure_problems", "figure_texts", "hidden_series", "label_overlaps", "log_axis_ticks",
            "method_colors", "notebook_figure_problems", "notebook_figures", "output_raw_entities", "text_entities"]
