@@ -56,7 +56,12 @@ def test_signature_greedy_mask_and_report(small_workload):
     sb = SignatureBuilder(n_pairs=2000).fit(tr)
     assert sb.mask.dtype == bool and 1 <= sb.mask.sum() <= SMALL.num_layers
     rep = sb.report(tr, n_pairs=2000)
-    assert -1 <= rep["rho"] <= 1 and 0 <= rep["recall"] <= 1
+    assert -1 <= rep["rho"] <= 1 and 0 <= rep["recall"] <= 1 and -1 <= rep["rho_idf_decode"] <= 1
+    # each rho scores against decode profiles weighted one way: the raw-count signature is scored on its own
+    # weighting by rho, the idf one by rho_idf_decode (so each kind does better on the rho of its own weighting)
+    raw = SignatureBuilder("count", "all", n_pairs=2000).fit(tr).report(tr, n_pairs=2000)
+    idf = SignatureBuilder("count_idf", "all", n_pairs=2000).fit(tr).report(tr, n_pairs=2000)
+    assert raw["rho"] - idf["rho"] > raw["rho_idf_decode"] - idf["rho_idf_decode"]
     # the kept prefix is the best greedy prefix: its correlation is the peak of the curve
     mask, curve, order = greedy_layer_mask(tr.prefill_counts * sb.idf, tr.decode_profiles(), n_pairs=2000)
     assert mask[order[int(np.argmax(curve))]] and mask.sum() == int(np.argmax(curve)) + 1
@@ -519,6 +524,19 @@ def test_default_sweep_gains_and_paper_table(small_workload):
     assert np.allclose(cmp["ratio_synthetic"], cmp["tpot_gain_pct"] / cmp["paper_gain_pct"])
     assert np.allclose(cmp["ratio_real"], cmp["real_tpot_gain_pct"] / cmp["paper_gain_pct"])
     assert ex.paper_peak_rate() in set(ex.paper_gains()["rate"])
+    # the gain budget: the expert share of the best baseline's step, the direct gain and the paper's batch estimate
+    four = df[df["n_workers"] == 4]
+    b = ex.gain_budget(four, setup)
+    assert list(b["rate"]) == [20.0, 60.0]
+    g4 = ex.gains(four)
+    for r, g_row in zip(b.to_dict("records"), g4.to_dict("records")):
+        base = four[(four["rate"] == r["rate"]) & (four["router"] == g_row["best_baseline"])].iloc[0]
+        share = 100 * setup.cost.coefficients(base["mean_batch"])[1] * SMALL.num_layers * g_row["baseline_distinct"] \
+            / g_row["baseline_tpot_ms_p50"]
+        assert 0 < r["expert_share_pct"] < 100 and math.isclose(r["expert_share_pct"], share)
+        assert math.isclose(r["direct_gain_pct"], r["distinct_reduction_pct"] * share / 100)
+        paper = ex.paper_gains().set_index("rate").loc[r["rate"], "paper_baseline_tpot_ms_p50"]
+        assert math.isclose(r["paper_batch_estimate"], base["mean_batch"] * paper / g_row["baseline_tpot_ms_p50"])
 
 
 def test_projection_cost_keeps_trace_geometry(small_workload):

@@ -269,7 +269,13 @@ class SignatureBuilder:
         return np.ascontiguousarray(v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12))
 
     def report(self, trace: ExpertTrace, n_pairs: int | None = None) -> dict[str, float]:
-        """Prefill->decode rho (the signature's layers vs whole decode profiles) and decode-expert recall."""
+        """Prefill->decode rho (the signature's layers vs whole decode profiles) and decode-expert recall.
+
+        ``rho`` scores the signature's pair distances against the **raw** decode profiles' (how often each expert
+        served a generated token); ``rho_idf_decode`` against the decode profiles weighted by the same idf as
+        ``count_idf`` (experts every calibration request used count zero): the distinctive experts, which
+        decide how many distinct experts a batch of similar requests saves. Each kind scores highest against
+        decode profiles weighted its own way, so the two rhos can rank the kinds differently."""
         self._check_fitted()
         check_instance("trace", trace, ExpertTrace, "an ExpertTrace")
         if (trace.geometry.num_layers, trace.geometry.num_experts) != self.shape:
@@ -280,9 +286,11 @@ class SignatureBuilder:
         dec = trace.decode_profiles()
         n = sig.shape[0]
         a, b = _sample_pairs(n, n_pairs, rng_from(self.seed))
-        rho = _spearman(_cos_dist(sig[:, self.mask].reshape(n, -1), a, b), _cos_dist(dec.reshape(n, -1), a, b))
-        return {"rho": rho, "recall": decode_recall(sig, dec), "layers_kept": int(self.mask.sum()),
-                "num_layers": self.shape[0]}
+        dist = _cos_dist(sig[:, self.mask].reshape(n, -1), a, b)
+        rho = _spearman(dist, _cos_dist(dec.reshape(n, -1), a, b))
+        rho_idf = _spearman(dist, _cos_dist((dec * self.idf).reshape(n, -1), a, b))
+        return {"rho": rho, "rho_idf_decode": rho_idf, "recall": decode_recall(sig, dec),
+                "layers_kept": int(self.mask.sum()), "num_layers": self.shape[0]}
 
 
 __all__ = ["KINDS", "MAX_PAIRS", "SignatureBuilder", "decode_recall", "greedy_layer_mask", "predictability"]
