@@ -172,6 +172,16 @@ def test_prefix_cache_ablation_measures(work):
     assert co_big["hit_rate"] > co_small["hit_rate"] > 0 and co_small["evictions"] > 0 == co_big["evictions"]
     # fewer hits leave more of the prompt to compute: the suffix-only signature is closer to the full one
     assert suf_small["signature_err"] < suf_big["signature_err"]
+    # where each request was routed: co-indexed routes exactly as full prefill; equal routes are the same run
+    n = setup.pool.n_requests
+    assert len(full["workers"]) == n and co_big["workers"] == full["workers"] and co_big["rerouted"] == 0
+    assert suf_big["rerouted"] == sum(a != b for a, b in zip(suf_big["workers"], full["workers"]))
+    for a, b in ((suf_big, suf_small), (suf_big, full)):
+        if a["workers"] == b["workers"]:
+            assert a["tpot_ms_p50"] == b["tpot_ms_p50"] and a["tpot_ms_p99"] == b["tpot_ms_p99"]
+    # the cache sizes: the big one holds every prompt (never evicts), the small one cannot
+    assert co_big["prompt_blocks"] == int((-(-setup.pool.prompt_lens // BS)).sum()) <= 4000
+    assert co_small["prompt_blocks"] > 40 and sum(suf_small["cached_tokens"]) < sum(suf_big["cached_tokens"])
 
 
 def test_bad_parameters(work):

@@ -697,6 +697,52 @@ def paper_gains(model: str = "qwen3-30b-a3b") -> pd.DataFrame:
                          "paper_gain_pct": (100 * (1 - t["eldr"] / best)).to_numpy()})
 
 
+def gain_budget(df: pd.DataFrame, setup: ELDRSetup, model: str = "qwen3-30b-a3b") -> pd.DataFrame:
+    """Per rate: how much TPOT gain ELDR's distinct-expert reduction can buy, and how full the paper's batches were.
+
+    A step's time is a fixed part plus a cost per distinct expert-layer read (:meth:`DecodeStepModel.coefficients`
+    at the best baseline's mean batch). ``expert_share_pct`` is the part of the best baseline's p50 TPOT spent
+    reading its distinct experts (``distinct x layers x cost per expert``); ``direct_gain_pct`` is ELDR's
+    distinct-expert reduction times that share: the TPOT gain fewer experts give directly at the same batch,
+    before uneven load costs some of it or shorter steps (fewer requests in flight) add to it. ``paper_tpot_ratio`` is the paper's best-baseline p50 TPOT over ours at the same rate; at the
+    same load per worker and output length, the requests in flight per worker grow with the TPOT (Little's
+    law: in flight = arrival rate x output tokens x TPOT), so ``paper_batch_estimate`` (our best baseline's mean
+    batch times that ratio) estimates the paper's batch. Rates the paper did not run are left out.
+
+    Parameters
+    ----------
+    df : DataFrame
+        A :func:`rate_sweep` on ``setup`` (with the baselines and ``eldr``).
+    setup : ELDRSetup
+        The setup the sweep ran on (its cost model and number of MoE layers).
+    model : str
+        The paper's model whose published TPOT is compared (:func:`paper_gains`).
+
+    Returns
+    -------
+    DataFrame
+        One row per rate: ``rate``, ``best_baseline``, ``baseline_mean_batch``, ``eldr_mean_batch``,
+        ``distinct_reduction_pct``, ``expert_share_pct``, ``direct_gain_pct``, ``tpot_gain_pct``,
+        ``paper_gain_pct``, ``paper_tpot_ratio`` and ``paper_batch_estimate``.
+    """
+    g = gains(df).merge(paper_gains(model), on="rate", how="inner")
+    layers = setup.pool.geometry.num_layers
+    rows = []
+    for r in g.to_dict("records"):
+        at = df[df["rate"] == r["rate"]].set_index("router")
+        batch = float(at.loc[r["best_baseline"], "mean_batch"])
+        per_expert_ms = setup.cost.coefficients(batch)[1]
+        share = 100 * per_expert_ms * layers * float(r["baseline_distinct"]) / float(r["baseline_tpot_ms_p50"])
+        ratio = float(r["paper_baseline_tpot_ms_p50"]) / float(r["baseline_tpot_ms_p50"])
+        rows.append({"rate": float(r["rate"]), "best_baseline": r["best_baseline"], "baseline_mean_batch": batch,
+                     "eldr_mean_batch": float(at.loc["eldr", "mean_batch"]),
+                     "distinct_reduction_pct": float(r["distinct_reduction_pct"]), "expert_share_pct": share,
+                     "direct_gain_pct": float(r["distinct_reduction_pct"]) * share / 100,
+                     "tpot_gain_pct": float(r["tpot_gain_pct"]), "paper_gain_pct": float(r["paper_gain_pct"]),
+                     "paper_tpot_ratio": ratio, "paper_batch_estimate": batch * ratio})
+    return pd.DataFrame(rows)
+
+
 def compare_with_paper(df: pd.DataFrame, model: str = "qwen3-30b-a3b", real: pd.DataFrame | None = None) -> pd.DataFrame:
     """Two-sided, per rate: the paper's p50 TPOT gain, ours (``df``: the calibrated synthetic workload)
     and, when given, ours on a real trace (``real``: a rate sweep on it), with ``ours / paper`` ratios
@@ -864,7 +910,9 @@ def refit_ablation(setup: ELDRSetup, *, rate: float = 60.0, window_s: float = 5.
 
 def signature_ablation(setup: ELDRSetup, kinds: Sequence[str] = KINDS, *, rate: float = 60.0, **kw: Any) -> pd.DataFrame:
     """ELDR with each signature kind (kinds the trace cannot provide, e.g. gate_prob without
-    ``prefill_probs``, are reported as skipped rather than silently dropped)."""
+    ``prefill_probs``, are reported as skipped rather than silently dropped), with each kind's held-out
+    ``signature_rho`` (against raw decode profiles) and ``signature_rho_idf_decode`` (against idf-weighted ones;
+    :meth:`~moelab.eldr.signature.SignatureBuilder.report`), its ``layers_kept`` and its run's metrics."""
     rows = []
     for kind in kinds:
         if kind == "gate_prob" and setup.pool.prefill_probs is None:
@@ -872,7 +920,8 @@ def signature_ablation(setup: ELDRSetup, kinds: Sequence[str] = KINDS, *, rate: 
             continue
         rep = setup.builder(kind).report(setup.pool, n_pairs=min(setup.n_pairs, 10000))
         rows.append({**run_one(setup, "eldr", rate=rate, kind=kind, **kw), "signature_rho": rep["rho"],
-                     "signature_recall": rep["recall"], "layers_kept": rep["layers_kept"]})
+                     "signature_rho_idf_decode": rep["rho_idf_decode"], "signature_recall": rep["recall"],
+                     "layers_kept": rep["layers_kept"]})
     return pd.DataFrame(rows)
 
 
@@ -928,8 +977,11 @@ def prefix_cache_ablation(
     cache invariant — measured here, ``counts_equal_full``) and ``suffix only`` (the blocks the request
     computed itself), plus the best of the paper's baselines on the same arrivals. One row per mode and
     capacity: ``signature_err`` (mean cosine distance of the ``kind`` signatures to the full-prefill
-    ones), ``hit_rate`` (prompt tokens served from cache), ``evictions``, the run's metrics and where its TPOT
-    tail comes from (:func:`tail_batches`)."""
+    ones), ``hit_rate`` (prompt tokens served from cache), ``evictions``, ``prompt_blocks`` (the blocks all
+    served prompts need together: a cache at least that large never fills), ``cached_tokens`` (per request,
+    in arrival order, a tuple), ``workers`` (the decode worker of each request, in arrival order, a tuple: two
+    rows with equal ``workers`` ran the same simulation), ``rerouted`` (requests on another worker than with
+    full-prefill signatures), the run's metrics and where its TPOT tail comes from (:func:`tail_batches`)."""
     rate = check_real("rate", rate, low=0, low_open=True)
     output_len = check_int("output_len", output_len, low=1)
     check_choice("kind", kind, KINDS)
@@ -954,7 +1006,8 @@ def prefix_cache_ablation(
         r = build_router(setup, router, tau=tau, kind=kind, seed=seed)
         res = simulate(reqs, r, setup.cost, n_workers=setup.n_workers, trace=pool,
                        signatures=sig if "signature" in r.requires else None, slots=slots, bits=setup.bits)
-        return {"router": router, **base, **res.metrics(), **tail_batches(res)}
+        workers = tuple(int(x) for x in res.requests["worker"])
+        return {"router": router, **base, **res.metrics(), **tail_batches(res), "workers": workers}
 
     full = builder.transform(pool.prefill_counts)
 
@@ -962,18 +1015,25 @@ def prefix_cache_ablation(
         return float(np.mean(1.0 - np.sum(full * sig, axis=1)))
 
     nan = float("nan")
-    out = [{**run("eldr", full), "prefix_cache": PREFIX_MODES[0], "capacity_blocks": nan, "hit_rate": nan,
-            "evictions": nan, "signature_err": err(full), "counts_equal_full": True}]
+    prompt_blocks = int((-(-pool.prompt_lens // block_size)).sum())
+    first = run("eldr", full)
+    out = [{**first, "prefix_cache": PREFIX_MODES[0], "capacity_blocks": nan, "hit_rate": nan,
+            "evictions": nan, "prompt_blocks": prompt_blocks, "cached_tokens": None, "rerouted": 0,
+            "signature_err": err(full), "counts_equal_full": True}]
     for cap in caps:
         cs = cache_signatures(workload, rows, arrival, block_size=block_size, capacity_blocks=cap, in_flight=in_flight)
         for mode, counts in zip(PREFIX_MODES[1:], (cs.coindexed, cs.suffix)):
             sig = builder.transform(counts)
-            out.append({**run("eldr", sig), "prefix_cache": mode, "capacity_blocks": cs.capacity_blocks,
-                        "hit_rate": cs.hit_rate, "evictions": cs.evictions, "signature_err": err(sig),
-                        "counts_equal_full": bool(np.array_equal(counts, cs.full))})
+            m = run("eldr", sig)
+            out.append({**m, "prefix_cache": mode, "capacity_blocks": cs.capacity_blocks,
+                        "hit_rate": cs.hit_rate, "evictions": cs.evictions, "prompt_blocks": prompt_blocks,
+                        "cached_tokens": tuple(int(x) for x in cs.cached_tokens[order]),
+                        "rerouted": int(np.sum(np.not_equal(m["workers"], first["workers"]))),
+                        "signature_err": err(sig), "counts_equal_full": bool(np.array_equal(counts, cs.full))})
     best = min((run(r) for r in BASELINES), key=lambda m: m["tpot_ms_p50"])
     out.append({**best, "prefix_cache": f"best baseline ({best['router']})", "capacity_blocks": nan, "hit_rate": nan,
-                "evictions": nan, "signature_err": nan, "counts_equal_full": nan})
+                "evictions": nan, "prompt_blocks": prompt_blocks, "cached_tokens": None, "rerouted": nan,
+                "signature_err": nan, "counts_equal_full": nan})
     return pd.DataFrame(out)
 
 
@@ -1011,7 +1071,7 @@ def regime_map(scales: Sequence[float] = (0.25, 0.5, 1.0, 1.5), *, rates: Sequen
 
 __all__ = ["BASELINES", "DEFAULT_SWEEP_K", "PAPER_DECODE_WORKERS", "PAPER_RATES", "paper_rate_scale", "adjusted_rand_index", "default_sweep", "paper_peak_rate",
            "projection_cost", "real_setup", "real_trace_report", "SPREAD_LEVEL", "ELDR_SPREAD_SEEDS", "TAIL_PCT",
-           "ablation_effect", "ablation_spread", "gain_interval", "seed_spread", "tail_batches", "regime_map", "sweep_gains", "SWEEP_ROUTERS", "ELDRSetup", "build_router", "compare_with_paper", "gains",
+           "ablation_effect", "ablation_spread", "gain_budget", "gain_interval", "seed_spread", "tail_batches", "regime_map", "sweep_gains", "SWEEP_ROUTERS", "ELDRSetup", "build_router", "compare_with_paper", "gains",
            "kmeans_ablation", "LOAD_RANGE", "paper_gains", "rate_for_batch", "rate_for_load", "refit_ablation", "PREFIX_MODES", "prefix_cache_ablation",
            "prefix_setup", "prepare", "rate_sweep", "run_one",
            "signature_ablation", "synthetic_setup", "tau_sweep", "with_workers"]

@@ -139,13 +139,19 @@ def _grid_control(description: str, values: list, value: Any) -> Any:
     return w.Label(value=f"{description} = {values[0]:g} (the only value run)")
 
 
-def regime_panel(df: pd.DataFrame, **kw: Any) -> Any:
+def regime_panel(df: pd.DataFrame, *, n_workers: int | None = None, tau: float | None = None, **kw: Any) -> Any:
     """The regime map with K and tau sliders (over the values the grid has; a label where it has one) and a
-    metric choice; the title follows the chosen K, tau and metric."""
+    metric choice; the title follows the chosen K, tau and metric. The sliders start at ``n_workers`` and
+    ``tau`` (values of the grid; default: its middle K and its smallest tau), so the panel can open on the
+    same map as a saved :func:`fig_regime_map`; ``kw`` goes to :func:`fig_regime_map`."""
     ks = [int(x) for x in sorted(df["n_workers"].unique())]
     taus = [float(x) for x in sorted(df["tau"].unique())]
-    k = _grid_control("K", ks, ks[len(ks) // 2])
-    t = _grid_control("tau", taus, taus[0])
+    if n_workers is not None and int(n_workers) not in ks:
+        raise ValueError(f"n_workers must be one of the grid's K {ks}; got {n_workers!r}")
+    if tau is not None and not np.isclose(taus, float(tau)).any():
+        raise ValueError(f"tau must be one of the grid's tau {taus}; got {tau!r}")
+    k = _grid_control("K", ks, ks[len(ks) // 2] if n_workers is None else int(n_workers))
+    t = _grid_control("tau", taus, taus[0] if tau is None else taus[int(np.argmin(np.abs(np.subtract(taus, float(tau)))))])
     m = w.Dropdown(options=["p50_gain_pct", "p99_gain_pct", "oracle_gap_pct"], description="metric")
 
     def chosen() -> go.Figure:
