@@ -171,6 +171,8 @@ SIZES: dict[str, dict[str, Sized]] = {
         "REGIME_TAUS": Sized([0.1, 0.3], [0.1, 0.3], [0.0, 0.1, 0.3], _reals(0, 10)),
         "REGIME_REQUESTS": Sized(150, 200, 6000, _int(50)),
         "N_CONVERSATIONS": Sized(24, 32, 32, _int(4, 10_000)),
+        # seeds of every seed spread (headline, ablations, real trace); 3 at ci still gives a t-interval
+        "SPREAD_SEEDS": Sized(3, 5, 5, _int(2, 100)),
     },
     # full: every Spec-Bench question (80 per category) at 128 tokens, as `moelab bench hd`'s full HF side
     "02_hierarchy_drafting": {
