@@ -9,12 +9,14 @@ clients. Nothing here imports torch.
 
 from moelab.dsd.acceptance import (
     AcceptanceTrace,
+    GeometricTest,
     chains_proposer,
     drafter_proposer,
     load_shipped,
     load_traces,
     record_acceptance,
     save_traces,
+    wilson_interval,
 )
 from moelab.dsd.measured import (
     breakeven_rtt_sync,
@@ -22,6 +24,7 @@ from moelab.dsd.measured import (
     capacity_batched,
     cpu_costs,
     h200_verify_batch_ms,
+    h200_verify_curve,
     iid_rounds,
     monotone_fit,
     pooled_blocks,
@@ -51,7 +54,8 @@ __all__ = [
     "latency_per_token", "leviathan_speedup", "max_clients", "optimal_gamma", "pipelined_breakeven", "pipelined_window",
     "round_table", "rtt_breakeven",
     "serve", "simulate_rounds", "FamilyAgreement", "family_agreement",
-    "AcceptanceTrace", "RTTDistribution", "WAN_SCENARIOS", "breakeven_rtt_sync", "cached_cpu_verify_cost", "capacity_batched",
-    "chains_proposer", "cpu_costs", "drafter_proposer", "h200_verify_batch_ms", "iid_rounds", "load_shipped", "load_traces",
+    "AcceptanceTrace", "GeometricTest", "RTTDistribution", "WAN_SCENARIOS", "breakeven_rtt_sync", "cached_cpu_verify_cost", "capacity_batched",
+    "chains_proposer", "cpu_costs", "drafter_proposer", "h200_verify_batch_ms", "h200_verify_curve", "iid_rounds", "load_shipped", "load_traces",
     "measure_loopback_rtt", "monotone_fit", "pooled_blocks", "record_acceptance", "save_traces", "serve_batched", "simulate_measured",
+    "wilson_interval",
 ]

@@ -9,7 +9,8 @@ proposal holds (tokens the target would verify; a tree of several candidates cou
 A speculative round with draft length ``gamma`` starting at ``p`` accepts ``a = min(m(p), gamma)`` tokens
 and emits ``a + 1`` (the target's bonus token); the next round starts at ``p + a + 1``. So one recording
 gives the exact per-round sequence for every ``gamma <= gamma_max`` (:meth:`AcceptanceTrace.rounds`), in
-order, neither i.i.d. nor geometric. Rounds whose block would run past the end of the reference are left
+order, as recorded rather than drawn from an i.i.d. geometric law (:meth:`AcceptanceTrace.geometric_test`
+asks whether they are consistent with one). Rounds whose block would run past the end of the reference are left
 out (their acceptance is cut by the recording, not by the drafter).
 
 The recorder is drafter-agnostic: any object with ``start(context_ids)`` and ``draft()`` returning an object
@@ -24,12 +25,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
 from moelab._io import FileFormatError, atomic_write_json, read_json
-from moelab._validate import check_instance, check_int, check_token_array, check_token_ids
+from moelab._validate import check_instance, check_int, check_real, check_token_array, check_token_ids
 from moelab.datasets import repo_root
 
 MAX_GAMMA = 64
@@ -101,6 +103,54 @@ def _run_length(candidates: Sequence[Sequence[int]], ref: Sequence[int], p: int,
     return best
 
 
+def wilson_interval(accepted: int, tried: int, z: float = 1.96) -> tuple[float, float, float]:
+    """The share ``accepted / tried`` with its Wilson score interval at normal quantile ``z``.
+
+    Parameters
+    ----------
+    accepted, tried : int
+        Successes and trials, ``0 <= accepted <= tried``.
+    z : float
+        Normal quantile of the interval (1.96: two-sided 95%).
+
+    Returns
+    -------
+    tuple of float
+        ``(share, low, high)``; all NaN when ``tried`` is 0.
+    """
+    accepted = check_int("accepted", accepted, low=0)
+    tried = check_int("tried", tried, low=0)
+    z = check_real("z", z, low=0)
+    if accepted > tried:
+        raise ValueError(f"accepted must be at most tried; got {accepted} > {tried}")
+    if tried == 0:
+        return float("nan"), float("nan"), float("nan")
+    p = accepted / tried
+    denom = 1 + z * z / tried
+    centre = (p + z * z / (2 * tried)) / denom
+    half = z * float(np.sqrt(p * (1 - p) / tried + z * z / (4 * tried * tried))) / denom
+    return p, max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True)
+class GeometricTest:
+    """:meth:`AcceptanceTrace.geometric_test`: acceptance at draft position 1 (the fit) against positions
+    2..gamma (held out), each a share of tries with its interval, and their difference."""
+
+    gamma: int
+    level: float
+    first_tries: int
+    first_rate: float
+    first_interval: tuple[float, float]
+    later_tries: int
+    later_rate: float
+    later_interval: tuple[float, float]
+    difference: float  # later_rate - first_rate; 0 under geometric acceptance
+    difference_interval: tuple[float, float]
+    consistent: bool  # the difference's interval holds 0
+    testable: bool  # some round reached position 2
+
+
 @dataclass
 class SequenceRecord:
     """One prompt's recording: per-position runs and proposal sizes."""
@@ -161,10 +211,70 @@ class AcceptanceTrace:
         tried = a.sum() + np.sum(a < g)
         return float(a.sum() / tried) if tried else 0.0
 
-    def first_token_rate(self) -> float:
-        """Share of positions where the proposal's first token matches (acceptance of the first draft)."""
-        runs = np.concatenate([s.run for s in self.sequences])
-        return float(np.mean(runs >= 1))
+    def position_acceptance(self, gamma: int | None = None) -> dict[str, np.ndarray]:
+        """Acceptance at each draft position of the rounds at draft length ``gamma`` (default ``gamma_max``).
+
+        Draft token ``j`` of a round is tried when the first ``j - 1`` were accepted; the rounds cover disjoint
+        stretches of the reference, so each try is a distinct target decision.
+
+        Returns
+        -------
+        dict
+            ``position`` (j = 1..gamma), ``tried`` (rounds that reached token j), ``accepted`` (rounds that
+            accepted it) and ``rate`` (accepted / tried; NaN where no round reached j). Geometric (i.i.d.)
+            acceptance makes ``rate`` the same at every j.
+        """
+        g = self._gamma(gamma)
+        a = self.rounds(g)["accepted"]
+        j = np.arange(1, g + 1)
+        tried = np.array([np.sum(a >= k - 1) for k in j], np.int64)
+        accepted = np.array([np.sum(a >= k) for k in j], np.int64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate = np.where(tried > 0, accepted / np.maximum(tried, 1), np.nan)
+        return {"position": j, "tried": tried, "accepted": accepted, "rate": rate}
+
+    def first_token_rate(self, gamma: int | None = None) -> float:
+        """Share of the rounds at draft length ``gamma`` (default ``gamma_max``) whose first draft token the
+        target accepts: the per-token acceptance fitted on draft position 1 alone."""
+        pos = self.position_acceptance(gamma)
+        return float(pos["accepted"][0] / pos["tried"][0]) if pos["tried"][0] else 0.0
+
+    def geometric_test(self, gamma: int | None = None, level: float = 0.95) -> GeometricTest:
+        """Does acceptance stay the same past the first draft token, as the geometric law assumes?
+
+        The per-token acceptance is fitted on draft position 1 of the rounds (:meth:`first_token_rate`) and
+        compared with the acceptance at positions 2..gamma pooled, tries the fit never saw. Geometric
+        acceptance makes the two equal; the test reports their difference with a ``level`` interval (Wilson
+        score intervals combined by Newcombe's method) and is consistent with the geometric law when that
+        interval holds 0.
+
+        Parameters
+        ----------
+        gamma : int, optional
+            Draft length of the rounds (default ``gamma_max``); at least 2 for a later position to exist.
+        level : float
+            Coverage of the intervals, in (0, 1).
+
+        Returns
+        -------
+        GeometricTest
+        """
+        g = self._gamma(gamma)
+        level = check_real("level", level, low=0, high=1, low_open=True, high_open=True)
+        z = NormalDist().inv_cdf(0.5 + level / 2)
+        pos = self.position_acceptance(g)
+        k1, n1 = int(pos["accepted"][0]), int(pos["tried"][0])
+        kl, nl = int(pos["accepted"][1:].sum()), int(pos["tried"][1:].sum())
+        p1, lo1, hi1 = wilson_interval(k1, n1, z)
+        pl, lol, hil = wilson_interval(kl, nl, z)
+        diff = pl - p1
+        diff_lo = diff - float(np.hypot(pl - lol, hi1 - p1))
+        diff_hi = diff + float(np.hypot(hil - pl, p1 - lo1))
+        testable = n1 > 0 and nl > 0
+        return GeometricTest(gamma=g, level=level, first_tries=n1, first_rate=p1, first_interval=(lo1, hi1),
+                             later_tries=nl, later_rate=pl, later_interval=(lol, hil), difference=diff,
+                             difference_interval=(diff_lo, diff_hi),
+                             consistent=bool(testable and diff_lo <= 0.0 <= diff_hi), testable=bool(testable))
 
     def conditional_acceptance(self) -> np.ndarray:
         """``P(accept token j+1 | first j accepted)`` for j = 0..gamma_max-1 over all positions; i.i.d.
@@ -318,5 +428,5 @@ def load_shipped() -> tuple[dict[str, AcceptanceTrace], dict[str, Any]]:
     return load_traces(shipped_path())
 
 
-__all__ = ["MAX_GAMMA", "AcceptanceTrace", "Proposer", "SequenceRecord", "chains_proposer", "drafter_proposer",
-           "load_shipped", "load_traces", "record_acceptance", "save_traces", "shipped_path"]
+__all__ = ["MAX_GAMMA", "AcceptanceTrace", "GeometricTest", "Proposer", "SequenceRecord", "chains_proposer", "drafter_proposer",
+           "load_shipped", "load_traces", "record_acceptance", "save_traces", "shipped_path", "wilson_interval"]

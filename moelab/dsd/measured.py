@@ -482,9 +482,46 @@ def capacity_batched(rounds: dict[str, np.ndarray], *, verify_batch_ms: Callable
 _KV_DIMS = {"llama2-7b": (32, 128), "tinyllama-1.1b": (4, 64), "llama-160m": (12, 64)}
 
 
+def h200_verify_curve(shape: str = "llama2-7b") -> dict[str, Any]:
+    """One forward's cost on the H200 over ``q`` tokens, from ``dense_verify.csv``, as measured and fitted.
+
+    Each table point is the median of CUDA-graph replays with no spread kept, and a few fall as ``q`` grows,
+    which no forward does; the fit is their :func:`monotone_fit`, as for the CPU curve (:func:`cpu_costs`).
+
+    Parameters
+    ----------
+    shape : str
+        A dense model shape of the measured table (``llama2-7b``, ``tinyllama-1.1b``, ``llama-160m``).
+
+    Returns
+    -------
+    dict
+        ``qs``, ``table_ms`` (the table's medians) and ``fitted_ms`` (the monotone fit), one per ``q``;
+        ``falls`` (the ``(q, next q)`` pairs where the medians fall), ``pooled_blocks`` (:func:`pooled_blocks`)
+        and ``verify`` (ms through the fit, piecewise-linear in ``q``; ``q`` outside the table is refused).
+    """
+    dv = DenseVerifyModel.h200()
+    check_choice("shape", shape, sorted(dv.shapes))
+    rows = dv.table[dv.table["shape"] == shape].sort_values("q")
+    qs = rows["q"].to_numpy(np.int64)
+    ms = rows["ms_model_est"].to_numpy(np.float64)
+    fitted = monotone_fit(ms)
+
+    def verify(q: ArrayLike) -> np.ndarray:
+        q = np.asarray(q, dtype=np.float64)
+        if q.size and (q.min() < qs[0] or q.max() > qs[-1]):
+            raise ValueError(f"q must be in [{qs[0]}, {qs[-1]}] (the measured dense_verify range for {shape}); "
+                             f"got {q.min()}..{q.max()}")
+        return np.interp(q, qs, fitted)
+
+    return {"qs": qs.tolist(), "table_ms": ms.tolist(), "fitted_ms": fitted.tolist(),
+            "falls": [(int(qs[i]), int(qs[i + 1])) for i in range(qs.size - 1) if ms[i + 1] < ms[i]],
+            "pooled_blocks": pooled_blocks(qs, ms, fitted), "verify": verify}
+
+
 def h200_verify_batch_ms(shape: str = "llama2-7b", ctx: int = 1024) -> Callable[[int, int], float]:
     """Batched verify cost on the H200 from measured tables: ``dense_verify.csv`` at ``q`` tokens (one
-    forward's weight reads and FLOPs) plus the K/V reads of the extra sequences, ``attn_step``-measured
+    forward's weight reads and FLOPs; its monotone fit, :func:`h200_verify_curve`) plus the K/V reads of the extra sequences, ``attn_step``-measured
     ms per byte (the table's GQA kernel; ``ctx`` cached tokens per sequence). ``q`` above the table's
     largest (128) is refused, never clamped.
 
@@ -512,8 +549,8 @@ def h200_verify_batch_ms(shape: str = "llama2-7b", ctx: int = 1024) -> Callable[
     kv_seq = 2 * dims[0] * dims[1] * 2 * ctx  # K+V bytes of one sequence per layer (bf16)
     per_byte = float(attn.fit.as_dict()["ms_per_GB"]) / 1e9
 
-    rows = rows.sort_values("q")
-    qs, ms = rows["q"].to_numpy(np.float64), rows["ms_model_est"].to_numpy(np.float64)
+    curve = h200_verify_curve(shape)
+    qs, ms = np.asarray(curve["qs"], np.float64), np.asarray(curve["fitted_ms"], np.float64)
     kv_ms = layers * kv_seq * per_byte
 
     def cost(b: int, q: int) -> float:
@@ -677,5 +714,5 @@ def cpu_costs(extra: dict) -> dict[str, Any]:
 
 
 __all__ = ["HF_VERIFY_ENGINE", "MAX_CLIENTS", "MAX_ROUNDS", "PIPELINES", "BatchedCapacity", "BatchedResult", "MeasuredMC",
-           "VerifyLatencyFn", "breakeven_rtt_sync", "capacity_batched", "cpu_costs", "h200_verify_batch_ms",
+           "VerifyLatencyFn", "breakeven_rtt_sync", "capacity_batched", "cpu_costs", "h200_verify_batch_ms", "h200_verify_curve",
            "cached_cpu_verify_cost", "iid_rounds", "monotone_fit", "pooled_blocks", "resample_rounds", "serve_batched", "simulate"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from statistics import NormalDist
 
 import ipywidgets as w
 import numpy as np
@@ -11,6 +12,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from moelab.dsd import MODES, best_mode, capacity_gain, latency_per_token, pipelined_window, rtt_breakeven
+from moelab.dsd.acceptance import wilson_interval
 from moelab.viz.common import color_for, refresh, slider
 
 MODE_COLORS = {m: color_for(m) for m in ("ar", "colocated", "dsd_sync", "dsd_pipelined")}  # the lab's palette
@@ -106,20 +108,41 @@ def capacity_figure(ratios: Sequence[float] = (0.05, 0.1, 0.2, 0.4), gamma_max: 
     return fig
 
 
-def conditional_acceptance_figure(traces: dict) -> go.Figure:
-    """P(accept draft token j+1 | first j accepted) per recorded drafter, with each drafter's fitted alpha
-    as a flat line (what i.i.d. acceptance would look like)."""
+def conditional_acceptance_figure(traces: dict, gammas: dict[str, int] | None = None, level: float = 0.95) -> go.Figure:
+    """Acceptance of draft token j given the first j-1 were accepted, over each drafter's recorded rounds, with
+    ``level`` Wilson intervals, and the geometric law fitted on position 1 alone (a flat dotted line: what
+    i.i.d. acceptance predicts for the later positions, which the fit never saw).
+
+    Parameters
+    ----------
+    traces : dict of str to AcceptanceTrace
+        Recordings by key.
+    gammas : dict of str to int, optional
+        Draft length of each key's rounds (default: its ``gamma_max``).
+    level : float
+        Coverage of the error bars, in (0, 1).
+    """
+    z = NormalDist().inv_cdf(0.5 + float(level) / 2)
     fig = go.Figure()
-    for name, tr in traces.items():
-        c = tr.conditional_acceptance()
-        j = np.arange(1, c.size + 1)
+    for k, (name, tr) in enumerate(traces.items()):
+        g = (gammas or {}).get(name, tr.gamma_max)
+        dodge = 0.08 * (k - (len(traces) - 1) / 2)  # drafters side by side, so their error bars do not overlap
+        pos = tr.position_acceptance(g)
+        bars = [wilson_interval(int(k), int(n), z) for k, n in zip(pos["accepted"], pos["tried"])]
+        rate = np.array([b[0] for b in bars])
+        lo, hi = np.array([b[1] for b in bars]), np.array([b[2] for b in bars])
         color = color_for(name)  # the lab's palette: PLD and HD as in notebook 02
-        fig.add_scatter(x=j, y=c, mode="markers+lines", name=f"{tr.drafter} (measured)", line={"color": color},
-                        legendgroup=tr.drafter)
-        fig.add_scatter(x=j, y=np.full(c.size, tr.alpha()), mode="lines", name=f"{tr.drafter}: i.i.d. at fitted alpha",
-                        line={"color": color, "dash": "dot"}, legendgroup=tr.drafter)  # one drafter, two readings
-    fig.update_layout(title="Acceptance of draft token j given the first j-1 were accepted (recorded on SmolLM2-135M)",
-                      xaxis_title="draft position j", yaxis_title="P(accept)", yaxis_range=[0, 1],
+        fig.add_scatter(x=pos["position"] + dodge, y=rate, mode="markers+lines",
+                        name=f"{tr.drafter} (measured, gamma={g})", line={"color": color}, legendgroup=tr.drafter,
+                        error_y={"type": "data", "symmetric": False, "array": hi - rate, "arrayminus": rate - lo},
+                        customdata=np.column_stack([pos["position"], pos["tried"]]),
+                        hovertemplate="j=%{customdata[0]}: %{y:.2f} of %{customdata[1]} tries<extra></extra>")
+        fig.add_scatter(x=pos["position"], y=np.full(g, tr.first_token_rate(g)), mode="lines",
+                        name=f"{tr.drafter}: geometric, fitted on position 1", line={"color": color, "dash": "dot"},
+                        legendgroup=tr.drafter)  # one drafter, two readings
+    fig.update_layout(title=f"Acceptance of draft token j given the first j-1 were accepted, per round, "
+                            f"{level:.0%} intervals (recorded on SmolLM2-135M)",
+                      xaxis_title="draft position j", yaxis_title="P(accept)", yaxis_range=[0, 1.05],
                       template="plotly_white")
     return fig
 
