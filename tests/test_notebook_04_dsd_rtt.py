@@ -49,6 +49,20 @@ def test_dsd_notebook(tmp_path):
     acc = {r["key"]: r for r in res["measured_acceptance"]}
     assert set(acc) == {"early_exit", "pld", "hd"}
     assert all(0 <= r["alpha_mle"] < 1 and r["measured_tokens_per_round"] >= 1 for r in acc.values())
+    # M1: one gamma per drafter (the early-exit draft's is GAMMA_MEASURED), and the geometric test's verdict is
+    # its interval's: consistent exactly where the held-out difference's interval holds 0
+    assert acc["early_exit"]["gamma"] == 5
+    geo = {r["key"]: r for r in res["geometric_test"]["rows"]}
+    assert set(geo) == set(acc)
+    for key, row in geo.items():
+        assert row["consistent with geometric"] == (row["interval low"] <= 0 <= row["interval high"])
+        assert row["first_token_rate"] == acc[key]["first_token_rate"] and row["gamma"] == acc[key]["gamma"]
+    # the timeline's end times are the terms its prose adds up
+    tl = res["timeline"]
+    assert tl["sync_end_ms"] == tl["rounds"] * tl["sync_round_ms"]
+    assert tl["pipelined_end_ms"] == pytest.approx(
+        tl["draft_ms"] + (tl["rounds"] - 1) * tl["pipelined_period_ms"] + tl["verdict_after_send_ms"])
+    assert tl["saved_ms"] == pytest.approx((tl["rounds"] - 1) * tl["hidden_per_round_ms"])
     lat = res["measured_latency"]
     assert len(lat) == 2 * len(preset_values("04_dsd_rtt", "ci")["RTT_MEANS"])  # sync and pipelined at each RTT
     for m in ("dsd_sync", "dsd_pipelined"):
@@ -56,6 +70,11 @@ def test_dsd_notebook(tmp_path):
         assert rows[0]["measured"] < rows[-1]["measured"]  # monotone in RTT
     assert set(res["breakeven"]) == {"early_exit_measured", "early_exit_closed_form", "hd_measured", "hd_closed_form"}
     assert len(res["pipelining"]) == 4 and len(res["capacity_batched"]) == 2
+    # pipelining is also tested where a pre-drafted block survives; proposition 3 cannot hold where it is untested
+    pf = res["pipelining_full_acceptance"]
+    assert len(pf["rows"]) == 4 and pf["tested"] == (pf["pre_draft_valid_share"] > 0)
+    prop3 = next(v for v in res["verdict"] if v["proposition"].startswith("3:"))
+    assert prop3["holds"] == (pf["tested"] and pf["hidden_share"] >= pf["hidden_min"])
     # clients are whole; the ratio is taken between the crossings, which lie within a client above them
     for row in res["capacity"] + res["capacity_batched"]:
         for mode in ("colocated", "dsd"):
@@ -64,8 +83,8 @@ def test_dsd_notebook(tmp_path):
     # the Monte-Carlo check counts only independent points with randomness (cloud AR has none)
     assert res["mc_points"] == 21 and res["mc_family"]["agrees"] == (res["mc_max_abs_z"] <= res["mc_family"]["z_threshold"])
     # the simulations use a verify curve that never falls as q grows
-    fitted = res["costs"]["cpu_fitted_ms"]
-    assert all(a <= b for a, b in zip(fitted, fitted[1:]))
+    for fitted in (res["costs"]["cpu_fitted_ms"], res["costs"]["h200_fitted_ms"]):
+        assert all(a <= b for a, b in zip(fitted, fitted[1:]))
     assert len(res["verdict"]) == 5 and all(isinstance(v["holds"], bool) for v in res["verdict"])
     # the lesson: worked example at the parameters, the prediction revealed, the headline map saved and shown
     assert res["latency_at_point"]["ar"] == 50.0 and res["expected_tokens"] == float(dsd.expected_tokens(0.8, 5))
