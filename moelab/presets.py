@@ -250,7 +250,7 @@ SIZES: dict[str, dict[str, Sized]] = {
         "N_PAIRS": Sized(800, 2000, 30_000, _int(10)),
         "N_REQUESTS": Sized(150, 600, 4000, _int(10)),
         "OUTPUT_LEN": Sized(64, 512, 512, _int(1, 100_000)),
-        "SHARES": Sized([0.5], [0.15, 0.5], [0.15, 0.3, 0.5, 0.7], _reals(0, 1, low_open=True)),
+        "SHARES": Sized([0.15, 0.5], [0.15, 0.3, 0.5, 0.7], [0.15, 0.3, 0.5, 0.7], _reals(0, 1, low_open=True)),
     },
 }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -139,3 +141,48 @@ def test_interaction_pattern_refuses_no_or_bad_draws():
             cross.interaction_pattern(bad, 1.0)
     with pytest.raises(ValueError, match="tolerance"):
         cross.interaction_pattern([1.0], -0.1)
+
+
+def test_br_share_trend_runs_the_jsq_instance_pairs_and_reuses_known_grids(setup):
+    """BalanceRoute's gain per (share, draw): only the three JSQ-instance pairs run, a known grid at the setup's
+    share is reused (the same gains as running it), and a known grid at another rate is refused."""
+    seeds = (0, 1)
+    rate = cross.rate_for_load(setup, 1.0)
+    known = cross.pair_grids(setup, rate=rate, seeds=seeds, n_requests=60)
+    trend = cross.br_share_trend(setup, (0.4, 0.2), seeds=seeds, load=1.0, known={0.4: known}, n_requests=60)
+    assert trend["attention_share"].tolist() == [0.2, 0.2, 0.4, 0.4] and trend["seed"].tolist() == [0, 1, 0, 1]
+    fresh = cross.br_share_trend(setup, (0.4,), seeds=seeds, load=1.0, n_requests=60)
+    assert trend[trend["attention_share"] == 0.4]["br_only_gain_pct"].tolist() == pytest.approx(
+        fresh["br_only_gain_pct"].tolist())
+    assert trend[trend["attention_share"] == 0.4]["br_only_gain_pct"].tolist() == pytest.approx(
+        cross.gains_by_seed(known)["br_only_gain_pct"].tolist())
+    # the higher share reads more KV bytes per token
+    scale = trend.groupby("attention_share")["attn_scale"].first()
+    assert scale[0.4] > scale[0.2] > 0
+    with pytest.raises(ValueError, match="another rate"):
+        cross.br_share_trend(setup, (0.4,), seeds=seeds, load=1.2, known={0.4: known}, n_requests=60)
+    with pytest.raises(ValueError, match="each once"):
+        cross.br_share_trend(setup, (0.2, 0.2), seeds=seeds, n_requests=60)
+
+
+def _trend(gains_by_seed: dict[int, list[float]], shares=(0.1, 0.3, 0.5)) -> pd.DataFrame:
+    return pd.DataFrame([{"attention_share": s, "seed": seed, "br_only_gain_pct": g}
+                         for seed, gains in gains_by_seed.items() for s, g in zip(shares, gains)])
+
+
+def test_share_trend_summary_decides_by_the_interval_over_draws():
+    # every draw rises by one point per 10 points of share, give or take: the interval is above zero
+    rising = cross.share_trend_summary(_trend({0: [1.0, 3.0, 5.0], 1: [1.5, 3.3, 5.6], 2: [0.8, 2.9, 4.7]}))
+    assert rising["verdict"] == "ahead" and rising["n_rising"] == 3 and rising["n_draws"] == 3
+    assert rising["slope_by_seed"][0] == pytest.approx(1.0)
+    assert rising["slope_lo"] < rising["slope_mean"] < rising["slope_hi"] and rising["slope_lo"] > 0
+    assert [r["mean"] for r in rising["by_share"]] == pytest.approx([1.1, 3.0 + 0.2 / 3, 5.1])
+    # two points of one draw cannot decide it: the old reading (last share above the first) would say "grows"
+    noisy = cross.share_trend_summary(_trend({0: [1.0, 0.5, 3.0], 1: [4.0, 1.0, 2.0], 2: [2.0, 2.5, 1.0]}))
+    assert noisy["verdict"] == "not distinguishable" and noisy["slope_lo"] < 0 < noisy["slope_hi"]
+    falling = cross.share_trend_summary(_trend({0: [5.0, 3.0, 1.0], 1: [5.2, 3.1, 1.1]}))
+    assert falling["verdict"] == "behind" and falling["n_rising"] == 0
+    one_share = cross.share_trend_summary(_trend({0: [2.0], 1: [3.0]}, shares=(0.5,)))
+    assert one_share["verdict"] == "not tested" and math.isnan(one_share["slope_lo"])
+    with pytest.raises(ValueError, match="br_share_trend"):
+        cross.share_trend_summary(pd.DataFrame({"seed": [0]}))

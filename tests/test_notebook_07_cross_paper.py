@@ -52,3 +52,16 @@ def test_notebook_07_cross_paper(tmp_path):
                 "at_or_below": "No draw is above additive"}[res["interaction_pattern"]]
     assert sentence in text
 
+    # "BalanceRoute's gain grows with the attention share" is decided by an interval over the spread's draws at every
+    # share of SHARES, not by the last share's gain on one draw beating the first's (a student found that)
+    trend = res["br_share_trend"]
+    assert trend["n_shares"] == len(ci["SHARES"]) >= 2 and trend["n_draws"] == cross.CROSS_SPREAD_SEEDS
+    assert len(res["share_trend"]) == len(ci["SHARES"]) * cross.CROSS_SPREAD_SEEDS
+    at_headline = sorted(r["br_only_gain_pct"] for r in res["share_trend"] if r["attention_share"] == res["params"]["ATTENTION_SHARE"])
+    assert at_headline == pytest.approx(sorted(d["br_only_gain_pct"] for d in draws))  # the spread's draws, reused
+    row = res["verdict"][4]
+    assert row["claim"] == "BalanceRoute's gain grows with the attention share" and "interval" in row["evidence"]
+    assert row["holds here?"] == {"ahead": "True", "behind": "False"}.get(
+        trend["verdict"], f"not distinguishable ({trend['n_rising']} of {trend['n_draws']} draws rise)")
+    # the two terms a student met undefined are defined where they first appear, with a link to the glossary
+    assert "**[slot capacity](NOTATION.md#glossary)**" in text and "**[attn_scale](NOTATION.md#glossary)**" in text

@@ -8,6 +8,7 @@ from moelab.cross.experiment import (
     INTERACTION_PATTERNS,
     RANK_ROUTERS,
     CrossSetup,
+    br_share_trend,
     eldr_lever,
     expert_term_ms,
     gains,
@@ -20,10 +21,11 @@ from moelab.cross.experiment import (
     rate_for_load,
     run_pair,
     share_sweep,
+    share_trend_summary,
     variant,
 )
 
 __all__ = ["BASELINE_PAIR", "CROSS_SPREAD_SEEDS", "INSTANCE_ROUTERS", "INTERACTION_PATTERNS", "RANK_ROUTERS", "CrossSetup",
-           "eldr_lever", "expert_term_ms", "gains", "interaction_pattern",
+           "br_share_trend", "eldr_lever", "expert_term_ms", "gains", "interaction_pattern",
            "gains_by_seed", "pair_gains_table", "pair_grid", "pair_grids", "prepare", "rate_for_load", "run_pair",
-           "share_sweep", "variant"]
+           "share_sweep", "share_trend_summary", "variant"]

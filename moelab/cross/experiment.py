@@ -24,7 +24,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
+from moelab._stats import interval_verdict
 from moelab._validate import check_int, check_real
 from moelab.costmodel import DecodeStepModel
 from moelab.eldr.experiments import ELDRSetup, build_router, synthetic_setup, with_workers
@@ -234,6 +236,100 @@ def gains_by_seed(grids: pd.DataFrame, metric: str = "tpot_ms_p50") -> pd.DataFr
     return pd.DataFrame(rows)
 
 
+def br_share_trend(cs: CrossSetup, shares: tuple[float, ...], *, seeds: tuple[int, ...], load: float = 1.3,
+                   known: dict[float, pd.DataFrame] | None = None, **kw: object) -> pd.DataFrame:
+    """BalanceRoute's gain alone (``br_only``) at each attention share on each draw: the evidence for "its gain
+    grows with the attention share", measured on the same draws as the seed spread.
+
+    Only the three pairs with a JSQ instance router run (JSQ x JSQ, JSQ x BR-0, JSQ x BR-H): ``br_only`` needs no
+    other. At each share the rate is re-set to the same ``load`` (:func:`rate_for_load`).
+
+    Parameters
+    ----------
+    cs : CrossSetup
+        The experiment's setup (:func:`prepare`); each share is a :func:`variant` of it.
+    shares : tuple of float
+        Attention shares, each in (0, 1), distinct, at least one.
+    seeds : tuple of int
+        The draws (as :func:`pair_grids` takes them).
+    load : float
+        Offered load, a multiple of the slot capacity (:func:`rate_for_load`).
+    known : dict, optional
+        ``{share: pair_grids frame}`` already run at that share and rate on the same seeds (e.g. the seed spread at
+        the setup's own share): reused instead of run again; its rate must be the share's.
+    **kw
+        Passed to :func:`run_pair` (``n_requests``, ``tau``).
+
+    Returns
+    -------
+    DataFrame
+        One row per (share, seed), shares ascending: ``attention_share``, ``seed``, ``rate``, ``attn_scale`` (the
+        factor on the KV bytes attention reads that sets the share), ``br_only_gain_pct`` and ``br_only_pair``.
+    """
+    shares = tuple(check_real("shares", s, low=0, high=1, low_open=True, high_open=True) for s in shares)
+    if not shares or len(set(shares)) != len(shares):
+        raise ValueError(f"shares must name at least one attention share, each once; got {shares}")
+    known = {} if known is None else dict(known)
+    rows = []
+    for share in sorted(shares):
+        v = variant(cs, attention_share=share)
+        rate = rate_for_load(v, load)
+        reuse = next((g for s, g in known.items() if np.isclose(s, share)), None)
+        if reuse is not None and not np.allclose(reuse["rate"].to_numpy(dtype=float), rate):
+            raise ValueError(f"the known grids at share {share:g} ran at another rate than this share's {rate:.3f} "
+                             f"req/s at load {load:g}: pass grids run at rate_for_load")
+        grids = reuse if reuse is not None else pair_grids(v, rate=rate, seeds=seeds, instance_routers=("jsq",), **kw)
+        for seed, grid in grids.groupby("seed", sort=True):
+            g = gains(grid)
+            rows.append({"attention_share": float(share), "seed": int(seed), "rate": float(rate),
+                         "attn_scale": float(v.cost.attn_scale), "br_only_gain_pct": g["br_only_gain_pct"],
+                         "br_only_pair": g["br_only_pair"]})
+    return pd.DataFrame(rows)
+
+
+def share_trend_summary(trend: pd.DataFrame, *, level: float = 0.95) -> dict[str, object]:
+    """Does BalanceRoute's gain grow with the attention share? Each draw's least-squares slope of ``br_only``
+    against the share, and a Student-t interval of their mean over the draws (the draws are the replicates).
+
+    Parameters
+    ----------
+    trend : DataFrame
+        :func:`br_share_trend`'s rows.
+    level : float
+        Confidence level of the interval, in (0, 1).
+
+    Returns
+    -------
+    dict
+        ``n_shares``, ``n_draws``; ``slope_by_seed`` (points of gain per 10 points of share, per draw),
+        ``slope_mean``, ``slope_lo``, ``slope_hi`` (the interval, NaN with fewer than two shares or draws),
+        ``n_rising`` (draws whose slope is > 0), ``verdict`` (:func:`moelab._stats.interval_verdict`:
+        ``"ahead"`` = the gain grows, ``"behind"`` = it shrinks, or ``"not distinguishable"``; ``"not tested"``
+        with one share) and ``by_share`` (per share: mean, lowest and highest gain over the draws).
+    """
+    level = check_real("level", level, low=0, high=1, low_open=True, high_open=True)
+    need = {"attention_share", "seed", "br_only_gain_pct"}
+    if not need <= set(trend.columns) or trend.empty:
+        raise ValueError(f"trend must be br_share_trend's rows (columns {sorted(need)}); got {list(trend.columns)}")
+    by_share = (trend.groupby("attention_share", sort=True)["br_only_gain_pct"]
+                .agg(mean="mean", low="min", high="max").reset_index())
+    n_shares, seeds = len(by_share), sorted(trend["seed"].unique())
+    slopes = {}
+    if n_shares >= 2:
+        for seed, d in trend.groupby("seed", sort=True):
+            slopes[int(seed)] = float(0.1 * np.polyfit(d["attention_share"], d["br_only_gain_pct"], 1)[0])
+    s = np.array(list(slopes.values()))
+    mean = float(s.mean()) if s.size else float("nan")
+    lo = hi = float("nan")
+    if s.size >= 2:
+        half = float(stats.t.ppf(0.5 + level / 2, s.size - 1) * s.std(ddof=1) / np.sqrt(s.size))
+        lo, hi = mean - half, mean + half
+    return {"n_shares": n_shares, "n_draws": len(seeds), "level": level, "slope_by_seed": slopes,
+            "slope_mean": mean, "slope_lo": lo, "slope_hi": hi, "n_rising": int((s > 0).sum()),
+            "verdict": "not tested" if n_shares < 2 else interval_verdict(lo, hi),
+            "by_share": by_share.to_dict("records")}
+
+
 def expert_term_ms(cs: CrossSetup, distinct_per_layer: float, batch: float) -> float:
     """The step model's price of the expert term ``t_e * sum_l D_l``: the part of the step ELDR can move.
 
@@ -392,6 +488,6 @@ def rate_for_load(cs: CrossSetup, load: float = 0.7) -> float:
 
 
 __all__ = ["BASELINE_PAIR", "CROSS_SPREAD_SEEDS", "INSTANCE_ROUTERS", "INTERACTION_PATTERNS", "RANK_ROUTERS", "CrossSetup",
-           "eldr_lever", "expert_term_ms", "gains", "interaction_pattern",
+           "br_share_trend", "eldr_lever", "expert_term_ms", "gains", "interaction_pattern",
            "gains_by_seed", "pair_gains_table", "pair_grid", "pair_grids", "prepare", "rate_for_load", "run_pair",
-           "share_sweep", "variant"]
+           "share_sweep", "share_trend_summary", "variant"]
