@@ -4,6 +4,8 @@ the vLLM half is off in CI: it is covered by tests/test_hd_vllm.py and `moelab b
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
 
 import pandas as pd
 import pytest
@@ -111,6 +113,18 @@ def test_notebook_02_runs_and_records_results(tmp_path, public_data):
     assert all(v >= 1.0 for v in r["hd_mat"].values()) and all(v >= 1.0 for v in r["pld_mat"].values())
     assert set(r["mat_by_budget"]) == {str(b) for b in ci["BUDGETS"]}
     assert 0 < r["hd_draft_us_p50"] < 10_000 and r["hd_hf_speedup"] > 0
+    # the paper's "beats REST in every category" is counted from the table, and the verdict records it
+    assert set(r["vs_rest"]) == {"HD-fixed", "HD-cost"} and r["vs_rest"]["HD-fixed"]["categories"] == 6
+    rest_row = next(v for v in r["verdict"] if "REST" in v["claim"])
+    assert rest_row["holds here?"] == ("yes" if r["vs_rest"]["HD-fixed"]["every"] else "no")
+    # the published comparison states its shape both ways: lead and trail of every column, every (ours, published) pair
+    assert r["published_shape"]["pairs"] and all(c["lead"] and c["trail"] for c in r["published_shape"]["columns"].values())
+    # the speed-up exercise prints the very values its checker prices with (the cached curve `cost`)
+    executed = json.loads((tmp_path / "02_hierarchy_drafting.ipynb").read_text())
+    printed = next("".join(o.get("text", "")) for c in executed["cells"] if c["cell_type"] == "code"
+                   for o in c.get("outputs", []) if "cached curve `cost`: t(1) =" in "".join(o.get("text", "")))
+    t1, tq = (float(x) for x in re.findall(r"t\(\d+\) = ([\d.]+) ms", printed))
+    assert tq / t1 == pytest.approx(r["verify_ratio"]["cached"], rel=0.01)
     assert r["store_sizes"]["S_ngrams"] > 0 and r["store_sizes"]["L_tokens"] > 0
     for name in ("hd_verify_cost", "hd_demo_steps", "hd_mat_by_budget", "hd_mat_by_category", "hd_store_shares",
                  "hd_vs_published"):

@@ -252,7 +252,8 @@ def check_speedup_bound(answer: object, *, qs: Sequence[int], ms: Sequence[float
     """``answer`` should be ``a t(1) / t(q)`` on the notebook's measured verify-cost curve."""
     cost = VerifyCost(qs=list(qs), ms=list(ms))
     return check_number("speedup", answer, speedup_bound(qs=qs, ms=ms, a=a, q=q), rtol=0.02,
-                        hint=f"AR spends t(1) = {float(cost(1)):.3g} ms per token; a speculative forward spends "
+                        hint=f"on the cached curve `cost` (the values printed above the answer cell), AR spends "
+                             f"t(1) = {float(cost(1)):.3g} ms per token; a speculative forward spends "
                              f"t(q) = {float(cost(q)):.3g} ms at q = {q} and yields a = {a:.3g} tokens.")
 
 
@@ -466,6 +467,62 @@ def slice_breakdown(questions: pd.DataFrame, steps: pd.DataFrame, method: str) -
     return out
 
 
+def policy_contrast(questions: pd.DataFrame, steps: pd.DataFrame, summary: pd.DataFrame, methods: Sequence[str],
+                    category: str, cost: VerifyCost | None = None) -> dict[str, dict[str, Any]]:
+    """What each of ``methods`` did on one Spec-Bench ``category`` of a slice: the numbers that explain why one
+    produced more tokens per forward than another (e.g. HD (cost-aware) ahead of HD (paper, fixed)).
+
+    Parameters
+    ----------
+    questions, steps : pandas.DataFrame
+        :class:`moelab.hd.experiments.SpecBenchRun`'s ``questions`` and ``steps``.
+    summary : pandas.DataFrame
+        Its :meth:`~moelab.hd.experiments.SpecBenchRun.summary` (per-store hit rates).
+    methods : sequence of str
+        Row labels, e.g. ``("HD-cost@8", "HD-fixed@8")``.
+    category : str
+        The category.
+    cost : VerifyCost, optional
+        A verify-cost curve: adds ``verify_ratio``, what a forward of the method's mean tree size costs in
+        single-token forwards on it.
+
+    Returns
+    -------
+    dict
+        Per method: ``questions``, ``tokens``, ``forwards``, ``a`` (tokens per forward), ``drafting_forwards``,
+        ``misses`` (drafting forwards that accepted no draft token), ``accepted`` (draft tokens accepted, m summed),
+        ``longest`` (the most draft tokens one forward accepted), ``tree_mean`` (tokens a forward processed),
+        ``store_accepted`` (accepted draft tokens per store letter) and ``hit_rate`` (per store, the summary's
+        lookup-hit rate), the exact replay's steps (every method has them).
+
+    Raises
+    ------
+    ValueError
+        If a method has no row of ``category`` in the slice.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for m in methods:
+        rows = questions[(questions["method"] == m) & (questions["category"] == category)]
+        st = steps[(steps["method"] == m) & (steps["category"] == category) & (steps["mode"] == "replay")]
+        if rows.empty or st.empty:
+            raise ValueError(f"{m!r} has no {category!r} question in the slice")
+        drafting = st[st["tree_size"] > 1]
+        letters = "".join(str(x) for x in st["sources"].fillna(""))
+        srow = summary[(summary["method"] == m) & (summary["category"] == category)]
+        info: dict[str, Any] = {
+            "questions": int(len(rows)), "tokens": int(rows["new_tokens"].sum()), "forwards": int(len(st)),
+            "a": float(rows["new_tokens"].sum() / len(st)), "drafting_forwards": int(len(drafting)),
+            "misses": int((drafting["accepted"] == 0).sum()), "accepted": int(st["accepted"].sum()),
+            "longest": int(st["accepted"].max()), "tree_mean": float(st["tree_size"].mean()),
+            "store_accepted": {k: letters.count(k) for k in "WSL"},
+            "hit_rate": {k: float(srow[f"{k}_hit_rate"].iloc[0]) for k in "WSL"
+                         if len(srow) and f"{k}_hit_rate" in srow and pd.notna(srow[f"{k}_hit_rate"].iloc[0])}}
+        if cost is not None:
+            info["verify_ratio"] = float(cost(info["tree_mean"]) / cost(1))
+        out[m] = info
+    return out
+
+
 def speedup_context(cost: VerifyCost, a: float, q: int) -> dict[str, Any]:
     """The ``speedup_bound`` exercise's context from the notebook's curve ``cost``, tokens per forward ``a``
     and verified tokens ``q``."""
@@ -474,5 +531,5 @@ def speedup_context(cost: VerifyCost, a: float, q: int) -> dict[str, Any]:
 
 
 __all__ = ["TOY_CORPUS", "TOY_EXERCISE_TARGET", "TOY_LENGTH", "TOY_MODEL_OUTPUTS", "TOY_PROMPT", "TOY_TARGET",
-           "ToyStores", "chain_cases", "first_tokens", "slice_breakdown", "speed_breakdown", "speedup_bound",
+           "ToyStores", "chain_cases", "first_tokens", "policy_contrast", "slice_breakdown", "speed_breakdown", "speedup_bound",
            "speedup_context", "tokens_per_step", "toy_drafter", "toy_stores", "walk_sources", "worked_step"]
