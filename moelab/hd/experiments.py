@@ -1,7 +1,8 @@
 """HD's own experiment: Spec-Bench-style evaluation of the drafters at an equal budget on a real target model
 (HF transformers, tree verification; :func:`run_hf`), and its tables.
 
-Conventions (Spec-Bench): *mean accepted tokens* = tokens produced per target forward (1.00 for AR),
+Conventions (Spec-Bench): *mean accepted tokens* (MAT, column ``mean_accepted``) = tokens produced per target forward,
+the bonus token included (a = m + 1 per step, 1.00 for AR; "accepted" alone means accepted draft tokens, m),
 pooled over the steps of a category; *speedup* = mean per-question tokens/s of a method over that of AR.
 
 How each number is obtained:
@@ -89,7 +90,7 @@ class SpecBenchRun:
     config: dict[str, Any]
 
     def summary(self) -> pd.DataFrame:
-        """Per (method, category) and per method overall: mean accepted tokens, measured CPU speedup,
+        """Per (method, category) and per method overall: MAT (tokens per forward, bonus included), measured CPU speedup,
         drafting latency p50, per-store lookup-hit rate and accepted share."""
         return summarize(self.questions, self.steps)
 

@@ -26,7 +26,7 @@ def full_table_path() -> Path:
 
 def summarize_vllm(df: pd.DataFrame) -> pd.DataFrame:
     """Per (method, category) and overall: speedup over AR (mean per-question tokens/s ratio, Spec-Bench),
-    mean accepted tokens, identical outputs, from per-question rows of a vLLM run."""
+    MAT (tokens per forward, bonus included), identical outputs, from per-question rows of a vLLM run."""
     ar = df[df["method"] == "AR"].set_index("question_id")["tokens_per_s"]
     out = []
     for (m, cat), g in list(df.groupby(["method", "category"], sort=False)) + \
