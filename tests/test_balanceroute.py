@@ -645,3 +645,34 @@ def test_imbalance_episode_accounts_for_every_step():
     assert ep["mean_without"] <= prof["mean"] + 1e-9  # the peak's steps are above the mean
     with pytest.raises(ValueError, match="threshold"):
         ex.imbalance_episode(res, -1.0)
+
+
+def test_step_drivers_add_up_to_the_runs_imbalance():
+    tr, c = synthetic_trace(240), cost(2, 8)
+    df, runs = ex.run_lineup(ex.at_load(tr, c, 1.2, n_requests=80)[0], ex.lineup(("jsq", "br0")), c)
+    for name, res in runs.items():
+        d = ex.step_drivers(res)
+        # idle work is G M - sum L per step, so its mean is G (mean M) - G (mean rank load)
+        assert d["imbalance"] == pytest.approx(res.n_workers * (d["envelope"] - d["rank_load"]))
+        assert d["imbalance"] == pytest.approx(float(df.set_index("router").loc[name, "avg_imbalance"]), rel=1e-6)
+        assert 0 < d["active"] <= 2 * 8 and d["step_ms"] > 0 and d["waiting"] >= 0
+    with pytest.raises(ValueError, match="result"):
+        ex.step_drivers("not a run")
+
+
+def test_the_regime_cell_is_compared_with_the_lineup_against_the_maps_baselines():
+    from moelab.balanceroute import regime as rg
+
+    tr, c = synthetic_trace(400), DPCost.h200(2, 8, "qwen3-30b-a3b")  # the cost regime_point builds there
+    t80 = ex.at_load(tr, c, 1.2, n_requests=80)[0]
+    df, _ = ex.run_lineup(t80, ex.lineup((*rg.REGIME_BASELINES, "br0", "brh_oracle")), c)
+    point = rg.regime_point(tr, "qwen3-30b-a3b", 1.0, 8, 2, n_requests=80)
+    grid = pd.DataFrame([point])
+    out = rg.cell_vs_lineup(grid, df, shape="qwen3-30b-a3b", context_scale=1.0, slots=8, G=2)
+    assert out["map"]["n_requests"] == out["lineup"]["n_requests"] == 80
+    # the same requests at the same setting: the cell and the line-up are one measurement
+    assert out["map"]["br0_cut_pct"] == pytest.approx(out["lineup"]["br0_cut_pct"])
+    assert out["map"]["brh_gain_pct"] == pytest.approx(out["lineup"]["brh_gain_pct"]) and out["same_order"]
+    assert rg.cell_vs_lineup(grid, df, shape="qwen3-30b-a3b", context_scale=1.0, slots=8, G=4) is None
+    assert rg.cell_vs_lineup(grid, df[df["router"] != "jsq"], shape="qwen3-30b-a3b", context_scale=1.0, slots=8,
+                             G=2) is None

@@ -332,6 +332,33 @@ def imbalance_profile(result: SimResult, smooth: int = 25) -> dict[str, float]:
             "peak_t_s": float(steps["t_s"].to_numpy()[at + k - 1])}
 
 
+def step_drivers(result: SimResult) -> dict[str, float]:
+    """What sets a run's step time, over its measurement window's steps: a barrier step waits for the most loaded
+    rank, so its time follows the **envelope** ``M`` (the largest rank load), not the imbalance ``G M - sum L``. A
+    run can leave more idle work and still step faster, when its ranks carry less KV in all (a lower mean rank
+    load) and its envelope drops with them.
+
+    Parameters
+    ----------
+    result : SimResult
+        One :func:`moelab.sim.dp.simulate_dp` run.
+
+    Returns
+    -------
+    dict
+        ``envelope`` (mean ``M``, KV tokens), ``rank_load`` (mean ``sum L / G``, KV tokens), ``imbalance`` (mean,
+        KV tokens), ``step_ms`` (mean), ``active`` (mean running requests per step) and ``waiting`` (mean requests
+        waiting per step).
+    """
+    check_instance("result", result, SimResult, "a SimResult (simulate_dp's)")
+    steps, _ = result.window.select(result.steps, float(result.requests["output_len"].mean()))
+    if steps.empty:
+        return dict.fromkeys(("envelope", "rank_load", "imbalance", "step_ms", "active", "waiting"), float("nan"))
+    return {"envelope": float(steps["max_load"].mean()), "rank_load": float(steps["sum_load"].mean() / result.n_workers),
+            "imbalance": float(steps["imbalance"].mean()), "step_ms": float(steps["step_ms"].mean()),
+            "active": float(steps["n_active"].mean()), "waiting": float(steps["n_waiting"].mean())}
+
+
 def imbalance_episode(result: SimResult, threshold: float, smooth: int = 25) -> dict[str, float]:
     """How much of a run's idle work an episode holds: the *episode* is every window step covered by a
     ``smooth``-step moving average (:func:`imbalance_profile`'s) above ``threshold``. Its share of the run's

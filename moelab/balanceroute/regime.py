@@ -127,6 +127,51 @@ def _setting(r: pd.Series) -> dict[str, Any]:
             "brh_imbalance_reduction_pct": r["brh_imbalance_reduction_pct"]}
 
 
+def cell_vs_lineup(grid: pd.DataFrame, lineup: pd.DataFrame, *, shape: str, context_scale: float, slots: int,
+                   G: int, brh: str = "brh_oracle") -> dict[str, Any] | None:
+    """The map's cell at one setting beside a longer line-up run at that setting (notebook 05's section 3), both
+    measured against the map's baselines (:data:`REGIME_BASELINES`), so that only the requests differ: how many,
+    and which stretch of the trace. None when the grid lacks the setting or the line-up lacks a router.
+
+    Parameters
+    ----------
+    grid : pandas.DataFrame
+        :func:`regime_grid`'s rows.
+    lineup : pandas.DataFrame
+        :func:`moelab.balanceroute.experiments.run_lineup`'s rows at the same setting (with the map's baselines,
+        ``br0`` and ``brh``).
+    shape, context_scale, slots, G
+        The setting.
+    brh : str
+        The BR-H variant the grid measured.
+
+    Returns
+    -------
+    dict or None
+        ``map`` and ``lineup``: each ``n_requests``, ``br0_cut_pct``/``brh_cut_pct`` (imbalance reductions) and
+        ``br0_gain_pct``/``brh_gain_pct`` (throughput gains) against the best of the map's baselines, and
+        ``brh_deeper`` (BR-H leaves less idle work than BR-0); ``same_order``: both say the same on that.
+    """
+    cell = grid[(grid["shape"] == shape) & (grid["context_scale"] == float(context_scale))
+                & (grid["slots"] == int(slots)) & (grid["G"] == int(G))]
+    if cell.empty or not {*REGIME_BASELINES, "br0", brh} <= set(lineup["router"]):
+        return None
+    c = cell.iloc[0]
+    red = ex.reductions(lineup[lineup["router"].isin([*REGIME_BASELINES, "br0", brh])], REGIME_BASELINES)
+    red = red.set_index("router")
+    ours = {"n_requests": int(lineup["n_requests"].iloc[0]),
+            "br0_cut_pct": float(red.loc["br0", "imbalance_reduction_pct"]),
+            "brh_cut_pct": float(red.loc[brh, "imbalance_reduction_pct"]),
+            "br0_gain_pct": float(red.loc["br0", "throughput_gain_pct"]),
+            "brh_gain_pct": float(red.loc[brh, "throughput_gain_pct"])}
+    cell_row = {"n_requests": int(c["n_requests"]), "br0_cut_pct": float(c["br0_imbalance_reduction_pct"]),
+                "brh_cut_pct": float(c["brh_imbalance_reduction_pct"]), "br0_gain_pct": float(c["br0_throughput_gain_pct"]),
+                "brh_gain_pct": float(c["brh_throughput_gain_pct"])}
+    for d in (ours, cell_row):
+        d["brh_deeper"] = d["brh_cut_pct"] > d["br0_cut_pct"]
+    return {"map": cell_row, "lineup": ours, "same_order": cell_row["brh_deeper"] == ours["brh_deeper"]}
+
+
 def max_gain(grid: pd.DataFrame, column: str = "brh_throughput_gain_pct") -> tuple[float, str]:
     """The largest gain on the grid and its setting as text."""
     if grid.empty:
@@ -136,5 +181,5 @@ def max_gain(grid: pd.DataFrame, column: str = "brh_throughput_gain_pct") -> tup
                               f"(attention share {r['attention_share']:.2f})")
 
 
-__all__ = ["H200_POINT", "PAPER_BASELINES", "REGIME_BASELINES", "REGIME_SHAPES", "locate_paper", "max_gain", "regime_grid",
-           "regime_point"]
+__all__ = ["H200_POINT", "PAPER_BASELINES", "REGIME_BASELINES", "REGIME_SHAPES", "cell_vs_lineup", "locate_paper", "max_gain",
+           "regime_grid", "regime_point"]
