@@ -19,6 +19,7 @@ from moelab._validate import check_instance, check_int, check_token_ids
 from moelab.costmodel.verify import OnlineVerifyCost, VerifyCost
 from moelab.hd.ngram import NGramTable
 from moelab.hd.policy import (
+    MATCH_CLASSES,
     AcceptanceModel,
     PolicyChoice,
     _plan,
@@ -93,6 +94,7 @@ def _token_list(name: str, values: Sequence[int]) -> list[int]:
 
 
 _INT64_END = 1 << 63
+_LAST_MATCH = MATCH_CLASSES - 1  # match lengths from here on share one confidence-class row
 
 
 def check_order(order: str) -> str:
@@ -288,6 +290,10 @@ class HierarchyDrafter(Drafter):
         self._walk = [(c, st, st.lookup_matched if type(st) in _MATCHED_TYPES else None,
                        0 if type(st) is NGramTable and getattr(st, "match_length", None) is None else None)
                       for c, st in ((c, self._stores[c]) for c in order)]
+        # class_row(m, length) per match length, capped as the classes cap it (a longer match shares the last
+        # row): the walk reads one per store answer, a tuple index instead of a call and a slice
+        self._class_rows = tuple(class_row(m, length) for m in range(MATCH_CLASSES))
+        self._has_w = "W" in order
 
     def start(self, prompt_ids: Sequence[int]) -> None:
         super().start(prompt_ids)
@@ -296,7 +302,7 @@ class HierarchyDrafter(Drafter):
 
     def accept(self, new_tokens: Sequence[int]) -> None:
         super().accept(new_tokens)
-        if "W" in self.order:
+        if self._has_w:
             self.W.extend(new_tokens)
 
     def draft(self) -> Draft:
@@ -322,7 +328,7 @@ class HierarchyDrafter(Drafter):
             c.lookup_hits += 1
             # every answer of this store has match length m: a shorter candidate's classes are a prefix of a
             # full-length one's (one class_row per store, not per candidate)
-            row = class_row(m, L)
+            row = self._class_rows[m if m < _LAST_MATCH else _LAST_MATCH]
             for cand in got:
                 if len(cand) > L:
                     cand = cand[:L]
@@ -507,8 +513,21 @@ class CostAwareDrafter(Drafter):
         self._t_start = -1.0  # the gap before a request's first draft is its prefill, not a step
 
     def accept(self, new_tokens: Sequence[int]) -> None:
-        self.inner.accept(new_tokens)
-        self.context = self.inner.context
+        inner = self.inner
+        if type(inner) is HierarchyDrafter and type(new_tokens) is list:
+            # HierarchyDrafter.accept inline (the per-step path: two frames less): the tokens' check of
+            # Drafter.accept, the context, then W
+            for t in new_tokens:
+                if type(t) is not int or not 0 <= t < _INT64_END:
+                    inner.accept(new_tokens)  # the full check: converts or raises, as it always did
+                    break
+            else:
+                inner.context.extend(new_tokens)
+                if inner._has_w:
+                    inner.W.extend(new_tokens)
+        else:
+            inner.accept(new_tokens)
+        self.context = inner.context
         self._step_tokens += len(new_tokens)
 
     def reset_counters(self) -> None:
@@ -539,9 +558,11 @@ class CostAwareDrafter(Drafter):
         kept = None  # the kept candidates' classes, where the plan gave them
         # the hierarchy's own draft (one store letter per tree candidate, one class per token), priced on a curve
         own = type(inner) is HierarchyDrafter and isinstance(self.cost, VerifyCost)
-        if arm == 1:  # the hierarchy's full chain (the paper's policy), the engine's choice for this step
+        if not d.candidates and own:  # nothing drafted: nothing to plan, nothing to re-test
+            cands, srcs, kept = [], [], []
+        elif arm == 1:  # the hierarchy's full chain (the paper's policy), the engine's choice for this step
             cands, srcs = list(d.candidates), list(d.sources)
-        elif own and d.candidates:
+        elif own:
             # the hierarchy's own draft, well-formed by construction (one class per token): plan()'s checks
             # are skipped, and its tree pass also gives the kept candidates' classes (a chain's: its prefix)
             # (a chain straight to _plan_chain where asking again is free: an AcceptanceModel's alphas are a memo)

@@ -74,13 +74,21 @@ class ContextStore:
         toks.extend(map(int, new_tokens))
         L = self.length
         table, per_key, key_lengths = self._table, self.per_key, self.key_lengths
+        longest = key_lengths[0]
         for end in range(max(start, L), len(toks)):  # `end` = last token of a continuation
             kend = end - L + 1  # keys end just before the continuation
-            cont = tuple(toks[kend:end + 1])
+            if kend < longest:  # the first tokens of a request: only the keys that fit
+                cont = tuple(toks[kend:end + 1])
+                for m in key_lengths:
+                    if kend >= m:
+                        self._insert(tuple(toks[kend - m:kend]), cont)
+                continue
+            # one tuple of the longest key and the continuation, which every key and the continuation are
+            # slices of (one list slice per n-gram, not one per key); the insertion inline (the per-step path)
+            win = tuple(toks[kend - longest:end + 1])
+            cont = win[longest:]
             for m in key_lengths:
-                if kend < m:
-                    continue
-                key = tuple(toks[kend - m:kend])
+                key = win[longest - m:longest]
                 bucket = table.get(key)
                 if bucket is None:
                     table[key] = [cont]
@@ -90,6 +98,18 @@ class ContextStore:
                     elif len(bucket) >= per_key:
                         bucket.pop()  # evict the least recently seen
                     bucket.insert(0, cont)
+
+    def _insert(self, key: tuple[int, ...], cont: tuple[int, ...]) -> None:
+        """Make ``cont`` the most recent continuation of ``key`` (evicting the least recent beyond ``per_key``)."""
+        bucket = self._table.get(key)
+        if bucket is None:
+            self._table[key] = [cont]
+        elif bucket[0] != cont:  # (already the most recent: nothing to do)
+            if cont in bucket:
+                bucket.remove(cont)
+            elif len(bucket) >= self.per_key:
+                bucket.pop()  # evict the least recently seen
+            bucket.insert(0, cont)
 
     def match_length(self, context: Sequence[int]) -> int:
         """The longest key length whose key (``context``'s last tokens) has continuations; 0 if none. A
