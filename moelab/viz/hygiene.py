@@ -134,7 +134,22 @@ def _values(raw: Any) -> list[Any]:
     return list(raw) if isinstance(raw, (list, tuple)) else []
 
 
+#: (id(figure), axis) -> data extent, kept only while :func:`hidden_series` runs (it places every point of every
+#: trace through :func:`_data_extent`; recomputing the extent per point made one figure of thousands of points take
+#: minutes). None outside that call: nothing is cached across calls, so a figure changed between calls is re-read.
+_EXTENT_MEMO: dict[tuple[int, str], tuple[float, float] | None] | None = None
+
+
 def _data_extent(fig: dict, ref: str) -> tuple[float, float] | None:
+    if _EXTENT_MEMO is not None:
+        key = (id(fig), ref)
+        if key not in _EXTENT_MEMO:
+            _EXTENT_MEMO[key] = _data_extent_of(fig, ref)
+        return _EXTENT_MEMO[key]
+    return _data_extent_of(fig, ref)
+
+
+def _data_extent_of(fig: dict, ref: str) -> tuple[float, float] | None:
     letter = ref[0]
     values: list[float] = []
     for trace in fig.get("data", []) or []:
@@ -582,6 +597,15 @@ def hidden_series(fig: dict, *, tol_px: float = HIDDEN_TOL_PX) -> list[str]:
     trace drawn later on the same axes that covers what it draws (a filled marker at least as large, a solid line at
     least as wide along the same points), unless the figure says so (a legend name, annotation or title saying that
     series coincide, are identical, overlap...)."""
+    global _EXTENT_MEMO
+    _EXTENT_MEMO = {}
+    try:
+        return _hidden_series(fig, tol_px)
+    finally:
+        _EXTENT_MEMO = None
+
+
+def _hidden_series(fig: dict, tol_px: float) -> list[str]:
     traces = []
     for i, trace in enumerate(fig.get("data", []) or []):
         if not isinstance(trace, dict) or trace.get("type", "scatter") not in ("scatter", "scattergl"):
