@@ -232,9 +232,11 @@ SIZES: dict[str, dict[str, Sized]] = {
         "REGIME_CONTEXT": Sized([1.0, 4.0], [1.0, 4.0], [1.0, 4.0, 16.0], _reals(0, 1000, low_open=True)),
         "REGIME_SLOTS": Sized([8], [16], [16, 72], _ints(1, 4096)),
         "REGIME_G": Sized([8], [4, 8], [4, 8, 16], _ints(2, 256)),
-        "REGIME_REQUESTS_PER_SLOT": Sized(2.0, 2.0, 5.0, lambda n, v: check_real(n, v, low=0, high=1000, low_open=True)),
+        "REGIME_REQUESTS_PER_SLOT": Sized(2.0, 5.0, 5.0, lambda n, v: check_real(n, v, low=0, high=1000, low_open=True)),
         "BACKLOG_N": Sized(1000, 4000, 20_000, _int(1)),
         "INTERACTIVE_N": Sized(120, 300, 800, _int(1, 100_000)),
+        # windows of section 3's spread (the headline's and the next disjoint ones): ci keeps one other stretch
+        "SPREAD_WINDOWS": Sized(2, 3, 3, _int(1, 20)),
     },
     # full: more prompts per domain and longer decodes through the live engine
     "06_from_your_deployment": {

@@ -74,4 +74,22 @@ def _check_claims(res: dict, text: str) -> None:
               and ep["mean_without"] <= prof["br0"]["mean"])
     assert ("Its average is raised by an episode" in text) == raised
     assert f"appeared at least {ExactMatchPredictor.min_count} times in training" in text
+    # the paper is compared two-sided: a cut deeper than the paper's is an overshoot to explain, never a pass
+    spread_br0 = [r["BR-0 / JSQ"] for r in spread]
+    paper_br0 = next(r for r in res["paper_table"] if r["metric"] == "BR-0 / JSQ imbalance")["paper"]
+    want = ("matches" if min(spread_br0) <= paper_br0 <= max(spread_br0) else
+            "overshoots" if max(spread_br0) < paper_br0 else "falls short")
+    assert res["br0_vs_paper"] == want
+    assert ("**overshoots** the paper's" in text) == (want == "overshoots")
+    assert (res["verdict"][0]["holds here?"] == "True") == (want == "matches")
+    # the G sweep and section 3's table name the baseline each gain is over, and say why they differ
+    sv = res.get("sweep_vs_table_gain")
+    if sv is not None:
+        assert (sv["sweep_baseline"] != sv["table_baseline"]) == ("*of its own line-up*" in text)
+    # ShareGPT's throughput gains are set against the most balancing could buy there
+    sg = res["sharegpt_throughput"]
+    assert f"could buy at most {sg['gain_bound_pct']:.2f}%" in text
+    # the regime map's cell at section 3's setting is set beside section 3's run
+    if res["regime_cell_vs_section3"] is not None:
+        assert "**The map's cell at section 3's setting**" in text
 
