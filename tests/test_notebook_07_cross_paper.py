@@ -65,3 +65,9 @@ def test_notebook_07_cross_paper(tmp_path):
         trend["verdict"], f"not distinguishable ({trend['n_rising']} of {trend['n_draws']} draws rise)")
     # the two terms a student met undefined are defined where they first appear, with a link to the glossary
     assert "**[slot capacity](NOTATION.md#glossary)**" in text and "**[attn_scale](NOTATION.md#glossary)**" in text
+    # the draws' noise set against ELDR's lever says what follows from it
+    lever = res["eldr_lever"]
+    assert ("one draw's ELDR gain says little about the lever" in text) == (lever["eldr_only_spread"] >= lever["lever_pct_min"])
+    assert ("the lever stands above the draws' noise" in text) == (lever["eldr_only_spread"] < lever["lever_pct_min"])
+    source = "\n".join("".join(c["source"]) for c in json.loads((tmp_path / "07_cross_paper.ipynb").read_text())["cells"])
+    assert "[PD-disaggregated](NOTATION.md#glossary)" in source
