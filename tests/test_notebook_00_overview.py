@@ -58,6 +58,7 @@ def test_overview_notebook(tmp_path):
     qwen = res["moe_layer"]["qwen3-30b-a3b"]
     # the measured headline of the calibration README: 47 us at D=8 vs 308 us at D=128
     assert (qwen["D_min"], qwen["D_max"]) == (8, 128)
+    assert res["batches_with_one_D_per_shape"] == [1]  # one token reads exactly its top-k: no slope at B = 1
     assert qwen["us_at_D_min"] == pytest.approx(47.3, abs=0.5)
     assert qwen["us_at_D_max"] == pytest.approx(308.1, abs=0.5)
     # the fitted model reproduces the growth with distinct experts

@@ -52,7 +52,7 @@ def lab_map_figure() -> go.Figure:
     fig = go.Figure(go.Table(columnwidth=[150, 400, 185, 135],
                              header={"values": list(df.columns), "fill_color": "#dbe6f3", "align": "left"},
                              cells={"values": [df[c] for c in df.columns], "align": "left", "height": 70}))
-    fig.update_layout(title="moelab: five papers, one notebook each, one cross-paper experiment",
+    fig.update_layout(title="moelab: five papers, one notebook each, one cross-paper experiment, one for your deployment",
                       height=140 + 80 * len(df), margin={"l": 20, "r": 20, "t": 60, "b": 20})
     return fig
 
