@@ -8,6 +8,7 @@ import math
 import pytest
 
 from moelab.balanceroute import ExactMatchPredictor
+from moelab.balanceroute import regime as rg
 from moelab.course.agreement import assert_reads_cleanly
 from moelab.presets import preset_values
 from tests.helpers import execute_notebook
@@ -92,4 +93,10 @@ def _check_claims(res: dict, text: str) -> None:
     # the regime map's cell at section 3's setting is set beside section 3's run
     if res["regime_cell_vs_section3"] is not None:
         assert "**The map's cell at section 3's setting**" in text
+    # the map runs fewer baselines than section 3: it names them, and says when section 3's strongest is not among them
+    assert f"The map's baselines are {', '.join(rg.REGIME_BASELINES)}" in text
+    strongest = {res["best_baseline"], res["br0_queue_tail"]["baseline"]}
+    assert ("is not among the map's baselines" in text) == bool(strongest - set(rg.REGIME_BASELINES))
+    # the paper-point table's two gains are told apart: over the paper's baselines and over all the map's
+    assert ("over the best of the paper's baselines" in text) == (8 in CI["REGIME_G"])
 

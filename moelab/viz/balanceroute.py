@@ -40,7 +40,7 @@ def imbalance_over_time(results: dict[str, Any], G: int, *, smooth: int = 25, ma
                                  line={"color": _color(name), "width": 2 if name.startswith("br") else 1,
                                        "dash": _dash(name)}))
     fig.update_layout(title=f"Imbalance over time (G={G}; moving average of {smooth} steps)",
-                      xaxis_title="simulated time (s)", yaxis_title="G*max - sum of worker KV loads (tokens)",
+                      xaxis_title="simulated time (s)", yaxis_title="imbalance I = G·M − Σ L_g (KV tokens)",
                       template="plotly_white")
     return fig
 
@@ -55,15 +55,24 @@ def bars(df: pd.DataFrame, metric: str, title: str, yaxis: str) -> go.Figure:
     return fig
 
 
-def decision_times(results: dict[str, Any]) -> go.Figure:
-    """Distribution of router decision time per routing step (box plots, log scale)."""
+def decision_times(results: dict[str, Any], G: int | None = None) -> go.Figure:
+    """Distribution of router decision time per routing step (box plots, log scale).
+
+    Parameters
+    ----------
+    results : dict
+        Router name to its simulation result (``steps["decision_ms"]`` is read).
+    G : int, optional
+        The DP ranks the runs used, named in the title (a decision's time grows with the ranks it scores).
+    """
     fig = go.Figure()
     for name, res in results.items():
         d = res.steps["decision_ms"].to_numpy()
         d = d[np.isfinite(d)]
         fig.add_trace(go.Box(y=np.maximum(d, 1e-4), name=name, marker_color=_color(name), boxpoints=False))
     fig.update_yaxes(type="log", dtick=1)  # one label per decade: no stray 2s and 5s between them
-    fig.update_layout(title="Router decision time per routing step", xaxis_title="router",
+    fig.update_layout(title="Router decision time per routing step" + ("" if G is None else f" (G={G})"),
+                      xaxis_title="router",
                       yaxis_title="decision time per routing step (ms)",
                       template="plotly_white", showlegend=False)
     return fig
