@@ -126,6 +126,18 @@ def test_notebook_02_runs_and_records_results(tmp_path, public_data):
     t1, tq = (float(x) for x in re.findall(r"t\(\d+\) = ([\d.]+) ms", printed))
     assert tq / t1 == pytest.approx(r["verify_ratio"]["cached"], rel=0.01)
     assert r["store_sizes"]["S_ngrams"] > 0 and r["store_sizes"]["L_tokens"] > 0
+    # issue 40's last read: the published REST is the leaderboard's (its own datastore), not this lab's "L alone";
+    # "the hierarchy fills the budget" states what the fixed walk verifies per forward; no figure titles the
+    # cost-aware method by its internal label
+    md = "".join("".join(o.get("data", {}).get("text/markdown", "")) for c in executed["cells"]
+                 for o in c.get("outputs", []))
+    shape = next(p for p in md.split("\n") if "The shape, both ways" in p)
+    assert "REST (L alone)" not in shape.split("Published:")[1].split("HD against each")[0]
+    fixed_q = r["slice_by_policy"]["HD-fixed"]["q_mean"]
+    assert f"HD (paper, fixed) verifies {fixed_q:.1f} tokens per forward of the `BUDGET` + 1" in md
+    titles = [str(o["data"]["application/vnd.plotly.v1+json"]["layout"].get("title", {}).get("text", ""))
+              for c in executed["cells"] for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    assert any(t.startswith("HD (cost-aware): which store pays off where") for t in titles), titles
     for name in ("hd_verify_cost", "hd_demo_steps", "hd_mat_by_budget", "hd_mat_by_category", "hd_store_shares",
                  "hd_vs_published"):
         assert f"{name}.html" in res["_figures"]

@@ -68,7 +68,8 @@ def fig_steps(result: Any, title: str = "", engine: str = "HF engine") -> go.Fig
 
 
 def fig_verify_cost(curves: dict[str, Any]) -> go.Figure:
-    """Relative cost of verifying q tokens in one forward, one line per engine (each measured on this machine).
+    """Relative cost of verifying q tokens in one forward, one line per curve (each measured on this machine; two
+    curves of one engine, e.g. one timed now and a cached one, are told apart by colour and dash).
 
     ``curves``: ``{engine label: VerifyCost or DataFrame with q, ms_median}``."""
     fig = go.Figure()
@@ -88,7 +89,7 @@ def fig_verify_cost(curves: dict[str, Any]) -> go.Figure:
     fig.update_xaxes(type="log", tickmode="array", tickvals=sorted(ticks), ticktext=[str(t) for t in sorted(ticks)])
     fig.update_layout(template="plotly_white", xaxis_title="tokens verified in one forward (q)",
                       yaxis_title="cost relative to q = 1",
-                      title="Verification cost per engine on this machine (measured)")
+                      title="Verification cost of one forward against the tokens it verifies (measured on this machine)")
     return fig
 
 
@@ -170,8 +171,12 @@ def fig_published(compare: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def fig_store_shares(summary: pd.DataFrame, method: str = "HD(WSL)", engine: str = "HF engine") -> go.Figure:
-    """Per-category lookup-hit rate and share of accepted draft tokens of each store of ``method``."""
+def fig_store_shares(summary: pd.DataFrame, method: str = "HD(WSL)", engine: str = "HF engine",
+                     title: str = "") -> go.Figure:
+    """Per-category lookup-hit rate and share of accepted draft tokens of each store of ``method``.
+
+    ``method`` selects the rows (its summary label); ``title``, when given, replaces the default title (which
+    names the method by that label), e.g. to name the method as the lesson writes it."""
     g = summary[summary["method"] == method]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("lookup hit rate", "share of accepted draft tokens"))
     for letter in "WSL":
@@ -184,7 +189,7 @@ def fig_store_shares(summary: pd.DataFrame, method: str = "HD(WSL)", engine: str
     fig.update_xaxes(title_text="Spec-Bench category")
     fig.update_yaxes(title_text="lookup hit rate (hits / lookups)", row=1, col=1)
     fig.update_yaxes(title_text="share of accepted draft tokens", row=1, col=2)
-    fig.update_layout(barmode="group", template="plotly_white", title=f"{method}: which store pays off where ({engine})")
+    fig.update_layout(barmode="group", template="plotly_white", title=title or f"{method}: which store pays off where ({engine})")
     return fig
 
 
