@@ -8,7 +8,7 @@ import pytest
 import moelab.afd as afd
 
 pytest.importorskip("anywidget")
-from moelab.viz.afd import afd_panel  # noqa: E402
+from moelab.viz.afd import afd_panel, signed_pct  # noqa: E402
 
 
 def _parts(panel):
@@ -63,3 +63,11 @@ def test_pipeline_schedule_settles_at_the_slowest_stage():
     assert len(fig.data) == len(PIPELINE_STAGES) and "t_cyc" in fig.layout.annotations[1].text
     with pytest.raises(ValueError, match="r must be"):
         bundle_diagram(0)
+
+
+def test_signed_pct_never_prints_a_sign_without_a_size():
+    assert signed_pct(7.26) == "+7.3%" and signed_pct(-15.0) == "-15.0%" and signed_pct(0.0) == "+0.0%"
+    assert signed_pct(-0.003957) == "-0.004%" and signed_pct(0.0003) == "+0.0003%"
+    assert signed_pct(-0.049) == "-0.05%"
+    small = np.concatenate([-np.logspace(-6, 1, 200), np.logspace(-6, 1, 200)])
+    assert not any(signed_pct(v) in ("-0.0%", "+0.0%") for v in small)

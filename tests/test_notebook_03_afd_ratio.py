@@ -92,6 +92,25 @@ def test_afd_notebook(tmp_path):
              for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in o.get("data", {})]
     saved = [f for f in out["_figures"] if f.endswith(".html")]
     assert len(shown) >= len(saved), (shown, saved)
+    # issue 40's student read: the simulated idle curves are read where they cross (both sides idle: stragglers),
+    # a gap under 0.05% is not printed as "-0.0%", and the horizon is per attention instance, not per "slot group"
+    text = _executed_text(tmp_path / "03_afd_ratio.ipynb")
+    idle = res["idle_at_sim_crossing"]
+    assert set(idle) == {"attention", "ffn"} and all(0 <= v <= 1 for v in idle.values())
+    assert f"the attention instances idle {idle['attention']:.1%} of the time and the FFN {idle['ffn']:.1%}" in text
+    assert "-0.0%" not in text and "slot group" not in text
+    assert f"a slot holds {ind['load_ratio']:.2f}x mu_P + mu_D" in text  # the take-aways' load ratio, shown in 3.5
+
+
+def _executed_text(path):
+    """Every markdown cell, markdown output and printed line of an executed notebook, joined."""
+    parts = []
+    for cell in json.loads(path.read_text())["cells"]:
+        if cell["cell_type"] == "markdown":
+            parts.append("".join(cell["source"]))
+        for o in cell.get("outputs", []):
+            parts.append("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/markdown", "")))
+    return "\n".join(parts)
 
 
 def test_classroom_gap_map_reaches_both_regimes():

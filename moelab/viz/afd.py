@@ -33,6 +33,25 @@ def unit_singular(unit: str) -> str:
     return _UNIT_SINGULAR.get(unit, unit)
 
 
+def signed_pct(value: float) -> str:
+    """A signed percentage for prose: one decimal (``+7.3%``), or one significant digit when it would round to
+    zero (``-0.004%``, never ``-0.0%``, which reads as a sign without a size).
+
+    Parameters
+    ----------
+    value : float
+        The percentage (``7.3`` for 7.3%).
+
+    Returns
+    -------
+    str
+    """
+    value = float(value)
+    if value == 0 or abs(value) >= 0.05:
+        return f"{value:+.1f}%"
+    return f"{value:+.1g}%"
+
+
 def _theory_grid(r_max: float) -> np.ndarray:
     return np.linspace(0.5, max(r_max, 2.0), 400)
 
@@ -310,4 +329,4 @@ def bundle_diagram(r: int = 4, B: int = 256, mu_P: float = 100, mu_D: float = 50
     return fig
 
 
-__all__ = ["PIPELINE_STAGES", "afd_panel", "bundle_diagram", "pipeline_schedule", "unit_singular", "gap_map_figure", "idle_figure", "measured_figure", "ratio_table_figure", "throughput_figure"]
+__all__ = ["PIPELINE_STAGES", "afd_panel", "bundle_diagram", "pipeline_schedule", "signed_pct", "unit_singular", "gap_map_figure", "idle_figure", "measured_figure", "ratio_table_figure", "throughput_figure"]
