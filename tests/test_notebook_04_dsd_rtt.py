@@ -90,5 +90,16 @@ def test_dsd_notebook(tmp_path):
     assert res["latency_at_point"]["ar"] == 50.0 and res["expected_tokens"] == float(dsd.expected_tokens(0.8, 5))
     assert res["breakeven_at_point"] == float(dsd.rtt_breakeven(0.8, 5, 50.0, 10.0))
     assert 0.0 <= res["prediction"]["dsd_share"] <= 1.0
+    # proposition 3's window is read against the WAN laws Part 2 assumes (issue 40: no claim the outputs do not show)
+    wv = res["window_vs_wan"]
+    assert wv["window_ms"] == res["pipelined_window_ms"] == float(dsd.pipelined_window(5, 10.0))
+    assert wv["wan_medians_ms"] == {law.name: float(law.percentile(50)) for law in dsd.WAN_SCENARIOS.values()}
+    rendered = "\n".join("".join(o.get("data", {}).get("text/markdown", "")) + "".join(o.get("text", ""))
+                          for c in json.loads((tmp_path / "04_dsd_rtt.ipynb").read_text())["cells"]
+                          for o in c.get("outputs", []))
+    for name, ms in wv["wan_medians_ms"].items():
+        where = "inside the window" if ms <= wv["window_ms"] else "outside it"
+        assert f"{name}, median {ms:g} ms, {where}" in rendered
+    assert " 0.0 SE longer" not in rendered and " 0.0 SE shorter" not in rendered
     assert {"dsd_timeline.html", "dsd_headline_region_map.html", "dsd_breakeven_table.html", "dsd_latency_vs_rtt.html", "dsd_region_map.html", "dsd_capacity.html",
             "dsd_conditional_acceptance.html", "dsd_measured_latency.html"} <= set(out["_figures"])
