@@ -568,7 +568,11 @@ def test_regime_figures():
     with pytest.raises(ValueError, match="metric must be one of"):
         brviz.regime_heatmap(grid, 8, 72, "nope")
     fig = brviz.gain_vs_share(grid, 14.5, highlight={"shape": "qwen3-30b-a3b", "context_scale": 1.0, "slots": 72, "G": 8})
-    assert [t.name for t in fig.data] == ["BR-0", "BR-H (paper constants)", "H200 Qwen3 point"]
+    # the legend keys the markers (a static page has no hover text): a symbol per shape, a size per G
+    assert [t.name for t in fig.data] == ["BR-0", "BR-H (paper constants)", "H200 Qwen3 point", "symbol: qwen3-30b-a3b",
+                                          "symbol: llama-3.1-70b", "size: G=8"]
+    assert fig.data[3].marker.symbol != fig.data[4].marker.symbol
+    assert fig.data[5].marker.size == fig.data[0].marker.size[0]  # the key's G=8 marker is the points' size at G=8
 
 
 def test_trace_windows_are_disjoint_and_the_first_is_the_headlines():

@@ -155,6 +155,11 @@ def regime_heatmap(grid: pd.DataFrame, G: int, slots: int, metric: str = "brh_th
     return fig
 
 
+def _g_marker_size(G: pd.Series) -> pd.Series:
+    """Marker size for DP degree ``G``: 3 px more per doubling, so G=4, 8 and 16 read apart."""
+    return 4 + 3 * np.log2(G.astype(float))
+
+
 def gain_vs_share(grid: pd.DataFrame, paper_gain_pct: float | None = None,
                   highlight: dict[str, Any] | None = None) -> go.Figure:
     """Throughput gain of BR-0 and BR-H against the attention share of the step, every grid setting;
@@ -165,7 +170,7 @@ def gain_vs_share(grid: pd.DataFrame, paper_gain_pct: float | None = None,
                              ("brh_throughput_gain_pct", "BR-H (paper constants)", color_for("brh_oracle"))):
         fig.add_trace(go.Scatter(
             x=grid["attention_share"], y=grid[col], mode="markers", name=name,
-            marker={"color": color, "size": 6 + grid["G"] / 2,
+            marker={"color": color, "size": _g_marker_size(grid["G"]),
                     "symbol": [_SHAPE_SYMBOLS.get(s, "circle") for s in grid["shape"]]},
             text=[f"{r.shape}, x{r.context_scale:g}, {r.slots} slots, G={r.G}" for r in grid.itertuples()],
             hovertemplate="%{text}<br>attention %{x:.0%}<br>gain %{y:+.2f}%<extra></extra>"))
@@ -180,6 +185,14 @@ def gain_vs_share(grid: pd.DataFrame, paper_gain_pct: float | None = None,
                                              "line": {"color": "black", "width": 1}},
                                      text=[f"{r['shape']} x{r['context_scale']:g}, {int(r['slots'])} slots, G={int(r['G'])}"],
                                      textposition="top center", name="H200 Qwen3 point"))
+    # the key to the markers, in the legend (a static page shows no hover text): one entry per shape and per G
+    for shape in dict.fromkeys(grid["shape"]):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"symbol: {shape}", legendgroup="marker key",
+                                 marker={"color": "#7f7f7f", "size": 10, "symbol": _SHAPE_SYMBOLS.get(shape, "circle")}))
+    for g in sorted(set(grid["G"])):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"size: G={g}", legendgroup="marker key",
+                                 marker={"color": "#7f7f7f", "size": float(_g_marker_size(pd.Series([g])).iloc[0]),
+                                         "symbol": "circle-open"}))
     if paper_gain_pct is not None:
         fig.add_hline(y=paper_gain_pct, line_dash="dash", annotation_text=f"paper +{paper_gain_pct:g}% (G=8)")
     fig.update_layout(title="Throughput gain vs the attention share of the step (marker size: G; symbol: shape)",
