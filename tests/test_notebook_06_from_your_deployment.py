@@ -55,6 +55,14 @@ def test_notebook_06_from_your_deployment(tmp_path):
     assert " WARNING " not in streams and "FutureWarning" not in streams, streams[:2000]
     assert "Disabling Triton" not in streams, streams[:2000]  # logged while vLLM is imported, before it configures logging
     assert "(at random " in streams  # the recall's chance level is printed beside it
+    # the MI is printed beside its ceiling and the ARI beside its scale; no stray return value (a file path) shows
+    assert "its ceiling, log of the" in streams and "0: no better than chance" in streams, streams[:2000]
+    shown = "".join("".join(o.get("data", {}).get("text/plain", "")) for c in cells for o in c.get("outputs", []))
+    assert "PosixPath" not in shown
+    # the reduction names the router it is measured against, the exercise's baseline (the best of the others)
+    md = "".join("".join(o.get("data", {}).get("text/markdown", "")) for c in cells for o in c.get("outputs", []))
+    best = min((v, k) for k, v in r["distinct"].items() if k != "eldr")
+    assert f"than the best of the other routers ({best[1]}, {best[0]:.2f} against ELDR's" in md, md[:2000]
 
 
 @pytest.mark.notebook
