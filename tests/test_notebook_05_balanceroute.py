@@ -38,6 +38,8 @@ def test_notebook_05_balanceroute(tmp_path, public_data):
     # BR-0 must cut the barrier idle work clearly even on a small run
     assert res["br0_imbalance_reduction_pct"] > 30
     assert res["rate_factor"] > 1 and res["load"] == 1.2
+    # the printed rate and capacity are the simulated window's, so they give the printed compression factor
+    assert res["rate_factor"] == pytest.approx(res["load"] * res["window_capacity_rps"] / res["window_rate_rps"])
     assert res["regime_points"] == (len(CI["REGIME_SHAPES"]) * len(CI["REGIME_CONTEXT"]) * len(CI["REGIME_SLOTS"])
                                     * len(CI["REGIME_G"]))
     assert math.isfinite(res["regime_max_gain_pct"])
