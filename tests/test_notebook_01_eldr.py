@@ -33,6 +33,15 @@ def test_notebook_01_eldr(tmp_path, public_data):
     assert r["costmodel_layer_median_abs_err_pct"] <= 10
     assert r["balanced_max_cluster"] <= r["balanced_cap"]
     assert r["cache_exact_fraction"] == 1.0
+    # the verdict and take-aways count cache sizes (each size exact for every request), not requests
+    assert r["cache_exact_sizes"]["exact"] == r["cache_exact_sizes"]["sizes"] >= 2
+    # the printed signature dimension is explained: kept layers x experts, less the idf-0 experts
+    sd = r["signature_dim"]
+    assert sd["dim"] + sd["idf_zero"] == sd["coordinates"] == r["signature_layers_kept"] * 128 and sd["dim"] > 0
+    # where ELDR reads more distinct experts on the real trace, the per-request comparison is set against two
+    # unrelated requests' per-request read (below top-k: fuller batches alone read fewer per request)
+    for row in r["real_more_distinct"]:
+        assert row["random_pair_per_request"] < r["real_trace"]["top_k"]
     # prefix caching for real (shared system prompts, multi-turn): co-indexed == full prefill (measured), suffix-only
     # signatures drift; the small cache evicts and hits less
     pc = r["prefix_cache"]

@@ -23,13 +23,13 @@ def _color(name: str) -> str:
 def fig_costmodel(layer_model: Any, layer_table: pd.DataFrame) -> go.Figure:
     """Measured vs predicted whole-layer latency, training and held-out points apart."""
     fig = go.Figure()
-    for label, rep, sym in (("fit split", layer_model.train_report, "circle"), ("held-out", layer_model.test_report, "diamond")):
+    for label, rep, sym in (("training half", layer_model.train_report, "circle"), ("held-out", layer_model.test_report, "diamond")):
         fig.add_scatter(x=rep.measured * 1e3, y=rep.predicted * 1e3, mode="markers", name=f"{label} "
                         f"(median |err| {rep.median_abs_err_pct:.1f}%)", marker={"symbol": sym, "size": 8})
     hi = float(layer_table["ms_per_layer"].max() * 1e3 * 1.05)
     fig.add_scatter(x=[0, hi], y=[0, hi], mode="lines", name="y = x", line={"dash": "dot", "color": "#999"})
     fig.update_layout(title="Decode-layer cost model vs H200 measurements (Qwen3-30B-A3B-shaped layer)",
-                      xaxis_title="measured us / layer", yaxis_title="predicted us / layer", template="plotly_white")
+                      xaxis_title="measured µs per layer", yaxis_title="predicted µs per layer", template="plotly_white")
     return fig
 
 
