@@ -286,7 +286,10 @@ def test_dsd_figures():
     mc = pd.DataFrame({"mode": ["ar", "dsd_sync"], "rtt": [50.0, 50.0], "latency": [50.0, 40.0], "ci": [1.0, 1.0]})
     breakeven = pd.DataFrame({0.6: [40.0, np.nan], 0.8: [90.0, 20.0]}, index=[50.0, 20.0])
     measured = pd.DataFrame({"gamma": [2, 4], "t_d_over_t_v": [0.1, 0.1], "measured_ratio": [1.2, 1.4]})
-    trace = SimpleNamespace(conditional_acceptance=lambda: np.array([0.8, 0.7, 0.6]), alpha=lambda: 0.7, drafter="pld")
+    tried, accepted = np.array([10, 8, 5]), np.array([8, 5, 3])  # rounds reaching / accepting draft token j
+    trace = SimpleNamespace(gamma_max=3, drafter="pld", first_token_rate=lambda g=None: 0.8,
+                            position_acceptance=lambda g=None: {"position": np.arange(1, 4), "tried": tried,
+                                                                "accepted": accepted, "rate": accepted / tried})
     latency = pd.DataFrame([{"mode": m, "rtt": x, "closed_form": 40.0 + x / 10, "measured": 41.0 + x / 10}
                             for m in ("ar", "dsd_pipelined") for x in (10.0, 100.0)])
     figs = [
