@@ -245,7 +245,9 @@ def dsd_timeline_diagram(*, gamma: int = 5, t_a: float = 10.0, rtt: float = 60.0
             seen.add(kind)
     for mode in ("dsd_sync", "dsd_pipelined"):
         done = max(end for _, kind, _, end in segments[mode] if kind == "downlink")
-        fig.add_vline(x=done, line_dash="dot", line_color="#777")
+        # the end line spans its own mode's lanes only: a full-height line ran through the other mode's label
+        fig.add_shape(type="line", x0=done, x1=done, y0=y_of[(mode, "cloud")] - 0.5, y1=y_of[(mode, "edge")] + 0.85,
+                      line={"dash": "dot", "color": "#777"})
         fig.add_annotation(x=done, y=y_of[(mode, "edge")] + 0.6, text=f"{labels[mode]}: {rounds} rounds in {done:.0f} ms",
                            showarrow=False, xanchor="right", font={"size": 11})
     fig.update_xaxes(title_text="time (ms)")
