@@ -837,6 +837,24 @@ def real_setup(trace: ExpertTrace, *, n_workers: int = 16, n_pairs: int = 10000,
     return prepare(trace, projection_cost(trace, like), n_workers, n_pairs=n_pairs, seed=seed)
 
 
+#: what each statistic of :func:`real_trace_report` means, in the words a table shows beside it
+REAL_TRACE_STATISTICS: dict[str, str] = {
+    "trace": "model whose router produced the trace",
+    "n_requests": "requests in the trace",
+    "n_tasks": "task categories (labels) in the trace",
+    "smallest_task_requests": "requests in the smallest task category",
+    "rho": "held-out count_idf Spearman rho, prefill signature distance vs decode-expert distance",
+    "recall": "held-out decode-expert recall of the signature",
+    "layers_kept": "MoE layers the greedy layer selection keeps in the signature",
+    "distinct_reduction_pct": "fewer distinct experts per step, one task's batch vs a mixed batch (%)",
+    "reduction_batch": "batch size B of that comparison: min(32, requests in the smallest task category)",
+    "kmeans_ari": "adjusted Rand index, K-means clusters (one per task) vs the task labels",
+    "n_workers": "decode workers simulated",
+    "rate_scale": "simulated req/s per paper req/s: n_workers / 16 (the same load per worker)",
+    "cost": "step-cost model of the rate sweep",
+}
+
+
 def real_trace_report(trace: ExpertTrace, *, n_workers: int = 16, rates: Sequence[float] = PAPER_RATES,
                       n_requests: int = 2000, output_len: int = 512, n_pairs: int = 10000, like: str = "qwen3-30b-a3b",
                       seed: int = 0, routers: Sequence[str] = SWEEP_ROUTERS,
@@ -857,7 +875,8 @@ def real_trace_report(trace: ExpertTrace, *, n_workers: int = 16, rates: Sequenc
     Returns
     -------
     stats : dict
-        The trace's locality statistics and the cost model's source.
+        The trace's locality statistics and the cost model's source, keyed as :data:`REAL_TRACE_STATISTICS`
+        (which says what each means).
     sweep : DataFrame
         :func:`rate_sweep` rows (``rate`` in paper units, ``sim_rate`` simulated).
     """
@@ -880,7 +899,7 @@ def real_trace_report(trace: ExpertTrace, *, n_workers: int = 16, rates: Sequenc
     km = spherical_kmeans(X, len(names), balanced=False, seed=seed)
     df = rate_sweep(setup, rates=rates, routers=routers, n_requests=n_requests, output_len=output_len, seed=seed)
     stats = {"trace": trace.geometry.model_name, "n_requests": trace.n_requests, "n_tasks": len(names),
-             "rho": rep["rho"], "recall": rep["recall"], "layers_kept": rep["layers_kept"],
+             "smallest_task_requests": smallest, "rho": rep["rho"], "recall": rep["recall"], "layers_kept": rep["layers_kept"],
              "distinct_reduction_pct": red["reduction_pct"], "reduction_batch": red["batch"],
              "kmeans_ari": adjusted_rand_index(km.labels, codes), "n_workers": n_workers,
              "rate_scale": paper_rate_scale(n_workers),
@@ -1070,7 +1089,7 @@ def regime_map(scales: Sequence[float] = (0.25, 0.5, 1.0, 1.5), *, rates: Sequen
 
 
 __all__ = ["BASELINES", "DEFAULT_SWEEP_K", "PAPER_DECODE_WORKERS", "PAPER_RATES", "paper_rate_scale", "adjusted_rand_index", "default_sweep", "paper_peak_rate",
-           "projection_cost", "real_setup", "real_trace_report", "SPREAD_LEVEL", "ELDR_SPREAD_SEEDS", "TAIL_PCT",
+           "projection_cost", "real_setup", "real_trace_report", "REAL_TRACE_STATISTICS", "SPREAD_LEVEL", "ELDR_SPREAD_SEEDS", "TAIL_PCT",
            "ablation_effect", "ablation_spread", "gain_budget", "gain_interval", "seed_spread", "tail_batches", "regime_map", "sweep_gains", "SWEEP_ROUTERS", "ELDRSetup", "build_router", "compare_with_paper", "gains",
            "kmeans_ablation", "LOAD_RANGE", "paper_gains", "rate_for_batch", "rate_for_load", "refit_ablation", "PREFIX_MODES", "prefix_cache_ablation",
            "prefix_setup", "prepare", "rate_sweep", "run_one",
