@@ -134,22 +134,7 @@ def _values(raw: Any) -> list[Any]:
     return list(raw) if isinstance(raw, (list, tuple)) else []
 
 
-#: (id(figure), axis) -> data extent, kept only while :func:`hidden_series` runs (it places every point of every
-#: trace through :func:`_data_extent`; recomputing the extent per point made one figure of thousands of points take
-#: minutes). None outside that call: nothing is cached across calls, so a figure changed between calls is re-read.
-_EXTENT_MEMO: dict[tuple[int, str], tuple[float, float] | None] | None = None
-
-
 def _data_extent(fig: dict, ref: str) -> tuple[float, float] | None:
-    if _EXTENT_MEMO is not None:
-        key = (id(fig), ref)
-        if key not in _EXTENT_MEMO:
-            _EXTENT_MEMO[key] = _data_extent_of(fig, ref)
-        return _EXTENT_MEMO[key]
-    return _data_extent_of(fig, ref)
-
-
-def _data_extent_of(fig: dict, ref: str) -> tuple[float, float] | None:
     letter = ref[0]
     values: list[float] = []
     for trace in fig.get("data", []) or []:
@@ -206,6 +191,30 @@ def _axis_fraction(fig: dict, ref: str, value: Any) -> float | None:
         v = math.log10(v)
     lo, hi = float(rng[0]), float(rng[1])
     return (v - lo) / (hi - lo) if hi != lo else 0.5
+
+
+def _with_axis_ranges(fig: dict) -> dict:
+    """A shallow copy of ``fig`` whose x/y axes used by its traces carry the range plotly would draw where they
+    set none (the data extent, padded as :func:`_axis_fraction` pads it): the same fractions, read once."""
+    layout = dict(fig.get("layout", {}) or {})
+    refs = {str(t.get(f"{letter}axis") or letter) for t in fig.get("data", []) or [] if isinstance(t, dict)
+            for letter in "xy"}
+    for ref in sorted(refs):
+        axis = _axis(layout, ref)
+        rng = axis.get("range")
+        if isinstance(rng, (list, tuple)) and len(rng) == 2 and all(isinstance(r, (int, float)) for r in rng):
+            continue
+        extent = _data_extent(fig, ref)
+        if extent is None:
+            continue
+        lo, hi = extent
+        if axis.get("type") == "log":
+            if lo <= 0 or hi <= 0:
+                continue
+            lo, hi = math.log10(lo), math.log10(hi)
+        pad = 0.05 * (hi - lo) if hi > lo else 0.5
+        layout[ref[0] + "axis" + ref[1:]] = {**axis, "range": [lo - pad, hi + pad]}
+    return {**fig, "layout": layout}
 
 
 def annotation_boxes(fig: dict) -> list[tuple[int, str, tuple[float, float, float, float]]]:
@@ -597,15 +606,9 @@ def hidden_series(fig: dict, *, tol_px: float = HIDDEN_TOL_PX) -> list[str]:
     trace drawn later on the same axes that covers what it draws (a filled marker at least as large, a solid line at
     least as wide along the same points), unless the figure says so (a legend name, annotation or title saying that
     series coincide, are identical, overlap...)."""
-    global _EXTENT_MEMO
-    _EXTENT_MEMO = {}
-    try:
-        return _hidden_series(fig, tol_px)
-    finally:
-        _EXTENT_MEMO = None
-
-
-def _hidden_series(fig: dict, tol_px: float) -> list[str]:
+    # every point of every trace is placed through its axes' ranges: read each unset range from the data once
+    # (recomputing it per point made one figure of thousands of points take minutes)
+    fig = _with_axis_ranges(fig)
     traces = []
     for i, trace in enumerate(fig.get("data", []) or []):
         if not isinstance(trace, dict) or trace.get("type", "scatter") not in ("scatter", "scattergl"):
