@@ -56,6 +56,16 @@ def _positive_values(name: str, values: Sequence[float]) -> np.ndarray:
     return arr
 
 
+def t_half_width(values: Sequence[float] | np.ndarray, level: float = 0.95) -> float:
+    """Half-width of the Student-t interval of the mean of ``values`` (independent replicates, at least 2) at
+    confidence ``level`` in (0, 1): ``t_{(1+level)/2, n-1} * s / sqrt(n)``."""
+    level = check_real("level", level, low=0, high=1, low_open=True, high_open=True)
+    v = np.asarray(values, np.float64)
+    if v.ndim != 1 or v.size < 2:
+        raise ValueError(f"values must be one value per replicate, at least 2; got shape {v.shape}")
+    return float(stats.t.ppf(0.5 + level / 2, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size))
+
+
 def log_ratio_interval(reference: Sequence[float], method: Sequence[float], *, level: float = 0.95,
                        n_comparisons: int = 1, reference_name: str = "reference",
                        method_name: str = "method") -> dict[str, float]:
@@ -89,7 +99,7 @@ def log_ratio_interval(reference: Sequence[float], method: Sequence[float], *, l
                          f"{ref.shape} and {met.shape}")
     d = np.log(met) - np.log(ref)
     alpha = (1 - level) / int(n_comparisons)
-    half = float(stats.t.ppf(1 - alpha / 2, d.size - 1) * d.std(ddof=1) / np.sqrt(d.size))
+    half = t_half_width(d, 1 - alpha)
     mean = float(d.mean())
     return {"ratio": float(np.exp(mean)), "ratio_lo": float(np.exp(mean - half)), "ratio_hi": float(np.exp(mean + half)),
             "reference_geomean": float(np.exp(np.log(ref).mean())), "method_geomean": float(np.exp(np.log(met).mean())),

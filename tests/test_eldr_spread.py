@@ -246,3 +246,19 @@ def test_real_trace_report_uses_the_setup_it_is_given(monkeypatch):
     assert got_stats["rho"] == pytest.approx(want_stats["rho"])
     with pytest.raises(ValueError, match="setup must be real_setup"):
         ex.real_trace_report(trace, setup=rsetup, **{**kw, "n_workers": 4})
+
+
+def test_t_half_width_is_scipys_student_t_interval_and_refuses_one_replicate():
+    import numpy as np
+    import pytest
+    from scipy import stats
+
+    from moelab._stats import t_half_width
+
+    v = np.array([1.0, 2.5, 0.5, 3.0, 2.0])
+    lo, hi = stats.t.interval(0.9, v.size - 1, loc=v.mean(), scale=stats.sem(v))
+    assert t_half_width(v, 0.9) == pytest.approx((hi - lo) / 2, rel=1e-12)
+    with pytest.raises(ValueError, match="at least 2"):
+        t_half_width([1.0])
+    with pytest.raises(ValueError, match="level"):
+        t_half_width(v, 1.0)

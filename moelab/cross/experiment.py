@@ -24,9 +24,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
-from moelab._stats import interval_verdict
+from moelab._stats import interval_verdict, t_half_width
 from moelab._validate import check_int, check_real
 from moelab.costmodel import DecodeStepModel
 from moelab.eldr.experiments import ELDRSetup, build_router, synthetic_setup, with_workers
@@ -322,7 +321,7 @@ def share_trend_summary(trend: pd.DataFrame, *, level: float = 0.95) -> dict[str
     mean = float(s.mean()) if s.size else float("nan")
     lo = hi = float("nan")
     if s.size >= 2:
-        half = float(stats.t.ppf(0.5 + level / 2, s.size - 1) * s.std(ddof=1) / np.sqrt(s.size))
+        half = t_half_width(s, level)
         lo, hi = mean - half, mean + half
     return {"n_shares": n_shares, "n_draws": len(seeds), "level": level, "slope_by_seed": slopes,
             "slope_mean": mean, "slope_lo": lo, "slope_hi": hi, "n_rising": int((s > 0).sum()),

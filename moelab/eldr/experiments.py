@@ -23,10 +23,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 import moelab.eldr.routing  # noqa: F401  registers ELDR's routers for build_router
-from moelab._stats import interval_verdict, log_ratio_interval
+from moelab._stats import interval_verdict, log_ratio_interval, t_half_width
 from moelab._validate import check_choice, check_instance, check_int, check_real, rng_from
 from moelab.costmodel import MODEL_SHAPES, DecodeStepModel
 from moelab.datasets import load_eldr_results
@@ -549,7 +548,7 @@ def seed_spread(setup: ELDRSetup, rates: Sequence[float] = PAPER_RATES, *, seeds
         best = str(counts.index[0]) if len(counts) == 1 else ", ".join(
             f"{name} {n}/{len(seeds)}" for name, n in counts.items())
         e = p50["eldr"]
-        half = float(stats.t.ppf(0.5 + SPREAD_LEVEL / 2, e.size - 1) * e.std(ddof=1) / np.sqrt(e.size))
+        half = t_half_width(e, SPREAD_LEVEL)
         g = gain_interval(base.min(axis=0), e)
         rows.append({"rate": float(rate), "best_baseline": best, "best_baselines": best_names,
                      "baseline_tpot_ms_p50": g["reference_geomean_ms"], "eldr_tpot_ms_p50": g["method_geomean_ms"],
