@@ -105,6 +105,9 @@ def fig_paper_two_sided(cmp: pd.DataFrame) -> go.Figure:
     return fig
 
 
+_LABEL_BACKGROUND = "rgba(255, 255, 255, 0.85)"  # behind a label drawn over heatmap cells
+
+
 def fig_regime_map(df: pd.DataFrame, *, n_workers: int, tau: float, metric: str = "p50_gain_pct",
                    paper_rho: tuple[float, float] | None = None, real_point: tuple[float, float] | None = None) -> go.Figure:
     """Heatmap of ELDR's gain (``metric``) over measured rho (y) x arrival rate (x) at one K and tau,
@@ -119,11 +122,12 @@ def fig_regime_map(df: pd.DataFrame, *, n_workers: int, tau: float, metric: str 
                                hovertemplate="rate %{x} req/s<br>rho %{y:.2f}<br>%{z:.1f}%<extra></extra>"))
     if paper_rho is not None:
         fig.add_hrect(y0=paper_rho[0], y1=paper_rho[1], line_width=2, line_dash="dash", fillcolor="rgba(0,0,0,0)",
-                      annotation_text="paper's rho range")
+                      annotation_text="paper's rho range", annotation_bgcolor=_LABEL_BACKGROUND)
     if real_point is not None:
-        fig.add_scatter(x=[real_point[0]], y=[real_point[1]], mode="markers+text", text=["real trace"],
-                        textposition="top center", marker={"symbol": "star", "size": 16, "color": "black"},
-                        showlegend=False)
+        fig.add_scatter(x=[real_point[0]], y=[real_point[1]], mode="markers",
+                        marker={"symbol": "star", "size": 16, "color": "black"}, showlegend=False)
+        fig.add_annotation(x=real_point[0], y=real_point[1], text="real trace", showarrow=False, yshift=16,
+                           bgcolor=_LABEL_BACKGROUND)  # a light box: readable on the darkest cell
     fig.update_layout(title=f"ELDR {metric.replace('_', ' ')} over the best baseline, K={n_workers}, tau={tau:g}",
                       xaxis_title=f"arrival rate (req/s at {PAPER_DECODE_WORKERS} decode workers; simulated x K/"
                                   f"{PAPER_DECODE_WORKERS})",
