@@ -121,6 +121,15 @@ def test_link_extrapolated_matches_the_counters(stages):
     assert not StageTables.h200(link=False).link_extrapolated(tokens, r).any()
 
 
+def test_link_volume_counts_evaluations_not_transfers(stages):
+    # 128 tokens lie more than 2x below both DeepEP volumes (dispatch and combine): one evaluation, counted once,
+    # so the coverage table never reads "2 of 1 evaluations extrapolated"
+    stages.reset_coverage()
+    stages.link_ms(np.array([128.0, 2048.0]), np.array([15, 15]))
+    cov = stages.reset_coverage()
+    assert cov.link_evals == 2 and cov.link_volume_extrapolated == 1
+
+
 def test_link_from_deepep_table(stages):
     t_af, t_fa = stages.link_ms(np.full(5, 256.0), np.array([1, 7, 15, 63, 255]))
     # more ranks share the network: the per-rank bandwidth in the table falls, the transfer slows

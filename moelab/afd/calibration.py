@@ -100,7 +100,8 @@ class Coverage:
     link_ep_extrapolated : int
         Link evaluations at an EP size outside the DeepEP table (end value held, as above).
     link_volume_extrapolated : int
-        Link transfers (dispatch and combine each) more than 2x away from DeepEP's per-call volume.
+        Link evaluations whose dispatch or combine volume is more than 2x away from DeepEP's per-call volume
+        (counted once per evaluation, like ``link_ep_extrapolated``, so it never exceeds ``link_evals``).
     notes : list of str
         One line per kind of excursion, saying what was done.
     """
@@ -346,10 +347,10 @@ class StageTables:
             t = self.link[op]
             bw = np.interp(np.log2(ep), np.log2(t[:, 0]), t[:, 1])  # GB/s; outside 8..256 the end values hold
             out.append(nbytes / (bw * 1e9) * 1e3 * self.geometry.layers)
-            self.coverage.link_volume_extrapolated += int(np.sum(volume_off[op]))
         lo, hi = self.link["dispatch"][0, 0], self.link["dispatch"][-1, 0]
         self.coverage.link_evals += int(tokens.size)
         self.coverage.link_ep_extrapolated += int(off.sum())
+        self.coverage.link_volume_extrapolated += int(np.sum(np.logical_or.reduce(list(volume_off.values()))))
         if off.any():
             self.coverage.notes.append(f"link EP size outside the DeepEP table ({lo:.0f}..{hi:.0f}): end value held")
         if self.coverage.link_volume_extrapolated:
