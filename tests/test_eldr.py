@@ -645,3 +645,24 @@ def test_steady_state_window_restricts_latency_to_requests_arriving_inside_it(sm
     assert (df["latency_requests"] < 300).all()
     with pytest.raises(ValueError, match="window must be"):
         run_one(setup, "jsq", **kw, window=2.0)
+
+
+def test_regime_map_labels_read_on_the_darkest_cells():
+    """Issue 40 (student read): the map's text labels sit over heatmap cells whose colour runs to dark blue and red;
+    each label has a light box under it, so it reads on any cell (dark text on a dark cell did not)."""
+    import pandas as pd  # lazy: only this test builds a regime table
+
+    from moelab.viz.eldr import fig_regime_map  # lazy: plotly only for this test
+
+    regime = pd.DataFrame([{"n_workers": 4, "tau": 0.1, "rate": rate, "rho": rho, "p50_gain_pct": gain}
+                           for rate, rho, gain in ((20.0, 0.5, -2.0), (60.0, 0.5, 4.0), (20.0, 0.8, 3.0),
+                                                   (60.0, 0.8, 16.0))])
+    fig = fig_regime_map(regime, n_workers=4, tau=0.1, paper_rho=(0.7, 0.92), real_point=(60.0, 0.6))
+    labels = {a.text: a for a in fig.layout.annotations}
+    assert {"paper's rho range", "real trace"} <= set(labels)
+    for text in ("paper's rho range", "real trace"):
+        box = labels[text].bgcolor
+        assert box is not None, text
+        rgb = [float(v) for v in box[box.index("(") + 1:box.index(")")].split(",")[:3]]
+        assert min(rgb) >= 200, (text, box)  # a light box under dark text
+    assert not any(getattr(t, "text", None) for t in fig.data if t.type == "scatter")  # no unboxed text on the star
