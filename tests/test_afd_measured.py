@@ -99,6 +99,13 @@ def test_fit_errors_count_points_beyond_the_tables(stages):
     assert err.loc["ffn", "points"] == 32 and err.loc["ffn", "points_beyond_table"] == 31
     assert err.loc["attention", "points_beyond_table"] == 0
     assert 0 < err.loc["link", "points_beyond_table"] <= err.loc["link", "points"]
+    # where each largest error sits: a fitted point of that stage (03 says where the attention line misses most)
+    g = stages.geometry
+    kv = stages.attn_rows["kv_bytes"].to_numpy() / g.kv_bytes_per_token
+    y = stages.attn_rows["ms_attn_core"].to_numpy() * g.layers
+    worst = np.argmax(np.abs((fit.coeffs.a_A * kv + fit.coeffs.b_A) / y - 1))
+    assert err.loc["attention", "max_err_at_tokens"] == kv[worst]
+    assert 256 <= err.loc["ffn", "max_err_at_tokens"] <= 32 * 256
 
 
 def test_link_extrapolated_matches_the_counters(stages):

@@ -407,7 +407,9 @@ class CoefficientFit:
         ``points_beyond_table`` (those the stage tables price outside their measurements: the table's last
         segment extended, or the link table's end value held; a fit error there measures the line against
         that extension, not against a measurement), ``median_abs_err_pct`` and ``max_abs_err_pct`` (the
-        relative error of the fitted line, %).
+        relative error of the fitted line, %), and ``max_err_at_tokens``, where the largest error sits (attention:
+        KV tokens per instance; FFN: the aggregated batch; link: tokens one instance sends; NaN without a link
+        table).
     """
 
     coeffs: AFDCoefficients
@@ -488,13 +490,16 @@ def fit_coefficients(stages: StageTables, *, B: int, r_values=FIT_R_VALUES,
     y_c = np.maximum(t_af, t_fa)
     beyond_c = stages.link_extrapolated(bb.ravel(), rr.ravel())
     if np.all(y_c == 0):
-        a_C, b_C, e_c = 0.0, 0.0, np.zeros(1)
+        a_C, b_C, e_c, x_c = 0.0, 0.0, np.zeros(1), np.full(1, np.nan)
     else:
-        a_C, b_C, e_c = _lsq(bb.ravel().astype(np.float64), y_c)
+        x_c = bb.ravel().astype(np.float64)
+        a_C, b_C, e_c = _lsq(x_c, y_c)
     errors = pd.DataFrame([
         {"stage": s, "points": int(e.size), "points_beyond_table": int(np.sum(beyond)),
-         "median_abs_err_pct": float(100 * np.median(np.abs(e))), "max_abs_err_pct": float(100 * np.max(np.abs(e)))}
-        for s, e, beyond in (("attention", e_a, beyond_a), ("ffn", e_f, beyond_f), ("link", e_c, beyond_c))])
+         "median_abs_err_pct": float(100 * np.median(np.abs(e))), "max_abs_err_pct": float(100 * np.max(np.abs(e))),
+         "max_err_at_tokens": float(x[int(np.argmax(np.abs(e)))])}
+        for s, e, beyond, x in (("attention", e_a, beyond_a, x_a), ("ffn", e_f, beyond_f, n.astype(np.float64)),
+                                ("link", e_c, beyond_c, x_c))])
     note = (f"least squares to {stages.source}; fit error (median/max %): "
             + ", ".join(f"{r.stage} {r.median_abs_err_pct:.1f}/{r.max_abs_err_pct:.1f}" for r in errors.itertuples()))
     return CoefficientFit(AFDCoefficients(a_A, b_A, a_F, b_F, a_C, b_C, unit="ms", source=note), errors)
