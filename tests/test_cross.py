@@ -125,10 +125,13 @@ def test_the_cross_spread_constant_has_its_own_name():
     ([-2.0, -1.5], "below"),          # every draw sub-additive beyond the tolerance
     ([0.0, 0.4, 1.0], "additive"),     # every draw within [0, tolerance]
     ([-0.9, 0.3], "additive"),
-    ([-3.0, 2.0], "mixed_sign"),
-    ([-0.5, 2.0], "mixed_sign"),
+    ([-3.0, 2.0], "mixed_sign"),      # beyond the tolerance on both sides
+    ([-1.5, 0.3, 1.2], "mixed_sign"),
     ([0.2, 2.0], "at_or_above"),
+    ([-0.5, 2.0], "at_or_above"),      # -0.5 is within the tolerance: additive, not sub-additive (a student read)
+    ([-1.0, 1.6, 1.8], "at_or_above"),  # the tolerance's edge counts as within it
     ([-2.0, -0.2, 0.0], "at_or_below"),
+    ([-2.0, 0.9], "at_or_below"),
 ])
 def test_interaction_pattern_names_every_case(values, pattern):
     assert cross.interaction_pattern(values, 1.0) == pattern

@@ -48,9 +48,14 @@ def test_notebook_07_cross_paper(tmp_path):
     assert ("the draws disagree on its sign" in text) == (min(eldr_only) < 0 < max(eldr_only))
     assert "the most ELDR alone can gain" not in text  # the lever is a price of the step's expert term, not a bound
     sentence = {"above": "Every draw is more than", "below": "Every draw is more than", "additive": "Every draw is within",
-                "mixed_sign": "The draws disagree on the sign of the interaction", "at_or_above": "No draw is below additive",
-                "at_or_below": "No draw is above additive"}[res["interaction_pattern"]]
+                "mixed_sign": "The draws disagree on the sign of the interaction", "at_or_above": "No draw is more than 1 point below additive",
+                "at_or_below": "No draw is more than 1 point above additive"}[res["interaction_pattern"]]
     assert sentence in text
+    # a draw within the tolerance is additive whatever its sign: the sentence counts only the draws beyond it, as
+    # the verdict's "the two gains add up (within 1 point)" row does (a student read "1 below" for a -0.2 draw)
+    beyond = (sum(v > 1.0 for v in inter), sum(v < -1.0 for v in inter))
+    if res["interaction_pattern"] == "mixed_sign":
+        assert f"({beyond[0]} more than 1 point above additive, {beyond[1]} more than 1 point below)" in text
 
     # "BalanceRoute's gain grows with the attention share" is decided by an interval over the spread's draws at every
     # share of SHARES, not by the last share's gain on one draw beating the first's (a student found that)

@@ -396,9 +396,11 @@ INTERACTION_PATTERNS = ("above", "below", "additive", "mixed_sign", "at_or_above
 def interaction_pattern(interaction_pts: object, tolerance: float) -> str:
     """What a set of draws says about ``both - additive`` (percentage points), one of
     :data:`INTERACTION_PATTERNS`: ``"above"`` / ``"below"`` every draw more than ``tolerance`` above / below
-    additive; ``"additive"`` every draw within ``tolerance``; ``"mixed_sign"`` some draws above zero and some
-    below; ``"at_or_above"`` / ``"at_or_below"`` every draw on one side of zero (or at it), some within
-    ``tolerance`` and some beyond.
+    additive; ``"additive"`` every draw within ``tolerance``; ``"mixed_sign"`` some draws more than ``tolerance``
+    above and some more than ``tolerance`` below; ``"at_or_above"`` / ``"at_or_below"`` no draw more than
+    ``tolerance`` below / above, some within ``tolerance`` and some beyond it on the other side. A draw within
+    ``tolerance`` counts as additive whatever its sign: the same reading as "the two gains add up (within
+    ``tolerance``)", so a draw a little below zero is not called sub-additive.
 
     Parameters
     ----------
@@ -422,9 +424,9 @@ def interaction_pattern(interaction_pts: object, tolerance: float) -> str:
         return "below"
     if np.abs(x).max() <= tolerance:
         return "additive"
-    if x.min() < 0 < x.max():
+    if x.min() < -tolerance and x.max() > tolerance:
         return "mixed_sign"
-    return "at_or_above" if x.min() >= 0 else "at_or_below"
+    return "at_or_above" if x.min() >= -tolerance else "at_or_below"
 
 
 def gains(df: pd.DataFrame, metric: str = "tpot_ms_p50") -> dict[str, object]:
