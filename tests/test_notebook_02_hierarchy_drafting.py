@@ -85,6 +85,24 @@ def test_slice_breakdown_prices_forwards_against_plain_decoding_on_the_same_ques
         course_hd.slice_breakdown(questions.drop(index=1), steps, "HD-cost@8")
 
 
+def test_policy_contrast_counts_forwards_that_end_the_output_without_a_bonus_token():
+    """issue 40: "9 forwards, 8 accepted draft tokens" for 16 tokens reads as one token too many unless the
+    forward whose accepted drafts reach the token limit (no bonus after them) is counted."""
+    questions = pd.DataFrame([{"method": "HD-cost@8", "category": "rag", "new_tokens": 6},
+                              {"method": "HD-fixed@8", "category": "rag", "new_tokens": 6}])
+    steps = pd.DataFrame({"method": ["HD-cost@8"] * 2 + ["HD-fixed@8"] * 3, "category": "rag", "mode": "replay",
+                          "tree_size": [5, 5, 5, 5, 1], "accepted": [2, 3, 2, 1, 0],
+                          "sources": ["WW", "SSS", "WW", "L", ""]})
+    summary = pd.DataFrame([{"method": m, "category": "rag", "W_hit_rate": 1.0} for m in ("HD-cost@8", "HD-fixed@8")])
+    got = course_hd.policy_contrast(questions, steps, summary, ("HD-cost@8", "HD-fixed@8"), "rag")
+    cost, fixed = got["HD-cost@8"], got["HD-fixed@8"]
+    assert (cost["forwards"], cost["accepted"], cost["no_bonus"]) == (2, 5, 1)  # 3 + 3: the last step has no bonus
+    assert (fixed["forwards"], fixed["accepted"], fixed["no_bonus"]) == (3, 3, 0)  # every step ends on a bonus token
+    for info in got.values():
+        assert info["tokens"] == info["forwards"] + info["accepted"] - info["no_bonus"]
+    assert cost["store_accepted"] == {"W": 2, "S": 3, "L": 0}
+
+
 def test_step_tokens_exercise_is_not_the_worked_examples_answer():
     """issue 40: the worked example teaches the step; the exercise verifies the same candidates against another
     target, so neither the worked step's tokens nor its single chain's give the answer away."""

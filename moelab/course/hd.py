@@ -491,7 +491,9 @@ def policy_contrast(questions: pd.DataFrame, steps: pd.DataFrame, summary: pd.Da
     dict
         Per method: ``questions``, ``tokens``, ``forwards``, ``a`` (tokens per forward), ``drafting_forwards``,
         ``misses`` (drafting forwards that accepted no draft token), ``accepted`` (draft tokens accepted, m summed),
-        ``longest`` (the most draft tokens one forward accepted), ``tree_mean`` (tokens a forward processed),
+        ``longest`` (the most draft tokens one forward accepted), ``no_bonus`` (forwards whose accepted draft
+        tokens already reached the end of the output, the token limit or EOS, so no bonus token followed:
+        ``tokens == forwards + accepted - no_bonus``), ``tree_mean`` (tokens a forward processed),
         ``store_accepted`` (accepted draft tokens per store letter) and ``hit_rate`` (per store, the summary's
         lookup-hit rate), the exact replay's steps (every method has them).
 
@@ -513,7 +515,9 @@ def policy_contrast(questions: pd.DataFrame, steps: pd.DataFrame, summary: pd.Da
             "questions": int(len(rows)), "tokens": int(rows["new_tokens"].sum()), "forwards": int(len(st)),
             "a": float(rows["new_tokens"].sum() / len(st)), "drafting_forwards": int(len(drafting)),
             "misses": int((drafting["accepted"] == 0).sum()), "accepted": int(st["accepted"].sum()),
-            "longest": int(st["accepted"].max()), "tree_mean": float(st["tree_size"].mean()),
+            "longest": int(st["accepted"].max()),
+            "no_bonus": int(len(st) + st["accepted"].sum() - rows["new_tokens"].sum()),
+            "tree_mean": float(st["tree_size"].mean()),
             "store_accepted": {k: letters.count(k) for k in "WSL"},
             "hit_rate": {k: float(srow[f"{k}_hit_rate"].iloc[0]) for k in "WSL"
                          if len(srow) and f"{k}_hit_rate" in srow and pd.notna(srow[f"{k}_hit_rate"].iloc[0])}}
