@@ -128,6 +128,8 @@ def test_prepare_notebook_turns_plotly_json_into_html_and_collapses_solutions():
     fig = {"data": [{"type": "scatter", "y": [1, 2]}], "layout": {}}
     nb = {"cells": [
         {"cell_type": "code", "metadata": {"nbgrader": {"solution": True}}, "source": "answer = 1", "outputs": []},
+        {"cell_type": "code", "metadata": {"nbgrader": {"grade": True, "locked": True}}, "source": "check(answer)",
+         "outputs": []},
         {"cell_type": "code", "metadata": {}, "source": "fig", "outputs": [
             {"output_type": "display_data", "metadata": {}, "data": {"application/vnd.plotly.v1+json": fig,
                                                                       "text/plain": "Figure"}},
@@ -137,7 +139,13 @@ def test_prepare_notebook_turns_plotly_json_into_html_and_collapses_solutions():
     out = prepare_notebook(nb, "99_demo", "owner/repo")
     assert "moelab lab" in out["cells"][0]["source"] and "mybinder.org/v2/gh/owner/repo" in out["cells"][0]["source"]
     assert "hide-input" in out["cells"][1]["metadata"]["tags"]
-    figure, widget = out["cells"][2]["outputs"]
+    # each collapsed toggle says what it opens: the solution, or the check (not two alike "Show code cell source")
+    assert out["cells"][1]["metadata"]["mystnb"] == {"code_prompt_show": "Show the solution",
+                                                     "code_prompt_hide": "Hide the solution"}
+    assert "hide-input" in out["cells"][2]["metadata"]["tags"]
+    assert out["cells"][2]["metadata"]["mystnb"]["code_prompt_show"] == "Show the check"
+    assert "mystnb" not in out["cells"][3]["metadata"]
+    figure, widget = out["cells"][3]["outputs"]
     assert "plotly-graph-div" in figure["data"]["text/html"] and "application/vnd.plotly.v1+json" not in figure["data"]
     assert "https://" not in figure["data"]["text/html"]  # no CDN script inside a figure
     assert set(widget["data"]) == {"text/markdown"}

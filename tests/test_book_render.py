@@ -153,8 +153,12 @@ def test_rendered_pages_have_math_in_outputs_and_no_broken_link(tmp_path):
     (src / "_static").mkdir()
     names = ["00_overview", "01_eldr"]
     for name in names:
-        page = prepare_notebook(_notebook(f"{name[:2]} — page {name}", _cells()), name, None, included=names,
-                                api_links=True)
+        exercise = [{**_code([]), "source": "### BEGIN SOLUTION\nanswer = 1\n### END SOLUTION",
+                     "metadata": {"nbgrader": {"solution": True, "grade": False}}},
+                    {**_code([_display({"text/markdown": "**Correct**"})]), "source": "check(answer)",
+                     "metadata": {"nbgrader": {"grade": True, "locked": True}}}]
+        page = prepare_notebook(_notebook(f"{name[:2]} — page {name}", [*_cells(), *exercise]), name, None,
+                                included=names, api_links=True)
         (src / f"{name}.ipynb").write_text(json.dumps(page))
     (src / "notation.md").write_text("# Notation\n\n## Glossary\n\nterms\n")
     (src / "api" / "moelab.afd.rst").write_text(reference.page("moelab.afd"))
@@ -172,6 +176,9 @@ def test_rendered_pages_have_math_in_outputs_and_no_broken_link(tmp_path):
     assert "INFO 12-06" not in body and "printed by the notebook" in body
     assert body.count("An interactive panel") == 1 and "Loading weights" not in body
     assert "README" in body and "README.md" not in body
+    # an exercise: the blank shown, then two collapsed toggles that each say what they open
+    assert "YOUR CODE HERE" in body and "Show code cell source" not in body
+    assert body.count("Show the solution") == 1 and body.count("Show the check") == 1
 
 
 def test_png_export_does_not_log_choreographer_tracebacks():

@@ -250,6 +250,11 @@ def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
         check = grader.get("grade") is True and grader.get("locked") is True  # collapsed like the solution
         if cell["cell_type"] == "code" and (solution or check) and "hide-input" not in tags:
             tags.append("hide-input")
+        if cell["cell_type"] == "code" and (grader.get("solution") or check):
+            # two identical "Show code cell source" toggles under a blank left the student to guess which one
+            # gives the answer away: each says what it opens (myst-nb's cell-level prompts)
+            what = "the solution" if grader.get("solution") else "the check"
+            meta.setdefault("mystnb", {}).update({"code_prompt_show": f"Show {what}", "code_prompt_hide": f"Hide {what}"})
         for out in cell.get("outputs", []):
             data = out.get("data")
             if not data:
