@@ -666,3 +666,19 @@ def test_regime_map_labels_read_on_the_darkest_cells():
         rgb = [float(v) for v in box[box.index("(") + 1:box.index(")")].split(",")[:3]]
         assert min(rgb) >= 200, (text, box)  # a light box under dark text
     assert not any(getattr(t, "text", None) for t in fig.data if t.type == "scatter")  # no unboxed text on the star
+
+
+def test_paper_comparison_line_label_reads_over_the_bars():
+    """Issue 40 (student read): the 'paper's lowest gain' label runs across the bars of the later rates (dark text
+    on the grey paper bar); it has a light box under it."""
+    import pandas as pd  # lazy: only this test builds a comparison table
+
+    from moelab.viz.eldr import fig_paper_comparison  # lazy: plotly only for this test
+
+    cmp = pd.DataFrame({"rate": [20.0, 60.0, 100.0], "paper_gain_pct": [11.8, 15.2, 13.4],
+                        "tpot_gain_pct": [0.5, 9.2, 9.2], "distinct_reduction_pct": [5.4, 12.6, 10.6]})
+    (label,) = [a for a in fig_paper_comparison(cmp).layout.annotations if "paper's lowest gain" in a.text]
+    assert "11.8%" in label.text
+    box = label.bgcolor
+    assert box is not None
+    assert min(float(v) for v in box[box.index("(") + 1:box.index(")")].split(",")[:3]) >= 200, box

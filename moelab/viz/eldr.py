@@ -13,7 +13,8 @@ from plotly.subplots import make_subplots
 from moelab.eldr import PAPER_DECODE_WORKERS, paper_rate_scale
 from moelab.viz.common import color_for, refresh, slider
 
-#: decode workers of the paper's 8P16D cluster: its arrival rates are req/s at this many workers
+#: the light box behind a label drawn over bars or heatmap cells (dark text on a dark cell does not read)
+_LABEL_BACKGROUND = "rgba(255, 255, 255, 0.85)"
 
 
 def _color(name: str) -> str:
@@ -77,7 +78,8 @@ def fig_paper_comparison(cmp: pd.DataFrame) -> go.Figure:
     fig.add_bar(x=x, y=cmp["tpot_gain_pct"], name="moelab (H200 cost model, synthetic workload)", marker_color=_color("eldr"))
     fig.add_bar(x=x, y=cmp["distinct_reduction_pct"], name="moelab: distinct-expert reduction", marker_color="#ff9896")
     low = float(cmp["paper_gain_pct"].min())  # from the paper's table (data/public/eldr-results), not typed in
-    fig.add_hline(y=low, line_dash="dot", annotation_text=f"paper's lowest gain at these rates {low:.1f}%")
+    fig.add_hline(y=low, line_dash="dot", annotation_text=f"paper's lowest gain at these rates {low:.1f}%",
+                  annotation_bgcolor=_LABEL_BACKGROUND)
     fig.update_layout(barmode="group", title="ELDR p50 TPOT gain over the best of RR/Random/JSQ/P2C",
                       xaxis_title=f"arrival rate (req/s at {PAPER_DECODE_WORKERS} decode workers)",
                       yaxis_title="reduction vs the best baseline (%)",
@@ -103,9 +105,6 @@ def fig_paper_two_sided(cmp: pd.DataFrame) -> go.Figure:
     fig.update_yaxes(title_text="our gain / paper's gain (1 = same)", row=1, col=2)
     fig.update_layout(barmode="group", template="plotly_white", title="ELDR vs the paper, two-sided")
     return fig
-
-
-_LABEL_BACKGROUND = "rgba(255, 255, 255, 0.85)"  # behind a label drawn over heatmap cells
 
 
 def fig_regime_map(df: pd.DataFrame, *, n_workers: int, tau: float, metric: str = "p50_gain_pct",
