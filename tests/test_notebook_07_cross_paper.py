@@ -57,6 +57,19 @@ def test_notebook_07_cross_paper(tmp_path):
     if res["interaction_pattern"] == "mixed_sign":
         assert f"({beyond[0]} more than 1 point above additive, {beyond[1]} more than 1 point below)" in text
 
+    # exercise 2's formula set against the headline's jsq x jsq, with what the formula assumes and the run lacks
+    # (a student met 126 from the formula and 80 in the table with nothing saying why)
+    from moelab.costmodel import expected_distinct_experts
+
+    u = res["uniform_distinct"]
+    jsq = [r for r in res["pairs"] if r["pair"] == "jsq x jsq"][0]
+    assert u["full_batch"] == ci["G"] * ci["SLOTS"] and u["jsq_distinct"] == jsq["distinct_per_layer_step"]
+    assert u["at_full_batch"] == pytest.approx(float(expected_distinct_experts(u["full_batch"], u["num_experts"], u["top_k"])))
+    assert u["jsq_mean_batch"] <= u["full_batch"] and u["at_mean_batch"] <= u["at_full_batch"]
+    assert u["top_k_share"] > u["top_k_share_if_equal"]  # the synthetic experts are not equally popular
+    assert f"the headline's `jsq x jsq` loads {u['jsq_distinct']:.1f}" in text
+    assert f"an instance batches {u['jsq_mean_batch']:.1f} requests of its {u['full_batch']} slots" in text
+
     # "BalanceRoute's gain grows with the attention share" is decided by an interval over the spread's draws at every
     # share of SHARES, not by the last share's gain on one draw beating the first's (a student found that)
     trend = res["br_share_trend"]
