@@ -651,6 +651,30 @@ def test_imbalance_episode_accounts_for_every_step():
         ex.imbalance_episode(res, -1.0)
 
 
+def test_episode_tpot_splits_the_tail_by_the_episode():
+    tr, c = synthetic_trace(240), cost(2, 8)
+    _, runs = ex.run_lineup(ex.at_load(tr, c, 1.2, n_requests=80)[0], ex.lineup(("jsq",)), c)
+    res = runs["jsq"]
+    m = res.metrics()
+    prof = ex.imbalance_profile(res, smooth=5)
+    # no episode: nobody decodes through it, and the tail is the run's own p95
+    none = ex.episode_tpot(res, prof["peak"] * 2 + 1, smooth=5)
+    assert none["share"] == 0.0 and none["tail_share"] == 0.0
+    assert none["tpot_ms"] == pytest.approx(m["tpot_ms_p95"]) == pytest.approx(none["tpot_ms_without"])
+    # an episode of the peak's steps: the requests running then are the ones whose span holds one of its step times
+    ep = ex.episode_tpot(res, prof["peak"] * 0.999, smooth=5)
+    assert ep["tpot_ms"] == pytest.approx(m["tpot_ms_p95"]) and 0 < ep["share"] < 1
+    steps, _ = res.window.select(res.steps, float(res.requests["output_len"].mean()))
+    imb = steps["imbalance"].to_numpy()
+    ma = np.convolve(imb, np.ones(5) / 5, mode="valid")
+    t_ep = np.concatenate([steps["t_s"].to_numpy()[i:i + 5] for i in np.flatnonzero(ma > prof["peak"] * 0.999)])
+    req = res.requests[res.requests["output_len"] > 1]
+    running = [bool(((t_ep >= a) & (t_ep <= b)).any()) for a, b in zip(req["first_token_s"], req["finish_s"])]
+    assert ep["share"] == pytest.approx(np.mean(running)) and ep["requests"] == len(req)
+    with pytest.raises(ValueError, match="quantile"):
+        ex.episode_tpot(res, 0.0, quantile=1.0)
+
+
 def test_step_drivers_add_up_to_the_runs_imbalance():
     tr, c = synthetic_trace(240), cost(2, 8)
     df, runs = ex.run_lineup(ex.at_load(tr, c, 1.2, n_requests=80)[0], ex.lineup(("jsq", "br0")), c)

@@ -381,23 +381,88 @@ def imbalance_episode(result: SimResult, threshold: float, smooth: int = 25) -> 
         share of the summed imbalance, 0..1) and ``mean_without`` (KV tokens: the mean over the other steps; NaN
         when every step is in the episode or the window is empty).
     """
-    check_instance("result", result, SimResult, "a SimResult (simulate_dp's)")
-    threshold = check_real("threshold", threshold, low=0)
-    smooth = check_int("smooth", smooth, low=1)
-    steps, _ = result.window.select(result.steps, float(result.requests["output_len"].mean()))
+    steps, covered = _episode_steps(result, threshold, smooth)
     imb = steps["imbalance"].to_numpy(np.float64)
     if imb.size == 0:
         return {"steps": 0, "step_share": float("nan"), "imbalance_share": float("nan"), "mean_without": float("nan")}
-    k = min(smooth, imb.size)
-    above = np.flatnonzero(np.convolve(imb, np.ones(k) / k, mode="valid") > threshold)
-    covered = np.zeros(imb.size, dtype=bool)
-    for start in above:  # moving average ``start`` covers steps start .. start + k - 1
-        covered[start:start + k] = True
     total = float(imb.sum())
     rest = imb[~covered]
     return {"steps": int(covered.sum()), "step_share": float(covered.mean()),
             "imbalance_share": float(imb[covered].sum() / total) if total > 0 else 0.0,
             "mean_without": float(rest.mean()) if rest.size else float("nan")}
+
+
+def _latency_requests(result: SimResult, window: MeasurementWindow) -> pd.DataFrame:
+    """The requests ``result.metrics(window)`` takes its latency figures over: every request, or with
+    ``requests="window"`` those arriving inside the window's span."""
+    req = result.requests
+    if window.requests == "window":
+        first, last = window.span(result.steps, float(req["output_len"].mean()))
+        arr = req["arrival_s"].to_numpy(np.float64)
+        req = req[(arr >= first) & (arr <= last)]
+    return req
+
+
+def _episode_steps(result: SimResult, threshold: float, smooth: int) -> tuple[pd.DataFrame, np.ndarray]:
+    """A run's window steps and which of them the episode covers (:func:`imbalance_episode`'s definition),
+    the arguments checked."""
+    check_instance("result", result, SimResult, "a SimResult (simulate_dp's)")
+    threshold = check_real("threshold", threshold, low=0)
+    smooth = check_int("smooth", smooth, low=1)
+    steps, _ = result.window.select(result.steps, float(result.requests["output_len"].mean()))
+    imb = steps["imbalance"].to_numpy(np.float64)
+    covered = np.zeros(imb.size, dtype=bool)
+    if imb.size:
+        k = min(smooth, imb.size)
+        for start in np.flatnonzero(np.convolve(imb, np.ones(k) / k, mode="valid") > threshold):
+            covered[start:start + k] = True  # moving average ``start`` covers steps start .. start + k - 1
+    return steps, covered
+
+
+def episode_tpot(result: SimResult, threshold: float, smooth: int = 25, quantile: float = 0.95) -> dict[str, float]:
+    """Whether an imbalance episode (:func:`imbalance_episode`'s) is what raises a run's TPOT tail: the
+    requests that decode through it (one of the episode's steps falls between their first token and their
+    finish) against the others, over the requests ``result.metrics()`` takes its ``tpot_ms_*`` over. An
+    episode's steps wait for an envelope far above the typical step's, so the requests running then see
+    longer steps: if they fill the tail while being a minority, the episode, not the typical step, sets it.
+
+    Parameters
+    ----------
+    result : SimResult
+        One :func:`moelab.sim.dp.simulate_dp` run.
+    threshold : float
+        KV tokens, >= 0 (as in :func:`imbalance_episode`).
+    smooth : int
+        Steps of the moving average, >= 1.
+    quantile : float
+        The tail's quantile, in ``(0, 1)`` (0.95: ``tpot_ms_p95``).
+
+    Returns
+    -------
+    dict
+        ``tpot_ms`` (the run's TPOT at ``quantile``, ms), ``tpot_ms_without`` (the same quantile over the
+        requests that do not decode through the episode; NaN when none is left), ``share`` (of the requests
+        that decode through it), ``tail_share`` (of the requests at or above ``tpot_ms`` that do) and
+        ``requests`` (the requests counted: those with two or more output tokens).
+    """
+    quantile = check_real("quantile", quantile, low=0, high=1, low_open=True, high_open=True)
+    steps, covered = _episode_steps(result, threshold, smooth)
+    req = _latency_requests(result, result.window)
+    out = req["output_len"].to_numpy(np.float64)
+    first, finish = req["first_token_s"].to_numpy(np.float64), req["finish_s"].to_numpy(np.float64)
+    multi = (out > 1) & np.isfinite(first) & np.isfinite(finish)  # summarize_requests' TPOT requests
+    if not multi.any():
+        nan = float("nan")
+        return {"tpot_ms": nan, "tpot_ms_without": nan, "share": nan, "tail_share": nan, "requests": 0}
+    tpot = (finish[multi] - first[multi]) / (out[multi] - 1) * 1e3
+    t_ep = np.sort(steps["t_s"].to_numpy(np.float64)[covered])
+    # an episode step inside [first token, finish]: the count of episode times up to finish minus those before first
+    inside = (np.searchsorted(t_ep, finish[multi], side="right") - np.searchsorted(t_ep, first[multi], side="left")) > 0
+    cut = float(np.percentile(tpot, 100 * quantile))
+    tail = tpot >= cut
+    rest = tpot[~inside]
+    return {"tpot_ms": cut, "tpot_ms_without": float(np.percentile(rest, 100 * quantile)) if rest.size else float("nan"),
+            "share": float(inside.mean()), "tail_share": float(inside[tail].mean()), "requests": int(tpot.size)}
 
 
 def queue_tail(result: SimResult, quantile: float = 0.99, window: MeasurementWindow | None = None
@@ -427,11 +492,7 @@ def queue_tail(result: SimResult, quantile: float = 0.99, window: MeasurementWin
     quantile = check_real("quantile", quantile, low=0, high=1, low_open=True, high_open=True)
     window = result.window if window is None else check_instance("window", window, MeasurementWindow,
                                                                   "a MeasurementWindow")
-    req = result.requests
-    if window.requests == "window":  # the same requests as metrics(window): those arriving inside the span
-        first, last = window.span(result.steps, float(req["output_len"].mean()))
-        arr = req["arrival_s"].to_numpy(np.float64)
-        req = req[(arr >= first) & (arr <= last)]
+    req = _latency_requests(result, window)
     wait = (req["admit_s"] - req["arrival_s"]).to_numpy(np.float64)
     ok = np.isfinite(wait)
     if not ok.any():
