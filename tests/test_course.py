@@ -91,6 +91,14 @@ def test_check_number_names_a_known_slip():
     assert not other and "too high" in other.message and "twice" not in other.message
 
 
+def test_check_number_states_its_tolerance_in_words():
+    # the check passes within atol + rtol * |expected|: read as "2% plus 0.05", never "2% + ±0.05"
+    assert "(within 2% plus 0.05)" in check_number("x", 3.0, 3.0, rtol=0.02, atol=0.05).message
+    assert "(within 2%)" in check_number("x", 3.0, 3.0).message
+    assert "(within ±0.05)" in check_number("x", 3.0, 3.0, rtol=0.0, atol=0.05).message
+    assert "(exactly)" in check_number("x", 3.0, 3.0, rtol=0.0).message
+
+
 def test_check_number_messages():
     assert check_number("x", 3.01, 3.0)
     assert check_number("x", np.float32(3.0), 3.0) and check_number("x", np.array([3.0]), 3.0)

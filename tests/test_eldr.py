@@ -677,7 +677,7 @@ def test_paper_comparison_line_label_reads_over_the_bars():
 
     cmp = pd.DataFrame({"rate": [20.0, 60.0, 100.0], "paper_gain_pct": [11.8, 15.2, 13.4],
                         "tpot_gain_pct": [0.5, 9.2, 9.2], "distinct_reduction_pct": [5.4, 12.6, 10.6]})
-    (label,) = [a for a in fig_paper_comparison(cmp).layout.annotations if "paper's lowest gain" in a.text]
+    (label,) = [a for a in fig_paper_comparison(cmp).layout.annotations if "paper's lowest TPOT gain" in a.text]
     assert "11.8%" in label.text
     box = label.bgcolor
     assert box is not None

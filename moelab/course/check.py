@@ -239,12 +239,11 @@ def _close(got: float, expected: float, rtol: float, atol: float) -> bool:
 
 
 def _tolerance_words(rtol: float, atol: float) -> str:
-    parts = []
-    if rtol > 0:
-        parts.append(f"{rtol:.0%}" if rtol >= 0.01 else f"rtol={rtol:g}")
+    # the check passes within atol + rtol * |expected|: "2%", "±0.05", or both as "2% plus 0.05"
+    rel = (f"{rtol:.0%}" if rtol >= 0.01 else f"rtol={rtol:g}") if rtol > 0 else ""
     if atol > 0:
-        parts.append(f"±{atol:g}")
-    return " + ".join(parts) if parts else "exactly"
+        return f"{rel} plus {atol:g}" if rel else f"±{atol:g}"
+    return rel or "exactly"
 
 
 def _within(rtol: float, atol: float) -> str:

@@ -74,13 +74,13 @@ def fig_paper_comparison(cmp: pd.DataFrame) -> go.Figure:
     """Our relative p50 TPOT gain of ELDR over the best baseline vs the paper's, per rate."""
     fig = go.Figure()
     x = [f"{r:g} req/s" for r in cmp["rate"]]
-    fig.add_bar(x=x, y=cmp["paper_gain_pct"], name="paper (MI300X, vLLM, Task workload)", marker_color=_color("paper"))
-    fig.add_bar(x=x, y=cmp["tpot_gain_pct"], name="moelab (H200 cost model, synthetic workload)", marker_color=_color("eldr"))
-    fig.add_bar(x=x, y=cmp["distinct_reduction_pct"], name="moelab: distinct-expert reduction", marker_color="#ff9896")
+    fig.add_bar(x=x, y=cmp["paper_gain_pct"], name="paper: p50 TPOT (MI300X, vLLM, Task workload)", marker_color=_color("paper"))
+    fig.add_bar(x=x, y=cmp["tpot_gain_pct"], name="moelab: p50 TPOT (H200 cost model, synthetic workload)", marker_color=_color("eldr"))
+    fig.add_bar(x=x, y=cmp["distinct_reduction_pct"], name="moelab: distinct experts per step", marker_color="#ff9896")
     low = float(cmp["paper_gain_pct"].min())  # from the paper's table (data/public/eldr-results), not typed in
-    fig.add_hline(y=low, line_dash="dot", annotation_text=f"paper's lowest gain at these rates {low:.1f}%",
+    fig.add_hline(y=low, line_dash="dot", annotation_text=f"paper's lowest TPOT gain at these rates {low:.1f}%",
                   annotation_bgcolor=_LABEL_BACKGROUND)
-    fig.update_layout(barmode="group", title="ELDR p50 TPOT gain over the best of RR/Random/JSQ/P2C",
+    fig.update_layout(barmode="group", title="ELDR vs the best of RR/Random/JSQ/P2C: p50 TPOT gain (its reduction) and distinct experts",
                       xaxis_title=f"arrival rate (req/s at {PAPER_DECODE_WORKERS} decode workers)",
                       yaxis_title="reduction vs the best baseline (%)",
                       template="plotly_white")
