@@ -704,3 +704,10 @@ def paper_table(df_g8: pd.DataFrame, *, brh: str = "brh_oracle") -> pd.DataFrame
             notes.append("Python/numpy vs the authors' code; not the paper's setting (section 8 times that one)")
     out["note"] = notes
     return out
+
+
+__all__ = ["ALL_BASELINES", "DP_BALANCERS", "LOAD_RANGE", "POOLED_BASELINES", "PREDICTOR_NAMES", "SPREAD_WINDOWS",
+           "TUNE_GRID", "BRParams", "at_load", "backlog_trace", "capacity_rps", "episode_tpot", "fit_predictors",
+           "imbalance_episode", "imbalance_profile", "lineup", "load_sweep", "load_trace", "max_windows", "paper_table",
+           "paper_values", "queue_tail", "reductions", "run_lineup", "scale_context", "split_trace", "step_drivers",
+           "sweep", "trace_windows", "tune_brh", "window_spread", "workload"]
