@@ -8,7 +8,7 @@ import pytest
 import moelab.afd as afd
 
 pytest.importorskip("anywidget")
-from moelab.viz.afd import afd_panel, signed_pct  # noqa: E402
+from moelab.viz.afd import afd_panel, ratio_table_figure, signed_pct  # noqa: E402
 
 
 def _parts(panel):
@@ -71,3 +71,16 @@ def test_signed_pct_never_prints_a_sign_without_a_size():
     assert signed_pct(-0.049) == "-0.05%"
     small = np.concatenate([-np.logspace(-6, 1, 200), np.logspace(-6, 1, 200)])
     assert not any(signed_pct(v) in ("-0.0%", "+0.0%") for v in small)
+
+
+def test_ratio_table_figure_shows_every_row_without_scrolling():
+    # issue 40's second read: the r* table's figure was shorter than its 12 rows, so its last two (B = 512) hid
+    # behind the table's scroll bar; the plot area must hold the header and every row
+    table = afd.ratio_table(B_values=(64, 128, 256, 512), mu_P_values=(100, 500, 2000), mu_D_values=(100, 500, 1000),
+                            N=10_000)
+    fig = ratio_table_figure(table)
+    tab = fig.data[0]
+    rows = len(tab.cells.values[0])
+    assert rows == 12
+    plot_area = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    assert plot_area >= tab.header.height + rows * tab.cells.height

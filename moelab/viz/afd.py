@@ -96,6 +96,9 @@ def idle_figure(df: pd.DataFrame, *, B: int, mu_P: float, mu_D: float, N: float 
     return fig
 
 
+_TABLE_HEADER_PX, _TABLE_ROW_PX = 28, 26  # the r* table's header and row heights (pixels)
+
+
 def ratio_table_figure(table: pd.DataFrame, N: float | None = 10_000) -> go.Figure:
     """The r* table as a compact plotly table: rows (B, mu_P), one column per mu_D; entries set by the
     FFN peak rather than attention balance are marked "(peak)"."""
@@ -104,8 +107,12 @@ def ratio_table_figure(table: pd.DataFrame, N: float | None = 10_000) -> go.Figu
     wide = label.pivot_table(index=["B", "mu_P"], columns="mu_D", values="text", aggfunc="first").reset_index()
     header = ["B", "mu_P"] + [f"r* at mu_D={d:g}" for d in wide.columns[2:]]
     cells = [wide["B"], wide["mu_P"].map(lambda v: f"{v:g}")] + [wide[c] for c in wide.columns[2:]]
-    fig = go.Figure(go.Table(header={"values": header, "fill_color": "#dbe6f3"}, cells={"values": cells, "height": 26}))
-    fig.update_layout(title=f"r* for each workload (N = {N} requests per instance)", height=140 + 27 * len(wide))
+    fig = go.Figure(go.Table(header={"values": header, "fill_color": "#dbe6f3", "height": _TABLE_HEADER_PX},
+                             cells={"values": cells, "height": _TABLE_ROW_PX}))
+    # tall enough for every row: a plotly table cut by its figure hides the last rows behind a scroll bar
+    margin = {"t": 60, "b": 10, "l": 20, "r": 20}
+    fig.update_layout(title=f"r* for each workload (N = {N} requests per instance)", margin=margin,
+                      height=margin["t"] + margin["b"] + _TABLE_HEADER_PX + _TABLE_ROW_PX * len(wide) + 10)
     return fig
 
 
