@@ -183,6 +183,25 @@ def test_renewal_loads_reach_the_renewal_steady_state(conv):
     assert long.steady_load_per_slot / (long.mean_prompt + long.mean_decode) > 1.2
 
 
+def test_steady_load_parts_split_the_load_into_prompt_and_decode(conv):
+    # the parts sum to the steady load, and each is set against the mean the theory uses
+    parts = conv.steady_load_parts()
+    assert parts["prompt"] + parts["decode"] == pytest.approx(conv.steady_load_per_slot, rel=1e-12)
+    assert parts["prompt_ratio"] == pytest.approx(parts["prompt"] / conv.mean_prompt)
+    assert parts["decode_ratio"] == pytest.approx(parts["decode"] / conv.mean_decode)
+    # the geometric law is the theory's own: both parts are its means, uncorrelated, decode CV about 1
+    geo = LengthDistribution.geometric(1000, 300).steady_load_parts()
+    assert (geo["prompt"], geo["decode"], geo["prompt_ratio"], geo["decode_ratio"]) == (1000, 300, 1, 1)
+    assert geo["prompt_decode_corr"] == 0 and geo["decode_cv"] == pytest.approx(1, abs=0.01)
+    # longer outputs with shorter prompts: a slot's prompt is below mu_P though both laws have the same means
+    prompt, decode = np.array([100.0, 900.0]), np.array([90.0, 10.0])
+    anti = LengthDistribution("pairs", prompt, decode).steady_load_parts()
+    assert anti["prompt_decode_corr"] < 0 and anti["prompt_ratio"] == pytest.approx((100 * 90 + 900 * 10) / 100 / 500)
+    # constant decode steps (lighter-tailed than geometric) hold less than mu_D on average: mean age (d-1)/2
+    flat = LengthDistribution("flat", np.full(4, 50.0), np.full(4, 11.0)).steady_load_parts()
+    assert flat["decode_ratio"] == pytest.approx(5 / 10) and flat["decode_cv"] == 0 and flat["prompt_decode_corr"] == 0
+
+
 def test_conservation_bound_and_seed(stages, conv):
     a = simulate_measured([1, 2, 5], 32, conv, stages=stages, requests=200, seed=7)
     b = simulate_measured([1, 2, 5], 32, conv, stages=stages, requests=200, seed=7)

@@ -178,10 +178,45 @@ class LengthDistribution:
     def steady_load_per_slot(self) -> float:
         """Long-run KV tokens per slot under renewal (size-biased prompt + mean age) — what a slot really
         holds on average, to set beside the theory's ``mu_P + mu_D``."""
+        parts = self.steady_load_parts()
+        return parts["prompt"] + parts["decode"]
+
+    def steady_load_parts(self) -> dict[str, float]:
+        """The two parts of :attr:`steady_load_per_slot`, each against the mean the theory uses.
+
+        A slot is found holding a request in proportion to how long the request holds it, so its long-run
+        prompt is the prompt weighted by slot-holding steps (below ``mu_P`` when longer outputs come with
+        shorter prompts) and its decoded part is the mean age of the request in the slot (``mu_D`` for the
+        geometric law, less for a lighter-tailed decode length, more for a heavier-tailed one).
+
+        Returns
+        -------
+        dict of str to float
+            ``prompt`` and ``decode`` (KV tokens per slot; they sum to :attr:`steady_load_per_slot`),
+            ``prompt_ratio`` (``prompt / mu_P``), ``decode_ratio`` (``decode / mu_D``),
+            ``prompt_decode_corr`` (Pearson correlation of prompt and slot-holding steps over the pairs; 0
+            for the geometric law, whose prompts are drawn independently) and ``decode_cv`` (coefficient of
+            variation of the slot-holding steps; the geometric law's is ``sqrt(mu_D / (1 + mu_D))``, about 1).
+
+        Examples
+        --------
+        >>> LengthDistribution.geometric(mu_P=1000, mu_D=300).steady_load_parts()["decode_ratio"]
+        1.0
+        """
         if self.geometric_mu_D is not None:
-            return self.mean_prompt + self.geometric_mu_D
+            mu_D = self.geometric_mu_D
+            return {"prompt": self.mean_prompt, "decode": mu_D, "prompt_ratio": 1.0,
+                    "decode_ratio": 1.0, "prompt_decode_corr": 0.0,
+                    "decode_cv": float(np.sqrt(mu_D / (1.0 + mu_D)))}
         d = self.decode
-        return float((self.prompt * d).sum() / d.sum() + ((d - 1) * d / 2).sum() / d.sum())
+        prompt = float((self.prompt * d).sum() / d.sum())
+        decode = float(((d - 1) * d / 2).sum() / d.sum())
+        varies = self.prompt.std() > 0 and d.std() > 0
+        return {"prompt": prompt, "decode": decode,
+                "prompt_ratio": prompt / self.mean_prompt if self.mean_prompt > 0 else float("nan"),
+                "decode_ratio": decode / self.mean_decode if self.mean_decode > 0 else float("nan"),
+                "prompt_decode_corr": float(np.corrcoef(self.prompt, d)[0, 1]) if varies else 0.0,
+                "decode_cv": float(d.std() / d.mean())}
 
     def draw(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         """``n`` (prompt, decode-steps) pairs (``n`` at most :data:`MAX_DRAWS`: two float arrays of ``n``)."""
@@ -323,6 +358,9 @@ class MeasuredSweep:
     ffn_table_max_batch : float
         The largest aggregated batch (tokens) the stage tables of this sweep measure on the FFN side
         (``inf`` for :class:`LinearStages`): a row whose ``r*B`` lies above it is ``ffn_extrapolated``.
+    steady_load_parts : dict of str to float
+        :meth:`LengthDistribution.steady_load_parts` of these lengths: why :attr:`steady_load_per_slot`
+        differs from ``mu_P + mu_D`` (the slot-weighted prompt against ``mu_P``, the mean age against ``mu_D``).
     """
 
     frame: pd.DataFrame
@@ -340,6 +378,7 @@ class MeasuredSweep:
     requests: float = DEFAULT_REQUESTS
     notes: list[str] = field(default_factory=list)
     ffn_table_max_batch: float = float("inf")
+    steady_load_parts: dict = field(default_factory=dict)
 
     @property
     def r_star(self) -> float:
@@ -531,7 +570,7 @@ def simulate_measured(r_values, B: int = 256, lengths: LengthDistribution | str 
     frame["sim_vs_theory_pct"] = 100 * (frame["sim_throughput"] / frame["theory_throughput"] - 1)
     return MeasuredSweep(frame, B, lengths.name, mu_P, mu_D, K, m, coverage.as_dict(), fit, coeffs, stages.unit,
                          lengths.steady_load_per_slot, N, [lengths.source, stages.source],
-                         float(stages.ffn_table_max_batch))
+                         float(stages.ffn_table_max_batch), lengths.steady_load_parts())
 
 
 def default_r_values(B: int, lengths: LengthDistribution, stages: StageTables | LinearStages | None = None,
