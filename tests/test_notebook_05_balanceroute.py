@@ -49,6 +49,24 @@ def test_notebook_05_balanceroute(tmp_path, public_data):
     metrics = {row["metric"] for row in res["paper_table"]}
     assert "JSQ avg imbalance (tokens)" in metrics and "BR-0 / JSQ imbalance" in metrics
     _check_claims(res, _rendered(tmp_path / "05_balanceroute.ipynb"))
+    # one number, one rendering: BR-0's decision p50 reads the same in the costs table and the paper table (the costs
+    # table was rounded to 3 places before the table's own 2, so 0.185 showed as 0.18 there and 0.19 beside the paper)
+    tables = _plotly_tables(tmp_path / "05_balanceroute.ipynb")
+    costs = next(t for t in tables if "decision ms<br>p50" in t)
+    paper = next(t for t in tables if "metric" in t)
+    dispatch = next(v for m, v in zip(paper["metric"], paper["ours"]) if m.startswith("BR-0 dispatch p50"))
+    assert costs["decision ms<br>p50"][costs["router"].index("br0")] == dispatch
+
+
+def _plotly_tables(path) -> list[dict]:
+    """Every plotly table the executed notebook shows, as {header: column values as rendered}."""
+    out = []
+    for c in json.loads(path.read_text())["cells"]:
+        for o in c.get("outputs", []):
+            for trace in o.get("data", {}).get("application/vnd.plotly.v1+json", {}).get("data", []):
+                if trace.get("type") == "table":
+                    out.append(dict(zip(trace["header"]["values"], trace["cells"]["values"])))
+    return out
 
 
 def _rendered(path) -> str:
@@ -92,6 +110,8 @@ def _check_claims(res: dict, text: str) -> None:
     # ShareGPT's throughput gains are set against the most balancing could buy there
     sg = res["sharegpt_throughput"]
     assert f"could buy at most {sg['gain_bound_pct']:.2f}%" in text
+    # ... and says when those "gains" are all losses (a bare "the gains come to N tok/s at most" read as gains)
+    assert ("the gains, all of them losses," in text) == (round(sg["gain_max_pct"], 3) < 0)
     # the regime map's cell at section 3's setting is set beside section 3's run
     if res["regime_cell_vs_section3"] is not None:
         assert "**The map's cell at section 3's setting**" in text
