@@ -101,5 +101,16 @@ def test_dsd_notebook(tmp_path):
         where = "inside the window" if ms <= wv["window_ms"] else "outside it"
         assert f"{name}, median {ms:g} ms, {where}" in rendered
     assert " 0.0 SE longer" not in rendered and " 0.0 SE shorter" not in rendered
+    # the monotone fit's sentence names the medians it keeps as they are: exactly those in no pooled stretch (a pooled
+    # stretch may hold a median that rises over the one before it, so "keeps the medians where they rise" misread it)
+    costs = res["costs"]
+    kept = [q for q in dsd.cpu_costs(dsd.load_shipped()[1])["qs"] if q not in costs["pooled_qs"]]
+    if costs["verify_falls"]:
+        assert f"It keeps the medians at q = {', '.join(map(str, kept))} as they are" in rendered
+        assert "where they rise" not in rendered
+    # M5: the thrown-away share is the simulation's, set beside the recording's surviving share
+    if pf["tested"]:
+        assert (f"{1 - pf['rows'][0]['rounds invalidated']:.1%} of its pre-drafts survive against the recording's "
+                f"{pf['pre_draft_valid_share']:.1%}") in rendered
     assert {"dsd_timeline.html", "dsd_headline_region_map.html", "dsd_breakeven_table.html", "dsd_latency_vs_rtt.html", "dsd_region_map.html", "dsd_capacity.html",
             "dsd_conditional_acceptance.html", "dsd_measured_latency.html"} <= set(out["_figures"])
