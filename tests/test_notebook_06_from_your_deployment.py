@@ -76,6 +76,11 @@ def test_notebook_06_from_your_deployment(tmp_path):
     md = "".join("".join(o.get("data", {}).get("text/markdown", "")) for c in cells for o in c.get("outputs", []))
     best = min((v, k) for k, v in r["distinct"].items() if k != "eldr")
     assert f"than the best of the other routers ({best[1]}, {best[0]:.2f} against ELDR's" in md, md[:2000]
+    # the activation share's baseline is the experts the trace's PROMPTS use most (topk_activation_share), not the
+    # trace's most used experts overall: the prose and the printed line say so (issue 40, second student read)
+    assert "that the trace's prompts use most take" in md and "the trace's prompts use most" in streams, md[:2000]
+    prose = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    assert "top-k activation share" not in prose  # the share's set size is not the model's k
 
 
 @pytest.mark.notebook
