@@ -86,3 +86,18 @@ def test_notebook_01_eldr(tmp_path, public_data):
         assert r["gain_budget"]["rate"] == rates and all(0 < x < 100 for x in r["gain_budget"]["expert_share_pct"])
     assert "eldr_regime_map.html" in res["_figures"] and "eldr_paper_two_sided.html" in res["_figures"]
     assert "eldr_rate_sweep.html" in res["_figures"] and "eldr_vs_paper.html" in res["_figures"]
+
+
+def test_paper_comparison_table_is_read_before_it_is_shown():
+    """Section 3.6's table shows the paper's Task-workload gain and the ratio ours / paper: the markdown above it
+    defines the workload and the ratio column (a student met ``ratio_synthetic`` there, undefined until 3.10)."""
+    import json  # lazy: only this source-level test reads the notebook's JSON
+
+    from moelab.notebooks import notebooks_dir  # lazy: as above
+
+    cells = json.loads((notebooks_dir() / "01_eldr.ipynb").read_text())["cells"]
+    first = next(i for i, c in enumerate(cells) if "ex.compare_with_paper(" in "".join(c["source"]))
+    above = "".join(cells[first - 1]["source"])
+    assert cells[first - 1]["cell_type"] == "markdown"
+    assert "`ratio_synthetic`" in above and "ours / paper" in above
+    assert "*Task* workload" in above

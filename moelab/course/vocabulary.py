@@ -25,7 +25,7 @@ from moelab.notebooks import notebooks_dir
 #: term (as NOTATION.md defines it, in bold) -> regex finding a use of it in a notebook's markdown
 TERMS: dict[str, str] = {
     "Suffix decoding": r"suffix decoding",
-    "count_idf / count / gate_prob": r"\bcount[_-]idf\b|\bgate_prob\b",
+    "count_idf / count / gate_prob": r"\bcount[_-]idf\b|\bgate_prob\b|\bgate probabilit",
     "BF-IO": r"\bBF-IO\b",
     "Cycles": r"\bcycles\b",
     "SHA-256 block chain": r"SHA-256",
@@ -46,6 +46,7 @@ TERMS: dict[str, str] = {
     "WAN": r"\bWAN\b",
     "Early-exit draft": r"\bearly-exit draft\b",
     "Oracle": r"\boracle\b",
+    "Hungarian matching": r"\bHungarian\b",
 }
 
 _BOLD_ENTRY = re.compile(r"^- \*\*([^*]+)\*\*", re.MULTILINE)
