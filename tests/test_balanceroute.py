@@ -27,6 +27,7 @@ from moelab.routing.dp_balancers import DP_BALANCERS
 from moelab.sim import MeasurementWindow
 from moelab.sim.dp import simulate_dp
 from moelab.traces import RequestTrace
+from moelab.viz import balanceroute as brviz
 
 
 def cost(G: int, B: int) -> DPCost:
@@ -606,6 +607,12 @@ def test_window_spread_profile_and_queue_tail():
     _, runs = ex.run_lineup(ex.at_load(tr, c, 1.2, n_requests=80)[0], ex.lineup(("br0",)), c)
     prof = ex.imbalance_profile(runs["br0"])
     assert prof["peak"] >= prof["median"] >= 0 and prof["mean"] == pytest.approx(runs["br0"].metrics()["avg_imbalance"])
+    # the window's span holds the window's peak; the peak over every step is the imbalance-over-time figure's highest
+    assert prof["window_from_s"] <= prof["peak_t_s"] <= prof["window_to_s"]
+    fig = brviz.imbalance_over_time({"br0": runs["br0"]}, 2)
+    y = np.asarray(fig.data[0].y, dtype=float)
+    assert prof["peak_all"] == pytest.approx(y.max()) and prof["peak_all_t_s"] == pytest.approx(fig.data[0].x[y.argmax()])
+    assert prof["window_to_s"] - prof["window_from_s"] < runs["br0"].steps["t_s"].max() - runs["br0"].steps["t_s"].min()
     tail = ex.queue_tail(runs["br0"])
     assert tail["tail_requests"] >= 1 and tail["queue_s"] == pytest.approx(runs["br0"].metrics()["queue_s_p99"])
     assert tail["requests"] == len(runs["br0"].requests)

@@ -94,6 +94,13 @@ def _check_claims(res: dict, text: str) -> None:
     raised = (prof["brh_oracle"]["mean"] > prof["br0"]["mean"] and ep["steps"] > 0
               and ep["mean_without"] <= prof["br0"]["mean"])
     assert ("Its average is raised by an episode" in text) == raised
+    # the episode sentence reads BR-0's highest inside its measured window; where the figure (every step) shows BR-0
+    # higher outside that window, the sentence says where, so the figure does not contradict it
+    p0 = prof["br0"]
+    if prof["brh_oracle"]["mean"] > p0["mean"]:
+        assert f"BR-0's window runs from t = {p0['window_from_s']:.1f} to {p0['window_to_s']:.1f} s" in text
+        outside = p0["peak_all"] > p0["peak"] * 1.01 and not p0["window_from_s"] <= p0["peak_all_t_s"] <= p0["window_to_s"]
+        assert (f"BR-0's line reaches {p0['peak_all']:,.0f} at t = {p0['peak_all_t_s']:.1f} s" in text) == outside
     assert f"appeared at least {ExactMatchPredictor.min_count} times in training" in text
     # the paper is compared two-sided: a cut deeper than the paper's is an overshoot to explain, never a pass
     spread_br0 = [r["BR-0 / JSQ"] for r in spread]

@@ -305,7 +305,8 @@ def imbalance_profile(result: SimResult, smooth: int = 25) -> dict[str, float]:
     """Where a run's average imbalance comes from, over its measurement window's steps: the mean (what the
     tables report), the median step (the typical one) and the peak of the ``smooth``-step moving average with
     its simulated time ``peak_t_s`` (the figure's x axis); a mean far above the median is an episode, not the
-    typical step.
+    typical step. The window's span and the peak over *every* step (what the imbalance-over-time figure draws,
+    the fill-up from empty and the drain included) say where the figure shows more than the window holds.
 
     Parameters
     ----------
@@ -317,19 +318,33 @@ def imbalance_profile(result: SimResult, smooth: int = 25) -> dict[str, float]:
     Returns
     -------
     dict
-        ``mean``, ``median``, ``peak`` (KV tokens) and ``peak_t_s`` (s).
+        ``mean``, ``median``, ``peak`` (KV tokens) and ``peak_t_s`` (s); ``window_from_s`` and
+        ``window_to_s``, the window's first and last step time (s); ``peak_all`` and ``peak_all_t_s``, the
+        moving average's peak over every step of the run and its time.
     """
     check_instance("result", result, SimResult, "a SimResult (simulate_dp's)")
     smooth = check_int("smooth", smooth, low=1)
     steps, _ = result.window.select(result.steps, float(result.requests["output_len"].mean()))
     imb = steps["imbalance"].to_numpy(np.float64)
+    nan = float("nan")
     if imb.size == 0:
-        return {"mean": float("nan"), "median": float("nan"), "peak": float("nan"), "peak_t_s": float("nan")}
+        return {"mean": nan, "median": nan, "peak": nan, "peak_t_s": nan, "window_from_s": nan, "window_to_s": nan,
+                "peak_all": nan, "peak_all_t_s": nan}
+    peak, peak_t = _moving_peak(imb, steps["t_s"].to_numpy(np.float64), smooth)
+    peak_all, peak_all_t = _moving_peak(result.steps["imbalance"].to_numpy(np.float64),
+                                        result.steps["t_s"].to_numpy(np.float64), smooth)
+    t = steps["t_s"].to_numpy(np.float64)
+    return {"mean": float(imb.mean()), "median": float(np.median(imb)), "peak": peak, "peak_t_s": peak_t,
+            "window_from_s": float(t.min()), "window_to_s": float(t.max()), "peak_all": peak_all,
+            "peak_all_t_s": peak_all_t}
+
+
+def _moving_peak(imb: np.ndarray, t_s: np.ndarray, smooth: int) -> tuple[float, float]:
+    """The peak of the ``smooth``-step moving average of ``imb`` and the time of its last step."""
     k = min(smooth, imb.size)
     moving = np.convolve(imb, np.ones(k) / k, mode="valid")
     at = int(np.argmax(moving))
-    return {"mean": float(imb.mean()), "median": float(np.median(imb)), "peak": float(moving[at]),
-            "peak_t_s": float(steps["t_s"].to_numpy()[at + k - 1])}
+    return float(moving[at]), float(t_s[at + k - 1])
 
 
 def step_drivers(result: SimResult) -> dict[str, float]:
