@@ -143,6 +143,11 @@ def test_notebook_02_runs_and_records_results(tmp_path, public_data):
                    for o in c.get("outputs", []) if "cached curve `cost`: t(1) =" in "".join(o.get("text", "")))
     t1, tq = (float(x) for x in re.findall(r"t\(\d+\) = ([\d.]+) ms", printed))
     assert tq / t1 == pytest.approx(r["verify_ratio"]["cached"], rel=0.01)
+    # issue 40's second read: no progress bar left in the saved notebook (a tqdm bar is a widget; a copy opened
+    # without its widget state showed the model load as "Loading weights: 0% | 0/272", a load that never finished)
+    widgets = ["".join(o["data"].get("text/plain", "")) for c in executed["cells"] for o in c.get("outputs", [])
+               if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert not [w for w in widgets if re.search(r"\d+%.*\d+/\d+", w)], widgets
     assert r["store_sizes"]["S_ngrams"] > 0 and r["store_sizes"]["L_tokens"] > 0
     # issue 40's last read: the published REST is the leaderboard's (its own datastore), not this lab's "L alone";
     # "the hierarchy fills the budget" states what the fixed walk verifies per forward; no figure titles the
