@@ -55,6 +55,8 @@ def test_overview_notebook(tmp_path):
     d = res["distinct_experts"]
     assert d["D"] == pytest.approx(float(expected_distinct_experts(32, shape.num_experts, shape.top_k)))
     assert d["D"] < min(shape.num_experts, shape.top_k * 32)
+    # the no-overlap reference is the figure's grey line, min(E, k·B): 128 of a 128-expert layer, not k·B = 256
+    assert d["no_overlap"] == min(shape.num_experts, shape.top_k * 32)
     qwen = res["moe_layer"]["qwen3-30b-a3b"]
     # the measured headline of the calibration README: 47 us at D=8 vs 308 us at D=128
     assert (qwen["D_min"], qwen["D_max"]) == (8, 128)
@@ -82,6 +84,7 @@ def test_overview_notebook(tmp_path):
                      for c in json.loads((tmp_path / "00_overview.ipynb").read_text())["cells"]
                      for o in c.get("outputs", []) if "text/markdown" in o.get("data", {}))
     assert "not the decode step" in text and "several-fold in step time" not in text
+    assert f"not the {d['no_overlap']} it would touch if no two tokens shared one" in text
 
 
 def test_moe_layer_reading_reads_the_measured_points():
