@@ -100,6 +100,11 @@ def test_afd_notebook(tmp_path):
     assert f"the attention instances idle {idle['attention']:.1%} of the time and the FFN {idle['ffn']:.1%}" in text
     assert "-0.0%" not in text and "slot group" not in text
     assert f"a slot holds {ind['load_ratio']:.2f}x mu_P + mu_D" in text  # the take-aways' load ratio, shown in 3.5
+    # second read: the take-away splits that ratio into its prompt and decode parts instead of naming one cause
+    parts = ind["load_parts"]
+    assert parts["prompt"] + parts["decode"] == pytest.approx(ind["load_ratio"] * (ind["mu_P"] + ind["mu_D"]))
+    assert f"its prompt averages {parts['prompt_ratio']:.2f}x mu_P" in text
+    assert f"its decoded part {parts['decode_ratio']:.2f}x mu_D" in text
 
 
 def _executed_text(path):
