@@ -204,6 +204,25 @@ def test_domain_oracle_groups():
         r.route(RequestBatch([1], domain=[5]), _view([0, 0, 0, 0]))
 
 
+def test_domain_oracle_worker_groups_and_their_description():
+    # more workers than domains: contiguous groups, one domain per worker
+    g = DomainOracleRouter.worker_groups(2, 4)
+    assert g.tolist() == [[True, True, False, False], [False, False, True, True]]
+    assert "own fixed group of 2 workers" in DomainOracleRouter.describe_groups(2, 4)
+    # more domains than workers: domain d -> worker d mod K alone, two domains per worker, no choice
+    g = DomainOracleRouter.worker_groups(8, 4)
+    assert (g.sum(axis=1) == 1).all() and (g.sum(axis=0) == 2).all()
+    assert [int(np.flatnonzero(row)[0]) for row in g] == [d % 4 for d in range(8)]
+    text = DomainOracleRouter.describe_groups(8, 2)
+    assert "8 domains on K = 2 workers" in text and "serves 4 domains" in text and "no worker to choose" in text
+    assert "serves 1 to 2 domains" in DomainOracleRouter.describe_groups(3, 2)
+    # the router routes by exactly this map
+    r = make_router("domain_oracle", n_domains=8)
+    r.reset(4)
+    assert (r._groups == DomainOracleRouter.worker_groups(8, 4)).all()
+    assert int(r.route(RequestBatch([1], domain=[6]), _view([0, 0, 0, 0]))[0]) == 2
+
+
 # ---------------------------------------------------------------- signature cache
 
 @settings(max_examples=40, deadline=None)

@@ -321,8 +321,9 @@ class ELDRRouter(Router):
 @register_router
 class DomainOracleRouter(Router):
     """Route by the ground-truth domain label: workers are split into ``n_domains`` fixed contiguous
-    groups (as equal as possible; domain ``d`` -> worker ``d mod K`` when there are more domains
-    than workers), JSQ inside the group with a seeded random tie-break.
+    groups (as equal as possible; domain ``d`` -> worker ``d mod K`` alone when there are more domains
+    than workers, :meth:`worker_groups`), JSQ inside the group with a seeded random tie-break; a request
+    whose group has no free slot goes to the least loaded open worker.
 
     ``n_domains`` : the number of domains (>= 1), or None to count the distinct labels of the
     calibration's ``domains`` in :meth:`prepare`.
@@ -346,16 +347,71 @@ class DomainOracleRouter(Router):
             self.n_domains = check_int("the calibration's distinct domains", np.unique(calibration.domains).size,
                                        low=1)
 
-    def reset(self, n_workers: int, seed: int | None = None) -> Router:
-        """Forget state and split the workers into one group per domain."""
-        super().reset(n_workers, seed)
-        groups = np.zeros((self.n_domains, n_workers), dtype=bool)
-        if self.n_domains <= n_workers:
-            for d, members in enumerate(np.array_split(np.arange(n_workers), self.n_domains)):
+    @staticmethod
+    def worker_groups(n_domains: int, n_workers: int) -> np.ndarray:
+        """The fixed domain -> workers map the oracle routes by.
+
+        Parameters
+        ----------
+        n_domains : int
+            Number of domains (>= 1).
+        n_workers : int
+            Number of decode workers K (>= 1).
+
+        Returns
+        -------
+        np.ndarray
+            Boolean ``(n_domains, n_workers)``: row ``d`` marks domain ``d``'s workers. With at least as many
+            workers as domains, the workers are cut into ``n_domains`` contiguous groups as equal as possible (each
+            worker serves one domain); with more domains than workers, domain ``d`` goes to worker ``d mod K``
+            alone, so every group is one worker shared by several domains.
+        """
+        n_domains = check_int("n_domains", n_domains, low=1)
+        n_workers = check_int("n_workers", n_workers, low=1)
+        groups = np.zeros((n_domains, n_workers), dtype=bool)
+        if n_domains <= n_workers:
+            for d, members in enumerate(np.array_split(np.arange(n_workers), n_domains)):
                 groups[d, members] = True
         else:
-            groups[np.arange(self.n_domains), np.arange(self.n_domains) % n_workers] = True
-        self._groups = groups
+            groups[np.arange(n_domains), np.arange(n_domains) % n_workers] = True
+        return groups
+
+    @staticmethod
+    def describe_groups(n_domains: int, n_workers: int) -> str:
+        """One sentence saying how :meth:`worker_groups` maps ``n_domains`` domains onto ``n_workers`` workers,
+        with the counts it computes (for the notebook's prose).
+
+        Parameters
+        ----------
+        n_domains : int
+            Number of domains (>= 1).
+        n_workers : int
+            Number of decode workers K (>= 1).
+
+        Returns
+        -------
+        str
+        """
+        groups = DomainOracleRouter.worker_groups(n_domains, n_workers)
+        per_domain = groups.sum(axis=1)  # workers of each domain
+        per_worker = groups.sum(axis=0)  # domains on each worker
+
+        def span(counts: np.ndarray) -> str:
+            lo, hi = int(counts.min()), int(counts.max())
+            return f"{lo}" if lo == hi else f"{lo} to {hi}"
+
+        head = f"{n_domains} domains on K = {n_workers} workers: "
+        if n_domains <= n_workers:
+            return head + (f"each domain has its own fixed group of {span(per_domain)} workers, and a request goes "
+                           "to the least loaded worker of its domain's group")
+        return head + (f"domain d goes to worker d mod {n_workers} alone, so each worker serves "
+                       f"{span(per_worker)} domains and the oracle has no worker to choose (it moves a request to "
+                       "the least loaded other worker only when its own has no free slot)")
+
+    def reset(self, n_workers: int, seed: int | None = None) -> Router:
+        """Forget state and map the domains onto the workers (:meth:`worker_groups`)."""
+        super().reset(n_workers, seed)
+        self._groups = self.worker_groups(self.n_domains, n_workers)
         return self
 
     def choose(self, batch: RequestBatch, i: int, view: ClusterView, open_: np.ndarray) -> int:
