@@ -79,6 +79,9 @@ def test_notebook_07_cross_paper(tmp_path):
     assert at_headline == pytest.approx(sorted(d["br_only_gain_pct"] for d in draws))  # the spread's draws, reused
     row = res["verdict"][4]
     assert row["claim"] == "BalanceRoute's gain grows with the attention share" and "interval" in row["evidence"]
+    # the reading advice compares what the verdict compares: both against br_only
+    source_text = "\n".join("".join(c["source"]) for c in json.loads((tmp_path / "07_cross_paper.ipynb").read_text())["cells"])
+    assert "Compare `both` with `br_only`" in source_text and "Compare `eldr_only` with `both`" not in source_text
     assert row["holds here?"] == {"ahead": "True", "behind": "False"}.get(
         trend["verdict"], f"not distinguishable ({trend['n_rising']} of {trend['n_draws']} draws rise)")
     # the two terms a student met undefined are defined where they first appear, with a link to the glossary
