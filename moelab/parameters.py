@@ -301,7 +301,7 @@ FIXED: dict[str, dict[str, Parameter]] = {
         "INTERACTIVE": _INTERACTIVE,
     },
     "03_afd_ratio": {
-        "B": Parameter("request slots per attention instance", integer(1, 65_536)),
+        "B": Parameter("request slots per attention instance and microbatch", integer(1, 65_536)),
         "MU_P": Parameter("mean prompt length (tokens)", real(0, 1_000_000, low_open=True)),
         "MU_D": Parameter("mean decode length (tokens, geometric)", real(0, 1_000_000, low_open=True)),
         "SEED": _SEED,

@@ -294,8 +294,8 @@ class StageTables:
             out[idx], flagged = self._moe_layer_ms(float(n[idx]), float(D[idx]))
             extra += flagged
         if extra:
-            self.coverage.notes.append(f"FFN batch above the moe_step table (B <= {self._moe_B[-1]:.0f}): last segment "
-                                       "extended")
+            self.coverage.notes.append(f"FFN batch (r·B tokens) above the MoE table's largest ({self._moe_B[-1]:.0f} "
+                                       "tokens): last segment extended")
         self.coverage.ffn_evals += int(n.size)
         self.coverage.ffn_extrapolated += extra
         return out * self.geometry.layers
@@ -450,7 +450,7 @@ def fit_coefficients(stages: StageTables, *, B: int, r_values=FIT_R_VALUES,
     stages : StageTables
         The measured stage tables (e.g. :meth:`StageTables.h200`).
     B : int
-        Request slots per attention instance (>= 1).
+        Request slots per attention instance and microbatch (>= 1).
     r_values : sequence of int
         The bundle sizes whose operating range the FFN and link fits cover; default :data:`FIT_R_VALUES`,
         the design the measured simulator fits on too (another design gives other coefficients and another r*).
@@ -523,7 +523,7 @@ def coefficients_from_tables(calibration: str | os.PathLike = "h200", shape: str
     shape : str
         The registry model whose stage geometry prices the tables (a MoE shape).
     B : int
-        Request slots per attention instance (>= 1).
+        Request slots per attention instance and microbatch (>= 1).
     r_values : sequence of int
         The fit's design of bundle sizes (default :data:`FIT_R_VALUES`, the simulator's).
     method : str

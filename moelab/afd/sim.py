@@ -112,7 +112,7 @@ def _prompt_sampler(mu_P: float, prompt_cv: float, prompt_lengths: np.ndarray | 
 
 # bounded work (documented caps, shared with moelab.afd.measured; larger values are refused, never clamped)
 MAX_R = 256  # attention instances per bundle
-MAX_B = 8192  # slots per attention instance
+MAX_B = 8192  # slots per attention instance and microbatch
 MAX_REQUESTS = 1_000_000  # requests per slot group
 MAX_STEPS = 2_000_000  # decode steps of one run
 MAX_CELLS = 60_000_000  # steps x microbatches x instances held in memory

@@ -1,7 +1,8 @@
 """Closed-form sizing of an rA-1F Attention/FFN-disaggregated bundle (Lyu et al., arXiv 2601.21351).
 
-r attention instances hold B request slots each; one FFN instance serves the aggregated r*B tokens.
-Stage latencies are linear: ``t_A(T) = a_A*T + b_A`` (T = KV tokens one instance attends over),
+r attention instances run B request slots each per microbatch (an instance holds one such group per
+microbatch in flight); one FFN instance serves a microbatch's aggregated r*B tokens.
+Stage latencies are linear: ``t_A(T) = a_A*T + b_A`` (T = KV tokens one instance attends over in a step: its B slots of one microbatch),
 ``t_F(rB) = a_F*r*B + b_F`` and ``t_C(B) = a_C*B + b_C``; with pipelined microbatches the cycle time
 is the slowest stage, ``t_cyc = max(t_A, t_C, t_F)`` (the paper's tau; ``notebooks/NOTATION.md`` names it
 t_cyc), and every cycle emits r*B tokens.
@@ -58,7 +59,7 @@ def expected_decode_load(k: np.ndarray | int, B: int, mu_D: float) -> np.ndarray
 
 
 def mean_token_load(B: int, mu_P: float, mu_D: float, N: float | None = None) -> float:
-    """Horizon-average KV tokens per attention instance, ``Tbar``.
+    """Horizon-average KV tokens of one attention instance's B slots (one microbatch), ``Tbar``.
 
     ``Tbar = B*[mu_P + mu_D*(1 - (1-(1-p)^K)/(p K))]`` over ``K = N/(B p)`` steps; ``B*(mu_P+mu_D)``
     when ``N is None`` (infinite horizon).
@@ -134,7 +135,7 @@ def ratio_terms(B: int, mu_P: float, mu_D: float, N: float | None = None,
     Parameters
     ----------
     B : int
-        Request slots per attention instance (>= 1).
+        Request slots per attention instance and microbatch (>= 1).
     mu_P, mu_D : float
         Mean prompt length and mean (geometric) decode length in tokens (0..:data:`MAX_MEAN_TOKENS`).
     N : float, optional
@@ -170,7 +171,7 @@ def optimal_ratio(B: int, mu_P: float, mu_D: float, N: float | None = None,
     Parameters
     ----------
     B : int
-        Request slots per attention instance (>= 1).
+        Request slots per attention instance and microbatch (>= 1).
     mu_P, mu_D : float
         Mean prompt length and mean (geometric) decode length in tokens (>= 0).
     N : float, optional
@@ -207,7 +208,7 @@ def attention_takeover_load(B: int, coeffs: AFDCoefficients | None = None) -> fl
     Parameters
     ----------
     B : int
-        Request slots per attention instance (>= 1).
+        Request slots per attention instance and microbatch (>= 1).
     coeffs : AFDCoefficients, optional
         Stage-latency coefficients; the paper's Ascend fit by default.
 
