@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import moelab.afd as afd
 
 pytest.importorskip("anywidget")
-from moelab.viz.afd import afd_panel, ratio_table_figure, signed_pct  # noqa: E402
+from moelab.viz.afd import afd_panel, idle_title, ratio_table_figure, signed_pct  # noqa: E402
 
 
 def _parts(panel):
@@ -84,3 +85,19 @@ def test_ratio_table_figure_shows_every_row_without_scrolling():
     assert rows == 12
     plot_area = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
     assert plot_area >= tab.header.height + rows * tab.cells.height
+
+
+def test_idle_title_says_where_the_simulated_curves_cross():
+    """The idle figure's title is true of its series: theory crosses at zero idle; a simulation whose curves cross
+    where both sides still wait says so (the old fixed title claimed neither side waits at the crossing)."""
+    r = np.array([1.0, 2.0, 3.0])
+    waiting = pd.DataFrame({"r": r, "sim_attention_idle": [0.02, 0.05, 0.10], "sim_ffn_idle": [0.20, 0.05, 0.01]})
+    title = idle_title(waiting)
+    assert "theory crosses at zero idle" in title and "simulation at 5.0% (both still wait)" in title
+    assert "neither waits" not in title
+    meeting = waiting.assign(sim_attention_idle=[0.0, 0.0, 0.1], sim_ffn_idle=[0.2, 0.0, 0.0])
+    assert idle_title(meeting).endswith("simulation near zero too")
+    apart = waiting.assign(sim_ffn_idle=[0.3, 0.3, 0.3])
+    assert idle_title(apart).endswith("does not cross in the swept r")
+    unsimulated = waiting.assign(sim_attention_idle=np.nan, sim_ffn_idle=np.nan)
+    assert idle_title(unsimulated) == "Idle share of each side: theory crosses at zero idle"

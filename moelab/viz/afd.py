@@ -13,6 +13,7 @@ from plotly.subplots import make_subplots
 from moelab.afd import (
     AFDCoefficients,
     coefficients_from_tables,
+    idle_crossing,
     idle_ratios,
     optimal_ratio,
     stage_times,
@@ -75,6 +76,35 @@ def throughput_figure(df: pd.DataFrame, *, B: int, mu_P: float, mu_D: float, N: 
     return fig
 
 
+IDLE_WAIT_SHARE = 0.0005  # an idle share that prints as at least 0.1%: that side visibly waits
+
+
+def idle_title(df: pd.DataFrame) -> str:
+    """The idle figure's title, true of the curves it draws: the theory's cross at zero idle (one side always
+    works flat out); the simulation's, where they cross inside the swept r, at the idle share read there.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        A sweep with the columns ``r``, ``sim_attention_idle`` and ``sim_ffn_idle`` (NaN when not simulated).
+
+    Returns
+    -------
+    str
+        The title, e.g. "Idle share of each side: theory crosses at zero idle; simulation at 5.1% (both still
+        wait)".
+    """
+    head = "Idle share of each side: theory crosses at zero idle"
+    if df[["sim_attention_idle", "sim_ffn_idle"]].isna().all().all():
+        return head
+    cross = idle_crossing(df)
+    if cross is None:
+        return head + "; simulation does not cross in the swept r"
+    at = min(float(np.interp(cross, df["r"], df[f"sim_{side}_idle"])) for side in ("attention", "ffn"))
+    return head + (f"; simulation at {at:.1%} (both still wait)" if at >= IDLE_WAIT_SHARE
+                   else "; simulation near zero too")
+
+
 def idle_figure(df: pd.DataFrame, *, B: int, mu_P: float, mu_D: float, N: float | None,
                 coeffs: AFDCoefficients | None = None, widget: bool = False) -> go.Figure:
     """Attention and FFN idle ratios vs r: theory (lines) and simulation (markers)."""
@@ -89,7 +119,7 @@ def idle_figure(df: pd.DataFrame, *, B: int, mu_P: float, mu_D: float, N: float 
                         marker={"color": _IDLE_COLORS[side], "size": 9, "symbol": "diamond"},
                         legendgroup=side)  # one side, theory and simulation: one colour
     fig.add_vline(x=optimal_ratio(B, mu_P, mu_D, N, c), line_dash="dash", line_color="black", annotation_text="r*")
-    fig.update_layout(title="Idle share of each side: they cross where neither waits for the other",
+    fig.update_layout(title=idle_title(df),
                       xaxis_title="r = attention instances per FFN instance", yaxis_title="idle share of time",
                       yaxis_tickformat=".0%",
                       template="plotly_white")
@@ -180,7 +210,7 @@ def afd_panel(B: int = 256, mu_P: float = 100, mu_D: float = 500, N: float = 10_
     """Sliders for the workload and the six coefficients (or the H200 calibration) wired to
     FigureWidgets: throughput per instance (theory vs simulation) and idle ratios."""
     paper = AFDCoefficients.paper()
-    s_B = slider("B (slots per attention instance)", B, 16, 1024, 16, integer=True)
+    s_B = slider("B (slots per attention instance and microbatch)", B, 16, 1024, 16, integer=True)
     s_P = slider("mu_P (mean prompt)", mu_P, 0, 4000, 50)
     s_D = slider("mu_D (mean decode)", mu_D, 10, 4000, 10)
     # the simulator runs the same horizon N as the theory; 10^4.5 requests keep a sweep to a few seconds
@@ -336,4 +366,4 @@ def bundle_diagram(r: int = 4, B: int = 256, mu_P: float = 100, mu_D: float = 50
     return fig
 
 
-__all__ = ["PIPELINE_STAGES", "afd_panel", "bundle_diagram", "pipeline_schedule", "signed_pct", "unit_singular", "gap_map_figure", "idle_figure", "measured_figure", "ratio_table_figure", "throughput_figure"]
+__all__ = ["PIPELINE_STAGES", "afd_panel", "bundle_diagram", "pipeline_schedule", "signed_pct", "unit_singular", "gap_map_figure", "idle_figure", "idle_title", "measured_figure", "ratio_table_figure", "throughput_figure"]
