@@ -189,3 +189,30 @@ def test_share_trend_summary_decides_by_the_interval_over_draws():
     assert one_share["verdict"] == "not tested" and math.isnan(one_share["slope_lo"])
     with pytest.raises(ValueError, match="br_share_trend"):
         cross.share_trend_summary(pd.DataFrame({"seed": [0]}))
+
+
+def _by_seed(both: list[float], br_only: list[float]) -> pd.DataFrame:
+    return pd.DataFrame({"seed": range(len(both)), "both_gain_pct": both, "br_only_gain_pct": br_only})
+
+
+def test_eldr_added_summary_decides_by_the_interval_over_draws():
+    # the student's run: ELDR adds +1.4, +0.5, +1.2 points on top of BalanceRoute; every draw positive, yet the
+    # interval of the mean holds zero, so counting signs would call it a gain that three draws cannot tell
+    student = cross.eldr_added_summary(_by_seed([4.837, 5.025, 6.318], [3.458, 4.495, 5.088]))
+    added = [4.837 - 3.458, 5.025 - 4.495, 6.318 - 5.088]
+    assert student["n_positive"] == student["n_draws"] == 3
+    assert student["added_mean"] == pytest.approx(np.mean(added))
+    assert student["added_min"] == pytest.approx(min(added)) and student["added_max"] == pytest.approx(max(added))
+    assert student["added_lo"] < 0 < student["added_hi"] and student["verdict"] == "not distinguishable"
+    half = student["added_hi"] - student["added_mean"]
+    assert half == pytest.approx(4.303 * np.std(added, ddof=1) / np.sqrt(3), rel=1e-3)  # t_{0.975, 2} = 4.303
+    # tight draws above zero: ELDR adds a gain; below zero: it costs
+    assert cross.eldr_added_summary(_by_seed([5.0, 5.1, 4.9], [4.0, 4.0, 4.0]))["verdict"] == "ahead"
+    assert cross.eldr_added_summary(_by_seed([3.0, 3.1, 2.9], [4.0, 4.0, 4.0]))["verdict"] == "behind"
+    # both against eldr_only is not the test: a large both with nothing added over br_only is not a gain
+    nothing = cross.eldr_added_summary(_by_seed([5.0, 6.0, 4.0], [5.1, 5.9, 4.0]))
+    assert nothing["verdict"] == "not distinguishable"
+    one = cross.eldr_added_summary(_by_seed([5.0], [4.0]))
+    assert one["verdict"] == "not distinguishable" and math.isnan(one["added_lo"])
+    with pytest.raises(ValueError, match="gains_by_seed"):
+        cross.eldr_added_summary(pd.DataFrame({"seed": [0]}))

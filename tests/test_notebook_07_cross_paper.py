@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import pandas as pd
 import pytest
 
 from moelab import cross
@@ -79,11 +80,25 @@ def test_notebook_07_cross_paper(tmp_path):
     assert at_headline == pytest.approx(sorted(d["br_only_gain_pct"] for d in draws))  # the spread's draws, reused
     row = res["verdict"][4]
     assert row["claim"] == "BalanceRoute's gain grows with the attention share" and "interval" in row["evidence"]
+    assert row["holds here?"] == {"ahead": "True", "behind": "False"}.get(
+        trend["verdict"], f"not distinguishable ({trend['n_rising']} of {trend['n_draws']} draws rise)")
+    # "ELDR still adds a gain on top of BalanceRoute" is held to the same standard: an interval over the draws of
+    # both minus br_only, not a count of the draws above zero (a student found +0.5 to +1.4 read as True while
+    # the interval of the mean held zero)
+    added = res["eldr_added"]
+    expected = cross.eldr_added_summary(pd.DataFrame(draws))
+    for key in ("added_min", "added_max", "added_mean", "added_lo", "added_hi"):
+        assert added[key] == pytest.approx(expected[key]), key
+    assert (added["verdict"], added["n_positive"]) == (expected["verdict"], expected["n_positive"])
+    assert added["n_draws"] == cross.CROSS_SPREAD_SEEDS
+    row3 = res["verdict"][2]
+    assert row3["claim"] == "ELDR still adds a gain on top of a BalanceRoute rank router" and "interval" in row3["evidence"]
+    assert row3["holds here?"] == {"ahead": "True", "behind": "False"}.get(
+        added["verdict"], f"not distinguishable ({added['n_positive']} of {added['n_draws']} draws gain)")
+    assert ("this run cannot tell ELDR's gain on top of the rank router" in text) == (added["verdict"] == "not distinguishable")
     # the reading advice compares what the verdict compares: both against br_only
     source_text = "\n".join("".join(c["source"]) for c in json.loads((tmp_path / "07_cross_paper.ipynb").read_text())["cells"])
     assert "Compare `both` with `br_only`" in source_text and "Compare `eldr_only` with `both`" not in source_text
-    assert row["holds here?"] == {"ahead": "True", "behind": "False"}.get(
-        trend["verdict"], f"not distinguishable ({trend['n_rising']} of {trend['n_draws']} draws rise)")
     # the two terms a student met undefined are defined where they first appear, with a link to the glossary
     assert "**[slot capacity](NOTATION.md#glossary)**" in text and "**[attn_scale](NOTATION.md#glossary)**" in text
     # the draws' noise set against ELDR's lever says what follows from it

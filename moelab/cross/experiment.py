@@ -286,6 +286,47 @@ def br_share_trend(cs: CrossSetup, shares: tuple[float, ...], *, seeds: tuple[in
     return pd.DataFrame(rows)
 
 
+def eldr_added_summary(by_seed: pd.DataFrame, *, level: float = 0.95) -> dict[str, object]:
+    """Does ELDR still add a gain on top of a BalanceRoute rank router? Each draw's ``both - br_only`` (percentage
+    points of p50 TPOT gain) and a Student-t interval of their mean over the draws (the draws are the replicates),
+    the same evidence standard as :func:`share_trend_summary`.
+
+    ``both`` minus ``br_only`` is ELDR's own contribution: ``both`` against ``eldr_only`` would pass on
+    BalanceRoute's gain even where ELDR adds nothing, and counting the draws whose difference is positive ignores
+    how far the draws' noise reaches.
+
+    Parameters
+    ----------
+    by_seed : DataFrame
+        :func:`gains_by_seed`'s rows (columns ``seed``, ``both_gain_pct``, ``br_only_gain_pct``).
+    level : float
+        Confidence level of the interval, in (0, 1).
+
+    Returns
+    -------
+    dict
+        ``n_draws``, ``level``; ``added_by_seed`` (points, per draw), ``added_min``, ``added_max``,
+        ``added_mean``, ``added_lo``, ``added_hi`` (the interval, NaN with fewer than two draws), ``n_positive``
+        (draws where ELDR adds a gain) and ``verdict`` (:func:`moelab._stats.interval_verdict`: ``"ahead"`` = ELDR
+        adds a gain, ``"behind"`` = it costs, or ``"not distinguishable"``).
+    """
+    level = check_real("level", level, low=0, high=1, low_open=True, high_open=True)
+    need = {"seed", "both_gain_pct", "br_only_gain_pct"}
+    if not need <= set(by_seed.columns) or by_seed.empty:
+        raise ValueError(f"by_seed must be gains_by_seed's rows (columns {sorted(need)}); got {list(by_seed.columns)}")
+    ordered = by_seed.sort_values("seed")
+    added = (ordered["both_gain_pct"] - ordered["br_only_gain_pct"]).to_numpy(dtype=float)
+    mean = float(added.mean())
+    lo = hi = float("nan")
+    if added.size >= 2:
+        half = t_half_width(added, level)
+        lo, hi = mean - half, mean + half
+    return {"n_draws": int(added.size), "level": level,
+            "added_by_seed": {int(s): float(a) for s, a in zip(ordered["seed"], added)},
+            "added_min": float(added.min()), "added_max": float(added.max()), "added_mean": mean,
+            "added_lo": lo, "added_hi": hi, "n_positive": int((added > 0).sum()), "verdict": interval_verdict(lo, hi)}
+
+
 def share_trend_summary(trend: pd.DataFrame, *, level: float = 0.95) -> dict[str, object]:
     """Does BalanceRoute's gain grow with the attention share? Each draw's least-squares slope of ``br_only``
     against the share, and a Student-t interval of their mean over the draws (the draws are the replicates).
