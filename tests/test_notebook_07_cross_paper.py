@@ -99,6 +99,11 @@ def test_notebook_07_cross_paper(tmp_path):
     # the reading advice compares what the verdict compares: both against br_only
     source_text = "\n".join("".join(c["source"]) for c in json.loads((tmp_path / "07_cross_paper.ipynb").read_text())["cells"])
     assert "Compare `both` with `br_only`" in source_text and "Compare `eldr_only` with `both`" not in source_text
+    # the diagram says how many of the run's instances it draws
+    drawn = res["diagram"]
+    assert drawn["instances_drawn"] == min(ci["K"], 3) and drawn["ranks_drawn"] == min(ci["G"], 4)
+    assert (f"{drawn['instances_drawn']} of the run's $K$ = {ci['K']} instances" in text) == (drawn["instances_drawn"] < ci["K"])
+    assert (f"all {ci['K']} instances" in text) == (drawn["instances_drawn"] == ci["K"])
     # the two terms a student met undefined are defined where they first appear, with a link to the glossary
     assert "**[slot capacity](NOTATION.md#glossary)**" in text and "**[attn_scale](NOTATION.md#glossary)**" in text
     # the draws' noise set against ELDR's lever says what follows from it
