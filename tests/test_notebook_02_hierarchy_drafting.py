@@ -224,3 +224,24 @@ def test_published_figure_uses_each_methods_palette_colour():
     assert got["PLD A100-80GB (published)"] == color_for("PLD") and got["REST A100-80GB (published)"] == color_for("REST")
     assert compare_column_method("PLD@8 (HF CPU, slice, budget 8, ours)") == "PLD"
     assert compare_column_method("HD (cost-aware)@8 (HF CPU, slice, budget 8, ours)") == "HD (cost-aware)"
+
+
+def test_ar_line_labels_read_over_the_bars_and_store_legends_use_the_lessons_names():
+    """Issue 40 (third student read): the 'AR = 1.00' label of the by-category figures sat on the 'overall' bars, dark
+    text on coloured bars with no box: it has a light box under it. The store-share legend said 'L statistics store',
+    a term the lesson never defines: the stores are named as NOTATION.md names them (L is the corpus store)."""
+    from moelab.datasets import SPEC_BENCH_CATEGORIES
+    from moelab.viz.hd import STORE_NAMES, fig_mat_by_category, fig_speedup_by_category, fig_store_shares
+
+    cats = [*SPEC_BENCH_CATEGORIES, "overall"]
+    rows = pd.DataFrame([{"method": m, "category": c, "mean_accepted": 1.5 + i / 10, "speedup": 1.2 + i / 10,
+                          **{f"{s}_hit_rate": 0.3 for s in "WSL"}, **{f"{s}_accept_share": 1 / 3 for s in "WSL"}}
+                         for m in ("PLD", "HD-cost") for i, c in enumerate(cats)])
+    for fig in (fig_mat_by_category(rows), fig_speedup_by_category(rows)):
+        (label,) = [a for a in fig.layout.annotations if a.text.startswith("AR")]
+        box = label.bgcolor
+        assert box is not None, label.text
+        assert min(float(v) for v in box[box.index("(") + 1:box.index(")")].split(",")[:3]) >= 200, box
+    legend = {tr.name for tr in fig_store_shares(rows, "HD-cost").data}
+    assert legend == {STORE_NAMES[s] for s in "WSL"} and "L corpus store" in legend
+    assert not any("statistics" in name for name in legend)

@@ -16,7 +16,11 @@ from moelab.datasets import SPEC_BENCH_CATEGORIES
 from moelab.viz.common import color_for, distinct_colors, slider
 
 STORE_COLORS = {k: color_for(k) for k in ("W", "S", "L", "P", "bonus")}  # the lab's palette
-STORE_NAMES = {"W": "W context store", "S": "S model store", "L": "L statistics store", "P": "PLD",
+#: a light box under a line's label (e.g. "AR = 1.00"): it runs across the bars, whose colours are dark
+LABEL_BACKGROUND = "rgba(255, 255, 255, 0.85)"
+# the stores as the lesson and NOTATION.md name them: the request's own text, the target's own earlier outputs, a
+# generic corpus (REST's datastore)
+STORE_NAMES = {"W": "W request store", "S": "S model-output store", "L": "L corpus store", "P": "PLD",
                "bonus": "target's own token"}
 #: the axis of a figure of ``a``: "accepted" alone means accepted *draft* tokens (m) in this lab; the paper's mean
 #: accepted tokens (MAT) counts the bonus token too, a = m + 1 per step (notebooks/NOTATION.md)
@@ -105,7 +109,7 @@ def fig_mat_by_budget(summary: pd.DataFrame, engine: str = "HF engine") -> go.Fi
     for name, h in g.groupby("name", sort=False):
         h = h.sort_values("b")
         fig.add_scatter(x=h["b"], y=h["mean_accepted"], mode="lines+markers", name=name, marker_color=color_for(name))
-    fig.add_hline(y=1.0, line_dash="dot", annotation_text="AR = 1.00")
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="AR = 1.00", annotation_bgcolor=LABEL_BACKGROUND)
     fig.update_layout(template="plotly_white", xaxis_title="budget: draft tokens verified per forward",
                       yaxis_title=MAT_AXIS, title=f"Equal budgets: tokens per forward, a (MAT) ({engine})")
     return fig
@@ -118,7 +122,7 @@ def fig_speedup_by_category(summary: pd.DataFrame, engine: str = "vLLM engine", 
     for m in [m for m in summary["method"].unique() if m != "AR"]:
         g = summary[summary["method"] == m].set_index("category").reindex(cats)
         fig.add_bar(x=cats, y=g[col], name=m, marker_color=color_for(m))
-    fig.add_hline(y=1.0, line_dash="dot", annotation_text="AR")
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="AR", annotation_bgcolor=LABEL_BACKGROUND)
     budget = summary["budget"].dropna().unique() if "budget" in summary else []
     btxt = f", budget {int(budget[0])}" if len(budget) == 1 else ""
     fig.update_layout(barmode="group", template="plotly_white", xaxis_title="Spec-Bench category",
@@ -136,7 +140,7 @@ def fig_mat_by_category(summary: pd.DataFrame, methods: Sequence[str] | None = N
     for m in methods:
         g = summary[summary["method"] == m].set_index("category").reindex(cats)
         fig.add_bar(x=cats, y=g["mean_accepted"], name=m, marker_color=color_for(m))
-    fig.add_hline(y=1.0, line_dash="dot", annotation_text="AR = 1.00")
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="AR = 1.00", annotation_bgcolor=LABEL_BACKGROUND)
     fig.update_layout(barmode="group", template="plotly_white", xaxis_title="Spec-Bench category",
                       yaxis_title=MAT_AXIS, title=f"Spec-Bench slice: tokens per forward, a (MAT), by category ({engine})")
     return fig
@@ -222,6 +226,6 @@ def drafting_panel(run: Callable[[int, int, str, float], Any], tokenizer: Any, *
     return w.VBox([w.HBox([s_cand, s_len]), w.HBox([dd, s_temp]), fw, text])
 
 
-__all__ = ["MAT_AXIS", "METHOD_COLORS", "STORE_COLORS", "acceptance_html", "compare_column_method", "drafting_panel", "fig_mat_by_budget",
+__all__ = ["LABEL_BACKGROUND", "MAT_AXIS", "METHOD_COLORS", "STORE_COLORS", "acceptance_html", "compare_column_method", "drafting_panel", "fig_mat_by_budget",
            "fig_mat_by_category", "fig_published", "fig_speedup_by_category", "fig_steps", "fig_store_shares",
            "fig_verify_cost"]
