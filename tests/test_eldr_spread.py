@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 
 from moelab.eldr import experiments as ex
-from moelab.eldr.locality import REAL_TRACES, heldout_rho, locality_contrast
+from moelab.eldr.locality import (
+    REAL_TRACES,
+    heldout_label_counts,
+    heldout_rho,
+    locality_contrast,
+    locality_report,
+)
 from moelab.eldr.workload import SyntheticConfig, generate
 from moelab.traces import bundled_trace_path
 from tests.test_eldr import small_cost
@@ -181,6 +187,33 @@ def test_locality_contrast_names_both_real_traces():
     with pytest.raises(ValueError, match="requests"):
         from moelab.traces import load_trace  # lazy: only this check needs a trace object
         heldout_rho(load_trace(bundled_trace_path("sharegpt-moe-specbench")).subset(np.arange(2)))
+
+
+def test_heldout_label_counts_are_the_half_the_report_measures():
+    tr = generate(120, SMALL, seed=5).trace
+    counts = heldout_label_counts(tr, seed=2)
+    rep = locality_report(tr, n_clusters=2, batch=4, n_pairs=500, seed=2)
+    assert set(counts) == set(rep["label_counts"]) and sum(counts.values()) == rep["n_heldout"]
+    assert all(0 <= counts[k] <= rep["label_counts"][k] for k in counts)
+
+
+@pytest.mark.skipif(not bundled_trace_path("sharegpt-moe-specbench").is_file(), reason="real traces not bundled")
+def test_real_reduction_basis_reproduces_the_tables_value():
+    """Section 3.2's Spec-Bench reduction is the held-out half's, at B = the report's batch, over the task categories
+    with at least B held-out requests: recomputed that way it is the stats file's value to the last digit."""
+    from moelab.eldr import calibration as cal  # lazy: only this test reads the stats file
+    from moelab.eldr.locality import _halves  # lazy: the split the basis describes
+    from moelab.eldr.workload import distinct_reduction  # lazy: the recomputation
+    from moelab.traces import load_trace  # lazy: only this test loads the trace
+
+    basis = cal.real_reduction_basis()
+    tr = load_trace(bundled_trace_path("sharegpt-moe-specbench"))
+    held = _halves(tr, 0)[1]
+    assert basis["n_heldout"] == held.n_requests and basis["n_requests"] == tr.n_requests
+    assert basis["labels_left_out"] and len(basis["labels_used"]) + len(basis["labels_left_out"]) == basis["n_labels"]
+    again = distinct_reduction(held, batch=basis["batch"], seed=0)["reduction_pct"]
+    assert again == pytest.approx(basis["reduction_pct"], abs=1e-9)
+    assert cal.real_reduction_basis("sharegpt-moe-sharegpt") is None  # its labels are not tasks: no reduction
 
 
 def test_headline_figure_axes_carry_units():

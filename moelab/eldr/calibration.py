@@ -65,7 +65,7 @@ from moelab._io import FileFormatError, read_json
 from moelab._validate import check_choice, check_int, rng_from
 from moelab.costmodel.fit import fit_linear
 from moelab.datasets import load_routing_counts
-from moelab.eldr.locality import REAL_TRACES
+from moelab.eldr.locality import REAL_TRACES, heldout_label_counts
 from moelab.eldr.signature import SignatureBuilder
 from moelab.eldr.workload import (
     OLMOE_DOMAINS,
@@ -469,6 +469,38 @@ def real_trace_stats(name: str = REAL_TRACE) -> dict[str, float | None]:
     }
 
 
+def real_reduction_basis(name: str = REAL_TASK_TRACE) -> dict[str, Any] | None:
+    """What the table's same-label reduction of the bundled real trace ``name`` measures (it is read from its
+    ``.stats.json``, :func:`moelab.eldr.locality.locality_report`): the held-out half only, at the report's batch
+    ``B``, one-label batches drawn only from the labels with at least ``B`` requests in that half.
+
+    Parameters
+    ----------
+    name : str
+        A bundled real trace's stem (default :data:`REAL_TASK_TRACE`, the one whose labels are tasks).
+
+    Returns
+    -------
+    dict or None
+        ``reduction_pct``, ``batch``, ``n_requests`` (whole trace), ``n_heldout``, ``labels_used`` (the labels
+        with at least ``batch`` held-out requests), ``labels_left_out`` (the others) and ``n_labels``; None
+        when the stats file or the trace is absent, or ``name``'s labels are not tasks (the table shows no
+        reduction for it).
+    """
+    check_choice("name", name, sorted(REAL_TRACES))
+    if name != REAL_TASK_TRACE:  # its labels are not tasks: the table shows no reduction for it
+        return None
+    st, tr = load_real_stats(name), _bundled_trace(name)
+    if st is None or tr is None or st.get("distinct_reduction_pct_label") is None:
+        return None
+    batch = int(st["batch"])
+    held = heldout_label_counts(tr, seed=int(st["seed"]))
+    used = sorted(k for k, v in held.items() if v >= batch)
+    return {"reduction_pct": float(st["distinct_reduction_pct_label"]), "batch": batch, "n_requests": tr.n_requests,
+            "n_heldout": int(sum(held.values())), "labels_used": used,
+            "labels_left_out": sorted(set(held) - set(used)), "n_labels": len(held)}
+
+
 def real_column(name: str) -> str:
     """The column of :func:`calibration_table` that holds the bundled real trace ``name``.
 
@@ -543,4 +575,5 @@ def calibration_table(
 
 __all__ = ["DEFAULT_GRIDS", "IDENTIFIES", "KNOBS", "CalibrationResult", "Target", "calibrate_workload",
            "calibration_table", "calibration_targets", "decode_drift", "domain_overlap", "generated_stats",
-           "heldout_signature_stats", "load_real_stats", "real_column", "real_domain_overlap", "real_trace_stats"]
+           "heldout_signature_stats", "load_real_stats", "real_column", "real_domain_overlap", "real_reduction_basis",
+           "real_trace_stats"]

@@ -37,6 +37,39 @@ def _with_labels(trace: ExpertTrace, labels: np.ndarray) -> ExpertTrace:
     return dataclasses.replace(trace, domains=[f"c{int(c)}" for c in labels])
 
 
+def _halves(trace: ExpertTrace, seed: int) -> tuple[ExpertTrace, ExpertTrace]:
+    """The seeded (calibration, held-out) halves every statistic of this module uses."""
+    n = trace.n_requests
+    perm = rng_from(seed).permutation(n)
+    return trace.subset(np.sort(perm[: n // 2])), trace.subset(np.sort(perm[n // 2:]))
+
+
+def heldout_label_counts(trace: ExpertTrace, *, seed: int = 0) -> dict[str, int]:
+    """Requests per label in the held-out half :func:`locality_report` reports on (the same seeded halves):
+    its same-label reduction draws one-label batches only from the labels with at least ``batch`` of them.
+
+    Parameters
+    ----------
+    trace : ExpertTrace
+        A labelled trace of at least 2 requests.
+    seed : int
+        Seed of the halves (the ``seed`` of the report).
+
+    Returns
+    -------
+    dict
+        label -> requests of that label in the held-out half (labels absent from it count 0).
+    """
+    check_instance("trace", trace, ExpertTrace, "an ExpertTrace")
+    check_int("the trace's requests", trace.n_requests, low=2)
+    _, names = trace.domain_codes()
+    held_codes, held_names = _halves(trace, seed)[1].domain_codes()
+    counts = {str(name): 0 for name in names}
+    for i, name in enumerate(held_names):
+        counts[str(name)] = int(np.sum(held_codes == i))
+    return counts
+
+
 def locality_report(
     trace: ExpertTrace,
     *,
@@ -62,8 +95,7 @@ def locality_report(
     """
     n = trace.n_requests
     check_int("n_clusters", n_clusters, low=2, high=n // 2)
-    perm = rng_from(seed).permutation(n)
-    cal, held = trace.subset(np.sort(perm[: n // 2])), trace.subset(np.sort(perm[n // 2:]))
+    cal, held = _halves(trace, seed)
     sb = SignatureBuilder("count_idf", n_pairs=n_pairs, seed=seed).fit(cal)
     rep = sb.report(held, n_pairs=n_pairs)
     raw = workload_stats(held, batch=batch, n_pairs=n_pairs, seed=seed)
@@ -111,8 +143,7 @@ def heldout_rho(trace: ExpertTrace, *, n_pairs: int = 30000, seed: int = 0) -> f
     n = trace.n_requests
     if n < 4:
         raise ValueError(f"trace must hold at least 4 requests (two per half); got {n}")
-    perm = rng_from(seed).permutation(n)
-    cal, held = trace.subset(np.sort(perm[: n // 2])), trace.subset(np.sort(perm[n // 2:]))
+    cal, held = _halves(trace, seed)
     return float(SignatureBuilder("count_idf", n_pairs=n_pairs, seed=seed).fit(cal).report(held, n_pairs=n_pairs)["rho"])
 
 
@@ -170,4 +201,4 @@ def locality_contrast(names: tuple[str, ...] = tuple(REAL_TRACES), *, min_label:
     return pd.DataFrame(rows)
 
 
-__all__ = ["REAL_TRACES", "heldout_rho", "locality_contrast", "locality_report"]
+__all__ = ["REAL_TRACES", "heldout_label_counts", "heldout_rho", "locality_contrast", "locality_report"]
