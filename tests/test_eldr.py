@@ -67,6 +67,27 @@ def test_signature_greedy_mask_and_report(small_workload):
     assert mask[order[int(np.argmax(curve))]] and mask.sum() == int(np.argmax(curve)) + 1
 
 
+def test_greedy_summary_says_where_the_curve_is_measured_and_why_it_stops(small_workload):
+    tr = small_workload.trace
+    sb = SignatureBuilder(n_pairs=2000).fit(tr)
+    summary = sb.greedy_summary()
+    assert summary["calibration_requests"] == tr.n_requests and summary["layers_tried"] == len(sb.curve)
+    assert summary["layers_kept"] == int(sb.mask.sum()) and summary["best_rho"] == max(sb.curve)
+    # the rule: it stops only after `patience` additions in a row without a new best, else it tries every layer
+    sb.patience = 1
+    sb.fit(tr)
+    s1 = sb.greedy_summary()
+    after_best = s1["layers_tried"] - s1["layers_kept"]
+    assert (s1["stopped_early"] and after_best == 1) or (not s1["stopped_early"] and s1["layers_tried"] == SMALL.num_layers)
+    with pytest.raises(ValueError, match="greedy"):
+        SignatureBuilder("count", n_pairs=2000).fit(tr).greedy_summary()
+    from moelab.viz import eldr as viz  # lazy: plotly only for the caption check
+
+    fig = viz.fig_greedy_curve(sb.curve, calibration_requests=tr.n_requests, patience=sb.patience)
+    assert f"the {tr.n_requests} calibration requests" in fig.layout.title.text
+    assert "stops after 1 additions without a new best" in fig.layout.xaxis.title.text
+
+
 def test_signature_gate_prob_and_count(small_workload):
     tr = small_workload.trace
     for kind in ("count", "gate_prob"):

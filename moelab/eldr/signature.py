@@ -29,6 +29,8 @@ KINDS = ("count_idf", "count", "gate_prob")
 #: arrays (48 layers: ~1.2 GB at the cap) and its time is linear in them (the paper uses 30,000)
 MAX_PAIRS = 1_000_000
 _PAIRS_WHY = "the greedy layer search's memory and time grow linearly with it"
+#: the greedy layer search stops after this many additions in a row without a new best (the curve has peaked)
+GREEDY_PATIENCE = 6
 
 
 def _check_pairs(n_pairs: object) -> int:
@@ -114,7 +116,7 @@ def greedy_layer_mask(
     decode: np.ndarray,
     *,
     n_pairs: int = 30000,
-    patience: int = 6,
+    patience: int = GREEDY_PATIENCE,
     seed: int = 0,
 ) -> tuple[np.ndarray, list[float], list[int]]:
     """Forward-greedy layer selection maximising the Spearman correlation between pairwise cosine
@@ -193,7 +195,9 @@ class SignatureBuilder:
         self.seed = seed
         self.idf: np.ndarray | None = None
         self.mask: np.ndarray | None = None
-        self.curve: list[float] = []
+        self.curve: list[float] = []  # greedy: Spearman rho on the calibration requests after each layer added
+        self.patience = GREEDY_PATIENCE
+        self.n_calibration = 0
         self.shape: tuple[int, int] | None = None
         self.columns: np.ndarray = np.zeros(0, dtype=np.int64)
 
@@ -217,12 +221,14 @@ class SignatureBuilder:
         sig = self._signal(trace)
         n, L, E = sig.shape
         self.shape = (L, E)
+        self.n_calibration = n
+        self.curve = []
         df = (trace.prefill_counts > 0).sum(axis=0)
         self.idf = np.log((n + 1.0) / (df + 1.0))
         spec = self.layer_mask_spec
         if isinstance(spec, str) and spec == "greedy":
             self.mask, self.curve, _ = greedy_layer_mask(self._weighted(sig), trace.decode_profiles(),
-                                                         n_pairs=self.n_pairs, seed=self.seed)
+                                                         n_pairs=self.n_pairs, patience=self.patience, seed=self.seed)
         elif isinstance(spec, str):
             self.mask = np.ones(L, dtype=bool)
         else:
@@ -242,6 +248,25 @@ class SignatureBuilder:
                 raise ValueError("every expert was used by every calibration request (all idf = 0); use kind='count'")
         self.columns = np.flatnonzero(cols.ravel())
         return self
+
+    def greedy_summary(self) -> dict[str, Any]:
+        """What :attr:`curve` measures and where the greedy search stopped (for a figure's caption).
+
+        Returns
+        -------
+        dict
+            ``calibration_requests`` (the requests the curve's rho is measured on: the ones :meth:`fit` saw, not
+            held-out ones), ``layers_tried`` (the curve's length), ``num_layers``, ``layers_kept`` and ``best_rho``
+            (the curve's peak, the kept mask), ``patience`` and ``stopped_early`` (True when the search stopped
+            after ``patience`` additions without a new best, before trying every layer).
+        """
+        self._check_fitted()
+        if not self.curve:
+            raise ValueError("no greedy curve: this builder's layer_mask was not 'greedy'")
+        best = int(np.argmax(self.curve))
+        return {"calibration_requests": self.n_calibration, "layers_tried": len(self.curve), "num_layers": self.shape[0],
+                "layers_kept": best + 1, "best_rho": float(self.curve[best]), "patience": self.patience,
+                "stopped_early": len(self.curve) < self.shape[0]}
 
     @property
     def dim(self) -> int:
@@ -293,4 +318,4 @@ class SignatureBuilder:
                 "layers_kept": int(self.mask.sum()), "num_layers": self.shape[0]}
 
 
-__all__ = ["KINDS", "MAX_PAIRS", "SignatureBuilder", "decode_recall", "greedy_layer_mask", "predictability"]
+__all__ = ["GREEDY_PATIENCE", "KINDS", "MAX_PAIRS", "SignatureBuilder", "decode_recall", "greedy_layer_mask", "predictability"]

@@ -34,14 +34,33 @@ def fig_costmodel(layer_model: Any, layer_table: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def fig_greedy_curve(curve: list[float]) -> go.Figure:
-    """Held-out rho of the greedy layer mask as layers are added."""
+def fig_greedy_curve(curve: list[float], *, calibration_requests: int | None = None,
+                     patience: int | None = None) -> go.Figure:
+    """Spearman rho of the greedy layer mask as layers are added, measured on the calibration requests the mask is
+    fitted on (:attr:`moelab.eldr.signature.SignatureBuilder.curve`), not on held-out ones.
+
+    Parameters
+    ----------
+    curve : list of float
+        The rho after each greedy addition.
+    calibration_requests : int, optional
+        How many requests the curve is measured on (named in the title).
+    patience : int, optional
+        The search's stopping rule (additions without a new best), named on the x axis.
+
+    Returns
+    -------
+    go.Figure
+    """
     fig = go.Figure(go.Scatter(x=np.arange(1, len(curve) + 1), y=curve, mode="lines+markers", name="Spearman rho"))
     best = int(np.argmax(curve))
     fig.add_scatter(x=[best + 1], y=[curve[best]], mode="markers", marker={"size": 14, "color": _color("eldr")},
-                    name=f"kept: {best + 1} layers")
-    fig.update_layout(title="Greedy layer selection: prefill-signature vs decode-profile distance correlation",
-                      xaxis_title="layers chosen (greedy order)", yaxis_title="Spearman rho", template="plotly_white")
+                    name=f"kept: {best + 1} layers (rho {curve[best]:.3f})")
+    on = "the calibration requests" if calibration_requests is None else f"the {calibration_requests} calibration requests"
+    stop = "" if patience is None else f"; stops after {patience} additions without a new best"
+    fig.update_layout(title=f"Greedy layer selection on {on}: prefill-signature vs decode-profile distance correlation",
+                      xaxis_title=f"layers chosen (greedy order{stop})",
+                      yaxis_title="Spearman rho (calibration requests)", template="plotly_white")
     return fig
 
 
