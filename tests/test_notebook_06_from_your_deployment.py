@@ -56,6 +56,8 @@ def test_notebook_06_from_your_deployment(tmp_path):
     assert_reads_cleanly(tmp_path / "06_from_your_deployment.ipynb", res)  # issue 40
     r = res["06_from_your_deployment"]
     assert r["backend"] == "vllm" and r["live_engine"] and r["hf_agreement"] == 1.0  # live trace == HF reference
+    # the check is a spot check of HF_CHECK requests, and its output says how many of the trace's it compared
+    assert r["hf_checked"] == min(2, r["n_requests"])  # HF_CHECK's default
     assert r["n_requests"] >= 6 and r["tokens_captured"] > r["n_requests"] * 8
     _check_analysis(r)
     assert FIGURES <= set(res["_figures"])
@@ -68,6 +70,7 @@ def test_notebook_06_from_your_deployment(tmp_path):
     assert " WARNING " not in streams and "FutureWarning" not in streams, streams[:2000]
     assert "Disabling Triton" not in streams, streams[:2000]  # logged while vLLM is imported, before it configures logging
     assert "(at random " in streams  # the recall's chance level is printed beside it
+    assert f"live-engine check: {r['hf_checked']} of {r['n_requests']} requests re-captured through the HF backend" in streams
     # the MI is printed beside its ceiling and the ARI beside its scale; no stray return value (a file path) shows
     assert "its ceiling, log of the" in streams and "0: no better than chance" in streams, streams[:2000]
     shown = "".join("".join(o.get("data", {}).get("text/plain", "")) for c in cells for o in c.get("outputs", []))
@@ -90,6 +93,7 @@ def test_notebook_06_without_vllm_falls_back_to_hf_capture(tmp_path):
     assert_reads_cleanly(tmp_path / "06_from_your_deployment.ipynb", res)  # issue 40
     r = res["06_from_your_deployment"]
     assert r["backend"] == "hf" and not r["live_engine"] and r["hf_agreement"] is None  # the live check is skipped
+    assert r["hf_checked"] is None
     assert r["n_requests"] >= 6 and r["tokens_captured"] > r["n_requests"] * 8
     _check_analysis(r)
     assert FIGURES <= set(res["_figures"])
@@ -111,6 +115,11 @@ def test_notebook_06_on_the_recorded_capture(tmp_path):
     assert r["arrival_orders"] == 3 and len(r["eldr_reduction_by_order"]) == 3
     assert r["backend"] == "vllm" and not r["live_engine"] and r["trace_file"] == trace.name
     assert r["recorded_with"].startswith("vLLM 0.3") and r["engine_s"] < 5
+    # the recording's check says how many of the trace's requests it compared (all of them, deployment_trace)
+    assert r["hf_checked"] == r["n_requests"]
+    streams = "".join("".join(o.get("text", "")) for c in json.loads((tmp_path / "06_from_your_deployment.ipynb").read_text())["cells"]
+                      for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    assert f"({r['hf_checked']} of {r['n_requests']} requests through the HF backend)" in streams
     _check_analysis(r)
     assert FIGURES <= set(res["_figures"])
 
