@@ -47,6 +47,7 @@ TERMS: dict[str, str] = {
     "Early-exit draft": r"\bearly-exit draft\b",
     "Oracle": r"\boracle\b",
     "Hungarian matching": r"\bHungarian\b",
+    "Coefficient of variation": r"\bcoefficients? of variation\b",
 }
 
 _BOLD_ENTRY = re.compile(r"^- \*\*([^*]+)\*\*", re.MULTILINE)
