@@ -245,3 +245,16 @@ def test_ar_line_labels_read_over_the_bars_and_store_legends_use_the_lessons_nam
     legend = {tr.name for tr in fig_store_shares(rows, "HD-cost").data}
     assert legend == {STORE_NAMES[s] for s in "WSL"} and "L corpus store" in legend
     assert not any("statistics" in name for name in legend)
+
+
+def test_rank_correlation_is_spearman_over_the_shared_categories():
+    """The shape paragraph states how far tokens per forward order the categories as the speed-up does (Spearman)."""
+    from moelab.hd.experiments import rank_correlation
+
+    a = pd.Series({"mt_bench": 1.81, "translation": 2.87, "summarization": 1.95, "qa": 1.67, "math_reasoning": 2.06,
+                   "rag": 2.42})
+    speed = pd.Series({"mt_bench": 1.86, "translation": 2.55, "summarization": 1.63, "qa": 1.58, "math_reasoning": 1.90,
+                       "rag": 1.69, "overall": 1.88})  # 'overall' is not shared: left out
+    assert rank_correlation(a, speed) == pytest.approx(1 - 6 * (4 + 0 + 1 + 0 + 1 + 4) / (6 * 35))  # rank gaps d^2
+    assert rank_correlation(a, a) == pytest.approx(1.0) and rank_correlation(a, -a) == pytest.approx(-1.0)
+    assert pd.isna(rank_correlation(a.iloc[:2], speed)) and pd.isna(rank_correlation(a, speed * 0 + 1))

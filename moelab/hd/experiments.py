@@ -242,6 +242,32 @@ def compare_published(summary: pd.DataFrame, published: pd.DataFrame, *, device:
     return pd.DataFrame(rows)
 
 
+def rank_correlation(x: pd.Series, y: pd.Series) -> float:
+    """Spearman's rank correlation of two per-category series over the categories both hold (ties share a rank).
+
+    Parameters
+    ----------
+    x, y : pandas.Series
+        Values indexed by category (e.g. HD's tokens per forward and its speed-up per Spec-Bench category).
+
+    Returns
+    -------
+    float
+        In [-1, 1]: 1 when both order the categories alike, -1 when in reverse; NaN with fewer than three shared
+        categories or when either series is constant there.
+
+    Examples
+    --------
+    >>> rank_correlation(pd.Series({"a": 1.0, "b": 2.0, "c": 3.0}), pd.Series({"a": 10.0, "b": 30.0, "c": 20.0}))
+    0.5
+    """
+    both = pd.concat([x.rename("x"), y.rename("y")], axis=1, join="inner").dropna()
+    rx, ry = both["x"].rank(), both["y"].rank()
+    if len(both) < 3 or rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
 def category_shape(compare: pd.DataFrame) -> dict[str, Any]:
     """How the per-category shape of each of our columns of :func:`compare_published`'s table compares with each
     published column: which categories lead and trail, and how alike the two orderings are.
@@ -281,8 +307,7 @@ def category_shape(compare: pd.DataFrame) -> dict[str, Any]:
     for a in ours:
         for b in published:
             both = per_cat[[a, b]].dropna()
-            ra, rb = both[a].rank(), both[b].rank()
-            rho = float(np.corrcoef(ra, rb)[0, 1]) if len(both) >= 3 and ra.std() > 0 and rb.std() > 0 else float("nan")
+            rho = rank_correlation(both[a], both[b])
             half = len(both) / 2  # a category "leads" when it sits in the faster half of that column's ordering
             top_a, top_b = ({c for c, r in both[col].rank(ascending=False).items() if r <= half} for col in (a, b))
             agree = [c for c in both.index if (c in top_a) == (c in top_b)]
@@ -360,5 +385,5 @@ def run_hf(model: Any, tok: Any, questions: pd.DataFrame, S: Store, L: Store, to
                          temperature=temperature, seed=seed), cost
 
 
-__all__ = ["BUDGET", "HF_METHODS", "SpecBenchRun", "category_shape", "category_wins", "compare_published", "hf_cost", "run_hf", "run_specbench",
+__all__ = ["BUDGET", "HF_METHODS", "SpecBenchRun", "category_shape", "category_wins", "compare_published", "hf_cost", "rank_correlation", "run_hf", "run_specbench",
            "summarize"]
