@@ -86,6 +86,11 @@ def test_dsd_notebook(tmp_path):
     for fitted in (res["costs"]["cpu_fitted_ms"], res["costs"]["h200_fitted_ms"]):
         assert all(a <= b for a, b in zip(fitted, fitted[1:]))
     assert len(res["verdict"]) == 5 and all(isinstance(v["holds"], bool) for v in res["verdict"])
+    # the measured-latency figure's pipelined circles sit on sync's crosses exactly when every pre-draft is invalidated,
+    # and the text under the figure says so
+    why = res["measured_latency_why"]
+    invalid = min(r["invalidated_share"] for r in res["measured_latency"] if r["mode"] == "dsd_pipelined")
+    assert why["pipelined_is_sync"] == (invalid > 0.99 and why["pipelined_vs_sync_max_gap_ms"] <= why["same_point_ms"])
     # the lesson: worked example at the parameters, the prediction revealed, the headline map saved and shown
     assert res["latency_at_point"]["ar"] == 50.0 and res["expected_tokens"] == float(dsd.expected_tokens(0.8, 5))
     assert res["breakeven_at_point"] == float(dsd.rtt_breakeven(0.8, 5, 50.0, 10.0))
