@@ -86,6 +86,16 @@ def test_dsd_notebook(tmp_path):
     for fitted in (res["costs"]["cpu_fitted_ms"], res["costs"]["h200_fitted_ms"]):
         assert all(a <= b for a, b in zip(fitted, fitted[1:]))
     assert len(res["verdict"]) == 5 and all(isinstance(v["holds"], bool) for v in res["verdict"])
+    # every verdict row that a limit decides states that limit (its pass mark) in its own evidence
+    marks = res["verdict_pass_marks"]
+    by_claim = {v["proposition"][:2]: v for v in res["verdict"]}
+    assert f"pass mark ±{marks['n_tok_err_max_pct']:g}%" in by_claim["n_"]["evidence"]
+    assert by_claim["n_"]["holds"] == all(abs(r["n_tok_first_token_alpha_err_pct"]) <= marks["n_tok_err_max_pct"]
+                                          for r in res["measured_acceptance"])
+    assert f"pass mark ±{marks['capacity_agree']:.0%}" in by_claim["4:"]["evidence"]
+    be = res["breakeven"]
+    if not (be["hd_measured"] < 0 and be["hd_closed_form"] < 0):
+        assert f"the {marks['breakeven_agree']:.0%} pass mark" in by_claim["2:"]["evidence"]
     # the measured-latency figure's pipelined circles sit on sync's crosses exactly when every pre-draft is invalidated,
     # and the text under the figure says so
     why = res["measured_latency_why"]
