@@ -8,11 +8,14 @@ import math
 import os
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from moelab.course.agreement import assert_reads_cleanly
 from moelab.models.vllm_engine import vllm_status
+from moelab.viz import deployment as dviz
 from tests.helpers import execute_notebook
 
 OK, WHY = vllm_status()
@@ -58,6 +61,7 @@ def test_notebook_06_from_your_deployment(tmp_path):
     assert r["backend"] == "vllm" and r["live_engine"] and r["hf_agreement"] == 1.0  # live trace == HF reference
     # the check is a spot check of HF_CHECK requests, and its output says how many of the trace's it compared
     assert r["hf_checked"] == min(2, r["n_requests"])  # HF_CHECK's default
+    assert r["trace_source"] == "captured through vLLM"  # the figures' titles name where the trace came from
     assert r["n_requests"] >= 6 and r["tokens_captured"] > r["n_requests"] * 8
     _check_analysis(r)
     assert FIGURES <= set(res["_figures"])
@@ -94,6 +98,7 @@ def test_notebook_06_without_vllm_falls_back_to_hf_capture(tmp_path):
     r = res["06_from_your_deployment"]
     assert r["backend"] == "hf" and not r["live_engine"] and r["hf_agreement"] is None  # the live check is skipped
     assert r["hf_checked"] is None
+    assert r["trace_source"] == "captured through the Hugging Face backend"  # not "through vLLM"
     assert r["n_requests"] >= 6 and r["tokens_captured"] > r["n_requests"] * 8
     _check_analysis(r)
     assert FIGURES <= set(res["_figures"])
@@ -117,6 +122,7 @@ def test_notebook_06_on_the_recorded_capture(tmp_path):
     assert r["recorded_with"].startswith("vLLM 0.3") and r["engine_s"] < 5
     # the recording's check says how many of the trace's requests it compared (all of them, deployment_trace)
     assert r["hf_checked"] == r["n_requests"]
+    assert r["trace_source"] == f"read from {trace.name}"
     streams = "".join("".join(o.get("text", "")) for c in json.loads((tmp_path / "06_from_your_deployment.ipynb").read_text())["cells"]
                       for o in c.get("outputs", []) if o.get("output_type") == "stream")
     assert f"({r['hf_checked']} of {r['n_requests']} requests through the HF backend)" in streams
@@ -142,3 +148,29 @@ def test_the_recorded_capture_is_the_notebooks_requests():
     assert np.all(trace.decode_lens == now["MAX_NEW_TOKENS"])
     section = readme_section(trace, recorded_capture())
     assert section in (recorded_capture().parent / "README.md").read_text()  # the README describes this recording
+
+
+def test_figure_titles_name_where_the_trace_came_from():
+    """The titles said "captured through vLLM" and "of the live trace" whatever the backend: wrong on the Hugging
+    Face fallback and on a trace file (a student read). They now name the notebook's source, and none without one."""
+    assert dviz.trace_source("vllm") == "captured through vLLM"
+    assert dviz.trace_source("hf") == "captured through the Hugging Face backend"
+    assert dviz.trace_source("file", "my_trace.npz") == "read from my_trace.npz"
+    with pytest.raises(ValueError, match="trace_file"):
+        dviz.trace_source("file")
+    with pytest.raises(ValueError, match="backend"):
+        dviz.trace_source("sglang")
+    sig = np.eye(4)[[0, 1, 2, 3, 0, 1]].astype(float)
+    domains = ["code", "math", "chat"] * 2
+    for source in ("captured through the Hugging Face backend", "read from my_trace.npz"):
+        title = dviz.fig_signature_similarity(sig, domains, source=source).layout.title.text
+        assert source in title and "vLLM" not in title and "live" not in title
+    bare = dviz.fig_signature_similarity(sig, domains).layout.title.text
+    assert "vLLM" not in bare and "live" not in bare
+    rng = np.random.default_rng(0)
+    trace = SimpleNamespace(domain_codes=lambda: (np.array([0, 0, 1, 1, 2, 2]), ["code", "math", "chat"]),
+                            prefill_counts=rng.integers(0, 5, size=(6, 2, 8)))
+    for source in ("captured through vLLM", "read from my_trace.npz"):
+        title = dviz.fig_domain_experts(trace, 1, source=source).layout.title.text
+        assert "MoE layer 1" in title and source in title and ("vLLM" in title) == ("vLLM" in source)
+    assert "vLLM" not in dviz.fig_domain_experts(trace, 1).layout.title.text

@@ -1,4 +1,5 @@
-"""Figures and the interactive panel of notebook 06 (from your deployment: a live vLLM trace)."""
+"""Figures and the interactive panel of notebook 06 (from your deployment: a live vLLM trace, the Hugging Face
+fallback's capture, or a recorded trace file; the figures' titles name which, :func:`trace_source`)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,53 @@ import plotly.graph_objects as go
 
 from moelab.viz.common import color_for, slider
 
+#: how each of notebook 06's capture backends got its trace, as a figure's title says it
+_CAPTURED = {"vllm": "captured through vLLM", "hf": "captured through the Hugging Face backend"}
 
-def fig_signature_similarity(signatures: np.ndarray, domains: list[str]) -> go.Figure:
+
+def trace_source(backend: str, trace_file: str | None = None) -> str:
+    """Where notebook 06's trace came from, in the words a figure's title uses.
+
+    Parameters
+    ----------
+    backend : str
+        The notebook's ``backend``: ``"vllm"`` (a live engine), ``"hf"`` (the Hugging Face fallback) or ``"file"``
+        (a trace recorded elsewhere, read from ``trace_file``).
+    trace_file : str or None
+        The file's name; required with ``backend="file"``.
+
+    Returns
+    -------
+    str
+        E.g. ``"captured through vLLM"`` or ``"read from my_trace.npz"``.
+    """
+    if backend == "file":
+        if not trace_file:
+            raise ValueError("backend 'file' needs the trace_file the trace was read from")
+        return f"read from {trace_file}"
+    if backend not in _CAPTURED:
+        raise ValueError(f"backend must be one of {sorted([*_CAPTURED, 'file'])}; got {backend!r}")
+    return _CAPTURED[backend]
+
+
+def _with_source(title: str, source: str | None) -> str:
+    return title if not source else f"{title}<br><sup>trace {source}</sup>"
+
+
+def fig_signature_similarity(signatures: np.ndarray, domains: list[str], *, source: str | None = None) -> go.Figure:
     """Cosine similarity of every pair of request signatures, requests grouped by domain.
 
     Each domain's block is labelled once at its centre on both axes and framed by thin lines, so a reader
     sees which bright square is which domain without one tick per request.
+
+    Parameters
+    ----------
+    signatures : ndarray
+        One unit-norm signature per request (rows).
+    domains : list of str
+        Each request's domain label.
+    source : str or None
+        Where the trace came from (:func:`trace_source`), named under the title; None names none.
     """
     names = np.asarray(domains)
     order = np.argsort(names, kind="stable")
@@ -34,21 +76,31 @@ def fig_signature_similarity(signatures: np.ndarray, domains: list[str]) -> go.F
                 {"y0": edge, "y1": edge, "x0": -0.5, "x1": grouped.size - 0.5}
             fig.add_shape(type="line", line={"color": "white", "width": 1}, **line)
     ticks = {"tickmode": "array", "tickvals": centres, "ticktext": labels, "showgrid": False}
-    fig.update_layout(title="Prefill signatures of the live trace (requests grouped by domain)",
+    fig.update_layout(title=_with_source("Prefill signatures of the trace (requests grouped by domain)", source),
                       template="plotly_white", xaxis={**ticks, "title": "request (grouped by prompt domain)"},
                       yaxis={**ticks, "title": "request (grouped by prompt domain)", "autorange": "reversed"})
     return fig
 
 
-def fig_domain_experts(trace: Any, layer: int) -> go.Figure:
-    """Share of prefill expert activations per domain in one MoE layer (where locality comes from)."""
+def fig_domain_experts(trace: Any, layer: int, *, source: str | None = None) -> go.Figure:
+    """Share of prefill expert activations per domain in one MoE layer (where locality comes from).
+
+    Parameters
+    ----------
+    trace : RequestTrace
+        A trace with domain labels.
+    layer : int
+        The MoE layer drawn.
+    source : str or None
+        Where the trace came from (:func:`trace_source`), named under the title; None names none.
+    """
     codes, names = trace.domain_codes()
     counts = trace.prefill_counts[:, layer, :].astype(np.float64)
     share = np.stack([counts[codes == d].sum(axis=0) for d in range(len(names))])
     share /= np.maximum(share.sum(axis=1, keepdims=True), 1)
     fig = go.Figure(go.Heatmap(z=share, x=[f"e{e}" for e in range(share.shape[1])], y=names, colorscale="Blues",
                                colorbar={"title": "share"}))
-    fig.update_layout(title=f"Which experts each domain's prompts use (MoE layer {layer}, captured through vLLM)",
+    fig.update_layout(title=_with_source(f"Which experts each domain's prompts use (MoE layer {layer})", source),
                       xaxis_title="expert", yaxis_title="prompt domain", template="plotly_white")
     return fig
 
