@@ -137,6 +137,15 @@ def test_notebook_02_runs_and_records_results(tmp_path, public_data):
     assert rest_row["holds here?"] == ("yes" if r["vs_rest"]["HD-fixed"]["every"] else "no")
     # the published comparison states its shape both ways: lead and trail of every column, every (ours, published) pair
     assert r["published_shape"]["pairs"] and all(c["lead"] and c["trail"] for c in r["published_shape"]["columns"].values())
+    # third read: the tokens per forward it explains the ordering with name their engine and state their rank
+    # correlation with the speed-up (not "sets our ordering" checked at the two ends only)
+    shape = r["published_shape"]
+    shape_text = "".join("".join(o.get("data", {}).get("text/markdown", "")) for c in json.loads(
+        (tmp_path / "02_hierarchy_drafting.ipynb").read_text())["cells"] if c["cell_type"] == "code"
+        for o in c.get("outputs", []))
+    assert f"In the {shape['mat_engine']} (the table just above" in shape_text
+    assert f"rank with $\\rho$ = {shape['mat_speedup_rho']:+.2f}" in shape_text
+    assert "single-store" not in json.dumps([v["claim"] for v in r["verdict"]])
     # the speed-up exercise prints the very values its checker prices with (the cached curve `cost`)
     executed = json.loads((tmp_path / "02_hierarchy_drafting.ipynb").read_text())
     printed = next("".join(o.get("text", "")) for c in executed["cells"] if c["cell_type"] == "code"

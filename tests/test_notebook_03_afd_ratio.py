@@ -99,6 +99,14 @@ def test_afd_notebook(tmp_path):
     assert set(idle) == {"attention", "ffn"} and all(0 <= v <= 1 for v in idle.values())
     assert f"the attention instances idle {idle['attention']:.1%} of the time and the FFN {idle['ffn']:.1%}" in text
     assert "-0.0%" not in text and "slot group" not in text
+    # third read: the idle figure's title is true of its series (the old one said neither side waits at the crossing),
+    # B is one microbatch's slots, and the coverage table labels totals and extrapolated counts apart
+    from moelab.viz.afd import IDLE_WAIT_SHARE
+    idle_title = next(t for t in shown if t.startswith("Idle share of each side"))
+    assert "neither waits" not in idle_title and "theory crosses at zero idle" in idle_title
+    assert ("both still wait" in idle_title) == (min(idle.values()) >= IDLE_WAIT_SHARE)
+    assert "each with $B$ request slots" not in text and "extrapolated evaluations" not in text
+    assert "moe_step" not in text and "(B <=" not in text
     assert f"a slot holds {ind['load_ratio']:.2f}x mu_P + mu_D" in text  # the take-aways' load ratio, shown in 3.5
     # second read: the take-away splits that ratio into its prompt and decode parts instead of naming one cause
     parts = ind["load_parts"]

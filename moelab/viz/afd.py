@@ -366,4 +366,4 @@ def bundle_diagram(r: int = 4, B: int = 256, mu_P: float = 100, mu_D: float = 50
     return fig
 
 
-__all__ = ["PIPELINE_STAGES", "afd_panel", "bundle_diagram", "pipeline_schedule", "signed_pct", "unit_singular", "gap_map_figure", "idle_figure", "idle_title", "measured_figure", "ratio_table_figure", "throughput_figure"]
+__all__ = ["IDLE_WAIT_SHARE", "PIPELINE_STAGES", "afd_panel", "bundle_diagram", "pipeline_schedule", "signed_pct", "unit_singular", "gap_map_figure", "idle_figure", "idle_title", "measured_figure", "ratio_table_figure", "throughput_figure"]
