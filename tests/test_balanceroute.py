@@ -711,3 +711,31 @@ def test_the_regime_cell_is_compared_with_the_lineup_against_the_maps_baselines(
     assert rg.cell_vs_lineup(grid, df, shape="qwen3-30b-a3b", context_scale=1.0, slots=8, G=4) is None
     assert rg.cell_vs_lineup(grid, df[df["router"] != "jsq"], shape="qwen3-30b-a3b", context_scale=1.0, slots=8,
                              G=2) is None
+
+
+def test_ratio_verdicts_counts_a_near_tie_as_level():
+    # 0.987 and 1.001 lie within the 5% band: level, not "deeper"; 1.46 is shallower, 0.8 deeper
+    v = ex.ratio_verdicts([1.464, 1.001, 0.987, 0.8])
+    assert v == {"deeper": 1, "level": 2, "shallower": 1, "n": 4}
+    assert ex.ratio_verdicts([0.987], tie_band=0.0)["deeper"] == 1
+    assert ex.ratio_verdicts([0.94, 1.06], tie_band=0.05) == {"deeper": 1, "level": 0, "shallower": 1, "n": 2}
+    with pytest.raises(ValueError, match="tie_band"):
+        ex.ratio_verdicts([1.0], tie_band=1.5)
+    with pytest.raises(ValueError, match="finite"):
+        ex.ratio_verdicts([np.nan])
+
+
+def test_relative_to_best_baseline_is_zero_for_the_best_baseline_per_g():
+    df = pd.DataFrame({"G": [4, 4, 4, 8, 8, 8], "router": ["jsq", "round_robin", "br0"] * 2,
+                       "throughput_tok_s": [100.0, 98.0, 101.0, 200.0, 202.0, 205.03]})
+    rel = ex.relative_to_best_baseline(df).set_index(["G", "router"])
+    assert rel.loc[(4, "jsq"), "vs_best_baseline_pct"] == 0.0
+    assert rel.loc[(4, "br0"), "vs_best_baseline_pct"] == pytest.approx(1.0)
+    assert rel.loc[(4, "round_robin"), "vs_best_baseline_pct"] == pytest.approx(-2.0)
+    assert rel.loc[(8, "br0"), "best_baseline"] == "round_robin"
+    assert rel.loc[(8, "br0"), "vs_best_baseline_pct"] == pytest.approx(1.5)
+    fig = brviz.relative_bars(rel.reset_index(), "t", "y")
+    assert [t.name for t in fig.data] == ["jsq", "round_robin", "br0"]
+    assert list(fig.data[2].text) == ["+1.0%", "+1.5%"] and list(fig.data[0].text) == ["best", "-1.0%"]
+    with pytest.raises(ValueError, match="no baseline"):
+        ex.relative_to_best_baseline(df[df["router"] == "br0"])

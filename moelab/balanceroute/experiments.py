@@ -615,6 +615,67 @@ def reductions(df: pd.DataFrame, baselines: tuple[str, ...] = ALL_BASELINES) -> 
     return pd.DataFrame(out)
 
 
+#: a ratio of two routers' imbalance within this share of 1 counts as level: neither cuts deeper (a near tie such as
+#: 0.99 is not read as a result)
+RATIO_TIE_BAND = 0.05
+
+
+def ratio_verdicts(ratios: Any, tie_band: float = RATIO_TIE_BAND) -> dict[str, int]:
+    """Count ratios (first router's imbalance over the second's) below, within and above a tie band around 1.
+
+    Parameters
+    ----------
+    ratios : array-like of float
+        One ratio per window; below 1 means the first router leaves less idle work.
+    tie_band : float
+        Ratios with ``|ratio - 1| <= tie_band`` count as level.
+
+    Returns
+    -------
+    dict
+        ``deeper`` (ratio < 1 - tie_band), ``level`` and ``shallower`` (ratio > 1 + tie_band) counts, and ``n``.
+    """
+    r = np.asarray(ratios, dtype=float).ravel()
+    if not 0 <= tie_band < 1:
+        raise ValueError(f"tie_band must lie in [0, 1); got {tie_band}")
+    if not np.all(np.isfinite(r)):
+        raise ValueError("ratios must be finite")
+    deeper, shallower = int(np.sum(r < 1 - tie_band)), int(np.sum(r > 1 + tie_band))
+    return {"deeper": deeper, "level": int(r.size) - deeper - shallower, "shallower": shallower, "n": int(r.size)}
+
+
+def relative_to_best_baseline(df: pd.DataFrame, metric: str = "throughput_tok_s",
+                              baselines: tuple[str, ...] = ALL_BASELINES) -> pd.DataFrame:
+    """Every router's ``metric`` relative to the best (highest) baseline of its ``G``, in percent.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        Columns ``G``, ``router`` and ``metric`` (e.g. :func:`sweep`'s frame).
+    metric : str
+        A higher-is-better column.
+    baselines : tuple of str
+        The routers the best one is chosen among.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``G``, ``router``, ``metric``, ``best_baseline`` and ``vs_best_baseline_pct``
+        (``100 * (value / best - 1)``: 0 for the best baseline, negative below it).
+    """
+    out = []
+    for g_, grp in df.groupby("G", sort=True):
+        base = grp[grp["router"].isin(baselines)]
+        if base.empty:
+            raise ValueError(f"no baseline among {baselines} at G={g_}")
+        best = base.loc[base[metric].astype(float).idxmax()]
+        for r in grp.itertuples(index=False):
+            v = float(getattr(r, metric))
+            out.append({"G": g_, "router": r.router, metric: v, "best_baseline": best["router"],
+                        "vs_best_baseline_pct": 100 * (v / float(best[metric]) - 1)})
+    return pd.DataFrame(out)
+
+
 # ---------------------------------------------------------------------------------------------- tuning
 TUNE_GRID = {"horizon": (4, 16, 72), "gamma": (0.7, 0.86, 0.95), "beta": (None, 43.0)}
 
@@ -721,8 +782,9 @@ def paper_table(df_g8: pd.DataFrame, *, brh: str = "brh_oracle") -> pd.DataFrame
     return out
 
 
-__all__ = ["ALL_BASELINES", "DP_BALANCERS", "LOAD_RANGE", "POOLED_BASELINES", "PREDICTOR_NAMES", "SPREAD_WINDOWS",
-           "TUNE_GRID", "BRParams", "at_load", "backlog_trace", "capacity_rps", "episode_tpot", "fit_predictors",
-           "imbalance_episode", "imbalance_profile", "lineup", "load_sweep", "load_trace", "max_windows", "paper_table",
-           "paper_values", "queue_tail", "reductions", "run_lineup", "scale_context", "split_trace", "step_drivers",
-           "sweep", "trace_windows", "tune_brh", "window_spread", "workload"]
+__all__ = ["ALL_BASELINES", "DP_BALANCERS", "LOAD_RANGE", "POOLED_BASELINES", "PREDICTOR_NAMES", "RATIO_TIE_BAND",
+           "SPREAD_WINDOWS", "TUNE_GRID", "BRParams", "at_load", "backlog_trace", "capacity_rps", "episode_tpot",
+           "fit_predictors", "imbalance_episode", "imbalance_profile", "lineup", "load_sweep", "load_trace",
+           "max_windows", "paper_table", "paper_values", "queue_tail", "ratio_verdicts", "reductions",
+           "relative_to_best_baseline", "run_lineup", "scale_context", "split_trace", "step_drivers", "sweep",
+           "trace_windows", "tune_brh", "window_spread", "workload"]

@@ -55,8 +55,32 @@ def bars(df: pd.DataFrame, metric: str, title: str, yaxis: str) -> go.Figure:
     return fig
 
 
+def relative_bars(rel: pd.DataFrame, title: str, yaxis: str) -> go.Figure:
+    """Grouped bars of each router's ``vs_best_baseline_pct`` per G, each bar labelled with its value.
+
+    Parameters
+    ----------
+    rel : pandas.DataFrame
+        :func:`moelab.balanceroute.experiments.relative_to_best_baseline`'s frame (``G``, ``router``,
+        ``vs_best_baseline_pct``, ``best_baseline``): the differences between routers are drawn from 0, the best
+        baseline of each G (its bar is labelled "best").
+    title, yaxis : str
+        The figure's title and the y-axis title.
+    """
+    fig = go.Figure()
+    for router, g in rel.groupby("router", sort=False):
+        y = g["vs_best_baseline_pct"].astype(float)
+        fig.add_trace(go.Bar(x=[f"G={v}" for v in g["G"]], y=y, name=router, marker_color=_color(router),
+                             text=["best" if best else f"{v:+.1f}%" for v, best in zip(y, g["router"] == g["best_baseline"])],
+                             textposition="outside", cliponaxis=False))
+    fig.add_hline(y=0, line_color="#555")
+    fig.update_layout(barmode="group", title=title, xaxis_title="G (DP decode ranks)", yaxis_title=yaxis,
+                      template="plotly_white", uniformtext={"minsize": 8, "mode": "hide"})
+    return fig
+
+
 def decision_times(results: dict[str, Any], G: int | None = None) -> go.Figure:
-    """Distribution of router decision time per routing step (box plots, log scale).
+    """Distribution of router dispatch time, one call of the router per step (box plots, log scale).
 
     Parameters
     ----------
@@ -71,9 +95,9 @@ def decision_times(results: dict[str, Any], G: int | None = None) -> go.Figure:
         d = d[np.isfinite(d)]
         fig.add_trace(go.Box(y=np.maximum(d, 1e-4), name=name, marker_color=_color(name), boxpoints=False))
     fig.update_yaxes(type="log", dtick=1)  # one label per decade: no stray 2s and 5s between them
-    fig.update_layout(title="Router decision time per routing step" + ("" if G is None else f" (G={G})"),
+    fig.update_layout(title="Router dispatch time (one call of the router)" + ("" if G is None else f" (G={G})"),
                       xaxis_title="router",
-                      yaxis_title="decision time per routing step (ms)",
+                      yaxis_title="dispatch time (ms)",
                       template="plotly_white", showlegend=False)
     return fig
 
