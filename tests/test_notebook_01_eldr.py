@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from moelab.course.agreement import assert_reads_cleanly
@@ -38,6 +40,16 @@ def test_notebook_01_eldr(tmp_path, public_data):
     # the printed signature dimension is explained: kept layers x experts, less the idf-0 experts
     sd = r["signature_dim"]
     assert sd["dim"] + sd["idf_zero"] == sd["coordinates"] == r["signature_layers_kept"] * 128 and sd["dim"] > 0
+    # third student read: the oracle's prose is its computed map (d mod K alone exactly when domains outnumber workers)
+    m = re.match(r"(\d+) domains on K = (\d+) workers", r["oracle_groups"])
+    assert m and ("mod" in r["oracle_groups"]) == (int(m.group(1)) > int(m.group(2)))
+    # the greedy curve is the calibration requests' and stops by its rule (the figure's caption and sentence say so)
+    g = r["signature_greedy"]
+    assert g["layers_kept"] == r["signature_layers_kept"] and g["layers_tried"] <= g["num_layers"]
+    assert not g["stopped_early"] or g["layers_tried"] - g["layers_kept"] == g["patience"]
+    # section 3.2's Spec-Bench reduction is the held-out half's, over the categories with at least B requests there
+    b = r["real_table_reduction_basis"]
+    assert b is None or (b["n_heldout"] < b["n_requests"] and len(b["labels_used"]) + len(b["labels_left_out"]) == b["n_labels"])
     # where ELDR reads more distinct experts on the real trace, the per-request comparison is set against two
     # unrelated requests' per-request read (below top-k: fuller batches alone read fewer per request)
     for row in r["real_more_distinct"]:
