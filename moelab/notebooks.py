@@ -142,7 +142,7 @@ def copy_notebooks(dest: str | os.PathLike) -> list[Path]:
 
 
 #: the order the course reads its notebooks in: 00's map, each notebook's ``Previous`` / ``Next`` line and the
-#: book's chapters follow it (07 combines 01 and 05; 06, your own deployment, comes after any of them)
+#: book's chapters follow it (07 combines 01 and 05; 06, your own deployment, applies 01's ELDR analysis)
 READING_ORDER = ("00_overview", "01_eldr", "02_hierarchy_drafting", "03_afd_ratio", "04_dsd_rtt",
                  "05_balanceroute", "07_cross_paper", "06_from_your_deployment")
 

@@ -35,7 +35,7 @@ LAB_MAP: list[dict[str, str]] = [
      "claim": "Expert-locality routing of instances and KV-balance routing of ranks act on different terms of one "
               "decode step: does each gain survive the other, and do they add up?"},
     {"paper": "Your deployment", "package": "moelab.capture, moelab.costmodel", "notebook": "06_from_your_deployment",
-     "claim": "Measure your own GPU and traces, then rerun every analysis above on them."},
+     "claim": "Capture expert traces from your own vLLM engine and run ELDR's locality and routing analysis on them."},
 ]
 
 
