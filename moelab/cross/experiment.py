@@ -530,6 +530,6 @@ def rate_for_load(cs: CrossSetup, load: float = 0.7) -> float:
 
 
 __all__ = ["BASELINE_PAIR", "CROSS_SPREAD_SEEDS", "INSTANCE_ROUTERS", "INTERACTION_PATTERNS", "RANK_ROUTERS", "CrossSetup",
-           "br_share_trend", "eldr_lever", "expert_term_ms", "gains", "interaction_pattern",
+           "br_share_trend", "eldr_added_summary", "eldr_lever", "expert_term_ms", "gains", "interaction_pattern",
            "gains_by_seed", "pair_gains_table", "pair_grid", "pair_grids", "prepare", "rate_for_load", "run_pair",
            "share_sweep", "share_trend_summary", "variant"]
