@@ -97,6 +97,7 @@ def test_check_number_states_its_tolerance_in_words():
     assert "(within 2%)" in check_number("x", 3.0, 3.0).message
     assert "(within ±0.05)" in check_number("x", 3.0, 3.0, rtol=0.0, atol=0.05).message
     assert "(exactly)" in check_number("x", 3.0, 3.0, rtol=0.0).message
+    assert "(within 2.5%)" in check_number("x", 3.0, 3.0, rtol=0.025).message  # not rounded to 2% or 3%
 
 
 def test_check_number_messages():

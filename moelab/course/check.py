@@ -240,7 +240,7 @@ def _close(got: float, expected: float, rtol: float, atol: float) -> bool:
 
 def _tolerance_words(rtol: float, atol: float) -> str:
     # the check passes within atol + rtol * |expected|: "2%", "±0.05", or both as "2% plus 0.05"
-    rel = (f"{rtol:.0%}" if rtol >= 0.01 else f"{rtol * 100:.2g}%") if rtol > 0 else ""
+    rel = f"{rtol * 100:.3g}%" if rtol > 0 else ""  # 2%, 2.5%, 0.5%: never rounded to another tolerance
     if atol > 0:
         return f"{rel} plus {atol:g}" if rel else f"±{atol:g}"
     return rel or "exactly"
