@@ -102,3 +102,19 @@ def test_moe_layer_reading_reads_the_measured_points():
         moe_layer_reading(pts.head(1), "qwen3-30b-a3b", 256)
     with pytest.raises(ValueError, match="model must be one of"):
         moe_layer_reading(pts, "no-such-model", 256)
+
+
+def test_decode_step_figure_captions_every_term_it_names():
+    """Every term of the decode-step sum carries a caption: the five boxed ones name the paper that moves them, and
+    t_link, which no paper moves, says so (a student read 'each term labelled with the paper whose method moves it'
+    under a figure where t_link had no label at all)."""
+    from moelab.viz.overview import DECODE_TERMS, UNMOVED_TERM, decode_step_figure  # lazy: imports plotly
+
+    captions = [a.text for a in decode_step_figure().layout.annotations if "notebook" in (a.text or "")]
+    assert len(captions) == len(DECODE_TERMS) + 1
+    for row in DECODE_TERMS:
+        assert sum(f"<b>{row['paper']}</b>" in c for c in captions) == 1, row["paper"]
+    link = [c for c in captions if c.startswith(f"<b>{UNMOVED_TERM['paper']}</b>")]
+    assert len(link) == 1 and "r_C" in link[0] and link[0].endswith("notebook 03")
+    text = "\n".join("".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "markdown")
+    assert "each boxed term labelled" in text and "One term has no box" in text

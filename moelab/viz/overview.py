@@ -118,6 +118,14 @@ DECODE_TERMS: list[dict[str, str]] = [
 ]
 
 
+# the one term of the sum that no paper's method makes smaller: drawn without a box, its caption says why
+UNMOVED_TERM: dict[str, str] = {
+    "term": "transfers between machines", "symbol": "+ t_link )", "paper": "no paper",
+    "how": "AFD's ratio only keeps the link from being the stage that waits (r_C)", "notebook": "03_afd_ratio"}
+
+# characters per caption line under the unboxed t_link (a narrower piece than a box)
+_UNMOVED_CAPTION_CHARS = 14
+
 # one colour per term, distinct from each other (the lab palette gives two of these paper names one colour)
 _TERM_COLORS = dict(zip([row["paper"] for row in DECODE_TERMS], ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]))
 
@@ -135,7 +143,8 @@ def decode_step_figure() -> go.Figure:
     """The decode step drawn once as a sum of terms, each labelled with the paper that moves it.
 
     A schematic: box widths are equal on purpose (the sizes depend on the model, batch and hardware; the
-    notebooks measure them), the point is which paper acts on which term.
+    notebooks measure them), the point is which paper acts on which term. ``t_link`` (:data:`UNMOVED_TERM`) has
+    no box and a grey caption: no paper's method makes a transfer faster.
     """
     fig = go.Figure()
     pieces = ["t_token  =", "1/a", "×  [  max_g (", "t_attn", "+", "t_MoE(D)", "+ t_link )", "+", "t_RTT", "]"]
@@ -156,6 +165,11 @@ def decode_step_figure() -> go.Figure:
             fig.add_annotation(x=x + width / 2, y=0.3, text=f"<b>{row['paper']}</b><br>{term}<br>"
                                f"<i>{how}</i><br>notebook {row['notebook'][:2]}", showarrow=False,
                                font={"size": 10, "color": color}, yanchor="top")
+        elif piece == UNMOVED_TERM["symbol"]:  # no box: no paper shrinks it, and the caption says so
+            term, how = (_wrap(UNMOVED_TERM[k], _UNMOVED_CAPTION_CHARS) for k in ("term", "how"))
+            fig.add_annotation(x=x + width / 2, y=0.3, text=f"<b>{UNMOVED_TERM['paper']}</b><br>{term}<br><i>{how}</i>"
+                               f"<br>notebook {UNMOVED_TERM['notebook'][:2]}", showarrow=False,
+                               font={"size": 10, "color": "#666"}, yanchor="top")
         fig.add_annotation(x=x + width / 2, y=0.72, text=piece, showarrow=False, font={"size": 15})
         x += width + 0.1
     fig.update_xaxes(visible=False, range=[-0.1, x])
@@ -248,4 +262,4 @@ def moe_layer_reading(points: pd.DataFrame, model: str, B: int) -> dict[str, flo
             "us_per_expert": float(np.polyfit(D, us, 1)[0])}
 
 
-__all__ = ["DECODE_TERMS", "LAB_MAP", "decode_step_figure", "distinct_experts_figure", "lab_map", "lab_map_figure", "moe_experts_figure", "moe_layer_reading", "moe_panel", "moe_points"]
+__all__ = ["DECODE_TERMS", "LAB_MAP", "UNMOVED_TERM", "decode_step_figure", "distinct_experts_figure", "lab_map", "lab_map_figure", "moe_experts_figure", "moe_layer_reading", "moe_panel", "moe_points"]
