@@ -101,3 +101,15 @@ def test_idle_title_says_where_the_simulated_curves_cross():
     assert idle_title(apart).endswith("does not cross in the swept r")
     unsimulated = waiting.assign(sim_attention_idle=np.nan, sim_ffn_idle=np.nan)
     assert idle_title(unsimulated) == "Idle share of each side: theory crosses at zero idle"
+
+
+def test_afd_panel_simulates_the_headlines_grid():
+    # the panel once simulated only its coarse r_values: its peak (r = 8) and idle crossing disagreed with the
+    # notebook's headline, which fills in every integer around the coarse optimum
+    panel = afd_panel(256, 100, 500, N=300, r_values=(1, 4, 12))
+    *_, f_tp, _ = _parts(panel)
+    check = afd.simulated_optimum(256, 100, 500, requests=float(10 ** 2.5), r_values=(1, 4, 12), seed=0)
+    sim = f_tp.data[1]
+    assert list(np.array(sim.x, dtype=float)) == list(check.fine["r"].astype(float))
+    assert len(sim.x) > 3
+    assert float(sim.x[int(np.nanargmax(np.array(sim.y, dtype=float)))]) == check.r_sim

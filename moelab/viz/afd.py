@@ -16,8 +16,8 @@ from moelab.afd import (
     idle_crossing,
     idle_ratios,
     optimal_ratio,
+    simulated_optimum,
     stage_times,
-    sweep,
     throughput_per_instance,
 )
 from moelab.viz.common import color_for, refresh, slider
@@ -208,7 +208,11 @@ def gap_map_figure(df: pd.DataFrame) -> go.Figure:
 def afd_panel(B: int = 256, mu_P: float = 100, mu_D: float = 500, N: float = 10_000, *,
               r_values=(1, 2, 4, 8, 16, 24, 32), seed: int = 0):
     """Sliders for the workload and the six coefficients (or the H200 calibration) wired to
-    FigureWidgets: throughput per instance (theory vs simulation) and idle ratios."""
+    FigureWidgets: throughput per instance (theory vs simulation) and idle ratios.
+
+    The simulation runs the notebook headline's grid (:func:`moelab.afd.simulated_optimum`): ``r_values``, then
+    every integer between the best of them's neighbours, so its peak and idle crossing are the headline's at the
+    same workload and seed, not a coarser grid's."""
     paper = AFDCoefficients.paper()
     s_B = slider("B (slots per attention instance and microbatch)", B, 16, 1024, 16, integer=True)
     s_P = slider("mu_P (mean prompt)", mu_P, 0, 4000, 50)
@@ -230,7 +234,7 @@ def afd_panel(B: int = 256, mu_P: float = 100, mu_D: float = 500, N: float = 10_
 
     def frame(b, p, d, n, coeffs):
         if simulate_box.value:
-            return sweep(r_values, b, p, d, requests=n, coeffs=coeffs, seed=seed)
+            return simulated_optimum(b, p, d, requests=n, coeffs=coeffs, r_values=r_values, seed=seed).fine
         r = np.asarray(r_values, dtype=float)
         idle = idle_ratios(r, b, p, d, n, coeffs)
         return pd.DataFrame({"r": r, "sim_throughput": np.nan, "sim_attention_idle": np.nan,
