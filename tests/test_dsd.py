@@ -317,3 +317,24 @@ def test_family_agreement_counts_the_points():
 def test_family_agreement_bad_input_names_parameter(z, level, name):
     with pytest.raises(ValueError, match=name):
         dsd.family_agreement(z, level=level)
+
+
+def test_latency_figure_draws_the_closed_form_each_cross_is_scored_against():
+    """Each drawn curve passes through the closed form the Monte-Carlo z is computed against (jitter included):
+    a cross's distance from its curve is its z, not an offset from a jitter-free line."""
+    from moelab.viz.dsd import latency_vs_rtt_figure  # lazy: plotly only for this check
+
+    kw = {"alpha": 0.8, "gamma": 5, "t_ar": 50.0, "t_d": 8.0, "t_v": 50.0, "t_a": 10.0}
+    jitter = 0.3
+    fig = latency_vs_rtt_figure(rtt_max=300.0, rtt_jitter=jitter, **kw)
+    curves = {trace.legendgroup: trace for trace in fig.data}
+    for mode in dsd.MODES:
+        for rtt in (0.0, 40.0, 50.0, 60.0, 150.0):
+            scored = dsd.simulate_rounds(mode, rtt=rtt, rtt_jitter=jitter, rounds=50, seed=1, **kw).closed_form
+            drawn = float(np.interp(rtt, curves[mode].x, curves[mode].y))
+            assert drawn == pytest.approx(scored, rel=1e-9), (mode, rtt)
+    # the jitter matters where the round trip straddles the drafting window: a jitter-free line would sit below
+    plain = latency_vs_rtt_figure(rtt_max=300.0, **kw)
+    pipelined = {f.legendgroup: f for f in plain.data}["dsd_pipelined"]
+    assert float(np.interp(50.0, pipelined.x, pipelined.y)) < float(np.interp(50.0, curves["dsd_pipelined"].x,
+                                                                             curves["dsd_pipelined"].y))

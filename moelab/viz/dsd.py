@@ -21,14 +21,20 @@ MODE_LABELS = {"ar": "cloud AR", "colocated": "co-located SD", "dsd_sync": "DSD 
 
 
 def latency_vs_rtt_figure(*, alpha: float, gamma: int, t_ar: float, t_a: float, t_d: float, t_v: float | None = None,
-                          rtt_max: float = 300.0, mc: pd.DataFrame | None = None, widget: bool = False) -> go.Figure:
+                          rtt_max: float = 300.0, mc: pd.DataFrame | None = None, widget: bool = False,
+                          rtt_jitter: float = 0.0) -> go.Figure:
     """Latency per token of the four modes vs RTT (closed forms), with optional Monte-Carlo points
-    (``mc`` columns: mode, rtt, latency, ci)."""
+    (``mc`` columns: mode, rtt, latency, ci).
+
+    ``rtt_jitter`` is the relative half-width of the uniform RTT jitter (see
+    :func:`moelab.dsd.latency_per_token`): the curves are the closed forms averaged over it, the values
+    :func:`moelab.dsd.simulate_rounds` compares its crosses with when it draws jittered round trips, so a
+    cross's distance from its curve is the z it reports."""
     rtt = np.linspace(0, rtt_max, 301)
     fig = go.FigureWidget() if widget else go.Figure()
     for mode in MODES:
         y = np.broadcast_to(latency_per_token(mode, alpha=alpha, gamma=gamma, t_ar=t_ar, t_d=t_d, t_v=t_v, t_a=t_a,
-                                              rtt=rtt), rtt.shape)
+                                              rtt=rtt, rtt_jitter=rtt_jitter), rtt.shape)
         fig.add_scatter(x=rtt, y=y, mode="lines", name=MODE_LABELS[mode], line={"color": MODE_COLORS[mode]},
                         legendgroup=mode)
     if mc is not None:
@@ -41,7 +47,8 @@ def latency_vs_rtt_figure(*, alpha: float, gamma: int, t_ar: float, t_a: float, 
         fig.add_vline(x=be, line_dash="dash", line_color=MODE_COLORS["dsd_sync"], annotation_text="sync break-even")
     fig.add_vline(x=float(pipelined_window(gamma, t_a)), line_dash="dot", line_color=MODE_COLORS["dsd_pipelined"],
                   annotation_text="gamma*t_a", annotation_position="bottom right")
-    fig.update_layout(title=f"Latency per token vs RTT (alpha={alpha:g}, gamma={gamma}, t_ar={t_ar:g} ms)",
+    jitter_text = f", RTT jitter ±{rtt_jitter:.0%}" if rtt_jitter > 0 else ""
+    fig.update_layout(title=f"Latency per token vs RTT (alpha={alpha:g}, gamma={gamma}, t_ar={t_ar:g} ms{jitter_text})",
                       xaxis_title="RTT (ms)", yaxis_title="ms per output token", template="plotly_white")
     return fig
 
