@@ -116,6 +116,14 @@ def test_dsd_notebook(tmp_path):
         where = "inside the window" if ms <= wv["window_ms"] else "outside it"
         assert f"{name}, median {ms:g} ms, {where}" in rendered
     assert " 0.0 SE longer" not in rendered and " 0.0 SE shorter" not in rendered
+    # proposition 3's match of pipelined DSD and co-located SD is read off the latency figure (jitter-averaged, as
+    # drawn), not the maps, which give a tie to co-located SD (left) or leave it out (right); it lasts while the
+    # longest jittered round trip fits the drafting window
+    sources = "\n".join("".join(c["source"]) for c in json.loads((tmp_path / "04_dsd_rtt.ipynb").read_text())["cells"])
+    assert "The headline map above shows it" not in sources
+    match_end = res["pipelined_matches_colocated_up_to_ms"]
+    assert match_end is not None and match_end * 1.3 <= wv["window_ms"] < (match_end + 2) * 1.3  # RTT_JITTER 0.3, 1 ms grid
+    assert f"lies on the co-located one from RTT = 0 to {match_end:.0f} ms" in rendered
     # the monotone fit's sentence names the medians it keeps as they are: exactly those in no pooled stretch (a pooled
     # stretch may hold a median that rises over the one before it, so "keeps the medians where they rise" misread it)
     costs = res["costs"]
