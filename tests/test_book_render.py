@@ -16,6 +16,7 @@ import pytest
 
 from moelab.book import (
     CONF,
+    PANEL_COPY_NOTE,
     PANEL_NOTE,
     _index,
     book_links,
@@ -80,6 +81,27 @@ def test_outputs_drop_logs_and_progress_bars_and_note_only_panels():
     assert "\n## 3. Does the paper's claim hold here?" in text  # one title per page
     assert "Previous: [00 — The map of the lab](00_overview.ipynb) · Next: [02 — Hierarchy Drafting]" in text
     assert "· ·" not in text
+
+
+#: a panel as moelab.viz's notebook hook displays it: the live widget, and a static PNG copy of its figure as HTML
+COPY = '<img alt="static copy of an interactive figure" src="data:image/png;base64,iVBORw0KGgo="/>'
+
+
+def _panel_with_copy() -> dict:
+    return _display({WIDGET: {"model_id": "c", "version_major": 2, "version_minor": 0},
+                     "text/html": COPY, "text/plain": ["VBox(children=(FloatSlider(value=0.1, description='tau'…"]})
+
+
+def test_a_panel_with_a_static_copy_shows_its_caption_in_the_html_myst_nb_prefers():
+    # myst-nb renders text/html before text/markdown: a note put in text/markdown beside the copy is never seen,
+    # and the reader finds a figure again with no slider and no word of why (06's tau panel, 07's Explore panel)
+    page = prepare_notebook(_notebook("06 — deployment", [_code([_panel_with_copy()])]), "06_from_your_deployment",
+                            None)
+    (out,) = [o for c in page["cells"] for o in c.get("outputs", [])]
+    html = out["data"]["text/html"]
+    assert PANEL_COPY_NOTE in html and html.index(PANEL_COPY_NOTE) < html.index(COPY)  # the caption, then the copy
+    assert "sliders need a live kernel" in PANEL_COPY_NOTE and "static copy" in PANEL_COPY_NOTE
+    assert WIDGET not in out["data"]
 
 
 def test_page_order_titles_and_readme():
@@ -157,7 +179,8 @@ def test_rendered_pages_have_math_in_outputs_and_no_broken_link(tmp_path):
                      "metadata": {"nbgrader": {"solution": True, "grade": False}}},
                     {**_code([_display({"text/markdown": "**Correct**"})]), "source": "check(answer)",
                      "metadata": {"nbgrader": {"grade": True, "locked": True}}}]
-        page = prepare_notebook(_notebook(f"{name[:2]} — page {name}", [*_cells(), *exercise]), name, None,
+        page = prepare_notebook(_notebook(f"{name[:2]} — page {name}", [*_cells(), _code([_panel_with_copy()]),
+                                                                           *exercise]), name, None,
                                 included=names, api_links=True)
         (src / f"{name}.ipynb").write_text(json.dumps(page))
     (src / "notation.md").write_text("# Notation\n\n## Glossary\n\nterms\n")
@@ -175,6 +198,8 @@ def test_rendered_pages_have_math_in_outputs_and_no_broken_link(tmp_path):
     assert "api/moelab.afd.html#moelab.afd.simulate_measured" in body
     assert "INFO 12-06" not in body and "printed by the notebook" in body
     assert body.count("An interactive panel") == 1 and "Loading weights" not in body
+    # the panel with a static copy: its caption rendered above the copy (not a bare repeated figure)
+    assert body.count(PANEL_COPY_NOTE) == 1 and body.index(PANEL_COPY_NOTE) < body.index("static copy of an interactive figure")
     assert "README" in body and "README.md" not in body
     # an exercise: the blank shown, then two collapsed toggles that each say what they open
     assert "YOUR CODE HERE" in body and "Show code cell source" not in body

@@ -270,7 +270,12 @@ def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
                 plain = data.pop("text/plain", None)
                 if is_progress_bar(plain):  # a tqdm bar drawn as a widget: nothing to show in the book
                     out["drop"] = True
-                else:  # a panel (a static copy it displayed as HTML, when there is one, is shown instead)
+                elif "text/html" in data:  # a panel with a static copy (moelab.viz's PNG of its figures)
+                    # myst-nb shows text/html before text/markdown: the caption goes inside the HTML, above the
+                    # copy, or the reader sees a figure again with no slider and no word of why
+                    html = data["text/html"]
+                    data["text/html"] = PANEL_COPY_NOTE_HTML + ("".join(html) if isinstance(html, list) else html)
+                else:  # a panel without a static copy: the note alone
                     data["text/markdown"] = PANEL_NOTE
         if "outputs" in cell:  # library logs and warnings (stderr) and progress bars stay out of the book
             cell["outputs"] = [o for o in cell["outputs"] if not o.pop("drop", False)
@@ -284,6 +289,11 @@ def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
 
 #: what the book shows in place of an ipywidgets panel (an output whose widget is not a progress bar)
 PANEL_NOTE = "*An interactive panel: its sliders need a live kernel (see the note at the top of this page).*"
+#: the caption above a panel's static copy (an image of its figures at the notebook's parameters): inside the copy's
+#: HTML, which myst-nb prefers to Markdown
+PANEL_COPY_NOTE = ("A static copy of an interactive panel, drawn at this run's parameters (so it can repeat a figure "
+                   "above): its sliders need a live kernel (see the note at the top of this page).")
+PANEL_COPY_NOTE_HTML = f'<p class="moelab-panel-note"><em>{PANEL_COPY_NOTE}</em></p>'
 _PROGRESS = re.compile(r"\d+%\|.*\|\s*\d+(?:\.\d+)?[kMG]?/\d*(?:\.\d+)?[kMG]?|\bit/s\]|s/it\]")
 
 
