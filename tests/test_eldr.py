@@ -620,6 +620,7 @@ def test_regime_map_grid_and_prefix_ablation(small_workload):
     assert len(rm) == 2 * 2 and set(rm["tau"]) == {0.0, 0.1}
     assert rm.groupby("domain_scale")["rho"].nunique().eq(1).all()  # one measured rho per generated workload
     assert np.isfinite(rm[["p50_gain_pct", "p99_gain_pct", "oracle_gap_pct"]].to_numpy()).all()
+    assert (rm["eldr_mean_batch"] >= 1).all()  # a step holds at least one request: what the map's star is set against
     with pytest.raises(ValueError, match="scale"):
         ex.regime_map((-1.0,), rates=[60], ks=[4], n_trace=64, n_requests=10, output_len=4, n_pairs=300)
     # the prefix-cache ablation on its shared-prefix conversation workload: tests/test_eldr_prefix.py

@@ -175,6 +175,9 @@ def test_calibration_table_of_a_given_trace(small_trace):
     for key in ("rho_count_idf", "reduction_pct", "domain_overlap", "decode_drift"):
         assert t.loc[key, "generated"] == pytest.approx(s[key])
     assert t.attrs["n_requests"] == small_trace.n_requests
+    # the drift row says what it cosines (a student could not decode "1 - cos halves / cos odd-even")
+    assert "cos(1st half, 2nd half) / cos(odd, even tokens)" in t.loc["decode_drift", "statistic"]
+    assert "expert counts" in t.loc["decode_drift", "statistic"]
 
 
 def test_calibration_table_small():

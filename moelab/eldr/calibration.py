@@ -524,7 +524,8 @@ _ROWS = (
     ("recall_raw", "decode-expert recall, raw counts"),
     ("reduction_pct", "same-domain distinct-expert reduction, B=32 (%)"),
     ("domain_overlap", "cross-domain overlap (cosine of per-domain expert distributions)"),
-    ("decode_drift", "within-request decode drift (1 - cos halves / cos odd-even)"),
+    ("decode_drift", "within-request decode drift: 1 - cos(1st half, 2nd half) / cos(odd, even tokens) of a request's "
+                     "decode expert counts"),
 )
 
 

@@ -1063,7 +1063,8 @@ def regime_map(scales: Sequence[float] = (0.25, 0.5, 1.0, 1.5), *, rates: Sequen
     oracle on a grid of locality strength x rate x K x tau. Locality strength is set by the synthetic
     generator's ``domain_scale`` (``scales``; 1 = the spread measured on OLMoE's counts) and REPORTED
     as the measured held-out count_idf rho of each generated workload (the heatmap's axis). Rates are
-    scaled by K/16 (per-worker load of the 16-worker cluster). One row per (scale, K, tau, rate)."""
+    scaled by K/16 (per-worker load of the 16-worker cluster). One row per (scale, K, tau, rate);
+    ``eldr_mean_batch`` is ELDR's mean batch per step there (requests; what a cell's gain has to share)."""
     rows = []
     for sc in scales:
         check_real("scale", sc, low=0)
@@ -1083,7 +1084,8 @@ def regime_map(scales: Sequence[float] = (0.25, 0.5, 1.0, 1.5), *, rates: Sequen
                     rows.append({"domain_scale": float(sc), "rho": rho, "n_workers": k, "tau": tau, "rate": float(rate),
                                  "p50_gain_pct": g50, "p99_gain_pct": g99, "best_baseline": b50,
                                  "oracle_gap_pct": 100 * (e["tpot_ms_p50"] / runs["domain_oracle"]["tpot_ms_p50"] - 1),
-                                 "oracle_gain_pct": gain_vs_best(res, "domain_oracle", BASELINES)[0]})
+                                 "oracle_gain_pct": gain_vs_best(res, "domain_oracle", BASELINES)[0],
+                                 "eldr_mean_batch": float(e["mean_batch"])})
     return pd.DataFrame(rows)
 
 
