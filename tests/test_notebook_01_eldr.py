@@ -98,6 +98,21 @@ def test_notebook_01_eldr(tmp_path, public_data):
         assert r["gain_budget"]["rate"] == rates and all(0 < x < 100 for x in r["gain_budget"]["expert_share_pct"])
     assert "eldr_regime_map.html" in res["_figures"] and "eldr_paper_two_sided.html" in res["_figures"]
     assert "eldr_rate_sweep.html" in res["_figures"] and "eldr_vs_paper.html" in res["_figures"]
+    # fifth student read: the computed prose says which mean batch it means, what the map's star is, and what the
+    # drift statistic cosines
+    import json  # lazy: only this test reads the executed notebook's outputs
+
+    shown = "\n".join("".join(o["data"]["text/markdown"]) for c in json.loads((tmp_path / "01_eldr.ipynb").read_text())["cells"]
+                      for o in c.get("outputs", []) if "text/markdown" in o.get("data", {}))
+    if r["p99_worse"] is not None:  # the tail's per-request batches are set apart from the table's per-step mean_batch
+        assert f"not the table's mean_batch ({r['p99_worse']['eldr_mean_batch']:.2f}" in shown
+    if r["prefix_p99"]["eldr_p99"] > r["prefix_p99"]["baseline_p99"]:
+        assert "a request's batch here is the mean batch of the steps that made its tokens" in shown
+    star = r["regime_star"]  # the star is placed at the trace's rho; the sentence gives the trace's own gain
+    assert star is not None and star["rho"] == real["rho"]
+    assert star["trace_gain_pct"] == real["spread"][f"{star['trace_rate']:g}"]["gain_pct"]
+    assert "The star marks where the real trace sits, not what it gains." in shown
+    assert f"The trace itself measured {star['trace_gain_pct']:+.1f}%" in shown
 
 
 def test_paper_comparison_table_is_read_before_it_is_shown():
