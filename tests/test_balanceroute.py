@@ -569,11 +569,24 @@ def test_regime_figures():
     with pytest.raises(ValueError, match="metric must be one of"):
         brviz.regime_heatmap(grid, 8, 72, "nope")
     fig = brviz.gain_vs_share(grid, 14.5, highlight={"shape": "qwen3-30b-a3b", "context_scale": 1.0, "slots": 72, "G": 8})
-    # the legend keys the markers (a static page has no hover text): a symbol per shape, a size per G
-    assert [t.name for t in fig.data] == ["BR-0", "BR-H (paper constants)", "H200 Qwen3 point", "symbol: qwen3-30b-a3b",
-                                          "symbol: llama-3.1-70b", "size: G=8"]
-    assert fig.data[3].marker.symbol != fig.data[4].marker.symbol
-    assert fig.data[5].marker.size == fig.data[0].marker.size[0]  # the key's G=8 marker is the points' size at G=8
+    # the legend keys the markers (a static page has no hover text): a colour per router, a symbol per shape
+    named = [t.name for t in fig.data if t.showlegend is not False]
+    assert named == ["BR-0", "BR-H (paper constants)", "H200 Qwen3 point", "symbol: qwen3-30b-a3b",
+                     "symbol: llama-3.1-70b"]
+    keys = [t for t in fig.data if (t.name or "").startswith("symbol:")]
+    assert keys[0].marker.symbol != keys[1].marker.symbol
+    # the paper's +14.5% lies far above the grid's gains (at most 4%): named in its panel's title, no line that
+    # would stretch the axis and squeeze the points into its bottom third
+    assert not fig.layout.shapes and "paper's BR-H: +14.5%" in fig.layout.annotations[0].text
+    near = brviz.gain_vs_share(grid, 4.5)
+    assert len(near.layout.shapes) == 1 and near.layout.shapes[0].y0 == 4.5  # within reach: a dashed line
+    # one panel per G: settings that differ only in G never share a panel (the old sizes barely told them apart)
+    two_g = pd.concat([grid, grid.assign(G=4, brh_throughput_gain_pct=grid["brh_throughput_gain_pct"] + 0.01)])
+    fig2 = brviz.gain_vs_share(two_g)
+    brh_panels = {t.xaxis or "x": sorted(t.y) for t in fig2.data if t.name == "BR-H (paper constants)"}
+    assert brh_panels == {"x": sorted(two_g.loc[two_g["G"] == 4, "brh_throughput_gain_pct"]),
+                          "x2": sorted(two_g.loc[two_g["G"] == 8, "brh_throughput_gain_pct"])}
+    assert [a.text for a in fig2.layout.annotations] == ["G = 4", "G = 8"]
 
 
 def test_trace_windows_are_disjoint_and_the_first_is_the_headlines():

@@ -50,6 +50,24 @@ def test_notebook_05_balanceroute(tmp_path, public_data):
     metrics = {row["metric"] for row in res["paper_table"]}
     assert "JSQ avg imbalance (tokens)" in metrics and "BR-0 / JSQ imbalance" in metrics
     _check_claims(res, _rendered(tmp_path / "05_balanceroute.ipynb"))
+    text = _rendered(tmp_path / "05_balanceroute.ipynb")
+    sources = "\n".join("".join(c["source"]) for c in json.loads((tmp_path / "05_balanceroute.ipynb").read_text())["cells"])
+    # the headline figure draws some routers; the text names them and the others, which only the tables show
+    drawn, only = res["headline_routers_drawn"], res["headline_routers_tables_only"]
+    assert set(drawn) | set(only) == set(res["routers"]) - {"brh_tuned_oracle"} and not set(drawn) & set(only)
+    assert f"In section 3's tables only: {', '.join(only)}." in text
+    assert "Every router on the same held-out requests at `G` ranks, and the imbalance" not in sources
+    # gain_bound_pct counts the idle work alone: never called a ceiling (a router whose ranks hold less KV passes it),
+    # and the rule of thumb is the envelope's (section 3), not the idle work removed
+    assert "`gain_bound_pct` is\ntheir ceiling" not in sources and "`gain_bound_pct` is its ceiling" not in sources
+    assert "It is not a ceiling on a router's gain" in sources
+    assert "the barrier idle time balancing removes" not in sources
+    env = res["regime_envelope_not_idle"]
+    assert env["points_above_bound"] == len(env["above_bound"])
+    assert ("the idle work removed does not order the gains" in text) == (env["points_order_reversed"] > 0)
+    for d in env["above_bound"]:
+        assert max(d["br0_pct"], d["brh_pct"]) > d["bound_pct"]
+        assert f"{d['setting']}: bound {d['bound_pct']:.2f}%" in text
     # one number, one rendering: BR-0's decision p50 reads the same in the costs table and the paper table (the costs
     # table was rounded to 3 places before the table's own 2, so 0.185 showed as 0.18 there and 0.19 beside the paper)
     tables = _plotly_tables(tmp_path / "05_balanceroute.ipynb")

@@ -9,6 +9,7 @@ import ipywidgets as w
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from moelab.viz.common import color_for, refresh, slider
 
@@ -179,25 +180,44 @@ def regime_heatmap(grid: pd.DataFrame, G: int, slots: int, metric: str = "brh_th
     return fig
 
 
-def _g_marker_size(G: pd.Series) -> pd.Series:
-    """Marker size for DP degree ``G``: 3 px more per doubling, so G=4, 8 and 16 read apart."""
-    return 4 + 3 * np.log2(G.astype(float))
-
-
 def gain_vs_share(grid: pd.DataFrame, paper_gain_pct: float | None = None,
                   highlight: dict[str, Any] | None = None) -> go.Figure:
-    """Throughput gain of BR-0 and BR-H against the attention share of the step, every grid setting;
-    the paper's G=8 gain as a horizontal line when given; ``highlight`` (a setting: shape, context_scale,
-    slots, G) marked with a star, e.g. the H200 Qwen3 point."""
-    fig = go.Figure()
-    for col, name, color in (("br0_throughput_gain_pct", "BR-0", color_for("br0")),
-                             ("brh_throughput_gain_pct", "BR-H (paper constants)", color_for("brh_oracle"))):
-        fig.add_trace(go.Scatter(
-            x=grid["attention_share"], y=grid[col], mode="markers", name=name,
-            marker={"color": color, "size": _g_marker_size(grid["G"]),
-                    "symbol": [_SHAPE_SYMBOLS.get(s, "circle") for s in grid["shape"]]},
-            text=[f"{r.shape}, x{r.context_scale:g}, {r.slots} slots, G={r.G}" for r in grid.itertuples()],
-            hovertemplate="%{text}<br>attention %{x:.0%}<br>gain %{y:+.2f}%<extra></extra>"))
+    """Throughput gain of BR-0 and BR-H against the attention share of the step, every grid setting.
+
+    One panel per DP degree ``G`` (shared y axis), so settings that differ only in ``G`` do not pile on each
+    other; the colour is the router, the symbol the model shape, and a thin grey line joins the two routers
+    of one setting. ``paper_gain_pct`` (the paper's G=8 gain) is a dashed line where it lies within reach of
+    the grid's gains (at most 1.25 x the largest), otherwise it is named in its panel's title, so it does not
+    stretch the axis and squeeze the data. ``highlight`` (a setting: shape, context_scale,
+    slots, G) is marked with a star, e.g. the H200 Qwen3 point."""
+    g_values = sorted(int(g) for g in set(grid["G"]))
+    routers = (("br0_throughput_gain_pct", "BR-0", color_for("br0")),
+               ("brh_throughput_gain_pct", "BR-H (paper constants)", color_for("brh_oracle")))
+    paper_col = (g_values.index(8) + 1 if 8 in g_values else len(g_values)) if paper_gain_pct is not None else None
+    top = float(np.nanmax(grid[[c for c, _, _ in routers]].to_numpy()))
+    paper_on_axis = paper_gain_pct is not None and paper_gain_pct <= 1.25 * max(top, 0.0)
+    titles = [f"G = {g}" for g in g_values]
+    if paper_col is not None and not paper_on_axis:  # far above the data: named in its panel's title, off the axis
+        titles[paper_col - 1] += f"<br>paper's BR-H: +{paper_gain_pct:g}%, above the axis"
+    fig = make_subplots(rows=1, cols=len(g_values), shared_yaxes=True, horizontal_spacing=0.06,
+                        subplot_titles=titles)
+    for col, g in enumerate(g_values, start=1):
+        sub = grid[grid["G"] == g]
+        # the two routers of one setting, joined (None breaks the line between settings)
+        xs, ys = [], []
+        for r in sub.itertuples():
+            xs += [r.attention_share, r.attention_share, None]
+            ys += [r.br0_throughput_gain_pct, r.brh_throughput_gain_pct, None]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"color": "#c8c8c8", "width": 1}, showlegend=False,
+                                 hoverinfo="skip"), row=1, col=col)
+        for column, name, color in routers:
+            fig.add_trace(go.Scatter(
+                x=sub["attention_share"], y=sub[column], mode="markers", name=name, legendgroup=name,
+                showlegend=col == 1,
+                marker={"color": color, "size": 11, "line": {"color": "white", "width": 1},
+                        "symbol": [_SHAPE_SYMBOLS.get(s, "circle") for s in sub["shape"]]},
+                text=[f"{r.shape}, x{r.context_scale:g}, {r.slots} slots, G={r.G}" for r in sub.itertuples()],
+                hovertemplate="%{text}<br>attention %{x:.0%}<br>gain %{y:+.2f}%<extra></extra>"), row=1, col=col)
     if highlight is not None:
         m = np.ones(len(grid), bool)
         for k, v in highlight.items():
@@ -207,21 +227,21 @@ def gain_vs_share(grid: pd.DataFrame, paper_gain_pct: float | None = None,
             fig.add_trace(go.Scatter(x=[r["attention_share"]], y=[r["brh_throughput_gain_pct"]], mode="markers+text",
                                      marker={"symbol": "star", "size": 16, "color": "#ffd700",
                                              "line": {"color": "black", "width": 1}},
-                                     text=[f"{r['shape']} x{r['context_scale']:g}, {int(r['slots'])} slots, G={int(r['G'])}"],
-                                     textposition="top center", name="H200 Qwen3 point"))
-    # the key to the markers, in the legend (a static page shows no hover text): one entry per shape and per G
+                                     text=[f"{r['shape']} x{r['context_scale']:g}, {int(r['slots'])} slots"],
+                                     textposition="top center", name="H200 Qwen3 point"),
+                          row=1, col=g_values.index(int(r["G"])) + 1)
+    # the key to the symbols, in the legend (a static page shows no hover text): one entry per shape
     for shape in dict.fromkeys(grid["shape"]):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"symbol: {shape}", legendgroup="marker key",
-                                 marker={"color": "#7f7f7f", "size": 10, "symbol": _SHAPE_SYMBOLS.get(shape, "circle")}))
-    for g in sorted(set(grid["G"])):
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"size: G={g}", legendgroup="marker key",
-                                 marker={"color": "#7f7f7f", "size": float(_g_marker_size(pd.Series([g])).iloc[0]),
-                                         "symbol": "circle-open"}))
-    if paper_gain_pct is not None:
-        fig.add_hline(y=paper_gain_pct, line_dash="dash", annotation_text=f"paper +{paper_gain_pct:g}% (G=8)")
-    fig.update_layout(title="Throughput gain vs the attention share of the step (marker size: G; symbol: shape)",
-                      xaxis_title="attention share of a balanced step", xaxis_tickformat=".0%",
-                      yaxis_title="throughput gain vs best baseline (%)", template="plotly_white")
+                                 marker={"color": "#7f7f7f", "size": 10, "symbol": _SHAPE_SYMBOLS.get(shape, "circle")}),
+                      row=1, col=1)
+    if paper_on_axis:
+        fig.add_hline(y=paper_gain_pct, line_dash="dash", annotation_text=f"paper: BR-H +{paper_gain_pct:g}% (G=8)",
+                      row=1, col=paper_col)
+    fig.update_xaxes(title_text="attention share of a balanced step", tickformat=".0%", matches="x")
+    fig.update_yaxes(title_text="throughput gain vs best baseline (%)", row=1, col=1)
+    fig.update_layout(title="Throughput gain vs the attention share of the step (one panel per G; symbol: shape)",
+                      template="plotly_white", margin={"t": 110})
     return fig
 
 
