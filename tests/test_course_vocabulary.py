@@ -48,3 +48,10 @@ def test_first_use_finder():
     assert first_use(nb, TERMS["TPOT"])[0] == 1 and first_use(nb, TERMS["TPOT"])[2] is True
     plain = {"cells": [{"cell_type": "markdown", "source": "the rest of it, then REST the drafter"}]}
     assert "REST the" in first_use(plain, TERMS["REST"])[1] and first_use(plain, TERMS["REST"])[2] is False
+
+
+def test_a_term_broken_across_lines_is_still_found():
+    # the source wraps lines: "speculative-sampling\nrule" is the term, unlinked
+    nb = {"cells": [{"cell_type": "markdown", "source": "a lossless speculative-sampling\nrule replaces greedy"}]}
+    use = first_use(nb, TERMS["Speculative-sampling rule"])
+    assert use is not None and use[0] == 0 and use[2] is False

@@ -48,6 +48,7 @@ TERMS: dict[str, str] = {
     "Oracle": r"\boracle\b",
     "Hungarian matching": r"\bHungarian\b",
     "Coefficient of variation": r"\bcoefficients? of variation\b",
+    "DeepEP": r"\bDeepEP\b",
 }
 
 _BOLD_ENTRY = re.compile(r"^- \*\*([^*]+)\*\*", re.MULTILINE)
@@ -83,7 +84,8 @@ def first_use(nb: dict[str, Any], pattern: str) -> tuple[int, str, bool] | None:
     """``(markdown cell index, the words around it, linked)`` of the first use of ``pattern`` in the notebook's
     markdown (its first cell, the title and prerequisites, included), or None when it is never used. ``linked``:
     the use is inside the text of a link to NOTATION.md."""
-    rx = re.compile(pattern, re.IGNORECASE)
+    # a space in a pattern matches any whitespace: a term the source breaks across lines is still the term
+    rx = re.compile(pattern.replace(" ", r"\s+"), re.IGNORECASE)
     for i, text in enumerate(_markdown(nb)):
         # a use inside math, inline code or a heading cannot carry a link: look past it (same length, so offsets
         # hold); the first use in running text is the one to link
