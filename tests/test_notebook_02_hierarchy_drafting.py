@@ -170,6 +170,29 @@ def test_notebook_02_runs_and_records_results(tmp_path, public_data):
     titles = [str(o["data"]["application/vnd.plotly.v1+json"]["layout"].get("title", {}).get("text", ""))
               for c in executed["cells"] for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in o.get("data", {})]
     assert any(t.startswith("HD (cost-aware): which store pays off where") for t in titles), titles
+    # fifth read: the intro said the picture shows "which store it never had to ask" where every store was asked;
+    # the sentence under the picture now says which were asked, from the walk drawn
+    worked = course_hd.worked_step(order="WSL", candidates=4)
+    assert course_hd.walk_caption(worked["walk"], order="WSL", candidates=4) in md
+    if all(n is not None for n in worked["walk"].values()):
+        assert "never had to ask" not in "".join(executed["cells"][0]["source"])
+    # the demo's token-by-token legend names only the sources it shows: an HD run has no PLD token
+    demo_html = next("".join(o["data"]["text/html"]) for c in executed["cells"] for o in c.get("outputs", [])
+                     if "= one target forward" in "".join(o.get("data", {}).get("text/html", "")))
+    assert "PLD" not in demo_html
+    # the sentence naming the columns of "the <n>th table" counts the tables its section shows (it said "second"
+    # for the third); the table it names holds those columns
+    cells = executed["cells"]
+    at = next(i for i, c in enumerate(cells) if c["cell_type"] == "markdown" and "table's columns" in "".join(c["source"]))
+    ordinal = re.search(r"The (\w+) table's columns", "".join(cells[at]["source"])).group(1)
+    tables = []
+    for c in cells[at + 1:]:
+        if c["cell_type"] == "markdown":
+            break
+        tables += ["".join(o["data"].get("text/html", o["data"].get("text/plain", ""))) for o in c.get("outputs", [])
+                   if "data" in o and ("<table" in "".join(o["data"].get("text/html", "")))]
+    index = ["first", "second", "third", "fourth", "fifth"].index(ordinal)
+    assert index < len(tables) and "cpu_speedup" in tables[index] and "W_accept_share" in tables[index], ordinal
     for name in ("hd_verify_cost", "hd_demo_steps", "hd_mat_by_budget", "hd_mat_by_category", "hd_store_shares",
                  "hd_vs_published"):
         assert f"{name}.html" in res["_figures"]
@@ -183,6 +206,15 @@ def test_notebook_02_runs_and_records_results(tmp_path, public_data):
         assert "hd_vllm_full_speedup.html" in res["_figures"]
     else:
         assert "full_benchmark" not in r
+
+
+def test_walk_caption_says_which_stores_were_asked():
+    assert course_hd.walk_caption({"W": 1, "S": 2, "L": 1}, order="WSL", candidates=4) == (
+        "W supplied 1 candidate, S 2 and L 1: every store was asked, because the list held fewer than 4 candidates "
+        "until L answered.")
+    assert course_hd.walk_caption({"W": 4, "S": None, "L": None}, order="WSL", candidates=4).endswith(
+        "after W, so S and L were never asked.")
+    assert "held 2 of the 4" in course_hd.walk_caption({"W": 1, "S": 1, "L": 0}, order="WSL", candidates=4)
 
 
 def _compare_table():

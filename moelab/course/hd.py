@@ -134,6 +134,42 @@ def worked_step(*, order: str = "WSL", candidates: int = 4, target: str = TOY_TA
             "prompt": TOY_PROMPT, "target": target}
 
 
+def walk_caption(walk: dict[str, int | None], *, order: str = "WSL", candidates: int = 4) -> str:
+    """One sentence on a drawn walk: how many candidates each store supplied, in the order they were asked, and
+    which stores were never asked (or why every one was).
+
+    Parameters
+    ----------
+    walk : dict
+        ``worked_step(...)["walk"]``: candidates each store supplied (``None``: not asked).
+    order : str
+        The order the walk asks the stores in (the one given to :func:`worked_step`).
+    candidates : int
+        The most candidates the walk holds (:func:`worked_step`'s ``candidates``).
+
+    Returns
+    -------
+    str
+        Markdown, e.g. "W supplied 1 candidate, S 2 and L 1: every store was asked, because the list held
+        fewer than 4 candidates until L answered."
+    """
+    asked = [k for k in order if walk.get(k) is not None]
+    never = [k for k in order if walk.get(k) is None]
+    held = sum(int(walk[k] or 0) for k in asked)
+    if not asked:
+        return "No store was asked."
+    counts = [f"{asked[0]} supplied {walk[asked[0]]} candidate{'s' if walk[asked[0]] != 1 else ''}",
+              *(f"{k} {walk[k]}" for k in asked[1:])]
+    listed = counts[0] if len(counts) == 1 else ", ".join(counts[:-1]) + " and " + counts[-1]
+    if never:
+        return (f"{listed}: the list held its {candidates} candidates after {asked[-1]}, so "
+                f"{' and '.join(never)} {'was' if len(never) == 1 else 'were'} never asked.")
+    if held >= candidates:
+        return (f"{listed}: every store was asked, because the list held fewer than {candidates} candidates "
+                f"until {asked[-1]} answered.")
+    return f"{listed}: every store was asked, and together they held {held} of the {candidates} candidates allowed."
+
+
 class _OneDraft(Drafter):
     """Proposes one fixed candidate at the first step, nothing afterwards (the reference for one step)."""
 
@@ -536,4 +572,4 @@ def speedup_context(cost: VerifyCost, a: float, q: int) -> dict[str, Any]:
 
 __all__ = ["TOY_CORPUS", "TOY_EXERCISE_TARGET", "TOY_LENGTH", "TOY_MODEL_OUTPUTS", "TOY_PROMPT", "TOY_TARGET",
            "ToyStores", "chain_cases", "first_tokens", "policy_contrast", "slice_breakdown", "speed_breakdown", "speedup_bound",
-           "speedup_context", "tokens_per_step", "toy_drafter", "toy_stores", "walk_sources", "worked_step"]
+           "speedup_context", "tokens_per_step", "toy_drafter", "toy_stores", "walk_caption", "walk_sources", "worked_step"]

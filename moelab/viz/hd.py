@@ -30,17 +30,20 @@ METHOD_COLORS = {m: color_for(m) for m in ("AR", "PLD", "W-only", "S-only", "L-o
 
 def acceptance_html(tokenizer: Any, result: Any, *, max_steps: int | None = None) -> str:
     """The generated text token by token: accepted draft tokens coloured by the store that drafted them,
-    the target's bonus token grey; a thin bar separates target forwards.
+    the target's bonus token grey; a thin bar separates target forwards. The legend names only the sources of the
+    tokens shown (a run without PLD shows no PLD swatch).
 
     Each token's text and tooltip is escaped once (``&``, ``<``, ``>``, and ``"`` inside the double-quoted tooltip;
     an apostrophe stays a character); a newline is shown as the character ``↵`` and a line break, and spacing is CSS,
     so the output holds no entity a viewer could show raw (:func:`moelab.viz.hygiene.html_output_problems`)."""
     spans = []
+    shown: set[str] = set()  # the sources of the tokens shown: the legend names only these
     for i, step in enumerate(result.steps[:max_steps]):
         toks = [*zip(step.accepted, step.sources), (step.bonus, "bonus")]
         for tok, src in toks:
             if tok < 0:
                 continue
+            shown.add(src)
             text = html.escape(tokenizer.decode([tok]), quote=False).replace("\n", "\u21b5<br>")
             tip = html.escape(f"step {i}: {STORE_NAMES[src]}", quote=False).replace('"', "&quot;")
             spans.append(f'<span title="{tip}" style="background:{STORE_COLORS[src]};white-space:pre-wrap;'
@@ -48,7 +51,7 @@ def acceptance_html(tokenizer: Any, result: Any, *, max_steps: int | None = None
         spans.append('<span style="border-left:2px solid #444;margin:0 1px"></span>')
     legend = " ".join(f'<span style="background:{c};color:{"#000" if k == "bonus" else "#fff"};padding:1px 4px;'
                       f'border-radius:3px">{html.escape(STORE_NAMES[k], quote=False)}</span>'
-                      for k, c in STORE_COLORS.items())
+                      for k, c in STORE_COLORS.items() if k in shown)
     return (f'<div style="font-family:monospace;line-height:1.9">{"".join(spans)}</div>'
             f'<div style="margin-top:6px;font-size:90%">{legend}'
             f'<span style="margin-left:1em">| = one target forward</span></div>')
@@ -180,16 +183,27 @@ def fig_store_shares(summary: pd.DataFrame, method: str = "HD(WSL)", engine: str
     """Per-category lookup-hit rate and share of accepted draft tokens of each store of ``method``.
 
     ``method`` selects the rows (its summary label); ``title``, when given, replaces the default title (which
-    names the method by that label), e.g. to name the method as the lesson writes it."""
+    names the method by that label), e.g. to name the method as the lesson writes it. A store never asked in a
+    category (no lookups, so no hit rate) is marked "not asked" where its hit-rate bar would be (an extra,
+    legend-less bar trace of zero height carries the label)."""
     g = summary[summary["method"] == method]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("lookup hit rate", "share of accepted draft tokens"))
     for letter in "WSL":
         if f"{letter}_hit_rate" not in g:
             continue
-        fig.add_bar(x=g["category"], y=g[f"{letter}_hit_rate"], name=STORE_NAMES[letter],
+        fig.add_bar(x=g["category"], y=g[f"{letter}_hit_rate"], name=STORE_NAMES[letter], offsetgroup=letter,
                     marker_color=STORE_COLORS[letter], row=1, col=1, legendgroup=letter)
-        fig.add_bar(x=g["category"], y=g[f"{letter}_accept_share"], name=STORE_NAMES[letter],
+        fig.add_bar(x=g["category"], y=g[f"{letter}_accept_share"], name=STORE_NAMES[letter], offsetgroup=letter,
                     marker_color=STORE_COLORS[letter], row=1, col=2, legendgroup=letter, showlegend=False)
+        # a store never asked in a category has no hit rate (no lookups): "not asked" stands in its bar's place,
+        # so the gap does not read as a 0% hit rate
+        unasked = g[f"{letter}_hit_rate"].isna().to_numpy()
+        if unasked.any():
+            fig.add_bar(x=g["category"], y=np.where(unasked, 0.0, np.nan), offsetgroup=letter, legendgroup=letter,
+                        name=f"{STORE_NAMES[letter]}: not asked", showlegend=False, marker_color=STORE_COLORS[letter],
+                        text=np.where(unasked, f"{letter} not asked", ""), textposition="outside", textangle=-90,
+                        textfont={"color": STORE_COLORS[letter], "size": 11}, cliponaxis=False, constraintext="none",
+                        hovertemplate=f"%{{x}}: {letter} never asked (no lookups)<extra></extra>", row=1, col=1)
     fig.update_xaxes(title_text="Spec-Bench category")
     fig.update_yaxes(title_text="lookup hit rate (hits / lookups)", row=1, col=1)
     fig.update_yaxes(title_text="share of accepted draft tokens", row=1, col=2)
