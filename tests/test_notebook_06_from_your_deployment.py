@@ -126,6 +126,14 @@ def test_notebook_06_on_the_recorded_capture(tmp_path):
     streams = "".join("".join(o.get("text", "")) for c in json.loads((tmp_path / "06_from_your_deployment.ipynb").read_text())["cells"]
                       for o in c.get("outputs", []) if o.get("output_type") == "stream")
     assert f"({r['hf_checked']} of {r['n_requests']} requests through the HF backend)" in streams
+    # the ARI is of K-means on plain prefill count shares of every layer, not section 5's count-IDF signatures on the
+    # layers it keeps (a student read "K-means on prefill signatures" as the latter), and the figure's layer number
+    # counts from 0 (fifth student read)
+    assert f"of K-means on the prefill count shares of all {r['num_layers']} layers" in streams, streams[:2000]
+    assert f"(layers counted from 0: 0 to {r['num_layers'] - 1})" in streams, streams[:2000]
+    prose = "".join("".join(c["source"]) for c in json.loads((tmp_path / "06_from_your_deployment.ipynb").read_text())["cells"]
+                    if c["cell_type"] == "markdown")
+    assert "K-means on prefill signatures" not in prose and "not section 5's count-IDF signatures" in prose
     _check_analysis(r)
     assert FIGURES <= set(res["_figures"])
 
