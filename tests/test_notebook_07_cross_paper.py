@@ -112,3 +112,13 @@ def test_notebook_07_cross_paper(tmp_path):
     assert ("the lever stands above the draws' noise" in text) == (lever["eldr_only_spread"] < lever["lever_pct_min"])
     source = "\n".join("".join(c["source"]) for c in json.loads((tmp_path / "07_cross_paper.ipynb").read_text())["cells"])
     assert "[PD-disaggregated](NOTATION.md#glossary)" in source
+    # the step model is defined where it is first met (the setup's sentence), not two uses before section 2
+    assert text.index("step model") == text.index("**step model** (this notebook's price of one decode step") + 2
+    # a student's subtraction of the printed gains gives the printed difference: "+4.8%" and "+3.3%" sat beside
+    # "+1.6 points from additive" (unrounded 1.553), and "+4.8% vs +3.5%" beside "adds ... to +1.4"
+    both, additive = round(res["both_gain_pct"], 2), round(res["additive_gain_pct"], 2)
+    assert res["interaction_pts_of_shown_gains"] == pytest.approx(both - additive)
+    assert (f"independent gains would give {additive:+.2f}% and the best ELDR x BalanceRoute pair gains {both:+.2f}%: "
+            f"the combination is {both - additive:+.2f} points from additive") in text
+    assert row3["evidence"].startswith(f"both {res['both_gain_pct']:+.2f}% vs BalanceRoute alone {res['br_only_gain_pct']:+.2f}%")
+    assert f"ELDR adds {added['added_min']:+.2f} to {added['added_max']:+.2f} points" in row3["evidence"]
