@@ -295,8 +295,8 @@ def check_speedup_bound(answer: object, *, qs: Sequence[int], ms: Sequence[float
 
 _SPEEDUP_DEFAULTS = {"qs": [1, 2, 9], "ms": [10.0, 14.0, 16.0], "a": 2.0, "q": 9}
 exercise(NOTEBOOK, "speedup_bound", "medium",
-         "If every forward verified q = BUDGET + 1 tokens and yielded the demo's tokens per forward a, how much "
-         "faster than AR would decoding be (drafting free)?", check_speedup_bound,
+         "If every forward verified q = BUDGET + 1 tokens and yielded the demo's tokens per forward a, what would "
+         "decoding's speed be relative to AR, drafting free (a ratio: below 1 is slower)?", check_speedup_bound,
          solution=lambda **ctx: speedup_bound(**{k: ctx[k] for k in ("qs", "ms", "a", "q")}),
          wrong=lambda *, a, **_: float(a),  # forgets that a bigger forward costs more
          context=_SPEEDUP_DEFAULTS)
