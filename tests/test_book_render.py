@@ -225,6 +225,22 @@ def test_slides_drop_progress_bars_and_note_only_panels():
     assert len(shown) == 1 and "An interactive panel" in shown[0]["data"]["text/markdown"]
 
 
+def test_slides_caption_a_panels_static_copy():
+    """A panel's static copy (HTML, which reveal.js shows before Markdown) carries its caption inside, above the
+    image, so a slide never repeats a figure with no word that it is the panel at this run's parameters."""
+    from moelab.slides import slide_notebook
+
+    img = '<img alt="static copy of an interactive figure" src="data:image/png;base64,AAAA"/>'
+    panel = _display({WIDGET: {"model_id": "b"}, "text/plain": "VBox(children=(IntSlider(value=7),))",
+                      "text/html": img})
+    nb = slide_notebook("06_from_your_deployment", {0: [panel]}, app_command="moelab app 06_from_your_deployment")
+    shown = [o for c in nb["cells"] for o in c.get("outputs", [])]
+    assert len(shown) == 1
+    html = shown[0]["data"]["text/html"]
+    assert html.index("static copy of an interactive panel") < html.index("<img")
+    assert "moelab app 06_from_your_deployment" in html and "text/markdown" not in shown[0]["data"]
+
+
 def test_each_notebook_links_its_neighbours_in_the_reading_order():
     """A notebook's Previous/Next line, 00's reading-order table and the book's chapters follow one order
     (:data:`moelab.notebooks.READING_ORDER`), so a reader in JupyterLab and one in the book walk the same path."""

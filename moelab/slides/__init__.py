@@ -179,6 +179,12 @@ def slide_notebook(name: str, outputs: dict[int, list[dict[str, Any]]], *, app_c
                 data.pop(lecture.WIDGET_MIME)
                 if is_progress_bar(data.pop("text/plain", None)):  # a tqdm bar, not a panel: nothing to show
                     out["drop"] = True
+                elif "text/html" in data:  # a panel with a static copy: the HTML is what reveal.js shows, so
+                    # the caption goes inside it, above the copy (else a figure repeats with no word of why)
+                    html = data["text/html"]
+                    data["text/html"] = (f'<p class="moelab-panel-note"><em>A static copy of an interactive panel, '
+                                         f'drawn at this run\'s parameters: run it live with <code>{app_command}'
+                                         '</code>.</em></p>' + ("".join(html) if isinstance(html, list) else html))
                 else:
                     data["text/markdown"] = f"*An interactive panel: run it live with `{app_command}`.*"
         cell["outputs"] = [o for o in cell["outputs"] if not o.pop("drop", False)]
