@@ -33,7 +33,7 @@ def causes_figure(table: pd.DataFrame) -> go.Figure:
     """The two mechanisms side by side: distinct experts per layer per step (ELDR's lever) and the
     barrier imbalance of KV load across ranks (BalanceRoute's lever), per pair."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("distinct experts per layer per step",
-                                                        "barrier idle work I = G·M − Σ L_g (KV tokens)"))
+                                                        "barrier idle work I = G·M − Σ L<sub>g</sub> (KV tokens)"))
     for rank, g in table.groupby("rank_router", sort=False):
         fig.add_bar(x=g["instance_router"], y=g["distinct_per_layer_step"], name=f"rank: {rank}",
                     marker_color=color_for(rank), legendgroup=rank, row=1, col=1)
@@ -41,7 +41,7 @@ def causes_figure(table: pd.DataFrame) -> go.Figure:
                     legendgroup=rank, showlegend=False, row=1, col=2)
     fig.update_xaxes(title_text="instance router")
     fig.update_yaxes(title_text="distinct experts / layer / step", row=1, col=1)
-    fig.update_yaxes(title_text="I = G·M − Σ L_g (KV tokens)", row=1, col=2)
+    fig.update_yaxes(title_text="I = G·M − Σ L<sub>g</sub> (KV tokens)", row=1, col=2)
     fig.update_layout(barmode="group", template="plotly_white", title="Where each gain comes from")
     return fig
 

@@ -111,7 +111,7 @@ def fig_distinct_experts(distinct: dict[str, float], n_workers: int, tau: float 
     names = list(distinct)
     fig = go.Figure(go.Bar(x=names, y=[distinct[n] for n in names], marker_color=[color_for(n) for n in names],
                            text=[f"{distinct[n]:.2f}" for n in names], textposition="outside"))
-    band = "" if tau is None else f", ELDR tau = {tau:g}"
+    band = "" if tau is None else f", ELDR τ = {tau:g}"
     fig.update_layout(title=f"Distinct experts loaded per layer per decode step ({n_workers} decode workers{band})",
                       xaxis_title="router", yaxis_title="distinct experts / layer / step", template="plotly_white")
     return fig
@@ -122,7 +122,7 @@ def tau_panel(compute: Any, distinct: dict[str, float], n_workers: int, tau: flo
     ``compute(tau) -> distinct experts under ELDR``."""
     fw = go.FigureWidget(fig_distinct_experts(distinct, n_workers, tau))
     # tau >= 2 admits every worker into the band (cosines lie in [-1, 1]): the slider reaches plain JSQ
-    s = slider("ELDR band tau", tau, 0.0, 2.0, 0.05)
+    s = slider("ELDR band τ", tau, 0.0, 2.0, 0.05)
     names = list(distinct)
 
     def update(change: Any) -> None:

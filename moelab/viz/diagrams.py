@@ -84,7 +84,7 @@ def eldr_tier_diagram(n_prefill: int = 2, n_decode: int = 3, routed_to: int = 1)
         _arrow(fig, 1.7, height / 2, 2.6, y)
         # the topmost arrow carries the label (drawn above it): no other arrow runs through it
         _arrow(fig, 4.6, y, 6.0, height / 2, "signature v" if i == n_prefill - 1 else "")
-    _box(fig, 6.0, height / 2 - 0.7, 8.0, height / 2 + 0.7, "router<br>band: cos(v, c<sub>j</sub>)<br>≥ best − tau",
+    _box(fig, 6.0, height / 2 - 0.7, 8.0, height / 2 + 0.7, "router<br>band: cos(v, c<sub>j</sub>)<br>≥ best − τ",
          fill="#fde0dd", line=color_for("eldr"), font_size=11)
     for j in range(n_decode):
         y = height / 2 + ((n_decode - 1) / 2 - j) * 1.2
