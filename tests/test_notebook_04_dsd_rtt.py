@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -116,6 +117,12 @@ def test_dsd_notebook(tmp_path):
         where = "inside the window" if ms <= wv["window_ms"] else "outside it"
         assert f"{name}, median {ms:g} ms, {where}" in rendered
     assert " 0.0 SE longer" not in rendered and " 0.0 SE shorter" not in rendered
+    # the reveal's DSD share and its two parts add up as printed (one decimal printed 19.9% beside 19.5% + 0.5%)
+    m = re.search(r"DSD beats cloud AR on ([\d.]+)% of the map .*?Pipelined DSD wins ([\d.]+)%, sync DSD ([\d.]+)%",
+                  rendered)
+    assert m, "the map reveal's shares are not rendered"
+    total, pipe, sync = map(float, m.groups())
+    assert abs(pipe + sync - total) < 0.015, f"the reveal's parts {pipe} + {sync} do not add to its total {total}"
     # proposition 3's match of pipelined DSD and co-located SD is read off the latency figure (jitter-averaged, as
     # drawn), not the maps, which give a tie to co-located SD (left) or leave it out (right); it lasts while the
     # longest jittered round trip fits the drafting window
