@@ -61,6 +61,25 @@ def test_hd_walk_draws_one_arrow_per_store_that_supplied_a_token():
     assert draft_arrows(d.hd_walk_diagram(("sat", "on"), 1, "rug", "S")) == [4.8]
 
 
+def test_hd_walk_colours_a_draft_token_by_its_store_and_marks_acceptance_without_colour():
+    """Sixth student read: accepted tokens were W's green (a token S drafted among them) and the stores that
+    supplied a token were pink, the others grey: one colour now means one store."""
+    from moelab.viz.common import color_for
+
+    fig = d.hd_walk_diagram(("sat", "on", "a", "mat"), 2, "rug", "W", {"W": 1, "S": 2, "L": 1}, ["W", "W", "S", "L"])
+    boxes = [s for s in fig.layout.shapes if s.type == "rect"]
+    draft_row = sorted((s for s in boxes if s.y0 == 2.4), key=lambda s: s.x0)
+    assert [s.fillcolor for s in draft_row] == [color_for(k) for k in "wwsl"]
+    stores = [s for s in boxes if s.y0 == 4.3]
+    assert len({s.fillcolor for s in stores}) == 1  # asked or not, supplying or not: one fill
+    store_colours = {color_for(k) for k in "wsl"}
+    others = [s for s in boxes if s.y0 != 2.4]
+    assert not {s.fillcolor for s in others} & store_colours
+    marks = [a.text for a in fig.layout.annotations if a.y == 2.05]
+    assert marks == ["✓", "✓", "✗"]  # two accepted, the first mismatch; the token after it is not judged
+    assert "→" in fig.layout.title.text
+
+
 def test_dp_barrier_places_the_request_inside_a_margin():
     fig = d.dp_barrier_diagram((6.0, 9.0, 4.0, 7.0), new_request=2.0)
     load, margin, new = fig.data

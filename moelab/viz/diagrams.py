@@ -20,7 +20,6 @@ from moelab.viz.common import color_for
 # neutral colours of the schematic parts (methods keep the lab's palette via color_for)
 BOX_FILL = "#f2f2f2"
 BOX_LINE = "#555555"
-ACCEPTED = "#2ca02c"
 REJECTED = "#d62728"
 IDLE = "#d9d9d9"
 
@@ -134,7 +133,7 @@ def hd_walk_diagram(draft: Sequence[str] = ("the", "cat", "sat", "on"), accepted
     if len(token_sources) != len(draft) or any(k not in ("W", "S", "L") for k in token_sources):
         raise ValueError(f"token_sources must give one of 'W', 'S', 'L' for each of the {len(draft)} draft tokens; "
                          f"got {token_sources!r}")
-    fig = _canvas("Hierarchy Drafting: walk W -> S -> L for a draft, then one verification step", width=12,
+    fig = _canvas("Hierarchy Drafting: walk W → S → L for a draft, then one verification step", width=12,
                   height=6, fig_height=420)
     names = {"W": "W: this request's text", "S": "S: the model's own outputs", "L": "L: static corpus"}
     order = ("W", "S", "L")
@@ -147,7 +146,7 @@ def hd_walk_diagram(draft: Sequence[str] = ("the", "cat", "sat", "on"), accepted
         label = ("<br>(not asked)" if n is None else "<br>miss" if n == 0 else
                  f"<br><b>{n} candidate{'s' if n != 1 else ''}</b>")
         _box(fig, x0, 4.3, x0 + 2.6, 5.5, names[key] + label,
-             fill="#fde0dd" if key in token_sources else BOX_FILL, line=color_for(key.lower()), font_size=11)
+             line=color_for(key.lower()), font_size=11)  # one fill for every store: its border is its colour
         if i < 2:
             asked_next = counts[order[i + 1]] is not None
             _arrow(fig, x0 + 2.6, 4.9, x0 + 3.2, 4.9, color=BOX_LINE if asked_next else IDLE)
@@ -160,18 +159,25 @@ def hd_walk_diagram(draft: Sequence[str] = ("the", "cat", "sat", "on"), accepted
                "draft" if first == 0 else "", color=color_for(key.lower()))
     fig.add_annotation(x=0.2, y=2.8, text="draft:", showarrow=False, xanchor="left")
     fig.add_annotation(x=0.2, y=1.3, text="target:", showarrow=False, xanchor="left")
+    # a draft token is filled with the colour of the store that drafted it (the colour of that store's border);
+    # whether the target kept it is a mark under it, not a colour: a check mark, a cross at the first mismatch
     for i, tok in enumerate(draft):
         x0 = 1.6 + 1.25 * i
-        ok = i < accepted
-        _box(fig, x0, 2.4, x0 + 1.1, 3.2, tok, fill=ACCEPTED if ok else REJECTED if i == accepted else IDLE,
-             line=BOX_LINE, font_color="white" if i <= accepted else "#222")
+        _box(fig, x0, 2.4, x0 + 1.1, 3.2, tok, fill=color_for(token_sources[i].lower()), line=BOX_LINE,
+             font_color="white")
+        if i <= accepted:
+            fig.add_annotation(x=x0 + 0.55, y=2.05, text="✓" if i < accepted else "✗", showarrow=False,
+                               font={"size": 14, "color": BOX_LINE})
         if i < accepted:
-            _box(fig, x0, 0.9, x0 + 1.1, 1.7, tok, fill="#e5f5e0")
+            _box(fig, x0, 0.9, x0 + 1.1, 1.7, tok)
     x_bonus = 1.6 + 1.25 * accepted
     _box(fig, x_bonus, 0.9, x_bonus + 1.1, 1.7, target_token, fill="#fff7bc", line=color_for("hd"))
     fig.add_annotation(x=x_bonus + 0.55, y=0.55, text="target's own token", showarrow=False, font={"size": 10})
     fig.add_annotation(x=11.8, y=2.0, xanchor="right", showarrow=False, font={"size": 11},
                        text=f"{accepted} accepted + 1 = {accepted + 1} tokens<br>from one target forward")
+    fig.add_annotation(x=0.2, y=0.1, xanchor="left", showarrow=False, font={"size": 10, "color": BOX_LINE},
+                       text="a draft token's colour: the store that drafted it (its border above); "
+                            "✓ the target agreed, ✗ the first mismatch")
     return fig
 
 
