@@ -118,3 +118,12 @@ def test_decode_step_figure_captions_every_term_it_names():
     assert len(link) == 1 and "r_C" in link[0] and link[0].endswith("notebook 03")
     text = "\n".join("".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "markdown")
     assert "each boxed term labelled" in text and "One term has no box" in text
+    # 'waits' means 'sits idle' in this lab (03: 'too few attention instances and the FFN waits'); at r* >= r_C the
+    # link is faster than the FFN, so r_C keeps the link from being the stage the others wait for, not 'the stage
+    # that waits' (a sixth student read)
+    flat, caption = " ".join(text.split()), " ".join(link[0].replace("<br>", " ").split())
+    for words in (flat, caption):
+        assert "stage that waits" not in words and "from being the stage the others wait for" in words
+    # the figure writes the MoE term as the prose does, with the rank's distinct experts D_g
+    assert "t_{\\mathrm{MoE}}(D_g)" in text
+    assert "t_MoE(D_g)" in [a.text for a in decode_step_figure().layout.annotations]

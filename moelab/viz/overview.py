@@ -27,7 +27,7 @@ LAB_MAP: list[dict[str, str]] = [
               "a simulator finds the optimum within 10% of it."},
     {"paper": "Speculation at a Distance (arXiv 2606.25091)", "package": "moelab.dsd", "notebook": "04_dsd_rtt",
      "claim": "Edge-cloud speculative decoding wins on latency only inside a bounded RTT window; its real "
-              "case is capacity: 1 + gamma*t_d/t_v times more clients per server."},
+              "case is capacity: 1 + γ·t_d/t_v times more clients per server."},
     {"paper": "BalanceRoute (arXiv 2605.06113)", "package": "moelab.balanceroute", "notebook": "05_balanceroute",
      "claim": "Routing by a margin-aware F-score (BR-0) and a short lookahead (BR-H) roughly halves DP "
               "barrier imbalance vs JSQ and raises throughput."},
@@ -111,7 +111,7 @@ DECODE_TERMS: list[dict[str, str]] = [
      "notebook": "05_balanceroute", "how": "routes so the slowest rank is less slow"},
     {"term": "attention over the KV cache", "symbol": "t_attn", "paper": "AFD", "notebook": "03_afd_ratio",
      "how": "sizes attention vs FFN machines so neither stage waits"},
-    {"term": "MoE weight reads (distinct experts D)", "symbol": "t_MoE(D)", "paper": "ELDR", "notebook": "01_eldr",
+    {"term": "MoE weight reads (distinct experts D_g)", "symbol": "t_MoE(D_g)", "paper": "ELDR", "notebook": "01_eldr",
      "how": "batches requests that use the same experts"},
     {"term": "round trip not hidden by drafting", "symbol": "t_RTT", "paper": "DSD", "notebook": "04_dsd_rtt",
      "how": "drafts on the edge while the round trip is in flight"},
@@ -121,7 +121,7 @@ DECODE_TERMS: list[dict[str, str]] = [
 # the one term of the sum that no paper's method makes smaller: drawn without a box, its caption says why
 UNMOVED_TERM: dict[str, str] = {
     "term": "transfers between machines", "symbol": "+ t_link )", "paper": "no paper",
-    "how": "AFD's ratio only keeps the link from being the stage that waits (r_C)", "notebook": "03_afd_ratio"}
+    "how": "AFD's ratio only keeps the link from being the stage the others wait for (r_C)", "notebook": "03_afd_ratio"}
 
 # characters per caption line under the unboxed t_link (a narrower piece than a box)
 _UNMOVED_CAPTION_CHARS = 14
@@ -147,7 +147,7 @@ def decode_step_figure() -> go.Figure:
     no box and a grey caption: no paper's method makes a transfer faster.
     """
     fig = go.Figure()
-    pieces = ["t_token  =", "1/a", "×  [  max_g (", "t_attn", "+", "t_MoE(D)", "+ t_link )", "+", "t_RTT", "]"]
+    pieces = ["t_token  =", "1/a", "×  [  max_g (", "t_attn", "+", "t_MoE(D_g)", "+ t_link )", "+", "t_RTT", "]"]
     boxed = {row["symbol"]: row for row in DECODE_TERMS}
     x = 0.0
     for piece in pieces:
