@@ -709,6 +709,39 @@ def test_regime_map_labels_read_on_the_darkest_cells():
     assert not any(getattr(t, "text", None) for t in fig.data if t.type == "scatter")  # no unboxed text on the star
 
 
+def test_regime_map_titles_and_colours_each_metric_for_what_it_is():
+    """A sixth student read: choosing ``oracle_gap_pct`` titled the map 'ELDR oracle gap pct over the best baseline'
+    (the gap is to the domain-label oracle, not a baseline) on the gains' RdBu scale, where blue then meant ELDR
+    slower. Each metric has its own title, and blue is ELDR doing better on every one."""
+    import pandas as pd  # lazy: only this test builds a regime table
+
+    from moelab.viz.eldr import REGIME_METRICS, fig_regime_map  # lazy: plotly only for this test
+
+    regime = pd.DataFrame([{"n_workers": 4, "tau": 0.1, "rate": rate, "rho": rho, "p50_gain_pct": 5.0 * rho,
+                            "p99_gain_pct": -rho, "oracle_gap_pct": 3.0 - rate / 10}
+                           for rate in (20.0, 60.0) for rho in (0.5, 0.8)])
+
+    def is_blue(rgb: str) -> bool:
+        r, _, b = (int(v) for v in rgb[rgb.index("(") + 1:rgb.index(")")].split(","))
+        return b > r
+
+    titles = set()
+    for metric in ("p50_gain_pct", "p99_gain_pct", "oracle_gap_pct"):
+        fig = fig_regime_map(regime, n_workers=4, tau=0.1, metric=metric)
+        title, heat = fig.layout.title.text, fig.data[0]
+        assert title.startswith(REGIME_METRICS[metric]["title"]) and "pct" not in title and "τ=0.1" in title
+        titles.add(title)
+        low, high = heat.colorscale[0][1], heat.colorscale[-1][1]
+        gain = metric != "oracle_gap_pct"  # a gain is better above zero, the gap to the oracle below it
+        assert is_blue(high if gain else low) and not is_blue(low if gain else high), metric
+        assert heat.zmid == 0
+    assert len(titles) == 3
+    gap_title = fig_regime_map(regime, n_workers=4, tau=0.1, metric="oracle_gap_pct").layout.title.text
+    assert "oracle" in gap_title and "best baseline" not in gap_title and "ELDR slower" in gap_title
+    with pytest.raises(ValueError, match="metric must be one of"):
+        fig_regime_map(regime, n_workers=4, tau=0.1, metric="tpot_ms_p50")
+
+
 def test_paper_comparison_line_label_reads_over_the_bars():
     """Issue 40 (student read): the 'paper's lowest gain' label runs across the bars of the later rates (dark text
     on the grey paper bar); it has a light box under it."""

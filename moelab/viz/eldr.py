@@ -126,16 +126,33 @@ def fig_paper_two_sided(cmp: pd.DataFrame) -> go.Figure:
     return fig
 
 
+#: each regime-map metric: its title (what the colour is), its colour bar and its colour scale. Blue always means
+#: ELDR does better: a gain over the best baseline is better when positive (RdBu), the gap to the domain-label
+#: oracle (ELDR's p50 TPOT over the oracle's, minus one) when negative (the reversed scale, RdBu_r)
+REGIME_METRICS: dict[str, dict[str, str]] = {
+    "p50_gain_pct": {"title": "ELDR's p50 TPOT gain over the best baseline (%)", "colorbar": "p50 gain (%)",
+                     "colorscale": "RdBu"},
+    "p99_gain_pct": {"title": "ELDR's p99 TPOT gain over the best baseline (%)", "colorbar": "p99 gain (%)",
+                     "colorscale": "RdBu"},
+    "oracle_gap_pct": {"title": "ELDR's p50 TPOT gap to the domain-label oracle (%, above 0: ELDR slower)",
+                       "colorbar": "oracle gap (%)", "colorscale": "RdBu_r"},
+}
+
+
 def fig_regime_map(df: pd.DataFrame, *, n_workers: int, tau: float, metric: str = "p50_gain_pct",
                    paper_rho: tuple[float, float] | None = None, real_point: tuple[float, float] | None = None) -> go.Figure:
-    """Heatmap of ELDR's gain (``metric``) over measured rho (y) x arrival rate (x) at one K and tau,
-    with the paper's rho range shaded and the real trace's (rate, rho) point marked."""
+    """Heatmap of one of :data:`REGIME_METRICS` (``metric``) over measured rho (y) x arrival rate (x) at one K and
+    tau, with the paper's rho range shaded and the real trace's (rate, rho) point marked. Each metric has its own
+    title and a colour scale on which blue means ELDR does better (reversed for the oracle gap)."""
+    if metric not in REGIME_METRICS:
+        raise ValueError(f"metric must be one of {list(REGIME_METRICS)}; got {metric!r}")
     d = df[(df["n_workers"] == n_workers) & np.isclose(df["tau"], tau)]
     if d.empty:
         raise ValueError(f"no regime-map rows at n_workers={n_workers}, tau={tau}")
+    spec = REGIME_METRICS[metric]
     z = d.pivot_table(index="rho", columns="rate", values=metric)
     fig = go.Figure(go.Heatmap(z=z.to_numpy(), x=z.columns.astype(float), y=z.index.astype(float), zmid=0,
-                               colorscale="RdBu", colorbar={"title": {"text": metric.removesuffix("_pct").replace("_", " ") + " (%)"}},
+                               colorscale=spec["colorscale"], colorbar={"title": {"text": spec["colorbar"]}},
                                text=np.round(z.to_numpy(), 1), texttemplate="%{text}",
                                hovertemplate="rate %{x} req/s<br>rho %{y:.2f}<br>%{z:.1f}%<extra></extra>"))
     if paper_rho is not None:
@@ -146,7 +163,7 @@ def fig_regime_map(df: pd.DataFrame, *, n_workers: int, tau: float, metric: str 
                         marker={"symbol": "star", "size": 16, "color": "black"}, showlegend=False)
         fig.add_annotation(x=real_point[0], y=real_point[1], text="real trace", showarrow=False, yshift=16,
                            bgcolor=_LABEL_BACKGROUND)  # a light box: readable on the darkest cell
-    fig.update_layout(title=f"ELDR {metric.replace('_', ' ')} over the best baseline, K={n_workers}, tau={tau:g}",
+    fig.update_layout(title=f"{spec['title']}, K={n_workers}, τ={tau:g}",
                       xaxis_title=f"arrival rate (req/s at {PAPER_DECODE_WORKERS} decode workers; simulated x K/"
                                   f"{PAPER_DECODE_WORKERS})",
                       yaxis_title="measured held-out count_idf rho", template="plotly_white", height=420)
@@ -174,7 +191,7 @@ def regime_panel(df: pd.DataFrame, *, n_workers: int | None = None, tau: float |
         raise ValueError(f"tau must be one of the grid's tau {taus}; got {tau!r}")
     k = _grid_control("K", ks, ks[len(ks) // 2] if n_workers is None else int(n_workers))
     t = _grid_control("tau", taus, taus[0] if tau is None else taus[int(np.argmin(np.abs(np.subtract(taus, float(tau)))))])
-    m = w.Dropdown(options=["p50_gain_pct", "p99_gain_pct", "oracle_gap_pct"], description="metric")
+    m = w.Dropdown(options=list(REGIME_METRICS), description="metric")
 
     def chosen() -> go.Figure:
         n_workers = k.value if isinstance(k, w.SelectionSlider) else ks[0]
@@ -222,7 +239,7 @@ def _explore_figure(res: dict[str, dict], router: str, *, geometry: str, workers
     fig.update_yaxes(title_text="TPOT (ms)", row=1, col=1)
     fig.update_yaxes(title_text="distinct experts / layer / step", row=1, col=2)
     fig.update_layout(template="plotly_white", barmode="group", height=400,
-                      title=f"{router} vs JSQ on {geometry}: K={workers}, tau={tau:g}, {rate:g} req/s at "
+                      title=f"{router} vs JSQ on {geometry}: K={workers}, τ={tau:g}, {rate:g} req/s at "
                             f"{PAPER_DECODE_WORKERS} workers = {sim_rate:.3g} req/s simulated "
                             f"({sim_rate / workers:.3g} per worker)")
     return fig
@@ -264,5 +281,5 @@ def eldr_panel(setups: dict[str, Any], run_one: Any, *, n_requests: int, output_
     return w.VBox([w.HBox([geometry, router]), workers, tau, rate, fig])
 
 
-__all__ = ["eldr_panel", "fig_ablation", "fig_costmodel", "fig_greedy_curve", "fig_paper_comparison", "fig_paper_two_sided",
+__all__ = ["REGIME_METRICS", "eldr_panel", "fig_ablation", "fig_costmodel", "fig_greedy_curve", "fig_paper_comparison", "fig_paper_two_sided",
            "fig_rate_sweep", "fig_regime_map", "regime_panel"]
