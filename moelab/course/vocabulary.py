@@ -49,6 +49,8 @@ TERMS: dict[str, str] = {
     "Hungarian matching": r"\bHungarian\b",
     "Coefficient of variation": r"\bcoefficients? of variation\b",
     "DeepEP": r"\bDeepEP\b",
+    "bf16": r"\bbf16\b",
+    "ShareGPT": r"\bShareGPT\b",
 }
 
 _BOLD_ENTRY = re.compile(r"^- \*\*([^*]+)\*\*", re.MULTILINE)
