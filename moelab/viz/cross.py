@@ -48,7 +48,7 @@ def causes_figure(table: pd.DataFrame) -> go.Figure:
 
 def panel_title(K: int, G: int, load: float, tau: float, attention_share: float) -> str:
     """The panel's title: the setting its bars were computed at (so it changes with every slider)."""
-    return (f"K = {K} instances x G = {G} ranks, load {load:g}x, tau = {tau:g}, "
+    return (f"K = {K} instances x G = {G} ranks, load {load:g}x, τ = {tau:g}, "
             f"attention {attention_share:.0%} of a rank step")
 
 
@@ -59,7 +59,7 @@ def panel(run: Any, *, K: int, G: int, load: float, tau: float, attention_share:
     sg = slider("ranks per instance G", G, 1, 16, 1, integer=True)
     sr = slider("load (x slot capacity)", load, 0.3, 2.0, 0.1)
     # tau >= 2 admits every instance into the band (cosines lie in [-1, 1]): the slider reaches JSQ
-    st = slider("ELDR band tau", tau, 0.0, 2.0, 0.05)
+    st = slider("ELDR band τ", tau, 0.0, 2.0, 0.05)
     sa = slider("attention share of a rank step", attention_share, 0.05, 0.9, 0.05)
     first = run(K=K, G=G, load=load, tau=tau, attention_share=attention_share)
     fig = pairs_figure(first, widget=True, title=panel_title(K, G, load, tau, attention_share))
