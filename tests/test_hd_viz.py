@@ -35,3 +35,27 @@ def test_a_store_never_asked_is_marked_not_asked_not_left_as_a_zero():
     assert {tr.name for tr in fig.data if tr.showlegend is not False} == {STORE_NAMES[s] for s in "WSL"}
     asked = rows.assign(L_hit_rate=1.0)
     assert all(tr.text is None for tr in fig_store_shares(asked, "HD-cost").data)
+
+
+def test_the_drafting_panel_title_names_the_method_and_the_settings_it_decoded_at():
+    """Sixth student read: the panel's static copy said only '24 tokens in 12 forwards (a = 2.00 ...)', beside a
+    reveal of the same question at another method and budget; its title now names what it ran."""
+    from moelab.viz.hd import PANEL_START, drafting_panel, fixed_hd_settings
+
+    calls = []
+
+    def run(candidates, length, order, temperature):
+        calls.append((candidates, length, order, temperature))
+        steps = [SimpleNamespace(accepted=[1, 2], sources=["W", "S"], bonus=3)]
+        return SimpleNamespace(steps=steps, tokens=[1, 2, 3], mean_accepted=3.0)
+
+    tokenizer = SimpleNamespace(decode=lambda ids: f"t{ids[0]}")
+    panel = drafting_panel(run, tokenizer)
+    assert calls == [tuple(PANEL_START.values())]
+    title = panel.children[2].layout.title.text
+    settings = fixed_hd_settings(**PANEL_START)
+    assert title.startswith(settings + "<br>") and "3 tokens in 1 forwards" in title
+    assert settings == "HD (paper, fixed): 7 candidates × 4 tokens (budget 28), order W, S, L, temperature 0"
+    panel.children[0].children[0].value = 3  # the candidates slider: the title follows it
+    assert calls[-1] == (3, 4, "WSL", 0.0)
+    assert panel.children[2].layout.title.text.startswith("HD (paper, fixed): 3 candidates × 4 tokens (budget 12)")

@@ -59,6 +59,22 @@ def test_speed_breakdown_refuses_runs_where_a_over_cost_ratio_is_not_the_speedup
         course_hd.speed_breakdown(spec, drafted_plain)
 
 
+def test_panel_start_note_names_the_panel_settings_and_why_its_a_differs_from_the_reveal():
+    """Sixth student read: the panel's copy showed a = 2.00 for the question the reveal gave a = 1.60, with no word
+    that the panel runs HD (paper, fixed) at the paper's 7 x 4 and the reveal HD (cost-aware) at BUDGET."""
+    fixed = _run([(29, 2, 1.0, 1.0)] * 4, decode_s=0.1, tokens=12)  # a = 3, 29 tokens per forward
+    cost = _run([(9, 1, 1.0, 1.0)] * 6, decode_s=0.1, tokens=12)  # a = 2, 9 tokens per forward
+    note = course_hd.panel_start_note(fixed, cost, budget=8, question_id=241, candidates=7, length=4, order="WSL",
+                                      temperature=0.0)
+    assert "HD (paper, fixed) with 7 candidates of 4 tokens (a budget of 28" in note and "`BUDGET` = 8" in note
+    assert "W, S, L, greedy (temperature 0)" in note and "question 241" in note
+    assert "12 tokens in 4 forwards, $a$ = 3.00" in note and "made 12 in 6, $a$ = 2.00" in note
+    assert "Its $a$ is higher" in note and "29.0 tokens per forward on average against 9.0" in note
+    same = course_hd.panel_start_note(cost, cost, budget=8, question_id=1, candidates=7, length=4, order="WSL",
+                                      temperature=0.0)
+    assert "same tokens per forward" in same
+
+
 def test_first_tokens_counts_forwards_up_to_n_tokens():
     spec = _run([(9, 3, 1.0, 1.0), (1, 0, 1.0, 1.0), (9, 2, 1.0, 1.0)], decode_s=0.1, tokens=7)
     assert course_hd.first_tokens(spec, 4) == {"tokens": 4, "forwards": 1, "a": 4.0}

@@ -563,6 +563,44 @@ def policy_contrast(questions: pd.DataFrame, steps: pd.DataFrame, summary: pd.Da
     return out
 
 
+def panel_start_note(start: GenerationResult, reveal: GenerationResult, *, budget: int, question_id: int,
+                     candidates: int, length: int, order: str, temperature: float) -> str:
+    """The sentence beside the drafting panel: the method and settings it starts at, what it measures there on
+    the demo question, and why that ``a`` differs from the reveal's (HD (cost-aware) at ``budget``).
+
+    ``start`` is the panel's first decode (HD (paper, fixed) at ``candidates`` x ``length``, ``order``,
+    ``temperature``); ``reveal`` the cost-aware decode of the same question shown earlier."""
+    def q_mean(result: GenerationResult) -> float:  # tokens one forward processed: the last token plus the drafts
+        return float(np.mean([st.tree_size for st in result.steps])) if result.steps else 1.0
+
+    fixed_budget = candidates * length
+    greedy = "greedy (temperature 0)" if temperature == 0 else f"sampling at temperature {temperature:g}"
+    q_fixed, q_cost = q_mean(start), q_mean(reveal)
+    a_fixed, a_cost = start.mean_accepted, reveal.mean_accepted
+    text = (f"**The panel starts at the paper's settings, not at this notebook's `BUDGET`:** HD (paper, fixed) with "
+            f"{candidates} candidates of {length} tokens (a budget of {fixed_budget} draft tokens per forward, against "
+            f"`BUDGET` = {budget} above), stores asked in the order {', '.join(order)}, {greedy}. On question "
+            f"{question_id} it makes {len(start.tokens)} tokens in {start.forwards} forwards, $a$ = {a_fixed:.2f}; "
+            f"the reveal above made {len(reveal.tokens)} in {reveal.forwards}, $a$ = {a_cost:.2f}, with HD "
+            f"(cost-aware) at budget {budget}. ")
+    if round(a_fixed, 2) == round(a_cost, 2):
+        return text + ("The two policies produce the same tokens per forward here although their forwards process "
+                       f"{q_fixed:.1f} and {q_cost:.1f} tokens on average.")
+    more = a_fixed > a_cost
+    if more and q_fixed > q_cost:
+        why = (f"the fixed policy verifies every draft it finds, {q_fixed:.1f} tokens per forward on average against "
+               f"{q_cost:.1f} for the cost-aware one, which drafts only what its cost curve says pays, so more of the "
+               "target's tokens are found in a draft. $a$ counts tokens per forward, not what a forward costs: "
+               "on this CPU a forward over more tokens costs more (\"What verification costs\" above).")
+    elif not more and q_fixed < q_cost:
+        why = (f"the fixed policy's forwards process {q_fixed:.1f} tokens on average against {q_cost:.1f} for the "
+               "cost-aware one, so fewer of the target's tokens are found in a draft.")
+    else:
+        why = (f"although the fixed policy's forwards process {q_fixed:.1f} tokens on average against {q_cost:.1f}, "
+               "what counts is which drafted tokens the target accepts, not how many are drafted.")
+    return text + f"Its $a$ is {'higher' if more else 'lower'}: " + why
+
+
 def speedup_context(cost: VerifyCost, a: float, q: int) -> dict[str, Any]:
     """The ``speedup_bound`` exercise's context from the notebook's curve ``cost``, tokens per forward ``a``
     and verified tokens ``q``."""
@@ -571,5 +609,5 @@ def speedup_context(cost: VerifyCost, a: float, q: int) -> dict[str, Any]:
 
 
 __all__ = ["TOY_CORPUS", "TOY_EXERCISE_TARGET", "TOY_LENGTH", "TOY_MODEL_OUTPUTS", "TOY_PROMPT", "TOY_TARGET",
-           "ToyStores", "chain_cases", "first_tokens", "policy_contrast", "slice_breakdown", "speed_breakdown", "speedup_bound",
+           "ToyStores", "chain_cases", "first_tokens", "panel_start_note", "policy_contrast", "slice_breakdown", "speed_breakdown", "speedup_bound",
            "speedup_context", "tokens_per_step", "toy_drafter", "toy_stores", "walk_caption", "walk_sources", "worked_step"]

@@ -57,8 +57,11 @@ def acceptance_html(tokenizer: Any, result: Any, *, max_steps: int | None = None
             f'<span style="margin-left:1em">| = one target forward</span></div>')
 
 
-def fig_steps(result: Any, title: str = "", engine: str = "HF engine") -> go.Figure:
-    """Tokens produced per target forward, stacked by the store that drafted them (+ the bonus token)."""
+def fig_steps(result: Any, title: str = "", engine: str = "HF engine", method: str = "") -> go.Figure:
+    """Tokens produced per target forward, stacked by the store that drafted them (+ the bonus token).
+
+    ``method``, when given, is a first title line naming the method and its settings (the default title
+    states only tokens, forwards and ``a``)."""
     n = len(result.steps)
     x = np.arange(n)
     fig = go.Figure()
@@ -69,7 +72,7 @@ def fig_steps(result: Any, title: str = "", engine: str = "HF engine") -> go.Fig
     fig.add_bar(x=x, y=[1] * n, name=STORE_NAMES["bonus"], marker_color=STORE_COLORS["bonus"])
     fig.update_layout(barmode="stack", template="plotly_white", xaxis_title="target forward (step)",
                       yaxis_title="tokens produced",
-                      title=title or f"{len(result.tokens)} tokens in {n} forwards "
+                      title=title or (f"{method}<br>" if method else "") + f"{len(result.tokens)} tokens in {n} forwards "
                                      f"(a = {result.mean_accepted:.2f} tokens per forward; {engine})")
     return fig
 
@@ -211,14 +214,27 @@ def fig_store_shares(summary: pd.DataFrame, method: str = "HD(WSL)", engine: str
     return fig
 
 
+#: where :func:`drafting_panel` starts: the paper's HD (7 candidates of 4 tokens, stores asked W, S, L), greedy
+PANEL_START = {"candidates": 7, "length": 4, "order": "WSL", "temperature": 0.0}
+
+
+def fixed_hd_settings(candidates: int, length: int, order: str, temperature: float) -> str:
+    """How a figure names an HD (paper, fixed) run: its candidates, their length, the budget they make (draft
+    tokens verified per forward, at most), the store order and the temperature."""
+    return (f"HD (paper, fixed): {candidates} candidates × {length} tokens (budget {candidates * length}), "
+            f"order {', '.join(order)}, temperature {temperature:g}")
+
+
 def drafting_panel(run: Callable[[int, int, str, float], Any], tokenizer: Any, *, orders: Sequence[str] = (
-        "WSL", "WLS", "SWL", "LSW", "W", "S", "L"), candidates: int = 7, length: int = 4):
+        "WSL", "WLS", "SWL", "LSW", "W", "S", "L"), candidates: int = PANEL_START["candidates"],
+        length: int = PANEL_START["length"]):
     """Sliders for candidates / length / order / temperature, wired to a FigureWidget and the coloured text.
 
     ``run(max_candidates, length, order, temperature)`` must return a generation result (it decodes with
-    the real model, so each change takes as long as one short generation)."""
+    the real model, so each change takes as long as one short generation). The figure's title names the
+    method and the settings it was decoded at (:func:`fixed_hd_settings`)."""
     first = run(candidates, length, orders[0], 0.0)
-    fw = go.FigureWidget(fig_steps(first))
+    fw = go.FigureWidget(fig_steps(first, method=fixed_hd_settings(candidates, length, orders[0], 0.0)))
     text = w.HTML(acceptance_html(tokenizer, first))
     s_cand = slider("candidates", candidates, 1, 16, 1, integer=True)
     s_len = slider("length", length, 1, 10, 1, integer=True)
@@ -227,7 +243,7 @@ def drafting_panel(run: Callable[[int, int, str, float], Any], tokenizer: Any, *
 
     def update(_=None) -> None:
         res = run(s_cand.value, s_len.value, dd.value, s_temp.value)
-        new = fig_steps(res)
+        new = fig_steps(res, method=fixed_hd_settings(s_cand.value, s_len.value, dd.value, s_temp.value))
         with fw.batch_update():
             fw.data = []
             for tr in new.data:
@@ -240,6 +256,7 @@ def drafting_panel(run: Callable[[int, int, str, float], Any], tokenizer: Any, *
     return w.VBox([w.HBox([s_cand, s_len]), w.HBox([dd, s_temp]), fw, text])
 
 
-__all__ = ["LABEL_BACKGROUND", "MAT_AXIS", "METHOD_COLORS", "STORE_COLORS", "acceptance_html", "compare_column_method", "drafting_panel", "fig_mat_by_budget",
+__all__ = ["LABEL_BACKGROUND", "MAT_AXIS", "METHOD_COLORS", "PANEL_START", "STORE_COLORS", "acceptance_html",
+           "compare_column_method", "drafting_panel", "fig_mat_by_budget", "fixed_hd_settings",
            "fig_mat_by_category", "fig_published", "fig_speedup_by_category", "fig_steps", "fig_store_shares",
            "fig_verify_cost"]
