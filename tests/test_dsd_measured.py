@@ -94,6 +94,15 @@ def test_rtt_laws():
     emp = RTTDistribution.empirical([1.0, 2.0, 3.0])
     assert emp.mean == pytest.approx(2.0) and set(emp.sample(rng, 50)) <= {1.0, 2.0, 3.0}
     assert RTTDistribution.uniform(50, 0.2).percentile(100) == pytest.approx(60)
+    # the share above a threshold and the mean leftover beyond it agree with the sampled law (all three kinds)
+    for law in (ln, ln.scaled(120), RTTDistribution.uniform(50, 0.2), RTTDistribution.empirical([1.0, 2.0, 3.0]).scaled(20),
+                RTTDistribution.constant(30)):
+        s = law.sample(rng, 400_000)
+        for k in (0.0, 15.0, 45.0, 100.0):
+            assert law.share_above(k) == pytest.approx(np.mean(s > k), abs=3e-3), (law.name, k)
+            assert law.mean_excess_over(k) == pytest.approx(np.mean(np.maximum(s - k, 0)), rel=0.02, abs=0.05), (law.name, k)
+    assert ln.share_above(ln.percentile(95)) == pytest.approx(0.05)
+    assert RTTDistribution.uniform(50, 0.2).mean_excess_over(0) == pytest.approx(50)
     for call, name in ((lambda: RTTDistribution.lognormal(50, 40), "p95_ms"),
                        (lambda: RTTDistribution.empirical([1.0]), "samples_ms"),
                        (lambda: RTTDistribution.uniform(10, 2), "jitter"),

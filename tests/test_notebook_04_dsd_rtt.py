@@ -116,6 +116,17 @@ def test_dsd_notebook(tmp_path):
     for name, ms in wv["wan_medians_ms"].items():
         where = "inside the window" if ms <= wv["window_ms"] else "outside it"
         assert f"{name}, median {ms:g} ms, {where}" in rendered
+    # "inside the window" is not judged by the median alone: the share of a law's round trips past the window, and
+    # what their leftover costs pipelined DSD against co-located SD, are stated beside it (sixth student read)
+    for law in dsd.WAN_SCENARIOS.values():
+        row = wv["wan"][law.name]
+        assert row["share_over_window"] == law.share_above(wv["window_ms"]) and 0 < row["share_over_window"] < 1
+        assert row["pipelined_ms_per_token"] > wv["colocated_ms_per_token"]
+        if row["median_ms"] <= wv["window_ms"]:
+            assert (f"inside the window, but {row['share_over_window']:.0%} of its round trips are longer than the "
+                    "window") in rendered
+        assert (f"so the closed form gives pipelined DSD {row['pipelined_ms_per_token']:.1f} ms/token against "
+                f"co-located SD's {wv['colocated_ms_per_token']:.1f}") in rendered
     assert " 0.0 SE longer" not in rendered and " 0.0 SE shorter" not in rendered
     # the reveal's DSD share and its two parts add up as printed (one decimal printed 19.9% beside 19.5% + 0.5%)
     m = re.search(r"DSD beats cloud AR on ([\d.]+)% of the map .*?Pipelined DSD wins ([\d.]+)%, sync DSD ([\d.]+)%",
@@ -128,6 +139,11 @@ def test_dsd_notebook(tmp_path):
     # longest jittered round trip fits the drafting window
     sources = "\n".join("".join(c["source"]) for c in json.loads((tmp_path / "04_dsd_rtt.ipynb").read_text())["cells"])
     assert "The headline map above shows it" not in sources
+    # pipelined DSD beats sync DSD at every RTT > 0 (the reveal, the latency figure), so pipelining does not help
+    # "only inside the window": it hides the whole round trip only there; and the closed form charges
+    # max(gamma t_a, RTT), so what it assumes is that no pre-draft is thrown away, not that the round trip is hidden
+    assert "pipelining helps only" not in sources and "always hidden inside the drafting window" not in sources
+    assert "pipelining hides the whole round trip only while it fits in the drafting window" in sources
     match_end = res["pipelined_matches_colocated_up_to_ms"]
     assert match_end is not None and match_end * 1.3 <= wv["window_ms"] < (match_end + 2) * 1.3  # RTT_JITTER 0.3, 1 ms grid
     assert f"lies on the co-located one from RTT = 0 to {match_end:.0f} ms" in rendered

@@ -91,6 +91,63 @@ class RTTDistribution:
             return float(np.percentile(self.samples, q)) * self.scale
         return math.exp(self.mu + self.sigma * norm.ppf(min(max(q / 100, 1e-12), 1 - 1e-12))) * self.scale
 
+    def share_above(self, rtt_ms: float) -> float:
+        """The share of round trips longer than ``rtt_ms`` ms (``P(RTT > rtt_ms)``, 0..1).
+
+        Parameters
+        ----------
+        rtt_ms : float
+            The threshold, ms (0..1e6); e.g. the drafting window ``gamma*t_a`` that pipelined DSD hides.
+
+        Returns
+        -------
+        float
+            The share of this law's round trips that exceed the threshold.
+        """
+        rtt_ms = check_real("rtt_ms", rtt_ms, low=0, high=1e6)
+        if self.uniform_jitter is not None:
+            lo, hi = self.scale * (1 - self.uniform_jitter), self.scale * (1 + self.uniform_jitter)
+            if hi <= lo:
+                return float(self.scale > rtt_ms)
+            return float(np.clip((hi - rtt_ms) / (hi - lo), 0.0, 1.0))
+        if self.samples is not None:
+            return float(np.mean(self.samples * self.scale > rtt_ms))
+        if self.scale == 0 or rtt_ms == 0:
+            return float(self.scale > 0)
+        return float(norm.sf((math.log(rtt_ms / self.scale) - self.mu) / self.sigma))
+
+    def mean_excess_over(self, rtt_ms: float) -> float:
+        """The mean of ``max(RTT - rtt_ms, 0)``, ms: what a round pays on average beyond ``rtt_ms``.
+
+        Pipelined DSD hides a round trip up to its drafting window ``gamma*t_a``; past it each round pays the
+        leftover, so this, taken at the window, is what such a law adds to every round on average.
+
+        Parameters
+        ----------
+        rtt_ms : float
+            The threshold, ms (0..1e6).
+
+        Returns
+        -------
+        float
+            ``E[max(RTT - rtt_ms, 0)]`` in ms.
+        """
+        rtt_ms = check_real("rtt_ms", rtt_ms, low=0, high=1e6)
+        if self.uniform_jitter is not None:
+            lo, hi = self.scale * (1 - self.uniform_jitter), self.scale * (1 + self.uniform_jitter)
+            if hi <= lo:
+                return max(self.scale - rtt_ms, 0.0)
+            if rtt_ms <= lo:
+                return self.scale - rtt_ms
+            return float(max(hi - rtt_ms, 0.0) ** 2 / (2 * (hi - lo)))
+        if self.samples is not None:
+            return float(np.mean(np.maximum(self.samples * self.scale - rtt_ms, 0.0)))
+        if self.scale == 0 or rtt_ms == 0:
+            return self.mean
+        # lognormal: E[(X - k)+] = E[X] Phi(d + sigma) - k Phi(d), d = (mu + ln scale - ln k) / sigma
+        d = (self.mu + math.log(self.scale) - math.log(rtt_ms)) / self.sigma
+        return float(self.mean * norm.cdf(d + self.sigma) - rtt_ms * norm.cdf(d))
+
     def scaled(self, mean_ms: float) -> RTTDistribution:
         """The same shape with mean ``mean_ms`` (every sample multiplied by one factor)."""
         mean_ms = check_real("mean_ms", mean_ms, low=0, high=1e6)
