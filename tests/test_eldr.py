@@ -742,6 +742,15 @@ def test_regime_map_titles_and_colours_each_metric_for_what_it_is():
         fig_regime_map(regime, n_workers=4, tau=0.1, metric="tpot_ms_p50")
 
 
+def test_ablation_axis_writes_tau_as_the_prose_does():
+    import pandas as pd  # lazy: only this test builds an ablation table
+
+    from moelab.viz.eldr import fig_ablation  # lazy: plotly only for this test
+
+    df = pd.DataFrame({"tau": [0.0, 0.1], "tpot_ms_p50": [14.0, 13.9], "distinct_per_layer_step": [72.0, 71.8]})
+    assert {ax.title.text for ax in (fig_ablation(df, "tau", "t").layout.xaxis, fig_ablation(df, "tau", "t").layout.xaxis2)} == {"band width τ"}
+
+
 def test_paper_comparison_line_label_reads_over_the_bars():
     """Issue 40 (student read): the 'paper's lowest gain' label runs across the bars of the later rates (dark text
     on the grey paper bar); it has a light box under it."""

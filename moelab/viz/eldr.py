@@ -209,6 +209,10 @@ def regime_panel(df: pd.DataFrame, *, n_workers: int | None = None, tau: float |
     return w.VBox([w.HBox([k, t, m]), fig])
 
 
+# an ablation column's axis title where the prose writes it otherwise (the band width is τ in the notebook)
+_ABLATION_AXIS: dict[str, str] = {"tau": "band width τ"}
+
+
 def fig_ablation(df: pd.DataFrame, column: str, title: str) -> go.Figure:
     """p50 TPOT and distinct experts per configuration of one ablation column."""
     d = df.dropna(subset=["tpot_ms_p50"]) if "tpot_ms_p50" in df else df
@@ -216,7 +220,7 @@ def fig_ablation(df: pd.DataFrame, column: str, title: str) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, subplot_titles=("p50 TPOT (ms)", "distinct experts / layer / step"))
     fig.add_bar(x=labels, y=d["tpot_ms_p50"], marker_color=_color("eldr"), showlegend=False, row=1, col=1)
     fig.add_bar(x=labels, y=d["distinct_per_layer_step"], marker_color="#ff9896", showlegend=False, row=1, col=2)
-    fig.update_xaxes(title_text=column)
+    fig.update_xaxes(title_text=_ABLATION_AXIS.get(column, column))
     fig.update_yaxes(title_text="p50 TPOT (ms)", row=1, col=1)
     fig.update_yaxes(title_text="distinct experts / layer / step", row=1, col=2)
     fig.update_layout(title=title, template="plotly_white")
