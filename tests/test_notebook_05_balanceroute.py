@@ -56,6 +56,12 @@ def test_notebook_05_balanceroute(tmp_path, public_data):
     drawn, only = res["headline_routers_drawn"], res["headline_routers_tables_only"]
     assert set(drawn) | set(only) == set(res["routers"]) - {"brh_tuned_oracle"} and not set(drawn) & set(only)
     assert f"In section 3's tables only: {', '.join(only)}." in text
+    # the reveal names every baseline at the lowest imbalance (vllm_dp@latest tied vllm_dp@0.32 exactly, unnamed)
+    base_imb = res["baseline_avg_imbalance"]
+    lowest = [k for k, v in base_imb.items() if v == min(base_imb.values())]
+    assert res["lowest_imbalance_baselines"] == lowest
+    lowest_text = lowest[0] if len(lowest) == 1 else " and ".join(lowest) + ", tied"
+    assert f"The lowest imbalance among the baselines is {min(base_imb.values()):,.0f} tokens per step ({lowest_text})." in text
     assert "Every router on the same held-out requests at `G` ranks, and the imbalance" not in sources
     # gain_bound_pct counts the idle work alone: never called a ceiling (a router whose ranks hold less KV passes it),
     # and the rule of thumb is the envelope's (section 3), not the idle work removed

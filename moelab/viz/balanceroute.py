@@ -41,7 +41,7 @@ def imbalance_over_time(results: dict[str, Any], G: int, *, smooth: int = 25, ma
                                  line={"color": _color(name), "width": 2 if name.startswith("br") else 1,
                                        "dash": _dash(name)}))
     fig.update_layout(title=f"Imbalance over time (G={G}; moving average of {smooth} steps)",
-                      xaxis_title="simulated time (s)", yaxis_title="imbalance I = G·M − Σ L_g (KV tokens)",
+                      xaxis_title="simulated time (s)", yaxis_title="imbalance I = G·M − Σ L<sub>g</sub> (KV tokens)",
                       template="plotly_white")
     return fig
 

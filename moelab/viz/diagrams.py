@@ -288,13 +288,13 @@ def dp_barrier_diagram(loads: Sequence[float] = (6.0, 9.0, 4.0, 7.0), *, new_req
     target = int(fits[np.argmax(margins[fits])]) if fits.size else int(np.argmin(loads_arr))
     ranks = [f"rank {g}" for g in range(loads_arr.size)]
     fig = go.Figure()
-    fig.add_bar(x=ranks, y=loads_arr, name="load L_g", marker_color="#1f77b4")
-    fig.add_bar(x=ranks, y=margins, base=loads_arr, name="margin m_g = M - L_g (idle at the barrier)",
+    fig.add_bar(x=ranks, y=loads_arr, name="load L<sub>g</sub>", marker_color="#1f77b4")
+    fig.add_bar(x=ranks, y=margins, base=loads_arr, name="margin m<sub>g</sub> = M − L<sub>g</sub> (idle at the barrier)",
                 marker={"color": "rgba(0,0,0,0)", "line": {"color": "#7f7f7f", "width": 1.5}},
                 marker_pattern_shape="/")
     fig.add_bar(x=[ranks[target]], y=[new_request], base=[loads_arr[target]], name="new request",
                 marker_color=color_for("br0"), width=0.4)
-    fig.add_hline(y=envelope, line_color="#000", line_dash="dash", annotation_text="envelope M = max L_g (barrier)",
+    fig.add_hline(y=envelope, line_color="#000", line_dash="dash", annotation_text="envelope M = max L<sub>g</sub> (barrier)",
                   annotation_position="top left")
     fig.update_layout(title="DP barrier: the step waits for the slowest rank; margins are free capacity",
                       xaxis_title="DP rank g", yaxis_title="load (e.g. KV tokens attended)", barmode="overlay",
