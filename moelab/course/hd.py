@@ -563,29 +563,40 @@ def policy_contrast(questions: pd.DataFrame, steps: pd.DataFrame, summary: pd.Da
     return out
 
 
+def panel_start_numbers(start: GenerationResult, reveal: GenerationResult, *, candidates: int, length: int,
+                        **_: object) -> dict[str, float]:
+    """What :func:`panel_start_note` states, for the notebook's results: the panel's first decode ``start``
+    (tokens, forwards, ``a``, tokens one forward processed on average: the last token plus the drafts) beside the
+    reveal's cost-aware decode ``reveal`` of the same question, and the panel's budget ``candidates * length``."""
+    def q_mean(result: GenerationResult) -> float:
+        return float(np.mean([st.tree_size for st in result.steps])) if result.steps else 1.0
+
+    return {"budget": int(candidates) * int(length), "tokens": len(start.tokens), "forwards": start.forwards,
+            "a": start.mean_accepted, "q_mean": q_mean(start), "reveal_tokens": len(reveal.tokens),
+            "reveal_forwards": reveal.forwards, "reveal_a": reveal.mean_accepted, "reveal_q_mean": q_mean(reveal)}
+
+
 def panel_start_note(start: GenerationResult, reveal: GenerationResult, *, budget: int, question_id: int,
                      candidates: int, length: int, order: str, temperature: float) -> str:
     """The sentence beside the drafting panel: the method and settings it starts at, what it measures there on
     the demo question, and why that ``a`` differs from the reveal's (HD (cost-aware) at ``budget``).
 
     ``start`` is the panel's first decode (HD (paper, fixed) at ``candidates`` x ``length``, ``order``,
-    ``temperature``); ``reveal`` the cost-aware decode of the same question shown earlier."""
-    def q_mean(result: GenerationResult) -> float:  # tokens one forward processed: the last token plus the drafts
-        return float(np.mean([st.tree_size for st in result.steps])) if result.steps else 1.0
-
-    fixed_budget = candidates * length
+    ``temperature``); ``reveal`` the cost-aware decode of the same question shown earlier. Its numbers are
+    :func:`panel_start_numbers`'."""
+    n = panel_start_numbers(start, reveal, candidates=candidates, length=length)
     greedy = "greedy (temperature 0)" if temperature == 0 else f"sampling at temperature {temperature:g}"
-    q_fixed, q_cost = q_mean(start), q_mean(reveal)
-    a_fixed, a_cost = start.mean_accepted, reveal.mean_accepted
+    q_fixed, q_cost, a_fixed, a_cost = n["q_mean"], n["reveal_q_mean"], n["a"], n["reveal_a"]
     text = (f"**The panel starts at the paper's settings, not at this notebook's `BUDGET`:** HD (paper, fixed) with "
-            f"{candidates} candidates of {length} tokens (a budget of {fixed_budget} draft tokens per forward, against "
+            f"{candidates} candidates of {length} tokens (a budget of {n['budget']} draft tokens per forward, against "
             f"`BUDGET` = {budget} above), stores asked in the order {', '.join(order)}, {greedy}. On question "
-            f"{question_id} it makes {len(start.tokens)} tokens in {start.forwards} forwards, $a$ = {a_fixed:.2f}; "
-            f"the reveal above made {len(reveal.tokens)} in {reveal.forwards}, $a$ = {a_cost:.2f}, with HD "
+            f"{question_id} it makes {n['tokens']} tokens in {n['forwards']} forwards, $a$ = {a_fixed:.2f}; "
+            f"the reveal above made {n['reveal_tokens']} in {n['reveal_forwards']}, $a$ = {a_cost:.2f}, with HD "
             f"(cost-aware) at budget {budget}. ")
     if round(a_fixed, 2) == round(a_cost, 2):
         return text + ("The two policies produce the same tokens per forward here although their forwards process "
-                       f"{q_fixed:.1f} and {q_cost:.1f} tokens on average.")
+                       f"{q_fixed:.1f} and {q_cost:.1f} tokens on average: the extra drafts gained no accepted token "
+                       "overall.")
     more = a_fixed > a_cost
     if more and q_fixed > q_cost:
         why = (f"the fixed policy verifies every draft it finds, {q_fixed:.1f} tokens per forward on average against "
@@ -609,5 +620,6 @@ def speedup_context(cost: VerifyCost, a: float, q: int) -> dict[str, Any]:
 
 
 __all__ = ["TOY_CORPUS", "TOY_EXERCISE_TARGET", "TOY_LENGTH", "TOY_MODEL_OUTPUTS", "TOY_PROMPT", "TOY_TARGET",
-           "ToyStores", "chain_cases", "first_tokens", "panel_start_note", "policy_contrast", "slice_breakdown", "speed_breakdown", "speedup_bound",
+           "ToyStores", "chain_cases", "first_tokens", "panel_start_note", "panel_start_numbers",
+           "policy_contrast", "slice_breakdown", "speed_breakdown", "speedup_bound",
            "speedup_context", "tokens_per_step", "toy_drafter", "toy_stores", "walk_caption", "walk_sources", "worked_step"]
