@@ -107,12 +107,33 @@ def test_afd_notebook(tmp_path):
     assert ("both still wait" in idle_title) == (min(idle.values()) >= IDLE_WAIT_SHARE)
     assert "each with $B$ request slots" not in text and "extrapolated evaluations" not in text
     assert "moe_step" not in text and "(B <=" not in text
-    assert f"a slot holds {ind['load_ratio']:.2f}x mu_P + mu_D" in text  # the take-aways' load ratio, shown in 3.5
+    assert f"a slot holds {ind['load_ratio']:.2f}x (mu_P + mu_D)" in text  # the take-aways' load ratio, shown in 3.5
     # second read: the take-away splits that ratio into its prompt and decode parts instead of naming one cause
     parts = ind["load_parts"]
     assert parts["prompt"] + parts["decode"] == pytest.approx(ind["load_ratio"] * (ind["mu_P"] + ind["mu_D"]))
     assert f"its prompt averages {parts['prompt_ratio']:.2f}x mu_P" in text
     assert f"its decoded part {parts['decode_ratio']:.2f}x mu_D" in text
+    # sixth read: "below the turn the simulation runs below theory" while r = 1 ran above it; the rows below the
+    # straggler turn that run at or above theory are recorded and named
+    st = res["straggler"]
+    if st["crossing"] is not None:
+        above = [row["r"] for row in res["sweep"]
+                 if row["r"] < st["crossing"] and row["sim_throughput"] >= row["theory_throughput"]]
+        assert [o["r"] for o in st["above_theory_below_turn"]] == above
+        for r in above:
+            assert (f"at r = {r} it runs above theory" in text
+                    or f"Below the turn, at r = {r}, the simulation runs above theory" in text), r
+        below = [row["r"] for row in res["sweep"] if row["r"] < st["crossing"] and row["r"] not in above]
+        assert st["below_theory_r"] == below
+    # the sub-integer estimate is defined where it is first stated, and its gap is signed like the integer one
+    assert "**sub-integer estimate** is the peak of the parabola" in text
+    assert res["interp_gap_signed_pct"] == pytest.approx(100 * (res["r_sim_interp"] - res["r_star"]) / res["r_star"])
+    # the B = 128 row sets two workloads side by side: both are named, both gaps signed, no unbacked "furthest"
+    b128 = res["b128"]
+    assert "**Which workload each column is.**" in text and "furthest from" not in text
+    assert b128["paper_mode_gap_pct"] == pytest.approx(
+        100 * (b128["paper_mode_r_sim"] - b128["paper_mode_r_star"]) / b128["paper_mode_r_star"])
+    assert f"has r\\* = {b128['r_star']:.2f}, set by" in text
 
 
 def _executed_text(path):
