@@ -113,6 +113,14 @@ def test_notebook_01_eldr(tmp_path, public_data):
     assert star["trace_gain_pct"] == real["spread"][f"{star['trace_rate']:g}"]["gain_pct"]
     assert "The star marks where the real trace sits, not what it gains." in shown
     assert f"The trace itself measured {star['trace_gain_pct']:+.1f}%" in shown
+    # sixth student read: section 3.8 printed two held-out rho of the Spec-Bench trace (0.61, then 0.62) without
+    # saying they come from different splits; each sentence names its split, and a differing one is set apart
+    contrast = {row["trace"]: row["rho"] for row in r["real_locality_contrast"] or []}
+    if "sharegpt-moe-specbench" in contrast and real["file"] == "sharegpt-moe-specbench.npz":
+        assert "on the halves section 3.2's table measures" in shown
+        assert f"held-out count_idf rho {real['rho']:.2f} on this section's own calibration split" in shown
+        if f"{contrast['sharegpt-moe-specbench']:.2f}" != f"{real['rho']:.2f}":
+            assert f"(the {contrast['sharegpt-moe-specbench']:.2f} above is section 3.2's split of the same trace)" in shown
 
 
 def test_paper_comparison_table_is_read_before_it_is_shown():
