@@ -133,7 +133,7 @@ def test_notebook_06_on_the_recorded_capture(tmp_path):
     assert f"(layers counted from 0: 0 to {r['num_layers'] - 1})" in streams, streams[:2000]
     prose = "".join("".join(c["source"]) for c in json.loads((tmp_path / "06_from_your_deployment.ipynb").read_text())["cells"]
                     if c["cell_type"] == "markdown")
-    assert "K-means on prefill signatures" not in prose and "not section 5's count-IDF signatures" in prose
+    assert "K-means on prefill signatures" not in prose and "not section 5's [count-IDF](NOTATION.md#glossary) signatures" in prose
     _check_analysis(r)
     assert FIGURES <= set(res["_figures"])
 
