@@ -102,3 +102,14 @@ def test_dp_barrier_places_the_request_inside_a_margin():
 def test_bad_arguments_name_the_parameter(call, param):
     with pytest.raises(ValueError, match=param):
         call()
+
+
+def test_eldr_titles_fit_a_book_column():
+    """Seventh student read: the tier diagram's and the greedy curve's one-line titles (104 and 112 characters) were
+    cut off at a book column's 800 px; each line of a title now fits."""
+    from moelab.viz import eldr as viz_eldr  # lazy: only this test draws the greedy curve
+
+    titles = [d.eldr_tier_diagram().layout.title.text,
+              viz_eldr.fig_greedy_curve(np.array([0.5, 0.6, 0.55]), calibration_requests=192, patience=2).layout.title.text]
+    for title in titles:
+        assert max(len(line) for line in title.split("<br>")) <= 80, title

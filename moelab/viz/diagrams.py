@@ -74,7 +74,7 @@ def eldr_tier_diagram(n_prefill: int = 2, n_decode: int = 3, routed_to: int = 1)
     n_decode = check_int("n_decode", n_decode, low=1, high=8)
     routed_to = check_int("routed_to", routed_to, low=0, high=n_decode - 1)
     height = max(n_prefill, n_decode) * 1.2 + 0.6
-    fig = _canvas("ELDR: prefill computes the expert signature, the router sends it to a decode worker "
+    fig = _canvas("ELDR: prefill computes the expert signature;<br>the router sends it to a decode worker "
                   "with similar experts", width=12, height=height)
     _box(fig, 0.1, height / 2 - 0.5, 1.7, height / 2 + 0.5, "requests")
     for i in range(n_prefill):
@@ -93,6 +93,7 @@ def eldr_tier_diagram(n_prefill: int = 2, n_decode: int = 3, routed_to: int = 1)
              + ("<br><b>in band, least loaded</b>" if chosen else ""),
              fill="#fde0dd" if chosen else BOX_FILL, line=color_for("eldr") if chosen else BOX_LINE, font_size=11)
         _arrow(fig, 8.0, height / 2, 9.4, y, color=color_for("eldr") if chosen else IDLE)
+    fig.update_layout(margin_t=80)  # the title's two lines (one line ran past a book column's width)
     return fig
 
 

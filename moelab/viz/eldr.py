@@ -58,7 +58,7 @@ def fig_greedy_curve(curve: list[float], *, calibration_requests: int | None = N
                     name=f"kept: {best + 1} layers (rho {curve[best]:.3f})")
     on = "the calibration requests" if calibration_requests is None else f"the {calibration_requests} calibration requests"
     stop = "" if patience is None else f"; stops after {patience} additions without a new best"
-    fig.update_layout(title=f"Greedy layer selection on {on}: prefill-signature vs decode-profile distance correlation",
+    fig.update_layout(title=f"Greedy layer selection on {on}:<br>prefill-signature vs decode-profile distance correlation",
                       xaxis_title=f"layers chosen (greedy order{stop})",
                       yaxis_title="Spearman rho (calibration requests)", template="plotly_white")
     return fig
