@@ -315,3 +315,45 @@ def test_ratio_summary_is_ratio_terms_with_its_regime_edge():
     # the same workload: the paper's fit is attention-bound, the H200 fit sits at the FFN peak
     assert afd.ratio_summary(256, 1155, 210, 2000)["binding"] == "attention"
     assert afd.ratio_summary(256, 1155, 210, 2000, h200)["binding"] == "ffn_peak"
+
+
+def _pipeline_numpy(attn, r, t_C, t_F, m, t_back=None):
+    """The four-stage pipeline's job loop in plain numpy (the reference the compiled loop must equal bit for bit)."""
+    r = np.asarray(r, dtype=np.int64)
+    n = len(r)
+    t1 = np.broadcast_to(np.asarray(t_C, dtype=np.float64), (n,))
+    t2 = np.broadcast_to(np.asarray(t_F, dtype=np.float64), (n,))
+    t3 = np.broadcast_to(np.asarray(t_C if t_back is None else t_back, dtype=np.float64), (n,))
+    t12 = t1 + t2
+    steps = np.stack([t1, t2, t3])
+    starts = np.concatenate([[0], np.cumsum(r)[:-1]])
+    col_of = np.concatenate([np.arange(k) for k in r])
+    row_of = np.repeat(np.arange(n), r)
+    t12_flat = t12[row_of]
+    free = np.zeros(col_of.size)
+    back = np.tile(-t12_flat, (m, 1))
+    g = np.zeros((4, n))
+    g[2], g[3] = -t1, -t12
+    for j in range(attn.shape[0]):
+        mb = j % m
+        free = np.maximum(free, back[mb] + t12_flat) + attn[j, col_of]
+        g[0] = np.maximum.reduceat(free, starts)
+        g[1:] = np.maximum.accumulate(g, axis=0)[1:] + steps
+        back[mb] = g[3][row_of]
+    return g[3] + t12
+
+
+def test_compiled_pipeline_equals_the_numpy_recurrence_bit_for_bit():
+    # the job loop runs compiled (moelab.afd._pipeline_jit) for the panel's slider; every makespan must be the
+    # numpy loop's exactly, for scalar and per-row link times, a separate return link, one or several microbatches
+    from moelab.afd.sim import _pipeline
+
+    rng = np.random.default_rng(7)
+    for trial in range(6):
+        r = np.sort(rng.choice(np.arange(1, 30), size=int(rng.integers(1, 6)), replace=False))
+        attn = rng.gamma(2.0, 50.0, size=(int(rng.integers(1, 1500)), int(r.max())))
+        n, m = len(r), int(rng.integers(1, 5))
+        t_C = rng.uniform(0, 30, size=n) if trial % 2 else float(rng.uniform(0, 30))
+        t_F = rng.uniform(10, 500, size=n)
+        t_back = rng.uniform(0, 30, size=n) if trial % 3 == 0 else None
+        assert np.array_equal(_pipeline(attn, r, t_C, t_F, m, t_back), _pipeline_numpy(attn, r, t_C, t_F, m, t_back))

@@ -136,49 +136,29 @@ def _pipeline(attn: np.ndarray, r_values: np.ndarray, t_C, t_F: np.ndarray, m: i
     (scalars or one value per row; ``t_back`` defaults to ``t_C``).
 
     The jobs are a sequential recurrence (a job's attention waits for its microbatch's previous return),
-    so the loop over jobs stays; each pass is kept to a few whole-array operations, because their
-    per-call overhead, not arithmetic, is the cost (the interactive panel of notebook 03 runs this on
-    every slider move):
+    so the loop over jobs stays, compiled (:mod:`moelab.afd._pipeline_jit`; the interactive panel of notebook 03
+    runs this on every slider move). Per job:
 
     * the instance clocks of all rows live in one flat array (row q's first r_q instances side by side),
-      so one ``maximum.reduceat`` gives every row's straggler barrier;
+      and each row's straggler barrier is the maximum over its segment;
     * the three single-server stages after attention are one max-plus scan: with
       ``g1 = c1, g2 = c2 - t1, g3 = c3 - t1 - t2`` (``c`` the stages' last completions, ``t`` their
-      times), a job with barrier ``b`` gives ``g_k' = t_k + max(b, g_1..g_k)``: one ``maximum.accumulate``
-      over ``[b, g1, g2, g3]`` and one addition.
+      times), a job with barrier ``b`` gives ``g_k' = t_k + max(b, g_1..g_k)``.
     """
     r = np.asarray(r_values, dtype=np.int64)
     n = len(r)
-    t1 = np.broadcast_to(np.asarray(t_C, dtype=np.float64), (n,))
-    t2 = np.broadcast_to(np.asarray(t_F, dtype=np.float64), (n,))
-    t3 = np.broadcast_to(np.asarray(t_C if t_back is None else t_back, dtype=np.float64), (n,))
-    t12 = t1 + t2  # c3 = g3 + t1 + t2
-    steps = np.stack([t1, t2, t3])
-    starts = np.concatenate([[0], np.cumsum(r)[:-1]])
-    col_of = np.concatenate([np.arange(k) for k in r])  # flat position -> instance
-    row_of = np.repeat(np.arange(n), r)  # flat position -> row
-    t12_flat = t12[row_of]
-    free = np.zeros(col_of.size)  # when each instance of each row is next free
-    back = np.tile(-t12_flat, (m, 1))  # each microbatch's last return (c3), as g3 per flat position
-    g = np.zeros((4, n))  # [barrier of this job, g1, g2, g3]; all completions start at 0
-    g[2], g[3] = -t1, -t12
-    scan = np.empty_like(g)
-    release = np.empty(col_of.size)
-    mx, add, take = np.maximum, np.add, np.take
-    barrier, accumulate = np.maximum.reduceat, np.maximum.accumulate
-    chunk = 4096  # jobs whose attention rows are laid out flat at a time (bounded memory)
-    for j0 in range(0, attn.shape[0], chunk):
-        flat = attn[j0:j0 + chunk][:, col_of]
-        for jj in range(flat.shape[0]):
-            mb = (j0 + jj) % m
-            add(back[mb], t12_flat, out=release)
-            mx(free, release, out=free)
-            add(free, flat[jj], out=free)
-            g[0] = barrier(free, starts)
-            accumulate(g, axis=0, out=scan)
-            add(scan[1:], steps, out=g[1:])
-            take(g[3], row_of, out=back[mb])
-    return g[3] + t12
+    t1 = np.ascontiguousarray(np.broadcast_to(np.asarray(t_C, dtype=np.float64), (n,)))
+    t2 = np.ascontiguousarray(np.broadcast_to(np.asarray(t_F, dtype=np.float64), (n,)))
+    t3 = np.ascontiguousarray(np.broadcast_to(np.asarray(t_C if t_back is None else t_back, dtype=np.float64), (n,)))
+    starts = np.concatenate([[0], np.cumsum(r)[:-1]]).astype(np.int64)
+    col_of = np.concatenate([np.arange(k) for k in r]).astype(np.int64)  # flat position -> instance
+    row_of = np.repeat(np.arange(n), r).astype(np.int64)  # flat position -> row
+    # lazy: numba loads (or, on a fresh cache, compiles) the job loop on the first simulation only
+    from moelab.afd._pipeline_jit import pipeline_completions
+
+    g3 = pipeline_completions(np.ascontiguousarray(attn, dtype=np.float64), col_of, row_of, starts, r, t1, t2, t3,
+                              int(m))
+    return g3 + (t1 + t2)
 
 
 def simulate(r: int, B: int, mu_P: float, mu_D: float, *, steps: int | None = None, requests: float | None = None,
