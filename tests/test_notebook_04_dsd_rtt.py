@@ -64,6 +64,14 @@ def test_dsd_notebook(tmp_path):
     assert tl["pipelined_end_ms"] == pytest.approx(
         tl["draft_ms"] + (tl["rounds"] - 1) * tl["pipelined_period_ms"] + tl["verdict_after_send_ms"])
     assert tl["saved_ms"] == pytest.approx((tl["rounds"] - 1) * tl["hidden_per_round_ms"])
+    # the timeline's title is the first place gamma, t_a, RTT and t_v appear: they are defined in an output shown
+    # before it (seventh student read: they were defined only in the mechanism, below)
+    outputs = [json.dumps(o) for c in json.loads((tmp_path / "04_dsd_rtt.ipynb").read_text())["cells"]
+               for o in c.get("outputs", [])]
+    first_gamma = next(i for i, o in enumerate(outputs) if "gamma" in o)
+    for term in ("is the draft length", "is the edge's time per draft token", "is the edge-cloud round trip",
+                 "is one verification pass"):
+        assert term in outputs[first_gamma], term
     lat = res["measured_latency"]
     assert len(lat) == 2 * len(preset_values("04_dsd_rtt", "ci")["RTT_MEANS"])  # sync and pipelined at each RTT
     for m in ("dsd_sync", "dsd_pipelined"):
