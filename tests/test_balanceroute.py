@@ -564,6 +564,8 @@ def test_regime_figures():
     grid = pd.DataFrame(rows)
     heat = brviz.regime_heatmap(grid, 8, 72)
     assert heat.data[0].z.shape == (2, 2)
+    # the context axis is titled in words: k is the top-k expert count (NOTATION.md), not the context scale
+    assert heat.layout.xaxis.title.text == "context scale (each prompt this many times longer)"
     with pytest.raises(ValueError, match="no setting with G=4"):
         brviz.regime_heatmap(grid, 4, 72)
     with pytest.raises(ValueError, match="metric must be one of"):

@@ -4,7 +4,7 @@ Balancing only shortens the attention part of a barrier step (every other part c
 rank), so the throughput BR-0/BR-H can buy scales with the **attention share** of the step times how far
 the router lowers the envelope (the most loaded rank, which the barrier step waits for). :func:`regime_grid` sweeps what sets that share — the model shape (Qwen3-30B-A3B
 GQA, a DeepSeek-V3-like MLA shape, a dense 70B GQA; :data:`moelab.costmodel.MODEL_SHAPES`), the context
-scale (every prompt k x longer), the slots per rank and the DP degree G — and measures, per setting, the
+scale (each prompt this many times longer), the slots per rank and the DP degree G — and measures, per setting, the
 throughput gain and imbalance reduction of BR-0 and of BR-H with the paper's constants over the best
 baseline, on the same trace at the same offered load. :func:`locate_paper` finds the settings whose
 gains come closest to the paper's (+14.5% at G=8; +13% at G=4 to +35% at G=16, oracle).

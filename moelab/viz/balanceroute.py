@@ -176,7 +176,7 @@ def regime_heatmap(grid: pd.DataFrame, G: int, slots: int, metric: str = "brh_th
                                texttemplate="%{text}", colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim,
                                colorbar={"title": {"text": f"{quantity} (%)"}}))
     fig.update_layout(title=f"{_REGIME_METRICS[metric]} vs the best baseline (G={G}, {slots} slots)",
-                      xaxis_title="context scale (prompts x k)", yaxis_title="model shape", template="plotly_white")
+                      xaxis_title="context scale (each prompt this many times longer)", yaxis_title="model shape", template="plotly_white")
     return fig
 
 
