@@ -134,6 +134,16 @@ def test_afd_notebook(tmp_path):
     assert b128["paper_mode_gap_pct"] == pytest.approx(
         100 * (b128["paper_mode_r_sim"] - b128["paper_mode_r_star"]) / b128["paper_mode_r_star"])
     assert f"has r\\* = {b128['r_star']:.2f}, set by" in text
+    # seventh read: the closed form gets each distribution's sampled means, so "the same Tbar" was not what its
+    # token_load column showed; the spread it states is the map's own
+    assert "same Tbar (it depends on the means only)" not in text + NOTEBOOK.read_text()
+    if res["gap_map_moved"]:
+        spread = res["gap_map_closed_form_spread_pct"]
+        loads = {}
+        for row in res["gap_map"]:
+            loads.setdefault((row["B"], row["mu_P"], row["mu_D"]), []).append(row["token_load"])
+        assert spread["token_load"] == pytest.approx(max(100 * (max(v) - min(v)) / min(v) for v in loads.values()))
+        assert f"differ by at most {spread['token_load']:.2g}% (`token_load`)" in text
 
 
 def _executed_text(path):
