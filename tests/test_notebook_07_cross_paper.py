@@ -122,3 +122,13 @@ def test_notebook_07_cross_paper(tmp_path):
             f"the combination is {both - additive:+.2f} points from additive") in text
     assert row3["evidence"].startswith(f"both {res['both_gain_pct']:+.2f}% vs BalanceRoute alone {res['br_only_gain_pct']:+.2f}%")
     assert f"ELDR adds {added['added_min']:+.2f} to {added['added_max']:+.2f} points" in row3["evidence"]
+    # seventh read: the headline table showed ELDR raising the barrier idle work I, against the learning goal's
+    # "ELDR can only move the first [term]"; the sentence under the causes figure counts what each router moves
+    moves = res["lever_moves"]
+    by_pair = {r["pair"]: r for r in res["pairs"]}
+    more_idle = [r for r in moves["rank_routers"]
+                 if by_pair[f"eldr x {r}"]["avg_imbalance"] > by_pair[f"jsq x {r}"]["avg_imbalance"]]
+    assert moves["eldr_more_idle_under"] == more_idle
+    assert f"leave more barrier idle work $I$ under {len(more_idle)} of them" in text
+    assert "ELDR can only move the first" not in source and "ELDR's gain lives in the MoE part" not in source
+    assert "[Student-t interval](NOTATION.md#glossary)" in text and "[least-squares slope](NOTATION.md#glossary)" in source

@@ -51,6 +51,10 @@ TERMS: dict[str, str] = {
     "DeepEP": r"\bDeepEP\b",
     "bf16": r"\bbf16\b",
     "ShareGPT": r"\bShareGPT\b",
+    "H200, H800": r"\bH800\b",
+    "InfiniBand": r"\bInfiniBand\b",
+    "Student-t interval": r"\bStudent[- ]t\b",
+    "Least-squares slope": r"\bleast[- ]squares slopes?\b",
 }
 
 _BOLD_ENTRY = re.compile(r"^- \*\*([^*]+)\*\*", re.MULTILINE)
