@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from moelab.eldr.cache import SignatureCache
 from moelab.traces import ExpertTrace
@@ -36,3 +37,25 @@ def test_cached_prompts_get_full_prefill_counts_on_real_routing():
         cache.release(f"a{i}")
         cache.release(f"b{i}")
     assert served_from_cache > 0  # the repeats really were served from the cache
+
+
+def test_recorded_selection_counts_what_the_length_limit_left_out():
+    """Seventh student read: the Spec-Bench trace is not the whole benchmark (prompts over the recording's limit
+    were skipped); what it kept is read from the trace's provenance and adds up."""
+    import pandas as pd  # lazy: only this test builds source labels
+
+    from moelab.eldr.locality import recorded_selection
+    from moelab.traces import bundled_trace_path
+
+    assert recorded_selection("no-such-trace") is None
+    if not bundled_trace_path("sharegpt-moe-specbench").exists():
+        pytest.skip("the Spec-Bench trace is not bundled here")
+    sel = recorded_selection("sharegpt-moe-specbench")
+    assert sel["kept"] + sel["skipped_too_long"] == sel["questions"] and sel["max_len"] > 0
+    assert sum(sel["kept_by_label"].values()) == sel["kept"] and "labels_left_out" not in sel
+    # with source labels: one label kept whole, one thinned, one left out entirely
+    kept = sel["kept_by_label"]
+    whole, thin = sorted(kept)[:2]
+    source = pd.Series([whole] * kept[whole] + [thin] * (kept[thin] + 3) + ["absent"] * 2)
+    sel = recorded_selection("sharegpt-moe-specbench", source)
+    assert sel["labels_left_out"] == ["absent"] and sel["labels_thinned"] == {thin: (kept[thin], kept[thin] + 3)}

@@ -121,6 +121,26 @@ def test_notebook_01_eldr(tmp_path, public_data):
         assert f"held-out count_idf rho {real['rho']:.2f} on this section's own calibration split" in shown
         if f"{contrast['sharegpt-moe-specbench']:.2f}" != f"{real['rho']:.2f}":
             assert f"(the {contrast['sharegpt-moe-specbench']:.2f} above is section 3.2's split of the same trace)" in shown
+    # seventh student read: derived numbers follow from the shown ones (random's margin, the real trace's batch excess
+    # and per-request reads), the N_REQUESTS arrivals are said to be draws from the replayed pool, and the Spec-Bench
+    # trace says what its length limit left out
+    for m in re.finditer(r"random's ([\d.]+) ms; the next, \w+, is ([\d.]+)% slower \(([\d.]+) ms\)", shown):
+        rnd, margin, other = map(float, m.groups())
+        assert abs(100 * (other / rnd - 1) - margin) < 0.006, m.group(0)
+    for m in re.finditer(r"\(([\d.]+) against ([\d.]+) per layer\), the opposite of the mechanism\. The batches are almost "
+                         r"single requests: ([\d.]+) requests on average for \w+, ([\d.]+) for ELDR", shown):
+        d_eldr, d_base, b_base, b_eldr = map(float, m.groups())
+        after = shown[m.end():m.end() + 600]
+        ex_m = re.search(r"\(([\d.]+)% more on average\)", after)
+        assert ex_m and abs(100 * (b_eldr / b_base - 1) - float(ex_m.group(1))) < 0.06, after
+        pr = re.search(r"ELDR reads ([\d.]+) experts per layer against ([\d.]+)", after)
+        assert pr and abs(d_eldr / b_eldr - float(pr.group(1))) < 0.006 and abs(d_base / b_base - float(pr.group(2))) < 0.006
+    assert f"Each of those {CI['N_REQUESTS']} arrivals is one of the " in shown
+    sel = r["real_task_trace_selection"]
+    if sel is not None:
+        assert sel["kept"] + sel["skipped_too_long"] == sel["questions"]
+        assert shown[shown.index("Spec-Bench") - 1] == "[", "the computed prose's first Spec-Bench is not linked"
+        assert f"holds {sel['kept']} of the benchmark's {sel['questions']} questions" in shown
 
 
 def test_paper_comparison_table_is_read_before_it_is_shown():

@@ -201,4 +201,44 @@ def locality_contrast(names: tuple[str, ...] = tuple(REAL_TRACES), *, min_label:
     return pd.DataFrame(rows)
 
 
-__all__ = ["REAL_TRACES", "heldout_label_counts", "heldout_rho", "locality_contrast", "locality_report"]
+def recorded_selection(name: str, source_labels: pd.Series | None = None) -> dict[str, Any] | None:
+    """What a bundled real trace kept of its source data set when it was recorded (its provenance's
+    ``requests``: the source's question count, the prompt-length limit and how many were skipped over it).
+
+    Parameters
+    ----------
+    name : str
+        Bundled trace stem (``data/traces/<name>.npz``).
+    source_labels : pandas.Series, optional
+        The source data set's label of every question (for Spec-Bench:
+        ``moelab.datasets.load_spec_bench()["category"]``); when given, the result also says which labels the
+        limit left out entirely and which it thinned.
+
+    Returns
+    -------
+    dict or None
+        ``questions``, ``kept``, ``skipped_too_long``, ``max_len`` (tokens), ``kept_by_label`` and, with
+        ``source_labels``, ``source_by_label``, ``labels_left_out`` and ``labels_thinned`` (label -> (kept, in the
+        source)); None when the trace is absent or its provenance records no length limit.
+    """
+    path = bundled_trace_path(name)
+    if not path.exists():
+        return None
+    trace = load_trace(path)
+    req = trace.provenance.get("requests") if isinstance(trace.provenance, dict) else None
+    if not isinstance(req, dict) or not {"questions", "skipped_too_long", "max_len"} <= set(req):
+        return None
+    kept = pd.Series(trace.domains).value_counts()
+    out: dict[str, Any] = {"questions": int(req["questions"]), "kept": int(trace.n_requests),
+                           "skipped_too_long": int(req["skipped_too_long"]), "max_len": int(req["max_len"]),
+                           "kept_by_label": {str(k): int(v) for k, v in kept.items()}}
+    if source_labels is not None:
+        source = pd.Series(source_labels).astype(str).value_counts()
+        out["source_by_label"] = {str(k): int(v) for k, v in source.items()}
+        out["labels_left_out"] = [str(k) for k in source.index if int(kept.get(k, 0)) == 0]
+        out["labels_thinned"] = {str(k): (int(kept[k]), int(v)) for k, v in source.items() if 0 < int(kept.get(k, 0)) < v}
+    return out
+
+
+__all__ = ["REAL_TRACES", "heldout_label_counts", "heldout_rho", "locality_contrast", "locality_report",
+           "recorded_selection"]
