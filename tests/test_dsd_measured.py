@@ -165,6 +165,30 @@ def test_breakeven_is_where_sync_ties_ar():
     assert be == pytest.approx(float(dsd.rtt_breakeven(0.8, 5, 50, 10)), rel=0.1)
 
 
+def test_breakeven_agreement_says_why():
+    rounds = {"accepted": np.array([1, 3]), "nodes": np.array([3, 5]), "valid_next": np.array([False, False])}
+    flat = lambda q: np.full(np.shape(q), 40.0)  # noqa: E731 - one target step whatever q
+    steep = lambda q: 40.0 * (1 + 0.5 * (np.asarray(q) - 1))  # noqa: E731 - q tokens cost 1 + (q - 1) / 2 steps
+    ok, text = dsd.breakeven_agreement("x", 10.5, 10.0, rounds, flat)
+    assert ok and text == "x: measured 10.5 vs closed form 10.0 ms (5% apart, within the 10% pass mark)"
+    ok, text = dsd.breakeven_agreement("x", -3.0, -40.0, rounds, flat)
+    assert ok and "both negative" in text
+    # near zero the pass mark is 10% of 1 ms, not of the closed form's 0.2 ms
+    assert dsd.breakeven_agreement("x", 0.29, 0.2, rounds, flat)[0]
+    assert not dsd.breakeven_agreement("x", 0.31, 0.2, rounds, flat)[0]
+    # a disagreement: the rounds verify 4 and 6 tokens, 5 on average, (2.5 + 3.5) / 2 = 3 target steps
+    ok, text = dsd.breakeven_agreement("x", 5.0, 10.0, rounds, steep)
+    assert not ok and "50% apart, beyond the 10% pass mark" in text
+    assert "verifies 5.0 tokens on average" in text and "costs 3.00 target steps" in text
+    ok, text = dsd.breakeven_agreement("x", 5.0, 10.0, rounds, flat)
+    assert not ok and "tokens per round differ from n_tok" in text
+    assert "20% pass mark" in dsd.breakeven_agreement("x", 5.0, 10.0, rounds, flat, tolerance=0.2)[1]
+    with pytest.raises(ValueError, match="tolerance"):
+        dsd.breakeven_agreement("x", 5.0, 10.0, rounds, flat, tolerance=1.5)
+    with pytest.raises(ValueError, match="measured_ms"):
+        dsd.breakeven_agreement("x", float("nan"), 10.0, rounds, flat)
+
+
 def test_batched_server_invariants():
     rounds = iid_rounds(0.8, 4, 4000, np.random.default_rng(1))
     flat = lambda b, q: 40.0 + 0.05 * q  # noqa: E731 - a nearly flat verify curve

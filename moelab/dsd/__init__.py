@@ -19,6 +19,9 @@ from moelab.dsd.acceptance import (
     wilson_interval,
 )
 from moelab.dsd.measured import (
+    BREAKEVEN_AGREE,
+    VERIFY_STEPS_MAX,
+    breakeven_agreement,
     breakeven_rtt_sync,
     cached_cpu_verify_cost,
     capacity_batched,
@@ -54,7 +57,8 @@ __all__ = [
     "latency_per_token", "leviathan_speedup", "max_clients", "optimal_gamma", "pipelined_breakeven", "pipelined_window",
     "round_table", "rtt_breakeven",
     "serve", "simulate_rounds", "FamilyAgreement", "family_agreement",
-    "AcceptanceTrace", "GeometricTest", "RTTDistribution", "WAN_SCENARIOS", "breakeven_rtt_sync", "cached_cpu_verify_cost", "capacity_batched",
+    "AcceptanceTrace", "BREAKEVEN_AGREE", "GeometricTest", "RTTDistribution", "VERIFY_STEPS_MAX", "WAN_SCENARIOS",
+    "breakeven_agreement", "breakeven_rtt_sync", "cached_cpu_verify_cost", "capacity_batched",
     "chains_proposer", "cpu_costs", "drafter_proposer", "h200_verify_batch_ms", "h200_verify_curve", "iid_rounds", "load_shipped", "load_traces",
     "measure_loopback_rtt", "monotone_fit", "pooled_blocks", "record_acceptance", "save_traces", "serve_batched", "simulate_measured",
     "wilson_interval",

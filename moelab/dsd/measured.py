@@ -280,6 +280,69 @@ def breakeven_rtt_sync(rounds: dict[str, np.ndarray], *, t_ar: float, t_a: float
     return float((t_ar * (r["accepted"] + 1.0).sum() - fixed.sum()) / n.size)
 
 
+#: measured and closed-form break-even RTTs agree when they differ by at most this share of the closed form's
+#: magnitude (of at least 1 ms, so two break-evens near zero are not held to a fraction of nothing)
+BREAKEVEN_AGREE = 0.10
+#: a recorded round whose verification costs more target steps than this is what separates the measured
+#: break-even from the closed form's (which takes t_v = t_ar, one target step per round)
+VERIFY_STEPS_MAX = 1.1
+
+
+def breakeven_agreement(name: str, measured_ms: float, closed_form_ms: float, rounds: dict[str, np.ndarray],
+                        verify_ms: VerifyLatencyFn, *, tolerance: float = BREAKEVEN_AGREE,
+                        verify_steps_max: float = VERIFY_STEPS_MAX) -> tuple[bool, str]:
+    """Whether a measured break-even RTT (:func:`breakeven_rtt_sync`) agrees with the closed form's
+    (:func:`moelab.dsd.theory.rtt_breakeven`), and the sentence that says why.
+
+    Both negative agree (neither lets sync DSD beat cloud AR at any round trip). Otherwise they agree when
+    ``|measured - closed| <= tolerance * max(1 ms, |closed|)``. A disagreement is explained by what the
+    measured break-even charges and the closed form does not: each recorded round verifies its own draft
+    nodes plus one token (a token tree for HD), priced on ``verify_ms``; when that costs more than
+    ``verify_steps_max`` target steps on average the sentence says so, otherwise it points at the recorded
+    tokens per round differing from ``n_tok`` at the fitted acceptance.
+
+    Parameters
+    ----------
+    name : str
+        The drafter, as the sentence names it.
+    measured_ms, closed_form_ms : float
+        The two break-even round trips, ms (finite; negative means sync DSD never pays).
+    rounds : dict
+        The recorded rounds the measured break-even used (:meth:`AcceptanceTrace.rounds`).
+    verify_ms : callable
+        The verify cost of one forward over ``q`` tokens, ms, the one the measured break-even used.
+    tolerance : float
+        The relative gap that still agrees (0 to 1).
+    verify_steps_max : float
+        The mean verification cost, in target steps, above which it explains a disagreement (>= 1).
+
+    Returns
+    -------
+    (bool, str)
+        Whether they agree, and the evidence sentence (numbers to one decimal, gaps in whole percent).
+    """
+    name = check_instance("name", name, str, "a string (the drafter as the sentence names it)")
+    m = check_real("measured_ms", measured_ms, low=-1e9, high=1e9)
+    c = check_real("closed_form_ms", closed_form_ms, low=-1e9, high=1e9)
+    tolerance = check_real("tolerance", tolerance, low=0, high=1)
+    verify_steps_max = check_real("verify_steps_max", verify_steps_max, low=1, high=1e3)
+    r = _check_rounds(rounds)
+    if m < 0 and c < 0:
+        return True, (f"{name}: both negative, so both say sync DSD never beats cloud AR "
+                      f"(measured {m:.1f}, closed form {c:.1f} ms)")
+    text = f"{name}: measured {m:.1f} vs closed form {c:.1f} ms"
+    gap = abs(m - c) / max(1.0, abs(c))
+    if gap <= tolerance:
+        return True, text + f" ({gap:.0%} apart, within the {tolerance:.0%} pass mark)"
+    q = r["nodes"] + 1
+    steps = float(np.mean(_verify(verify_ms, q)) / _verify(verify_ms, np.ones(1, np.int64))[0])
+    why = (f"the closed form takes t_v = t_ar, but a recorded round verifies {np.mean(q):.1f} tokens on average "
+           f"(its draft nodes plus one), which costs {steps:.2f} target steps on the recording CPU"
+           if steps > verify_steps_max else
+           "the recorded rounds' tokens per round differ from n_tok at the fitted alpha")
+    return False, text + f" (they disagree, {gap:.0%} apart, beyond the {tolerance:.0%} pass mark: {why})"
+
+
 # ---------------------------------------------------------------------------------------------------------
 # a server that batches verification across clients
 
