@@ -21,6 +21,7 @@ from moelab.hd.ngram import NGramTable
 from moelab.hd.policy import (
     MATCH_CLASSES,
     AcceptanceModel,
+    EngineAcceptance,
     PolicyChoice,
     _plan,
     _plan_chain,
@@ -94,6 +95,8 @@ def _token_list(name: str, values: Sequence[int]) -> list[int]:
 
 
 _INT64_END = 1 << 63
+_INF = float("inf")
+_NAN = float("nan")
 _LAST_MATCH = MATCH_CLASSES - 1  # match lengths from here on share one confidence-class row
 
 
@@ -541,8 +544,16 @@ class CostAwareDrafter(Drafter):
             if self._t_start >= 0.0:  # the step since the last draft: its verification and its whole time
                 if self._online is not None:
                     self._online.observe(self._q, (now - self._t_end) * 1e3)
-                if self.choice is not None:
-                    self.choice.record(self._arm, self._step_tokens, now - self._t_start)
+                choice = self.choice
+                if type(choice) is PolicyChoice:  # PolicyChoice.record inline (a live engine's every step)
+                    tokens, seconds = self._step_tokens, now - self._t_start
+                    if seconds > 0.0 and seconds < _INF and tokens > 0.0:
+                        arm, keep = self._arm, choice._keep
+                        choice.tokens[arm] = choice.tokens[arm] * keep + tokens
+                        choice.seconds[arm] = choice.seconds[arm] * keep + seconds
+                        choice.steps[arm] += 1
+                elif choice is not None:
+                    choice.record(self._arm, self._step_tokens, now - self._t_start)
             self._t_start = now
             self._step_tokens = 0
         if budget is None:
@@ -553,7 +564,23 @@ class CostAwareDrafter(Drafter):
             b = min(self.budget, check_budget(budget))
         inner = self.inner
         d = inner.draft_chain(b) if self.chain else inner.draft()
-        arm = self._arm = self.choice.choose(self._rng.random()) if self.choice is not None else 0
+        choice = self.choice
+        if choice is None:
+            arm = 0
+        elif type(choice) is PolicyChoice:  # PolicyChoice.choose inline (a live engine's every step)
+            u = self._rng.random()
+            n0, n1 = choice.steps
+            if n0 < choice.warmup or n1 < choice.warmup:
+                arm = 0 if n0 <= n1 else 1  # alternate until both have their warm-up
+            else:
+                (t0, t1), (s0, s1) = choice.tokens, choice.seconds
+                arm = 1 if (t1 / s1 if s1 > 0.0 else _NAN) > (t0 / s0 if s0 > 0.0 else _NAN) else 0
+                if u < choice.explore:
+                    arm = 1 - arm
+            choice.chosen[arm] += 1
+        else:
+            arm = choice.choose(self._rng.random())
+        self._arm = arm
         self.arms[arm] += 1
         kept = None  # the kept candidates' classes, where the plan gave them
         # the hierarchy's own draft (one store letter per tree candidate, one class per token), priced on a curve
@@ -595,7 +622,38 @@ class CostAwareDrafter(Drafter):
 
     def observe(self, draft: Draft, accepted: Sequence[int]) -> None:
         last = self._last
-        observe(self.acceptance, last.candidates, last.sources, accepted, last.classes)
+        model = self.acceptance
+        engine = model.engine if type(model) is AcceptanceModel else None
+        if len(last.candidates) != 1 or last.classes is None or type(model) is not AcceptanceModel or \
+                (engine is not None and type(engine) is not EngineAcceptance):
+            observe(model, last.candidates, last.sources, accepted, last.classes)
+            return
+        # policy.observe's chain case with AcceptanceModel.record and EngineAcceptance.record inline (a vLLM
+        # row's every step; with the caches an engine's forward leaves cold, each frame costs microseconds):
+        # node d was tested iff the d nodes before it were accepted; the same updates in the same order
+        acc = list(map(int, accepted))
+        cand, src, cls = last.candidates[0], last.sources[0], last.classes[0]
+        n = len(cand)
+        per_token = n > 1 and len(src) == n
+        n_acc = len(acc)
+        keep, tried, got, rows = model._keep, model.tried, model.accepted, model._rows
+        for depth in range(n):
+            t = int(cand[depth])
+            ok = depth < n_acc and acc[depth] == t
+            letter = src[depth] if per_token else src[:1]
+            c = int(cls[depth])
+            key = (letter, False, c)
+            row = rows.get(letter)
+            if row is not None:
+                row.pop(c, None)
+            tried[key] = tried.get(key, 0.0) * keep + 1.0
+            got[key] = got.get(key, 0.0) * keep + (1.0 if ok else 0.0)
+            if engine is not None:
+                ek = engine._keep
+                engine.tried[key] = engine.tried.get(key, 0.0) * ek + 1.0
+                engine.accepted[key] = engine.accepted.get(key, 0.0) * ek + (1.0 if ok else 0.0)
+            if not ok:
+                break
 
 
 def _kept_classes(kept: Sequence[tuple[int, ...]], draft: Draft) -> list[tuple[int, ...]] | None:

@@ -140,8 +140,7 @@ def make_row_drafters(cfg: dict[str, Any], *, tokenizer_path: str, budget: int) 
                        need="".join(c for c in "SL" if c in order))
     length = int(cfg.get("length", 4))
     if method in ("hd-fixed", "rest"):
-        return RowDrafters(lambda: HierarchyDrafter(S, L, order=order, length=length),
-                           lambda d, m: d.draft_chain(m))
+        return RowDrafters(lambda: HierarchyDrafter(S, L, order=order, length=length), HierarchyDrafter.draft_chain)
     if method != "hd":
         raise ValueError(f"method must be one of ['hd', 'hd-fixed', 'rest', 'probe']; got {method!r}")
     c = cfg.get("cost")
@@ -202,7 +201,7 @@ def cost_aware_rows(S: Any, L: Any, cost: VerifyCost, *, budget: int, order: str
         return CostAwareDrafter(inner, model, budget=budget, chain=True, acceptance=engine.new_request(),
                                 seed=base * 1_000_003 + next(numbers), timed=online, choice=choice)
 
-    rows = RowDrafters(new_request, lambda d, m: d.draft(m))
+    rows = RowDrafters(new_request, CostAwareDrafter.draft)  # (the method itself: no lambda frame per step)
     rows.cost_model = model if online else None
     rows.policy_choice = choice
     return rows
