@@ -90,6 +90,16 @@ def test_notebook_05_balanceroute(tmp_path, public_data):
     disp = res["dispatch_definition"]
     assert disp["br0_requests_per_dispatch_p50"] >= 1 and disp["engine_requests_per_dispatch_p50"] >= 1
     assert "**What the dispatch columns measure.**" in _rendered(tmp_path / "05_balanceroute.ipynb")
+    # ... and the prose that points there says where they are (issue 40's ninth read: it said "under the costs
+    # table", but the definitions show above it, the table being its cell's last output)
+    cells = json.loads((tmp_path / "05_balanceroute.ipynb").read_text())["cells"]
+    pointer = next("".join(c["source"]) for c in cells
+                   if c["cell_type"] == "markdown" and "the columns are defined" in "".join(c["source"]))
+    assert "just above the costs table" in " ".join(pointer.split())
+    shown = next([json.dumps(o.get("data", {})) for o in c.get("outputs", [])] for c in cells
+                 if any("What the dispatch columns measure" in json.dumps(o.get("data", {})) for o in c.get("outputs", [])))
+    defined = next(i for i, o in enumerate(shown) if "What the dispatch columns measure" in o)
+    assert any("dispatch ms<br>p50" in o for o in shown[defined + 1:]), "the costs table is not shown after its definitions"
     # the G sweep's throughput is drawn against each G's best baseline (0% there), not as bars from 0 tokens/s
     rel = res["sweep_throughput_vs_best_baseline"]
     assert {r["G"] for r in rel if r["router"] == r["best_baseline"] and r["vs_best_baseline_pct"] == 0}
