@@ -155,7 +155,7 @@ def measured_figure(res, *, title: str | None = None) -> go.Figure:
                     line={"color": color_for("theory")}, row=1, col=1)
     fig.add_scatter(x=f["r"], y=f["sim_throughput"], mode="markers+lines", name="independent simulation",
                     marker={"color": color_for("simulation"), "size": 7}, line={"dash": "dot", "width": 1}, row=1, col=1)
-    fig.add_scatter(x=f["r"], y=f["sim_vs_theory_pct"], mode="markers+lines", name="residual sim/theory - 1",
+    fig.add_scatter(x=f["r"], y=f["sim_vs_theory_pct"], mode="markers+lines", name="residual, sim / theory - 1 (%)",
                     marker={"color": color_for("simulation"), "symbol": "diamond"}, showlegend=False, row=2, col=1)
     fig.add_hline(y=0, line_color="#999", row=2, col=1)
     # the two markers' labels lean away from each other (the left one to its left), so close values never overlap
