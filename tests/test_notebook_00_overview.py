@@ -55,6 +55,11 @@ def test_overview_notebook(tmp_path):
     d = res["distinct_experts"]
     assert d["D"] == pytest.approx(float(expected_distinct_experts(32, shape.num_experts, shape.top_k)))
     assert d["D"] < min(shape.num_experts, shape.top_k * 32)
+    # the guess needs E and k: they are shown before the MY_GUESS cell (tenth read: only the reveal printed them)
+    cells = json.loads((tmp_path / "00_overview.ipynb").read_text())["cells"]
+    guess = next(i for i, c in enumerate(cells) if "".join(c["source"]).startswith("MY_GUESS = None"))
+    before = json.dumps([o for c in cells[:guess] for o in c.get("outputs", [])])
+    assert f"$E$ = {shape.num_experts} experts" in before and f"top $k$ = {shape.top_k}" in before
     # the no-overlap reference is the figure's grey line, min(E, k·B): 128 of a 128-expert layer, not k·B = 256
     assert d["no_overlap"] == min(shape.num_experts, shape.top_k * 32)
     qwen = res["moe_layer"]["qwen3-30b-a3b"]

@@ -181,6 +181,9 @@ def test_notebook_02_runs_and_records_results(tmp_path, public_data):
                  for o in c.get("outputs", []))
     shape = next(p for p in md.split("\n") if "The shape, both ways" in p)
     assert "REST (L alone)" not in shape.split("Published:")[1].split("HD against each")[0]
+    # tenth read: the HF slice's table is at the same budget as the vLLM table; what differs is the engine, its
+    # questions and its output length
+    assert "another engine and budget" not in shape
     fixed_q = r["slice_by_policy"]["HD-fixed"]["q_mean"]
     assert f"HD (paper, fixed) verifies {fixed_q:.1f} tokens per forward of the `BUDGET` + 1" in md
     titles = [str(o["data"]["application/vnd.plotly.v1+json"]["layout"].get("title", {}).get("text", ""))

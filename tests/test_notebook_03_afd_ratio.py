@@ -4,6 +4,7 @@ reproduction and the test."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -54,6 +55,12 @@ def test_lesson_structure_and_nbgrader_metadata():
     # one symbol, one meaning: AFD's cycle time is t_cyc, tau is ELDR's band
     assert not any("\\tau" in t and "not the paper's" not in t for t in text if t)
     assert "NOTATION.md" in text[0] and "04_dsd_rtt.ipynb" in text[-1]
+    # one meaning for the horizon N: requests served by one microbatch's B slots, the unit K = N/(B p) counts
+    # steps in (tenth read: it was called "requests per attention instance", which holds three microbatches)
+    sources = text + [(repo_root() / "moelab" / f).read_text() for f in ("viz/afd.py", "afd/theory.py")]
+    loose = [m.group(0) for t in sources
+             for m in re.finditer(r"requests (?:served )?per (?:attention )?instance(?! and microbatch)[^\n]{0,40}", t)]
+    assert not loose, loose
 
 
 @pytest.mark.notebook

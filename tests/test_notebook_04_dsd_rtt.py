@@ -31,6 +31,10 @@ def test_no_answer_shown_before_its_exercise():
 
     assert first('EXERCISES["04.capacity"]') < first("predicted_ratio")
     assert first('EXERCISES["04.breakeven_rtt"]') < first("latency_vs_rtt_figure(")
+    # the verdict's "draft nodes" of HD's token tree are defined where the drafters are (tenth read: HD verifies
+    # far more tokens per round than its gamma, unexplained)
+    markdown = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+    assert any("**draft nodes**" in t and "HD(WSL)" in t for t in markdown)
     panel = code[first("dsd_panel(")]
     assert "dsd_panel(TOY_RTT, TOY_ALPHA, TOY_GAMMA" in panel and "dsd_panel(RTT" not in panel
 

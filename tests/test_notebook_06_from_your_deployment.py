@@ -103,6 +103,12 @@ def test_notebook_06_without_vllm_falls_back_to_hf_capture(tmp_path):
     _check_analysis(r)
     assert FIGURES <= set(res["_figures"])
     _check_no_progress_widgets(tmp_path / "06_from_your_deployment.ipynb")  # transformers' weight loading
+    # why the live engine was skipped is said the same way in every cell (issue 40's tenth read: with vLLM
+    # installed the engine cell still said "no vLLM")
+    text = json.dumps([o for c in json.loads((tmp_path / "06_from_your_deployment.ipynb").read_text())["cells"]
+                       for o in c.get("outputs", [])])
+    if vllm_status()[0]:
+        assert "skipped (BACKEND = hf)" in text and "no vLLM" not in text
 
 
 @pytest.mark.notebook

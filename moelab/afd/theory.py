@@ -45,7 +45,7 @@ def termination_prob(mu_D: float) -> float:
 def horizon_steps(B: int, mu_D: float, N: float) -> float:
     """Decode steps ``K = N/(B p)`` in which B slots serve N requests on average."""
     if N is None:
-        raise ValueError("N must be a real number >= B (requests per attention instance); got None")
+        raise ValueError("N must be a real number >= B (requests per attention instance and microbatch); got None")
     B, _, mu_D, N = _workload(B, 0.0, mu_D, N)
     return N / (B * termination_prob(mu_D))
 
@@ -139,7 +139,7 @@ def ratio_terms(B: int, mu_P: float, mu_D: float, N: float | None = None,
     mu_P, mu_D : float
         Mean prompt length and mean (geometric) decode length in tokens (0..:data:`MAX_MEAN_TOKENS`).
     N : float, optional
-        Requests served per attention instance (the finite horizon, >= B); ``None`` means N -> inf.
+        Requests served per attention instance and microbatch, by its ``B`` slots (the finite horizon, >= B); ``None`` means N -> inf.
     coeffs : AFDCoefficients, optional
         Stage-latency coefficients; the paper's Ascend fit by default.
 
@@ -175,7 +175,7 @@ def optimal_ratio(B: int, mu_P: float, mu_D: float, N: float | None = None,
     mu_P, mu_D : float
         Mean prompt length and mean (geometric) decode length in tokens (>= 0).
     N : float, optional
-        Requests served per attention instance (the finite horizon, >= B); ``None`` means N -> inf.
+        Requests served per attention instance and microbatch, by its ``B`` slots (the finite horizon, >= B); ``None`` means N -> inf.
     coeffs : AFDCoefficients, optional
         Stage-latency coefficients; the paper's Ascend fit by default.
 

@@ -141,7 +141,7 @@ def ratio_table_figure(table: pd.DataFrame, N: float | None = 10_000) -> go.Figu
                              cells={"values": cells, "height": _TABLE_ROW_PX}))
     # tall enough for every row: a plotly table cut by its figure hides the last rows behind a scroll bar
     margin = {"t": 60, "b": 10, "l": 20, "r": 20}
-    fig.update_layout(title=f"r* for each workload (N = {N} requests per instance)", margin=margin,
+    fig.update_layout(title=f"r* for each workload (N = {N} requests per instance and microbatch)", margin=margin,
                       height=margin["t"] + margin["b"] + _TABLE_HEADER_PX + _TABLE_ROW_PX * len(wide) + 10)
     return fig
 
@@ -218,7 +218,7 @@ def afd_panel(B: int = 256, mu_P: float = 100, mu_D: float = 500, N: float = 10_
     s_P = slider("mu_P (mean prompt)", mu_P, 0, 4000, 50)
     s_D = slider("mu_D (mean decode)", mu_D, 10, 4000, 10)
     # the simulator runs the same horizon N as the theory; 10^4.5 requests keep a sweep to a few seconds
-    s_N = slider("log10 N (requests per instance)", float(np.log10(N)), 2, 4.5, 0.25)
+    s_N = slider("log10 N (requests per instance and microbatch)", float(np.log10(N)), 2, 4.5, 0.25)
     coef = {name: slider(name, getattr(paper, name), 0, 4 * getattr(paper, name), getattr(paper, name) / 50)
             for name in ("a_A", "b_A", "a_F", "b_F", "a_C", "b_C")}
     coef["a_F"].min = paper.a_F / 50  # a_F must stay > 0
