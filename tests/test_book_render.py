@@ -56,7 +56,7 @@ def _cells() -> list[dict]:
         _md("Uses `moelab.afd.simulate_measured` and `moelab.afd`; see [the notation](NOTATION.md#glossary) "
             "and the [README](../README.md).\n\n# 3. Does the paper's claim hold here?\n\ntext"),
         _code([_display({"text/markdown": r"With $\alpha$ = 0.8: $\bar n_{\mathrm{tok}}$ = 3.1 and"
-                                          "\n\n$$t = \\frac{a}{b}$$\n\nsee [01](01_eldr.ipynb)",
+                                          "\n\n$$t = \\frac{a}{b}$$\n\nsee [01](01_eldr.ipynb) and its [p95](NOTATION.md#glossary)",
                          "text/plain": "<Markdown>"})]),
         _code([{"output_type": "stream", "name": "stderr", "text": "INFO 12-06 engine.py:1] starting\n"},
                {"output_type": "stream", "name": "stdout", "text": "printed by the notebook\n"},
@@ -68,8 +68,14 @@ def _cells() -> list[dict]:
 
 
 def test_outputs_drop_logs_and_progress_bars_and_note_only_panels():
-    page = prepare_notebook(_notebook("01 · ELDR — routing", _cells()), "01_eldr", None,
-                            included=["00_overview", "01_eldr", "02_hierarchy_drafting"])
+    nb = _notebook("01 · ELDR — routing", _cells())
+    nb["metadata"]["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {"b": {}}}}
+    page = prepare_notebook(nb, "01_eldr", None, included=["00_overview", "01_eldr", "02_hierarchy_drafting"])
+    assert "widgets" not in page["metadata"]  # no widget manager in the book: the state only weighs the page
+    # computed prose links the notation page like a markdown cell (tenth read: they pointed at "#NOTATION.md")
+    shown = [o["data"]["text/markdown"] for c in page["cells"] for o in c.get("outputs", [])
+             if "p95" in str(o.get("data", {}).get("text/markdown", ""))]
+    assert shown and "(notation.md#glossary)" in shown[0]
     outputs = [o for c in page["cells"] for o in c.get("outputs", [])]
     assert not any(o.get("name") == "stderr" for o in outputs)
     assert any(o.get("text") == "printed by the notebook\n" for o in outputs)

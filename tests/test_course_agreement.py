@@ -52,5 +52,16 @@ def test_executed_report_names_every_kind():
     report = executed_report(_nb("fine"), {})
     assert set(report) == {"prose_numbers_mismatched", "figure_text_entities", "figure_label_overlaps",
                            "figure_method_colors", "figure_log_axis_ticks", "figure_hidden_series",
-                           "output_raw_entities"}
+                           "figure_title_overflows", "output_raw_entities", "output_stray_values"}
     assert not any(report.values())
+
+
+def test_a_returned_path_shown_as_a_cells_value_is_reported():
+    from moelab.viz.hygiene import output_stray_values
+
+    def cell(text, kind="execute_result", **data):
+        return {"cell_type": "code", "outputs": [{"output_type": kind, "data": {"text/plain": text, **data}}]}
+
+    nb = {"cells": [cell("PosixPath('/tmp/bkruns10/figures/03_afd_ratio.json')"), cell("2.5"),
+                    cell("PosixPath('/x')", kind="display_data"), cell("Path('/x')", **{"text/html": "<b>x</b>"})]}
+    assert [p.split(":")[0] for p in output_stray_values(nb)] == ["cell 0"]

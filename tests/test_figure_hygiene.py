@@ -248,3 +248,15 @@ def test_the_demo_text_is_escaped_once_and_holds_no_entity():
     assert "it's" in out and " &lt;b&gt;&amp;" in out and "\u21b5<br>" in out and "&nbsp;" not in out
     executed = _executed({"output_type": "display_data", "data": {"text/html": out, "text/plain": "<HTML>"}})
     assert output_raw_entities(executed) == []
+
+
+def test_title_too_wide_for_the_book_column_is_found():
+    from moelab.viz.hygiene import title_overflows
+
+    long = "DSD timeline: draft on the edge, uplink, verify in the cloud, downlink (gamma=5, t_a=10, RTT=60, t_v=50 ms)"
+    assert title_overflows({"layout": {"title": {"text": long}}})  # cut at the book's width (tenth read)
+    split = long.replace(" (", "<br><sup>").replace(")", "</sup>")
+    assert title_overflows({"layout": {"title": {"text": split}}}) == []
+    assert title_overflows({"layout": {"title": {"text": long}, "width": 1400}}) == []  # a figure sized wider
+    assert title_overflows({"layout": {"title": {"text": long, "font": {"size": 11}}}}) == []
+    assert title_overflows({"layout": {}}) == [] and title_overflows({"layout": {"title": "short"}}) == []

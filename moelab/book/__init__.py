@@ -228,6 +228,9 @@ def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
     ``api_links``: a backticked public name (`` `moelab.afd.simulate_measured` ``) links to its API reference
     entry (:func:`moelab.book.reference.link_symbols`)."""
     nb = copy.deepcopy(nb)
+    # the live panels' widget state (megabytes of plotly per panel) serves no page: the book has no widget
+    # manager, and each panel is shown as its static copy or a note
+    nb.get("metadata", {}).pop("widgets", None)
     figure, titled = 0, False
     nb["cells"] = _with_blanks(nb["cells"])
     for cell in nb["cells"]:
@@ -259,9 +262,10 @@ def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
             data = out.get("data")
             if not data:
                 continue
-            if "text/markdown" in data and included is not None:  # computed prose links notebooks too
-                md = data["text/markdown"]  # rendered as MyST (CONF): links to notebooks resolve like a cell's
-                data["text/markdown"] = unlink_missing("".join(md) if isinstance(md, list) else md, included)
+            if "text/markdown" in data:  # computed prose links the notation page and notebooks too
+                md = data["text/markdown"]  # rendered as MyST (CONF): links resolve like a markdown cell's
+                md = book_links("".join(md) if isinstance(md, list) else md, f"notebooks/{name}.ipynb")
+                data["text/markdown"] = md if included is None else unlink_missing(md, included)
             if PLOTLY_MIME in data:
                 figure += 1
                 data["text/html"] = _plotly_html(data.pop(PLOTLY_MIME), f"{name}-figure-{figure}")
@@ -291,9 +295,9 @@ def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
 PANEL_NOTE = "*An interactive panel: its sliders need a live kernel (see the note at the top of this page).*"
 #: the caption above a panel's static copy (an image of its figures at the notebook's parameters): inside the copy's
 #: HTML, which myst-nb prefers to Markdown
-PANEL_COPY_NOTE = ("A static copy of an interactive panel, drawn at this run's parameters (where a figure above was "
-                   "drawn at the same settings, it shows that figure again): its sliders need a live kernel (see the "
-                   "note at the top of this page).")
+PANEL_COPY_NOTE = ("A static copy of an interactive panel, drawn at the settings its sliders start from (where a "
+                   "figure above was drawn at the same settings, it shows that figure again): its sliders need a live "
+                   "kernel (see the note at the top of this page).")
 PANEL_COPY_NOTE_HTML = f'<p class="moelab-panel-note"><em>{PANEL_COPY_NOTE}</em></p>'
 _PROGRESS = re.compile(r"\d+%\|.*\|\s*\d+(?:\.\d+)?[kMG]?/\d*(?:\.\d+)?[kMG]?|\bit/s\]|s/it\]")
 

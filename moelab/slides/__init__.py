@@ -183,7 +183,7 @@ def slide_notebook(name: str, outputs: dict[int, list[dict[str, Any]]], *, app_c
                     # the caption goes inside it, above the copy (else a figure repeats with no word of why)
                     html = data["text/html"]
                     data["text/html"] = (f'<p class="moelab-panel-note"><em>A static copy of an interactive panel, '
-                                         f'drawn at this run\'s parameters: run it live with <code>{app_command}'
+                                         f'drawn at the settings its sliders start from: run it live with <code>{app_command}'
                                          '</code>.</em></p>' + ("".join(html) if isinstance(html, list) else html))
                 else:
                     data["text/markdown"] = f"*An interactive panel: run it live with `{app_command}`.*"

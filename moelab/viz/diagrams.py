@@ -259,8 +259,9 @@ def dsd_timeline_diagram(*, gamma: int = 5, t_a: float = 10.0, rtt: float = 60.0
                            showarrow=False, xanchor="right", font={"size": 11})
     fig.update_xaxes(title_text="time (ms)")
     fig.update_yaxes(title_text="mode and lane", tickvals=ticks, ticktext=names, range=[-0.6, 7.4])
-    fig.update_layout(title=f"DSD timeline: draft on the edge, uplink, verify in the cloud, downlink "
-                            f"(gamma={gamma}, t_a={t_a:g}, RTT={rtt:g}, t_v={t_v:g} ms)",
+    # the settings on a line of their own: at a book page's width one line cut them off
+    fig.update_layout(title=f"DSD timeline: draft on the edge, uplink, verify in the cloud, downlink"
+                            f"<br><sup>gamma={gamma}, t_a={t_a:g}, RTT={rtt:g}, t_v={t_v:g} ms</sup>",
                       template="plotly_white", barmode="overlay", height=380, legend_title_text="segment")
     return fig
 

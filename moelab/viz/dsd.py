@@ -147,8 +147,8 @@ def conditional_acceptance_figure(traces: dict, gammas: dict[str, int] | None = 
         fig.add_scatter(x=pos["position"], y=np.full(g, tr.first_token_rate(g)), mode="lines",
                         name=f"{tr.drafter}: geometric, fitted on position 1", line={"color": color, "dash": "dot"},
                         legendgroup=tr.drafter)  # one drafter, two readings
-    fig.update_layout(title=f"Acceptance of draft token j given the first j-1 were accepted, per round, "
-                            f"{level:.0%} intervals (recorded on SmolLM2-135M)",
+    fig.update_layout(title=f"Acceptance of draft token j given the first j-1 were accepted, per round"
+                            f"<br><sup>{level:.0%} intervals, recorded on SmolLM2-135M</sup>",
                       xaxis_title="draft position j", yaxis_title="P(accept)", yaxis_range=[0, 1.05],
                       template="plotly_white")
     return fig

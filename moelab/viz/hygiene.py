@@ -19,10 +19,14 @@
   wide), so the reader sees one series where the legend promises two; unless the figure says so (a legend name,
   annotation or title saying that the series coincide).
 
+* :func:`title_overflows`: a title line too wide for the book's content column (:data:`BOOK_WIDTH_PX`), where a
+  browser cuts it at the figure's edge: estimated at :data:`TITLE_EM_PER_CHAR` of the font size per character
+  (plotly's default Open Sans), a ``<sup>`` line at its smaller size; put the settings on a ``<br><sup>`` line.
+
 Beside the figures, :func:`output_raw_entities` reads an executed notebook's HTML, Markdown and printed outputs for
 entities a reader would see raw (escaped twice, or in plain text) or that a viewer may show raw (``&nbsp;``).
 
-:func:`figure_problems` runs all five; :func:`notebook_figures` reads the figures an executed notebook displays.
+:func:`figure_problems` runs all six; :func:`notebook_figures` reads the figures an executed notebook displays.
 """
 
 from __future__ import annotations
@@ -628,13 +632,43 @@ def hidden_series(fig: dict, *, tol_px: float = HIDDEN_TOL_PX) -> list[str]:
     return problems
 
 
+#: the book's content column (px): a figure without a width of its own is drawn this wide on a chapter page
+BOOK_WIDTH_PX = 784
+#: the mean width of a title character in plotly's default font (Open Sans), as a share of the font size: from
+#: the book's pages, where titles of 92 characters fit at 17 px and of 107 were cut
+TITLE_EM_PER_CHAR = 0.45
+_TITLE_FONT_PX = 17.0  # plotly's default title size
+_SUP_SCALE = 0.7  # a <sup> line's size relative to the title's
+
+
+def title_overflows(fig: dict, width_px: float = BOOK_WIDTH_PX) -> list[str]:
+    """Title lines (split at ``<br>``) estimated wider than the figure's plotting width (``layout.width`` or
+    ``width_px``, less the title's left offset), each as ``title: line (estimated px > available px)``."""
+    layout = fig.get("layout", {}) or {}
+    title = layout.get("title")
+    text = title.get("text") if isinstance(title, dict) else title
+    if not text:
+        return []
+    size = float(((title.get("font") or {}).get("size") if isinstance(title, dict) else None) or _TITLE_FONT_PX)
+    x = float((title.get("x") if isinstance(title, dict) else None) or 0.05)  # plotly_white's default offset
+    available = float(layout.get("width") or width_px) * (1 - min(max(x, 0.0), 0.5))
+    problems = []
+    for line in re.split(r"<br\s*/?>", str(text)):
+        scale = _SUP_SCALE if "<sup>" in line else 1.0
+        plain = re.sub(r"<[^>]+>", "", line)
+        est = TITLE_EM_PER_CHAR * size * scale * len(plain)
+        if est > available:
+            problems.append(f"title: {plain[:60]!r}... ({est:.0f} px estimated > {available:.0f} px)")
+    return problems
+
+
 def figure_problems(fig: Any) -> dict[str, list[str]]:
-    """All five checks on a figure (a ``go.Figure`` or its JSON dict)."""
+    """All six checks on a figure (a ``go.Figure`` or its JSON dict)."""
     if not isinstance(fig, dict):
         fig = fig.to_plotly_json()
     return {"text_entities": text_entities(fig), "label_overlaps": label_overlaps(fig),
             "method_colors": method_colors(fig), "log_axis_ticks": log_axis_ticks(fig),
-            "hidden_series": hidden_series(fig)}
+            "hidden_series": hidden_series(fig), "title_overflows": title_overflows(fig)}
 
 
 # ---------------------------------------------------------------------------------------------- HTML outputs
@@ -676,6 +710,26 @@ def output_raw_entities(executed: dict) -> list[str]:
     return problems
 
 
+#: a cell's value that is an object's repr rather than something to read: a path a call returned
+_STRAY_REPR = re.compile(r"^(?:Posix|Windows|Pure\w*)?Path\(['\"]")
+
+
+def output_stray_values(executed: dict) -> list[str]:
+    """A cell's displayed value that is a return value nobody meant to show: an ``execute_result`` whose only
+    readable form is a path's repr (``PosixPath('/tmp/.../03_afd_ratio.json')``, a call such as
+    ``write_results`` ending its cell), which also leaks the machine's folders into the book."""
+    problems = []
+    for i, cell in enumerate(executed.get("cells", [])):
+        for output in cell.get("outputs", []) or []:
+            data = output.get("data") or {}
+            if output.get("output_type") != "execute_result" or set(data) - {"text/plain"}:
+                continue
+            text = _joined(data.get("text/plain", "")).strip()
+            if _STRAY_REPR.match(text):
+                problems.append(f"cell {i}: its value {text[:80]!r} is shown (end the line with ';' or assign it)")
+    return problems
+
+
 def notebook_figures(executed: dict) -> list[tuple[int, dict]]:
     """``(cell index, figure JSON)`` for every plotly figure an executed notebook (JSON) displays."""
     out = []
@@ -701,7 +755,7 @@ def _figure_name(fig: dict, fallback: str) -> str:
 def notebook_figure_problems(executed: dict) -> dict[str, list[str]]:
     """Every problem of every figure an executed notebook displays, per check, each prefixed with the figure."""
     found: dict[str, list[str]] = {"text_entities": [], "label_overlaps": [], "method_colors": [], "log_axis_ticks": [],
-                                   "hidden_series": []}
+                                   "hidden_series": [], "title_overflows": []}
     for cell, fig in notebook_figures(executed):
         name = _figure_name(fig, f"cell {cell}")
         for kind, problems in figure_problems(fig).items():
@@ -709,7 +763,8 @@ def notebook_figure_problems(executed: dict) -> dict[str, list[str]]:
     return found
 
 
-__all__ = ["EXPORT_SIZE", "HIDDEN_TOL_PX", "MIN_COLOR_DELTA_E", "MIN_COLOR_DELTA_E2000", "annotation_boxes",
+__all__ = ["BOOK_WIDTH_PX", "EXPORT_SIZE", "HIDDEN_TOL_PX", "TITLE_EM_PER_CHAR", "MIN_COLOR_DELTA_E", "MIN_COLOR_DELTA_E2000", "annotation_boxes",
            "arrow_segments", "colors_too_close", "delta_e", "delta_e2000",
            "STRUCTURAL_ENTITIES", "figure_problems", "figure_texts", "hidden_series", "label_overlaps", "log_axis_ticks",
-           "method_colors", "notebook_figure_problems", "notebook_figures", "output_raw_entities", "text_entities"]
+           "method_colors", "notebook_figure_problems", "notebook_figures", "output_raw_entities", "output_stray_values", "text_entities",
+           "title_overflows"]
