@@ -184,6 +184,13 @@ def test_notebook_02_runs_and_records_results(tmp_path, public_data):
     # tenth read: the HF slice's table is at the same budget as the vLLM table; what differs is the engine, its
     # questions and its output length
     assert "another engine and budget" not in shape
+    # eleventh read: a speed-up above the tokens per forward contradicts speed-up = a t(1)/t(q) <= a unless the
+    # page says the two columns average differently
+    above = r["published_shape"].get("speedup_above_a", [])
+    mat = r["published_shape"]["hd_mat"]
+    assert all(c in mat for c in above)
+    if above:
+        assert "speed-up can exceed $a$ (here in " + ", ".join(above) + ")" in md
     fixed_q = r["slice_by_policy"]["HD-fixed"]["q_mean"]
     assert f"HD (paper, fixed) verifies {fixed_q:.1f} tokens per forward of the `BUDGET` + 1" in md
     titles = [str(o["data"]["application/vnd.plotly.v1+json"]["layout"].get("title", {}).get("text", ""))
