@@ -138,3 +138,24 @@ def test_the_full_table_carries_paired_intervals(tmp_path, monkeypatch):
     assert o.loc["AR", "hd_ratio"] == pytest.approx(1.5) and o.loc["AR", "hd_verdict"] == "ahead"
     assert o.loc["HD-fixed", "hd_verdict"] == "not distinguishable"
     assert "hd_ci_low" in pd.read_csv(tmp_path / "full.csv").columns
+
+
+def test_run_code_covers_the_drafting_modules_it_imports():
+    # a cached vLLM point is keyed by the source of RUN_CODE: a moelab.hd module that a keyed module imports and
+    # that can change a draft must be keyed too (the compiled store lookups were missing at first)
+    import re
+    from pathlib import Path
+
+    from moelab.bench.specbench.vllm_runs import RUN_CODE
+
+    not_drafting = {"moelab.hd.identity": "a store file's origin metadata",
+                    "moelab.hd.decode": "check_draft_ids refuses a malformed draft, never changes one"}
+    root = Path(__file__).resolve().parents[1]
+    missing = set()
+    for mod in RUN_CODE:
+        src = (root / Path(*mod.split("."))).with_suffix(".py").read_text()
+        imported = set(re.findall(r"(?:from|import) (moelab\.hd\.\w+)", src))
+        imported |= {f"moelab.hd.{m}" for m in re.findall(r"from moelab\.hd import (\w+)", src)
+                     if (root / "moelab" / "hd" / f"{m}.py").is_file()}
+        missing |= {m for m in imported if m not in RUN_CODE and m not in not_drafting}
+    assert not missing, f"RUN_CODE leaves out {sorted(missing)}"
