@@ -3,10 +3,10 @@
 Why compiled: the Python lookup probes one dict per key length (packed-int keys) and a memo per key row, then
 builds the row's continuations from a memoryview: a dozen dicts, lists and tuples per step, each a likely cache
 miss once an engine's forward between two steps has evicted them (S is queried on most drafting steps). Here
-they are read in one call: a key length's keys are one open-addressing table (an int64 array of key, row
-pairs), the continuations one flat array (int32 where the ids fit: half the cache lines per row).
+they are read in one call: a key length's keys are one open-addressing table (an int64 array of key, row pairs), the
+continuations one flat int64 array.
 
-The same answer as ``NGramTable._lookup_py`` for ``k >= 1`` (``tests/test_hd_ngram_jit.py`` compares them on random
+The same answer as ``NGramTable._lookup`` for ``k >= 1`` (``tests/test_hd_ngram_jit.py`` compares them on random
 tables, contexts and ``k``): key lengths longest first; the first key with continuations gives its first ``k``
 (distinct, ``-1`` padding dropped, in rank order), later keys top the answer up with continuations not in it yet.
 """

@@ -1,9 +1,8 @@
 """A frequency-ranked n-gram table: key (the last 1..m tokens) -> the most frequent continuations.
 
 This is the data structure behind the model store S and the statistics store L. It is built with
-vectorised numpy (sliding windows, ``np.unique`` over rows, one lexsort) and answers a lookup from a memo
-per context tail, or else with one compiled call (:mod:`moelab.hd._ngram_jit`: one hash probe per key
-length), so querying costs a few microseconds whatever the corpus size. Files are a
+vectorised numpy (sliding windows, ``np.unique`` over rows, one lexsort) and answers a lookup with one
+dict probe per key length, so querying costs a few microseconds whatever the corpus size. Files are a
 pickle-free ``.npz`` plus metadata that records the tokenizer's identity; loading a table built with a
 different tokenizer (or a file that is not a table) raises ``ValueError``.
 """
@@ -222,14 +221,12 @@ class NGramTable:
             packed = _pack_rows(k)
             b = max(4, int(2 * max(1, packed.size)).bit_length())  # at most half full: short probe runs
             slots.append(_ngram_jit.build_table(packed, b))
-            conts.append(np.asarray(c).reshape(-1))
+            conts.append(np.asarray(c, dtype=np.int64).reshape(-1))
             meta += [m, b, n_slots, n_cells, c.shape[1]]
             n_slots += 1 << b
             n_cells += conts[-1].size
-        flat = np.concatenate(conts).astype(np.int64) if conts else np.zeros(0, np.int64)
-        if not flat.size or (flat.min() >= -1 and flat.max() < _MAX_ID):  # (ids and -1 padding: int32 holds them)
-            flat = flat.astype(np.int32)
-        self._compiled = _Compiled(_ngram_jit.lookup, np.array(meta, dtype=np.int64), np.concatenate(slots), flat)
+        self._compiled = _Compiled(_ngram_jit.lookup, np.array(meta, dtype=np.int64), np.concatenate(slots),
+                                   np.concatenate(conts) if conts else np.zeros(0, np.int64))
         return self._compiled
 
     def _lookup_py(self, context: Sequence[int], k: int) -> list[tuple[int, ...]]:
