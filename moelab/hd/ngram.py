@@ -212,7 +212,8 @@ class NGramTable:
 
     def _compile(self) -> _Compiled:
         """The compiled lookup's arrays (built on the first lookup: a table that is only saved never pays)."""
-        # lazy: numba is loaded (compiled, on a fresh cache) at the first query, not when moelab.hd is imported
+        # lazy: numba loads (or, on a fresh cache, compiles) the lookup on the first query only, so importing
+        # moelab.hd does not import numba
         from moelab.hd import _ngram_jit
 
         meta, slots, conts = [], [], []

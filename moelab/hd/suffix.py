@@ -226,7 +226,8 @@ class SuffixStore:
         return [tuple(r) for r in got.tolist()]
 
     def _load_jit(self) -> Any:
-        # lazy: numba is loaded (compiled, on a fresh cache) at the first query, not when moelab.hd is imported
+        # lazy: numba loads (or, on a fresh cache, compiles) the queries on the first lookup only, so importing
+        # moelab.hd does not import numba
         from moelab.hd import _suffix_jit
 
         self._jit = _suffix_jit
