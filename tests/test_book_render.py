@@ -91,6 +91,9 @@ def test_outputs_drop_logs_and_progress_bars_and_note_only_panels():
 
 #: a panel as moelab.viz's notebook hook displays it: the live widget, and a static PNG copy of its figure as HTML
 COPY = '<img alt="static copy of an interactive figure" src="data:image/png;base64,iVBORw0KGgo="/>'
+# moelab.viz.common.static_fallback_html's note when no PNG was drawn
+NO_COPY = ("<p><i>Interactive panel with 1 figure(s): open this notebook in JupyterLab or <code>moelab app</code> to "
+           "use it (static copies: set MOELAB_PNG=1).</i></p>")
 
 
 def _panel_with_copy() -> dict:
@@ -107,6 +110,12 @@ def test_a_panel_with_a_static_copy_shows_its_caption_in_the_html_myst_nb_prefer
     html = out["data"]["text/html"]
     assert PANEL_COPY_NOTE in html and html.index(PANEL_COPY_NOTE) < html.index(COPY)  # the caption, then the copy
     assert "sliders need a live kernel" in PANEL_COPY_NOTE and "static copy" in PANEL_COPY_NOTE
+    # a run without PNG export has no copy, only the panel's note saying so: no caption claims a copy (eleventh read)
+    no_copy = _display({WIDGET: {"model_id": "d", "version_major": 2, "version_minor": 0},
+                        "text/html": NO_COPY, "text/plain": ["VBox()"]})
+    page = prepare_notebook(_notebook("06 — deployment", [_code([no_copy])]), "06_from_your_deployment", None)
+    (out,) = [o for c in page["cells"] for o in c.get("outputs", [])]
+    assert PANEL_COPY_NOTE not in out["data"]["text/html"] and "MOELAB_PNG=1" in out["data"]["text/html"]
     assert WIDGET not in out["data"]
 
 

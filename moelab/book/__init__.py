@@ -274,11 +274,12 @@ def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
                 plain = data.pop("text/plain", None)
                 if is_progress_bar(plain):  # a tqdm bar drawn as a widget: nothing to show in the book
                     out["drop"] = True
-                elif "text/html" in data:  # a panel with a static copy (moelab.viz's PNG of its figures)
+                elif "text/html" in data:  # the panel's static copy (moelab.viz's PNG of its figures), or its note
+                    # that none was drawn (a run without PNG export), which stands as it is
+                    html = "".join(data["text/html"]) if isinstance(data["text/html"], list) else data["text/html"]
                     # myst-nb shows text/html before text/markdown: the caption goes inside the HTML, above the
                     # copy, or the reader sees a figure again with no slider and no word of why
-                    html = data["text/html"]
-                    data["text/html"] = PANEL_COPY_NOTE_HTML + ("".join(html) if isinstance(html, list) else html)
+                    data["text/html"] = (PANEL_COPY_NOTE_HTML + html) if "<img" in html else html
                 else:  # a panel without a static copy: the note alone
                     data["text/markdown"] = PANEL_NOTE
         if "outputs" in cell:  # library logs and warnings (stderr) and progress bars stay out of the book
