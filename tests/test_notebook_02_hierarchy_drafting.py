@@ -162,10 +162,10 @@ def test_notebook_02_runs_and_records_results(tmp_path, public_data):
     assert f"In the {shape['mat_engine']} (the table just above" in shape_text
     assert f"rank with $\\rho$ = {shape['mat_speedup_rho']:+.2f}" in shape_text
     assert "single-store" not in json.dumps([v["claim"] for v in r["verdict"]])
-    # the speed-up exercise prints the very values its checker prices with (the cached curve `cost`)
+    # the speed-up exercise prints the very values its checker prices with (the cached curve, variable cost)
     executed = json.loads((tmp_path / "02_hierarchy_drafting.ipynb").read_text())
     printed = next("".join(o.get("text", "")) for c in executed["cells"] if c["cell_type"] == "code"
-                   for o in c.get("outputs", []) if "cached curve `cost`: t(1) =" in "".join(o.get("text", "")))
+                   for o in c.get("outputs", []) if "cached curve (variable cost): t(1) =" in "".join(o.get("text", "")))
     t1, tq = (float(x) for x in re.findall(r"t\(\d+\) = ([\d.]+) ms", printed))
     assert tq / t1 == pytest.approx(r["verify_ratio"]["cached"], rel=0.01)
     # issue 40's second read: no progress bar left in the saved notebook (a tqdm bar is a widget; a copy opened

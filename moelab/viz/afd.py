@@ -119,7 +119,9 @@ def idle_figure(df: pd.DataFrame, *, B: int, mu_P: float, mu_D: float, N: float 
                         marker={"color": _IDLE_COLORS[side], "size": 9, "symbol": "diamond"},
                         legendgroup=side)  # one side, theory and simulation: one colour
     fig.add_vline(x=optimal_ratio(B, mu_P, mu_D, N, c), line_dash="dash", line_color="black", annotation_text="r*")
-    fig.update_layout(title=idle_title(df),
+    # the simulation's part on a line of its own: one line was cut at a book page's width
+    head, _, sim = idle_title(df).partition("; ")
+    fig.update_layout(title=head + (f"<br><sup>{sim}</sup>" if sim else ""),
                       xaxis_title="r = attention instances per FFN instance", yaxis_title="idle share of time",
                       yaxis_tickformat=".0%",
                       template="plotly_white")
@@ -333,7 +335,7 @@ def bundle_diagram(r: int = 4, B: int = 256, mu_P: float = 100, mu_D: float = 50
     durations = {"attention": t_A, "A→F link": t_C, "FFN": t_F, "F→A link": t_C}
     sched = pipeline_schedule(durations, microbatches, steps)
     fig = make_subplots(rows=2, cols=1, row_heights=[0.45, 0.55], vertical_spacing=0.14,
-                        subplot_titles=(f"an rA–1F bundle: r = {r} attention instances × B = {B} slots → one FFN "
+                        subplot_titles=(f"an rA–1F bundle: r = {r} attention instances × B = {B} slots<br>→ one FFN "
                                         f"instance ({r * B} tokens per step)",
                                         f"one step = the slowest stage: t_cyc = max(t_A, t_C, t_F) = "
                                         f"{max(t_A, t_C, t_F):.3g} {c.unit}"))

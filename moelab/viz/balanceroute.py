@@ -109,12 +109,17 @@ def table(df: pd.DataFrame, title: str) -> go.Figure:
     for c in shown.columns:
         if pd.api.types.is_float_dtype(shown[c]):
             shown[c] = shown[c].map(lambda v: "—" if pd.isna(v) else (f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.2f}"))
-    widths = [3] + [2] * (len(shown.columns) - 1)
     # headers wrapped to their column (a long snake_case name was cut off at the column's edge)
     header = ["<br>".join(textwrap.wrap(str(c).replace("_", " "), 12)) or str(c) for c in shown.columns]
+    # each column as wide as its longest cell or header line (a router name was cut at a fixed share), and the
+    # figure as tall as every row (the last rows were hidden below plotly's default height, behind a scroll bar)
+    widths = [max([len(str(v)) for v in shown[c]] + [len(line) for line in h.split("<br>")] + [4])
+              for c, h in zip(shown.columns, header)]
+    header_lines = max(h.count("<br>") + 1 for h in header)
     fig = go.Figure(go.Table(columnwidth=widths, header={"values": header, "align": "left"},
                              cells={"values": [shown[c] for c in shown.columns], "align": "left", "height": 24}))
-    fig.update_layout(title=title, template="plotly_white", margin={"l": 20, "r": 20, "t": 50, "b": 10})
+    fig.update_layout(title=title, template="plotly_white", margin={"l": 20, "r": 20, "t": 50, "b": 10},
+                      height=60 + 20 * header_lines + 10 + 24 * len(shown) + 30)
     return fig
 
 
@@ -175,7 +180,7 @@ def regime_heatmap(grid: pd.DataFrame, G: int, slots: int, metric: str = "brh_th
     fig = go.Figure(go.Heatmap(z=z.to_numpy(), x=[f"x{c:g}" for c in z.columns], y=list(z.index), text=text,
                                texttemplate="%{text}", colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim,
                                colorbar={"title": {"text": f"{quantity} (%)"}}))
-    fig.update_layout(title=f"{_REGIME_METRICS[metric]} vs the best baseline (G={G}, {slots} slots)",
+    fig.update_layout(title=f"{_REGIME_METRICS[metric]} vs the best baseline<br><sup>G={G}, {slots} slots</sup>",
                       xaxis_title="context scale (each prompt this many times longer)", yaxis_title="model shape", template="plotly_white")
     return fig
 
@@ -240,7 +245,7 @@ def gain_vs_share(grid: pd.DataFrame, paper_gain_pct: float | None = None,
                       row=1, col=paper_col)
     fig.update_xaxes(title_text="attention share of a balanced step", tickformat=".0%", matches="x")
     fig.update_yaxes(title_text="throughput gain vs best baseline (%)", row=1, col=1)
-    fig.update_layout(title="Throughput gain vs the attention share of the step (one panel per G; symbol: shape)",
+    fig.update_layout(title="Throughput gain vs the attention share of the step<br><sup>one panel per G; symbol: shape</sup>",
                       template="plotly_white", margin={"t": 110})
     return fig
 

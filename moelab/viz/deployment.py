@@ -112,7 +112,7 @@ def fig_distinct_experts(distinct: dict[str, float], n_workers: int, tau: float 
     fig = go.Figure(go.Bar(x=names, y=[distinct[n] for n in names], marker_color=[color_for(n) for n in names],
                            text=[f"{distinct[n]:.2f}" for n in names], textposition="outside"))
     band = "" if tau is None else f", ELDR τ = {tau:g}"
-    fig.update_layout(title=f"Distinct experts loaded per layer per decode step ({n_workers} decode workers{band})",
+    fig.update_layout(title=f"Distinct experts loaded per layer per decode step<br><sup>{n_workers} decode workers{band}</sup>",
                       xaxis_title="router", yaxis_title="distinct experts / layer / step", template="plotly_white")
     return fig
 

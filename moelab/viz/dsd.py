@@ -89,7 +89,7 @@ def breakeven_table_figure(table: pd.DataFrame, *, gamma: int, t_a: float) -> go
     header = ["t_ar (ms)"] + [f"alpha={c}" for c in table.columns]
     cells = [table.index.tolist()] + [["" if np.isnan(v) else f"{v:.0f}" for v in table[c]] for c in table.columns]
     fig = go.Figure(go.Table(header={"values": header, "fill_color": "#dbe6f3"}, cells={"values": cells}))
-    fig.update_layout(title=f"Largest RTT (ms) at which synchronous DSD beats cloud AR (gamma={gamma}, t_a={t_a:g} ms)")
+    fig.update_layout(title=f"Largest RTT (ms) at which synchronous DSD beats cloud AR<br><sup>gamma={gamma}, t_a={t_a:g} ms</sup>")
     return fig
 
 
@@ -109,7 +109,7 @@ def capacity_figure(ratios: Sequence[float] = (0.05, 0.1, 0.2, 0.4), gamma_max: 
         fig.add_scatter(x=measured["gamma"], y=measured["measured_ratio"], mode="markers", name="server simulation",
                         marker={"color": "#d62728", "size": 11, "symbol": "x"},
                         text=[f"t_d/t_v = {c:g}" for c in measured["t_d_over_t_v"]])
-    fig.update_layout(title="Clients a saturated server sustains under DSD vs co-located SD (same per-client rate)",
+    fig.update_layout(title="Clients a saturated server sustains under DSD vs co-located SD<br><sup>same per-client rate</sup>",
                       xaxis_title="gamma (draft length)", yaxis_title="capacity ratio DSD / co-located",
                       template="plotly_white")
     return fig
@@ -174,7 +174,7 @@ def measured_latency_figure(df: pd.DataFrame) -> go.Figure:
     fig.update_yaxes(title_text="ms per token", row=1, col=1)
     fig.update_yaxes(title_text="residual %", row=2, col=1)
     fig.update_xaxes(title_text="mean RTT (ms)", row=2, col=1)
-    fig.update_layout(title="Latency per token: closed forms vs simulation with recorded acceptance and measured costs",
+    fig.update_layout(title="Latency per token: closed forms vs simulation<br><sup>with recorded acceptance and measured costs</sup>",
                       template="plotly_white", height=600)
     return fig
 

@@ -99,7 +99,7 @@ def fig_paper_comparison(cmp: pd.DataFrame) -> go.Figure:
     low = float(cmp["paper_gain_pct"].min())  # from the paper's table (data/public/eldr-results), not typed in
     fig.add_hline(y=low, line_dash="dot", annotation_text=f"paper's lowest TPOT gain at these rates {low:.1f}%",
                   annotation_bgcolor=_LABEL_BACKGROUND)
-    fig.update_layout(barmode="group", title="ELDR vs the best of RR/Random/JSQ/P2C: p50 TPOT gain (its reduction) and distinct experts",
+    fig.update_layout(barmode="group", title="ELDR vs the best of RR/Random/JSQ/P2C<br><sup>p50 TPOT gain (its reduction) and distinct experts</sup>",
                       xaxis_title=f"arrival rate (req/s at {PAPER_DECODE_WORKERS} decode workers)",
                       yaxis_title="reduction vs the best baseline (%)",
                       template="plotly_white")

@@ -72,8 +72,8 @@ def fig_steps(result: Any, title: str = "", engine: str = "HF engine", method: s
     fig.add_bar(x=x, y=[1] * n, name=STORE_NAMES["bonus"], marker_color=STORE_COLORS["bonus"])
     fig.update_layout(barmode="stack", template="plotly_white", xaxis_title="target forward (step)",
                       yaxis_title="tokens produced",
-                      title=title or (f"{method}<br>" if method else "") + f"{len(result.tokens)} tokens in {n} forwards "
-                                     f"(a = {result.mean_accepted:.2f} tokens per forward; {engine})")
+                      title=title or (f"{method}<br>" if method else "") + f"{len(result.tokens)} tokens in {n} forwards"
+                                     f"<br><sup>a = {result.mean_accepted:.2f} tokens per forward; {engine}</sup>")
     return fig
 
 
@@ -99,7 +99,7 @@ def fig_verify_cost(curves: dict[str, Any]) -> go.Figure:
     fig.update_xaxes(type="log", tickmode="array", tickvals=sorted(ticks), ticktext=[str(t) for t in sorted(ticks)])
     fig.update_layout(template="plotly_white", xaxis_title="tokens verified in one forward (q)",
                       yaxis_title="cost relative to q = 1",
-                      title="Verification cost of one forward against the tokens it verifies (measured on this machine)")
+                      title="Verification cost of one forward against the tokens it verifies<br><sup>measured on this machine</sup>")
     return fig
 
 
@@ -132,7 +132,7 @@ def fig_speedup_by_category(summary: pd.DataFrame, engine: str = "vLLM engine", 
     budget = summary["budget"].dropna().unique() if "budget" in summary else []
     btxt = f", budget {int(budget[0])}" if len(budget) == 1 else ""
     fig.update_layout(barmode="group", template="plotly_white", xaxis_title="Spec-Bench category",
-                      yaxis_title="speedup over AR (x)", title=f"Speedup over AR by category ({engine}{btxt})")
+                      yaxis_title="speedup over AR (x)", title=f"Speedup over AR by category<br><sup>{engine}{btxt}</sup>")
     return fig
 
 
@@ -148,7 +148,7 @@ def fig_mat_by_category(summary: pd.DataFrame, methods: Sequence[str] | None = N
         fig.add_bar(x=cats, y=g["mean_accepted"], name=m, marker_color=color_for(m))
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="AR = 1.00", annotation_bgcolor=LABEL_BACKGROUND)
     fig.update_layout(barmode="group", template="plotly_white", xaxis_title="Spec-Bench category",
-                      yaxis_title=MAT_AXIS, title=f"Spec-Bench slice: tokens per forward, a (MAT), by category ({engine})")
+                      yaxis_title=MAT_AXIS, title=f"Spec-Bench slice: tokens per forward, a (MAT), by category<br><sup>{engine}</sup>")
     return fig
 
 

@@ -632,11 +632,12 @@ def hidden_series(fig: dict, *, tol_px: float = HIDDEN_TOL_PX) -> list[str]:
     return problems
 
 
-#: the book's content column (px): a figure without a width of its own is drawn this wide on a chapter page
-BOOK_WIDTH_PX = 784
-#: the mean width of a title character in plotly's default font (Open Sans), as a share of the font size: from
-#: the book's pages, where titles of 92 characters fit at 17 px and of 107 were cut
-TITLE_EM_PER_CHAR = 0.45
+#: the book's content column (px) in a 1280-px-wide browser window: a figure without a width of its own is drawn
+#: this wide on a chapter page
+BOOK_WIDTH_PX = 688
+#: the mean width of a title character in plotly's default font (Open Sans), as a share of the font size, on the
+#: generous side: on the book's pages an 84-character title at 17 px ran past 700 px
+TITLE_EM_PER_CHAR = 0.5
 _TITLE_FONT_PX = 17.0  # plotly's default title size
 _SUP_SCALE = 0.7  # a <sup> line's size relative to the title's
 

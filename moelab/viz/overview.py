@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from typing import Any
 
@@ -44,16 +45,30 @@ def lab_map() -> pd.DataFrame:
     return pd.DataFrame(LAB_MAP)[["paper", "claim", "notebook", "package"]]
 
 
+def _wrap_name(name: str, width: int = 16) -> str:
+    """``name`` broken after its ``_``, ``.`` or ``,`` into lines of at most ``width`` characters where it can be
+    (plotly's table cuts a word wider than its column instead of wrapping it)."""
+    lines: list[str] = []
+    for part in re.split(r"(?<=[_.,])", name):
+        if lines and len(lines[-1]) + len(part) <= width:
+            lines[-1] += part
+        else:
+            lines.append(part.lstrip())
+    return "<br>".join(lines)
+
+
 def lab_map_figure() -> go.Figure:
     """The lab map as a plotly table."""
     df = lab_map()
-    # a claim wraps to up to three lines in its column and a notebook name must not be cut: rows are sized to
-    # hold that, and the figure to hold every row (the static export has no scroll bar)
-    fig = go.Figure(go.Table(columnwidth=[150, 400, 185, 135],
+    # a claim wraps to up to three lines in its column and a notebook or package name is broken at its "_" or ".":
+    # rows are sized to hold that (the book's column is about 690 px wide), the figure to hold every row
+    shown = df.assign(notebook=df["notebook"].map(_wrap_name), package=df["package"].map(_wrap_name))
+    fig = go.Figure(go.Table(columnwidth=[150, 400, 150, 150],
                              header={"values": list(df.columns), "fill_color": "#dbe6f3", "align": "left"},
-                             cells={"values": [df[c] for c in df.columns], "align": "left", "height": 70}))
-    fig.update_layout(title="moelab: five papers, one notebook each, one cross-paper experiment, one for your deployment",
-                      height=140 + 80 * len(df), margin={"l": 20, "r": 20, "t": 60, "b": 20})
+                             cells={"values": [shown[c] for c in shown.columns], "align": "left", "height": 70}))
+    fig.update_layout(title="moelab: five papers, one notebook each<br><sup>plus a cross-paper experiment and one for "
+                            "your deployment</sup>",
+                      height=140 + 80 * len(df), margin={"l": 20, "r": 20, "t": 70, "b": 20})
     return fig
 
 
@@ -81,7 +96,8 @@ def moe_experts_figure(table: pd.DataFrame, model: MoEStepModel, B: int = 256, *
         fig.add_scatter(x=g["D"], y=1e3 * g["ms_per_layer"], mode="markers", name=f"{name} (measured)",
                         marker={"color": color_for(name), "size": 9, "symbol": symbols[i % len(symbols)]},
                         legendgroup=name)
-    fig.update_layout(title=f"One MoE layer at decode on an H200, batch B={B}: time grows with DISTINCT experts",
+    fig.update_layout(title=f"One MoE layer at decode on an H200, batch B={B}<br><sup>time grows with DISTINCT experts"
+                            "</sup>",
                       xaxis_title="distinct experts the batch activates (D)", yaxis_title="microseconds per layer",
                       template="plotly_white")
     return fig
