@@ -30,6 +30,11 @@ def test_map_structure_links_and_nbgrader_metadata():
              "decode_step_figure()"]
     first = [next(i for i, c in enumerate(code) if key in "".join(c["source"])) for key in order]
     assert first == sorted(first)
+    # the question says which cells to run before guessing (twelfth read: "before running the next two cells"
+    # skipped the cell that prints E and k)
+    guess = next(i for i, c in enumerate(cells) if "".join(c["source"]).startswith("MY_GUESS = None"))
+    question = next("".join(c["source"]) for c in reversed(cells[:guess]) if c["cell_type"] == "markdown")
+    assert "next two cells" not in question and "Run the cell below" in question
     before = "\n".join("".join(c["source"]) for c in cells[:cells.index(code[first[2]])])
     assert "DECODE_TERMS" in before and "lab_map()" not in before, "exercise 2 must not follow the labelled map"
     solutions = [c for c in code if "### BEGIN SOLUTION" in "".join(c["source"])]

@@ -184,6 +184,9 @@ def test_notebook_02_runs_and_records_results(tmp_path, public_data):
     # tenth read: the HF slice's table is at the same budget as the vLLM table; what differs is the engine, its
     # questions and its output length
     assert "another engine and budget" not in shape
+    # every "x / y = z" the prose writes holds at the digits it shows (twelfth read: 1.52 / 1.63 = 0.94x)
+    for a, b_, c in re.findall(r"(\d+\.\d+) / (\d+\.\d+) = (\d+\.\d+)x", md):
+        assert abs(float(a) / float(b_) - float(c)) <= 0.5 * 10 ** -len(c.split(".")[1]) + 1e-9, (a, b_, c)
     # eleventh read: a speed-up above the tokens per forward contradicts speed-up = a t(1)/t(q) <= a unless the
     # page says the two columns average differently
     above = r["published_shape"].get("speedup_above_a", [])

@@ -61,6 +61,8 @@ def test_lesson_structure_and_nbgrader_metadata():
     loose = [m.group(0) for t in sources
              for m in re.finditer(r"requests (?:served )?per (?:attention )?instance(?! and microbatch)[^\n]{0,40}", t)]
     assert not loose, loose
+    # r_peak is where the FFN-bound throughput peaks, not a balance of stage times (twelfth read)
+    assert not any("Setting stage times equal gives three candidates" in t for t in text)
 
 
 @pytest.mark.notebook
