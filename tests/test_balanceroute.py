@@ -754,3 +754,19 @@ def test_relative_to_best_baseline_is_zero_for_the_best_baseline_per_g():
     assert list(fig.data[2].text) == ["+1.0%", "+1.5%"] and list(fig.data[0].text) == ["best", "-1.0%"]
     with pytest.raises(ValueError, match="no baseline"):
         ex.relative_to_best_baseline(df[df["router"] == "br0"])
+
+
+def test_table_keeps_every_column_readable_and_every_row_in_view():
+    # twelfth read of the book: an uncapped note column squeezed the numbers to ~20 px and wrapped notes hid rows
+    import pandas as pd
+
+    from moelab.viz import balanceroute as brviz
+
+    df = pd.DataFrame({"metric": ["BR-H / BR-0 imbalance, simulated on the held-out part of the trace"] * 8,
+                       "ours": [37571.0] * 8, "paper": [0.52] * 8,
+                       "note": ["a long note that wraps over several lines in its column " * 2] * 8})
+    fig = brviz.table(df, "t")
+    low, high = brviz.TABLE_COLUMN_CHARS
+    assert all(low <= w <= high for w in fig.data[0].columnwidth)
+    one_line = brviz.table(df.assign(metric="m", note="n"), "t")
+    assert fig.layout.height > one_line.layout.height >= 8 * 24

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import textwrap
 from typing import Any
 
@@ -12,6 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from moelab.viz.common import color_for, refresh, slider
+from moelab.viz.hygiene import BOOK_WIDTH_PX
 
 # one colour per method: the lab's palette (moelab.viz.common.color_for)
 _SHAPE_SYMBOLS = {"qwen3-30b-a3b": "circle", "deepseek-v3": "diamond", "llama-3.1-70b": "square"}
@@ -103,6 +105,12 @@ def decision_times(results: dict[str, Any], G: int | None = None) -> go.Figure:
     return fig
 
 
+#: a table column's width in characters, at least and at most (relative widths: plotly shares the figure's width)
+TABLE_COLUMN_CHARS = (8, 30)
+#: the mean width of a table character (px, plotly's 12-px table font), to estimate where long cells wrap
+TABLE_CHAR_PX = 7.0
+
+
 def table(df: pd.DataFrame, title: str) -> go.Figure:
     """A plotly table of a small DataFrame (numbers rounded)."""
     shown = df.copy()
@@ -111,15 +119,19 @@ def table(df: pd.DataFrame, title: str) -> go.Figure:
             shown[c] = shown[c].map(lambda v: "—" if pd.isna(v) else (f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.2f}"))
     # headers wrapped to their column (a long snake_case name was cut off at the column's edge)
     header = ["<br>".join(textwrap.wrap(str(c).replace("_", " "), 12)) or str(c) for c in shown.columns]
-    # each column as wide as its longest cell or header line (a router name was cut at a fixed share), and the
-    # figure as tall as every row (the last rows were hidden below plotly's default height, behind a scroll bar)
-    widths = [max([len(str(v)) for v in shown[c]] + [len(line) for line in h.split("<br>")] + [4])
+    # each column as wide as its longest cell or header line, within TABLE_COLUMN_CHARS (a router name was cut at
+    # a fixed share; an uncapped note column squeezed the numbers out of sight), and the figure as tall as every
+    # row once long cells wrap (the last rows were hidden below plotly's default height, behind a scroll bar)
+    low, high = TABLE_COLUMN_CHARS
+    widths = [min(max([len(str(v)) for v in shown[c]] + [len(line) for line in h.split("<br>")] + [low]), high)
               for c, h in zip(shown.columns, header)]
+    fits = [max(1, int(BOOK_WIDTH_PX * cw / sum(widths) / TABLE_CHAR_PX)) for cw in widths]  # characters per line
+    lines = [max(math.ceil(len(str(v)) / n) for v, n in zip(row, fits)) for row in shown.itertuples(index=False)]
     header_lines = max(h.count("<br>") + 1 for h in header)
     fig = go.Figure(go.Table(columnwidth=widths, header={"values": header, "align": "left"},
                              cells={"values": [shown[c] for c in shown.columns], "align": "left", "height": 24}))
     fig.update_layout(title=title, template="plotly_white", margin={"l": 20, "r": 20, "t": 50, "b": 10},
-                      height=60 + 20 * header_lines + 10 + 24 * len(shown) + 30)
+                      height=60 + 20 * header_lines + 10 + sum(24 + 16 * (n - 1) for n in lines) + 30)
     return fig
 
 
