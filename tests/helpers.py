@@ -54,3 +54,23 @@ def execute_notebook(name: str, params: dict[str, Any], tmp_path: Path) -> dict[
         merged[path.stem] = json.loads(path.read_text())
     merged["_figures"] = sorted(p.name for p in figures.iterdir())
     return merged
+
+
+def greedy_chains(rows: Any, row: int, prompt: list[int], ref: list[int], dtype: Any,
+                  next_budget: Any) -> list[tuple[int, ...]]:
+    """Serve one request in batch row ``row`` of an HD :class:`~moelab.hd.rows.RowDrafters` as vLLM does: propose
+    a chain (budget ``next_budget()``) on the tokens so far, keep its longest prefix that matches the known greedy
+    output ``ref`` plus the target's own next token; every proposed chain, in order."""
+    import numpy as np  # lazy: only the HD tests serve rows
+
+    tokens, pos, out = list(prompt), 0, []
+    while pos < len(ref):
+        chain = rows.propose(row, np.asarray(tokens, dtype=dtype), next_budget())
+        out.append(tuple(chain))
+        a = 0
+        while a < len(chain) and pos + a < len(ref) and chain[a] == ref[pos + a]:
+            a += 1
+        n_new = min(a + 1, len(ref) - pos)
+        tokens += ref[pos:pos + n_new]
+        pos += n_new
+    return out

@@ -28,6 +28,7 @@ from moelab.hd.drafters import COST_AWARE_CONTEXT_KEYS, CostAwareDrafter
 from moelab.hd.engine import cost_aware_rows
 from moelab.hd.policy import AcceptanceModel, EngineAcceptance
 from moelab.hd.rows import RowDrafters
+from tests.helpers import greedy_chains
 
 VOCAB = 3000
 COSTS = {"cheap": VerifyCost([1, 2, 3, 5, 9], [10.0, 10.4, 10.9, 11.5, 13.0]),
@@ -126,17 +127,8 @@ def _serve(rows: RowDrafters, seed: int) -> list:
     rng = np.random.default_rng(seed)
     out = []
     for q, (prompt, ref) in enumerate(_requests(seed, 16)):
-        tokens, pos = list(prompt), 0
-        while pos < len(ref):
-            chain = rows.propose(q % 4, np.asarray(tokens, dtype=np.int32 if q % 2 else np.int64),
-                                 int(rng.integers(0, 9)))
-            out.append(tuple(chain))
-            a = 0
-            while a < len(chain) and pos + a < len(ref) and chain[a] == ref[pos + a]:
-                a += 1
-            n_new = min(a + 1, len(ref) - pos)
-            tokens += ref[pos:pos + n_new]
-            pos += n_new
+        out += greedy_chains(rows, q % 4, prompt, ref, np.int32 if q % 2 else np.int64,
+                             lambda: int(rng.integers(0, 9)))
     return out
 
 

@@ -22,6 +22,7 @@ from moelab.hd.drafters import CostAwareDrafter, Draft, _token_list
 from moelab.hd.policy import confidence_class
 from moelab.hd.rows import RowDrafters
 from moelab.hd.stores import match_length
+from tests.helpers import greedy_chains
 
 VOCAB = 3000
 BUDGET = 8
@@ -100,17 +101,8 @@ def _serve(rows: RowDrafters, seed: int) -> list[tuple[int, ...]]:
         doc = CORPUS[int(rng.integers(len(CORPUS)))]
         prompt = rng.integers(0, VOCAB, int(rng.integers(1, 200))).tolist() + doc[:10]
         ref = doc[10:130] if q % 5 else rng.integers(0, VOCAB, 60).tolist()  # every fifth: drafts rejected
-        tokens, pos = list(prompt), 0
-        while pos < len(ref):
-            chain = rows.propose(q % 4, np.asarray(tokens, dtype=np.int32 if q % 2 else np.int64),
-                                 int(rng.integers(0, BUDGET + 1)))
-            out.append(tuple(chain))
-            a = 0
-            while a < len(chain) and pos + a < len(ref) and chain[a] == ref[pos + a]:
-                a += 1
-            n_new = min(a + 1, len(ref) - pos)
-            tokens += ref[pos:pos + n_new]
-            pos += n_new
+        out += greedy_chains(rows, q % 4, prompt, ref, np.int32 if q % 2 else np.int64,
+                             lambda: int(rng.integers(0, BUDGET + 1)))
     return out
 
 

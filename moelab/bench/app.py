@@ -292,22 +292,14 @@ def wait_ready(proc: subprocess.Popen, pool: int, timeout_s: float = 300.0, quie
     """Wait until ``moelab app`` has its ``pool`` pre-heated kernels and they have gone quiet (no CPU used
     for ``quiet_s``): the moment a lecturer would open the room. Returns the seconds waited (Linux only;
     elsewhere it returns at once)."""
-    if not Path("/proc/self/stat").exists() or pool <= 0:
-        return 0.0
-    t0, last, since = time.monotonic(), (-1, -1.0), time.monotonic()
-    while time.monotonic() - t0 < timeout_s and proc.poll() is None:
-        now = _kernel_cpu_s(proc.pid)
-        if now != last:
-            last, since = now, time.monotonic()
-        elif now[0] >= pool and time.monotonic() - since >= quiet_s:
-            break
-        time.sleep(0.25)
-    return time.monotonic() - t0
+    return 0.0 if pool <= 0 else wait_kernels_quiet(proc, timeout_s, quiet_s, kernels=pool)
 
 
-def wait_kernels_quiet(proc: subprocess.Popen, timeout_s: float = 300.0, quiet_s: float = 1.0) -> float:
-    """Wait until the kernels under ``moelab app`` have used no CPU for ``quiet_s`` (a visitor's kernel shut
-    down, nothing heating); returns the seconds waited (Linux only; elsewhere it returns at once)."""
+def wait_kernels_quiet(proc: subprocess.Popen, timeout_s: float = 300.0, quiet_s: float = 1.0, *,
+                       kernels: int = 0) -> float:
+    """Wait until at least ``kernels`` kernels run under ``moelab app`` and all of them have used no CPU for
+    ``quiet_s`` (heated, or a visitor's kernel shut down); returns the seconds waited (Linux only; elsewhere it
+    returns at once)."""
     if not Path("/proc/self/stat").exists():
         return 0.0
     t0, last, since = time.monotonic(), (-1, -1.0), time.monotonic()
@@ -315,7 +307,7 @@ def wait_kernels_quiet(proc: subprocess.Popen, timeout_s: float = 300.0, quiet_s
         now = _kernel_cpu_s(proc.pid)
         if now != last:
             last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
+        elif now[0] >= kernels and time.monotonic() - since >= quiet_s:
             break
         time.sleep(0.25)
     return time.monotonic() - t0
