@@ -304,7 +304,10 @@ def test_proxy_50_concurrent_then_backend_killed(servers, text_prompts, direct):
         prom = urllib.request.urlopen(proxy.url + "/metrics", timeout=10).read().decode()
         assert 'moelab_proxy_backend_in_flight{backend="1"' in prom and 'moelab_proxy_routed_total{backend="0"' in prom
 
-        # kill server 1 while requests are in flight on it: none may be lost
+        # kill server 1 while requests are in flight on it: none may be lost. The server is stopped first, so
+        # the requests routed to it stay in flight until the kill (12 tokens can finish between seeing one in
+        # flight and killing the server, which left no request to retry and the server not yet marked down)
+        os.killpg(servers[1][1].pid, signal.SIGSTOP)
         with ThreadPoolExecutor(30) as pool:
             futures = [pool.submit(_complete, proxy.url, text_prompts[i], 12) for i in range(30)]
             t0 = time.monotonic()
