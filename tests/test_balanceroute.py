@@ -28,6 +28,7 @@ from moelab.sim import MeasurementWindow
 from moelab.sim.dp import simulate_dp
 from moelab.traces import RequestTrace
 from moelab.viz import balanceroute as brviz
+from moelab.viz.hygiene import BOOK_WIDTH_PX
 
 
 def cost(G: int, B: int) -> DPCost:
@@ -767,6 +768,31 @@ def test_table_keeps_every_column_readable_and_every_row_in_view():
                        "note": ["a long note that wraps over several lines in its column " * 2] * 8})
     fig = brviz.table(df, "t")
     low, high = brviz.TABLE_COLUMN_CHARS
-    assert all(low <= w <= high for w in fig.data[0].columnwidth)
+    px = np.array(fig.data[0].columnwidth)
+    assert px.sum() == pytest.approx(BOOK_WIDTH_PX - 40) and fig.layout.width is None
+    assert px[1] >= low * brviz.TABLE_CHAR_PX and px[3] <= px.sum() / 2  # the numbers stay in view, the note wraps
     one_line = brviz.table(df.assign(metric="m", note="n"), "t")
     assert fig.layout.height > one_line.layout.height >= 8 * 24
+
+
+def test_table_gives_every_word_its_width_at_the_book_s_width():
+    # thirteenth read: at a 1280-px window (the book's 688-px column) 05's costs table cut "sglang_minimum_tokens"
+    # and the "dispatch ms" headers, as columns were shared by characters, not by the words that cannot wrap
+    import pandas as pd
+
+    from moelab.viz import balanceroute as brviz
+
+    cols = ["router", "queue_s_p50", "queue_s_p95", "queue_s_p99", "ttft_ms_p50", "ttft_ms_p99", "dispatch_ms_p50",
+            "dispatch_ms_p99", "dispatch_us_per_request_p50"]
+    df = pd.DataFrame([["sglang_minimum_tokens", *[10052.0] * 8], ["br0", *[0.06] * 8]], columns=cols)
+    fig = brviz.table(df, "t")
+    px = fig.data[0].columnwidth
+    headers = [h.split("<br>") for h in fig.data[0].header["values"]]
+    for c, p, lines in zip(cols, px, headers):
+        widest = max([len(w) for w in c.split("_")] + [len(str(v)) for v in df[c] if isinstance(v, str)] + [6])
+        assert p >= widest * brviz.TABLE_CHAR_PX + brviz.TABLE_CELL_PAD_PX, c
+        assert max(len(line) for line in lines) * brviz.TABLE_CHAR_PX <= p - brviz.TABLE_CELL_PAD_PX, (c, lines)
+    assert sum(px) <= BOOK_WIDTH_PX - 40 and fig.layout.width is None
+    # words too wide for the column together: the figure widens (the page scrolls sideways), nothing is cut
+    wide = brviz.table(pd.DataFrame({f"column_{i}": ["an_unbreakable_identifier"] for i in range(6)}), "t")
+    assert wide.layout.width == pytest.approx(sum(wide.data[0].columnwidth) + 40) and wide.layout.width > BOOK_WIDTH_PX

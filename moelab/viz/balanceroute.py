@@ -105,33 +105,69 @@ def decision_times(results: dict[str, Any], G: int | None = None) -> go.Figure:
     return fig
 
 
-#: a table column's width in characters, at least and at most (relative widths: plotly shares the figure's width)
+#: a table column's width in characters, at least and at most (a long note column wraps instead of squeezing the
+#: numbers out of sight)
 TABLE_COLUMN_CHARS = (8, 30)
-#: the mean width of a table character (px, plotly's 12-px table font), to estimate where long cells wrap
-TABLE_CHAR_PX = 7.0
+#: the mean width of a table character in px: the table's 12-px Arial (Liberation Sans on Linux) measures 6.1 px
+#: for a digit and 5.9 px for a lowercase letter in Chromium; a little more leaves room for wide letters
+TABLE_CHAR_PX = 6.4
+#: a cell's padding in px, left and right together (plotly puts the text 7 px inside the cell's edge)
+TABLE_CELL_PAD_PX = 16
+#: the table's font, named so that the widths above hold in every browser (plotly's default falls back to the
+#: wider Verdana where Open Sans is missing)
+TABLE_FONT = {"family": "Arial, 'Liberation Sans', Helvetica, sans-serif", "size": 12}
+_TABLE_MARGIN = {"l": 20, "r": 20, "t": 50, "b": 10}
+
+
+def _column_px(shown: pd.DataFrame) -> tuple[list[float], float]:
+    """Each column's width in px and the figure's width (px).
+
+    A column never gets less than its longest word (plotly wraps cells and headers only at spaces, so a word
+    wider than its column is cut at the edge); the width left over goes to the columns whose longest line is
+    longer than their longest word, in proportion to the difference. Where the words alone are wider than the
+    book's content column the figure is made as wide as they need (the page scrolls sideways), not cut."""
+    low, high = TABLE_COLUMN_CHARS
+    chars = lambda n: n * TABLE_CHAR_PX + TABLE_CELL_PAD_PX  # noqa: E731
+    words, lines = [], []
+    for c in shown.columns:
+        texts = [str(v) for v in shown[c]] + [str(c).replace("_", " ")]
+        words.append(chars(max(len(word) for t in texts for word in (t.split() or [""]))))
+        lines.append(chars(min(max([len(str(v)) for v in shown[c]] + [low]), high)))
+    need = np.array(words)
+    want = np.maximum(np.array(lines), need)
+    room = BOOK_WIDTH_PX - _TABLE_MARGIN["l"] - _TABLE_MARGIN["r"]
+    if want.sum() <= room:
+        px = want * room / want.sum()
+    elif need.sum() <= room:
+        px = need + (room - need.sum()) * (want - need) / (want - need).sum()
+    else:
+        px = need
+    return px.tolist(), max(BOOK_WIDTH_PX, float(px.sum()) + _TABLE_MARGIN["l"] + _TABLE_MARGIN["r"])
 
 
 def table(df: pd.DataFrame, title: str) -> go.Figure:
-    """A plotly table of a small DataFrame (numbers rounded)."""
+    """A plotly table of a small DataFrame (numbers rounded), laid out for the book's content column.
+
+    Every column is at least as wide as its longest word (:func:`_column_px`), headers wrap at spaces to their
+    column ("_" reads as a space), and the figure is as tall as every row once long cells wrap (plotly's default
+    height hid the last rows behind a scroll bar)."""
     shown = df.copy()
     for c in shown.columns:
         if pd.api.types.is_float_dtype(shown[c]):
             shown[c] = shown[c].map(lambda v: "—" if pd.isna(v) else (f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.2f}"))
-    # headers wrapped to their column (a long snake_case name was cut off at the column's edge)
-    header = ["<br>".join(textwrap.wrap(str(c).replace("_", " "), 12)) or str(c) for c in shown.columns]
-    # each column as wide as its longest cell or header line, within TABLE_COLUMN_CHARS (a router name was cut at
-    # a fixed share; an uncapped note column squeezed the numbers out of sight), and the figure as tall as every
-    # row once long cells wrap (the last rows were hidden below plotly's default height, behind a scroll bar)
-    low, high = TABLE_COLUMN_CHARS
-    widths = [min(max([len(str(v)) for v in shown[c]] + [len(line) for line in h.split("<br>")] + [low]), high)
-              for c, h in zip(shown.columns, header)]
-    fits = [max(1, int(BOOK_WIDTH_PX * cw / sum(widths) / TABLE_CHAR_PX)) for cw in widths]  # characters per line
+    px, width = _column_px(shown)
+    fits = [max(1, int((p - TABLE_CELL_PAD_PX) / TABLE_CHAR_PX)) for p in px]  # characters per line
+    header = ["<br>".join(textwrap.wrap(str(c).replace("_", " "), n, break_long_words=False)) or str(c)
+              for c, n in zip(shown.columns, fits)]
     lines = [max(math.ceil(len(str(v)) / n) for v, n in zip(row, fits)) for row in shown.itertuples(index=False)]
     header_lines = max(h.count("<br>") + 1 for h in header)
-    fig = go.Figure(go.Table(columnwidth=widths, header={"values": header, "align": "left"},
-                             cells={"values": [shown[c] for c in shown.columns], "align": "left", "height": 24}))
-    fig.update_layout(title=title, template="plotly_white", margin={"l": 20, "r": 20, "t": 50, "b": 10},
+    fig = go.Figure(go.Table(columnwidth=px, header={"values": header, "align": "left", "font": TABLE_FONT},
+                             cells={"values": [shown[c] for c in shown.columns], "align": "left", "height": 24,
+                                    "font": TABLE_FONT}))
+    fig.update_layout(title=title, template="plotly_white", margin=_TABLE_MARGIN,
                       height=60 + 20 * header_lines + 10 + sum(24 + 16 * (n - 1) for n in lines) + 30)
+    if width > BOOK_WIDTH_PX:
+        fig.update_layout(width=width)
     return fig
 
 
