@@ -52,7 +52,8 @@ def test_executed_report_names_every_kind():
     report = executed_report(_nb("fine"), {})
     assert set(report) == {"prose_numbers_mismatched", "figure_text_entities", "figure_label_overlaps",
                            "figure_method_colors", "figure_log_axis_ticks", "figure_hidden_series",
-                           "figure_title_overflows", "output_raw_entities", "output_stray_values"}
+                           "figure_title_overflows", "figure_table_cells_cut", "output_raw_entities",
+                           "output_stray_values"}
     assert not any(report.values())
 
 

@@ -260,3 +260,22 @@ def test_title_too_wide_for_the_book_column_is_found():
     assert title_overflows({"layout": {"title": {"text": long}, "width": 1400}}) == []  # a figure sized wider
     assert title_overflows({"layout": {"title": {"text": long, "font": {"size": 11}}}}) == []
     assert title_overflows({"layout": {}}) == [] and title_overflows({"layout": {"title": "short"}}) == []
+
+
+def test_table_word_wider_than_its_column_is_found():
+    # thirteenth read: 05's costs table cut "sglang_minimum_tokens" at a 1280-px window (plotly wraps only at spaces)
+    from moelab.viz.hygiene import table_cells_cut
+
+    def fig(cells, header=("router", "p50"), width=None, columnwidth=None):
+        table = {"type": "table", "header": {"values": list(header)}, "cells": {"values": cells}}
+        if columnwidth:
+            table["columnwidth"] = columnwidth
+        return {"data": [table], "layout": {"margin": {"l": 20, "r": 20}, **({"width": width} if width else {})}}
+
+    cut = table_cells_cut(fig([["sglang_minimum_tokens"], ["1.0"]], columnwidth=[1, 4]))
+    assert len(cut) == 1 and "column 0" in cut[0] and "sglang_minimum_tokens" in cut[0]
+    assert table_cells_cut(fig([["sglang minimum tokens"], ["1.0"]], columnwidth=[1, 4])) == []  # wraps at spaces
+    assert table_cells_cut(fig([["sglang_minimum_tokens"], ["1.0"]])) == []  # half of the width is enough
+    assert table_cells_cut(fig([["sglang_minimum_tokens"], ["1.0"]], columnwidth=[1, 4], width=2000)) == []
+    assert table_cells_cut(fig([["x"], ["1"]], header=("a<br>dispatch_us_per_request", "p"), columnwidth=[1, 9]))
+    assert table_cells_cut({"data": [{"type": "scatter", "x": [1]}], "layout": {}}) == []

@@ -176,7 +176,8 @@ def executed_report(executed: dict, results: Any) -> dict[str, list[str]]:
     """What a reader of an executed notebook would trip over, per kind (each list empty when clean):
     ``prose_numbers_mismatched`` (:func:`prose_mismatches`) and the figure checks of
     :func:`moelab.viz.hygiene.notebook_figure_problems` (``figure_text_entities``, ``figure_label_overlaps``,
-    ``figure_method_colors``, ``figure_log_axis_ticks``, ``figure_hidden_series``), and ``output_raw_entities``
+    ``figure_method_colors``, ``figure_log_axis_ticks``, ``figure_hidden_series``, ``figure_title_overflows``,
+    ``figure_table_cells_cut``), and ``output_raw_entities``
     (:func:`moelab.viz.hygiene.output_raw_entities`: entities in HTML or printed outputs a reader would see raw), and
     ``output_stray_values`` (:func:`moelab.viz.hygiene.output_stray_values`: a path a call returned, shown)."""
     results = {k: v for k, v in results.items() if not str(k).startswith("_")} if isinstance(results, dict) else results

@@ -22,11 +22,13 @@
 * :func:`title_overflows`: a title line too wide for the book's content column (:data:`BOOK_WIDTH_PX`), where a
   browser cuts it at the figure's edge: estimated at :data:`TITLE_EM_PER_CHAR` of the font size per character
   (plotly's default Open Sans), a ``<sup>`` line at its smaller size; put the settings on a ``<br><sup>`` line.
+* :func:`table_cells_cut`: a word in a table cell or header wider than its column at the book's width (plotly
+  wraps table text only at spaces, so the word is cut at the column's edge).
 
 Beside the figures, :func:`output_raw_entities` reads an executed notebook's HTML, Markdown and printed outputs for
 entities a reader would see raw (escaped twice, or in plain text) or that a viewer may show raw (``&nbsp;``).
 
-:func:`figure_problems` runs all six; :func:`notebook_figures` reads the figures an executed notebook displays.
+:func:`figure_problems` runs all seven; :func:`notebook_figures` reads the figures an executed notebook displays.
 """
 
 from __future__ import annotations
@@ -663,13 +665,58 @@ def title_overflows(fig: dict, width_px: float = BOOK_WIDTH_PX) -> list[str]:
     return problems
 
 
+#: a table character's mean width as a share of its font size (12-px Arial measures 6.1 px for a digit and 5.9 px
+#: for a lowercase letter in Chromium; a little more leaves room for wide letters), and a cell's padding (px)
+TABLE_EM_PER_CHAR = 6.4 / 12
+TABLE_CELL_PAD_PX = 16.0
+_TABLE_FONT_PX = 12.0  # plotly's default table font size
+_PLOTLY_SIDE_MARGIN = 80.0  # plotly's default left and right margins (px)
+
+
+def table_cells_cut(fig: dict, width_px: float = BOOK_WIDTH_PX) -> list[str]:
+    """Table words estimated wider than their column at the figure's width (``layout.width`` or ``width_px``),
+    each as ``table: column N: 'word' (estimated px > column px)``. Plotly wraps a cell or header only at spaces
+    and ``<br>``, so a longer word is cut at the column's edge (05's costs table cut "sglang_minimum_tokens" at a
+    1280-px window). Columns share the plotting width in proportion to ``columnwidth`` (equal where unset)."""
+    layout = fig.get("layout", {}) or {}
+    margin = layout.get("margin") or {}
+    room = float(layout.get("width") or width_px) - float(margin.get("l", _PLOTLY_SIDE_MARGIN)) \
+        - float(margin.get("r", _PLOTLY_SIDE_MARGIN))
+    problems = []
+    for trace in fig.get("data", []) or []:
+        if trace.get("type") != "table":
+            continue
+        parts = [((trace.get(part) or {}).get("values") or [], (trace.get(part) or {}).get("font") or {})
+                 for part in ("header", "cells")]
+        n = max(len(values) for values, _ in parts)
+        if n == 0:
+            continue
+        rel = trace.get("columnwidth")
+        rel = [float(v) for v in rel] if isinstance(rel, (list, tuple)) and len(rel) else [1.0]
+        rel = (rel * n)[:n] if len(rel) < n else rel[:n]
+        cols = [room * r / sum(rel) for r in rel]
+        for values, font in parts:
+            size = float(font.get("size") or _TABLE_FONT_PX) if isinstance(font, dict) else _TABLE_FONT_PX
+            for i, column in enumerate(values):
+                texts = column if isinstance(column, (list, tuple)) else [column]
+                for text in texts:
+                    for line in re.split(r"<br\s*/?>", str(text)):
+                        for word in re.sub(r"<[^>]+>", "", line).split():
+                            est = TABLE_EM_PER_CHAR * size * len(word) + TABLE_CELL_PAD_PX
+                            if est > cols[i]:
+                                problems.append(f"table: column {i}: {word[:40]!r} ({est:.0f} px estimated > "
+                                                f"{cols[i]:.0f} px)")
+    return sorted(set(problems))
+
+
 def figure_problems(fig: Any) -> dict[str, list[str]]:
-    """All six checks on a figure (a ``go.Figure`` or its JSON dict)."""
+    """All seven checks on a figure (a ``go.Figure`` or its JSON dict)."""
     if not isinstance(fig, dict):
         fig = fig.to_plotly_json()
     return {"text_entities": text_entities(fig), "label_overlaps": label_overlaps(fig),
             "method_colors": method_colors(fig), "log_axis_ticks": log_axis_ticks(fig),
-            "hidden_series": hidden_series(fig), "title_overflows": title_overflows(fig)}
+            "hidden_series": hidden_series(fig), "title_overflows": title_overflows(fig),
+            "table_cells_cut": table_cells_cut(fig)}
 
 
 # ---------------------------------------------------------------------------------------------- HTML outputs
@@ -755,8 +802,7 @@ def _figure_name(fig: dict, fallback: str) -> str:
 
 def notebook_figure_problems(executed: dict) -> dict[str, list[str]]:
     """Every problem of every figure an executed notebook displays, per check, each prefixed with the figure."""
-    found: dict[str, list[str]] = {"text_entities": [], "label_overlaps": [], "method_colors": [], "log_axis_ticks": [],
-                                   "hidden_series": [], "title_overflows": []}
+    found: dict[str, list[str]] = {kind: [] for kind in figure_problems({})}
     for cell, fig in notebook_figures(executed):
         name = _figure_name(fig, f"cell {cell}")
         for kind, problems in figure_problems(fig).items():
@@ -768,4 +814,4 @@ __all__ = ["BOOK_WIDTH_PX", "EXPORT_SIZE", "HIDDEN_TOL_PX", "TITLE_EM_PER_CHAR",
            "arrow_segments", "colors_too_close", "delta_e", "delta_e2000",
            "STRUCTURAL_ENTITIES", "figure_problems", "figure_texts", "hidden_series", "label_overlaps", "log_axis_ticks",
            "method_colors", "notebook_figure_problems", "notebook_figures", "output_raw_entities", "output_stray_values", "text_entities",
-           "title_overflows"]
+           "TABLE_EM_PER_CHAR", "TABLE_CELL_PAD_PX", "table_cells_cut", "title_overflows"]

@@ -63,7 +63,7 @@ def lab_map_figure() -> go.Figure:
     # a claim wraps to up to three lines in its column and a notebook or package name is broken at its "_" or ".":
     # rows are sized to hold that (the book's column is about 690 px wide), the figure to hold every row
     shown = df.assign(notebook=df["notebook"].map(_wrap_name), package=df["package"].map(_wrap_name))
-    fig = go.Figure(go.Table(columnwidth=[150, 400, 150, 150],
+    fig = go.Figure(go.Table(columnwidth=[140, 400, 150, 160],
                              header={"values": list(df.columns), "fill_color": "#dbe6f3", "align": "left"},
                              cells={"values": [shown[c] for c in shown.columns], "align": "left", "height": 70}))
     fig.update_layout(title="moelab: five papers, one notebook each<br><sup>plus a cross-paper experiment and one for "
