@@ -163,7 +163,7 @@ def _load_chunk(path: Path, expect: int) -> list[list[int]] | None:
 
 def target_outputs_vllm(model_dir: str | Path, prompts: Sequence[Sequence[int]], *,
                         max_new_tokens: int = S_MAX_NEW_TOKENS, chunk: int = 64, max_num_seqs: int = 32,
-                        kv_cache_gib: float = 2.0, cached_only: bool = False, progress: bool = True,
+                        kv_cache_gib: int = 2, cached_only: bool = False, progress: bool = True,
                         label: str = "S outputs") -> tuple[list[list[int]], dict[str, Any]]:
     """Greedy outputs of the model in ``model_dir`` for chat ``prompts`` (token ids), batched through vLLM.
 

@@ -12,6 +12,7 @@ contract before any engine or server starts (naming each missing or changed symb
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -35,6 +37,8 @@ from moelab.models.vllm_contract import (
 )
 
 # SUPPORTED_VLLM ([0.32, 0.34)): the minor versions whose releases passed the contract (vllm_contract.VERIFIED)
+# vLLM reads VLLM_CPU_KVCACHE_SPACE with int(): "0.5" failed deep inside the engine's config validation
+_KV_GIB_WHY = "whole GiB: vLLM's CPU KV-cache size, VLLM_CPU_KVCACHE_SPACE, is an integer"
 # vLLM's CPU attention kernels take only these head sizes (vllm/v1/attention/backends/cpu_attn.py)
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
@@ -146,7 +150,7 @@ def _check_model_dir(model: str) -> dict[str, Any] | None:
 
 def make_engine(model: str | os.PathLike, *, max_model_len: int = 1024, max_num_seqs: int = 16,
                 max_num_batched_tokens: int | None = None, dtype: str | None = None, seed: int = 0,
-                kv_cache_gib: float = 1.0, enforce_eager: bool | None = None, return_routed_experts: bool = False,
+                kv_cache_gib: int = 1, enforce_eager: bool | None = None, return_routed_experts: bool = False,
                 **engine_kwargs: Any) -> Any:
     """Create an in-process ``vllm.LLM`` for ``model`` (a local folder or a hub id).
 
@@ -158,8 +162,9 @@ def make_engine(model: str | os.PathLike, *, max_model_len: int = 1024, max_num_
     dtype : str, optional
         Default ``"float32"`` on CPU (exact agreement with transformers), ``"auto"`` on GPU.
     seed : int
-    kv_cache_gib : float
-        KV-cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``); on GPU vLLM sizes it itself.
+    kv_cache_gib : int
+        KV-cache size on CPU in whole GiB (``VLLM_CPU_KVCACHE_SPACE``, which vLLM reads as an integer); on GPU
+        vLLM sizes it itself.
     enforce_eager : bool, optional
         Default True: moelab's Python hooks cannot run inside CUDA graphs or compiled regions
         (False by default with ``return_routed_experts``).
@@ -179,12 +184,12 @@ def make_engine(model: str | os.PathLike, *, max_model_len: int = 1024, max_num_
     model = str(model)
     max_model_len = check_int("max_model_len", max_model_len, low=16)
     max_num_seqs = check_int("max_num_seqs", max_num_seqs, low=1)
-    kv_cache_gib = check_real("kv_cache_gib", kv_cache_gib, low=0, low_open=True)
+    kv_cache_gib = check_int("kv_cache_gib", kv_cache_gib, low=1, why=_KV_GIB_WHY)
     cfg = _check_model_dir(model)
     vllm = require_vllm(("engine", "capture") if return_routed_experts else ("engine",))
     cpu = is_cpu_platform()
     if cpu:
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib:g}"
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
         if cfg is not None:
             text_cfg = cfg.get("text_config", cfg)
             head = text_cfg.get("head_dim") or text_cfg.get("hidden_size", 0) // max(1, text_cfg.get("num_attention_heads", 1))
@@ -203,7 +208,46 @@ def make_engine(model: str | os.PathLike, *, max_model_len: int = 1024, max_num_
     if max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = check_int("max_num_batched_tokens", max_num_batched_tokens, low=1)
     kwargs.update(engine_kwargs)
-    return vllm.LLM(model, **kwargs)
+    with _modules_hidden_from_vllm_kernel_scan():
+        return vllm.LLM(model, **kwargs)
+
+
+def _unscannable(module: Any) -> bool:
+    """Whether vLLM's kernel scan would die on ``module``: a value whose ``__dict__`` is not a mapping."""
+    for value in list((getattr(module, "__dict__", None) or {}).values()):
+        try:
+            if hasattr(value, "__dict__") and not hasattr(vars(value), "get"):
+                return True
+        except Exception:  # an attribute hook that raises kills vLLM's scan just the same
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def _modules_hidden_from_vllm_kernel_scan() -> Iterator[list[str]]:
+    """Leave out of ``sys.modules``, while an engine starts, the modules vLLM's CPU kernel scan cannot read.
+
+    vllm-cpu (0.32 and 0.33) registers C++ fallbacks for its Triton kernels at every worker start
+    (``vllm.triton_utils.dispatcher._rebind_kernels``): it walks every module in ``sys.modules`` and reads
+    ``vars(value).get("kernel")`` for each value with a ``__dict__``. llvmlite's ``binding.ffi.lib``, loaded with
+    numba (moelab's compiled simulators in :mod:`moelab.sim` and :mod:`moelab.afd` use it), answers ``__dict__``
+    through its ``__getattr__`` with a function wrapper, and the scan dies with "'_lib_fn_wrapper' object has no
+    attribute 'get'": a process that ran a simulation could not start an engine. Those modules are taken out of
+    ``sys.modules`` for the start and put back after; their objects stay alive (their package holds them), so
+    llvmlite keeps working. Yields the names left out."""
+    hidden = {name: module for name, module in list(sys.modules.items())
+              if name.split(".")[0] in _SCAN_BREAKERS and _unscannable(module)}
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield sorted(hidden)
+    finally:
+        sys.modules.update(hidden)
+
+
+#: top-level packages whose modules may hold a value vLLM's kernel scan cannot read (checked, not assumed: a module
+#: of these is left out only when :func:`_unscannable` finds such a value)
+_SCAN_BREAKERS = frozenset({"llvmlite"})
 
 
 @dataclass(frozen=True)
@@ -293,18 +337,18 @@ def server_command(model: str | os.PathLike, port: int, *, host: str = "127.0.0.
 
 
 def launch_server(model: str | os.PathLike, port: int, *, log_path: str | os.PathLike | None = None,
-                  threads: int | None = None, kv_cache_gib: float = 1.0, **kwargs: Any) -> Any:
+                  threads: int | None = None, kv_cache_gib: int = 1, **kwargs: Any) -> Any:
     """Start one vLLM server in the background (its own process group) and return the ``Popen``.
 
     On CPU the engine runs inside the API-server process (no engine-core or worker processes, which
-    saves two ~20 s imports), with ``threads`` OpenMP threads and a ``kv_cache_gib`` KV cache. Wait
+    saves two ~20 s imports), with ``threads`` OpenMP threads and a ``kv_cache_gib`` KV cache (whole GiB). Wait
     for it with :func:`wait_healthy`; stop it with :func:`stop_server`."""
     ok, why = vllm_status(("engine", "serve"))
     if not ok:
         raise VLLMUnavailableError(why)
     _check_model_dir(str(model))
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_NO_USAGE_STATS="1",
-               VLLM_CPU_KVCACHE_SPACE=f"{check_real('kv_cache_gib', kv_cache_gib, low=0, low_open=True):g}")
+               VLLM_CPU_KVCACHE_SPACE=str(check_int("kv_cache_gib", kv_cache_gib, low=1, why=_KV_GIB_WHY)))
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(check_int("threads", threads, low=1))
     out = open(log_path, "wb") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115 (owned by the child)
