@@ -1,8 +1,9 @@
 """A frequency-ranked n-gram table: key (the last 1..m tokens) -> the most frequent continuations.
 
 This is the data structure behind the model store S and the statistics store L. It is built with
-vectorised numpy (sliding windows, ``np.unique`` over rows, one lexsort) and answers a lookup with one
-dict probe per key length, so querying costs a few microseconds whatever the corpus size. Files are a
+vectorised numpy (sliding windows, ``np.unique`` over rows, one lexsort) and answers a lookup from a memo
+per context tail, or else with one compiled call (:mod:`moelab.hd._ngram_jit`: one hash probe per key
+length), so querying costs a few microseconds whatever the corpus size. Files are a
 pickle-free ``.npz`` plus metadata that records the tokenizer's identity; loading a table built with a
 different tokenizer (or a file that is not a table) raises ``ValueError``.
 """
@@ -13,7 +14,7 @@ import json
 import operator
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -52,6 +53,15 @@ def token_documents(name: str, documents: Any) -> list[np.ndarray]:
     return out
 
 
+class _Compiled(NamedTuple):
+    """An :class:`NGramTable`'s arrays for :func:`moelab.hd._ngram_jit.lookup` (see its parameters)."""
+
+    lookup: Any
+    meta: np.ndarray
+    slots: np.ndarray
+    conts: np.ndarray
+
+
 class NGramTable:
     """Key -> top continuations, for several key lengths (longest key is tried first).
 
@@ -72,6 +82,7 @@ class NGramTable:
         self.meta = dict(meta or {})
         self._index = {m: dict(zip(_pack_rows(k).tolist(), range(k.shape[0]))) for m, (k, _, _) in self.tables.items()}
         self._memo: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+        self._compiled: _Compiled | None = None  # the compiled lookup's arrays (see _compile)
         self._max_m = max(self.tables, default=1)
         # tail -> (its first continuations, ranked; whether they are all of them): see lookup
         self._answers: dict[tuple[int, ...], tuple[list[tuple[int, ...]], bool]] = {}
@@ -189,6 +200,40 @@ class NGramTable:
         return got[:k]
 
     def _lookup(self, context: Sequence[int], k: int) -> list[tuple[int, ...]]:
+        """:meth:`_lookup_py`'s answer for the tail ``context`` (at most ``max_key_length`` ids), compiled for
+        ``k >= 1`` (:mod:`moelab.hd._ngram_jit`: a memo miss reads two int64 arrays per key length instead of a
+        dozen dicts, lists and tuples, each a likely cache miss in an engine between two forwards)."""
+        if k < 1:  # (a slice with k <= 0 keeps Python's semantics, negative k included)
+            return self._lookup_py(context, k)
+        c = self._compiled if self._compiled is not None else self._compile()
+        got = c.lookup(np.array([t if 0 <= t < _MAX_ID else -1 for t in context], dtype=np.int64), c.meta, c.slots,
+                       c.conts, self.length, k)
+        # one row per continuation: its length, then its tokens
+        return [tuple(r[1:r[0] + 1]) for r in got.tolist()]
+
+    def _compile(self) -> _Compiled:
+        """The compiled lookup's arrays (built on the first lookup: a table that is only saved never pays)."""
+        # lazy: numba is loaded (compiled, on a fresh cache) at the first query, not when moelab.hd is imported
+        from moelab.hd import _ngram_jit
+
+        meta, slots, conts = [], [], []
+        n_slots = n_cells = 0
+        for m, (k, c, _) in self.tables.items():  # longest key first, as the Python lookup walks them
+            packed = _pack_rows(k)
+            b = max(4, int(2 * max(1, packed.size)).bit_length())  # at most half full: short probe runs
+            slots.append(_ngram_jit.build_table(packed, b))
+            conts.append(np.asarray(c).reshape(-1))
+            meta += [m, b, n_slots, n_cells, c.shape[1]]
+            n_slots += 1 << b
+            n_cells += conts[-1].size
+        flat = np.concatenate(conts).astype(np.int64) if conts else np.zeros(0, np.int64)
+        if not flat.size or (flat.min() >= -1 and flat.max() < _MAX_ID):  # (ids and -1 padding: int32 holds them)
+            flat = flat.astype(np.int32)
+        self._compiled = _Compiled(_ngram_jit.lookup, np.array(meta, dtype=np.int64), np.concatenate(slots), flat)
+        return self._compiled
+
+    def _lookup_py(self, context: Sequence[int], k: int) -> list[tuple[int, ...]]:
+        """The lookup in Python over the dict index (any ``k``; the reference of the compiled one)."""
         out: list[tuple[int, ...]] = []
         seen: set[tuple[int, ...]] | None = None  # out's members, once a second key length merges into it
         n = len(context)

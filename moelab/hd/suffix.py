@@ -100,6 +100,7 @@ class SuffixStore:
             = OrderedDict()
         self._rank_memo: OrderedDict[tuple[int, int, int], tuple[int, list[tuple[int, ...]]]] = OrderedDict()
         self._memo_size = check_int("memo", memo, low=0)
+        self._jit: Any = None  # moelab.hd._suffix_jit, once a query needs it
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -217,6 +218,21 @@ class SuffixStore:
         yield from self._suffix_ranges(tuple(context[max(0, len(context) - self.depth):]))
 
     def _suffix_ranges(self, key: tuple[int, ...]) -> list[tuple[int, int, int]]:
+        """:meth:`_suffix_ranges_py`'s answer from one compiled call (:mod:`moelab.hd._suffix_jit`)."""
+        jit = self._jit if self._jit is not None else self._load_jit()
+        top = (1 << self.bits) - 1  # ids at or past this match nothing (as -1 does): -1 keeps them in int64
+        got = jit.suffix_ranges(np.array([t if 0 <= t < top else -1 for t in key], dtype=np.int64), self._keys[0],
+                                self._keys[1], self.bits, self.per_word)
+        return [tuple(r) for r in got.tolist()]
+
+    def _load_jit(self) -> Any:
+        # lazy: numba is loaded (compiled, on a fresh cache) at the first query, not when moelab.hd is imported
+        from moelab.hd import _suffix_jit
+
+        self._jit = _suffix_jit
+        return _suffix_jit
+
+    def _suffix_ranges_py(self, key: tuple[int, ...]) -> list[tuple[int, int, int]]:
         """``(m, lo, hi)`` for every occurring suffix of ``key`` (at most ``depth`` tokens), longest first.
 
         A suffix occurs only if every shorter one does, so these are ``m = M .. 1`` for the longest
@@ -290,6 +306,16 @@ class SuffixStore:
         return got if kk == k else got[:k]  # the first k of a longer ranking are the k-ranking
 
     def _ranked(self, m: int, lo: int, hi: int, k: int | None = None) -> list[tuple[int, ...]]:
+        """:meth:`_ranked_py`'s answer, from one compiled call for ``k`` None or >= 1 (:mod:`moelab.hd._suffix_jit`)."""
+        if k is not None and k < 1:  # (Python's slicing semantics for k <= 0)
+            return self._ranked_py(m, lo, hi, k)
+        jit = self._jit if self._jit is not None else self._load_jit()
+        got = jit.ranked(self.order, self._tok1, m, lo, hi, self.length, self.max_samples,
+                         hi - lo + 1 if k is None else k)
+        # one row per continuation: its length, then its tokens
+        return [tuple(r[1:r[0] + 1]) for r in got.tolist()]
+
+    def _ranked_py(self, m: int, lo: int, hi: int, k: int | None = None) -> list[tuple[int, ...]]:
         """The (at most ``k``) most frequent continuations after the occurrences ``lo:hi`` of an ``m``-token
         match, ties in the order of first occurrence; a continuation stops at its document's boundary."""
         cnt = hi - lo

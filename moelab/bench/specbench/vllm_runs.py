@@ -70,6 +70,7 @@ def suffix_status() -> tuple[bool, str]:
 #: change re-measures every method, never HD alone against peers timed under another load (tried and undone:
 #: HD re-run alone on a quieter machine read 1.87x where the interleaved run read 1.50x).
 RUN_CODE = ("moelab.hd.drafters", "moelab.hd.stores", "moelab.hd.suffix", "moelab.hd.ngram", "moelab.hd.policy",
+            "moelab.hd._ngram_jit", "moelab.hd._suffix_jit",  # the compiled store lookups decide drafts too
             "moelab.hd.rows", "moelab.hd.engine", "moelab.hd.methods", "moelab.hd.vllm_adapter",
             "moelab.costmodel.verify", "moelab.bench.specbench.engine_protocol", "moelab.bench.specbench.engine_pool",
             "moelab.bench.specbench.engine_worker", "moelab.models.vllm_engine", "moelab.models.lm_loading")
