@@ -34,6 +34,28 @@ def test_registry_covers_the_notebooks_and_levels():
     assert all(key == e.key and e.prompt for key, e in EXERCISES.items())
 
 
+def test_each_exercise_heading_shows_the_registered_level():
+    # thirteenth read: 05's "BR-0's pick" said "(easy)" in the notebook and "medium" in the registry
+    import json
+    import re
+
+    from moelab.notebooks import notebooks_dir
+
+    shown = {}
+    for path in sorted(notebooks_dir().glob("[0-9][0-9]_*.ipynb")):
+        level = None
+        for cell in json.loads(path.read_text())["cells"]:
+            text = "".join(cell["source"])
+            if cell["cell_type"] == "markdown":
+                found = re.findall(r"\((easy|medium|hard)\b", text)
+                level = found[-1] if found else level
+            for key in re.findall(r'EXERCISES\["([0-9]{2}\.[a-z0-9_]+)"\]\.check', text):
+                shown[key] = level
+    assert set(shown) == set(EXERCISES)
+    wrong = {key: (shown[key], EXERCISES[key].level) for key in EXERCISES if shown[key] != EXERCISES[key].level}
+    assert not wrong, f"notebook heading vs registry level: {wrong}"
+
+
 @pytest.mark.parametrize("key", sorted(EXERCISES))
 def test_checker_passes_the_solution(key):
     ex = EXERCISES[key]
@@ -208,3 +230,16 @@ def test_book_links_point_repository_links_at_book_pages():
     in_notebook = "[n](NOTATION.md#clashes) [c](../COURSE.md) [01](01_eldr.ipynb)"
     assert book_links(in_notebook, "notebooks/00_overview.ipynb") == \
         "[n](notation.md#clashes) [c](course.md) [01](01_eldr.ipynb)"
+
+
+def test_br0_pick_note_example_holds():
+    # thirteenth read: COURSE.md said BR-0 picks "the longest prompt that still fits"; a slight overshoot can win
+    from moelab.course.balanceroute import br0_best_request, br0_margins, br0_score
+    from moelab.datasets import repo_root
+
+    loads, rank = [300.0, 0.0, 100.0, 200.0], 1  # G = 4, rank 1's margin 300: the note's example
+    assert br0_margins(loads)[rank] == 300.0
+    assert (br0_score(310, 300.0, 4), br0_score(100, 300.0, 4)) == (270.0, 100.0)
+    assert br0_best_request(loads, [100, 310], rank) == 1  # the overshooting prompt, not the one that fits
+    note = (repo_root() / "COURSE.md").read_text()
+    assert "a 310-token prompt scores 270, a 100-token one\n  100" in note
