@@ -53,8 +53,19 @@ def test_executed_report_names_every_kind():
     assert set(report) == {"prose_numbers_mismatched", "figure_text_entities", "figure_label_overlaps",
                            "figure_method_colors", "figure_log_axis_ticks", "figure_hidden_series",
                            "figure_title_overflows", "figure_table_cells_cut", "output_raw_entities",
-                           "output_stray_values"}
+                           "output_stray_values", "output_missing_markers"}
     assert not any(report.values())
+
+
+def test_missing_value_markers_in_a_table_are_reported():
+    from moelab.viz.hygiene import output_missing_markers
+
+    def cell(html):
+        return {"cell_type": "code", "outputs": [{"output_type": "display_data", "data": {"text/html": html}}]}
+
+    nb = {"cells": [cell("<td>NaN</td><td>&lt;NA&gt;</td>"), cell("<td>—</td><td>None of these</td>"),
+                    cell("<td>None</td>")]}
+    assert [p.split(":")[0] for p in output_missing_markers(nb)] == ["cell 0", "cell 2"]
 
 
 def test_a_returned_path_shown_as_a_cells_value_is_reported():

@@ -14,7 +14,7 @@ def test_readable_rounds_each_value_on_its_own_scale():
                        "blocks": [4096.0, 598.0], "name": ["a", "b"], "inf": [np.inf, 1.23456], "neg": [-0.35872, 0.0]})
     out = readable(df)
     assert out["tok_s"].tolist() == [37571, 21815] and str(out["tok_s"].dtype) == "Int64"
-    assert out["ms"].iloc[0] == 14.93 and np.isnan(out["ms"].iloc[1])
+    assert out["ms"].tolist() == [14.93, "—"]  # a missing value reads as a dash (the book showed NaN, <NA>, None)
     assert out["mixed"].tolist() == [1601.0, 0.02123]  # a small value beside a large one keeps its digits
     assert out["blocks"].tolist() == [4096, 598]
     assert out["name"].tolist() == ["a", "b"] and out["inf"].tolist() == [np.inf, 1.235]
@@ -23,3 +23,10 @@ def test_readable_rounds_each_value_on_its_own_scale():
     assert df["tok_s"].iloc[0] == 37571.270352  # the input is not changed
     with pytest.raises(ValueError, match="digits"):
         readable(df, digits=0)
+
+
+def test_readable_shows_every_kind_of_missing_value_as_a_dash():
+    df = pd.DataFrame({"n": pd.array([1, None], dtype="Int64"), "ok": [True, None], "x": [1.0, 2.0]})
+    out = readable(df)
+    assert out["n"].tolist() == [1, "—"] and out["ok"].tolist() == [True, "—"]
+    assert out["x"].tolist() == [1, 2] and str(out["x"].dtype) == "Int64"  # a column with nothing missing keeps its type

@@ -26,7 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moelab.viz.hygiene import notebook_figure_problems, output_raw_entities, output_stray_values
+from moelab.viz.hygiene import (
+    notebook_figure_problems,
+    output_missing_markers,
+    output_raw_entities,
+    output_stray_values,
+)
 
 # Markdown markup that states no prose number: one definition for the prose cross-check here and for the typed-number
 # scan of the committed lessons (moelab.bench.notebooks.typed_numbers)
@@ -179,13 +184,16 @@ def executed_report(executed: dict, results: Any) -> dict[str, list[str]]:
     ``figure_method_colors``, ``figure_log_axis_ticks``, ``figure_hidden_series``, ``figure_title_overflows``,
     ``figure_table_cells_cut``), and ``output_raw_entities``
     (:func:`moelab.viz.hygiene.output_raw_entities`: entities in HTML or printed outputs a reader would see raw), and
-    ``output_stray_values`` (:func:`moelab.viz.hygiene.output_stray_values`: a path a call returned, shown)."""
+    ``output_stray_values`` (:func:`moelab.viz.hygiene.output_stray_values`: a path a call returned, shown), and
+    ``output_missing_markers`` (:func:`moelab.viz.hygiene.output_missing_markers`: NaN, <NA> or None shown in a
+    table)."""
     results = {k: v for k, v in results.items() if not str(k).startswith("_")} if isinstance(results, dict) else results
     report = {"prose_numbers_mismatched": [f"cell {n.cell}: {n.text} in {n.context!r}"
                                            for n in prose_mismatches(executed, results)]}
     report.update({f"figure_{kind}": found for kind, found in notebook_figure_problems(executed).items()})
     report["output_raw_entities"] = output_raw_entities(executed)
     report["output_stray_values"] = output_stray_values(executed)
+    report["output_missing_markers"] = output_missing_markers(executed)
     return report
 
 

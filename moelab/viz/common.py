@@ -173,7 +173,8 @@ def readable(df: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
     """A copy of ``df`` rounded for reading: every float to ``digits`` significant digits, never dropping a digit
     left of the decimal point (37571.27 becomes 37571, 14.9321 becomes 14.93, 0.0212 stays 0.0212), each value on
     its own scale, so a row of milliseconds beside a row of seconds keeps its digits; a float column whose values
-    are then all whole numbers becomes an integer column (4096.0 shows as 4096).
+    are then all whole numbers becomes an integer column (4096.0 shows as 4096). A missing value (NaN, None,
+    pandas' NA) shows as an em dash, "—", and its column then holds objects.
 
     Parameters
     ----------
@@ -201,8 +202,16 @@ def readable(df: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
         rounded = np.where(np.isfinite(values), np.round(values * scale) / scale, values)
         present = rounded[~np.isnan(rounded)]
         whole = present.size > 0 and np.isfinite(present).all() and (present == np.round(present)).all()
-        out[col] = pd.array(rounded, dtype="Float64").astype("Int64") if whole else rounded  # NaN -> <NA>
+        out[col] = pd.array(rounded, dtype="Float64").astype("Int64") if whole else rounded
+    # a missing value reads as a dash, in any column: the book showed NaN, <NA> and None as if they were values
+    for col in out.columns:
+        missing = out[col].isna().to_numpy(dtype=bool)
+        if missing.any():
+            out[col] = out[col].astype(object).where(~missing, _MISSING)
     return out
+
+
+_MISSING = "—"  # how readable() shows a missing value
 
 
 FIGURES_ENV = "MOELAB_FIGURES"

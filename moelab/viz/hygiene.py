@@ -778,6 +778,22 @@ def output_stray_values(executed: dict) -> list[str]:
     return problems
 
 
+_MISSING_CELL = re.compile(r"<td[^>]*>\s*(NaN|nan|&lt;NA&gt;|None|NaT)\s*</td>")
+
+
+def output_missing_markers(executed: dict) -> list[str]:
+    """HTML table cells of an executed notebook that show pandas' or Python's missing-value markers (``NaN``,
+    ``<NA>``, ``None``, ``NaT``) as if they were values; :func:`moelab.viz.readable` shows them as a dash."""
+    problems = []
+    for i, cell in enumerate(executed.get("cells", [])):
+        for output in cell.get("outputs", []) or []:
+            found = _MISSING_CELL.findall(_joined((output.get("data") or {}).get("text/html", "")))
+            if found:
+                problems.append(f"cell {i}: {len(found)} table cells show {sorted(set(found))} (show the table "
+                                "through moelab.viz.readable)")
+    return problems
+
+
 def notebook_figures(executed: dict) -> list[tuple[int, dict]]:
     """``(cell index, figure JSON)`` for every plotly figure an executed notebook (JSON) displays."""
     out = []
@@ -813,5 +829,6 @@ def notebook_figure_problems(executed: dict) -> dict[str, list[str]]:
 __all__ = ["BOOK_WIDTH_PX", "EXPORT_SIZE", "HIDDEN_TOL_PX", "TITLE_EM_PER_CHAR", "MIN_COLOR_DELTA_E", "MIN_COLOR_DELTA_E2000", "annotation_boxes",
            "arrow_segments", "colors_too_close", "delta_e", "delta_e2000",
            "STRUCTURAL_ENTITIES", "figure_problems", "figure_texts", "hidden_series", "label_overlaps", "log_axis_ticks",
-           "method_colors", "notebook_figure_problems", "notebook_figures", "output_raw_entities", "output_stray_values", "text_entities",
+           "method_colors", "notebook_figure_problems", "notebook_figures", "output_missing_markers", "output_raw_entities",
+           "output_stray_values", "text_entities",
            "TABLE_EM_PER_CHAR", "TABLE_CELL_PAD_PX", "table_cells_cut", "title_overflows"]
