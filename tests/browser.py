@@ -160,8 +160,8 @@ def chromium_browser(chromium: str) -> Iterator[Any]:
             browser.close()
 
 
-def new_context(browser: Any) -> Any:
-    return browser.new_context(viewport={"width": 1400, "height": 1000})
+def new_context(browser: Any, width: int = 1400, height: int = 1000) -> Any:
+    return browser.new_context(viewport={"width": width, "height": height})
 
 
 # --------------------------------------------------------------------------------------------------

@@ -61,6 +61,10 @@ JS_PAGE_REPORT = """() => {
         solutions_open: sol.filter(s => { const d = s.querySelector('details'); return !d || d.open; }).length,
         links: Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href')),
         live_note: text.includes('moelab lab'),
+        // wider than its box: a printed line or a display equation the reader sees cut (thirteenth read)
+        too_wide: Array.from(document.querySelectorAll('div.cell_output pre, mjx-container[display="true"]'))
+            .filter(e => e.scrollWidth > e.clientWidth + 1)
+            .map(e => `${e.tagName.toLowerCase()} ${e.scrollWidth} > ${e.clientWidth} px: ${e.textContent.slice(0, 60)}`),
     };
 }"""
 
@@ -79,7 +83,7 @@ def test_book_pages_in_a_browser(site):
         wait_http(base, server, log)
         reports = {}
         with chromium_browser(chromium) as browser:
-            context = new_context(browser)
+            context = new_context(browser, 1280, 800)  # the book's narrowest usual column: 688 px
             outside: list[str] = []
             context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(base)
                           else (outside.append(route.request.url), route.abort()))
@@ -111,6 +115,7 @@ def test_book_pages_in_a_browser(site):
             if r["math_sources"]:
                 assert r["math_typeset"] > 0, f"{rel}: math present but not typeset (MathJax: {r['mathjax']})"
             assert r["solutions_open"] == 0, f"{rel}: {r['solutions_open']} solution cells shown open"
+            assert r["too_wide"] == [], f"{rel}: cut at a 1280-px window: {r['too_wide'][:5]}"
             for href in r["links"]:
                 target = urllib.parse.urlsplit(href)
                 if target.scheme or href.startswith(("#", "mailto:")):

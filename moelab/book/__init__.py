@@ -401,6 +401,7 @@ html_theme = "sphinx_book_theme"
 html_title = "moelab"
 html_context = {"default_mode": "light"}  # an unset mode makes the theme log a console error
 html_static_path = ["_static"]
+html_css_files = ["moelab.css"]
 html_js_files = ["vendor/plotly.min.js"]
 mathjax_path = "vendor/mathjax/tex-chtml-full.js"
 nb_execution_mode = "off"
@@ -412,6 +413,22 @@ suppress_warnings = ["mystnb.unknown_mime_type", "myst.header"]
 exclude_patterns = ["_build"]
 html_theme_options = {"show_toc_level": 2, "use_download_button": True}
 '''
+
+
+#: the book's own style sheet (``_static/moelab.css``): a printed line wraps inside the content column (a result
+#: sentence of 06 ran 2,400 px past a 688-px column, hidden until the reader scrolled sideways), and a display
+#: equation too wide for the column scrolls with a visible bar instead of being cut
+BOOK_CSS = """\
+div.cell_output div.output.stream pre, div.cell_output div.output.text_plain pre {
+    white-space: pre-wrap;
+    overflow-wrap: anywhere;
+}
+mjx-container[display="true"] {
+    overflow-x: auto;
+    overflow-y: hidden;
+    max-width: 100%;
+}
+"""
 
 
 def chapter_title(title: str) -> str:
@@ -513,6 +530,7 @@ def build_book(out: str | os.PathLike = "book", *, names: Sequence[str] | None =
         (src / "index.md").write_text(_index(pages, titles))
         (src / "conf.py").write_text(conf)
         shutil.copytree(VENDOR, src / "_static" / "vendor", dirs_exist_ok=True)
+        (src / "_static" / "moelab.css").write_text(BOOK_CSS)
         import plotly  # lazy: plotly is only needed while a book is built
 
         shutil.copyfile(Path(plotly.__file__).parent / "package_data" / "plotly.min.js",
