@@ -82,10 +82,10 @@ def test_notebook_05_balanceroute(tmp_path, public_data):
     # one number, one rendering: BR-0's decision p50 reads the same in the costs table and the paper table (the costs
     # table was rounded to 3 places before the table's own 2, so 0.185 showed as 0.18 there and 0.19 beside the paper)
     tables = _plotly_tables(tmp_path / "05_balanceroute.ipynb")
-    costs = next(t for t in tables if "dispatch ms<br>p50" in t)
+    costs = next(t for t in tables if "dispatch ms p50" in t)
     paper = next(t for t in tables if "metric" in t)
     dispatch = next(v for m, v in zip(paper["metric"], paper["ours"]) if m.startswith("BR-0 dispatch p50"))
-    assert costs["dispatch ms<br>p50"][costs["router"].index("br0")] == dispatch
+    assert costs["dispatch ms p50"][costs["router"].index("br0")] == dispatch
     # the dispatch columns are defined where the table is shown: a pooled dispatch scores the whole pool
     disp = res["dispatch_definition"]
     assert disp["br0_requests_per_dispatch_p50"] >= 1 and disp["engine_requests_per_dispatch_p50"] >= 1
@@ -99,7 +99,7 @@ def test_notebook_05_balanceroute(tmp_path, public_data):
     shown = next([json.dumps(o.get("data", {})) for o in c.get("outputs", [])] for c in cells
                  if any("What the dispatch columns measure" in json.dumps(o.get("data", {})) for o in c.get("outputs", [])))
     defined = next(i for i, o in enumerate(shown) if "What the dispatch columns measure" in o)
-    assert any("dispatch ms<br>p50" in o for o in shown[defined + 1:]), "the costs table is not shown after its definitions"
+    assert any("Costs of balancing" in o for o in shown[defined + 1:]), "the costs table is not shown after its definitions"
     # the G sweep's throughput is drawn against each G's best baseline (0% there), not as bars from 0 tokens/s
     rel = res["sweep_throughput_vs_best_baseline"]
     assert {r["G"] for r in rel if r["router"] == r["best_baseline"] and r["vs_best_baseline_pct"] == 0}
@@ -107,13 +107,15 @@ def test_notebook_05_balanceroute(tmp_path, public_data):
 
 
 def _plotly_tables(path) -> list[dict]:
-    """Every plotly table the executed notebook shows, as {header: column values as rendered}."""
+    """Every plotly table the executed notebook shows, as {header: column values as rendered}; a header's line
+    breaks (``<br>``, where the table wrapped it to its column) read as spaces."""
     out = []
     for c in json.loads(path.read_text())["cells"]:
         for o in c.get("outputs", []):
             for trace in o.get("data", {}).get("application/vnd.plotly.v1+json", {}).get("data", []):
                 if trace.get("type") == "table":
-                    out.append(dict(zip(trace["header"]["values"], trace["cells"]["values"])))
+                    headers = [h.replace("<br>", " ") for h in trace["header"]["values"]]
+                    out.append(dict(zip(headers, trace["cells"]["values"])))
     return out
 
 

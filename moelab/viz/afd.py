@@ -200,7 +200,8 @@ def gap_map_figure(df: pd.DataFrame) -> go.Figure:
                                  text=text.to_numpy(), texttemplate="%{text}",
                                  hovertemplate="B=%{y}, %{x}: %{z:.1f}% (%{text})<extra></extra>"), row=1, col=i)
     fig.update_yaxes(title_text="B (slots)", row=1, col=1)
-    fig.update_xaxes(title_text="workload: P mu_P / D mu_D (mean prompt / decode tokens)")
+    # a short x title per panel: the long one ran into its neighbour's at the book's 688-px column
+    fig.update_xaxes(title_text="P: mean prompt, D: decode tokens", title_font={"size": 12})
     fig.update_layout(title="(simulated optimum - r*) / r*, % (|.| <= 10 is the paper's promise)<br><sup>cell: the gap "
                       "and the term that sets r* (attn: attention balance r_A; peak: the FFN peak r_peak)</sup>",
                       template="plotly_white", height=380)

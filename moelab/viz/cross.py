@@ -32,8 +32,10 @@ def pairs_figure(table: pd.DataFrame, *, widget: bool = False, title: str = "") 
 def causes_figure(table: pd.DataFrame) -> go.Figure:
     """The two mechanisms side by side: distinct experts per layer per step (ELDR's lever) and the
     barrier imbalance of KV load across ranks (BalanceRoute's lever), per pair."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("distinct experts per layer per step",
-                                                        "barrier idle work I = G·M − Σ L<sub>g</sub> (KV tokens)"))
+    # short panel titles (the y titles define the quantities): at the book's 688-px column the two long ones ran into
+    # each other ("per stepbarrier idle work"); the wider gap keeps the right y title off the left panel's bars
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("ELDR's lever", "BalanceRoute's lever"),
+                        horizontal_spacing=0.14)
     for rank, g in table.groupby("rank_router", sort=False):
         fig.add_bar(x=g["instance_router"], y=g["distinct_per_layer_step"], name=f"rank: {rank}",
                     marker_color=color_for(rank), legendgroup=rank, row=1, col=1)
