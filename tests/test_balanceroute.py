@@ -751,6 +751,10 @@ def test_relative_to_best_baseline_is_zero_for_the_best_baseline_per_g():
     assert rel.loc[(8, "br0"), "best_baseline"] == "round_robin"
     assert rel.loc[(8, "br0"), "vs_best_baseline_pct"] == pytest.approx(1.5)
     fig = brviz.relative_bars(rel.reset_index(), "t", "y")
+    # fourteenth read of the book: plotly hid the largest loss's label (no room below its bar at 688 px)
+    assert fig.layout.uniformtext.mode != "hide"
+    lo, hi = rel["vs_best_baseline_pct"].min(), rel["vs_best_baseline_pct"].max()
+    assert fig.layout.yaxis.range[0] < min(lo, 0) and fig.layout.yaxis.range[1] > hi
     assert [t.name for t in fig.data] == ["jsq", "round_robin", "br0"]
     assert list(fig.data[2].text) == ["+1.0%", "+1.5%"] and list(fig.data[0].text) == ["best", "-1.0%"]
     with pytest.raises(ValueError, match="no baseline"):

@@ -296,9 +296,9 @@ def prepare_notebook(nb: dict[str, Any], name: str, binder_repo: str | None,
 PANEL_NOTE = "*An interactive panel: its sliders need a live kernel (see the note at the top of this page).*"
 #: the caption above a panel's static copy (an image of its figures at the notebook's parameters): inside the copy's
 #: HTML, which myst-nb prefers to Markdown
-PANEL_COPY_NOTE = ("A static copy of an interactive panel, drawn at the settings its sliders start from (where a "
-                   "figure above was drawn at the same settings, it shows that figure again): its sliders need a live "
-                   "kernel (see the note at the top of this page).")
+PANEL_COPY_NOTE = ("A static copy of an interactive panel, drawn at the settings its sliders start from (where the "
+                   "page also draws a figure at the same settings, it shows that figure again): its sliders need a "
+                   "live kernel (see the note at the top of this page).")
 PANEL_COPY_NOTE_HTML = f'<p class="moelab-panel-note"><em>{PANEL_COPY_NOTE}</em></p>'
 _PROGRESS = re.compile(r"\d+%\|.*\|\s*\d+(?:\.\d+)?[kMG]?/\d*(?:\.\d+)?[kMG]?|\bit/s\]|s/it\]")
 

@@ -77,8 +77,14 @@ def relative_bars(rel: pd.DataFrame, title: str, yaxis: str) -> go.Figure:
                              text=["best" if best else f"{v:+.1f}%" for v, best in zip(y, g["router"] == g["best_baseline"])],
                              textposition="outside", cliponaxis=False))
     fig.add_hline(y=0, line_color="#555")
+    # room for the labels outside the longest bars, and labels never hidden: with mode "hide" plotly dropped the
+    # label of the largest loss (-12.5%) at the book's 688-px column, where it had no room below its bar
+    values = rel["vs_best_baseline_pct"].astype(float).to_numpy()
+    low, high = min(0.0, float(np.nanmin(values))), max(0.0, float(np.nanmax(values)))
+    pad = 0.18 * (high - low or 1.0)
     fig.update_layout(barmode="group", title=title, xaxis_title="G (DP decode ranks)", yaxis_title=yaxis,
-                      template="plotly_white", uniformtext={"minsize": 8, "mode": "hide"})
+                      template="plotly_white", uniformtext={"minsize": 8, "mode": "show"},
+                      yaxis_range=[low - (pad if low < 0 else 0), high + pad])
     return fig
 
 
@@ -291,7 +297,8 @@ def gain_vs_share(grid: pd.DataFrame, paper_gain_pct: float | None = None,
     if paper_on_axis:
         fig.add_hline(y=paper_gain_pct, line_dash="dash", annotation_text=f"paper: BR-H +{paper_gain_pct:g}% (G=8)",
                       row=1, col=paper_col)
-    fig.update_xaxes(title_text="attention share of a balanced step", tickformat=".0%", matches="x")
+    # a short title per panel (the figure's title says which step): the long one ran into its neighbour's at 688 px
+    fig.update_xaxes(title_text="attention share", tickformat=".0%", matches="x")
     fig.update_yaxes(title_text="throughput gain vs best baseline (%)", row=1, col=1)
     fig.update_layout(title="Throughput gain vs the attention share of the step<br><sup>one panel per G; symbol: shape</sup>",
                       template="plotly_white", margin={"t": 110})
