@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from moelab.viz.common import color_for, refresh, slider
-from moelab.viz.hygiene import BOOK_WIDTH_PX
+from moelab.viz.hygiene import BOOK_WIDTH_PX, TABLE_CELL_PAD_PX, TABLE_EM_PER_CHAR
 
 # one colour per method: the lab's palette (moelab.viz.common.color_for)
 _SHAPE_SYMBOLS = {"qwen3-30b-a3b": "circle", "deepseek-v3": "diamond", "llama-3.1-70b": "square"}
@@ -114,14 +114,11 @@ def decision_times(results: dict[str, Any], G: int | None = None) -> go.Figure:
 #: a table column's width in characters, at least and at most (a long note column wraps instead of squeezing the
 #: numbers out of sight)
 TABLE_COLUMN_CHARS = (8, 30)
-#: the mean width of a table character in px: the table's 12-px Arial (Liberation Sans on Linux) measures 6.1 px
-#: for a digit and 5.9 px for a lowercase letter in Chromium; a little more leaves room for wide letters
-TABLE_CHAR_PX = 6.4
-#: a cell's padding in px, left and right together (plotly puts the text 7 px inside the cell's edge)
-TABLE_CELL_PAD_PX = 16
-#: the table's font, named so that the widths above hold in every browser (plotly's default falls back to the
+#: the table's font, named so that the width estimates hold in every browser (plotly's default falls back to the
 #: wider Verdana where Open Sans is missing)
 TABLE_FONT = {"family": "Arial, 'Liberation Sans', Helvetica, sans-serif", "size": 12}
+#: the mean width of one of its characters in px: the figure-hygiene estimate (the check that finds cut cells)
+TABLE_CHAR_PX = TABLE_EM_PER_CHAR * TABLE_FONT["size"]
 _TABLE_MARGIN = {"l": 20, "r": 20, "t": 50, "b": 10}
 
 
