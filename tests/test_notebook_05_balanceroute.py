@@ -189,3 +189,14 @@ def _check_claims(res: dict, text: str) -> None:
     # the paper-point table's two gains are told apart: over the paper's baselines and over all the map's
     assert ("over the best of the paper's baselines" in text) == (8 in CI["REGIME_G"])
 
+
+
+def test_trace_parts_table_says_tuning_uses_the_training_part():
+    # fifteenth read: the table of which trace each part uses put tuning on the held-out part, against section 2
+    from moelab.notebooks import notebooks_dir
+
+    cells = ["".join(c["source"]) for c in json.loads((notebooks_dir() / "05_balanceroute.ipynb").read_text())["cells"]]
+    rows = [line for text in cells if "| part | trace |" in text for line in text.splitlines() if line.startswith("| ")]
+    tuning = [r for r in rows if "tuning" in r.split("|")[1]]
+    assert tuning and all("training part" in r and "held-out" not in r for r in tuning), tuning
+    assert any("ex.tune_brh(train," in text for text in cells)  # what the table describes
