@@ -25,6 +25,8 @@ import moelab
 
 #: the Sphinx extensions and settings the reference needs (added to the book's ``conf.py``)
 SPHINX_CONF = '''
+import re
+
 extensions += ["sphinx.ext.autodoc", "sphinx.ext.autosummary", "sphinx.ext.napoleon"]
 autosummary_generate = False  # the tables link to the entries on the same page; no stub pages
 autodoc_member_order = "bysource"
@@ -34,6 +36,18 @@ napoleon_numpy_docstring = True
 napoleon_google_docstring = False
 napoleon_use_rtype = False
 suppress_warnings += ["autodoc", "autosummary", "ref.python", "docutils", "autodoc.import_object"]
+
+
+def _parseable_signature(app, what, name, obj, options, signature, return_annotation):
+    # a dataclass field with a default factory shows as "=<factory>", a lambda default as "=<function X.<lambda>>":
+    # neither is Python, so Sphinx printed the whole signature raw, "~typing.Any" prefixes and all
+    if signature:
+        signature = re.sub(r"<(?:factory|function [\\w.]*(?:<lambda>)?)>", "...", signature)
+    return signature, return_annotation
+
+
+def setup(app):
+    app.connect("autodoc-process-signature", _parseable_signature)
 '''
 #: the folder of the reference pages inside the book's source
 FOLDER = "api"
