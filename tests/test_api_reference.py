@@ -72,6 +72,18 @@ def test_a_reference_page_renders_with_napoleon(tmp_path):
         page = (tmp_path / "html" / "api" / f"{name}.html").read_text()
         assert not re.search(r"~[a-z_]+\.[A-Za-z_.]+", page), name  # "~typing.Any", not "~/.cache"
         assert "&lt;factory&gt;" not in page and "&lt;lambda&gt;" not in page, name
+    # sixteenth read: numpy's ArrayLike printed expanded ("_Buffer | _SupportsArray[...] | ... | bytes | str"),
+    # a dataclass's private fields shown as constructor arguments, constants registered as moelab.x.moelab.x.NAME
+    # (so every :data: reference to one was dead text)
+    dsd = (tmp_path / "html" / "api" / "moelab.dsd.html").read_text()
+    assert "_SupportsArray" not in dsd and "ArrayLike" in dsd
+    eldr = (tmp_path / "html" / "api" / "moelab.eldr.html").read_text()
+    assert "ConversationWorkload" in eldr and "_sys_ids" not in eldr and "_conv_ids" not in eldr
+    for name in pages:
+        page = (tmp_path / "html" / "api" / f"{name}.html").read_text()
+        assert f'id="{name}.{name}.' not in page, name
+    sweep = (tmp_path / "html" / "api" / "moelab.sweep.html").read_text()
+    assert 'id="moelab.sweep.BACKENDS"' in sweep and 'href="#moelab.sweep.BACKENDS"' in sweep
 
 
 def test_lessons_link_public_symbols_to_their_reference_entry():

@@ -31,6 +31,8 @@ extensions += ["sphinx.ext.autodoc", "sphinx.ext.autosummary", "sphinx.ext.napol
 autosummary_generate = False  # the tables link to the entries on the same page; no stub pages
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
+# numpy's ArrayLike by its name: expanded, it filled nine lines per signature and named bytes and str as accepted
+autodoc_type_aliases = {"ArrayLike": "numpy.typing.ArrayLike"}
 autodoc_default_options = {"show-inheritance": True}
 napoleon_numpy_docstring = True
 napoleon_google_docstring = False
@@ -38,12 +40,30 @@ napoleon_use_rtype = False
 suppress_warnings += ["autodoc", "autosummary", "ref.python", "docutils", "autodoc.import_object"]
 
 
+def _top_level_parts(text):
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]]
+
+
 def _parseable_signature(app, what, name, obj, options, signature, return_annotation):
+    if not signature or not (signature.startswith("(") and signature.endswith(")")):
+        return signature, return_annotation
     # a dataclass field with a default factory shows as "=<factory>", a lambda default as "=<function X.<lambda>>":
     # neither is Python, so Sphinx printed the whole signature raw, "~typing.Any" prefixes and all
-    if signature:
-        signature = re.sub(r"<(?:factory|function [\\w.]*(?:<lambda>)?)>", "...", signature)
-    return signature, return_annotation
+    signature = re.sub(r"<(?:factory|function [\\w.]*(?:<lambda>)?)>", "...", signature)
+    # a parameter named with a leading "_" is one moelab fills itself (a dataclass's private state): not shown
+    params = [p for p in _top_level_parts(signature[1:-1]) if not p.strip().lstrip("*").startswith("_")]
+    if params and params[-1].strip() == "*":  # every keyword-only parameter was private
+        params.pop()
+    return "(" + ",".join(params).strip() + ")", return_annotation
 
 
 def setup(app):
@@ -233,7 +253,9 @@ def page(module: str, seen: set[int] | None = None) -> str:
             lines += [f".. rubric:: {n}", "", f"Module :mod:`{obj.__name__}`: {_summary(obj)}", ""]
         else:
             doc = _data_doc(module, n, obj) or ""
-            lines += [f".. py:data:: {module}.{n}", "", *(f"   {ln}" for ln in doc.splitlines()), ""]
+            # the bare name: automodule made ``module`` current (a dotted name was registered as module.module.n,
+            # so every reference to a constant was dead text)
+            lines += [f".. py:data:: {n}", "", *(f"   {ln}" for ln in doc.splitlines()), ""]
     return "\n".join(lines)
 
 
