@@ -59,6 +59,10 @@ def _parseable_signature(app, what, name, obj, options, signature, return_annota
     # a dataclass field with a default factory shows as "=<factory>", a lambda default as "=<function X.<lambda>>":
     # neither is Python, so Sphinx printed the whole signature raw, "~typing.Any" prefixes and all
     signature = re.sub(r"<(?:factory|function [\\w.]*(?:<lambda>)?)>", "...", signature)
+    # Sphinx's own forms that are not Python: an aliased type inside a union ("TypeAliasForwardRef('X') | None")
+    # and a callable taking any arguments ("Callable[[...], Y]" for Callable[..., Y])
+    signature = re.sub(r"TypeAliasForwardRef\\('([^']+)'\\)", r"\\1", signature)
+    signature = re.sub(r"Callable\\[\\[\\.\\.\\.\\],", "Callable[...,", signature)
     # a parameter named with a leading "_" is one moelab fills itself (a dataclass's private state): not shown
     params = [p for p in _top_level_parts(signature[1:-1]) if not p.strip().lstrip("*").startswith("_")]
     if params and params[-1].strip() == "*":  # every keyword-only parameter was private
