@@ -269,6 +269,19 @@ def test_proxy_eldr_routes_by_prefill_signature(servers, engine, prompts, vtrace
         counts_server.stop()
 
 
+def _settled(proxy, answered: int, timeout_s: float = 10.0) -> dict:
+    """The proxy's metrics once every request is released and counted. A client holds its whole answer
+    before the proxy's handler returns (the slot is freed and the status counted just after the last
+    write), so metrics read the moment the last client returns may lag by a request or two."""
+    t0 = time.monotonic()
+    while True:
+        m = proxy.metrics()
+        done = sum(m["responses_by_status"].values()) >= answered and not any(b["in_flight"] for b in m["backends"])
+        if done or time.monotonic() - t0 > timeout_s:
+            return m
+        time.sleep(0.01)
+
+
 def test_proxy_50_concurrent_then_backend_killed(servers, text_prompts, direct):
     from moelab.serving import RouterProxy
 
@@ -286,7 +299,7 @@ def test_proxy_50_concurrent_then_backend_killed(servers, text_prompts, direct):
             assert g["text"] == d["text"] and g["finish"] == "length", (i, g, d)
             if i in streamed:
                 assert g["done"] and g["tokens"] == 12
-        m = proxy.metrics()
+        m = _settled(proxy, 50)
         assert [b["routed"] for b in m["backends"]] == [b["completed"] for b in m["backends"]]
         assert min(b["routed"] for b in m["backends"]) >= 10  # JSQ spread the burst over both servers
         assert m["responses_by_status"] == {"200": 50}
@@ -307,6 +320,7 @@ def test_proxy_50_concurrent_then_backend_killed(servers, text_prompts, direct):
         # kill server 1 while requests are in flight on it: none may be lost. The server is stopped first, so
         # the requests routed to it stay in flight until the kill (12 tokens can finish between seeing one in
         # flight and killing the server, which left no request to retry and the server not yet marked down)
+        answered = sum(_settled(proxy, 0)["responses_by_status"].values())
         os.killpg(servers[1][1].pid, signal.SIGSTOP)
         with ThreadPoolExecutor(30) as pool:
             futures = [pool.submit(_complete, proxy.url, text_prompts[i], 12) for i in range(30)]
@@ -318,7 +332,7 @@ def test_proxy_50_concurrent_then_backend_killed(servers, text_prompts, direct):
             got = [f.result() for f in futures]
         for i, g in enumerate(got):
             assert g["status"] == 200 and g["text"] == direct[i]["text"], (i, g)
-        m = proxy.metrics()
+        m = _settled(proxy, answered + 30)
         assert not m["backends"][1]["up"] and m["backends"][1]["marked_down"] >= 1
         assert m["retried"] >= 1
         after = _complete(proxy.url, text_prompts[7], 12)
