@@ -206,6 +206,59 @@ def undocumented() -> list[str]:
     return [f"{m}.{n}" for m, names in public_names().items() for n in names if not docstring(m, n)]
 
 
+#: the NumPy docstring sections whose entries are ``name : type`` lines, each with an indented description
+FIELD_SECTIONS = ("Parameters", "Other Parameters", "Attributes")
+
+
+def _field_faults(doc: str) -> list[str]:
+    """The entries of ``doc``'s :data:`FIELD_SECTIONS` that napoleon cannot read as NumPy fields: an entry
+    without an indented description below it (``"num_layers : decoder layers"`` shows the description as
+    the type), or one whose type after ``" :"`` is empty."""
+    lines = doc.splitlines()
+    faults, section = [], None
+    for i, line in enumerate(lines):
+        if i + 1 < len(lines) and re.fullmatch(r"-{3,}", lines[i + 1].strip()) and line.strip():
+            section = line.strip()
+            continue
+        if re.fullmatch(r"-{3,}", line.strip()) or section not in FIELD_SECTIONS:
+            continue
+        if not line.strip() or line[0].isspace():
+            continue
+        below = next((x for x in lines[i + 1:] if x.strip()), "")
+        if not below[:1].isspace() or line.rstrip().endswith(" :"):
+            faults.append(f"{section}: {line.strip()}")
+    return faults
+
+
+def malformed_fields() -> list[str]:
+    """Every NumPy field entry of a public name (or of its public methods and properties) that napoleon
+    would render wrongly, as ``"module.name: Section: entry"`` (goal: none).
+
+    Returns
+    -------
+    list of str
+    """
+    out, seen = [], set()
+    for m, names in public_names().items():
+        for n in names:
+            obj = getattr(_import(m), n)
+            if not _is_code(obj) or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            parts = [(n, obj)]
+            if inspect.isclass(obj):
+                for attr, value in vars(obj).items():
+                    if attr.startswith("_") and attr != "__init__":
+                        continue
+                    value = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+                    if callable(value):
+                        parts.append((f"{n}.{attr}", value))
+            for qual, part in parts:
+                doc = inspect.getdoc(part) if part is obj else (part.__doc__ and inspect.cleandoc(part.__doc__))
+                out += [f"{m}.{qual}: {f}" for f in _field_faults(doc or "")]
+    return out
+
+
 def _summary(module: ModuleType) -> str:
     doc = inspect.getdoc(module) or ""
     return doc.strip().split("\n\n", 1)[0].replace("\n", " ")
@@ -382,5 +435,5 @@ def write_reference(src: str | Path) -> list[str]:
     return [f"{FOLDER}/index"]
 
 
-__all__ = ["FOLDER", "SPHINX_CONF", "canonical_name", "docstring", "link_symbols", "page", "public_modules", "public_names",
+__all__ = ["FIELD_SECTIONS", "FOLDER", "SPHINX_CONF", "canonical_name", "docstring", "link_symbols", "malformed_fields", "page", "public_modules", "public_names",
            "symbol_url", "undocumented", "write_reference"]

@@ -57,6 +57,8 @@ def capture(
     max_new_tokens : int
         Greedy tokens generated per request (>= 1).
     backend : {"hf", "vllm"}
+        Who runs the model: ``transformers`` with router hooks, or a vLLM engine
+        (:func:`moelab.capture.vllm_backend.capture_vllm`).
     domains : list of str, optional
         A label per request (default ``"unknown"``).
     request_ids : list of str, optional

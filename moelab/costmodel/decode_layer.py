@@ -54,10 +54,16 @@ class DecodeLayerModel:
 
     Attributes
     ----------
-    moe, attn : the fitted component models
-    ms_per_gb : HBM time per GB, taken from the attention fit (bandwidth-bound regime)
-    other_coef : ``[fixed_ms, ms_per_token_TFLOP]`` fitted on the training split
-    train_report, test_report : fit error on the training points and on the held-out points
+    moe : MoEStepModel
+        The fitted MoE-layer model.
+    attn : AttentionModel
+        The fitted attention model.
+    ms_per_gb : float
+        HBM time per GB, taken from the attention fit (bandwidth-bound regime).
+    other_coef : ndarray
+        ``[fixed_ms, ms_per_token_TFLOP]`` of the projections, router and norms, fitted on the training split.
+    train_report, test_report : FitReport
+        Fit error on the training points and on the held-out points.
     """
 
     moe: MoEStepModel

@@ -47,18 +47,31 @@ class ModelShape:
 
     Parameters
     ----------
-    num_layers : decoder layers
-    hidden : model width
-    q_heads, kv_heads, head_dim : attention heads (GQA/MHA); for MLA ``kv_heads`` is the number of
-        query heads and ``kv_latent`` + ``rope_dim`` give the cached latent per token
-    vocab : vocabulary (LM-head rows)
-    num_experts, top_k, expert_ffn : routed experts per MoE layer (0 for a dense model)
-    shared_experts : always-active experts of FFN ``expert_ffn`` per MoE layer
-    dense_ffn : FFN width of the dense layers (all layers of a dense model; the first
-        ``first_dense_layers`` of a MoE model)
-    first_dense_layers : leading dense layers of a MoE model (DeepSeek's ``first_k_dense_replace``)
-    kv_latent, rope_dim : MLA's compressed KV (``kv_lora_rank``) and decoupled RoPE key per token
-    source : where the numbers come from (a config file)
+    num_layers : int
+        Decoder layers.
+    hidden : int
+        Model width.
+    q_heads, kv_heads, head_dim : int
+        Attention heads (GQA/MHA); for MLA ``kv_heads`` is the number of query heads and ``kv_latent`` +
+        ``rope_dim`` give the cached latent per token.
+    vocab : int
+        Vocabulary (LM-head rows).
+    num_experts, top_k, expert_ffn : int
+        Routed experts per MoE layer, experts picked per token, and an expert's FFN width (0 for a dense
+        model).
+    shared_experts : int
+        Always-active experts of FFN width ``expert_ffn`` per MoE layer.
+    dense_ffn : int
+        FFN width of the dense layers (all layers of a dense model; the first ``first_dense_layers`` of a
+        MoE model).
+    first_dense_layers : int
+        Leading dense layers of a MoE model (DeepSeek's ``first_k_dense_replace``).
+    kv_latent, rope_dim : int
+        MLA's compressed KV (``kv_lora_rank``) and decoupled RoPE key per token (0 without MLA).
+    bytes_per_param : int
+        Bytes per weight and per cached value (2: bf16).
+    source : str
+        Where the numbers come from (a config file).
     """
 
     num_layers: int

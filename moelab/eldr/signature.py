@@ -175,11 +175,16 @@ class SignatureBuilder:
 
     Parameters
     ----------
-    kind : ``"count_idf"`` (default), ``"count"`` or ``"gate_prob"``
-    layer_mask : ``"greedy"``, ``"all"``, a boolean array of length L, or None (greedy for
-        ``count_idf``, all layers for the ablations)
-    n_pairs : request pairs for the greedy Spearman selection (paper: 30,000)
-    seed : pair sampling seed
+    kind : {"count_idf", "count", "gate_prob"}
+        What a layer's vector holds: expert counts weighted by IDF (the paper's, the default), raw counts, or
+        summed router probabilities.
+    layer_mask : {"greedy", "all"}, array of bool, or None
+        Which layers the signature uses: picked greedily by Spearman correlation, all of them, or a boolean
+        array of length L. None: greedy for ``count_idf``, all layers for the ablations.
+    n_pairs : int
+        Request pairs for the greedy Spearman selection (paper: 30,000).
+    seed : int
+        Pair sampling seed.
     """
 
     def __init__(self, kind: str = "count_idf", layer_mask: Any = None, *, n_pairs: int = 30000, seed: int = 0) -> None:

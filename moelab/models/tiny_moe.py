@@ -39,6 +39,7 @@ def load_tiny_moe(path: str | Path | None = None, *, dtype: str = "float32") -> 
     path : path, optional
         Checkpoint folder (default :data:`TINY_MOE_PATH`).
     dtype : {"float32", "float16", "bfloat16"}
+        The weights' and activations' dtype (float32: the outputs the tests compare are exact on CPU).
 
     Returns
     -------

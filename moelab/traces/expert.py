@@ -193,16 +193,29 @@ class ExpertTrace:
 
     Attributes
     ----------
-    request_ids, domains : list of str, length N
-    prompt_tokens : int32 [sum P], with ``prompt_offsets`` [N+1]
-    prefill_counts : int32 [N, L, E] — prompt tokens whose top-k picked expert e in layer l
-        (each row sums to ``P_i * k``)
-    decode_ids : int16 [sum T, L, k], with ``decode_offsets`` [N+1] — top-k ids of every generated token
-    prefill_ids : optional int16 [sum P, L, k] — top-k ids of every prompt token (aligned with
-        ``prompt_tokens``; needed for per-KV-block histograms)
-    prefill_probs : optional float32 [N, L, E] — router probabilities summed over prompt tokens
-    decode_tokens : optional int32 [sum T] — the generated token ids
-    geometry, provenance
+    request_ids, domains : list of str
+        One id (unique) and one domain label per request, length ``N``.
+    prompt_tokens : ndarray of int32, shape (sum P,)
+        Every request's prompt token ids, concatenated.
+    prompt_offsets : ndarray, shape (N + 1,)
+        Request ``i``'s prompt is ``prompt_tokens[prompt_offsets[i]:prompt_offsets[i + 1]]``.
+    prefill_counts : ndarray of int32, shape (N, L, E)
+        Prompt tokens whose top-k picked expert ``e`` in layer ``l`` (each ``[i, l]`` row sums to ``P_i * k``).
+    decode_ids : ndarray of int16, shape (sum T, L, k)
+        The top-k expert ids of every generated token.
+    decode_offsets : ndarray, shape (N + 1,)
+        Request ``i``'s generated tokens are rows ``decode_offsets[i]:decode_offsets[i + 1]`` of ``decode_ids``.
+    geometry : Geometry
+        The model shape the trace was taken on (``L``, ``E``, ``k``).
+    provenance : dict
+        Where the trace comes from (model, data, tool versions).
+    prefill_ids : ndarray of int16, shape (sum P, L, k), optional
+        The top-k expert ids of every prompt token (aligned with ``prompt_tokens``; needed for per-KV-block
+        histograms).
+    prefill_probs : ndarray of float32, shape (N, L, E), optional
+        Router probabilities summed over each request's prompt tokens.
+    decode_tokens : ndarray of int32, shape (sum T,), optional
+        The generated token ids.
     """
 
     request_ids: list[str]

@@ -320,7 +320,7 @@ def bundle_diagram(r: int = 4, B: int = 256, mu_P: float = 100, mu_D: float = 50
     ----------
     r : int
         Attention instances drawn (1 to 12, so the boxes stay readable).
-    B, mu_P, mu_D, N :
+    B, mu_P, mu_D, N : float
         The workload, as in :func:`moelab.afd.stage_times`.
     coeffs : AFDCoefficients, optional
         Stage-latency coefficients; the paper's fit by default.
