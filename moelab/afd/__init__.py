@@ -13,6 +13,7 @@ coefficients on the same design (:data:`FIT_R_VALUES`) as the simulator does.
 from moelab.afd.calibration import (
     FIT_R_VALUES,
     CoefficientFit,
+    Coverage,
     LinearStages,
     StageTables,
     coefficients_from_tables,
@@ -27,8 +28,17 @@ from moelab.afd.measured import (
     measured_optimum,
     simulate_measured,
 )
-from moelab.afd.sim import AFDSimResult, idle_crossing, simulate, simulated_optimum, straggler_crossing, sweep
+from moelab.afd.sim import (
+    AFDSimResult,
+    OptimumCheck,
+    idle_crossing,
+    simulate,
+    simulated_optimum,
+    straggler_crossing,
+    sweep,
+)
 from moelab.afd.theory import (
+    RatioTerms,
     attention_takeover_load,
     expected_decode_load,
     idle_ratios,
@@ -42,7 +52,7 @@ from moelab.afd.theory import (
 )
 
 __all__ = [
-    "AFDSimResult", "idle_crossing", "simulate", "simulated_optimum", "straggler_crossing", "sweep",
+    "AFDSimResult", "OptimumCheck", "RatioTerms", "Coverage", "idle_crossing", "simulate", "simulated_optimum", "straggler_crossing", "sweep",
     "AFDCoefficients", "attention_takeover_load", "expected_decode_load", "idle_ratios", "mean_token_load", "optimal_ratio",
     "ratio_summary", "ratio_table", "ratio_terms", "stage_times", "throughput_per_instance",
     "CHECK_WORKLOADS", "FIT_R_VALUES", "CoefficientFit", "LengthDistribution", "LinearStages", "MeasuredSweep", "StageTables",

@@ -11,10 +11,11 @@ from moelab.balanceroute.predictors import (
     ExactMatchPredictor,
     LearnedPredictor,
     OraclePredictor,
+    Predictor,
     SurvivalPredictor,
     make_predictor,
 )
 from moelab.balanceroute.routers import BR0, BRH
 
-__all__ = ["BR0", "BRH", "ExactMatchPredictor", "LearnedPredictor", "OraclePredictor",
+__all__ = ["BR0", "BRH", "ExactMatchPredictor", "LearnedPredictor", "OraclePredictor", "Predictor",
            "SurvivalPredictor", "make_predictor"]

@@ -36,7 +36,22 @@ MAX_LEARNED_GRID = 1 << 24
 
 
 class Predictor:
-    """Base class: ``fit(train, horizon)`` then ``predict(prompt_len, age, prompt_key, output_len)``."""
+    """How long a running request will stay: the base class of BR-H's predictors, and the one to subclass
+    for a predictor of your own.
+
+    Fit it on the training part of a trace with BR-H's horizon ``H`` (``fit(train, H)``, which returns
+    ``self``; :func:`make_predictor` does this for the shipped ones), then pass it as
+    ``BRH(horizon=H, predictor=...)``. At every routing decision BR-H calls :meth:`truncated_remaining` on the
+    active requests, which calls :meth:`predict`: the one method a subclass must write (and :meth:`fit`, calling
+    ``super().fit``, if it learns anything).
+
+    Attributes
+    ----------
+    name : str
+        The predictor's label in tables and figures.
+    horizon : int
+        ``H``, the steps ahead BR-H projects, set by :meth:`fit` (0 before).
+    """
 
     name = "predictor"
     horizon: int = 0
@@ -51,7 +66,23 @@ class Predictor:
 
     def predict(self, prompt_len: np.ndarray, age: np.ndarray, prompt_key: np.ndarray | None = None,
                 output_len: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``(p_fin, mu_rem)`` per request: P(finish within H more steps) and E[remaining | finish]."""
+        """``(p_fin, mu_rem)`` per active request: the probability it finishes within ``H`` more steps, and
+        its expected remaining steps given that it does.
+
+        Parameters
+        ----------
+        prompt_len, age : ndarray
+            Each active request's prompt length and tokens generated so far (1-d, one entry per request).
+        prompt_key : ndarray, optional
+            A key per request identifying its prompt (for predictors that have seen the prompt before).
+        output_len : ndarray, optional
+            True output lengths (only an oracle may read them).
+
+        Returns
+        -------
+        p_fin, mu_rem : ndarray
+            Both 1-d like ``age``; ``p_fin`` in [0, 1], ``mu_rem`` in [0, H].
+        """
         raise NotImplementedError
 
     def truncated_remaining(self, prompt_len: np.ndarray, age: np.ndarray, prompt_key: np.ndarray | None = None,

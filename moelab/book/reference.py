@@ -17,6 +17,8 @@ import inspect
 import pkgutil
 import re
 import sys
+import typing
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -70,8 +72,23 @@ def _parseable_signature(app, what, name, obj, options, signature, return_annota
     return "(" + ",".join(params).strip() + ")", return_annotation
 
 
+def _public_reference(app, env, node, contnode):
+    # a docstring names an object by the module that defines it (moelab.hd.policy.PolicyChoice); its entry is
+    # under the public package that exports it (moelab.hd.PolicyChoice): resolve to that, else leave it unlinked
+    target = node.get("reftarget", "")
+    if node.get("refdomain") != "py" or not target.startswith("moelab."):
+        return None
+    from moelab.book.reference import reference_target
+
+    entry = reference_target(target)
+    if entry is None or entry == target:
+        return None
+    return env.get_domain("py").resolve_xref(env, node["refdoc"], app.builder, "obj", entry, node, contnode)
+
+
 def setup(app):
     app.connect("autodoc-process-signature", _parseable_signature)
+    app.connect("missing-reference", _public_reference)
 '''
 #: the folder of the reference pages inside the book's source
 FOLDER = "api"
@@ -379,6 +396,97 @@ def canonical_name(package: str, name: str) -> str:
     return f"{package}.{name}"
 
 
+@cache
+def _entries_by_object() -> dict[int, str]:
+    """``id`` of every public class and function -> the dotted name of its reference entry."""
+    out: dict[int, str] = {}
+    for module, names in _public_names_cached().items():
+        for name in names:
+            obj = getattr(_import(module), name)
+            if (inspect.isclass(obj) or inspect.isroutine(obj)) and id(obj) not in out:
+                out[id(obj)] = canonical_name(module, name)
+    return out
+
+
+def reference_target(dotted: str) -> str | None:
+    """The reference entry a docstring's dotted name means, where it names the object by the module that
+    defines it (``moelab.hd.policy.PolicyChoice``, ``moelab.sim.cluster.simulate``, a method such as
+    ``moelab.hd.policy.EngineAcceptance.new_request``) rather than by the public package that exports it;
+    None when the object has no entry (a private helper, a module, a constant outside ``__all__``).
+
+    Parameters
+    ----------
+    dotted : str
+        ``moelab.<module>[.<module>...].<name>[.<member>]``.
+
+    Returns
+    -------
+    str or None
+        E.g. ``"moelab.hd.PolicyChoice"``, ``"moelab.hd.EngineAcceptance.new_request"``.
+    """
+    parts = dotted.split(".")
+    if parts[0] != "moelab":
+        return None
+    for i in range(len(parts) - 1, 0, -1):  # the longest importable module prefix, then attributes
+        try:
+            obj = _import(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for j in range(i, len(parts)):
+            obj = getattr(obj, parts[j], _MISSING)
+            if obj is _MISSING:
+                return None
+            entry = _entries_by_object().get(id(obj))
+            if entry is not None:
+                return ".".join([entry, *parts[j + 1:]])
+        return None
+    return None
+
+
+def _moelab_types(annotation: object) -> Iterator[type]:
+    """The moelab classes an evaluated annotation names (inside unions, generics and callables too)."""
+    if isinstance(annotation, type) and annotation.__module__.startswith("moelab"):
+        yield annotation
+    for arg in typing.get_args(annotation):
+        yield from _moelab_types(arg)
+
+
+def unlisted_types() -> dict[str, list[str]]:
+    """The moelab classes that public signatures name (a parameter, a field, a return value) but that have
+    no reference entry of their own, each with the public names that use it (goal: none): a reader of the
+    signature could not look the type up, and a user could not import it from a public package.
+
+    Returns
+    -------
+    dict of str to list of str
+        ``"module.Class"`` -> the public functions, classes and methods naming it.
+    """
+    entries = _entries_by_object()
+    out: dict[str, set[str]] = {}
+    for module, names in _public_names_cached().items():
+        for name in names:
+            obj = getattr(_import(module), name)
+            parts: list[tuple[str, object]] = []
+            if inspect.isroutine(obj):
+                parts = [(name, obj)]
+            elif inspect.isclass(obj):
+                parts = [(name, obj.__init__)]
+                for attr, value in vars(obj).items():
+                    value = getattr(value, "fget", None) or getattr(value, "__func__", value)
+                    if not attr.startswith("_") and inspect.isroutine(value):
+                        parts.append((f"{name}.{attr}", value))
+            for qual, part in parts:
+                try:
+                    hints = typing.get_type_hints(part)
+                except Exception:  # noqa: BLE001 - an annotation that does not evaluate names no type we can check
+                    continue
+                for hint in hints.values():
+                    for t in _moelab_types(hint):
+                        if id(t) not in entries:
+                            out.setdefault(f"{t.__module__}.{t.__qualname__}", set()).add(f"{module}.{qual}")
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
 def link_symbols(markdown: str) -> str:
     """``markdown`` with every backticked public name (e.g. ``moelab.afd.simulate_measured`` in backticks) linked to its
     reference entry (:func:`symbol_url`) by a Sphinx role (``{py:obj}`` or ``{py:mod}``), which Sphinx resolves to
@@ -435,5 +543,5 @@ def write_reference(src: str | Path) -> list[str]:
     return [f"{FOLDER}/index"]
 
 
-__all__ = ["FIELD_SECTIONS", "FOLDER", "SPHINX_CONF", "canonical_name", "docstring", "link_symbols", "malformed_fields", "page", "public_modules", "public_names",
+__all__ = ["FIELD_SECTIONS", "FOLDER", "SPHINX_CONF", "canonical_name", "docstring", "link_symbols", "malformed_fields", "page", "reference_target", "unlisted_types", "public_modules", "public_names",
            "symbol_url", "undocumented", "write_reference"]

@@ -6,15 +6,18 @@ the same columns, so every model here is fitted, never typed in. Model geometry 
 """
 
 from moelab.costmodel.decode_layer import DecodeLayerModel
+from moelab.costmodel.dp import DPCost
 from moelab.costmodel.fit import FitReport, LinearFit, fit_linear
 from moelab.costmodel.models import AttentionModel, DenseVerifyModel, MoEStepModel, expected_distinct_experts
 from moelab.costmodel.shapes import MODEL_SHAPES, ModelShape, MoEShape, model_shape, moe_shape
 from moelab.costmodel.step import DecodeStepModel, EPStepTable, StepTable
+from moelab.costmodel.verify import OnlineVerifyCost, VerifyCost, fit_verify_cost
 
 __all__ = [
     "FitReport", "LinearFit", "fit_linear",
     "MODEL_SHAPES", "ModelShape", "MoEShape", "model_shape", "moe_shape",
     "DecodeLayerModel", "DecodeStepModel", "EPStepTable", "StepTable",
     "AttentionModel", "DenseVerifyModel", "MoEStepModel", "expected_distinct_experts",
+    "DPCost", "OnlineVerifyCost", "VerifyCost", "fit_verify_cost",
 ]
 

@@ -10,6 +10,7 @@ clients. Nothing here imports torch.
 from moelab.dsd.acceptance import (
     AcceptanceTrace,
     GeometricTest,
+    SequenceRecord,
     chains_proposer,
     drafter_proposer,
     load_shipped,
@@ -21,6 +22,9 @@ from moelab.dsd.acceptance import (
 from moelab.dsd.measured import (
     BREAKEVEN_AGREE,
     VERIFY_STEPS_MAX,
+    BatchedCapacity,
+    BatchedResult,
+    MeasuredMC,
     breakeven_agreement,
     breakeven_rtt_sync,
     cached_cpu_verify_cost,
@@ -36,7 +40,7 @@ from moelab.dsd.measured import (
 from moelab.dsd.measured import simulate as simulate_measured
 from moelab.dsd.montecarlo import FamilyAgreement, MCResult, family_agreement, simulate_rounds
 from moelab.dsd.rtt import WAN_SCENARIOS, RTTDistribution, measure_loopback_rtt
-from moelab.dsd.server import capacity_ratio, max_clients, serve
+from moelab.dsd.server import Capacity, CapacityComparison, ServerResult, capacity_ratio, max_clients, serve
 from moelab.dsd.theory import (
     MODES,
     best_mode,
@@ -62,4 +66,5 @@ __all__ = [
     "chains_proposer", "cpu_costs", "drafter_proposer", "h200_verify_batch_ms", "h200_verify_curve", "iid_rounds", "load_shipped", "load_traces",
     "measure_loopback_rtt", "monotone_fit", "pooled_blocks", "record_acceptance", "save_traces", "serve_batched", "simulate_measured",
     "wilson_interval",
+    "BatchedCapacity", "BatchedResult", "Capacity", "CapacityComparison", "MeasuredMC", "SequenceRecord", "ServerResult",
 ]

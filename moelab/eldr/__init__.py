@@ -16,6 +16,7 @@ names it ``sim_rate``.
 from moelab.eldr.cache import Admission, SignatureCache
 from moelab.eldr.partition import KMeansResult, OnlineRefitter, align_centroids, spherical_kmeans
 from moelab.eldr.prefix import (
+    CachedSignatures,
     ConversationConfig,
     ConversationWorkload,
     cache_signatures,
@@ -31,6 +32,7 @@ from moelab.eldr.sim import (
     simulate,
 )
 from moelab.eldr.workload import (
+    DomainSpread,
     SyntheticConfig,
     SyntheticWorkload,
     fit_domain_spread,
@@ -40,7 +42,7 @@ from moelab.eldr.workload import (
 
 __all__ = [
     "KINDS", "PAPER_DECODE_WORKERS", "Admission", "ConversationConfig", "ConversationWorkload", "DomainOracleRouter", "ELDRRouter",
-    "KMeansResult", "OnlineRefitter", "cache_signatures", "generate_conversations",
+    "CachedSignatures", "DomainSpread", "KMeansResult", "OnlineRefitter", "cache_signatures", "generate_conversations",
     "SignatureBuilder", "SignatureCache", "SyntheticConfig", "SyntheticWorkload", "align_centroids",
     "decode_recall", "fit_domain_spread", "generate", "greedy_layer_mask", "pack_expert_bits",
     "paper_rate_scale", "poisson_requests", "predictability", "simulate", "spherical_kmeans", "workload_stats",

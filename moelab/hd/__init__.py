@@ -26,12 +26,13 @@ from moelab.hd.drafters import (
     check_order,
 )
 from moelab.hd.experiments import SpecBenchRun, compare_published, run_hf, run_specbench
-from moelab.hd.methods import METHODS, get_method, make_hf_drafter
+from moelab.hd.methods import METHODS, Method, get_method, make_hf_drafter
 from moelab.hd.ngram import NGramTable, StoreFileError
-from moelab.hd.policy import BUDGETS, AcceptanceModel
+from moelab.hd.policy import BUDGETS, AcceptanceModel, EngineAcceptance, PolicyChoice
 from moelab.hd.specbench import spec_bench_split
 from moelab.hd.stores import (
     ContextStore,
+    Store,
     default_model_store_path,
     load_default_model_store,
     load_default_statistics_store,
@@ -41,7 +42,7 @@ from moelab.hd.stores import (
 from moelab.hd.suffix import SuffixStore
 
 __all__ = ["BUDGETS", "METHODS", "STORE_LETTERS", "AcceptanceModel", "ContextStore", "CostAwareDrafter", "Draft",
-           "Drafter", "GenerationResult", "HierarchyDrafter", "NGramTable", "NoDrafter", "PLDDrafter", "SpecBenchRun",
+           "Drafter", "EngineAcceptance", "GenerationResult", "Method", "PolicyChoice", "Store", "HierarchyDrafter", "NGramTable", "NoDrafter", "PLDDrafter", "SpecBenchRun",
            "StepRecord", "StoreCounters", "StoreFileError", "SuffixStore", "TokenTree", "build_tree", "check_order",
            "compare_published", "default_model_store_path", "generate", "get_method", "load_default_model_store",
            "load_default_statistics_store", "load_store", "make_hf_drafter", "replay_greedy", "run_hf",

@@ -307,6 +307,7 @@ def generate(model: Any, prompt_ids: Sequence[int], drafter: Drafter | None = No
     Parameters
     ----------
     model : transformers causal LM
+        The target: any ``transformers`` model with a causal-LM head (as :func:`moelab.models.load_lm` returns it).
     prompt_ids : sequence of int
         Non-empty prompt token ids.
     drafter : Drafter, optional

@@ -106,6 +106,7 @@ class NGramTable:
         Parameters
         ----------
         sequences : iterable of token-id sequences
+            The documents to count (lists or 1-d integer arrays of token ids).
         key_lengths : sequence of int
             Key lengths to index (e.g. ``(1, 2)``: look up with the last 2 tokens, then the last one).
         length : int
