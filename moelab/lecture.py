@@ -56,7 +56,7 @@ INJECTED_TAG = "injected-parameters"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 #: the folder under the runs folder where ``--precompute`` writes lesson-only runs
 LECTURE_SUBDIR = "lecture"
-#: the writer's name in that folder's output marker (:mod:`moelab._outputs`)
+#: the writer's name in that folder's output marker (``.moelab-output.json``)
 PRECOMPUTE_WRITER = "app --precompute"
 _BUILTINS = frozenset(dir(builtins))
 

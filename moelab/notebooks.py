@@ -17,7 +17,7 @@ from moelab._validate import MAX_CLI_VALUE_CHARS
 from moelab.datasets import repo_root
 from moelab.parameters import assignments, check_json_value, parse_value
 
-#: the writer's name in the output marker of a ``--out`` folder (:mod:`moelab._outputs`)
+#: the writer's name in the output marker of a ``--out`` folder (``.moelab-output.json``)
 WRITER = "notebooks run"
 
 
@@ -31,7 +31,7 @@ def parse_cell_source(source: str) -> ast.Module | None:
         return None
 
 
-#: the writer's name in the marker of a folder ``moelab notebooks copy`` wrote (:mod:`moelab._outputs`)
+#: the writer's name in the marker of a folder ``moelab notebooks copy`` wrote (``.moelab-output.json``)
 COPY_WRITER = "notebooks copy"
 #: what ``moelab notebooks copy`` writes beside the notebooks (paths below :func:`~moelab.datasets.repo_root`)
 COPY_EXTRAS = ("notebooks/NOTATION.md", "COURSE.md")
@@ -103,7 +103,7 @@ def copy_notebooks(dest: str | os.PathLike) -> list[Path]:
     """Write the lab's notebooks, ``NOTATION.md`` and ``COURSE.md`` into ``dest`` (``moelab notebooks copy``).
 
     ``dest`` must be new, empty, or a folder this command wrote whose files are unchanged since (the
-    output policy, :mod:`moelab._outputs`: a notebook you edited there is never overwritten). Links to
+    output policy: a notebook you edited there is never overwritten). Links to
     ``../COURSE.md`` in the notebooks are pointed at the copy beside them, and the relative links of
     ``COURSE.md`` and ``NOTATION.md`` are rewritten for the flat copy (:func:`relink_markdown`). Then ``moelab notebooks run NAME``
     and ``moelab lab`` run inside ``dest`` use the copies.
@@ -258,7 +258,7 @@ def check_parameters(name: str, params: dict[str, Any]) -> dict[str, Any]:
 def check_run_output(out_dir: str | os.PathLike, names: list[str]) -> Path:
     """Check, before anything runs, that ``moelab notebooks run`` may write ``names``' executed notebooks
     (and figures) into ``out_dir``: a new or empty folder, or one this command wrote, where every file it
-    would replace is its own and unchanged (:mod:`moelab._outputs`); never moelab's own ``notebooks/``."""
+    would replace is its own and unchanged (``.moelab-output.json``); never moelab's own ``notebooks/``."""
     out = Path(os.path.abspath(Path(out_dir).expanduser()))  # a link named as OUT stays a link: refused below
     base = out.parent.resolve() / out.name
     figures = figures_location(base)

@@ -7,7 +7,7 @@ a request-trace CSV, a verify-cost curve, a JSON record); the battery mutates th
 (truncations, flipped and inserted bytes, random garbage, an empty file, deep JSON nesting, numbers
 replaced by huge, negative, fractional or non-finite ones) and loads each result. The expected outcomes
 are a correct load or one of the project's clear errors (:data:`EXPECTED`: ``ValueError``, which
-:class:`moelab._io.FileFormatError` and the HD stores' ``StoreFileError`` are); anything else (an
+:class:`moelab.traces.FileFormatError` and the HD stores' ``StoreFileError`` are); anything else (an
 ``IndexError``, a ``RecursionError``, a ``MemoryError``, a pandas parser error that is not a
 ``ValueError``...) or a load slower than :data:`MAX_CASE_S` is *unexpected*. The property-based tests
 (``tests/test_hypothesis_files.py``) drive the same loaders with hypothesis-chosen mutations.

@@ -315,7 +315,7 @@ examples:
   moelab sweep eldr --trace tiny-moe-heldout --grid load=0.2,0.5 K=4 router=jsq,eldr"""
 
 
-#: the writer's name in the output folder's marker (:mod:`moelab._outputs`)
+#: the writer's name in the output folder's marker (``.moelab-output.json``)
 WRITER = "sweep"
 
 

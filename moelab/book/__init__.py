@@ -23,7 +23,7 @@ of contents and the toggles) that works from any static file server with no netw
 
 The site is written into a temporary folder beside ``OUT`` and swapped in only when the whole build
 succeeded, so a failing notebook never leaves a half-written book over a good one. ``OUT`` follows moelab's
-output policy (:mod:`moelab._outputs`): it must be new, empty, or a book this command built, with no file in it
+output policy: it must be new, empty, or a book this command built, with no file in it
 that the build did not write; anything else stops the command before any notebook runs.
 """
 
@@ -74,7 +74,7 @@ class BookBuild:
     seconds: float = 0.0
 
 
-#: the writer's name in the output marker (:mod:`moelab._outputs`)
+#: the writer's name in the output marker (``.moelab-output.json``)
 WRITER = "book build"
 
 

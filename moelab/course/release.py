@@ -29,7 +29,7 @@ from moelab.course.lessons import is_lesson, load_notebook, nbgrader_problems, n
 from moelab.notebooks import check_parameters, parse_params, resolve
 from moelab.parameters import assignments
 
-#: the writer's name in the course folder's output marker (:mod:`moelab._outputs`)
+#: the writer's name in the course folder's output marker (``.moelab-output.json``)
 WRITER = "course release"
 
 CONFIG = '''\

@@ -307,7 +307,7 @@ def eldr_added_summary(by_seed: pd.DataFrame, *, level: float = 0.95) -> dict[st
     dict
         ``n_draws``, ``level``; ``added_by_seed`` (points, per draw), ``added_min``, ``added_max``,
         ``added_mean``, ``added_lo``, ``added_hi`` (the interval, NaN with fewer than two draws), ``n_positive``
-        (draws where ELDR adds a gain) and ``verdict`` (:func:`moelab._stats.interval_verdict`: ``"ahead"`` = ELDR
+        (draws where ELDR adds a gain) and ``verdict`` (the interval against 0: ``"ahead"`` = ELDR
         adds a gain, ``"behind"`` = it costs, or ``"not distinguishable"``).
     """
     level = check_real("level", level, low=0, high=1, low_open=True, high_open=True)
@@ -343,7 +343,7 @@ def share_trend_summary(trend: pd.DataFrame, *, level: float = 0.95) -> dict[str
     dict
         ``n_shares``, ``n_draws``; ``slope_by_seed`` (points of gain per 10 points of share, per draw),
         ``slope_mean``, ``slope_lo``, ``slope_hi`` (the interval, NaN with fewer than two shares or draws),
-        ``n_rising`` (draws whose slope is > 0), ``verdict`` (:func:`moelab._stats.interval_verdict`:
+        ``n_rising`` (draws whose slope is > 0), ``verdict`` (the interval against 0:
         ``"ahead"`` = the gain grows, ``"behind"`` = it shrinks, or ``"not distinguishable"``; ``"not tested"``
         with one share) and ``by_share`` (per share: mean, lowest and highest gain over the draws).
     """

@@ -470,7 +470,7 @@ def gain_interval(reference_ms: Sequence[float], method_ms: Sequence[float], *,
     dict
         ``gains_pct`` (per seed, ``100 * (1 - method / reference)``), ``reference_geomean_ms`` and
         ``method_geomean_ms``, ``gain_pct``, ``gain_lo_pct`` and ``gain_hi_pct`` (the interval), ``n_seeds`` and
-        ``verdict`` (:func:`moelab._stats.interval_verdict` of the interval against 0): ``"ahead"`` when the whole
+        ``verdict`` (the interval against 0): ``"ahead"`` when the whole
         interval is above zero, ``"behind"`` when it is below, else ``"not distinguishable"``.
     """
     r = log_ratio_interval(reference_ms, method_ms, level=level, n_comparisons=n_comparisons,

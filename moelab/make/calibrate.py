@@ -50,7 +50,7 @@ from moelab.costmodel import (
     MoEStepModel,
 )
 
-#: the writer's name in the output folder's marker (:mod:`moelab._outputs`), and the files it writes there
+#: the writer's name in the output folder's marker (``.moelab-output.json``), and the files it writes there
 WRITER = "calibrate"
 OUTPUT_FILES = ("moe_step.csv", "attn_step.csv", "dense_verify.csv", "decode_layer.csv", "env.json", "fit.json")
 

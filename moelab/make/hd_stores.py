@@ -285,7 +285,7 @@ def build_statistics_store(texts: Iterable[str], tokenizer: Any, *, key_lengths:
 
 
 # ------------------------------------------------------------------------------------------ CLI
-#: the writer's name in the output marker (:mod:`moelab._outputs`)
+#: the writer's name in the output marker (``.moelab-output.json``)
 WRITER = "build-hd-stores"
 
 
@@ -294,7 +294,7 @@ def build_s_store(*, model: str | None = None, prompts: int = S_PROMPTS, max_new
                   progress: bool = True) -> Path:
     """Generate the target's outputs on ShareGPT prompts and write S (default: ``data/hd/<lm>.S.npz``).
 
-    The output file follows moelab's output policy (:mod:`moelab._outputs`), checked before any generation:
+    The output file follows moelab's output policy (``.moelab-output.json``), checked before any generation:
     it must be new, or an S store this command wrote and nobody changed since."""
     check_choice("engine", engine, ("vllm", "hf"))
     path = check_output_file(Path(out) if out else default_model_store_path(), writer=WRITER, name="--out")

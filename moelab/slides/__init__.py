@@ -196,14 +196,14 @@ def slide_notebook(name: str, outputs: dict[int, list[dict[str, Any]]], *, app_c
     return out
 
 
-#: the writer's name in the output folder's marker (:mod:`moelab._outputs`)
+#: the writer's name in the output folder's marker (``.moelab-output.json``)
 WRITER = "slides"
 
 
 def check_output_folder(out: str | os.PathLike, name: str | None = None) -> Path:
     """``out`` as an absolute folder path that can be written (it may not exist yet): new, empty, or one
     this command wrote, where the slides of ``name`` and the vendored scripts it would replace are its own and
-    unchanged (moelab's output policy, :mod:`moelab._outputs`); not a link, not inside moelab's sources."""
+    unchanged (moelab's output policy: it never overwrites what it did not write); not a link, not inside moelab's sources."""
     try:
         path = check_output_dir(out, writer=WRITER, name="OUT", overwrites=[f"{name}.slides.html"] if name else [],
                                 owned_subdirs=[VENDOR_DIR])

@@ -360,7 +360,7 @@ class ResultCache:
 
         Raises
         ------
-        moelab._io.FileFormatError
+        moelab.traces.FileFormatError
             The entry's path is taken by something other than a file (e.g. a folder): the sweep cannot
             write the point there, so it says so before computing anything.
         """

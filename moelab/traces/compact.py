@@ -150,7 +150,7 @@ def load_compact_trace(path: str | Path, *, max_bytes: int = 256 << 20) -> Exper
     ------
     FileNotFoundError
         The ``.npz`` does not exist.
-    moelab._io.FileFormatError
+    moelab.traces.FileFormatError
         Anything malformed (naming the file and field).
     """
     path = Path(path).with_suffix(".npz")

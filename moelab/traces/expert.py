@@ -47,7 +47,7 @@ class TraceFieldError(ValueError):
     inconsistency such as prefill counts that do not sum to ``prompt length x top_k``.
 
     Raised by the constructor and :meth:`ExpertTrace.from_requests`; loading a file turns it into a
-    :class:`moelab._io.FileFormatError` naming the file.
+    :class:`moelab.traces.FileFormatError` naming the file.
 
     Parameters
     ----------
@@ -512,7 +512,7 @@ class ExpertTrace:
         ------
         FileNotFoundError
             The ``.npz`` does not exist.
-        moelab._io.FileFormatError
+        moelab.traces.FileFormatError
             (a ``ValueError``) for anything malformed, naming the file and the field.
         """
         path = Path(path).with_suffix(".npz")
@@ -570,7 +570,7 @@ def check_loaded_trace(trace: ExpertTrace, path: str | Path) -> None:
 
     Raises
     ------
-    moelab._io.FileFormatError
+    moelab.traces.FileFormatError
         Naming ``path`` and the array whose invariant fails.
     """
     try:

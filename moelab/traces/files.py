@@ -30,7 +30,7 @@ def load_trace(path: str | Path) -> ExpertTrace:
     ------
     FileNotFoundError
         The ``.npz`` does not exist.
-    moelab._io.FileFormatError
+    moelab.traces.FileFormatError
         (a ``ValueError``) the sidecar is missing or names no known format, or anything malformed (naming
         the file and the field).
     """

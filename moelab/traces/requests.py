@@ -267,8 +267,8 @@ class RequestTrace:
         ``TIMESTAMP, ContextTokens, GeneratedTokens``; rows are checked and zero lengths dropped exactly as
         in :meth:`from_frame`, and arrivals shifted to start at 0 s.
 
-        Untrusted files are read through :func:`moelab._io.read_csv_checked` (size, columns, every cell);
-        anything that is not such a trace raises :class:`moelab._io.FileFormatError` naming the file and
+        Untrusted files are checked as they are read (size, columns, every cell);
+        anything that is not such a trace raises :class:`moelab.traces.FileFormatError` naming the file and
         the column or row at fault."""
         path = check_file(path, max_file_bytes=DEFAULT_MAX_CSV_BYTES, budget_name="max_bytes")  # not a FIFO, not huge
         try:

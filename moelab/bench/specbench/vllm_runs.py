@@ -309,7 +309,7 @@ def ledger_path() -> Path:
 
 def read_ledger(path: str | Path) -> pd.DataFrame:
     """A points ledger (:data:`LEDGER_COLUMNS`; size, columns and every value checked), or an empty table
-    when ``path`` does not exist. Raises :class:`moelab._io.FileFormatError` naming the file and the column."""
+    when ``path`` does not exist. Raises :class:`moelab.traces.FileFormatError` naming the file and the column."""
     path = Path(path)
     if not path.exists():
         return pd.DataFrame(columns=[*LEDGER_COLUMNS, *LEDGER_EXTRA])
