@@ -33,6 +33,10 @@ def test_a_dotted_name_by_its_defining_module_finds_the_public_entry():
     assert reference.reference_target("moelab.routing.base.Router.prepare_state") == \
         "moelab.routing.Router.prepare_state"
     assert reference.reference_target("moelab._io.FileFormatError") == "moelab.traces.FileFormatError"
+    # a bare name: the one public entry of that name, or the current module's where several packages export one
+    assert reference.reference_target("ExpertTrace") == "moelab.traces.ExpertTrace"
+    assert reference.reference_target("simulate") is None  # afd, eldr and sim each export one
+    assert reference.reference_target("simulate", module="moelab.sim") == "moelab.sim.simulate"
     for private in ("moelab._io.check_file", "moelab.eldr.calibration", "moelab.nowhere.x", "numpy.mean"):
         assert reference.reference_target(private) is None, private
 
@@ -72,7 +76,7 @@ def test_a_reference_page_renders_with_napoleon(tmp_path):
     (src / "_static").mkdir()
     (src / "conf.py").write_text(CONF + reference.SPHINX_CONF)
     # dict constants; |z| and a wrapped literal once broke; sweep and sim hold dataclasses with factory defaults
-    pages = ("moelab.routing", "moelab.dsd", "moelab.eldr", "moelab.sweep", "moelab.sim")
+    pages = ("moelab.routing", "moelab.dsd", "moelab.eldr", "moelab.sweep", "moelab.sim", "moelab.traces")
     seen: set[int] = set()
     for name in pages:
         (src / "api" / f"{name}.rst").write_text(reference.page(name, seen))
@@ -114,6 +118,9 @@ def test_a_reference_page_renders_with_napoleon(tmp_path):
     # links to the entry of the package that exports it; before, it was dead text
     sim = (tmp_path / "html" / "api" / "moelab.sim.html").read_text()
     assert 'href="#moelab.sim.simulate"' in sim and 'href="#moelab.sweep.run_sweep"' in sweep
+    # a bare name another package exports (ExpertTrace in moelab.eldr's generate) links to that package's entry
+    assert re.search(r'href="moelab\.traces\.html#moelab\.traces\.ExpertTrace"[^>]*><code[^>]*><span class="pre">'
+                     r'ExpertTrace</span></code></a> \(prefill counts', eldr)
 
 
 def test_lessons_link_public_symbols_to_their_reference_entry():

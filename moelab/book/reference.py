@@ -75,12 +75,14 @@ def _parseable_signature(app, what, name, obj, options, signature, return_annota
 def _public_reference(app, env, node, contnode):
     # a docstring names an object by the module that defines it (moelab.hd.policy.PolicyChoice); its entry is
     # under the public package that exports it (moelab.hd.PolicyChoice): resolve to that, else leave it unlinked
-    target = node.get("reftarget", "")
-    if node.get("refdomain") != "py" or not target.startswith("moelab."):
+    # A bare name (MAX_CLIENTS, ExpertTrace) is looked up among the public entries: the current module's first,
+    # else the one entry of that name, if there is exactly one
+    target = node.get("reftarget", "").lstrip("~.")
+    if node.get("refdomain") != "py" or not target:
         return None
     from moelab.book.reference import reference_target
 
-    entry = reference_target(target)
+    entry = reference_target(target, module=node.get("py:module"))
     if entry is None or entry == target:
         return None
     return env.get_domain("py").resolve_xref(env, node["refdoc"], app.builder, "obj", entry, node, contnode)
@@ -408,16 +410,19 @@ def _entries_by_object() -> dict[int, str]:
     return out
 
 
-def reference_target(dotted: str) -> str | None:
-    """The reference entry a docstring's dotted name means, where it names the object by the module that
-    defines it (``moelab.hd.policy.PolicyChoice``, ``moelab.sim.cluster.simulate``, a method such as
-    ``moelab.hd.policy.EngineAcceptance.new_request``) rather than by the public package that exports it;
-    None when the object has no entry (a private helper, a module, a constant outside ``__all__``).
+def reference_target(dotted: str, module: str | None = None) -> str | None:
+    """The reference entry a docstring's name means, where it names the object by the module that defines it
+    (``moelab.hd.policy.PolicyChoice``, ``moelab.sim.cluster.simulate``, a method such as
+    ``moelab.hd.policy.EngineAcceptance.new_request``) rather than by the public package that exports it, or
+    by its bare name (``MAX_CLIENTS``); None when it has no entry (a private helper, a module, a name outside
+    every ``__all__``, a bare name that two packages export and ``module`` does not).
 
     Parameters
     ----------
     dotted : str
-        ``moelab.<module>[.<module>...].<name>[.<member>]``.
+        ``moelab.<module>[.<module>...].<name>[.<member>]``, or a bare name.
+    module : str, optional
+        The public module whose page holds the reference: its own entry of a bare name comes first.
 
     Returns
     -------
@@ -425,6 +430,11 @@ def reference_target(dotted: str) -> str | None:
         E.g. ``"moelab.hd.PolicyChoice"``, ``"moelab.hd.EngineAcceptance.new_request"``.
     """
     parts = dotted.split(".")
+    if len(parts) == 1:
+        homes = {canonical_name(m, n) for m, names in _public_names_cached().items() for n in names if n == dotted}
+        if module is not None and f"{module}.{dotted}" in homes:
+            return f"{module}.{dotted}"
+        return homes.pop() if len(homes) == 1 else None
     if parts[0] != "moelab":
         return None
     for i in range(len(parts) - 1, 0, -1):  # the longest importable module prefix, then attributes
