@@ -37,6 +37,7 @@ def test_a_dotted_name_by_its_defining_module_finds_the_public_entry():
     assert reference.reference_target("ExpertTrace") == "moelab.traces.ExpertTrace"
     assert reference.reference_target("simulate") is None  # afd, eldr and sim each export one
     assert reference.reference_target("simulate", module="moelab.sim") == "moelab.sim.simulate"
+    assert reference.reference_target("Router.prepare") == "moelab.routing.Router.prepare"
     for private in ("moelab._io.check_file", "moelab.eldr.calibration", "moelab.nowhere.x", "numpy.mean"):
         assert reference.reference_target(private) is None, private
 
@@ -119,6 +120,7 @@ def test_a_reference_page_renders_with_napoleon(tmp_path):
     sim = (tmp_path / "html" / "api" / "moelab.sim.html").read_text()
     assert 'href="#moelab.sim.simulate"' in sim and 'href="#moelab.sweep.run_sweep"' in sweep
     # a bare name another package exports (ExpertTrace in moelab.eldr's generate) links to that package's entry
+    assert '<span class="pre">object</span>' not in eldr  # "Bases: object" on every plain class, a dead link
     assert re.search(r'href="moelab\.traces\.html#moelab\.traces\.ExpertTrace"[^>]*><code[^>]*><span class="pre">'
                      r'ExpertTrace</span></code></a> \(prefill counts', eldr)
 

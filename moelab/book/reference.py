@@ -88,8 +88,14 @@ def _public_reference(app, env, node, contnode):
     return env.get_domain("py").resolve_xref(env, node["refdoc"], app.builder, "obj", entry, node, contnode)
 
 
+def _without_object(app, name, obj, options, bases):
+    # "Bases: object" on every plain class is a dead link (no intersphinx offline) and says nothing
+    bases[:] = [b for b in bases if b is not object]
+
+
 def setup(app):
     app.connect("autodoc-process-signature", _parseable_signature)
+    app.connect("autodoc-process-bases", _without_object)
     app.connect("missing-reference", _public_reference)
 '''
 #: the folder of the reference pages inside the book's source
@@ -420,7 +426,8 @@ def reference_target(dotted: str, module: str | None = None) -> str | None:
     Parameters
     ----------
     dotted : str
-        ``moelab.<module>[.<module>...].<name>[.<member>]``, or a bare name.
+        ``moelab.<module>[.<module>...].<name>[.<member>]``, or a bare name (``MAX_CLIENTS``) or a member of
+        one (``Router.prepare``).
     module : str, optional
         The public module whose page holds the reference: its own entry of a bare name comes first.
 
@@ -430,13 +437,12 @@ def reference_target(dotted: str, module: str | None = None) -> str | None:
         E.g. ``"moelab.hd.PolicyChoice"``, ``"moelab.hd.EngineAcceptance.new_request"``.
     """
     parts = dotted.split(".")
-    if len(parts) == 1:
-        homes = {canonical_name(m, n) for m, names in _public_names_cached().items() for n in names if n == dotted}
-        if module is not None and f"{module}.{dotted}" in homes:
-            return f"{module}.{dotted}"
-        return homes.pop() if len(homes) == 1 else None
-    if parts[0] != "moelab":
-        return None
+    if parts[0] != "moelab":  # a bare name, or a member of one (Router.prepare)
+        head = parts[0]
+        homes = {canonical_name(m, n) for m, names in _public_names_cached().items() for n in names if n == head}
+        if module is not None and f"{module}.{head}" in homes:
+            homes = {f"{module}.{head}"}
+        return ".".join([homes.pop(), *parts[1:]]) if len(homes) == 1 else None
     for i in range(len(parts) - 1, 0, -1):  # the longest importable module prefix, then attributes
         try:
             obj = _import(".".join(parts[:i]))
