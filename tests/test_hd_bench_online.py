@@ -8,13 +8,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from moelab.bench.hd import paired_figures
 from moelab.costmodel.verify import ONLINE_WINDOW, OnlineVerifyCost, VerifyCost
 from moelab.hd import HierarchyDrafter, NGramTable
 from moelab.hd import drafters as drafters_mod
 from moelab.hd.drafters import CostAwareDrafter
 from moelab.hd.engine import cost_aware_rows
 from moelab.hd.policy import PolicyChoice
-from moelab.hd.results import paired_ratio, paired_table, verdict
+from moelab.hd.results import paired_ratio, paired_table, same_steps, verdict
 
 TRUE = VerifyCost([1, 2, 9, 17], [30.0, 33.0, 40.0, 50.0])  # what a step really costs on the machine (ms)
 # the probe ran while another process held a core: every q >= 2 looked twice as dear as it is
@@ -161,3 +162,15 @@ def test_paired_intervals_are_seeded_and_say_what_the_data_allow():
     t = paired_table(df)
     assert set(t["b"]) == {"HD-fixed"} and "overall" in set(t["category"]) and len(t) == 7  # no suffix/ngram rows
     assert paired_ratio(df, "HD-cost", "suffix")["questions"] == 0
+
+
+def test_same_steps_counts_the_questions_where_two_drafters_did_the_same_work():
+    df = _paired_rows(1.0, 6, 0.2).assign(forwards=40.0, accepted_tokens=88.0)
+    df.loc[(df["method"] == "HD-cost") & (df["question_id"] == 2), "forwards"] = 39.0  # one question drafted better
+    df.loc[(df["method"] == "HD-cost") & (df["question_id"] == 4), "accepted_tokens"] = 87.0
+    assert same_steps(df, "HD-cost", "HD-fixed") == (4, 6)
+    assert same_steps(df, "HD-cost", "suffix") == (0, 0)  # never ran
+    # the bench says it beside the ratio, and counts it as a figure of its own
+    figs = {f.name: f for f in paired_figures(df, "slice")}
+    assert figs["hd_vllm_vs_fixed_same_steps"].value == 4.0
+    assert "the same steps on 4 of 6 questions" in figs["hd_vllm_vs_fixed_ratio"].note

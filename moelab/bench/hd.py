@@ -58,7 +58,7 @@ from moelab.datasets import SPEC_BENCH_CATEGORIES
 from moelab.hd.experiments import BUDGET, HF_METHODS, SpecBenchRun, hf_cost, run_specbench
 from moelab.hd.methods import get_method, make_hf_drafter
 from moelab.hd.policy import BUDGETS
-from moelab.hd.results import paired_ratio, paired_table, summarize_vllm, verdict, with_intervals
+from moelab.hd.results import paired_ratio, paired_table, same_steps, summarize_vllm, verdict, with_intervals
 from moelab.hd.specbench import spec_bench_split
 from moelab.hd.stores import load_default_model_store, load_default_statistics_store
 from moelab.models.lm import lm_folder, load_lm, set_cpu_threads
@@ -320,11 +320,19 @@ def paired_figures(df: pd.DataFrame, note: str, out=None) -> list[Figure]:
             figs.append(Figure(SUITE, f"{stem}_ratio", float("nan"), "x", goal, f"skipped: {other} did not run"))
             continue
         v = verdict(r["ci_low"], r["ci_high"])
+        same, shared = same_steps(df, "HD-cost", other)
+        # where the two took the same steps, their ratio says nothing about drafting quality: say so
+        alike = f"; the two took the same steps on {same} of {shared} questions" if same else ""
         figs += [Figure(SUITE, f"{stem}_ratio", r["ratio"], "x", goal,
                         f"HD-cost / {other} tokens/s on the same {r['questions']} questions (rotated, back to back), "
-                        f"95 % CI [{r['ci_low']:.3f}, {r['ci_high']:.3f}]: HD-cost is {v}; {note}"),
+                        f"95 % CI [{r['ci_low']:.3f}, {r['ci_high']:.3f}]: HD-cost is {v}{alike}; {note}"),
                  Figure(SUITE, f"{stem}_ci_low", r["ci_low"], "x", goal_lo,
                         f"lower end of {stem}_ratio's 95 % bootstrap interval over questions (seeded)")]
+        if other == "HD-fixed":
+            figs.append(Figure(SUITE, f"{stem}_same_steps", float(same), "questions", "",
+                               f"questions where HD-cost and HD-fixed took the same steps (forwards and accepted tokens) "
+                               f"of {shared}: there {stem}_ratio measures the rejected draft tokens each verified, "
+                               "drafting time and timing noise, not which drafts better (moelab.hd.results.same_steps)"))
     return figs
 
 

@@ -109,6 +109,40 @@ def verdict(ci_low: float, ci_high: float) -> str:
 PAIRS = (("HD-cost", "HD-fixed"), ("HD-cost", "suffix"), ("HD-cost", "ngram"))
 
 
+def same_steps(df: pd.DataFrame, a: str, b: str) -> tuple[int, int]:
+    """On how many of the questions both ran methods ``a`` and ``b`` took the same steps: as many target
+    forwards and as many accepted draft tokens.
+
+    Where they did, neither drafted better: their speed ratio on that question measures only the rest, the
+    rejected draft tokens each had verified (a shorter chain makes a cheaper forward, which is what
+    cost-aware drafting is for), each method's drafting time, and the machine's timing noise. On a machine
+    whose forward costs the same for any chain length, only the last two are left, and a paired interval
+    over such questions says how steady the machine was.
+
+    Parameters
+    ----------
+    df : DataFrame
+        Per-question rows (``question_id``, ``method``, ``forwards``, ``accepted_tokens``), as for
+        :func:`paired_ratio`.
+    a, b : str
+        Method labels (``"HD-cost"``, ``"HD-fixed"``, ...).
+
+    Returns
+    -------
+    same, shared : int
+        Questions with the same steps, and questions both methods ran.
+    """
+    cols = ["forwards", "accepted_tokens"]
+    rows = df[df["method"].isin([a, b])].pivot_table(index="question_id", columns="method", values=cols, aggfunc="mean")
+    if rows.empty or a not in rows["forwards"] or b not in rows["forwards"]:
+        return 0, 0
+    rows = rows.dropna()
+    same = np.ones(len(rows), dtype=bool)
+    for c in cols:
+        same &= rows[(c, a)].to_numpy(float) == rows[(c, b)].to_numpy(float)
+    return int(same.sum()), len(rows)
+
+
 def paired_table(df: pd.DataFrame, pairs: tuple[tuple[str, str], ...] = PAIRS, **kw: float) -> pd.DataFrame:
     """:func:`paired_ratio` of every pair in ``pairs`` (pairs whose methods did not run are left out), overall and
     per category, with its :func:`verdict`; ``kw`` goes to :func:`paired_ratio`."""
@@ -150,4 +184,4 @@ def with_intervals(summary: pd.DataFrame, df: pd.DataFrame, *, against: str = "H
 
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "FULL_TABLE", "PAIRS", "full_table_path", "paired_ratio",
-           "paired_table", "summarize_vllm", "verdict", "with_intervals"]
+           "paired_table", "same_steps", "summarize_vllm", "verdict", "with_intervals"]
