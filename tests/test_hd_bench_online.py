@@ -170,6 +170,7 @@ def test_same_steps_counts_the_questions_where_two_drafters_did_the_same_work():
     df.loc[(df["method"] == "HD-cost") & (df["question_id"] == 4), "accepted_tokens"] = 87.0
     assert same_steps(df, "HD-cost", "HD-fixed") == (4, 6)
     assert same_steps(df, "HD-cost", "suffix") == (0, 0)  # never ran
+    assert same_steps(df.drop(columns="forwards"), "HD-cost", "HD-fixed") == (0, 0)  # speeds only: nothing to say
     # the bench says it beside the ratio, and counts it as a figure of its own
     figs = {f.name: f for f in paired_figures(df, "slice")}
     assert figs["hd_vllm_vs_fixed_same_steps"].value == 4.0

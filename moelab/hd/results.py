@@ -130,9 +130,12 @@ def same_steps(df: pd.DataFrame, a: str, b: str) -> tuple[int, int]:
     Returns
     -------
     same, shared : int
-        Questions with the same steps, and questions both methods ran.
+        Questions with the same steps, and questions both methods ran; ``(0, 0)`` when the rows carry no step
+        counts (a table of speeds only).
     """
     cols = ["forwards", "accepted_tokens"]
+    if not set(cols) <= set(df.columns):
+        return 0, 0
     rows = df[df["method"].isin([a, b])].pivot_table(index="question_id", columns="method", values=cols, aggfunc="mean")
     if rows.empty or a not in rows["forwards"] or b not in rows["forwards"]:
         return 0, 0
