@@ -81,7 +81,7 @@ class Predictor:
         Returns
         -------
         p_fin, mu_rem : ndarray
-            Both 1-d like ``age``; ``p_fin`` in [0, 1], ``mu_rem`` in [0, H].
+            Both 1-d like ``age``; ``p_fin`` in [0, 1], ``mu_rem`` in [0, H] (as every shipped predictor gives).
         """
         raise NotImplementedError
 

@@ -73,10 +73,9 @@ def _parseable_signature(app, what, name, obj, options, signature, return_annota
 
 
 def _public_reference(app, env, node, contnode):
-    # a docstring names an object by the module that defines it (moelab.hd.policy.PolicyChoice); its entry is
-    # under the public package that exports it (moelab.hd.PolicyChoice): resolve to that, else leave it unlinked
-    # A bare name (MAX_CLIENTS, ExpertTrace) is looked up among the public entries: the current module's first,
-    # else the one entry of that name, if there is exactly one
+    # a docstring names an object by the module that defines it (moelab.hd.policy.PolicyChoice), or by its bare
+    # name (ExpertTrace on moelab.eldr's page); its entry is under the public package that exports it
+    # (moelab.hd.PolicyChoice, moelab.traces.ExpertTrace): resolve to that (reference_target), else leave it unlinked
     target = node.get("reftarget", "").lstrip("~.")
     if node.get("refdomain") != "py" or not target:
         return None
@@ -255,6 +254,19 @@ def _field_faults(doc: str) -> list[str]:
     return faults
 
 
+def _public_code() -> Iterator[tuple[str, object]]:
+    """``("module.name", obj)`` for every public class and function (once, where the reference documents it),
+    and ``("module.Class.member", function)`` for each class's ``__init__`` and public methods and properties."""
+    for name, obj in _entries_by_object().values():
+        yield name, obj
+        if inspect.isclass(obj):
+            members = [("__init__", obj.__init__), *((a, v) for a, v in vars(obj).items() if not a.startswith("_"))]
+            for attr, value in members:
+                value = getattr(value, "fget", None) or getattr(value, "__func__", value)  # a property, a classmethod
+                if inspect.isroutine(value):
+                    yield f"{name}.{attr}", value
+
+
 def malformed_fields() -> list[str]:
     """Every NumPy field entry of a public name (or of its public methods and properties) that napoleon
     would render wrongly, as ``"module.name: Section: entry"`` (goal: none).
@@ -263,25 +275,9 @@ def malformed_fields() -> list[str]:
     -------
     list of str
     """
-    out, seen = [], set()
-    for m, names in public_names().items():
-        for n in names:
-            obj = getattr(_import(m), n)
-            if not _is_code(obj) or id(obj) in seen:
-                continue
-            seen.add(id(obj))
-            parts = [(n, obj)]
-            if inspect.isclass(obj):
-                for attr, value in vars(obj).items():
-                    if attr.startswith("_") and attr != "__init__":
-                        continue
-                    value = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
-                    if callable(value):
-                        parts.append((f"{n}.{attr}", value))
-            for qual, part in parts:
-                doc = inspect.getdoc(part) if part is obj else (part.__doc__ and inspect.cleandoc(part.__doc__))
-                out += [f"{m}.{qual}: {f}" for f in _field_faults(doc or "")]
-    return out
+    # a member's own docstring only (inspect.getdoc would repeat a base class's under every subclass)
+    return [f"{name}: {fault}" for name, obj in _public_code()
+            for fault in _field_faults(inspect.cleandoc(getattr(obj, "__doc__", None) or ""))]
 
 
 def _summary(module: ModuleType) -> str:
@@ -405,14 +401,15 @@ def canonical_name(package: str, name: str) -> str:
 
 
 @cache
-def _entries_by_object() -> dict[int, str]:
-    """``id`` of every public class and function -> the dotted name of its reference entry."""
-    out: dict[int, str] = {}
+def _entries_by_object() -> dict[int, tuple[str, object]]:
+    """``id`` of every public class and function -> (the dotted name of its reference entry, the object): the
+    first public module, in the reference's order, that exports it (:func:`canonical_name`)."""
+    out: dict[int, tuple[str, object]] = {}
     for module, names in _public_names_cached().items():
         for name in names:
             obj = getattr(_import(module), name)
-            if (inspect.isclass(obj) or inspect.isroutine(obj)) and id(obj) not in out:
-                out[id(obj)] = canonical_name(module, name)
+            if inspect.isclass(obj) or inspect.isroutine(obj):
+                out.setdefault(id(obj), (f"{module}.{name}", obj))
     return out
 
 
@@ -454,7 +451,7 @@ def reference_target(dotted: str, module: str | None = None) -> str | None:
                 return None
             entry = _entries_by_object().get(id(obj))
             if entry is not None:
-                return ".".join([entry, *parts[j + 1:]])
+                return ".".join([entry[0], *parts[j + 1:]])
         return None
     return None
 
@@ -479,27 +476,17 @@ def unlisted_types() -> dict[str, list[str]]:
     """
     entries = _entries_by_object()
     out: dict[str, set[str]] = {}
-    for module, names in _public_names_cached().items():
-        for name in names:
-            obj = getattr(_import(module), name)
-            parts: list[tuple[str, object]] = []
-            if inspect.isroutine(obj):
-                parts = [(name, obj)]
-            elif inspect.isclass(obj):
-                parts = [(name, obj.__init__)]
-                for attr, value in vars(obj).items():
-                    value = getattr(value, "fget", None) or getattr(value, "__func__", value)
-                    if not attr.startswith("_") and inspect.isroutine(value):
-                        parts.append((f"{name}.{attr}", value))
-            for qual, part in parts:
-                try:
-                    hints = typing.get_type_hints(part)
-                except Exception:  # noqa: BLE001 - an annotation that does not evaluate names no type we can check
-                    continue
-                for hint in hints.values():
-                    for t in _moelab_types(hint):
-                        if id(t) not in entries:
-                            out.setdefault(f"{t.__module__}.{t.__qualname__}", set()).add(f"{module}.{qual}")
+    for name, obj in _public_code():
+        if not inspect.isroutine(obj):
+            continue  # a class's types are its __init__'s
+        try:
+            hints = typing.get_type_hints(obj)
+        except Exception:  # noqa: BLE001 - an annotation that does not evaluate names no type we can check
+            continue
+        for hint in hints.values():
+            for t in _moelab_types(hint):
+                if id(t) not in entries:
+                    out.setdefault(f"{t.__module__}.{t.__qualname__}", set()).add(name)
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 
@@ -559,5 +546,6 @@ def write_reference(src: str | Path) -> list[str]:
     return [f"{FOLDER}/index"]
 
 
-__all__ = ["FIELD_SECTIONS", "FOLDER", "SPHINX_CONF", "canonical_name", "docstring", "link_symbols", "malformed_fields", "page", "reference_target", "unlisted_types", "public_modules", "public_names",
-           "symbol_url", "undocumented", "write_reference"]
+__all__ = ["FIELD_SECTIONS", "FOLDER", "SPHINX_CONF", "canonical_name", "docstring", "link_symbols", "malformed_fields",
+           "page", "public_modules", "public_names", "reference_target", "symbol_url", "undocumented", "unlisted_types",
+           "write_reference"]
