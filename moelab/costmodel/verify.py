@@ -106,6 +106,8 @@ ONLINE_MIN_OBS = 3
 #: a per-``q`` median that moves by less than this (in log space, ~3 %) does not rebuild the table: the plan
 #: is not that sensitive, and a rebuild (tens of microseconds) on every noisy step would sit on the hot path
 ONLINE_TOLERANCE = 0.03
+#: observations :class:`OnlineVerifyCost` holds before applying them even unread (bounds the list's memory)
+ONLINE_PENDING = 256
 
 
 class OnlineVerifyCost(VerifyCost):
@@ -151,28 +153,66 @@ class OnlineVerifyCost(VerifyCost):
         self._obs: dict[int, deque[float]] = {}  # q -> its last `window` log ratios, oldest first
         self._r: dict[int, float] = {}  # q -> the median of its window (once it has min_obs)
         self.observations = 0
-        self.rebuilds = 0
+        self._rebuilds = 0
         self._table = [float(x) for x in self._seed_table]
+        self._pending: list[tuple[int, float]] = []  # observations not yet applied, oldest first
 
     def observe(self, q: int, ms: float) -> None:
         """One step that verified ``q`` tokens (1 + draft) took ``ms`` milliseconds. Non-finite, non-positive
-        or out-of-range observations are ignored (a clock can misbehave; the hot path must not raise)."""
+        or out-of-range observations are ignored (a clock can misbehave; the hot path must not raise).
+
+        Applied when the curve is next read (:attr:`table`, a call, :meth:`draft_threshold`, ...), in the order
+        observed, or once :data:`ONLINE_PENDING` wait: the same curve as applying each at once. A vLLM
+        engine's full-chain steps read no curve, and on them an observation is a list append."""
         if not (ms > 0.0 and ms < float("inf")) or not 1 <= q <= TABLE_MAX_Q:
             return
         self.observations += 1
-        w = self._obs.get(q)
-        if w is None:
-            w = self._obs[q] = deque(maxlen=self.window)  # the oldest observation drops out by itself
-        w.append(math.log(ms) - self._log_seed[q])
-        if len(w) < self.min_obs:
-            return
-        s = sorted(w)
-        k = len(s)
-        med = s[k // 2] if k % 2 else 0.5 * (s[k // 2 - 1] + s[k // 2])
-        old = self._r.get(q)
-        if old is None or abs(med - old) > ONLINE_TOLERANCE:
-            self._r[q] = med
-            self._rebuild()
+        pending = self._pending
+        pending.append((q, ms))
+        if len(pending) >= ONLINE_PENDING:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Apply the pending observations in order: each goes into its ``q``'s window, whose median rebuilds
+        the table when it moved by more than :data:`ONLINE_TOLERANCE`."""
+        pending, self._pending = self._pending, []
+        obs, rs, log_seed, window, min_obs = self._obs, self._r, self._log_seed, self.window, self.min_obs
+        for q, ms in pending:
+            w = obs.get(q)
+            if w is None:
+                w = obs[q] = deque(maxlen=window)  # the oldest observation drops out by itself
+            w.append(math.log(ms) - log_seed[q])
+            if len(w) < min_obs:
+                continue
+            s = sorted(w)
+            k = len(s)
+            med = s[k // 2] if k % 2 else 0.5 * (s[k // 2 - 1] + s[k // 2])
+            old = rs.get(q)
+            if old is None or abs(med - old) > ONLINE_TOLERANCE:
+                rs[q] = med
+                self._rebuild()
+
+    @property
+    def rebuilds(self) -> int:
+        """Times the table was rebuilt (every observation applied)."""
+        if self._pending:
+            self._settle()
+        return self._rebuilds
+
+    def __call__(self, q: np.ndarray | float) -> np.ndarray:
+        if self._pending:
+            self._settle()
+        return super().__call__(q)
+
+    def draft_threshold(self, budget: int) -> float:
+        if self._pending:
+            self._settle()
+        return super().draft_threshold(budget)
+
+    def as_dict(self) -> dict[str, Any]:
+        if self._pending:
+            self._settle()
+        return super().as_dict()
 
     def _rebuild(self) -> None:
         qs = np.fromiter(sorted(self._r), dtype=float)
@@ -182,15 +222,19 @@ class OnlineVerifyCost(VerifyCost):
         self._table = t.tolist()
         self._q, self._m = grid[1:], t[1:]
         self._thresholds = {}
-        self.rebuilds += 1
+        self._rebuilds += 1
 
     @property
     def table(self) -> list[float]:
         """``c(q)`` for ``q = 0 .. TABLE_MAX_Q``: the current estimate."""
+        if self._pending:
+            self._settle()
         return self._table
 
     def corrections(self) -> dict[int, float]:
         """``{q: c(q) / seed(q)}`` for every ``q`` with its own median so far."""
+        if self._pending:
+            self._settle()
         return {q: float(math.exp(r)) for q, r in sorted(self._r.items())}
 
 
@@ -323,4 +367,4 @@ def load_curve_json(path: str | Path, *, engine: str | None = None, model: str |
         raise FileFormatError(path, None, f"is not a valid cost curve ({exc})") from None
 
 
-__all__ = ["ONLINE_MIN_OBS", "ONLINE_TOLERANCE", "ONLINE_WINDOW", "TABLE_MAX_Q", "OnlineVerifyCost", "VerifyCost", "cached_verify_cost", "fit_verify_cost", "load_curve_json", "machine_id"]
+__all__ = ["ONLINE_MIN_OBS", "ONLINE_PENDING", "ONLINE_TOLERANCE", "ONLINE_WINDOW", "TABLE_MAX_Q", "OnlineVerifyCost", "VerifyCost", "cached_verify_cost", "fit_verify_cost", "load_curve_json", "machine_id"]

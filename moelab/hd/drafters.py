@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moelab._validate import check_instance, check_int, check_token_ids
-from moelab.costmodel.verify import OnlineVerifyCost, VerifyCost
+from moelab.costmodel.verify import ONLINE_PENDING, OnlineVerifyCost, VerifyCost
 from moelab.hd.ngram import NGramTable
 from moelab.hd.policy import (
+    LOG_LIMIT,
     MATCH_CLASSES,
     AcceptanceModel,
     EngineAcceptance,
@@ -542,8 +543,17 @@ class CostAwareDrafter(Drafter):
         if self.timed:
             now = time.perf_counter()
             if self._t_start >= 0.0:  # the step since the last draft: its verification and its whole time
-                if self._online is not None:
-                    self._online.observe(self._q, (now - self._t_end) * 1e3)
+                online = self._online
+                if type(online) is OnlineVerifyCost:  # OnlineVerifyCost.observe inline: q is in range here
+                    ms = (now - self._t_end) * 1e3
+                    if ms > 0.0 and ms < _INF:
+                        online.observations += 1
+                        pending = online._pending
+                        pending.append((self._q, ms))
+                        if len(pending) >= ONLINE_PENDING:
+                            online._settle()
+                elif online is not None:
+                    online.observe(self._q, (now - self._t_end) * 1e3)
                 choice = self.choice
                 if type(choice) is PolicyChoice:  # PolicyChoice.record inline (a live engine's every step)
                     tokens, seconds = self._step_tokens, now - self._t_start
@@ -589,6 +599,8 @@ class CostAwareDrafter(Drafter):
             cands, srcs, kept = [], [], []
         elif arm == 1:  # the hierarchy's full chain (the paper's policy), the engine's choice for this step
             cands, srcs = list(d.candidates), list(d.sources)
+            if d.classes is not None:  # every candidate kept whole: its classes are the draft's
+                kept = list(d.classes)
         elif own:
             # the hierarchy's own draft, well-formed by construction (one class per token): plan()'s checks
             # are skipped, and its tree pass also gives the kept candidates' classes (a chain's: its prefix)
@@ -630,30 +642,26 @@ class CostAwareDrafter(Drafter):
             return
         # policy.observe's chain case with AcceptanceModel.record and EngineAcceptance.record inline (a vLLM
         # row's every step; with the caches an engine's forward leaves cold, each frame costs microseconds):
-        # node d was tested iff the d nodes before it were accepted; the same updates in the same order
+        # node d was tested iff the d nodes before it were accepted; the same outcomes logged in the same order
         acc = list(map(int, accepted))
         cand, src, cls = last.candidates[0], last.sources[0], last.classes[0]
         n = len(cand)
         per_token = n > 1 and len(src) == n
         n_acc = len(acc)
-        keep, tried, got, rows = model._keep, model.tried, model.accepted, model._rows
+        log = model._log
+        elog = engine._log if engine is not None else None
         for depth in range(n):
-            t = int(cand[depth])
-            ok = depth < n_acc and acc[depth] == t
-            letter = src[depth] if per_token else src[:1]
-            c = int(cls[depth])
-            key = (letter, False, c)
-            row = rows.get(letter)
-            if row is not None:
-                row.pop(c, None)
-            tried[key] = tried.get(key, 0.0) * keep + 1.0
-            got[key] = got.get(key, 0.0) * keep + (1.0 if ok else 0.0)
-            if engine is not None:
-                ek = engine._keep
-                engine.tried[key] = engine.tried.get(key, 0.0) * ek + 1.0
-                engine.accepted[key] = engine.accepted.get(key, 0.0) * ek + (1.0 if ok else 0.0)
+            ok = depth < n_acc and acc[depth] == int(cand[depth])
+            outcome = ((src[depth] if per_token else src[:1], False, int(cls[depth])), ok)
+            log.append(outcome)
+            if elog is not None:
+                elog.append(outcome)
             if not ok:
                 break
+        if len(log) >= LOG_LIMIT:
+            model._settle()
+        if elog is not None and len(elog) >= LOG_LIMIT:
+            engine._settle()
 
 
 def _kept_classes(kept: Sequence[tuple[int, ...]], draft: Draft) -> list[tuple[int, ...]] | None:

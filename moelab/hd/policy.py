@@ -138,6 +138,10 @@ def default_prior() -> float:
 
 
 Key = tuple[str, bool, int]  # (store letter, alternative child, confidence class)
+#: outcomes an acceptance model logs before it counts them even unread (bounds the log's memory). Outcomes are
+#: counted when an estimate is next read, in the order recorded, so the numbers are those of counting at once;
+#: a vLLM engine's full-chain steps read none, and on them recording is a list append
+LOG_LIMIT = 1024
 
 #: confidence classes distinguish the first ``MATCH_CLASSES - 1`` match lengths (longer ones share the last)
 MATCH_CLASSES = 4
@@ -198,12 +202,39 @@ class AcceptanceModel:
                              f"{type(priors).__name__} {priors!r:.40}")
         self.priors = {k: check_acceptance(f"priors[{k!r}]", v) for k, v in (priors or {}).items()}
         self.engine = engine
-        self.accepted: dict[Key, float] = {}
-        self.tried: dict[Key, float] = {}
+        self._accepted: dict[Key, float] = {}
+        self._tried: dict[Key, float] = {}
         # store -> class -> alphas(store, class), dropped when one of its keys records an outcome: a step reads
         # a dozen alphas and changes two or three, so most reads are one dict probe (the drafting hot path;
         # one row per store: the plan probes by class, no (store, class) tuple to build per node)
         self._rows: dict[str, dict[int, tuple[float, float]]] = {}
+        # outcomes recorded but not yet counted, oldest first (LOG_LIMIT)
+        self._log: list[tuple[Key, bool]] = []
+
+    @property
+    def tried(self) -> dict[Key, float]:
+        """Decayed count of tested nodes per key (every recorded outcome counted)."""
+        if self._log:
+            self._settle()
+        return self._tried
+
+    @property
+    def accepted(self) -> dict[Key, float]:
+        """Decayed count of accepted nodes per key (every recorded outcome counted)."""
+        if self._log:
+            self._settle()
+        return self._accepted
+
+    def _settle(self) -> None:
+        """Count the logged outcomes, in the order they were recorded, and drop the alphas they change."""
+        log, self._log = self._log, []
+        keep, tried, acc, rows = self._keep, self._tried, self._accepted, self._rows
+        for key, ok in log:
+            row = rows.get(key[0])
+            if row is not None:
+                row.pop(key[2], None)
+            tried[key] = tried.get(key, 0.0) * keep + 1.0
+            acc[key] = acc.get(key, 0.0) * keep + (1.0 if ok else 0.0)
 
     def alpha(self, store: str, alternative: bool, cls: int = 0) -> float:
         key = (store, alternative, cls)
@@ -213,6 +244,8 @@ class AcceptanceModel:
     def alphas(self, store: str, cls: int = 0) -> tuple[float, float]:
         """``(alpha(store, first child, cls), alpha(store, alternative, cls))``: what :func:`plan` reads per
         store and class."""
+        if self._log:
+            self._settle()
         row = self._rows.get(store)
         if row is None:
             row = self._rows[store] = {}
@@ -227,20 +260,23 @@ class AcceptanceModel:
         if type(self).alpha is not AcceptanceModel.alpha:
             return self.alpha(store, False, cls), self.alpha(store, True, cls)
         w = PRIOR_WEIGHT
-        acc, tried, priors, prior = self.accepted, self.tried, self.priors, self.prior
+        if self._log:
+            self._settle()
+        acc, tried, priors, prior = self._accepted, self._tried, self.priors, self.prior
         k0, k1 = (store, False, cls), (store, True, cls)
         return ((acc.get(k0, 0.0) + w * priors.get(k0, prior)) / (tried.get(k0, 0.0) + w),
                 (acc.get(k1, 0.0) + w * priors.get(k1, prior)) / (tried.get(k1, 0.0) + w))
 
     def record(self, store: str, alternative: bool, ok: bool, cls: int = 0) -> None:
-        """One tested node's outcome: earlier outcomes of its key decay by one step, this one counts 1."""
-        key = (store, alternative, cls)
-        row = self._rows.get(store)
-        if row is not None:
-            row.pop(cls, None)
-        keep = self._keep
-        self.tried[key] = self.tried.get(key, 0.0) * keep + 1.0
-        self.accepted[key] = self.accepted.get(key, 0.0) * keep + (1.0 if ok else 0.0)
+        """One tested node's outcome: earlier outcomes of its key decay by one step, this one counts 1.
+
+        Counted when the estimates are next read (:attr:`tried`, :meth:`alphas`, ...), in the order recorded:
+        the same numbers as counting now. A vLLM engine mostly runs steps that read no estimate (the full
+        chain, :class:`PolicyChoice`), so those steps only append to a list."""
+        log = self._log
+        log.append(((store, alternative, cls), bool(ok)))
+        if len(log) >= LOG_LIMIT:
+            self._settle()
         if self.engine is not None:
             self.engine.record(store, alternative, ok, cls)
 
@@ -274,9 +310,24 @@ class EngineAcceptance:
         self.half_life = check_real("half_life", half_life, low=0.0, low_open=True)
         self.request_half_life = check_real("request_half_life", request_half_life, low=0.0, low_open=True)
         self._keep = 0.5 ** (1.0 / self.half_life)
-        self.accepted: dict[Key, float] = {}
-        self.tried: dict[Key, float] = {}
+        self._accepted: dict[Key, float] = {}
+        self._tried: dict[Key, float] = {}
+        self._log: list[tuple[Key, bool]] = []  # every request's outcomes not yet counted, in arrival order
         self.requests = 0
+
+    @property
+    def tried(self) -> dict[Key, float]:
+        """Decayed count of tested nodes per key, over every request (every recorded outcome counted)."""
+        if self._log:
+            self._settle()
+        return self._tried
+
+    @property
+    def accepted(self) -> dict[Key, float]:
+        """Decayed count of accepted nodes per key, over every request."""
+        if self._log:
+            self._settle()
+        return self._accepted
 
     def alpha(self, store: str, alternative: bool, cls: int = 0) -> float:
         """The engine's estimate for a key, never below the floor."""
@@ -286,10 +337,18 @@ class EngineAcceptance:
         return est if est > self.floor else self.floor
 
     def record(self, store: str, alternative: bool, ok: bool, cls: int = 0) -> None:
-        key = (store, alternative, cls)
-        keep = self._keep
-        self.tried[key] = self.tried.get(key, 0.0) * keep + 1.0
-        self.accepted[key] = self.accepted.get(key, 0.0) * keep + (1.0 if ok else 0.0)
+        """One tested node's outcome (counted when the estimates are next read, in the order recorded)."""
+        log = self._log
+        log.append(((store, alternative, cls), bool(ok)))
+        if len(log) >= LOG_LIMIT:
+            self._settle()
+
+    def _settle(self) -> None:
+        log, self._log = self._log, []
+        keep, tried, acc = self._keep, self._tried, self._accepted
+        for key, ok in log:
+            tried[key] = tried.get(key, 0.0) * keep + 1.0
+            acc[key] = acc.get(key, 0.0) * keep + (1.0 if ok else 0.0)
 
     def new_request(self) -> AcceptanceModel:
         """A request's own model, starting from this engine's current estimates (a snapshot)."""
@@ -469,6 +528,8 @@ def _plan(candidates: Sequence[Sequence[int]], sources: Sequence[str], classes: 
     consistent = type(model) is AcceptanceModel
     # store -> class -> (alpha first child, alpha alternative), read once per step: an AcceptanceModel's own
     # memo of them (one dict probe per node), else a per-step memo in front of the model's alphas()
+    if consistent and model._log:  # the memo rows are current once the logged outcomes are counted
+        model._settle()
     rows: dict[str, dict[int, tuple[float, float]]] = model._rows if consistent else {}
     pair = model._pair if consistent else model.alphas
     if threshold > 0.0 and not consistent and _below_threshold(candidates, sources, classes, model, threshold, rows):
@@ -641,6 +702,8 @@ def _plan_chain(cand: Sequence[int], src: str, cls: Sequence[int], model: Accept
     table = cost.table
     # alphas as in _plan: an AcceptanceModel's own memo rows, else a per-call memo in front of alphas()
     consistent = type(model) is AcceptanceModel
+    if consistent and model._log:  # the memo rows are current once the logged outcomes are counted
+        model._settle()
     rows: dict[str, dict[int, tuple[float, float]]] = model._rows if consistent else {}
     pair = model._pair if consistent else model.alphas
     a = _alphas(rows, pair, src[0] if per_token else first, cls[0])[0]
