@@ -593,8 +593,9 @@ class CostAwareDrafter(Drafter):
         self._arm = arm
         self.arms[arm] += 1
         kept = None  # the kept candidates' classes, where the plan gave them
-        # the hierarchy's own draft (one store letter per tree candidate, one class per token), priced on a curve
-        own = type(inner) is HierarchyDrafter and isinstance(self.cost, VerifyCost)
+        # the hierarchy's own draft (one store letter per tree candidate, one class per token); self.cost is a
+        # VerifyCost (checked in __init__)
+        own = type(inner) is HierarchyDrafter
         if not d.candidates and own:  # nothing drafted: nothing to plan, nothing to re-test
             cands, srcs, kept = [], [], []
         elif arm == 1:  # the hierarchy's full chain (the paper's policy), the engine's choice for this step
@@ -622,7 +623,11 @@ class CostAwareDrafter(Drafter):
             cands, srcs = [tuple(d.candidates[i][:1])], [d.sources[i][:1]]
             kept = None
             self.explored += 1
-        self._last = last = Draft(cands, srcs, kept if kept is not None else _kept_classes(cands, d))
+        if arm == 1 and own and self.chain:
+            last = d  # the hierarchy's chain as draft_chain made it (fresh lists, classes included): no copy
+        else:
+            last = Draft(cands, srcs, kept if kept is not None else _kept_classes(cands, d))
+        self._last = last
         if self.timed:
             # q of the step this draft starts: the bonus token plus every drafted node (a chain: its length)
             self._q = 1 + (len(cands[0]) if self.chain and cands else len({c[:i + 1] for c in cands for i in range(len(c))}))
