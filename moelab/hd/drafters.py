@@ -644,6 +644,8 @@ class CostAwareDrafter(Drafter):
         if len(last.candidates) != 1 or last.classes is None or type(model) is not AcceptanceModel or \
                 (engine is not None and type(engine) is not EngineAcceptance):
             observe(model, last.candidates, last.sources, accepted, last.classes)
+            if not self.chain and type(model) is AcceptanceModel and model._log:
+                model._settle()  # a tree's next draft reads every estimate it plans with: count them now
             return
         # policy.observe's chain case with AcceptanceModel.record and EngineAcceptance.record inline (a vLLM
         # row's every step; with the caches an engine's forward leaves cold, each frame costs microseconds):
@@ -663,7 +665,9 @@ class CostAwareDrafter(Drafter):
                 elog.append(outcome)
             if not ok:
                 break
-        if len(log) >= LOG_LIMIT:
+        if len(log) >= LOG_LIMIT or not self.chain:
+            # (a tree's next draft reads every estimate it plans with: count them now; a chain's full-chain
+            # steps read none, and a vLLM engine runs mostly those)
             model._settle()
         if elog is not None and len(elog) >= LOG_LIMIT:
             engine._settle()
