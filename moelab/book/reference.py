@@ -87,14 +87,15 @@ def _public_reference(app, env, node, contnode):
     return env.get_domain("py").resolve_xref(env, node["refdoc"], app.builder, "obj", entry, node, contnode)
 
 
-def _without_object(app, name, obj, options, bases):
-    # "Bases: object" on every plain class is a dead link (no intersphinx offline) and says nothing
-    bases[:] = [b for b in bases if b is not object]
+def _public_bases(app, name, obj, options, bases):
+    # "Bases: object" on every plain class is a dead link (no intersphinx offline) and says nothing; a private
+    # base (a leading underscore) is an implementation detail with no entry of its own
+    bases[:] = [b for b in bases if b is not object and not getattr(b, "__name__", "").startswith("_")]
 
 
 def setup(app):
     app.connect("autodoc-process-signature", _parseable_signature)
-    app.connect("autodoc-process-bases", _without_object)
+    app.connect("autodoc-process-bases", _public_bases)
     app.connect("missing-reference", _public_reference)
 '''
 #: the folder of the reference pages inside the book's source

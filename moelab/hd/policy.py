@@ -170,7 +170,48 @@ _CLASS_ROWS = [tuple(min(m, MATCH_CLASSES - 1) * POSITION_CLASSES + min(i, POSIT
                for m in range(MATCH_CLASSES)]
 
 
-class AcceptanceModel:
+class _OutcomeCounts:
+    """Decayed counts of tested and accepted nodes per key, counted from an ordered log when read: an outcome
+    is appended to ``_log`` and counted (``_settle``) when :attr:`tried` or :attr:`accepted` is next read,
+    or once :data:`LOG_LIMIT` wait, in the order recorded, so the numbers are those of counting at once."""
+
+    _keep: float
+
+    def _start_counts(self) -> None:
+        self._tried: dict[Key, float] = {}
+        self._accepted: dict[Key, float] = {}
+        self._log: list[tuple[Key, bool]] = []  # outcomes recorded, not yet counted, oldest first
+
+    @property
+    def tried(self) -> dict[Key, float]:
+        """Decayed count of tested nodes per key (every recorded outcome counted)."""
+        if self._log:
+            self._settle()
+        return self._tried
+
+    @property
+    def accepted(self) -> dict[Key, float]:
+        """Decayed count of accepted nodes per key (every recorded outcome counted)."""
+        if self._log:
+            self._settle()
+        return self._accepted
+
+    def _log_outcome(self, key: Key, ok: bool) -> None:
+        log = self._log
+        log.append((key, bool(ok)))
+        if len(log) >= LOG_LIMIT:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Count the logged outcomes in the order they were recorded: each key's earlier outcomes decay by one."""
+        log, self._log = self._log, []
+        keep, tried, acc = self._keep, self._tried, self._accepted
+        for key, ok in log:
+            tried[key] = tried.get(key, 0.0) * keep + 1.0
+            acc[key] = acc.get(key, 0.0) * keep + (1.0 if ok else 0.0)
+
+
+class AcceptanceModel(_OutcomeCounts):
     """One request's running acceptance per (store letter, first child or alternative, confidence class),
     with decay.
 
@@ -202,39 +243,20 @@ class AcceptanceModel:
                              f"{type(priors).__name__} {priors!r:.40}")
         self.priors = {k: check_acceptance(f"priors[{k!r}]", v) for k, v in (priors or {}).items()}
         self.engine = engine
-        self._accepted: dict[Key, float] = {}
-        self._tried: dict[Key, float] = {}
-        # store -> class -> alphas(store, class), dropped when one of its keys records an outcome: a step reads
+        self._start_counts()
+        # store -> class -> alphas(store, class), dropped when one of its keys' outcomes is counted: a step reads
         # a dozen alphas and changes two or three, so most reads are one dict probe (the drafting hot path;
         # one row per store: the plan probes by class, no (store, class) tuple to build per node)
         self._rows: dict[str, dict[int, tuple[float, float]]] = {}
-        # outcomes recorded but not yet counted, oldest first (LOG_LIMIT)
-        self._log: list[tuple[Key, bool]] = []
-
-    @property
-    def tried(self) -> dict[Key, float]:
-        """Decayed count of tested nodes per key (every recorded outcome counted)."""
-        if self._log:
-            self._settle()
-        return self._tried
-
-    @property
-    def accepted(self) -> dict[Key, float]:
-        """Decayed count of accepted nodes per key (every recorded outcome counted)."""
-        if self._log:
-            self._settle()
-        return self._accepted
 
     def _settle(self) -> None:
-        """Count the logged outcomes, in the order they were recorded, and drop the alphas they change."""
-        log, self._log = self._log, []
-        keep, tried, acc, rows = self._keep, self._tried, self._accepted, self._rows
-        for key, ok in log:
-            row = rows.get(key[0])
+        """Count the logged outcomes (in order) and drop the memoised alphas they change."""
+        rows = self._rows
+        for (store, _, cls), _ in self._log:
+            row = rows.get(store)
             if row is not None:
-                row.pop(key[2], None)
-            tried[key] = tried.get(key, 0.0) * keep + 1.0
-            acc[key] = acc.get(key, 0.0) * keep + (1.0 if ok else 0.0)
+                row.pop(cls, None)
+        super()._settle()
 
     def alpha(self, store: str, alternative: bool, cls: int = 0) -> float:
         key = (store, alternative, cls)
@@ -273,10 +295,7 @@ class AcceptanceModel:
         Counted when the estimates are next read (:attr:`tried`, :meth:`alphas`, ...), in the order recorded:
         the same numbers as counting now. A vLLM engine mostly runs steps that read no estimate (the full
         chain, :class:`PolicyChoice`), so those steps only append to a list."""
-        log = self._log
-        log.append(((store, alternative, cls), bool(ok)))
-        if len(log) >= LOG_LIMIT:
-            self._settle()
+        self._log_outcome((store, alternative, cls), ok)
         if self.engine is not None:
             self.engine.record(store, alternative, ok, cls)
 
@@ -285,7 +304,7 @@ class AcceptanceModel:
                  "alpha": self.alpha(s, a, c)} for (s, a, c), t in sorted(self.tried.items())]
 
 
-class EngineAcceptance:
+class EngineAcceptance(_OutcomeCounts):
     """The prior that an engine's new requests start from: every request's outcomes, slowly decayed.
 
     Acceptance belongs to a request (temperature, task), so only the starting point is shared: a new request
@@ -310,24 +329,8 @@ class EngineAcceptance:
         self.half_life = check_real("half_life", half_life, low=0.0, low_open=True)
         self.request_half_life = check_real("request_half_life", request_half_life, low=0.0, low_open=True)
         self._keep = 0.5 ** (1.0 / self.half_life)
-        self._accepted: dict[Key, float] = {}
-        self._tried: dict[Key, float] = {}
-        self._log: list[tuple[Key, bool]] = []  # every request's outcomes not yet counted, in arrival order
+        self._start_counts()  # every request's outcomes, in arrival order
         self.requests = 0
-
-    @property
-    def tried(self) -> dict[Key, float]:
-        """Decayed count of tested nodes per key, over every request (every recorded outcome counted)."""
-        if self._log:
-            self._settle()
-        return self._tried
-
-    @property
-    def accepted(self) -> dict[Key, float]:
-        """Decayed count of accepted nodes per key, over every request."""
-        if self._log:
-            self._settle()
-        return self._accepted
 
     def alpha(self, store: str, alternative: bool, cls: int = 0) -> float:
         """The engine's estimate for a key, never below the floor."""
@@ -338,17 +341,7 @@ class EngineAcceptance:
 
     def record(self, store: str, alternative: bool, ok: bool, cls: int = 0) -> None:
         """One tested node's outcome (counted when the estimates are next read, in the order recorded)."""
-        log = self._log
-        log.append(((store, alternative, cls), bool(ok)))
-        if len(log) >= LOG_LIMIT:
-            self._settle()
-
-    def _settle(self) -> None:
-        log, self._log = self._log, []
-        keep, tried, acc = self._keep, self._tried, self._accepted
-        for key, ok in log:
-            tried[key] = tried.get(key, 0.0) * keep + 1.0
-            acc[key] = acc.get(key, 0.0) * keep + (1.0 if ok else 0.0)
+        self._log_outcome((store, alternative, cls), ok)
 
     def new_request(self) -> AcceptanceModel:
         """A request's own model, starting from this engine's current estimates (a snapshot)."""
