@@ -66,22 +66,26 @@ def test_hd_in_vllm_is_lossless(tmp_path, monkeypatch, public_data):
     # the default (cost-aware) HD; HD-fixed and REST go through the same adapter and rows (2 engines, not 4, in CI)
     methods = ("AR", "HD-cost")
     warm = set(engine_pool._SERVERS)
-    start_engines(methods, budget=8, cost=cost)  # both engines start side by side (the run's questions do not)
+    threads = engine_pool.free_cores()  # one count for every call whose engines must be the same
+    start_engines(methods, budget=8, cost=cost, threads=threads)  # both engines start side by side (the run's questions do not)
     started = set(engine_pool._SERVERS) - warm
     t_run = time.monotonic()
     runs = tmp_path / "vllm-runs"  # this test's own result cache: a second suite run on the same MOELAB_CACHE
     # would otherwise read every question back from the first and never ask the engines
-    df, _ = run_vllm_methods(q, methods=methods, budget=8, max_new_tokens=24, cost=cost, progress=False, out=runs)
+    df, _ = run_vllm_methods(q, methods=methods, budget=8, max_new_tokens=24, cost=cost, progress=False, out=runs,
+                             threads=threads)
     # the run asked the engines started above and started no others
     assert set(engine_pool._SERVERS) - warm == started
     assert sum(srv.last_used > t_run for srv in engine_pool._SERVERS.values()) == len(methods)
     assert df[df["method"] != "AR"]["identical"].all()  # token for token vLLM's greedy output
+    assert (df["engine_threads"] == threads).all()  # the engines run the threads they were given
     hd = df[df["method"] == "HD-cost"]
     assert (hd["hd_drafted_tokens"] > 0).all() and hd["hd_accepted_tokens"].sum() > 0  # it really speculated
     s = summarize_vllm(df).set_index(["method", "category"])
     assert s.loc[("HD-cost", "overall"), "mean_accepted"] > 1.0 and s.loc[("AR", "overall"), "mean_accepted"] == 1.0
     # a rerun skips every cached question
-    again, _ = run_vllm_methods(q, methods=("AR",), budget=8, max_new_tokens=24, progress=False, out=runs)
+    again, _ = run_vllm_methods(q, methods=("AR",), budget=8, max_new_tokens=24, progress=False, out=runs,
+                                threads=threads)
     assert again["wall_s"].tolist() == df[df["method"] == "AR"]["wall_s"].tolist()
 
 

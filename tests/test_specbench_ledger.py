@@ -17,11 +17,14 @@ class MachineLost(RuntimeError):
     """The stand-in's way of ending a run part-way."""
 
 
-def _fake_runs(calls: list[list[int]], *, fail_after: int | None = None):
+def _fake_runs(calls: list[list[int]], *, fail_after: int | None = None, threads_seen: list | None = None):
     """A stand-in for run_vllm_methods: every method finishes every question it is given (AR 10 tokens/s,
-    the others 15), unless ``fail_after`` calls have happened (then it stops the run, like a lost machine)."""
+    the others 15), unless ``fail_after`` calls have happened (then it stops the run, like a lost machine).
+    The engines' thread count it was asked for goes to ``threads_seen`` and into the rows."""
 
-    def run(questions, *, methods, budget, max_new_tokens, temperature, out, progress, compute):
+    def run(questions, *, methods, budget, max_new_tokens, temperature, out, progress, compute, threads):
+        if threads_seen is not None:
+            threads_seen.append(threads)
         if not compute:  # nothing cached by the stand-in
             return pd.DataFrame(), {}
         if fail_after is not None and len(calls) >= fail_after:
@@ -33,7 +36,8 @@ def _fake_runs(calls: list[list[int]], *, fail_after: int | None = None):
                  "temperature": temperature, "tokens_per_s": 10.0 if m == "AR" else 15.0, "new_tokens": 64,
                  "forwards": 64.0 if m == "AR" else 40.0, "accepted_tokens": 0.0 if m == "AR" else 24.0,
                  "drafts": 0.0 if m == "AR" else 40.0, "draft_us_p50": float("nan") if m == "AR" else 200.0,
-                 "identical": True, "output_ids": [q, 1, 2], "cost_curve": ""} for q in qids for m in methods]
+                 "identical": True, "output_ids": [q, 1, 2], "cost_curve": "", "engine_threads": threads}
+                for q in qids for m in methods]
         return pd.DataFrame(rows), {}
 
     return run
@@ -65,6 +69,30 @@ def test_a_run_resumes_from_the_ledger(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_runs, "run_vllm_methods", _fake_runs(third))
     vllm_runs.full_benchmark(**kw, out=table)
     assert third == []
+
+
+def test_a_resumed_run_keeps_the_thread_count_it_began_with(tmp_path, monkeypatch):
+    """A fresh run gives its engines the cores free at its start; a run resumed from the ledger gives them the
+    count its rows were measured with, whatever is free then, so one table never mixes two settings."""
+    ledger = tmp_path / "points.csv"
+    monkeypatch.setattr(vllm_runs, "LEDGER_CHUNK", 4)
+    kw = {"methods": ("AR", "HD-cost"), "per_category": 2, "ledger": ledger, "progress": False, "out": tmp_path / "t.csv"}
+    seen: list = []
+    monkeypatch.setattr(vllm_runs, "free_cores", lambda: 1)  # another job held a core when the run began
+    monkeypatch.setattr(vllm_runs, "run_vllm_methods", _fake_runs([], fail_after=1, threads_seen=seen))
+    with pytest.raises(MachineLost):
+        vllm_runs.full_benchmark(**kw)
+    assert set(seen) == {1} and set(vllm_runs.read_ledger(ledger)["engine_threads"]) == {1}
+    monkeypatch.setattr(vllm_runs, "free_cores", lambda: 2)  # the machine is quiet when the run resumes
+    seen.clear()
+    monkeypatch.setattr(vllm_runs, "run_vllm_methods", _fake_runs([], threads_seen=seen))
+    vllm_runs.full_benchmark(**kw)
+    assert seen and set(seen) == {1} and set(vllm_runs.read_ledger(ledger)["engine_threads"]) == {1}
+    # a fresh run (another measuring code's rows only) counts the free cores again
+    vllm_runs.read_ledger(ledger).assign(run_code="0123456789abcdef").to_csv(ledger, index=False)
+    seen.clear()
+    vllm_runs.full_benchmark(**kw)
+    assert set(seen) == {2}
 
 
 def test_rows_of_other_measuring_code_do_not_count(tmp_path, monkeypatch):

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import select
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +58,15 @@ class EngineServer:
         atomic_write_json(spec_path, spec)
         self._log_fh = open(self.log, "wb")  # noqa: SIM115 - lives as long as the server
         self.proc = subprocess.Popen(worker_command(spec_path, serve=True), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_fh,
-                                     env=worker_env())
+                                     env=worker_env(spec.get("threads")))
         self.last_used = time.monotonic()
         ready = self._read(start_timeout_s)
         if ready.get("ready") is not True:
             self.close()
             raise RuntimeError(f"vLLM engine for {spec['method']} did not start: {ready}; log {self.log}:\n{self._tail()}")
         self.start_s = float(ready.get("engine_start_s", float("nan")))
+        #: the compute threads the engine runs (as its torch reports them)
+        self.threads = int(ready.get("threads", 0))
 
     def _tail(self) -> str:
         try:
@@ -167,12 +171,59 @@ def run_once(spec: dict[str, Any], log: Path, timeout_s: float) -> None:
     atomic_write_json(spec_path, spec)
     with open(log, "wb") as fh:
         proc = subprocess.run(worker_command(spec_path, serve=False), stdout=fh, stderr=subprocess.STDOUT,
-                              env=worker_env(), timeout=timeout_s, check=False)
+                              env=worker_env(spec.get("threads")), timeout=timeout_s, check=False)
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-1500:]
         raise RuntimeError(f"vLLM worker for {spec['method']} failed (exit {proc.returncode}); log {log}:\n{tail}")
 
 
+def free_cores(window_s: float = 0.5) -> int:
+    """How many of the cores this process may run on other work leaves free: the cores, less the busy time
+    every process spent on them over ``window_s`` seconds (Linux ``/proc/stat``), rounded, at least 1. Where
+    the kernel gives no per-core counts, all of them. What an engine's ``threads`` should be on a machine
+    that also runs other work (:func:`~moelab.bench.specbench.engine_protocol.worker_env` says why)."""
+    if not 0.05 <= window_s <= 60:
+        raise ValueError(f"window_s must be in [0.05, 60] seconds; got {window_s!r}")
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    try:
+        before = _cpu_times()
+        time.sleep(window_s)
+        after = _cpu_times()
+    except (OSError, ValueError):
+        return len(cpus)
+    return free_cores_from_cpu_times(before, after, cpus)
+
+
+def _cpu_times() -> dict[int, tuple[int, int]]:
+    """``{cpu: (busy jiffies, total jiffies)}`` from ``/proc/stat`` (idle and iowait count as not busy)."""
+    out = {}
+    with open("/proc/stat", "rb") as fh:
+        text = fh.read(1 << 20).decode("ascii", "replace")
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or name == "cpu":
+            continue
+        f = [int(x) for x in rest.split()]
+        idle = f[3] + (f[4] if len(f) > 4 else 0)
+        total = sum(f[:8])  # user..steal; guest time is already inside user
+        out[int(name[3:])] = (total - idle, total)
+    return out
+
+
+def free_cores_from_cpu_times(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]],
+                              cpus: Sequence[int]) -> int:
+    """Free cores among ``cpus`` between two ``{cpu: (busy, total)}`` readings: ``len(cpus)`` less the summed
+    busy fractions, rounded, at least 1 (a spread-out load counts for what it takes in all)."""
+    busy = 0.0
+    for c in cpus:
+        if c in before and c in after:
+            d_total = after[c][1] - before[c][1]
+            if d_total > 0:
+                busy += min(1.0, max(0.0, (after[c][0] - before[c][0]) / d_total))
+    return max(1, int(round(len(cpus) - busy)))
+
+
 atexit.register(close_all)
 
-__all__ = ["MAX_ENGINES", "SETTLE_S", "EngineServer", "close_all", "mark_done", "run_once", "server", "settle"]
+__all__ = ["MAX_ENGINES", "SETTLE_S", "EngineServer", "close_all", "free_cores", "free_cores_from_cpu_times",
+           "mark_done", "run_once", "server", "settle"]

@@ -103,6 +103,13 @@ def _run_question(engine: Any, method: str, budget: int, q: dict[str, Any], *, m
     return rec
 
 
+def _compute_threads() -> int:
+    """The engine's CPU compute threads, as torch runs them (what ``OMP_NUM_THREADS`` set, or its default)."""
+    import torch  # vLLM has imported it already
+
+    return int(torch.get_num_threads())
+
+
 def serve(spec: dict[str, Any]) -> int:
     """Engine server (run by :class:`moelab.bench.specbench.engine_pool.EngineServer` in a child process): build the
     engine of ``spec``, answer ``{"ready": true}``, then one JSON record per question read from stdin
@@ -112,7 +119,8 @@ def serve(spec: dict[str, Any]) -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     engine, start_s = _make_engine(spec)
-    answers.write(json.dumps({"ready": True, "engine_start_s": start_s}) + "\n")
+    threads = _compute_threads()
+    answers.write(json.dumps({"ready": True, "engine_start_s": start_s, "threads": threads}) + "\n")
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -121,6 +129,7 @@ def serve(spec: dict[str, Any]) -> int:
             rec = _run_question(engine, spec["method"], int(spec["budget"]), q, max_new_tokens=int(q["max_new_tokens"]),
                                 temperature=float(q["temperature"]), seed=int(q.get("seed", 0)))
             rec["engine_start_s"] = start_s
+            rec["engine_threads"] = threads
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
             rec = {"error": f"{type(exc).__name__}: {exc}"}
         answers.write(json.dumps(rec) + "\n")

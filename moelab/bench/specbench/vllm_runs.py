@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import subprocess
 import time
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ import pandas as pd
 
 from moelab._io import FileFormatError, atomic_write_text, read_csv_checked, read_json
 from moelab._validate import check_int, check_real
-from moelab.bench.specbench.engine_pool import mark_done, run_once, server, settle
+from moelab.bench.specbench.engine_pool import free_cores, mark_done, run_once, server, settle
 from moelab.bench.specbench.engine_protocol import MAX_MODEL_LEN
 from moelab.costmodel.verify import VerifyCost, cached_verify_cost, fit_verify_cost, machine_id
 from moelab.datasets import cache_dir, load_spec_bench, public_path, repo_root
@@ -93,12 +94,14 @@ def _question_table() -> dict[int, dict[str, Any]]:
 
 def vllm_point(question_id: int, method: str = "AR", budget: int = 8, max_new_tokens: int = 128,
                temperature: float = 0.0, seed: int = 0, l_max_tokens: int = 0, cost: str = "",
-               tag: str = "") -> dict[str, Any]:
+               tag: str = "", threads: int = 0) -> dict[str, Any]:
     """One Spec-Bench question through one method's warm vLLM engine (SmolLM2-135M, float32, batch 1).
 
     The point function of the ``hd-vllm`` sweep suite and of :func:`run_vllm_methods`. ``tag`` keeps a
     repeated measurement (e.g. AR again at the end) apart in the cache; ``l_max_tokens`` 0 means L's
-    default size. HD (cost-aware) reads ``cost`` (a :class:`~moelab.costmodel.verify.VerifyCost` as JSON) or, when it
+    default size; ``threads`` is the engine's CPU compute threads (0: the environment's default, one per
+    core; :func:`~moelab.bench.specbench.engine_pool.free_cores` says how many other work leaves free). HD
+    (cost-aware) reads ``cost`` (a :class:`~moelab.costmodel.verify.VerifyCost` as JSON) or, when it
     is empty, this machine's measured verify-cost curve (:func:`measure_vllm_cost`); the row records the
     curve's hash."""
     if method not in VLLM_METHODS:
@@ -106,7 +109,7 @@ def vllm_point(question_id: int, method: str = "AR", budget: int = 8, max_new_to
     qs = _question_table()
     if question_id not in qs:
         raise ValueError(f"question_id must be a Spec-Bench question id; got {question_id!r}")
-    spec = engine_spec(method, budget, cost=cost, l_max_tokens=l_max_tokens)
+    spec = engine_spec(method, budget, cost=cost, l_max_tokens=l_max_tokens, threads=threads)
     srv = server(spec, _engines_dir())
     settle()
     try:
@@ -125,41 +128,54 @@ def _engines_dir() -> Path:
     return cache_dir() / "hd" / "vllm-engines"
 
 
-def engine_spec(method: str, budget: int = 8, *, cost: str = "", l_max_tokens: int = 0) -> dict[str, Any]:
+def engine_spec(method: str, budget: int = 8, *, cost: str = "", l_max_tokens: int = 0,
+                threads: int = 0) -> dict[str, Any]:
     """The settings of the warm engine a :func:`vllm_point` of ``method`` runs on (the key
     :func:`~moelab.bench.specbench.engine_pool.server` keeps it under): cost-aware HD reads ``cost`` (a
-    :class:`~moelab.costmodel.verify.VerifyCost` as JSON) or, when it is empty, this machine's measured curve;
-    every other method ignores ``cost``."""
+    :class:`~moelab.costmodel.verify.VerifyCost` as JSON) or, when it is empty, this machine's curve measured
+    with the same ``threads``; every other method ignores ``cost``. ``threads``: the engine's CPU compute
+    threads, 0 for the environment's default."""
     if method not in VLLM_METHODS:
         raise ValueError(f"method must be one of {list(VLLM_METHODS)}; got {method!r}")
+    threads = _check_threads(threads)
     model_dir = str(lm_folder(DEFAULT_LM))
     curve = None
     if method == "HD-cost":
-        curve = VerifyCost(**json.loads(cost)) if cost else measure_vllm_cost(model_dir)
-    return {"method": method, "budget": int(budget), "model_dir": model_dir, "max_model_len": MAX_MODEL_LEN,
+        curve = VerifyCost(**json.loads(cost)) if cost else measure_vllm_cost(model_dir, threads=threads)
+    spec = {"method": method, "budget": int(budget), "model_dir": model_dir, "max_model_len": MAX_MODEL_LEN,
             "cost": curve.as_dict() if curve is not None else None, "l_max_tokens": int(l_max_tokens) or None, "seed": 0}
+    if threads:  # only when set, so the default engine keeps its key (and its warm process)
+        spec["threads"] = threads
+    return spec
+
+
+def _check_threads(threads: int) -> int:
+    return check_int("threads", threads, low=0, high=os.cpu_count() or 1)
 
 
 def start_engines(methods: Sequence[str], *, budget: int = 8, cost: VerifyCost | None = None,
-                  l_max_tokens: int | None = None) -> None:
+                  l_max_tokens: int | None = None, threads: int | None = None) -> None:
     """Start the warm engines that :func:`run_vllm_methods` with the same arguments will use, side by side
     (one thread per engine; each engine is its own process). An engine's start is never measured, and
     starts overlap well on a 2-core machine (imports, HD's L store); the questions still run one at a time.
-    Engines already warm are kept."""
+    Engines already warm are kept. ``threads`` as in :func:`run_vllm_methods` (pass the same count to both)."""
     budget = check_budget(budget)
+    threads = free_cores() if threads is None else _check_threads(threads)
     curve = json.dumps(cost.as_dict(), sort_keys=True) if cost is not None else ""
-    specs = [engine_spec(m, budget, cost=curve, l_max_tokens=int(l_max_tokens or 0)) for m in dict.fromkeys(methods)]
+    specs = [engine_spec(m, budget, cost=curve, l_max_tokens=int(l_max_tokens or 0), threads=threads)
+             for m in dict.fromkeys(methods)]
     with ThreadPoolExecutor(max(1, len(specs))) as pool:
         list(pool.map(lambda spec: server(spec, _engines_dir()), specs))
 
 
 def measure_vllm_cost(model_dir: str | Path, *, qs: Sequence[int] = (2, 3, 5, 9), context_tokens: int = 256,
-                      timeout_s: float = 900.0, refresh: bool = False) -> VerifyCost:
-    """vLLM's verify cost per step on this machine for ``q`` = 1 + chain length tokens (cached per machine
-    and model): chains of ``q - 1`` wrong tokens, so every step emits one token and costs a q-token forward;
-    the median over 5 interleaved rounds. It only seeds cost-aware HD: the engine corrects it online from its
+                      timeout_s: float = 900.0, refresh: bool = False, threads: int = 0) -> VerifyCost:
+    """vLLM's verify cost per step on this machine for ``q`` = 1 + chain length tokens (cached per machine,
+    model and the engine's compute ``threads``, 0 for the environment's default): chains of ``q - 1`` wrong
+    tokens, so every step emits one token and costs a q-token forward; the median over 5 interleaved rounds. It only seeds cost-aware HD: the engine corrects it online from its
     own step times (:class:`moelab.costmodel.verify.OnlineVerifyCost`)."""
     d_lens = sorted({check_int("qs entry", q, low=2, high=65) - 1 for q in qs})
+    threads = _check_threads(threads)
 
     def measure() -> VerifyCost:
         out = cache_dir() / "hd" / "vllm-probe" / f"probe-{int(time.time())}"
@@ -167,14 +183,18 @@ def measure_vllm_cost(model_dir: str | Path, *, qs: Sequence[int] = (2, 3, 5, 9)
         rng = np.random.default_rng(0)
         prompt = rng.integers(100, 20000, size=context_tokens).tolist()
         run_once({"method": "probe", "budget": max(d_lens), "probe": d_lens, "probe_prompt": prompt,
-                         "model_dir": str(model_dir), "out_dir": str(out)}, out / "worker.log", timeout_s)
+                         "model_dir": str(model_dir), "out_dir": str(out), "threads": threads or None},
+                        out / "worker.log", timeout_s)
         rows = read_json(out / "probe.json")["rows"]
         return fit_verify_cost([r["q"] for r in rows], [r["ms"] for r in rows],
                             f"vLLM CPU, {Path(model_dir).name}, context {context_tokens}, median over interleaved "
-                            f"rounds, measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}")
+                            f"rounds, {f'{threads} threads, ' if threads else ''}"
+                            f"measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}")
 
     # "vllm-median": curves cached as "vllm" were minima over 2 rounds (the least busy moment, not the typical step)
-    return cached_verify_cost("vllm-median", Path(model_dir).name, measure, refresh=refresh)
+    # a curve per thread count: a forward on 1 thread costs another time than on 2
+    return cached_verify_cost("vllm-median" + (f"-t{threads}" if threads else ""), Path(model_dir).name, measure,
+                              refresh=refresh)
 
 
 def arrange_points(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -235,7 +255,7 @@ FULL_METHODS = ("AR", "ngram", "suffix", "HD-cost", "HD-fixed")
 HD_VLLM_SUITE = Suite(
     "hd-vllm", vllm_point,
     {"question_id": _question_ids, "method": list(FULL_METHODS), "budget": [8], "max_new_tokens": [128],
-     "temperature": [0.0], "seed": [0], "l_max_tokens": [0], "cost": [""], "tag": [""]},
+     "temperature": [0.0], "seed": [0], "l_max_tokens": [0], "cost": [""], "tag": [""], "threads": [0]},
     "Spec-Bench in vLLM, one (question, method) per point, methods interleaved (SmolLM2-135M, float32)",
     RUN_CODE, run_data_files, ("method", "category", "tokens_per_s", "new_tokens"), _vllm_version, _check_points,
     arrange=arrange_points)
@@ -245,7 +265,7 @@ def run_vllm_methods(questions: pd.DataFrame, *, methods: Sequence[str] = VLLM_M
                      budget: int = 8, max_new_tokens: int = FULL_TOKENS, temperature: float = 0.0,
                      cost: VerifyCost | None = None, l_max_tokens: int | None = None, run_tag: str = "",
                      out: str | Path | None = None, progress: bool = True,
-                     compute: bool = True) -> tuple[pd.DataFrame, dict[str, str]]:
+                     compute: bool = True, threads: int | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
     """Run ``methods`` in vLLM on ``questions`` (Spec-Bench rows), interleaved question by question
     (:func:`arrange_points`, one warm engine per method), as the ``hd-vllm`` sweep suite with its cache in
     ``out`` (default :func:`default_runs_dir`): every (question, method) result is cached, so an
@@ -255,7 +275,10 @@ def run_vllm_methods(questions: pd.DataFrame, *, methods: Sequence[str] = VLLM_M
     ``cost``: the verify-cost curve cost-aware HD reads (default: this machine's, measured once and cached).
     Speeds are only comparable when nothing else runs the engines' cores (the runner is serial for that).
     ``compute=False`` runs nothing and returns the results cached so far. Prompts come from Spec-Bench by
-    question id (the workers tokenize them with the target's own chat template)."""
+    question id (the workers tokenize them with the target's own chat template). ``threads``: every engine's
+    CPU compute threads, part of each result's key; ``None`` counts the cores other work leaves free now
+    (:func:`~moelab.bench.specbench.engine_pool.free_cores`): pass one count to calls whose results are
+    compared."""
     budget = check_budget(budget)
     check_int("max_new_tokens", max_new_tokens, low=1, high=MAX_MODEL_LEN // 2)
     check_real("temperature", temperature, low=0.0)
@@ -270,10 +293,12 @@ def run_vllm_methods(questions: pd.DataFrame, *, methods: Sequence[str] = VLLM_M
     run = [m for m in methods if m not in skipped]
     if not run:
         return pd.DataFrame(), skipped
+    threads = free_cores() if threads is None else _check_threads(threads)
     grid = {"question_id": [int(q) for q in questions["question_id"]], "method": run, "budget": [budget],
             "max_new_tokens": [int(max_new_tokens)], "temperature": [float(temperature)], "seed": [0],
             "l_max_tokens": [int(l_max_tokens or 0)],
-            "cost": [json.dumps(cost.as_dict(), sort_keys=True) if cost is not None else ""], "tag": [str(run_tag)]}
+            "cost": [json.dumps(cost.as_dict(), sort_keys=True) if cost is not None else ""], "tag": [str(run_tag)],
+            "threads": [threads]}
     res = run_suite(HD_VLLM_SUITE, grid, out=Path(out) if out else default_runs_dir(), backend="serial", progress=progress,
                     compute=compute)
     df = res.frame
@@ -298,7 +323,7 @@ POINTS_LEDGER = "specbench_vllm_points.csv"
 LEDGER_COLUMNS = {"question_id": "int", "category": "str", "method": "str", "budget": "int", "max_new_tokens": "int",
                   "temperature": "float", "tokens_per_s": "float", "new_tokens": "int", "forwards": "float",
                   "run_code": "str", "machine": "str", "date": "str"}
-LEDGER_EXTRA = ("accepted_tokens", "drafts", "draft_us_p50", "identical", "output_sha", "cost_curve")
+LEDGER_EXTRA = ("accepted_tokens", "drafts", "draft_us_p50", "identical", "output_sha", "cost_curve", "engine_threads")
 LEDGER_CHUNK = 12  # questions run between two ledger writes (2 per category: a few minutes of a 2-core machine)
 
 
@@ -350,7 +375,8 @@ def _complete(df: pd.DataFrame, n_methods: int) -> pd.DataFrame:
 def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, max_new_tokens: int = FULL_TOKENS,
                    temperatures: Sequence[float] = (0.0,), per_category: int | None = None,
                    out: str | Path | None = None, cache: str | Path | None = None,
-                   ledger: str | Path | None = None, progress: bool = True, compute: bool = True) -> pd.DataFrame:
+                   ledger: str | Path | None = None, progress: bool = True, compute: bool = True,
+                   threads: int | None = None) -> pd.DataFrame:
     """The whole Spec-Bench evaluation in vLLM (every category, all 480 questions, ``max_new_tokens``
     tokens, each temperature), the methods interleaved question by question (:func:`run_vllm_methods`),
     then one table with one row per method, category and temperature (each speedup and each HD-cost / method
@@ -370,6 +396,10 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
     machine and one sitting, so
     every per-question speedup compares methods measured back to back. Give it a quiet machine.
 
+    ``threads``: every engine's CPU compute threads (:func:`run_vllm_methods`); ``None`` keeps the count the
+    ledger's rows of this code were measured with (column ``engine_threads``), so a resumed run measures as it
+    began, or on a fresh run counts the cores free now (:func:`~moelab.bench.specbench.engine_pool.free_cores`).
+
     ``compute=False`` runs nothing: the questions finished so far (ledger and cache) are recorded in the
     ledger and summarised (column ``complete`` False while some are missing); the summary is written only
     where ``out`` says."""
@@ -383,6 +413,9 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
     book = read_ledger(ledger_file)
     others = book[book["run_code"] != run_code]  # another code's run: kept, never counted, until this one is done
     book = book[book["run_code"] == run_code]
+    if threads is None:
+        measured = pd.to_numeric(book["engine_threads"], errors="coerce").dropna() if "engine_threads" in book else []
+        threads = int(measured.iloc[0]) if len(measured) else (free_cores() if compute else 0)
     tables, used = [], []
     for t in temperatures:
         ok, why = suffix_status()
@@ -398,7 +431,8 @@ def full_benchmark(*, methods: Sequence[str] = FULL_METHODS, budget: int = 8, ma
         step = LEDGER_CHUNK if compute else max(1, len(todo))
         for i in range(0, len(todo), step):
             df, _ = run_vllm_methods(todo.iloc[i:i + step], methods=ran, budget=budget, max_new_tokens=max_new_tokens,
-                                     temperature=float(t), out=cache, progress=progress, compute=compute)
+                                     temperature=float(t), out=cache, progress=progress, compute=compute,
+                                     threads=threads)
             new = _complete(df, len(ran))
             if len(new):
                 mine = pd.concat([mine, _ledger_rows(new, run_code=run_code, machine=machine, date=today)],
