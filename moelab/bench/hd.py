@@ -370,7 +370,8 @@ def paired_figures(df: pd.DataFrame, note: str, out=None, pair: pd.DataFrame | N
         v = verdict(r["ci_low"], r["ci_high"])
         same, shared = same_steps(df, "HD-cost", other)
         # where the two took the same steps, their ratio says nothing about drafting quality: say so
-        alike = f"; the two took the same steps on {same} of {shared} questions" if same else ""
+        alike = (f"; {'in the rotation ' if from_rounds else ''}the two took the same steps on {same} of {shared} "
+                 "questions") if same else ""
         how = (f"{int(pair['round'].max()) + 1} rounds per question, each the two back to back in alternating order, "
                "pooled" if from_rounds else "rotated, back to back")
         figs += [Figure(SUITE, f"{stem}_ratio", r["ratio"], "x", goal,
@@ -381,7 +382,7 @@ def paired_figures(df: pd.DataFrame, note: str, out=None, pair: pd.DataFrame | N
         if other == "HD-fixed":
             figs.append(Figure(SUITE, f"{stem}_same_steps", float(same), "questions", "",
                                f"questions where HD-cost and HD-fixed took the same steps (forwards and accepted tokens) "
-                               f"of {shared}: there {stem}_ratio measures the rejected draft tokens each verified, "
+                               f"in the rotation, of {shared}: there {stem}_ratio measures the rejected draft tokens each verified, "
                                "drafting time and timing noise, not which drafts better (moelab.hd.results.same_steps)"))
     return figs
 
