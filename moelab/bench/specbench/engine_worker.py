@@ -105,7 +105,7 @@ def _run_question(engine: Any, method: str, budget: int, q: dict[str, Any], *, m
 
 def _compute_threads() -> int:
     """The engine's CPU compute threads, as torch runs them (what ``OMP_NUM_THREADS`` set, or its default)."""
-    import torch  # vLLM has imported it already
+    import torch  # lazy: the engine has imported it by now
 
     return int(torch.get_num_threads())
 
