@@ -118,6 +118,28 @@ def test_vllm_figures_from_rows():
     assert figs["ngram_vllm_speedup"].value == pytest.approx(0.6)
 
 
+def test_draft_latency_counts_every_cost_aware_run_of_the_bench():
+    """hd_vllm_draft_us_p50 is the median over the rotation's and the pair's rounds' HD-cost runs (HD-fixed's
+    rows never count), each part is reported alone, and the note splits the runs by the policy they ended on."""
+    import pandas as pd
+
+    from moelab.bench.hd import draft_latency_figures
+
+    def run(m, us, policy):
+        return {"question_id": 1, "category": "qa", "method": m, "draft_us_p50": us, "hd_policy": policy}
+
+    rot = pd.DataFrame([run("HD-cost", 90.0, "full"), run("HD-cost", 94.0, "full"), run("AR", float("nan"), None)])
+    pair = pd.DataFrame([run("HD-cost", 120.0, "plan"), run("HD-cost", 118.0, "plan"), run("HD-cost", 116.0, "plan"),
+                         run("HD-fixed", 50.0, None)])
+    figs = {f.name: f for f in draft_latency_figures(rot, pair)}
+    assert figs["hd_vllm_draft_us_p50"].value == pytest.approx(116.0)  # median of 90, 94, 116, 118, 120
+    assert figs["hd_vllm_draft_us_p50_rotation"].value == pytest.approx(92.0)
+    assert figs["hd_vllm_draft_us_p50_rounds"].value == pytest.approx(118.0)
+    assert "full 92 us (2 runs), plan 118 us (3 runs)" in figs["hd_vllm_draft_us_p50"].note
+    alone = {f.name: f for f in draft_latency_figures(rot)}  # no rounds: the rotation alone
+    assert alone["hd_vllm_draft_us_p50"].value == pytest.approx(92.0) and "hd_vllm_draft_us_p50_rounds" not in alone
+
+
 def test_suffix_status_gives_the_readme_install_command(monkeypatch):
     """Without arctic-inference the skip reason gives the README's working command, never a plain
     ``pip install arctic-inference`` (whose isolated build fails on a fresh machine)."""

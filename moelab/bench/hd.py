@@ -323,18 +323,34 @@ def vllm_figures(df: pd.DataFrame, df2: pd.DataFrame | None, skipped: dict, cost
         v = float(s.loc[(m, "overall"), "speedup"])
         goal = f"<= {float(s.loc[('HD-cost', 'overall'), 'speedup']):.3f}" if m in ("ngram", "suffix") else ""
         figs.append(Figure(SUITE, name, v, "x", goal, f"{m} vs vLLM AR (goal: HD >= it); {note}"))
-    hd = df[df["method"] == "HD-cost"]
-    hd_us = hd["draft_us_p50"]
-    # a step of the plan reads every estimate and plans the chain; one of the full chain does neither: the
-    # median depends on which policy the engine's choice ran, so the note gives both
-    by_policy = ""
-    if "hd_policy" in hd:
-        per = hd.groupby("hd_policy")["draft_us_p50"].agg(["median", "size"])
-        by_policy = "; by the policy each question ended on: " + ", ".join(
-            f"{p} {r['median']:.0f} us ({int(r['size'])} questions)" for p, r in per.iterrows())
-    figs.append(Figure(SUITE, "hd_vllm_draft_us_p50", float(hd_us.median()), "us", "<= 100",
-                       f"HD proposer per row and step inside vLLM (includes row bookkeeping){by_policy}"))
+    figs += draft_latency_figures(df, pair)
     figs += paired_figures(df, note, out, pair=pair)
+    return figs
+
+
+def draft_latency_figures(df: pd.DataFrame, pair: pd.DataFrame | None = None) -> list[Figure]:
+    """``hd_vllm_draft_us_p50``: the median over every cost-aware HD run of the bench (the rotation's rows in
+    ``df`` and the pair's rounds in ``pair``) of the run's per-step drafting time, and ``_rotation`` /
+    ``_rounds`` for each part. A step of the plan reads every estimate and plans the chain, one of the full chain
+    does neither, so the time depends on the policy the engine's choice ran: the note splits it by the policy
+    each run ended on."""
+    rot = df[df["method"] == "HD-cost"]
+    rnd = pair[pair["method"] == "HD-cost"] if pair is not None and len(pair) and "draft_us_p50" in pair else rot[:0]
+    runs = pd.concat([rot, rnd], ignore_index=True) if len(rnd) else rot
+    by_policy = ""
+    if "hd_policy" in runs and runs["hd_policy"].notna().any():
+        per = runs.groupby("hd_policy")["draft_us_p50"].agg(["median", "size"])
+        by_policy = "; by the policy each run ended on: " + ", ".join(
+            f"{p} {r['median']:.0f} us ({int(r['size'])} runs)" for p, r in per.iterrows())
+    figs = [Figure(SUITE, "hd_vllm_draft_us_p50", float(runs["draft_us_p50"].median()), "us", "<= 100",
+                   f"cost-aware HD's proposer per row and step inside vLLM (includes row bookkeeping), the median of "
+                   f"{len(runs)} runs' per-step medians: the {len(rot)} of the rotation and the {len(rnd)} of the "
+                   f"pair's rounds{by_policy}"),
+            Figure(SUITE, "hd_vllm_draft_us_p50_rotation", float(rot["draft_us_p50"].median()), "us", "",
+                   f"hd_vllm_draft_us_p50 over the rotation's {len(rot)} runs alone")]
+    if len(rnd):
+        figs.append(Figure(SUITE, "hd_vllm_draft_us_p50_rounds", float(rnd["draft_us_p50"].median()), "us", "",
+                           f"hd_vllm_draft_us_p50 over the pair's {len(rnd)} rounds alone"))
     return figs
 
 
